@@ -1,0 +1,22 @@
+/* gcr/protocol.h: the control protocol a shim speaks on its Unix socket, for other
+ * tools that want to speak it. JSON lines; every request and reply carries "v". */
+#ifndef GCR_PROTOCOL_H
+#define GCR_PROTOCOL_H
+
+#define GCR_PROTO_VERSION 1
+/* Longest line either side may send, newline included (bytes). */
+#define GCR_PROTO_MAX_LINE 65536
+
+/* Requests: {"v":1,"id":N,"op":OP,"args":{...}}
+ * Replies:  {"v":1,"id":N,"ok":true,"result":{...}}
+ *           {"v":1,"id":N,"ok":false,"error":{"code":-errno,"message":"..."}} */
+#define GCR_OP_STATUS "status"   /* state, byte counts; never calls the driver */
+#define GCR_OP_SUSPEND "suspend" /* data out: gate closed, buffers staged, memory released */
+#define GCR_OP_RESUME "resume"   /* data in: memory re-created at the same addresses, gate opened */
+#define GCR_OP_STATS "stats"     /* counters: hooks seen, bytes per path, gate waits */
+
+/* Default directory for the per-process sockets ("<dir>/gcr-<pid>.sock"). */
+#define GCR_DEFAULT_SOCKET_DIR "/run/gcr"
+#define GCR_SOCKET_DIR_ENV "GCR_SOCKET_DIR"
+
+#endif

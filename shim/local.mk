@@ -1,0 +1,1 @@
+# shim/: libgcr.so, loaded with LD_PRELOAD into the GPU process.

@@ -1,0 +1,1 @@
+/* shim_main: placeholder */

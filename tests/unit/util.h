@@ -1,0 +1,29 @@
+/* Tiny shared helpers for the C unit tests: CHECK records a failure and goes on,
+ * each test binary ends with one "N passed, N failed" line and a matching exit code. */
+#ifndef GCR_TEST_UTIL_H
+#define GCR_TEST_UTIL_H
+
+#include <stdio.h>
+#include <string.h>
+
+static int test_passed, test_failed;
+
+#define CHECK(cond)                                                                   \
+	do {                                                                          \
+		if (cond) {                                                           \
+			test_passed++;                                                \
+		} else {                                                              \
+			test_failed++;                                                \
+			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+		}                                                                     \
+	} while (0)
+
+#define CHECK_STR(a, b) CHECK((a) != NULL && strcmp((a), (b)) == 0)
+
+static inline int test_summary(const char *name)
+{
+	printf("%s: %d passed, %d failed\n", name, test_passed, test_failed);
+	return test_failed == 0 && test_passed > 0 ? 0 : 1;
+}
+
+#endif
