@@ -21,13 +21,18 @@ int gcr_err_wrap(struct gcr_err *err, const char *fmt, ...)
 {
 	if (err == NULL)
 		return -1;
-	char prefix[GCR_ERR_MSG_MAX], old[GCR_ERR_MSG_MAX];
+	char buf[2 * GCR_ERR_MSG_MAX + 2];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(prefix, sizeof(prefix), fmt, ap);
+	int n = vsnprintf(buf, GCR_ERR_MSG_MAX, fmt, ap);
 	va_end(ap);
-	memcpy(old, err->msg, sizeof(old));
-	snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+	if (n < 0)
+		return err->code;
+	size_t len = strlen(buf);
+	memcpy(buf + len, ": ", 2);
+	memcpy(buf + len + 2, err->msg, strnlen(err->msg, GCR_ERR_MSG_MAX - 1) + 1);
+	memcpy(err->msg, buf, GCR_ERR_MSG_MAX - 1);
+	err->msg[GCR_ERR_MSG_MAX - 1] = '\0';
 	return err->code;
 }
 

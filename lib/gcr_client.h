@@ -1,0 +1,36 @@
+/* gcr_client: finds the control socket of a process by its pid (as this PID
+ * namespace sees it) and speaks the control protocol to it. */
+#ifndef GCR_CLIENT_H
+#define GCR_CLIENT_H
+
+#include <jansson.h>
+#include <sys/types.h>
+
+#include "gcr_error.h"
+#include "gcr_proto.h"
+
+struct gcr_client {
+	int fd;
+	pid_t pid;
+	long long next_id;
+	char path[256];
+};
+
+/* Connects to the shim of pid: first "<dir>/gcr-<pid>.sock", else every socket in
+ * dir, keeping the one whose peer credentials carry pid (a container's shim names
+ * its socket with its own namespace's pid). -ESRCH: no such process; -ENOENT: no
+ * shim answers for it. The peer must run as root or as the process's owner. */
+int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr_err *err);
+void gcr_client_close(struct gcr_client *c);
+
+/* Sends one request and waits up to timeout_ms for its reply. On success
+ * *result is the reply's result object (caller decrefs). A reply with ok=false
+ * becomes its negative errno with the shim's message in err. */
+int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int timeout_ms,
+		    json_t **result, struct gcr_err *err);
+
+/* Calls fn for each live shim socket in dir with the pid its peer credentials show. */
+int gcr_client_list(const char *dir, void (*fn)(pid_t pid, const char *path, void *data),
+		    void *data, struct gcr_err *err);
+
+#endif

@@ -1,0 +1,40 @@
+/* gcr_proto: encoding and strict validation of the control protocol's JSON lines
+ * (include/gcr/protocol.h). Every field from the wire is checked here. */
+#ifndef GCR_PROTO_H
+#define GCR_PROTO_H
+
+#include <jansson.h>
+
+#include "gcr/protocol.h"
+#include "gcr_error.h"
+
+enum gcr_op { GCR_OP_NONE = 0, GCR_OP_STATUS_ID, GCR_OP_SUSPEND_ID, GCR_OP_RESUME_ID, GCR_OP_STATS_ID };
+
+struct gcr_req {
+	long long id;
+	enum gcr_op op;
+	json_t *args; /* owned; always an object after a successful parse */
+};
+
+struct gcr_reply {
+	long long id;
+	int ok;
+	json_t *result; /* owned; an object when ok */
+	int code;       /* negative errno when !ok */
+	char message[GCR_ERR_MSG_MAX];
+};
+
+const char *gcr_op_name(enum gcr_op op);
+
+int gcr_proto_parse_request(const char *line, struct gcr_req *req, struct gcr_err *err);
+void gcr_req_clear(struct gcr_req *req);
+int gcr_proto_parse_reply(const char *line, struct gcr_reply *rep, struct gcr_err *err);
+void gcr_reply_clear(struct gcr_reply *rep);
+
+/* Each returns a malloc'd line ending in '\n' (caller frees) or NULL when out of
+ * memory. The json_t arguments are stolen (may be NULL). */
+char *gcr_proto_request_line(long long id, enum gcr_op op, json_t *args);
+char *gcr_proto_reply_ok_line(long long id, json_t *result);
+char *gcr_proto_reply_err_line(long long id, int code, const char *message);
+
+#endif

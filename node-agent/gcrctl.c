@@ -1,0 +1,232 @@
+/* gcrctl: suspend, resume and inspect GCR processes on this machine without
+ * Kubernetes; the same library code (lib/gcr_cr) the node agent runs. */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "gcr/protocol.h"
+#include "gcr_client.h"
+#include "gcr_cr.h"
+#include "gcr_log.h"
+
+static int json_out;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: gcrctl [--socket-dir DIR] [--json] [--timeout-ms N] COMMAND\n"
+		"  suspend [--driver-only|--no-driver] PID   GPU state to host memory, 0 bytes left on the GPU\n"
+		"  resume  [--driver-only|--no-driver] PID   back on the GPU at the same addresses\n"
+		"  status PID                                 shim and driver state\n"
+		"  stats PID                                  what the shim saw (calls, lookups, bytes)\n"
+		"  list                                       processes with a GCR shim\n"
+		"--driver-only: the driver's checkpoint API alone; --no-driver: the shim's data step alone\n"
+		"(the CUDA context stays resident). Socket dir: $%s or %s.\n",
+		GCR_SOCKET_DIR_ENV, GCR_DEFAULT_SOCKET_DIR);
+}
+
+static int parse_pid(const char *s, pid_t *pid)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0' || v <= 0 || v > 4194304)
+		return -EINVAL;
+	*pid = (pid_t)v;
+	return 0;
+}
+
+static void print_json(json_t *j)
+{
+	char *s = json_dumps(j, JSON_COMPACT);
+	if (s != NULL)
+		puts(s);
+	free(s);
+}
+
+static int fail(const char *op, pid_t pid, const struct gcr_err *err)
+{
+	if (json_out) {
+		json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:i}", "pid", (int)pid, "op", op, "ok", 0, "error",
+				      err->msg, "code", err->code);
+		print_json(j);
+		json_decref(j);
+	}
+	fprintf(stderr, "gcrctl: %s %d: %s\n", op, (int)pid, err->msg);
+	return 1;
+}
+
+static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
+{
+	struct gcr_cr_result r;
+	struct gcr_err err = { 0 };
+	int resume = strcmp(op, "resume") == 0;
+	int rc = resume ? gcr_cr_resume(pid, o, &r, &err) : gcr_cr_suspend(pid, o, &r, &err);
+	if (rc < 0) {
+		gcr_cr_result_clear(&r);
+		return fail(op, pid, &err);
+	}
+	json_t *ms = json_pack("{s:f, s:f}", "total", r.ms_total, "data", r.ms_data);
+	if (resume) {
+		json_object_set_new(ms, "restore", json_real(r.ms_restore));
+		json_object_set_new(ms, "unlock", json_real(r.ms_unlock));
+	} else {
+		json_object_set_new(ms, "lock", json_real(r.ms_lock));
+		json_object_set_new(ms, "checkpoint", json_real(r.ms_checkpoint));
+	}
+	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:o, s:{s:I}, s:O*}", "pid", (int)pid, "op", op, "ok", 1,
+			      "mode", gcr_cr_mode_name(o->mode), "ms", ms, "bytes", "moved",
+			      (json_int_t)r.bytes_moved, "shim", r.shim);
+	if (json_out)
+		print_json(j);
+	else
+		printf("%s %d: ok in %.1f ms (data %.1f ms, driver %.1f ms), %.1f MiB moved by the shim\n", op,
+		       (int)pid, r.ms_total, r.ms_data,
+		       resume ? r.ms_restore + r.ms_unlock : r.ms_lock + r.ms_checkpoint,
+		       (double)r.bytes_moved / 1048576.0);
+	json_decref(j);
+	gcr_cr_result_clear(&r);
+	return 0;
+}
+
+static int do_status(pid_t pid, struct gcr_cr_opts *o)
+{
+	json_t *st = NULL;
+	struct gcr_err err = { 0 };
+	if (gcr_cr_status(pid, o, &st, &err) < 0)
+		return fail("status", pid, &err);
+	if (json_out) {
+		print_json(st);
+	} else {
+		json_t *shim = json_object_get(st, "shim");
+		const char *driver = json_string_value(json_object_get(st, "driver"));
+		printf("pid %d: shim %s, driver %s", (int)pid,
+		       shim ? json_string_value(json_object_get(shim, "state")) : "absent",
+		       driver ? driver : "unavailable");
+		if (shim != NULL) {
+			json_t *b = json_object_get(shim, "bytes");
+			printf(", %.1f MiB on the fast path, %.1f MiB left to the driver",
+			       (double)(json_integer_value(json_object_get(b, "vmm")) +
+					json_integer_value(json_object_get(b, "app_vmm"))) / 1048576.0,
+			       (double)(json_integer_value(json_object_get(b, "driver")) +
+					json_integer_value(json_object_get(b, "async"))) / 1048576.0);
+		}
+		printf("\n");
+	}
+	int absent = json_object_get(st, "shim") == NULL;
+	json_decref(st);
+	return absent ? 1 : 0;
+}
+
+static int do_stats(pid_t pid, struct gcr_cr_opts *o)
+{
+	struct gcr_client c;
+	struct gcr_err err = { 0 };
+	json_t *res = NULL;
+	if (gcr_client_open(&c, o->socket_dir, pid, &err) < 0 ||
+	    gcr_client_call(&c, GCR_OP_STATS_ID, NULL, 10000, &res, &err) < 0) {
+		gcr_client_close(&c);
+		return fail("stats", pid, &err);
+	}
+	gcr_client_close(&c);
+	char *s = json_dumps(res, json_out ? JSON_COMPACT : JSON_INDENT(2));
+	if (s != NULL)
+		puts(s);
+	free(s);
+	json_decref(res);
+	return 0;
+}
+
+static void list_one(pid_t pid, const char *path, void *data)
+{
+	struct gcr_cr_opts *o = data;
+	json_t *st = NULL;
+	struct gcr_err err;
+	if (gcr_cr_status(pid, o, &st, &err) < 0)
+		return;
+	json_object_set_new(st, "socket", json_string(path));
+	if (json_out) {
+		print_json(st);
+	} else {
+		json_t *shim = json_object_get(st, "shim");
+		const char *driver = json_string_value(json_object_get(st, "driver"));
+		printf("%-8d %-10s %-13s %s\n", (int)pid,
+		       shim ? json_string_value(json_object_get(shim, "state")) : "?",
+		       driver ? driver : "-", path);
+	}
+	json_decref(st);
+}
+
+int main(int argc, char **argv)
+{
+	gcr_log_init(GCR_LOG_WARN);
+	struct gcr_cr_opts o = { .socket_dir = getenv(GCR_SOCKET_DIR_ENV), .mode = GCR_CR_FULL,
+				 .timeout_ms = 30000 };
+	if (o.socket_dir == NULL)
+		o.socket_dir = GCR_DEFAULT_SOCKET_DIR;
+	static const struct option opts[] = {
+		{ "socket-dir", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
+		{ "timeout-ms", required_argument, NULL, 't' }, { "driver-only", no_argument, NULL, 'D' },
+		{ "no-driver", no_argument, NULL, 'N' },	 { "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },	 { NULL, 0, NULL, 0 },
+	};
+	int ch;
+	/* GNU getopt permutes, so options may also follow the command. */
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhV", opts, NULL)) != -1) {
+		switch (ch) {
+		case 's': o.socket_dir = optarg; break;
+		case 'j': json_out = 1; break;
+		case 't': {
+			char *end;
+			long v = strtol(optarg, &end, 10);
+			if (*end != '\0' || v < 1 || v > 3600000) {
+				fprintf(stderr, "gcrctl: --timeout-ms must be an integer in 1..3600000\n");
+				return 2;
+			}
+			o.timeout_ms = (int)v;
+			break;
+		}
+		case 'D': o.mode = GCR_CR_DRIVER_ONLY; break;
+		case 'N': o.mode = GCR_CR_DATA_ONLY; break;
+		case 'h': usage(stdout); return 0;
+		case 'V': printf("gcrctl %s\n", PACKAGE_VERSION); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return 2;
+	}
+	const char *cmd = argv[optind];
+	pid_t pid = 0;
+	int needs_pid = strcmp(cmd, "list") != 0;
+	if (needs_pid && (optind + 2 != argc || parse_pid(argv[optind + 1], &pid) < 0)) {
+		fprintf(stderr, "gcrctl: %s needs one PID (a positive integer)\n", cmd);
+		return 2;
+	}
+	if (!needs_pid && optind + 1 != argc) {
+		usage(stderr);
+		return 2;
+	}
+	if (strcmp(cmd, "suspend") == 0 || strcmp(cmd, "resume") == 0)
+		return do_cr(cmd, pid, &o);
+	if (strcmp(cmd, "status") == 0)
+		return do_status(pid, &o);
+	if (strcmp(cmd, "stats") == 0)
+		return do_stats(pid, &o);
+	if (strcmp(cmd, "list") == 0) {
+		struct gcr_err err;
+		if (gcr_client_list(o.socket_dir, list_one, &o, &err) < 0) {
+			fprintf(stderr, "gcrctl: list: %s\n", err.msg);
+			return 1;
+		}
+		return 0;
+	}
+	fprintf(stderr, "gcrctl: unknown command '%s'\n", cmd);
+	usage(stderr);
+	return 2;
+}

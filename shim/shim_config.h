@@ -1,0 +1,22 @@
+/* shim_config: the shim's settings, read once from the environment at load time
+ * (one table row per option: name, default, parser). */
+#ifndef SHIM_CONFIG_H
+#define SHIM_CONFIG_H
+
+#include <stddef.h>
+
+struct shim_config {
+	char socket_dir[200];   /* GCR_SOCKET_DIR */
+	size_t vmm_min_bytes;   /* GCR_VMM_MIN_BYTES: smaller cuMemAlloc stays with the driver */
+	int vmm;                /* GCR_VMM=0 keeps every cuMemAlloc on the driver path */
+	int staging_prepare;    /* GCR_STAGING_PREPARE: pin staging memory in the background */
+	int staging_unpin;      /* GCR_STAGING_UNPIN: unregister staging before the driver step */
+	int gate_timeout_ms;    /* GCR_GATE_TIMEOUT_MS */
+	int agent_register;     /* reserved for the node agent's registry */
+};
+
+extern struct shim_config shim_cfg;
+
+void shim_config_load(void);
+
+#endif

@@ -1,0 +1,28 @@
+/* shim_cr: the shim's side of suspend and resume, an explicit state machine:
+ * RUNNING -> (gate, sync, copy out, release) -> SUSPENDED -> (create, map, copy in) -> RUNNING. */
+#ifndef SHIM_CR_H
+#define SHIM_CR_H
+
+#include <stdint.h>
+
+#include "gcr_error.h"
+
+enum shim_cr_state { SHIM_CR_RUNNING = 0, SHIM_CR_SUSPENDING, SHIM_CR_SUSPENDED, SHIM_CR_RESUMING };
+
+struct shim_cr_report {
+	double ms_gate, ms_sync, ms_copy, ms_release, ms_unpin;
+	double ms_repin, ms_map, ms_total;
+	uint64_t bytes;     /* bytes moved through staging */
+	uint64_t handles;   /* physical allocations moved */
+	uint64_t mappings;
+};
+
+enum shim_cr_state shim_cr_state(void);
+const char *shim_cr_state_name(enum shim_cr_state s);
+
+/* Each returns 0 or -errno with err set; on failure the process is left running
+ * (suspend) or suspended and resumable (resume). */
+int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err);
+int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err);
+
+#endif

@@ -1,0 +1,35 @@
+/* shim_dlsym: interposes dlsym and dlvsym, because the CUDA runtime and PyTorch
+ * find the driver by looking its entry points up on libcuda's own handle. */
+#include <dlfcn.h>
+#include <stdatomic.h>
+
+#include "shim_hook.h"
+#include "shim_real.h"
+
+struct shim_lookups shim_lookups;
+
+/* Any driver entry point the shim interposes is answered with its wrapper,
+ * whatever handle it was looked up on; everything else is left alone. */
+static void *filter(void *found, const char *name)
+{
+	if (found == NULL || name == NULL || name[0] != 'c' || name[1] != 'u')
+		return found;
+	atomic_fetch_add_explicit(&shim_lookups.dlsym_cu, 1, memory_order_relaxed);
+	void *w = shim_hook_wrap_real(found);
+	if (w == NULL)
+		return found;
+	atomic_fetch_add_explicit(&shim_lookups.dlsym_wrapped, 1, memory_order_relaxed);
+	return w;
+}
+
+/* RTLD_NEXT is resolved relative to the shim, not the caller: for a program that
+ * is preloaded-first this finds the same next object. */
+SHIM_EXPORT void *dlsym(void *handle, const char *name)
+{
+	return filter(shim_real_dlsym(handle, name), name);
+}
+
+SHIM_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
+{
+	return filter(shim_real_dlvsym(handle, name, version), name);
+}

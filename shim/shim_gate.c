@@ -1,0 +1,129 @@
+/* shim_gate: per-thread in-flight flags instead of one shared counter, so an open
+ * gate costs no cache-line traffic between launching threads. */
+#include "shim_gate.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+static atomic_int gate_closed;
+static _Atomic uint64_t gate_waits;
+
+static pthread_mutex_t threads_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shim_thread *threads; /* push-only list */
+static __thread struct shim_thread *self __attribute__((tls_model("initial-exec")));
+
+/* Used when even a small allocation fails: counts are then shared, gate still works. */
+static struct shim_thread fallback_thread;
+
+struct shim_thread *shim_thread_self(void)
+{
+	struct shim_thread *t = self;
+	if (t != NULL)
+		return t;
+	t = calloc(1, sizeof(*t));
+	if (t == NULL) {
+		self = &fallback_thread;
+		pthread_mutex_lock(&threads_lock);
+		if (fallback_thread.next == NULL && threads != &fallback_thread) {
+			fallback_thread.next = threads;
+			threads = &fallback_thread;
+		}
+		pthread_mutex_unlock(&threads_lock);
+		return self;
+	}
+	pthread_mutex_lock(&threads_lock);
+	t->next = threads;
+	threads = t;
+	pthread_mutex_unlock(&threads_lock);
+	self = t;
+	return t;
+}
+
+struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant)
+{
+	struct shim_thread *t = shim_thread_self();
+	shim_count(t, id, variant);
+	for (;;) {
+		/* seq_cst add, then seq_cst load: pairs with close()'s store-then-scan. */
+		if (atomic_fetch_add(&t->active, 1) > 0)
+			return t; /* nested inside a gated call of this thread: never self-block */
+		if (!atomic_load(&gate_closed))
+			return t;
+		atomic_fetch_sub(&t->active, 1);
+		atomic_fetch_add_explicit(&gate_waits, 1, memory_order_relaxed);
+		pthread_mutex_lock(&gate_lock);
+		while (atomic_load(&gate_closed))
+			pthread_cond_wait(&gate_cond, &gate_lock);
+		pthread_mutex_unlock(&gate_lock);
+	}
+}
+
+void shim_gate_exit(struct shim_thread *t)
+{
+	atomic_fetch_sub_explicit(&t->active, 1, memory_order_release);
+}
+
+static long long now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int shim_gate_close(int timeout_ms, struct gcr_err *err)
+{
+	atomic_store(&gate_closed, 1);
+	long long deadline = now_us() + (long long)timeout_ms * 1000;
+	pthread_mutex_lock(&threads_lock);
+	struct shim_thread *list = threads;
+	pthread_mutex_unlock(&threads_lock);
+	/* Threads registered after the snapshot see gate_closed before they can run
+	 * a gated call, so the snapshot is enough. */
+	for (struct shim_thread *t = list; t != NULL; t = t->next) {
+		while (atomic_load(&t->active) > 0) {
+			if (now_us() > deadline) {
+				shim_gate_open();
+				return gcr_err_set(err, -EBUSY,
+						   "a thread stayed inside a CUDA call for %d ms; gate reopened",
+						   timeout_ms);
+			}
+			/* In-flight calls are submissions (microseconds) or synchronous
+			 * copies; a 50 us poll keeps the close cheap without spinning. */
+			struct timespec ts = { 0, 50000 };
+			nanosleep(&ts, NULL);
+		}
+	}
+	return 0;
+}
+
+void shim_gate_open(void)
+{
+	pthread_mutex_lock(&gate_lock);
+	atomic_store(&gate_closed, 0);
+	pthread_cond_broadcast(&gate_cond);
+	pthread_mutex_unlock(&gate_lock);
+}
+
+int shim_gate_is_closed(void)
+{
+	return atomic_load(&gate_closed);
+}
+
+uint64_t shim_gate_total_calls(enum shim_hook_id id, int variant)
+{
+	uint64_t sum = 0;
+	pthread_mutex_lock(&threads_lock);
+	for (struct shim_thread *t = threads; t != NULL; t = t->next)
+		sum += atomic_load_explicit(&t->calls[id][variant], memory_order_relaxed);
+	pthread_mutex_unlock(&threads_lock);
+	return sum;
+}
+
+uint64_t shim_gate_waits(void)
+{
+	return atomic_load_explicit(&gate_waits, memory_order_relaxed);
+}

@@ -1,0 +1,43 @@
+/* shim_gate: the gate on work submission that holds the application's threads for
+ * the whole checkpoint window, and the per-thread call counters behind statistics. */
+#ifndef SHIM_GATE_H
+#define SHIM_GATE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "gcr_error.h"
+#include "shim_hook.h"
+
+/* One per application thread that ever called a hook; never freed, so counts
+ * survive the thread. Written by its owner only (plain relaxed stores). */
+struct shim_thread {
+	atomic_int active; /* gated calls in progress in this thread (nesting depth) */
+	_Atomic uint64_t calls[SHIM_HOOK_COUNT][2];
+	struct shim_thread *next;
+};
+
+struct shim_thread *shim_thread_self(void);
+
+static inline void shim_count(struct shim_thread *t, enum shim_hook_id id, int variant)
+{
+	uint64_t c = atomic_load_explicit(&t->calls[id][variant], memory_order_relaxed);
+	atomic_store_explicit(&t->calls[id][variant], c + 1, memory_order_relaxed);
+}
+
+/* Entering blocks while the gate is closed. The fast path is one atomic add on
+ * the thread's own cache line and one load of a read-mostly flag. */
+struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant);
+void shim_gate_exit(struct shim_thread *t);
+
+/* Closes the gate and waits until no thread is inside a gated call.
+ * -EBUSY (gate reopened) if that takes longer than timeout_ms. */
+int shim_gate_close(int timeout_ms, struct gcr_err *err);
+void shim_gate_open(void);
+int shim_gate_is_closed(void);
+
+/* Sums of every thread's counters, and how many calls waited at the gate. */
+uint64_t shim_gate_total_calls(enum shim_hook_id id, int variant);
+uint64_t shim_gate_waits(void);
+
+#endif
