@@ -1,1 +1,10 @@
-# placeholder
+# tests/unit/: one test binary per module of lib/ and shim/.
+check_PROGRAMS += tests/unit/test_proto tests/unit/test_sock
+TESTS += tests/unit/test_proto tests/unit/test_sock tests/unit/test_shim_exports.sh
+tests_unit_test_proto_SOURCES = tests/unit/test_proto.c
+tests_unit_test_proto_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
+tests_unit_test_proto_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+tests_unit_test_sock_SOURCES = tests/unit/test_sock.c
+tests_unit_test_sock_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
+tests_unit_test_sock_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+EXTRA_DIST += tests/unit/test_shim_exports.sh

@@ -1,0 +1,1098 @@
+/* fakecuda_exec: streams, events, modules, the built-in test kernels, launches and graphs.
+ * Work runs on the submitting thread at submission; a capturing stream records it instead. */
+#include "fakecuda.h"
+
+#include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gcr_kernels.h"
+
+#define FAKE_MAX_THREADS_PER_BLOCK 1024u
+#define FAKE_MAX_DYNAMIC_SHARED 232448u /* bytes, H100 opt-in maximum */
+
+/* ---- built-in kernels: the ones of tests/progs/gcr_kernels.cu, same names and parameters ---- */
+
+struct fake_kernel {
+	const char *name;
+	unsigned int nparams;
+	unsigned char size[FAKE_MAX_ARGS]; /* bytes of each parameter */
+	void (*run)(const uint64_t *args);
+};
+
+static void *fake_arg_ptr(uint64_t slot)
+{
+	return (void *)(uintptr_t)slot;
+}
+
+/* gcr_fill(uint32_t *buf, uint64_t n, uint32_t seed) */
+static void fake_k_fill(const uint64_t *a)
+{
+	uint32_t *buf = fake_arg_ptr(a[0]);
+	uint32_t seed = (uint32_t)a[2];
+	uint64_t i;
+
+	for (i = 0; i < a[1]; i++)
+		buf[i] = gcr_pattern(seed, i);
+}
+
+/* gcr_step(uint32_t *buf, uint64_t n, uint32_t k) */
+static void fake_k_step(const uint64_t *a)
+{
+	uint32_t *buf = fake_arg_ptr(a[0]);
+	uint32_t k = (uint32_t)a[2];
+	uint64_t i;
+
+	for (i = 0; i < a[1]; i++)
+		buf[i] = gcr_step_value(buf[i], k);
+}
+
+/* gcr_check(const uint32_t *buf, uint64_t n, uint32_t seed, uint32_t kfirst, uint32_t nsteps,
+ *           unsigned long long *mismatches) */
+static void fake_k_check(const uint64_t *a)
+{
+	const uint32_t *buf = fake_arg_ptr(a[0]);
+	unsigned long long *mismatches = fake_arg_ptr(a[5]);
+	unsigned long long bad = 0;
+	uint64_t i;
+
+	for (i = 0; i < a[1]; i++)
+		bad += buf[i] != gcr_expected((uint32_t)a[2], i, (uint32_t)a[3], (uint32_t)a[4]);
+	__atomic_fetch_add(mismatches, bad, __ATOMIC_RELAXED);
+}
+
+/* gcr_indirect(uint64_t *ptrs, uint32_t count, uint32_t value): writes through pointers that
+ * are themselves read from device memory. */
+static void fake_k_indirect(const uint64_t *a)
+{
+	const uint64_t *ptrs = fake_arg_ptr(a[0]);
+	uint32_t j;
+
+	for (j = 0; j < (uint32_t)a[1]; j++)
+		*(uint32_t *)fake_arg_ptr(ptrs[j]) += (uint32_t)a[2];
+}
+
+static const struct fake_kernel fake_kernels[] = {
+	{"gcr_fill", 3, {8, 8, 4}, fake_k_fill},
+	{"gcr_step", 3, {8, 8, 4}, fake_k_step},
+	{"gcr_check", 6, {8, 8, 4, 4, 4, 8}, fake_k_check},
+	{"gcr_indirect", 3, {8, 4, 4}, fake_k_indirect},
+};
+#define FAKE_NKERNELS (sizeof(fake_kernels) / sizeof(fake_kernels[0]))
+
+/* ---- objects; all lists under the device lock, handles validated by lookup ---- */
+
+struct fake_graph {
+	struct fake_graph *next;
+	struct fake_op *ops;
+	size_t n, cap;
+};
+
+struct fake_exec {
+	struct fake_exec *next;
+	struct fake_op *ops;
+	size_t n;
+};
+
+struct fake_stream {
+	struct fake_stream *next;
+	struct fake_ctx *ctx;
+	unsigned int flags;
+	int priority;
+	struct fake_graph *capture; /* non-NULL while capturing */
+	bool invalidated;           /* a capture that an illegal call broke */
+};
+
+struct fake_event {
+	struct fake_event *next;
+	unsigned int flags;
+	bool recorded;
+	struct timespec when;
+};
+
+struct fake_module;
+
+struct fake_function {
+	const struct fake_kernel *kernel;
+	struct fake_module *module;
+};
+
+struct fake_module {
+	struct fake_module *next;
+	struct fake_function fns[FAKE_NKERNELS];
+};
+
+static struct fake_stream *fake_streams;
+static struct fake_event *fake_events;
+static struct fake_module *fake_modules;
+static struct fake_graph *fake_graphs;
+static struct fake_exec *fake_execs;
+
+/* Generic list helpers: every object struct starts with its next pointer. */
+struct fake_node {
+	struct fake_node *next;
+};
+
+static bool fake_list_has(void *head, const void *obj)
+{
+	struct fake_node *n;
+
+	for (n = head; n != NULL; n = n->next)
+		if (n == obj)
+			return true;
+	return false;
+}
+
+static bool fake_list_remove(void *headp, const void *obj)
+{
+	struct fake_node **pp;
+
+	for (pp = headp; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == obj) {
+			*pp = (*pp)->next;
+			return true;
+		}
+	}
+	return false;
+}
+
+static void fake_list_push(void *headp, void *obj)
+{
+	struct fake_node **head = headp, *n = obj;
+
+	n->next = *head;
+	*head = n;
+}
+
+static bool fake_stream_pseudo(CUstream s)
+{
+	return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+CUresult fake_stream_check(CUstream s)
+{
+	bool ok;
+
+	if (fake_stream_pseudo(s))
+		return CUDA_SUCCESS;
+	fake_lock();
+	ok = fake_list_has(fake_streams, s);
+	fake_unlock();
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+bool fake_stream_capturing(CUstream s)
+{
+	bool capturing;
+
+	if (fake_stream_pseudo(s))
+		return false;
+	fake_lock();
+	capturing = fake_list_has(fake_streams, s) && ((struct fake_stream *)s)->capture != NULL;
+	fake_unlock();
+	return capturing;
+}
+
+/* ---- running work ---- */
+
+static void fake_run(const struct fake_op *op)
+{
+	size_t r, i;
+
+	switch (op->kind) {
+	case FAKE_OP_COPY:
+		for (r = 0; r < op->u.copy.height; r++)
+			memmove(op->u.copy.dst + r * op->u.copy.dpitch,
+				op->u.copy.src + r * op->u.copy.spitch, op->u.copy.width);
+		break;
+	case FAKE_OP_SET:
+		for (r = 0; r < op->u.set.height; r++) {
+			char *row = op->u.set.dst + r * op->u.set.pitch;
+
+			if (op->u.set.elem == 1)
+				memset(row, (int)(op->u.set.value & 0xff), op->u.set.width);
+			else if (op->u.set.elem == 2)
+				for (i = 0; i < op->u.set.width; i++)
+					((uint16_t *)row)[i] = (uint16_t)op->u.set.value;
+			else
+				for (i = 0; i < op->u.set.width; i++)
+					((uint32_t *)row)[i] = op->u.set.value;
+		}
+		break;
+	case FAKE_OP_KERNEL:
+		op->u.kernel.kernel->run(op->u.kernel.args);
+		break;
+	case FAKE_OP_HOSTFN:
+		op->u.hostfn.fn(op->u.hostfn.data);
+		break;
+	case FAKE_OP_EVENT:
+		fake_lock();
+		if (fake_list_has(fake_events, op->u.event)) {
+			op->u.event->recorded = true;
+			clock_gettime(CLOCK_MONOTONIC, &op->u.event->when);
+		}
+		fake_unlock();
+		break;
+	}
+}
+
+static CUresult fake_graph_append(struct fake_graph *g, const struct fake_op *ops, size_t n)
+{
+	if (g->n + n > g->cap) {
+		size_t cap = (g->n + n) * 2;
+		struct fake_op *p = realloc(g->ops, cap * sizeof(*p));
+
+		if (p == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		g->ops = p;
+		g->cap = cap;
+	}
+	memcpy(g->ops + g->n, ops, n * sizeof(*ops));
+	g->n += n;
+	return CUDA_SUCCESS;
+}
+
+/* Runs ops, or appends them to the stream's capture. */
+static CUresult fake_submit_ops(CUstream stream, const struct fake_op *ops, size_t n)
+{
+	struct fake_stream *st = NULL;
+	CUresult rc = CUDA_SUCCESS;
+	bool recorded = false;
+	size_t i;
+
+	fake_lock();
+	if (!fake_stream_pseudo(stream)) {
+		if (!fake_list_has(fake_streams, stream))
+			rc = CUDA_ERROR_INVALID_HANDLE;
+		else
+			st = (struct fake_stream *)stream;
+	}
+	if (rc == CUDA_SUCCESS && st != NULL && st->capture != NULL) {
+		recorded = true;
+		rc = st->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+				     : fake_graph_append(st->capture, ops, n);
+	}
+	fake_unlock();
+	if (rc != CUDA_SUCCESS || recorded)
+		return rc;
+	for (i = 0; i < n; i++)
+		fake_run(&ops[i]);
+	return CUDA_SUCCESS;
+}
+
+CUresult fake_submit(CUstream stream, const struct fake_op *op)
+{
+	return fake_submit_ops(stream, op, 1);
+}
+
+/* ---- streams ---- */
+
+static CUresult fake_stream_create(CUstream *ps, unsigned int flags, int priority)
+{
+	struct fake_stream *st;
+	struct fake_ctx *ctx;
+	CUresult rc;
+
+	rc = fake_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (ps == NULL || (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING))
+		return CUDA_ERROR_INVALID_VALUE;
+	st = calloc(1, sizeof(*st));
+	if (st == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	st->ctx = ctx;
+	st->flags = flags;
+	/* Clamped to the H100 range [-5, 0], as the driver does. */
+	st->priority = priority < -5 ? -5 : priority > 0 ? 0 : priority;
+	fake_lock();
+	fake_list_push(&fake_streams, st);
+	fake_unlock();
+	*ps = (CUstream)st;
+	return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
+{
+	FAKE_ENTER("cuStreamCreate");
+	return fake_leave(fake_stream_create(ps, flags, 0));
+}
+
+FAKE_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int priority)
+{
+	FAKE_ENTER("cuStreamCreateWithPriority");
+	return fake_leave(fake_stream_create(ps, flags, priority));
+}
+
+static void fake_graph_free(struct fake_graph *g)
+{
+	if (g != NULL)
+		free(g->ops);
+	free(g);
+}
+
+FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+	bool found;
+
+	FAKE_ENTER("cuStreamDestroy");
+	if (fake_stream_pseudo(s))
+		return fake_leave(CUDA_ERROR_INVALID_HANDLE);
+	fake_lock();
+	found = fake_list_remove(&fake_streams, st);
+	fake_unlock();
+	if (!found)
+		return fake_leave(CUDA_ERROR_INVALID_HANDLE);
+	fake_graph_free(st->capture);
+	free(st);
+	return fake_leave(CUDA_SUCCESS);
+}
+
+/* Synchronising a capturing stream is illegal and breaks the capture, as in the driver. */
+static CUresult fake_stream_sync(CUstream s)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (fake_stream_pseudo(s))
+		return CUDA_SUCCESS;
+	fake_lock();
+	if (!fake_list_has(fake_streams, st)) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (st->capture != NULL) {
+		st->invalidated = true;
+		rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	}
+	fake_unlock();
+	return rc;
+}
+
+FAKE_EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+	FAKE_ENTER("cuStreamSynchronize");
+	return fake_leave(fake_stream_sync(s));
+}
+
+FAKE_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
+{
+	FAKE_ENTER("cuStreamSynchronize");
+	return fake_leave(fake_stream_sync(s));
+}
+
+FAKE_EXPORT CUresult cuStreamQuery(CUstream s)
+{
+	FAKE_ENTER("cuStreamQuery");
+	return fake_leave(fake_stream_sync(s));
+}
+
+FAKE_EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
+{
+	FAKE_ENTER("cuStreamQuery");
+	return fake_leave(fake_stream_sync(s));
+}
+
+static CUresult fake_stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
+{
+	CUresult rc = fake_stream_check(s);
+	bool ok;
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (flags & ~(unsigned int)CU_EVENT_WAIT_EXTERNAL)
+		return CUDA_ERROR_INVALID_VALUE;
+	fake_lock();
+	ok = fake_list_has(fake_events, ev);
+	fake_unlock();
+	/* The event's work has already run: nothing to wait for. */
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
+{
+	FAKE_ENTER("cuStreamWaitEvent");
+	return fake_leave(fake_stream_wait_event(s, ev, flags));
+}
+
+FAKE_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent ev, unsigned int flags)
+{
+	FAKE_ENTER("cuStreamWaitEvent");
+	return fake_leave(fake_stream_wait_event(s, ev, flags));
+}
+
+static CUresult fake_host_func(CUstream s, CUhostFn fn, void *data)
+{
+	struct fake_op op = {.kind = FAKE_OP_HOSTFN};
+	struct fake_ctx *ctx;
+	CUresult rc = fake_ctx_current(&ctx);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (fn == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	op.u.hostfn.fn = fn;
+	op.u.hostfn.data = data;
+	return fake_submit(s, &op);
+}
+
+FAKE_EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data)
+{
+	FAKE_ENTER("cuLaunchHostFunc");
+	return fake_leave(fake_host_func(s, fn, data));
+}
+
+FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data)
+{
+	FAKE_ENTER("cuLaunchHostFunc");
+	return fake_leave(fake_host_func(s == NULL ? CU_STREAM_PER_THREAD : s, fn, data));
+}
+
+/* ---- events ---- */
+
+FAKE_EXPORT CUresult cuEventCreate(CUevent *pev, unsigned int flags)
+{
+	const unsigned int known =
+		CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+	struct fake_event *ev;
+	struct fake_ctx *ctx;
+	CUresult rc;
+
+	FAKE_ENTER("cuEventCreate");
+	rc = fake_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return fake_leave(rc);
+	if (pev == NULL || (flags & ~known) ||
+	    ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)))
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	ev = calloc(1, sizeof(*ev));
+	if (ev == NULL)
+		return fake_leave(CUDA_ERROR_OUT_OF_MEMORY);
+	ev->flags = flags;
+	fake_lock();
+	fake_list_push(&fake_events, ev);
+	fake_unlock();
+	*pev = (CUevent)ev;
+	return fake_leave(CUDA_SUCCESS);
+}
+
+static CUresult fake_event_record(CUevent ev, CUstream s, unsigned int flags)
+{
+	struct fake_op op = {.kind = FAKE_OP_EVENT};
+	bool ok;
+
+	if (flags & ~(unsigned int)CU_EVENT_RECORD_EXTERNAL)
+		return CUDA_ERROR_INVALID_VALUE;
+	fake_lock();
+	ok = fake_list_has(fake_events, ev);
+	fake_unlock();
+	if (!ok)
+		return CUDA_ERROR_INVALID_HANDLE;
+	op.u.event = (struct fake_event *)ev;
+	return fake_submit(s, &op);
+}
+
+FAKE_EXPORT CUresult cuEventRecord(CUevent ev, CUstream s)
+{
+	FAKE_ENTER("cuEventRecord");
+	return fake_leave(fake_event_record(ev, s, 0));
+}
+
+FAKE_EXPORT CUresult cuEventRecord_ptsz(CUevent ev, CUstream s)
+{
+	FAKE_ENTER("cuEventRecord");
+	return fake_leave(fake_event_record(ev, s == NULL ? CU_STREAM_PER_THREAD : s, 0));
+}
+
+FAKE_EXPORT CUresult cuEventRecordWithFlags(CUevent ev, CUstream s, unsigned int flags)
+{
+	FAKE_ENTER("cuEventRecordWithFlags");
+	return fake_leave(fake_event_record(ev, s, flags));
+}
+
+FAKE_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent ev, CUstream s, unsigned int flags)
+{
+	FAKE_ENTER("cuEventRecordWithFlags");
+	return fake_leave(fake_event_record(ev, s == NULL ? CU_STREAM_PER_THREAD : s, flags));
+}
+
+static CUresult fake_event_check(CUevent ev)
+{
+	bool ok;
+
+	fake_lock();
+	ok = fake_list_has(fake_events, ev);
+	fake_unlock();
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+FAKE_EXPORT CUresult cuEventQuery(CUevent ev)
+{
+	FAKE_ENTER("cuEventQuery");
+	return fake_leave(fake_event_check(ev));
+}
+
+FAKE_EXPORT CUresult cuEventSynchronize(CUevent ev)
+{
+	FAKE_ENTER("cuEventSynchronize");
+	return fake_leave(fake_event_check(ev));
+}
+
+FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent ev)
+{
+	bool found;
+
+	FAKE_ENTER("cuEventDestroy");
+	fake_lock();
+	found = fake_list_remove(&fake_events, ev);
+	fake_unlock();
+	if (found)
+		free(ev);
+	return fake_leave(found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE);
+}
+
+static CUresult fake_elapsed(float *ms, CUevent start, CUevent end)
+{
+	struct fake_event *a = (struct fake_event *)start, *b = (struct fake_event *)end;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (ms == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	fake_lock();
+	if (!fake_list_has(fake_events, a) || !fake_list_has(fake_events, b) || !a->recorded ||
+	    !b->recorded || ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING))
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	else
+		*ms = (float)((double)(b->when.tv_sec - a->when.tv_sec) * 1e3 +
+			      (double)(b->when.tv_nsec - a->when.tv_nsec) / 1e6);
+	fake_unlock();
+	return rc;
+}
+
+FAKE_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+	FAKE_ENTER("cuEventElapsedTime");
+	return fake_leave(fake_elapsed(ms, start, end));
+}
+
+static const PFN_cuEventElapsedTime_v2000 fake_check_elapsed_v1 __attribute__((unused)) =
+	fake_legacy_event_elapsed_time;
+CUresult fake_legacy_event_elapsed_time(float *ms, CUevent start, CUevent end)
+{
+	FAKE_ENTER("cuEventElapsedTime");
+	return fake_leave(fake_elapsed(ms, start, end));
+}
+
+/* ---- modules: contents are ignored, functions are the built-in kernels ---- */
+
+static CUresult fake_module_new(CUmodule *pm)
+{
+	struct fake_module *m;
+	struct fake_ctx *ctx;
+	CUresult rc = fake_ctx_current(&ctx);
+	size_t i;
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	for (i = 0; i < FAKE_NKERNELS; i++) {
+		m->fns[i].kernel = &fake_kernels[i];
+		m->fns[i].module = m;
+	}
+	fake_lock();
+	fake_list_push(&fake_modules, m);
+	fake_unlock();
+	*pm = (CUmodule)m;
+	return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuModuleLoad(CUmodule *pm, const char *fname)
+{
+	FAKE_ENTER("cuModuleLoad");
+	if (pm == NULL || fname == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	if (access(fname, R_OK) != 0)
+		return fake_leave(CUDA_ERROR_FILE_NOT_FOUND);
+	return fake_leave(fake_module_new(pm));
+}
+
+FAKE_EXPORT CUresult cuModuleLoadData(CUmodule *pm, const void *image)
+{
+	FAKE_ENTER("cuModuleLoadData");
+	if (pm == NULL || image == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	return fake_leave(fake_module_new(pm));
+}
+
+FAKE_EXPORT CUresult cuModuleLoadDataEx(CUmodule *pm, const void *image, unsigned int nopts,
+					CUjit_option *opts, void **values)
+{
+	FAKE_ENTER("cuModuleLoadDataEx");
+	if (pm == NULL || image == NULL || (nopts > 0 && (opts == NULL || values == NULL)))
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	return fake_leave(fake_module_new(pm));
+}
+
+FAKE_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *pm, const void *fatbin)
+{
+	FAKE_ENTER("cuModuleLoadFatBinary");
+	if (pm == NULL || fatbin == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	return fake_leave(fake_module_new(pm));
+}
+
+FAKE_EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+	bool found;
+
+	FAKE_ENTER("cuModuleUnload");
+	fake_lock();
+	found = fake_list_remove(&fake_modules, m);
+	fake_unlock();
+	if (found)
+		free(m);
+	return fake_leave(found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE);
+}
+
+FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction *pf, CUmodule m, const char *name)
+{
+	struct fake_module *mod = (struct fake_module *)m;
+	CUresult rc = CUDA_ERROR_NOT_FOUND;
+	bool ok;
+	size_t i;
+
+	FAKE_ENTER("cuModuleGetFunction");
+	if (pf == NULL || name == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	fake_lock();
+	ok = fake_list_has(fake_modules, mod);
+	fake_unlock();
+	if (!ok)
+		return fake_leave(CUDA_ERROR_INVALID_HANDLE);
+	for (i = 0; i < FAKE_NKERNELS; i++) {
+		if (strcmp(fake_kernels[i].name, name) == 0) {
+			*pf = (CUfunction)&mod->fns[i];
+			rc = CUDA_SUCCESS;
+		}
+	}
+	return fake_leave(rc);
+}
+
+/* ---- launches ---- */
+
+static const struct fake_kernel *fake_function_kernel(CUfunction f)
+{
+	const struct fake_function *fn = (const struct fake_function *)f;
+	const struct fake_kernel *k = NULL;
+	struct fake_module *m;
+
+	fake_lock();
+	for (m = fake_modules; m != NULL && k == NULL; m = m->next)
+		if (fn >= m->fns && fn < m->fns + FAKE_NKERNELS)
+			k = fn->kernel;
+	fake_unlock();
+	return k;
+}
+
+/* Parameters come either as kernelParams (one pointer per parameter) or packed in the
+ * CU_LAUNCH_PARAM_BUFFER_POINTER buffer of extra, each at its natural alignment. */
+static CUresult fake_kernel_args(const struct fake_kernel *k, void **params, void **extra,
+				 uint64_t *slots)
+{
+	const char *buf = NULL;
+	size_t bufsize = 0, off = 0;
+	unsigned int i;
+
+	if (params != NULL && extra != NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (params != NULL) {
+		for (i = 0; i < k->nparams; i++) {
+			if (params[i] == NULL)
+				return CUDA_ERROR_INVALID_VALUE;
+			memcpy(&slots[i], params[i], k->size[i]);
+		}
+		return CUDA_SUCCESS;
+	}
+	for (i = 0; extra != NULL && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+		if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+			buf = extra[i + 1];
+		else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+			bufsize = *(size_t *)extra[i + 1];
+		else
+			return CUDA_ERROR_INVALID_VALUE;
+	}
+	if (buf == NULL)
+		return k->nparams == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	for (i = 0; i < k->nparams; i++) {
+		off = (off + k->size[i] - 1) / k->size[i] * k->size[i];
+		if (off + k->size[i] > bufsize)
+			return CUDA_ERROR_INVALID_VALUE;
+		memcpy(&slots[i], buf + off, k->size[i]);
+		off += k->size[i];
+	}
+	return CUDA_SUCCESS;
+}
+
+struct fake_dims {
+	unsigned int gx, gy, gz, bx, by, bz, shared;
+};
+
+static CUresult fake_launch(CUfunction f, const struct fake_dims *d, CUstream s, void **params,
+			    void **extra)
+{
+	struct fake_op op = {.kind = FAKE_OP_KERNEL};
+	const struct fake_kernel *k;
+	struct fake_ctx *ctx;
+	CUresult rc;
+
+	rc = fake_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	k = fake_function_kernel(f);
+	if (k == NULL)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (d->gx == 0 || d->gy == 0 || d->gz == 0 || d->bx == 0 || d->by == 0 || d->bz == 0 ||
+	    d->gy > 65535 || d->gz > 65535 || d->bx > 1024 || d->by > 1024 || d->bz > 64 ||
+	    (unsigned long long)d->bx * d->by * d->bz > FAKE_MAX_THREADS_PER_BLOCK ||
+	    d->shared > FAKE_MAX_DYNAMIC_SHARED)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = fake_stream_check(s);
+	if (rc == CUDA_SUCCESS)
+		rc = fake_kernel_args(k, params, extra, op.u.kernel.args);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* The kernels loop over their whole range whatever the grid: like grid-stride loops. */
+	op.u.kernel.kernel = k;
+	return fake_submit(s, &op);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+				    unsigned int bx, unsigned int by, unsigned int bz,
+				    unsigned int shared, CUstream s, void **params, void **extra)
+{
+	struct fake_dims d = {gx, gy, gz, bx, by, bz, shared};
+
+	FAKE_ENTER("cuLaunchKernel");
+	return fake_leave(fake_launch(f, &d, s, params, extra));
+}
+
+FAKE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+					 unsigned int gz, unsigned int bx, unsigned int by,
+					 unsigned int bz, unsigned int shared, CUstream s,
+					 void **params, void **extra)
+{
+	struct fake_dims d = {gx, gy, gz, bx, by, bz, shared};
+
+	FAKE_ENTER("cuLaunchKernel");
+	return fake_leave(fake_launch(f, &d, s == NULL ? CU_STREAM_PER_THREAD : s, params, extra));
+}
+
+static CUresult fake_launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, void **extra,
+			       bool ptsz)
+{
+	struct fake_dims d;
+
+	if (c == NULL || (c->numAttrs > 0 && c->attrs == NULL))
+		return CUDA_ERROR_INVALID_VALUE;
+	d = (struct fake_dims){c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX,
+			       c->blockDimY, c->blockDimZ, c->sharedMemBytes};
+	return fake_launch(f, &d, ptsz && c->hStream == NULL ? CU_STREAM_PER_THREAD : c->hStream,
+			   params, extra);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+				      void **extra)
+{
+	FAKE_ENTER("cuLaunchKernelEx");
+	return fake_leave(fake_launch_ex(config, f, params, extra, false));
+}
+
+FAKE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+					   void **params, void **extra)
+{
+	FAKE_ENTER("cuLaunchKernelEx");
+	return fake_leave(fake_launch_ex(config, f, params, extra, true));
+}
+
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+					       unsigned int gz, unsigned int bx, unsigned int by,
+					       unsigned int bz, unsigned int shared, CUstream s,
+					       void **params)
+{
+	struct fake_dims d = {gx, gy, gz, bx, by, bz, shared};
+
+	FAKE_ENTER("cuLaunchCooperativeKernel");
+	return fake_leave(fake_launch(f, &d, s, params, NULL));
+}
+
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
+						    unsigned int gy, unsigned int gz,
+						    unsigned int bx, unsigned int by,
+						    unsigned int bz, unsigned int shared,
+						    CUstream s, void **params)
+{
+	struct fake_dims d = {gx, gy, gz, bx, by, bz, shared};
+
+	FAKE_ENTER("cuLaunchCooperativeKernel");
+	return fake_leave(fake_launch(f, &d, s == NULL ? CU_STREAM_PER_THREAD : s, params, NULL));
+}
+
+/* ---- stream capture and graphs ---- */
+
+static CUresult fake_begin_capture(CUstream s, CUstreamCaptureMode mode)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+	struct fake_graph *g;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+	    mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (fake_stream_pseudo(s))
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the default streams cannot capture */
+	g = calloc(1, sizeof(*g));
+	if (g == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	fake_lock();
+	if (!fake_list_has(fake_streams, st)) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (st->capture != NULL) {
+		rc = CUDA_ERROR_ILLEGAL_STATE;
+	} else {
+		st->capture = g;
+		st->invalidated = false;
+	}
+	fake_unlock();
+	if (rc != CUDA_SUCCESS)
+		free(g);
+	return rc;
+}
+
+FAKE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+	FAKE_ENTER("cuStreamBeginCapture");
+	return fake_leave(fake_begin_capture(s, mode));
+}
+
+FAKE_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
+{
+	FAKE_ENTER("cuStreamBeginCapture");
+	return fake_leave(fake_begin_capture(s, mode));
+}
+
+/* The CUDA 10.0 form, without a mode: global capture (prototype from cuda.h's legacy list). */
+CUresult fake_legacy_stream_begin_capture(CUstream s)
+{
+	FAKE_ENTER("cuStreamBeginCapture");
+	return fake_leave(fake_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+}
+
+CUresult fake_legacy_stream_begin_capture_ptsz(CUstream s)
+{
+	FAKE_ENTER("cuStreamBeginCapture");
+	return fake_leave(fake_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+}
+
+static CUresult fake_end_capture(CUstream s, CUgraph *pg)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+	struct fake_graph *g = NULL;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (pg == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (fake_stream_pseudo(s))
+		return CUDA_ERROR_ILLEGAL_STATE;
+	fake_lock();
+	if (!fake_list_has(fake_streams, st)) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (st->capture == NULL) {
+		rc = CUDA_ERROR_ILLEGAL_STATE;
+	} else {
+		g = st->capture;
+		st->capture = NULL;
+		if (st->invalidated) {
+			rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+			st->invalidated = false;
+		} else {
+			fake_list_push(&fake_graphs, g);
+		}
+	}
+	fake_unlock();
+	if (rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) {
+		fake_graph_free(g);
+		*pg = NULL;
+	} else if (rc == CUDA_SUCCESS) {
+		*pg = (CUgraph)g;
+	}
+	return rc;
+}
+
+FAKE_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg)
+{
+	FAKE_ENTER("cuStreamEndCapture");
+	return fake_leave(fake_end_capture(s, pg));
+}
+
+FAKE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *pg)
+{
+	FAKE_ENTER("cuStreamEndCapture");
+	return fake_leave(fake_end_capture(s, pg));
+}
+
+static CUresult fake_is_capturing(CUstream s, CUstreamCaptureStatus *status)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (status == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	*status = CU_STREAM_CAPTURE_STATUS_NONE;
+	if (fake_stream_pseudo(s))
+		return CUDA_SUCCESS;
+	fake_lock();
+	if (!fake_list_has(fake_streams, st))
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	else if (st->capture != NULL)
+		*status = st->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+					  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+	fake_unlock();
+	return rc;
+}
+
+FAKE_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
+{
+	FAKE_ENTER("cuStreamIsCapturing");
+	return fake_leave(fake_is_capturing(s, status));
+}
+
+FAKE_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *status)
+{
+	FAKE_ENTER("cuStreamIsCapturing");
+	return fake_leave(fake_is_capturing(s, status));
+}
+
+static CUresult fake_instantiate(CUgraphExec *pe, CUgraph graph)
+{
+	struct fake_graph *g = (struct fake_graph *)graph;
+	struct fake_exec *e;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (pe == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	e = calloc(1, sizeof(*e));
+	if (e == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	fake_lock();
+	if (!fake_list_has(fake_graphs, g)) {
+		rc = CUDA_ERROR_INVALID_VALUE;
+	} else if (g->n > 0 && (e->ops = malloc(g->n * sizeof(*e->ops))) == NULL) {
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		if (g->n > 0)
+			memcpy(e->ops, g->ops, g->n * sizeof(*e->ops));
+		e->n = g->n;
+		fake_list_push(&fake_execs, e);
+	}
+	fake_unlock();
+	if (rc != CUDA_SUCCESS) {
+		free(e->ops);
+		free(e);
+		return rc;
+	}
+	*pe = (CUgraphExec)e;
+	return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph graph,
+						 unsigned long long flags)
+{
+	const unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+					 CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+					 CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
+					 CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+
+	FAKE_ENTER("cuGraphInstantiateWithFlags");
+	if (flags & ~known)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	return fake_leave(fake_instantiate(pe, graph));
+}
+
+/* The CUDA 10 and 11 forms (prototypes from cuda.h's legacy list). */
+CUresult fake_legacy_graph_instantiate(CUgraphExec *pe, CUgraph graph, CUgraphNode *err_node,
+				       char *log, size_t log_size)
+{
+	FAKE_ENTER("cuGraphInstantiate");
+	if (log != NULL && log_size > 0)
+		log[0] = '\0';
+	return fake_leave(fake_instantiate(pe, graph));
+}
+
+CUresult fake_legacy_graph_instantiate_v2(CUgraphExec *pe, CUgraph graph, CUgraphNode *err_node,
+					  char *log, size_t log_size)
+{
+	FAKE_ENTER("cuGraphInstantiate");
+	if (log != NULL && log_size > 0)
+		log[0] = '\0';
+	return fake_leave(fake_instantiate(pe, graph));
+}
+
+static CUresult fake_graph_launch(CUgraphExec exec, CUstream s)
+{
+	struct fake_exec *e = (struct fake_exec *)exec;
+	bool ok;
+
+	fake_lock();
+	ok = fake_list_has(fake_execs, e);
+	fake_unlock();
+	if (!ok)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (e->n == 0)
+		return fake_stream_check(s);
+	return fake_submit_ops(s, e->ops, e->n);
+}
+
+FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s)
+{
+	FAKE_ENTER("cuGraphLaunch");
+	return fake_leave(fake_graph_launch(exec, s));
+}
+
+FAKE_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s)
+{
+	FAKE_ENTER("cuGraphLaunch");
+	return fake_leave(fake_graph_launch(exec, s == NULL ? CU_STREAM_PER_THREAD : s));
+}
+
+FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+	struct fake_exec *e = (struct fake_exec *)exec;
+	bool found;
+
+	FAKE_ENTER("cuGraphExecDestroy");
+	fake_lock();
+	found = fake_list_remove(&fake_execs, e);
+	fake_unlock();
+	if (!found)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	free(e->ops);
+	free(e);
+	return fake_leave(CUDA_SUCCESS);
+}
+
+FAKE_EXPORT CUresult cuGraphDestroy(CUgraph graph)
+{
+	bool found;
+
+	FAKE_ENTER("cuGraphDestroy");
+	fake_lock();
+	found = fake_list_remove(&fake_graphs, graph);
+	fake_unlock();
+	if (!found)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	fake_graph_free((struct fake_graph *)graph);
+	return fake_leave(CUDA_SUCCESS);
+}

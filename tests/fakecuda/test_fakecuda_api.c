@@ -1,0 +1,261 @@
+/* test_fakecuda_api: the stand-in driver's own semantics the shim relies on: VMM mapping and
+ * release rules, faults on unbacked memory, accounting, cuGetProcAddress resolution, capture. */
+#include <cuda.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../unit/util.h"
+
+extern __typeof__(cuLaunchKernel) cuLaunchKernel_ptsz;
+extern __typeof__(cuMemcpyHtoD_v2) cuMemcpyHtoD_v2_ptds;
+
+#define MIB ((size_t)1 << 20)
+
+/* Whether writing p in a child process dies of SIGSEGV, as a GPU access to it would fault. */
+static int faults(CUdeviceptr p)
+{
+	int status;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		signal(SIGSEGV, SIG_DFL); /* not a sanitizer's handler */
+		*(volatile uint32_t *)(uintptr_t)p = 1;
+		_exit(0);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 0;
+	return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
+}
+
+static size_t free_bytes(void)
+{
+	size_t f = 0, t = 0;
+
+	return cuMemGetInfo(&f, &t) == CUDA_SUCCESS ? f : 0;
+}
+
+static void *resolve(const char *name, int version, cuuint64_t flags, CUresult *rc,
+		     CUdriverProcAddressQueryResult *st)
+{
+	void *p = NULL;
+
+	*rc = cuGetProcAddress(name, &p, version, flags, st);
+	return p;
+}
+
+static void test_procaddr(void)
+{
+	CUdriverProcAddressQueryResult st;
+	CUresult rc;
+
+	CHECK(resolve("cuMemAlloc", 13000, 0, &rc, &st) == (void *)&cuMemAlloc_v2 && rc == CUDA_SUCCESS &&
+	      st == CU_GET_PROC_ADDRESS_SUCCESS);
+	CHECK(resolve("cuLaunchKernel", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &rc, &st) ==
+	      (void *)&cuLaunchKernel_ptsz);
+	CHECK(resolve("cuLaunchKernel", 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &rc, &st) ==
+	      (void *)&cuLaunchKernel);
+	CHECK(resolve("cuMemcpyHtoD", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &rc, &st) ==
+	      (void *)&cuMemcpyHtoD_v2_ptds);
+	CHECK(resolve("cuMemAlloc", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &rc, &st) ==
+	      (void *)&cuMemAlloc_v2);
+	CHECK(resolve("cuGetProcAddress", 12000, 0, &rc, &st) == (void *)&cuGetProcAddress_v2);
+	CHECK(resolve("cuGetProcAddress", 11030, 0, &rc, &st) != (void *)&cuGetProcAddress_v2 &&
+	      rc == CUDA_SUCCESS);
+	CHECK(resolve("cuCtxSynchronize", 12080, 0, &rc, &st) == (void *)&cuCtxSynchronize);
+	CHECK(resolve("cuCtxSynchronize", 13000, 0, &rc, &st) == (void *)&cuCtxSynchronize_v2);
+	/* As driver 580: success, a NULL pointer, the reason in the status. */
+	CHECK(resolve("cuMemCreate", 9000, 0, &rc, &st) == NULL && rc == CUDA_SUCCESS &&
+	      st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+	CHECK(resolve("cuNoSuchCall", 13000, 0, &rc, &st) == NULL && rc == CUDA_SUCCESS &&
+	      st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+	CHECK(resolve("cuMemAlloc", 13000, 8, &rc, &st) == NULL && rc == CUDA_ERROR_INVALID_VALUE);
+}
+
+static void test_vmm(void)
+{
+	CUmemAllocationProp prop = {0};
+	CUmemAccessDesc access = {0};
+	CUmemGenericAllocationHandle h, h2;
+	CUdeviceptr va, va2;
+	size_t g = 0, before;
+	uint32_t word = 0;
+
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = 0;
+	CHECK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS &&
+	      g == 2 * MIB);
+	CHECK(cuMemAddressReserve(&va, 3 * MIB, 0, 0, 0) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemAddressReserve(&va, 8 * MIB, 0, 0, 0) == CUDA_SUCCESS && va % g == 0);
+	CHECK(cuMemCreate(&h, MIB, &prop, 0) == CUDA_ERROR_INVALID_VALUE);
+	before = free_bytes();
+	CHECK(cuMemCreate(&h, 2 * MIB, &prop, 0) == CUDA_SUCCESS);
+	CHECK(free_bytes() == before - 2 * MIB);
+	CHECK(cuMemMap(va + MIB, 2 * MIB, 0, h, 0) == CUDA_ERROR_INVALID_VALUE); /* misaligned */
+	CHECK(cuMemMap(va, 2 * MIB, 0, h, 0) == CUDA_SUCCESS);
+	CHECK(cuMemMap(va, 2 * MIB, 0, h, 0) == CUDA_ERROR_INVALID_VALUE); /* already mapped */
+	CHECK(faults(va)); /* mapped, no access yet: kernels fault, copies are refused */
+	CHECK(cuMemsetD32(va, 1, 4) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemcpyHtoD(va, &word, 4) == CUDA_ERROR_INVALID_VALUE);
+	access.location = prop.location;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	CHECK(cuMemSetAccess(va, 2 * MIB, &access, 1) == CUDA_SUCCESS);
+	CHECK(!faults(va));
+	CHECK(cuMemsetD32(va, 0xfeedu, 2 * MIB / 4) == CUDA_SUCCESS);
+	/* Released but still mapped: the memory lives on. */
+	CHECK(cuMemRelease(h) == CUDA_SUCCESS);
+	CHECK(cuMemRelease(h) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(free_bytes() == before - 2 * MIB);
+	CHECK(cuMemcpyDtoH(&word, va + MIB, 4) == CUDA_SUCCESS && word == 0xfeedu);
+	CHECK(cuMemcpyHtoD(va + 2 * MIB - 2, &word, 4) == CUDA_ERROR_INVALID_VALUE); /* runs past */
+	CHECK(cuMemGetAddressRange(NULL, NULL, va) == CUDA_ERROR_NOT_FOUND); /* not for VMM */
+	CHECK(cuMemRetainAllocationHandle(&h2, (void *)(uintptr_t)(va + 4096)) == CUDA_SUCCESS);
+	CHECK(cuMemRelease(h2) == CUDA_SUCCESS);
+	CHECK(cuMemUnmap(va, 4 * MIB) == CUDA_ERROR_INVALID_VALUE); /* a hole in the range */
+	CHECK(cuMemAddressFree(va, 8 * MIB) == CUDA_ERROR_INVALID_VALUE); /* still mapped */
+	CHECK(cuMemUnmap(va, 2 * MIB) == CUDA_SUCCESS);
+	CHECK(free_bytes() == before); /* unmapped and released: gone */
+	CHECK(faults(va));
+	CHECK(cuMemcpyHtoD(va, &word, 4) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemAddressFree(va, 8 * MIB) == CUDA_SUCCESS);
+	CHECK(cuMemAddressReserve(&va2, 4 * MIB, 0, va, 0) == CUDA_SUCCESS && va2 == va);
+	CHECK(cuMemAddressFree(va2, 4 * MIB) == CUDA_SUCCESS);
+}
+
+static void test_memory(void)
+{
+	CUdeviceptr p, base = 0;
+	size_t size = 0;
+	uint32_t host[4] = {1, 2, 3, 4}, back[4] = {0};
+
+	CHECK(cuMemAlloc(&p, (size_t)1 << 50) == CUDA_ERROR_OUT_OF_MEMORY);
+	CHECK(cuMemAlloc(&p, 0) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemAlloc(&p, 1000) == CUDA_SUCCESS);
+	CHECK(cuMemGetAddressRange(&base, &size, p + 10) == CUDA_SUCCESS && base == p && size == 1000);
+	CHECK(cuMemcpyHtoD(p + 996, host, 8) == CUDA_ERROR_INVALID_VALUE); /* past the end */
+	CHECK(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)back, host, 8) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemcpyHtoD(p, host, sizeof(host)) == CUDA_SUCCESS);
+	CHECK(cuMemcpyDtoH(back, p, sizeof(back)) == CUDA_SUCCESS && back[3] == 4);
+	CHECK(cuMemFree(p) == CUDA_SUCCESS);
+	CHECK(cuMemFree(p) == CUDA_ERROR_INVALID_VALUE);
+}
+
+static void test_capture(void)
+{
+	CUstream s;
+	CUgraph g;
+	CUgraphExec e;
+	CUdeviceptr p;
+	uint32_t word = 7;
+	CUstreamCaptureStatus st;
+
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&p, 64) == CUDA_SUCCESS);
+	CHECK(cuMemsetD32(p, 0, 16) == CUDA_SUCCESS);
+	CHECK(cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL) ==
+	      CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+	CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+	CHECK(cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+	CHECK(cuMemsetD32Async(p, 42, 16, s) == CUDA_SUCCESS);
+	CHECK(cuMemcpyDtoH(&word, p, 4) == CUDA_SUCCESS && word == 0); /* recorded, not run */
+	CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
+	CHECK(cuGraphInstantiate(&e, g, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphLaunch(e, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS);
+	CHECK(cuMemcpyDtoH(&word, p, 4) == CUDA_SUCCESS && word == 42);
+	/* A synchronisation inside a capture breaks it. */
+	CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+	CHECK(cuStreamSynchronize(s) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+	CHECK(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+	CHECK(cuGraphExecDestroy(e) == CUDA_SUCCESS);
+	CHECK(cuMemFree(p) == CUDA_SUCCESS);
+	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
+/* ---- the checkpoint lock waits for calls in flight, up to its timeout ---- */
+
+static int hold[2], started[2];
+
+static void blocking_hostfn(void *arg)
+{
+	char c = 0;
+
+	if (write(started[1], "s", 1) != 1 || read(hold[0], &c, 1) != 1)
+		abort();
+}
+
+static void *launch_blocking(void *ctx)
+{
+	if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+	    cuLaunchHostFunc(NULL, blocking_hostfn, NULL) != CUDA_SUCCESS)
+		abort();
+	return NULL;
+}
+
+static void test_lock_timeout(CUcontext ctx)
+{
+	CUcheckpointLockArgs args = {0};
+	CUprocessState st;
+	pthread_t t;
+	char c = 0;
+
+	if (pipe(hold) != 0 || pipe(started) != 0 ||
+	    pthread_create(&t, NULL, launch_blocking, ctx) != 0)
+		abort();
+	CHECK(read(started[0], &c, 1) == 1); /* the host function is running: a call in flight */
+	args.timeoutMs = 50;
+	CHECK(cuCheckpointProcessLock(getpid(), &args) == CUDA_ERROR_NOT_READY);
+	CHECK(cuCheckpointProcessGetState(getpid(), &st) == CUDA_SUCCESS &&
+	      st == CU_PROCESS_STATE_RUNNING);
+	args.reserved0 = 1;
+	CHECK(cuCheckpointProcessLock(getpid(), &args) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(write(hold[1], "x", 1) == 1);
+	pthread_join(t, NULL);
+	args.reserved0 = 0;
+	args.timeoutMs = 0;
+	CHECK(cuCheckpointProcessLock(getpid(), &args) == CUDA_SUCCESS);
+	CHECK(cuCheckpointProcessGetState(getpid(), &st) == CUDA_SUCCESS &&
+	      st == CU_PROCESS_STATE_LOCKED);
+	CHECK(cuCheckpointProcessUnlock(getpid(), NULL) == CUDA_SUCCESS);
+	CHECK(cuCheckpointProcessGetState(getpid(), &st) == CUDA_SUCCESS &&
+	      st == CU_PROCESS_STATE_RUNNING);
+}
+
+/* What the driver answers for processes that are not CUDA processes; no cuInit needed. */
+static void test_foreign_pids(void)
+{
+	CUprocessState st;
+	pid_t gone = fork();
+
+	if (gone == 0)
+		_exit(0);
+	waitpid(gone, NULL, 0);
+	CHECK(cuCheckpointProcessGetState(getppid(), &st) == CUDA_ERROR_NOT_INITIALIZED);
+	CHECK(cuCheckpointProcessLock(getppid(), NULL) == CUDA_ERROR_NOT_INITIALIZED);
+	CHECK(cuCheckpointProcessGetState(gone, &st) == CUDA_ERROR_OPERATING_SYSTEM);
+}
+
+int main(void)
+{
+	CUcontext ctx;
+	CUdeviceptr p;
+	int version = 0;
+
+	CHECK(cuMemAlloc(&p, 16) == CUDA_ERROR_NOT_INITIALIZED);
+	test_foreign_pids();
+	CHECK(cuDriverGetVersion(&version) == CUDA_SUCCESS && version == 13000);
+	CHECK(cuInit(1) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuInit(0) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&p, 16) == CUDA_ERROR_INVALID_CONTEXT);
+	CHECK(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS);
+	CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+	test_procaddr();
+	test_memory();
+	test_vmm();
+	test_capture();
+	test_lock_timeout(ctx);
+	return test_summary("test_fakecuda_api");
+}

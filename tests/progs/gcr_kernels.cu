@@ -1,0 +1,43 @@
+/* gcr_kernels.cu: the test kernels gcr-testprog loads on a GPU (the stand-in driver has the
+ * same four built in): nvcc -fatbin -arch=sm_90 -o gcr_kernels.fatbin tests/progs/gcr_kernels.cu */
+#include <stdint.h>
+
+#include "gcr_kernels.h"
+
+/* Grid-stride loops with 64-bit indices: any grid covers any n. */
+#define GCR_FOR_EACH(i, n)                                                          \
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+	     i += (uint64_t)blockDim.x * gridDim.x)
+
+extern "C" __global__ void gcr_fill(uint32_t *buf, uint64_t n, uint32_t seed)
+{
+	GCR_FOR_EACH(i, n)
+		buf[i] = gcr_pattern(seed, i);
+}
+
+extern "C" __global__ void gcr_step(uint32_t *buf, uint64_t n, uint32_t k)
+{
+	GCR_FOR_EACH(i, n)
+		buf[i] = gcr_step_value(buf[i], k);
+}
+
+extern "C" __global__ void gcr_check(const uint32_t *buf, uint64_t n, uint32_t seed, uint32_t kfirst,
+				     uint32_t nsteps, unsigned long long *mismatches)
+{
+	unsigned long long bad = 0;
+
+	GCR_FOR_EACH(i, n)
+		bad += buf[i] != gcr_expected(seed, i, kfirst, nsteps);
+	if (bad != 0)
+		atomicAdd(mismatches, bad);
+}
+
+/* ptrs is a device array of device pointers: the writes go through pointers the kernel reads
+ * from device memory, which a checkpoint must keep valid (same addresses after restore). */
+extern "C" __global__ void gcr_indirect(uint64_t *ptrs, uint32_t count, uint32_t value)
+{
+	if (blockIdx.x != 0 || threadIdx.x != 0)
+		return;
+	for (uint32_t j = 0; j < count; j++)
+		*(uint32_t *)(uintptr_t)ptrs[j] += value;
+}

@@ -1,0 +1,61 @@
+#!/bin/bash
+# The project's test command (README): installs what is missing, builds, then runs
+# every tier and ends with one "N passed, N failed" line. Exit status 0 only if all
+# tiers ran and passed; a tier that cannot run counts as failed, never as passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+top=$(pwd)
+jobs=$(nproc 2>/dev/null || echo 2)
+passed=0 failed=0
+summary=()
+
+# Adds the counts of a tier from its output: automake's "# PASS:/# FAIL:/# ERROR:"
+# or a final "N passed, N failed" line.
+count() { # name log rc
+	local name=$1 log=$2 rc=$3 p=0 f=0
+	if grep -q '^# PASS:' "$log"; then
+		p=$(awk '/^# PASS:/{s+=$3} END{print s+0}' "$log")
+		f=$(awk '/^# (FAIL|ERROR|XPASS):/{s+=$3} END{print s+0}' "$log")
+	else
+		local line
+		line=$(grep -oE '[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+		if [ -n "$line" ]; then
+			p=${line%% passed*}
+			f=${line##*, }; f=${f%% failed}
+		fi
+	fi
+	if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+	if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then f=1; fi # ran nothing: not a pass
+	passed=$((passed + p)); failed=$((failed + f))
+	summary+=("$(printf '%-14s %4d passed %4d failed (exit %d)' "$name" "$p" "$f" "$rc")")
+}
+
+tier() { # name command...
+	local name=$1; shift
+	local log="$top/build-logs/$name.log"
+	echo "=== $name: $*"
+	( "$@" ) 2>&1 | tee "$log"
+	count "$name" "$log" "${PIPESTATUS[0]}"
+}
+
+mkdir -p build-logs
+scripts/install-deps.sh || { echo "install-deps failed"; echo "0 passed, 1 failed"; exit 1; }
+./autogen.sh >build-logs/autogen.log 2>&1 || { cat build-logs/autogen.log; echo "0 passed, 1 failed"; exit 1; }
+
+build_check() { # dir configure-args...
+	local dir=$1; shift
+	mkdir -p "$dir" && cd "$dir" && "$top/configure" -q "$@" && make -j"$jobs" && \
+		make -j"$jobs" check || { cat tests/*.log tests/*/*.log 2>/dev/null | tail -n 200; return 1; }
+}
+
+tier unit-and-flow build_check build
+tier sanitizers env GCR_SANITIZERS=1 build_check build-san --enable-sanitizers
+tier valgrind tests/valgrind.sh build
+tier fuzz tests/fuzz/run.sh
+tier k8s tests/k8s/test_crds.sh
+
+echo
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

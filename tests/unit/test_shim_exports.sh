@@ -1,0 +1,30 @@
+#!/bin/bash
+# test_shim_exports: libgcr.so exports exactly the interposed driver entry points
+# (every name in shim_hooks.def, with its per-thread twin) plus dlsym and dlvsym.
+set -u
+so="$top_builddir/shim/.libs/libgcr.so"
+def="$top_srcdir/shim/shim_hooks.def"
+pass=0 fail=0
+check() { if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $*"; fi; }
+
+actual=$(nm -D --defined-only "$so" | awk '{print $3}' | sed 's/@.*//' | sort -u)
+expected=$( { echo dlsym; echo dlvsym;
+  sed -n 's/^SHIM_\(GATE\|CUSTOM\)(\([A-Za-z0-9_]*\), \([A-Z]*\).*/\2 \3/p' "$def" |
+  while read -r sym var; do
+    echo "$sym"
+    case $var in PTDS) echo "${sym}_ptds";; PTSZ) echo "${sym}_ptsz";; esac
+  done; } | sort -u)
+extra=$(comm -23 <(echo "$actual") <(echo "$expected"))
+missing=$(comm -13 <(echo "$actual") <(echo "$expected"))
+check test -z "$extra"
+[ -z "$extra" ] || echo "exported but not in the hook list: $extra"
+check test -z "$missing"
+[ -z "$missing" ] || echo "in the hook list but not exported: $missing"
+check test "$(echo "$expected" | wc -l)" -gt 100
+# The shim must need nothing from the container image beyond libc and jansson.
+needed=$(readelf -d "$so" | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | grep -v -e '^libc\.so' -e '^libjansson\.so' -e '^ld-linux' -e '^libasan' -e '^libubsan' || true)
+check test -z "$needed"
+[ -z "$needed" ] || echo "unexpected dependencies: $needed"
+check grep -q 'RUNPATH.*\$ORIGIN' <(readelf -d "$so")
+echo "test_shim_exports: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,50 @@
+#!/bin/bash
+# valgrind (memcheck) over the C unit tests, gcrctl, and the shim inside a test
+# program on the stand-in driver, through one suspend/resume. Any memcheck error or
+# definite leak fails. Usage: tests/valgrind.sh BUILD_DIR
+set -uo pipefail
+b=$(cd "${1:-build}" && pwd)
+src=$(cd "$(dirname "$0")/.." && pwd)
+vg=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
+    --suppressions="$src/tests/valgrind.supp")
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "PASS $1"; }
+ko() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+for t in "$b"/tests/unit/test_*; do
+	[ -x "$t" ] && [ -f "$t" ] && [[ "$t" != *.sh ]] || continue
+	if top_srcdir=$src top_builddir=$b "${vg[@]}" "$t" >/dev/null; then ok "$(basename "$t")"; else ko "$(basename "$t")"; fi
+done
+
+# gcrctl's error paths: a bad pid must be a clean error (exit 1), not a memcheck error (99).
+"${vg[@]}" "$b/node-agent/gcrctl" --json status 4000000 >/dev/null 2>&1
+rc=$?; [ "$rc" -eq 1 ] || [ "$rc" -eq 2 ] && ok "gcrctl-bad-pid" || ko "gcrctl-bad-pid (exit $rc)"
+
+# The shim and gcrctl through a full suspend/resume on the stand-in driver.
+sock=$(mktemp -d)
+export GCR_SOCKET_DIR=$sock FAKECUDA_DIR=$sock LD_LIBRARY_PATH=$b/tests/fakecuda
+coproc PROG { exec "${vg[@]}" env LD_PRELOAD="$b/shim/.libs/libgcr.so" \
+	"$b/tests/progs/gcr-testprog" --mib 8 --buffers 2 --threads 2 --iters 4 --wait \
+	--module "$src/tests/progs/gcr_kernels.h" 2>&1; }
+pid=""
+while read -r -t 120 line <&"${PROG[0]}"; do
+	case $line in READY*) pid=${line#READY pid=}; pid=${pid%% *}; break ;; esac
+done
+flow_ok=0
+if [ -n "$pid" ]; then
+	echo go >&"${PROG[1]}"
+	while read -r -t 120 line <&"${PROG[0]}"; do [ "$line" = DONE ] && break; done
+	if "${vg[@]}" "$b/node-agent/gcrctl" suspend "$pid" && "${vg[@]}" "$b/node-agent/gcrctl" resume "$pid"; then
+		echo check >&"${PROG[1]}"
+		while read -r -t 120 line <&"${PROG[0]}"; do
+			case $line in "RESULT ok") flow_ok=1 ;; esac
+			case $line in RESULT*) break ;; esac
+		done
+	fi
+fi
+exec {PROG[1]}>&-
+wait "$PROG_PID" 2>/dev/null; rc=$?
+[ "$flow_ok" -eq 1 ] && [ "$rc" -eq 0 ] && ok "shim-under-valgrind" || ko "shim-under-valgrind (result $flow_ok, exit $rc)"
+rm -rf "$sock"
+echo "valgrind: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
