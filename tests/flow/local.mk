@@ -1,1 +1,3 @@
-# placeholder
+# tests/flow/: the whole C/R flow (shim + gcrctl + driver checkpoint API) on the stand-in driver.
+TESTS += tests/flow/test_flow.sh
+EXTRA_DIST += tests/flow/test_flow.sh tests/flow/test_flow.py

@@ -1,1 +1,44 @@
-# placeholder
+# tests/unit/agent.mk: one test binary per libgcragent module.
+AGENT_UNIT_TESTS = \
+	tests/unit/test_agent_cgroup \
+	tests/unit/test_agent_kubeconfig \
+	tests/unit/test_agent_watch
+check_PROGRAMS += $(AGENT_UNIT_TESTS)
+TESTS += $(AGENT_UNIT_TESTS)
+
+AGENT_TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent -I$(top_srcdir)/tests/unit
+AGENT_TEST_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
+AGENT_TEST_LDADD = node-agent/libgcragent.la
+
+tests_unit_test_agent_cgroup_SOURCES = tests/unit/test_agent_cgroup.c
+tests_unit_test_agent_cgroup_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_cgroup_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_cgroup_LDADD = $(AGENT_TEST_LDADD)
+
+tests_unit_test_agent_kubeconfig_SOURCES = tests/unit/test_agent_kubeconfig.c
+tests_unit_test_agent_kubeconfig_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_kubeconfig_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_kubeconfig_LDADD = $(AGENT_TEST_LDADD)
+
+tests_unit_test_agent_watch_SOURCES = tests/unit/test_agent_watch.c
+tests_unit_test_agent_watch_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_watch_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_watch_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
+# Sample inputs the tests read through $top_srcdir.
+EXTRA_DIST += \
+	tests/unit/data/kubeconfig/kind.yaml \
+	tests/unit/data/kubeconfig/files.yaml \
+	tests/unit/data/kubeconfig/token \
+	tests/unit/data/serviceaccount/ca.crt \
+	tests/unit/data/serviceaccount/namespace \
+	tests/unit/data/serviceaccount/token
+
+# The libFuzzer targets of these modules, built and run by tests/fuzz/run.sh
+# (clang only, so not part of the automake build).
+EXTRA_DIST += \
+	tests/fuzz/run.sh \
+	tests/fuzz/fuzz_cgroup.c tests/fuzz/fuzz_kubeconfig.c tests/fuzz/fuzz_watch.c \
+	tests/fuzz/dict/fuzz_cgroup.dict tests/fuzz/dict/fuzz_kubeconfig.dict \
+	tests/fuzz/dict/fuzz_watch.dict \
+	tests/fuzz/corpus/fuzz_cgroup tests/fuzz/corpus/fuzz_kubeconfig tests/fuzz/corpus/fuzz_watch

@@ -1,0 +1,139 @@
+# bench/bench_overhead.py: steady-state cost of running under the shim: PyTorch step time and a
+# launch-bound microbenchmark, each alternately with and without LD_PRELOAD; JSON lines + table.
+"""Usage: python3 bench/bench_overhead.py [--reps 3] [--steps 200] [--torch-modes eager,graphs]
+                                        [--launch-n 200000] [--no-torch] [--no-launch] [--log FILE]
+
+torch:  tests/gpu/torch_serve.py --bench-steps N [--graphs] -> "STEPTIME_MS mean p50 p90"
+launch: bench/launch_bench (LAUNCH_BENCH) --n N --reps 3 -> "LAUNCH_RATE variant rep per_s ns"
+Overhead = with / without - 1 on the medians. Runs alternate which goes first, to spread drift.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))
+sys.path.insert(0, HERE)
+import harness as H  # noqa: E402
+import report  # noqa: E402
+
+
+def run_torch(S, mode, shim, rep, steps):
+    rec = {"kind": "overhead", "bench": "torch-%s" % mode, "shim": shim, "rep": rep, "steps": steps, "ok": False}
+    argv = [S.cfg.python, S.cfg.torch_serve, "--bench-steps", steps]
+    if mode == "graphs":
+        argv.append("--graphs")
+    p = None
+    try:
+        p = S.start("overhead-torch-%s-%s-r%d" % (mode, "shim" if shim else "noshim", rep), argv, shim=shim)
+        p.expect(r"READY\b", 240, what="READY")
+        m = p.expect(r"STEPTIME_MS\s+(\S+)\s+(\S+)\s+(\S+)", 120 + steps, what="STEPTIME_MS")
+        rec.update(mean_ms=float(m.group(1)), p50_ms=float(m.group(2)), p90_ms=float(m.group(3)))
+        res = p.expect(r"RESULT (.*)", 60, since=0, what="RESULT").group(1).strip()
+        rc = p.wait_exit(60)
+        rec["ok"] = res == "ok" and rc == 0
+        if not rec["ok"]:
+            rec["error"] = "RESULT %s, exit status %s" % (res, rc)
+    except (H.HarnessError, ValueError) as e:
+        rec["error"] = str(e)
+    finally:
+        if p is not None:
+            S.finish(p)
+    return [rec]
+
+
+def run_launch(S, shim, rep, n):
+    base = {"kind": "overhead", "shim": shim, "rep": rep, "n": n}
+    p = None
+    recs = []
+    try:
+        p = S.start("overhead-launch-%s-r%d" % ("shim" if shim else "noshim", rep),
+                    [S.cfg.launch_bench, "--n", n, "--reps", 3], shim=shim)
+        p.expect(r"READY\b", 120, what="READY")
+        p.expect(r"RESULT (.*)", 60 + n / 5000.0, since=0, what="RESULT")
+        rc = p.wait_exit(30)
+        per = {}
+        with p.cond:
+            lines = list(p.lines)
+        for l in lines:
+            m = re.match(r"LAUNCH_RATE\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)", l)
+            if m:
+                per.setdefault(m.group(1), []).append((float(m.group(3)), float(m.group(4))))
+        for variant, vals in sorted(per.items()):
+            recs.append(dict(base, bench="launch-%s" % variant, ok=rc == 0,
+                             per_s=report.median([v[0] for v in vals]),
+                             ns_per_launch=report.median([v[1] for v in vals]), samples=vals))
+        if not recs:
+            recs.append(dict(base, bench="launch-kernel", ok=False, error="no LAUNCH_RATE lines (exit %s)" % rc))
+    except (H.HarnessError, ValueError) as e:
+        recs.append(dict(base, bench="launch-kernel", ok=False, error=str(e)))
+    finally:
+        if p is not None:
+            S.finish(p)
+    return recs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--torch-modes", default="eager,graphs")
+    ap.add_argument("--launch-n", type=int, default=200000)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-launch", action="store_true")
+    ap.add_argument("--log", default=os.environ.get("GCR_BENCH_LOG", "/tmp/gcr-bench.jsonl"))
+    a = ap.parse_args(argv)
+    cfg = H.Config()
+    S = H.Session(cfg, a.log)
+    plan = []  # (name, estimate s, callable returning records)
+    for rep in range(a.reps):
+        order = [False, True] if rep % 2 == 0 else [True, False]
+        if not a.no_torch:
+            for mode in [m for m in a.torch_modes.split(",") if m]:
+                for shim in order:
+                    plan.append(("torch-%s" % mode, shim, rep, 25.0 + a.steps * 0.02,
+                                 lambda mode=mode, shim=shim, rep=rep: run_torch(S, mode, shim, rep, a.steps),
+                                 ["torch_serve"] + (["shim"] if shim else [])))
+        if not a.no_launch:
+            for shim in order:
+                plan.append(("launch-kernel", shim, rep, 10.0 + a.launch_n * 6 * 5e-6,
+                             lambda shim=shim, rep=rep: run_launch(S, shim, rep, a.launch_n),
+                             ["launch_bench"] + (["shim"] if shim else [])))
+    records = []
+    try:
+        S.log.write(kind="bench-start", bench="overhead", argv=sys.argv)
+        for name, shim, rep, est, fn, need in plan:
+            missing = cfg.missing(*need)
+            if missing or cfg.remaining_s() < est:
+                why = ("missing " + ", ".join(missing)) if missing else "time budget (%.0f s left)" % cfg.remaining_s()
+                recs = [{"kind": "overhead", "bench": name, "shim": shim, "rep": rep, "ok": False, "skipped": True,
+                         "error": why}]
+            else:
+                recs = fn()
+            for r in recs:
+                S.log.write(**r)
+                records.append(r)
+                tag = "with shim   " if shim else "without shim"
+                if r.get("skipped"):
+                    print("NOT RUN %s %s rep %d: %s" % (r["bench"], tag, rep, r["error"]), flush=True)
+                elif not r.get("ok"):
+                    print("FAIL %s %s rep %d: %s" % (r["bench"], tag, rep, r.get("error")), flush=True)
+                elif "mean_ms" in r:
+                    print("%-22s %s rep %d: mean %.4f ms p50 %.4f p90 %.4f" % (
+                        r["bench"], tag, rep, r["mean_ms"], r["p50_ms"], r["p90_ms"]), flush=True)
+                else:
+                    print("%-22s %s rep %d: %s launches/s, %s ns/launch" % (
+                        r["bench"], tag, rep, report.f(r.get("per_s")), report.f(r.get("ns_per_launch"), "%.1f")),
+                        flush=True)
+    finally:
+        S.close()
+    print()
+    print(report.overhead_tables(records))
+    ran = [r for r in records if not r.get("skipped")]
+    return 0 if ran and all(r.get("ok") for r in ran) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

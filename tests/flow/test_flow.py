@@ -1,0 +1,337 @@
+# tests/flow/test_flow.py: the whole suspend/resume flow on the stand-in driver (CI, no GPU):
+# shim + gcrctl + driver checkpoint API, every lookup path, failures that must leave the process whole.
+"""Needs a build dir (top_builddir): shim, gcrctl, gcr-testprog, tests/fakecuda/{libcuda.so.1,fakesmi}.
+Each case prints PASS/FAIL; the last line is 'N passed, N failed'. No sleeps: every wait is on a
+protocol line from the program or on a command's exit."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BUILD = os.path.abspath(os.environ.get("top_builddir", os.path.join(SRC, "build")))
+sys.path.insert(0, os.path.join(SRC, "tests", "gpu"))
+import harness as H  # noqa: E402
+
+FAKE_DIR = os.path.join(BUILD, "tests", "fakecuda")
+FAKESMI = os.path.join(FAKE_DIR, "fakesmi")
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_UNKNOWN = 999
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+class Flow:
+    """One case: its own socket/fake directory (the fake's device-memory pool is per directory)."""
+
+    def __init__(self, name):
+        self.name = name
+        self.dir = tempfile.mkdtemp(prefix="gcr-flow-")
+        os.environ["GCR_LOG_DIR"] = os.path.join(self.dir, "logs")
+        cfg = H.Config()
+        cfg.gcrctl = os.path.join(BUILD, "node-agent", "gcrctl")
+        cfg.shim = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
+        cfg.testprog = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
+        cfg.shim_log_level = "warn"
+        self.S = H.Session(cfg, log_path=os.path.join(self.dir, "flow.jsonl"))
+        self.S.socket_dir = self.dir
+        self.env = {"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.dir,
+                    "FAKECUDA_MEM_MIB": os.environ.get("FLOW_FAKE_MIB", "1024")}
+        os.environ.update(self.env)  # gcrctl loads the fake driver too
+        # Sanitizer builds need the ASan runtime first in a preloaded process.
+        prefix = os.environ.get("GCR_TEST_PRELOAD_PREFIX", "")
+        if prefix:
+            cfg.shim = prefix + ":" + cfg.shim
+
+    def start(self, args, shim=True, name="testprog"):
+        env = dict(self.env)
+        argv = [self.S.cfg.testprog, "--module", os.path.join(SRC, "tests", "progs", "gcr_kernels.h")] + args
+        p = self.S.start(name, argv, shim=shim, extra_env=env)
+        m = p.expect(r"READY pid=(\d+)", 60, what="READY")
+        check(int(m.group(1)) == p.pid, "READY pid %s != %d" % (m.group(1), p.pid))
+        return p
+
+    def ctl(self, op, pid, *flags):
+        return self.S.ctl(op, pid, flags, timeout=120, test=self.name)
+
+    def mem(self, pid):
+        out = subprocess.run([FAKESMI, "mem", str(pid)], capture_output=True, text=True, timeout=30)
+        check(out.returncode == 0, "fakesmi mem: %s" % out.stderr.strip())
+        return int(out.stdout.strip())
+
+    def state(self, pid):
+        out = subprocess.run([FAKESMI, "state", str(pid)], capture_output=True, text=True, timeout=30)
+        return out.stdout.strip()
+
+    def inject(self, pid, func, nth, code):
+        out = subprocess.run([FAKESMI, "fail", str(pid), func, str(nth), str(code)],
+                             capture_output=True, text=True, timeout=30)
+        check(out.returncode == 0, "fakesmi fail: %s" % out.stderr.strip())
+
+    def finish(self, p):
+        p.expect(r"DONE$", 120, what="DONE")
+        p.send("check")
+        m = p.expect(r"RESULT (.*)", 120, what="RESULT")
+        check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
+        check(p.wait_exit(60) == 0, "program exit status non-zero")
+
+    def close(self):
+        self.S.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cycle(f, p, n=3, flags=()):
+    """n suspend/resume cycles while the program iterates; GPU memory must reach 0."""
+    for i in range(n):
+        r = f.ctl("suspend", p.pid, *flags)
+        check(r.ok, "suspend %d: %s" % (i, r.describe()))
+        check(f.mem(p.pid) == 0, "cycle %d: %d bytes of device memory while suspended" % (i, f.mem(p.pid)))
+        check(f.state(p.pid) == "checkpointed", "driver state %s" % f.state(p.pid))
+        st = f.ctl("status", p.pid)
+        check(H.dig(st.data, "shim", "state") == "suspended", "status: %s" % st.describe())
+        r = f.ctl("resume", p.pid, *flags)
+        check(r.ok, "resume %d: %s" % (i, r.describe()))
+        check(f.state(p.pid) == "running", "driver state after resume %s" % f.state(p.pid))
+
+
+def case_api(api, extra=()):
+    def run(f):
+        p = f.start(["--api", api, "--mib", "32", "--threads", "3", "--iters", "400", "--wait",
+                     "--pitch", "--small", "--async", "--vmm"] + list(extra))
+        p.send("go")
+        p.expect(r"ITER \d+", 60)
+        cycle(f, p)
+        st = f.ctl("stats", p.pid)
+        check(st.rc == 0, "stats: %s" % st.describe())
+        calls = H.dig(st.data, "calls") or {}
+        look = H.dig(st.data, "lookups") or {}
+        launches = sum(v for k, v in calls.items() if k.startswith("cuLaunchKernel"))
+        check(launches > 0, "the shim saw no kernel launch: %s" % calls)
+        check(calls.get("cuMemAlloc_v2", 0) > 0, "the shim saw no cuMemAlloc: %s" % calls)
+        check(calls.get("cuMemCreate", 0) > 0, "the shim saw no cuMemCreate (--vmm): %s" % calls)
+        if api == "dlsym":
+            check(look.get("dlsym_wrapped", 0) > 0, "no dlsym lookup answered by the shim: %s" % look)
+        if api == "procaddr":
+            check(look.get("procaddr_wrapped", 0) + look.get("procaddr_by_name", 0) > 0,
+                  "no cuGetProcAddress answer wrapped: %s" % look)
+        if "--ptds" in extra:
+            twins = sum(v for k, v in calls.items() if k.endswith(("_ptsz", "_ptds")))
+            check(twins > 0, "per-thread-stream variants not seen: %s" % calls)
+        f.finish(p)
+    return run
+
+
+def case_graph(f):
+    p = f.start(["--api", "procaddr", "--graph", "--mib", "16", "--threads", "2", "--iters", "200", "--wait"])
+    p.send("go")
+    p.expect(r"ITER \d+", 60)
+    cycle(f, p)
+    f.finish(p)
+
+
+def case_idle(f):
+    """Suspended while idle, then the data is checked after resume."""
+    p = f.start(["--mib", "64", "--buffers", "8", "--iters", "5", "--wait"])
+    p.send("go")
+    p.expect(r"DONE$", 60)
+    cycle(f, p, n=2)
+    p.send("check")
+    check(p.expect(r"RESULT (.*)", 60).group(1) == "ok", "RESULT not ok")
+
+
+def case_managed(f):
+    p = f.start(["--managed", "--iters", "50", "--wait"])
+    p.send("go")
+    r = f.ctl("suspend", p.pid)
+    check(not r.ok and "managed" in (r.error or "").lower(), "suspend with UVM: %s" % r.describe())
+    check(f.state(p.pid) == "running", "driver state %s after refusal" % f.state(p.pid))
+    f.finish(p)
+
+
+def case_errors(f):
+    r = f.ctl("suspend", 4000000)
+    check(not r.ok and "no such process" in (r.error or ""), "bad pid: %s" % r.describe())
+    plain = f.start(["--iters", "5", "--wait"], shim=False, name="no-shim")
+    r = f.ctl("suspend", plain.pid)
+    check(not r.ok and "not a GCR process" in (r.error or ""), "no shim: %s" % r.describe())
+    p = f.start(["--iters", "5", "--wait"])
+    r = f.ctl("resume", p.pid)
+    check(not r.ok and "not suspended" in (r.error or ""), "resume running: %s" % r.describe())
+    check(f.ctl("suspend", p.pid).ok, "first suspend")
+    r = f.ctl("suspend", p.pid)
+    check(not r.ok and "already suspended" in (r.error or ""), "second suspend: %s" % r.describe())
+    check(f.ctl("resume", p.pid).ok, "resume")
+    for q in (plain, p):
+        q.send("go")
+        f.finish(q)
+
+
+def case_resume_oom(f):
+    """Not enough GPU memory at resume: a clear error, still suspended, a retry works."""
+    p = f.start(["--mib", "32", "--iters", "5", "--wait"])
+    check(f.ctl("suspend", p.pid).ok, "suspend")
+    f.inject(p.pid, "cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY)
+    r = f.ctl("resume", p.pid)
+    check(not r.ok and "not enough GPU memory" in (r.error or ""), "resume under OOM: %s" % r.describe())
+    st = f.ctl("status", p.pid)
+    check(H.dig(st.data, "shim", "state") == "suspended", "after failed resume: %s" % st.describe())
+    r = f.ctl("resume", p.pid)
+    check(r.ok, "retry: %s" % r.describe())
+    p.send("go")
+    f.finish(p)
+
+
+def case_suspend_copy_fails(f):
+    """A copy fails half-way through the data step: the process keeps running, data intact."""
+    p = f.start(["--mib", "32", "--buffers", "4", "--iters", "100", "--wait"])
+    # Armed while the program is idle, so the third copy is the shim's.
+    f.inject(p.pid, "cuMemcpyDtoHAsync", 3, CUDA_ERROR_UNKNOWN)
+    r = f.ctl("suspend", p.pid)
+    check(not r.ok, "suspend should fail: %s" % r.describe())
+    check(f.state(p.pid) == "running" and f.mem(p.pid) > 0, "process not left running")
+    check(f.ctl("suspend", p.pid).ok and f.ctl("resume", p.pid).ok, "a later cycle")
+    p.send("go")
+    f.finish(p)
+
+
+def case_driver_fails(f):
+    """The driver's checkpoint fails after the data step: the data comes back, process runs."""
+    p = f.start(["--mib", "32", "--iters", "100", "--wait"])
+    p.send("go")
+    p.expect(r"ITER \d+", 60)
+    f.inject(p.pid, "cuCheckpointProcessCheckpoint", 1, CUDA_ERROR_UNKNOWN)
+    r = f.ctl("suspend", p.pid)
+    check(not r.ok and "GPU data restored" in (r.error or ""), "suspend: %s" % r.describe())
+    check(f.state(p.pid) == "running", "driver state %s" % f.state(p.pid))
+    st = f.ctl("status", p.pid)
+    check(H.dig(st.data, "shim", "state") == "running", "shim state: %s" % st.describe())
+    f.finish(p)
+
+
+def case_restore_fails(f):
+    """The driver's restore fails: still suspended, and a second resume finishes the job."""
+    p = f.start(["--mib", "16", "--iters", "5", "--wait"])
+    check(f.ctl("suspend", p.pid).ok, "suspend")
+    f.inject(p.pid, "cuCheckpointProcessRestore", 1, CUDA_ERROR_OUT_OF_MEMORY)
+    r = f.ctl("resume", p.pid)
+    check(not r.ok and "still suspended" in (r.error or ""), "resume: %s" % r.describe())
+    check(f.state(p.pid) == "checkpointed", "driver state %s" % f.state(p.pid))
+    check(f.ctl("resume", p.pid).ok, "second resume")
+    p.send("go")
+    f.finish(p)
+
+
+def case_modes(f):
+    """--driver-only on a process without the shim; --no-driver keeps the context resident."""
+    plain = f.start(["--mib", "16", "--iters", "5", "--wait"], shim=False, name="plain")
+    check(f.ctl("suspend", plain.pid, "--driver-only").ok, "driver-only suspend")
+    check(f.mem(plain.pid) == 0, "driver-only: memory left")
+    check(f.ctl("resume", plain.pid, "--driver-only").ok, "driver-only resume")
+    p = f.start(["--mib", "16", "--iters", "5", "--wait"])
+    before = f.mem(p.pid)
+    r = f.ctl("suspend", p.pid, "--no-driver")
+    check(r.ok, "data-only suspend: %s" % r.describe())
+    left = f.mem(p.pid)
+    check(0 < left < before and f.state(p.pid) == "running", "data-only left %d of %d bytes" % (left, before))
+    check(f.ctl("resume", p.pid, "--no-driver").ok, "data-only resume")
+    for q in (plain, p):
+        q.send("go")
+        f.finish(q)
+
+
+def case_peer_credentials(f):
+    """Another user cannot drive the shim: the socket and the shim both refuse."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        raise Fail("needs root and setpriv to run as another user")
+    p = f.start(["--iters", "5", "--wait"])
+    os.chmod(f.dir, 0o755)
+    sock = os.path.join(f.dir, "gcr-%d.sock" % p.pid)
+    os.chmod(sock, 0o666)  # even with the file open to all, the shim checks the peer
+    cp = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                         sys.executable, "-c",
+                         "import socket,sys; s=socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1]);"
+                         "print(s.recv(4096).decode())",
+                         sock], capture_output=True, text=True, timeout=30)
+    check("permission denied" in cp.stdout, "foreign peer got: %r %r" % (cp.stdout, cp.stderr))
+    st = f.ctl("status", p.pid)
+    check(H.dig(st.data, "shim", "state") == "running", "process state changed")
+    p.send("go")
+    f.finish(p)
+
+
+def case_bad_requests(f):
+    """Garbage on the control socket gets an error reply, never a crash."""
+    p = f.start(["--iters", "5", "--wait"])
+    import socket
+    sock = os.path.join(f.dir, "gcr-%d.sock" % p.pid)
+    for payload in (b"not json\n", b"{\"v\":9,\"op\":\"status\"}\n", b"{\"v\":1,\"op\":\"rm -rf\"}\n",
+                    b"{\"v\":1,\"op\":\"suspend\",\"args\":{\"timeout_ms\":-5}}\n", b"x" * 70000 + b"\n"):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(30)
+        s.connect(sock)
+        s.sendall(payload)
+        reply = s.recv(4096)
+        s.close()
+        check(b"\"ok\":false" in reply, "payload %r got %r" % (payload[:40], reply[:200]))
+    st = f.ctl("status", p.pid)
+    check(H.dig(st.data, "shim", "state") == "running", "process state changed")
+    p.send("go")
+    f.finish(p)
+
+
+CASES = [
+    ("api-link", case_api("link")),
+    ("api-dlsym", case_api("dlsym")),
+    ("api-dlsym-ptds", case_api("dlsym", ["--ptds"])),
+    ("api-procaddr", case_api("procaddr")),
+    ("api-procaddr-ptds", case_api("procaddr", ["--ptds"])),
+    ("graph", case_graph),
+    ("idle", case_idle),
+    ("managed-refused", case_managed),
+    ("errors", case_errors),
+    ("resume-oom", case_resume_oom),
+    ("suspend-copy-fails", case_suspend_copy_fails),
+    ("driver-checkpoint-fails", case_driver_fails),
+    ("driver-restore-fails", case_restore_fails),
+    ("modes", case_modes),
+    ("peer-credentials", case_peer_credentials),
+    ("bad-requests", case_bad_requests),
+]
+
+
+def main():
+    only = re.compile(sys.argv[1]) if len(sys.argv) > 1 else None
+    passed = failed = 0
+    for name, fn in CASES:
+        if only and not only.search(name):
+            continue
+        f = Flow(name)
+        try:
+            fn(f)
+            passed += 1
+            print("PASS %s" % name, flush=True)
+        except (Fail, H.HarnessError) as e:
+            failed += 1
+            print("FAIL %s: %s" % (name, e), flush=True)
+        except Exception:  # a bug in the test itself is a failure too
+            failed += 1
+            print("FAIL %s: %s" % (name, traceback.format_exc()), flush=True)
+        finally:
+            f.close()
+    print("flow: %d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

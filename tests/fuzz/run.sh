@@ -1,0 +1,91 @@
+#!/bin/sh
+# tests/fuzz/run.sh: builds each libFuzzer target with clang (ASan + UBSan) and
+# runs it FUZZ_SECONDS from its seed corpus; fails if any target crashes.
+#
+# Run from the repository root. Environment:
+#   FUZZ_SECONDS  seconds per target (default 20)
+#   FUZZ_WORKDIR  build outputs, grown corpora and crash artifacts
+#                 (default: a fresh directory under ${TMPDIR:-/tmp})
+#   FUZZ_TARGETS  space-separated subset of the targets below (default: all)
+#   CLANG         compiler (default clang-14)
+set -u
+
+# One line per target: name|sources besides the common ones|pkg-config modules.
+# The target's own file is tests/fuzz/<name>.c and its seeds are under
+# tests/fuzz/corpus/<name>/; a dictionary tests/fuzz/dict/<name>.dict is optional.
+TARGETS='
+fuzz_cgroup|node-agent/agent_cgroup.c|
+fuzz_proto|lib/gcr_proto.c|jansson
+fuzz_kubeconfig|node-agent/agent_kubeconfig.c|yaml-0.1
+fuzz_watch|node-agent/agent_watch.c|jansson
+'
+# Linked into every target.
+COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c'
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+CLANG=${CLANG:-clang-14}
+FUZZ_WORKDIR=${FUZZ_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/gcr-fuzz.XXXXXX")}
+CFLAGS_FUZZ="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
+	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent"
+
+if [ ! -f tests/fuzz/run.sh ]; then
+	echo "run.sh: run me from the repository root" >&2
+	exit 2
+fi
+mkdir -p "$FUZZ_WORKDIR" || exit 2
+echo "fuzz: ${FUZZ_SECONDS}s per target, outputs in $FUZZ_WORKDIR"
+
+passed=0
+failed=0
+# A here-document keeps the loop in this shell, so the counters survive it.
+while IFS='|' read -r name sources modules; do
+	[ -n "$name" ] || continue
+	if [ -n "${FUZZ_TARGETS:-}" ]; then
+		case " $FUZZ_TARGETS " in *" $name "*) ;; *) continue ;; esac
+	fi
+	bin="$FUZZ_WORKDIR/$name"
+	log="$FUZZ_WORKDIR/$name.log"
+	pkg_cflags=''
+	pkg_libs=''
+	if [ -n "$modules" ]; then
+		pkg_cflags=$(pkg-config --cflags $modules) && pkg_libs=$(pkg-config --libs $modules) || {
+			echo "FAIL $name: pkg-config $modules"
+			failed=$((failed + 1))
+			continue
+		}
+	fi
+	# shellcheck disable=SC2086 # word splitting of flag lists is intended
+	if ! $CLANG $CFLAGS_FUZZ $pkg_cflags -o "$bin" "tests/fuzz/$name.c" $sources $COMMON_SOURCES \
+		$pkg_libs >"$FUZZ_WORKDIR/$name.build.log" 2>&1; then
+		cat "$FUZZ_WORKDIR/$name.build.log"
+		echo "FAIL $name: does not build"
+		failed=$((failed + 1))
+		continue
+	fi
+	# New inputs go to a scratch corpus; the committed seeds are only read.
+	corpus="$FUZZ_WORKDIR/$name.corpus"
+	mkdir -p "$corpus" "$FUZZ_WORKDIR/$name.artifacts"
+	dict=''
+	[ -f "tests/fuzz/dict/$name.dict" ] && dict="-dict=tests/fuzz/dict/$name.dict"
+	seeds=''
+	[ -d "tests/fuzz/corpus/$name" ] && seeds="tests/fuzz/corpus/$name"
+	# shellcheck disable=SC2086 # empty $dict / $seeds must vanish
+	"$bin" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+		-artifact_prefix="$FUZZ_WORKDIR/$name.artifacts/" $dict \
+		"$corpus" $seeds >"$log" 2>&1
+	rc=$?
+	if [ $rc -eq 0 ]; then
+		runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+		echo "PASS $name: ${runs:-?} runs"
+		passed=$((passed + 1))
+	else
+		tail -n 60 "$log"
+		echo "FAIL $name: exit $rc; artifacts:" "$FUZZ_WORKDIR/$name.artifacts"/*
+		failed=$((failed + 1))
+	fi
+done <<EOT
+$TARGETS
+EOT
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

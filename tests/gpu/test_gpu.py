@@ -1,0 +1,456 @@
+# tests/gpu/test_gpu.py: the GPU test suite: suspend/resume of gcr-testprog (every API mode), rt_test
+# and PyTorch serving under the shim, refusals and error cases; prints PASS/FAIL/NOT RUN and a tally.
+"""Run from anywhere: python3 tests/gpu/test_gpu.py [--only REGEX] [--skip REGEX] [--list]
+
+Paths come from harness.Config (GCRCTL, GCR_SHIM, TESTPROG, FATBIN, RT_TEST, ...). Tuning:
+GCR_CYCLES (3), GCR_MAX_SUSPENDED_MIB (0), GCR_TESTPROG_ITERS (1000), GCR_TESTPROG_MIB (256),
+GCR_TESTPROG_THREADS (2), GCR_RT_ITERS (600), GCR_RT_PACE_US (5000), GCR_TORCH_STEPS (300),
+GCR_TORCH_PACE_MS (10), GCR_DEADLINE (epoch s: tests that would not fit are NOT RUN).
+Every measurement goes to the JSON lines file GCR_TEST_LOG (/tmp/gcr-gpu-tests.jsonl).
+Exit status: 0 all passed, 1 any failed, 3 none failed but some were not run.
+"""
+
+import argparse
+import os
+import re
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
+
+
+def env_int(name, default):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+CYCLES = env_int("GCR_CYCLES", 3)
+MAX_SUSPENDED_MIB = env_int("GCR_MAX_SUSPENDED_MIB", 0)
+TP_ITERS = env_int("GCR_TESTPROG_ITERS", 1000)
+TP_MIB = env_int("GCR_TESTPROG_MIB", 256)
+TP_THREADS = env_int("GCR_TESTPROG_THREADS", 2)
+RT_ITERS = env_int("GCR_RT_ITERS", 600)
+RT_PACE_US = env_int("GCR_RT_PACE_US", 5000)
+TORCH_STEPS = env_int("GCR_TORCH_STEPS", 300)
+TORCH_PACE_MS = env_int("GCR_TORCH_PACE_MS", 10)
+
+PROGRESS = r"(ITER|STEP)\b|DONE\b"
+
+
+class Fail(Exception):
+    pass
+
+
+class NotRun(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+class Ctx:
+    """What one test gets: the session, its name, notes for the PASS line, cleanup."""
+
+    def __init__(self, session, name):
+        self.S = session
+        self.cfg = session.cfg
+        self.name = name
+        self.notes = []
+        self.procs = []
+        self.suspended = set()  # pids this test suspended and has not resumed
+
+    def note(self, msg):
+        self.notes.append(msg)
+        print("  note: %s" % msg, flush=True)
+
+    def log(self, **fields):
+        self.S.log.write(kind="measure", test=self.name, **fields)
+
+    def timeout(self, want):
+        """want seconds, cut to what the run's deadline leaves (at least 10 s)."""
+        return max(10.0, min(float(want), self.cfg.remaining_s() - 10.0))
+
+    def ctl(self, op, pid=None, flags=(), note=None):
+        r = self.S.ctl(op, pid, flags, timeout=self.timeout(180), test=self.name, note=note)
+        if op == "suspend" and r.ok:
+            self.suspended.add(pid)
+        if op == "resume" and r.ok:
+            self.suspended.discard(pid)
+        return r
+
+    def start(self, tag, argv, shim=True, ready_timeout=120):
+        """Starts a program, waits for READY, returns (proc, pid, bytes)."""
+        p = self.S.start("%s-%s" % (self.name, tag), argv, shim=shim)
+        self.procs.append(p)
+        m = p.expect(r"READY pid=(\d+)(?:\s+bytes=(\d+))?", self.timeout(ready_timeout), what="READY")
+        pid = int(m.group(1))
+        if pid != p.pid:
+            self.note("READY pid %d differs from the pid started (%d); using %d" % (pid, p.pid, pid))
+        nbytes = int(m.group(2)) if m.group(2) else None
+        if shim and not H.wait_socket(self.S.socket_dir, pid, timeout=15):
+            self.note("no control socket for pid %d in %s after 15 s (files: %s)" % (
+                pid, self.S.socket_dir, sorted(os.listdir(self.S.socket_dir))))
+        return p, pid, nbytes
+
+    def cleanup(self):
+        for p in self.procs:
+            self.S.finish(p, suspended=p.pid in self.suspended)
+
+
+def fmt_ms(v):
+    return "%.0f" % v if isinstance(v, (int, float)) else "n/a"
+
+
+def cycles(T, p, pid, n=CYCLES, flags=(), check_state=True):
+    """n times: wait for progress, suspend, measure, status, resume; checks after resume so a
+    failed check never leaves the process suspended. Returns the list of cycle records.
+    check_state=False for processes without the shim, whose status gcrctl may not know."""
+    recs = []
+    running_mib = T.S.gpu_mem(pid)
+    p.expect(PROGRESS, T.timeout(120), since=0, what="first ITER/STEP line")
+    for i in range(1, n + 1):
+        if i > 1 and p.alive():
+            mark = p.mark()
+            p.expect(PROGRESS, T.timeout(60), since=mark, what="progress after resume #%d" % (i - 1))
+        during_run = not p.seen(r"DONE\b")
+        s = T.ctl("suspend", pid, flags)
+        if not s.ok:
+            raise Fail("suspend #%d failed: %s\n%s" % (i, s.describe(), p.tail()))
+        mib = T.S.gpu_mem(pid)
+        dev_mib = H.gpu_used_mib(T.cfg)
+        st = T.ctl("status", pid)
+        state = H.state_of(st)
+        dstate = H.driver_state_of(st)
+        r = T.ctl("resume", pid, flags)
+        rec = {"cycle": i, "during_run": during_run, "gpu_mib_running": running_mib,
+               "gpu_mib_suspended": mib, "gpu_used_mib_device_suspended": dev_mib, "state_suspended": state,
+               "driver_state_suspended": dstate,
+               "suspend": s.record(), "resume": r.record()}
+        T.log(event="cycle", **rec)
+        recs.append(rec)
+        print("  cycle %d: suspend %s ms (gcrctl %s ms; data %s, lock %s, checkpoint %s) resume %s ms "
+              "(gcrctl %s ms; restore %s, unlock %s, data %s); GPU %s MiB suspended (%s running); state %r/%r%s" % (
+                  i, fmt_ms(s.wall_ms), fmt_ms(s.get("ms", "total")), fmt_ms(s.get("ms", "data")),
+                  fmt_ms(s.get("ms", "lock")), fmt_ms(s.get("ms", "checkpoint")), fmt_ms(r.wall_ms),
+                  fmt_ms(r.get("ms", "total")), fmt_ms(r.get("ms", "restore")), fmt_ms(r.get("ms", "unlock")),
+                  fmt_ms(r.get("ms", "data")), mib, running_mib, state, dstate,
+                  "" if during_run else " [program had finished its work]"), flush=True)
+        if not r.ok:
+            raise Fail("resume #%d failed: %s\n%s" % (i, r.describe(), p.tail()))
+        check(p.alive(), "process died during cycle %d\n%s" % (i, p.tail()))
+        if mib is None:
+            T.note("nvidia-smi failed: GPU memory while suspended unknown")
+        else:
+            check(mib <= MAX_SUSPENDED_MIB, "cycle %d: %d MiB of GPU memory while suspended (bound %d MiB)" % (
+                i, mib, MAX_SUSPENDED_MIB))
+        if not running_mib and i == 1:
+            T.note("nvidia-smi did not list pid %d while running: the 0 MiB reading is inconclusive" % pid)
+        if dstate is not None and "--no-driver" not in flags:
+            check(dstate == "checkpointed", "status while suspended: the driver says %r, not 'checkpointed'" % dstate)
+        if not check_state:
+            pass
+        elif state is None:
+            T.note("gcrctl status gave no 'state' key: %s" % H._clip(st.stdout, 200))
+        else:
+            check(H.is_suspended_state(state), "status while suspended says %r" % state)
+    if recs and not recs[-1]["during_run"]:
+        T.note("%d of %d suspends came after the program finished its work (make the run longer)" % (
+            sum(1 for x in recs if not x["during_run"]), len(recs)))
+    return recs
+
+
+def finish(T, p, want_digest=False):
+    """DONE -> check -> RESULT ok, exit 0. Returns the DIGEST when asked for."""
+    p.expect(r"DONE\b", T.timeout(300), since=0, what="DONE")
+    p.send("check")
+    digest = None
+    if want_digest:
+        digest = p.expect(r"DIGEST ([0-9a-f]{64})", T.timeout(180), since=0, what="DIGEST").group(1)
+    m = p.expect(r"RESULT (.*)", T.timeout(180), since=0, what="RESULT")
+    check(m.group(1).strip() == "ok", "program reports RESULT %s\n%s" % (m.group(1), p.tail()))
+    rc = p.wait_exit(T.timeout(60))
+    check(rc == 0, "exit status %s after RESULT ok\n%s" % (rc, p.tail()))
+    return digest
+
+
+def expect_refusal(T, r, what, must_mention=None):
+    check(not r.ok, "%s succeeded; expected an error: %s" % (what, r.describe()))
+    check(r.rc not in (0, None), "%s: expected a non-zero exit status, got %s" % (what, r.rc))
+    err = (r.error or "") + " " + (r.stderr or "")
+    check(err.strip(), "%s failed without an error message" % what)
+    if must_mention:
+        check(re.search(must_mention, err, re.I), "%s: error does not mention /%s/: %r" % (what, must_mention, err))
+    T.log(event="refusal", what=what, error=r.error, code=r.get("code"), rc=r.rc)
+    print("  %s refused: %s (code %s)" % (what, r.error, r.get("code")), flush=True)
+
+
+def assert_not_suspended(T, pid):
+    st = T.ctl("status", pid)
+    state = H.state_of(st)
+    if state is not None:
+        check(not H.is_suspended_state(state), "status says %r; expected not suspended" % state)
+
+
+# ---- test registry ---------------------------------------------------------------------------
+
+TESTS = []
+
+
+def test(name, est_s, needs):
+    def deco(fn):
+        TESTS.append((name, fn, est_s, needs))
+        return fn
+    return deco
+
+
+TP_NEEDS = ("gcrctl", "shim", "testprog", "fatbin")
+
+
+def tp_argv(cfg, *flags):
+    return [cfg.testprog, "--module", cfg.fatbin, "--mib", TP_MIB, "--buffers", 4, "--threads", TP_THREADS,
+            "--iters", TP_ITERS, "--wait"] + list(flags)
+
+
+def tp_cycle_test(flags):
+    def run(T):
+        p, pid, _ = T.start("prog", tp_argv(T.cfg, *flags))
+        p.send("go")
+        cycles(T, p, pid)
+        finish(T, p)
+    return run
+
+
+test("testprog-link-plain", 40, TP_NEEDS)(tp_cycle_test(["--api", "link"]))
+
+ALL_FEATURES = ["--pitch", "--small", "--async", "--vmm", "--graph"]
+for _api in (["--api", "link"], ["--api", "dlsym"], ["--api", "procaddr"], ["--api", "procaddr", "--ptds"]):
+    _name = "testprog-%s-all-features" % "-".join(a.lstrip("-") for a in _api[1:])
+    test(_name, 40, TP_NEEDS)(tp_cycle_test(_api + ALL_FEATURES))
+
+
+@test("error-nonexistent-pid", 10, ("gcrctl",))
+def t_nonexistent(T):
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid = int(f.read()) - 1
+    except (OSError, ValueError):
+        pid = 4194303
+    while os.path.exists("/proc/%d" % pid):
+        pid -= 1
+    expect_refusal(T, T.ctl("suspend", pid), "suspend of nonexistent pid %d" % pid)
+    expect_refusal(T, T.ctl("resume", pid), "resume of nonexistent pid %d" % pid)
+
+
+@test("error-process-without-shim", 30, TP_NEEDS)
+def t_no_shim(T):
+    p, pid, _ = T.start("noshim", tp_argv(T.cfg, "--api", "link"), shim=False)
+    p.send("go")
+    p.expect(PROGRESS, T.timeout(120), since=0, what="first ITER")
+    expect_refusal(T, T.ctl("suspend", pid), "suspend of a process without the shim")
+    check(p.alive(), "process died after the refused suspend\n" + p.tail())
+    finish(T, p)
+
+
+@test("error-suspend-twice", 30, TP_NEEDS)
+def t_suspend_twice(T):
+    p, pid, _ = T.start("prog", tp_argv(T.cfg, "--api", "link"))
+    p.send("go")
+    p.expect(PROGRESS, T.timeout(120), since=0, what="first ITER")
+    s1 = T.ctl("suspend", pid)
+    check(s1.ok, "first suspend failed: " + s1.describe())
+    s2 = T.ctl("suspend", pid)
+    st = H.state_of(T.ctl("status", pid))
+    r = T.ctl("resume", pid)
+    check(r.ok, "resume after the double suspend failed: " + r.describe())
+    expect_refusal(T, s2, "second suspend")
+    if st is not None:
+        check(H.is_suspended_state(st), "after the refused second suspend, status says %r" % st)
+    finish(T, p)
+
+
+@test("error-resume-not-suspended", 30, TP_NEEDS)
+def t_resume_not_suspended(T):
+    p, pid, _ = T.start("prog", tp_argv(T.cfg, "--api", "link"))
+    p.send("go")
+    p.expect(PROGRESS, T.timeout(120), since=0, what="first ITER")
+    expect_refusal(T, T.ctl("resume", pid), "resume of a running process")
+    assert_not_suspended(T, pid)
+    cycles(T, p, pid, n=1)  # still fully usable
+    finish(T, p)
+
+
+@test("testprog-managed-refused", 30, TP_NEEDS)
+def t_managed(T):
+    p, pid, _ = T.start("managed", tp_argv(T.cfg, "--api", "link", "--managed"))
+    p.send("go")
+    p.expect(PROGRESS, T.timeout(120), since=0, what="first ITER")
+    expect_refusal(T, T.ctl("suspend", pid), "suspend of a process with managed memory", r"managed|uvm")
+    check(p.alive(), "process died after the refused suspend\n" + p.tail())
+    assert_not_suspended(T, pid)
+    finish(T, p)
+
+
+@test("driver-only-baseline", 40, ("gcrctl", "testprog", "fatbin"))
+def t_driver_only(T):
+    p, pid, _ = T.start("noshim", tp_argv(T.cfg, "--api", "link"), shim=False)
+    p.send("go")
+    cycles(T, p, pid, n=1, flags=("--driver-only",), check_state=False)
+    finish(T, p)
+
+
+def contains_pid(obj, pid):
+    if isinstance(obj, dict):
+        return any(contains_pid(v, pid) for v in obj.values())
+    if isinstance(obj, list):
+        return any(contains_pid(v, pid) for v in obj)
+    return obj == pid or obj == str(pid)
+
+
+@test("gcrctl-list-and-stats", 30, TP_NEEDS)
+def t_list_stats(T):
+    p, pid, _ = T.start("prog", tp_argv(T.cfg, "--api", "link"))
+    p.send("go")
+    lst = T.ctl("list")
+    check(lst.rc == 0, "list failed: " + lst.describe())
+    check(contains_pid(lst.data, pid) or str(pid) in (lst.stdout or ""),
+          "list does not show pid %d: %s" % (pid, H._clip(lst.stdout, 500)))
+    stt = T.ctl("stats", pid)
+    check(stt.rc == 0 and stt.data is not None, "stats failed: " + stt.describe())
+    T.log(event="stats", stats=stt.data)
+    finish(T, p)
+
+
+def rt_test(attr):
+    def run(T):
+        argv = [getattr(T.cfg, attr), "--wait", "--mib", 256, "--threads", 4, "--iters", RT_ITERS,
+                "--pace-us", RT_PACE_US]
+        p, pid, _ = T.start("rt", argv)
+        p.send("go")
+        cycles(T, p, pid)
+        finish(T, p)
+    return run
+
+
+test("rt_test-static-cudart", 45, ("gcrctl", "shim", "rt_test"))(rt_test("rt_test"))
+test("rt_test-shared-cudart", 45, ("gcrctl", "shim", "rt_test_shared"))(rt_test("rt_test_shared"))
+
+
+def seen_check(T, pid, extra):
+    """What the shim saw in a PyTorch process: kernel launches and allocations through the
+    runtime's cuGetProcAddress, the allocator's own VMM calls, graph launches."""
+    st = T.ctl("stats", pid)
+    check(st.rc == 0 and st.data is not None, "stats failed: " + st.describe())
+    calls = H.dig(st.data, "calls") or {}
+    look = H.dig(st.data, "lookups") or {}
+    T.log(event="seen", calls=calls, lookups=look, status=H.dig(st.data, "status"))
+    launches = sum(v for k, v in calls.items() if k.startswith(("cuLaunchKernel", "cuLaunchKernelEx")))
+    print("  shim saw: %d kernel launches, lookups %s" % (launches, look), flush=True)
+    check(launches > 0, "the shim saw no kernel launch: %s" % calls)
+    check(look.get("procaddr_wrapped", 0) + look.get("procaddr_by_name", 0) > 0,
+          "no cuGetProcAddress answer went through the shim: %s" % look)
+    if "expandable" in extra:
+        check(calls.get("cuMemCreate", 0) > 0 and calls.get("cuMemMap", 0) > 0,
+              "expandable segments: no cuMemCreate/cuMemMap seen: %s" % calls)
+    else:
+        check(calls.get("cuMemAlloc_v2", 0) > 0, "no cuMemAlloc seen: %s" % calls)
+    if "--graphs" in extra:
+        check(sum(v for k, v in calls.items() if k.startswith("cuGraphLaunch")) > 0,
+              "CUDA graphs: no cuGraphLaunch seen: %s" % calls)
+
+
+def torch_test(extra):
+    def run(T):
+        argv = [T.cfg.python, T.cfg.torch_serve, "--wait", "--steps", TORCH_STEPS, "--pace-ms",
+                TORCH_PACE_MS] + extra
+        p, pid, nbytes = T.start("reference", argv, ready_timeout=240)
+        p.send("go")
+        ref = finish(T, p, want_digest=True)
+        p, pid, nbytes = T.start("suspended", argv, ready_timeout=240)
+        p.send("go")
+        recs = cycles(T, p, pid)
+        seen_check(T, pid, extra)
+        got = finish(T, p, want_digest=True)
+        T.log(event="digest", reference=ref, suspended=got, bytes=nbytes,
+              gpu_mib_suspended=[r["gpu_mib_suspended"] for r in recs])
+        print("  digest reference %s, with %d suspends %s" % (ref, len(recs), got), flush=True)
+        check(ref == got, "DIGEST differs after suspend/resume: reference %s, got %s" % (ref, got))
+    return run
+
+
+TORCH_NEEDS = ("gcrctl", "shim", "torch_serve")
+test("torch-default-alloc", 90, TORCH_NEEDS)(torch_test(["--alloc", "default"]))
+test("torch-expandable-segments", 90, TORCH_NEEDS)(torch_test(["--alloc", "expandable"]))
+test("torch-cuda-graphs", 90, TORCH_NEEDS)(torch_test(["--alloc", "default", "--graphs"]))
+test("torch-expandable-graphs", 90, TORCH_NEEDS)(torch_test(["--alloc", "expandable", "--graphs"]))
+
+
+# ---- runner ----------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", default=[], help="run tests whose name matches (regex)")
+    ap.add_argument("--skip", action="append", default=[], help="do not run tests whose name matches")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args(argv)
+    selected = [t for t in TESTS
+                if (not a.only or any(re.search(r, t[0]) for r in a.only))
+                and not any(re.search(r, t[0]) for r in a.skip)]
+    if a.list:
+        for name, _, est, needs in selected:
+            print("%-32s ~%3d s  needs %s" % (name, est, ", ".join(needs)))
+        return 0
+    session = H.Session()
+    cfg = session.cfg
+    session.log.write(kind="run-start", argv=sys.argv, config=vars(cfg), cycles=CYCLES,
+                      max_suspended_mib=MAX_SUSPENDED_MIB)
+    print("gpu tests: %d selected, log %s, process logs in %s, sockets in %s" % (
+        len(selected), session.log.path, cfg.log_dir, session.socket_dir), flush=True)
+    counts = {"PASS": 0, "FAIL": 0, "NOT RUN": 0}
+    try:
+        for name, fn, est, needs in selected:
+            status, reason, notes, t0 = "PASS", "", [], time.time()
+            missing = cfg.missing(*needs)
+            if missing:
+                status, reason = "NOT RUN", "missing " + ", ".join(missing)
+            elif cfg.remaining_s() < est:
+                status, reason = "NOT RUN", "time budget (%.0f s left, needs ~%d s)" % (cfg.remaining_s(), est)
+            else:
+                print("--- %s" % name, flush=True)
+                T = Ctx(session, name)
+                try:
+                    fn(T)
+                except NotRun as e:
+                    status, reason = "NOT RUN", str(e)
+                except (Fail, H.HarnessError) as e:
+                    status, reason = "FAIL", str(e)
+                except Exception:
+                    status, reason = "FAIL", "unexpected error in the test itself:\n" + traceback.format_exc()
+                finally:
+                    try:
+                        T.cleanup()
+                    except Exception:
+                        reason += "\n(cleanup failed: %s)" % traceback.format_exc()
+                notes = T.notes
+            counts[status] += 1
+            secs = time.time() - t0
+            session.log.write(kind="test", name=name, status=status, reason=reason, notes=notes, secs=round(secs, 2))
+            if status == "PASS":
+                print("PASS %s (%.1f s)%s" % (name, secs, "".join("; " + n for n in notes)), flush=True)
+            else:
+                print("%s %s: %s" % (status, name, reason), flush=True)
+    finally:
+        session.close()
+    print("%d passed, %d failed, %d skipped" % (counts["PASS"], counts["FAIL"], counts["NOT RUN"]), flush=True)
+    if counts["FAIL"]:
+        return 1
+    return 3 if counts["NOT RUN"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

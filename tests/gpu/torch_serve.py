@@ -1,0 +1,300 @@
+# tests/gpu/torch_serve.py: deterministic PyTorch inference on a small seeded GPT-style model (no
+# downloads), the framework workload GCR must suspend and resume bit-exact, and its step-time benchmark.
+"""Protocol (as tests/progs/gcr-testprog): "READY pid=<pid> bytes=<n>"; with --wait a stdin
+line "go"; "STEP <n>" per step; "DONE"; with --wait a stdin line "check"; then
+"DIGEST <sha256 of every step's output bytes and the final state>" and "RESULT ok" (exit 0),
+"RESULT FAIL ..." (exit 1) or "ERROR ..." (exit 2).
+
+--bench-steps N instead times N steady-state steps after a warm-up and prints
+"STEPTIME_MS <mean> <p50> <p90>" (each step: input H2D, forward, next-token D2H).
+"""
+
+import argparse
+import ctypes
+import hashlib
+import math
+import os
+import sys
+import time
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--alloc", choices=["default", "expandable"], default="default",
+                    help="PyTorch caching allocator mode (expandable = expandable_segments:True)")
+    ap.add_argument("--graphs", action="store_true", help="capture the forward in a CUDA graph and replay it")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--extra-gib", type=float, default=0.0,
+                    help="extra GPU memory held as patterned int32 tensors, checked at the end (GiB)")
+    ap.add_argument("--wait", action="store_true", help="wait for stdin 'go' and 'check'")
+    ap.add_argument("--bench-steps", type=int, default=0, help="time this many steps instead (no digest)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps before --bench-steps")
+    ap.add_argument("--pace-ms", type=float, default=0.0,
+                    help="sleep after each step (ms) so a run lasts long enough to be suspended mid-way")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--ff-mult", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--device", default="cuda", help="cuda (default); cpu only to test this script")
+    return ap.parse_args(argv)
+
+
+ARGS = parse_args()
+# Both must be set before torch (and CUDA) initialise.
+if ARGS.alloc == "expandable":
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def say(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def info(line):
+    sys.stderr.write("torch_serve: " + line + "\n")
+    sys.stderr.flush()
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block; attention written out with matmuls so that it is
+    deterministic and capturable whatever SDPA backends this build has."""
+
+    def __init__(self, d, heads, ff):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, ff)
+        self.fc2 = nn.Linear(ff, d)
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q = q.view(b, t, h, d // h).transpose(1, 2)
+        k = k.view(b, t, h, d // h).transpose(1, 2)
+        v = v.view(b, t, h, d // h).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // h)) + mask
+        y = att.softmax(dim=-1) @ v
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.tok = nn.Embedding(a.vocab, a.d_model)
+        self.pos = nn.Embedding(a.seq, a.d_model)
+        self.blocks = nn.ModuleList(Block(a.d_model, a.heads, a.ff_mult * a.d_model) for _ in range(a.layers))
+        self.ln_f = nn.LayerNorm(a.d_model)
+        self.head = nn.Linear(a.d_model, a.vocab, bias=False)
+        self.register_buffer("mask", torch.full((a.seq, a.seq), float("-inf")).triu(1), persistent=False)
+        self.register_buffer("positions", torch.arange(a.seq), persistent=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(self.positions[: idx.shape[1]])
+        for blk in self.blocks:
+            x = blk(x, self.mask)
+        return self.head(self.ln_f(x))
+
+
+def tensor_bytes(t):
+    """The raw bytes of a tensor, copied to the host (no numpy needed)."""
+    c = t.detach().contiguous().cpu()
+    return ctypes.string_at(c.data_ptr(), c.numel() * c.element_size())
+
+
+def step_input(a, step):
+    """Token ids for a step: fixed by (seed, step), generated on the CPU."""
+    g = torch.Generator().manual_seed(a.seed * 1000003 + step)
+    return torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+
+
+class Extra:
+    """--extra-gib: patterned int32 chunks (value i ^ key(chunk)) checked exactly at the end."""
+
+    CHUNK = 256 << 20  # bytes
+
+    def __init__(self, gib, dev):
+        self.chunks = []
+        left = int(gib * (1 << 30))
+        j = 0
+        while left > 0:
+            n = min(self.CHUNK, left) // 4
+            if n == 0:
+                break
+            self.chunks.append(self.expected(j, n, dev))
+            left -= n * 4
+            j += 1
+
+    @staticmethod
+    def expected(j, n, dev):
+        return torch.arange(n, dtype=torch.int32, device=dev).bitwise_xor_((j * 0x9E3779B1) & 0x7FFFFFFF)
+
+    def bad_chunks(self):
+        bad = []
+        for j, c in enumerate(self.chunks):
+            if not torch.equal(c, self.expected(j, c.numel(), c.device)):
+                bad.append(j)
+        return bad
+
+
+def build(a, dev, dtype):
+    torch.manual_seed(a.seed)
+    model = TinyGPT(a)  # initialised on the CPU: identical weights in every process
+    model = model.to(device=dev, dtype=dtype).eval()
+    model.mask = model.mask.to(dtype)
+    return model
+
+
+class Runner:
+    """One forward step, eager or as a CUDA graph replay, on a static input buffer."""
+
+    def __init__(self, a, model, dev):
+        self.model = model
+        self.static_in = torch.zeros(a.batch, a.seq, dtype=torch.long, device=dev)
+        self.graph = None
+        if a.graphs:
+            if dev.type != "cuda":
+                raise RuntimeError("--graphs needs --device cuda")
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    model(self.static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_out = model(self.static_in)
+        else:
+            model(self.static_in)  # warm-up: cuBLAS handles, kernels loaded
+
+    def step(self, tokens):
+        self.static_in.copy_(tokens, non_blocking=True)
+        if self.graph is not None:
+            self.graph.replay()
+            return self.static_out
+        return self.model(self.static_in)
+
+
+def wait_stdin(word):
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            raise RuntimeError("stdin closed before %r" % word)
+        if line.strip() == word:
+            return
+
+
+def percentile(sorted_vals, q):
+    i = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
+    return sorted_vals[i]
+
+
+def bench(a, runner, dev):
+    inputs = [step_input(a, s) for s in range(8)]
+    if dev.type == "cuda":
+        inputs = [t.pin_memory() for t in inputs]
+
+    def one(s):
+        out = runner.step(inputs[s % len(inputs)])
+        return out[:, -1, :].argmax(dim=-1).cpu()  # D2H, synchronises the stream
+
+    for s in range(a.warmup):
+        one(s)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    times = []
+    for s in range(a.bench_steps):
+        t0 = time.perf_counter()
+        one(s)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    v = sorted(times)
+    say("STEPTIME_MS %.4f %.4f %.4f" % (sum(v) / len(v), percentile(v, 0.5), percentile(v, 0.9)))
+    say("DONE")
+    say("RESULT ok")
+    return 0
+
+
+def serve(a, runner, dev, extra):
+    if a.wait:
+        wait_stdin("go")
+    digest = hashlib.sha256()
+    acc = torch.zeros(a.batch, a.vocab, dtype=torch.float32, device=dev)  # state carried across steps
+    for s in range(a.steps):
+        out = runner.step(step_input(a, s))[:, -1, :]
+        acc.mul_(0.5).add_(out.float())
+        b = tensor_bytes(out)
+        digest.update(b)
+        if s == 0 and not bool(torch.isfinite(out).all()):
+            info("WARNING: step 0 output has non-finite values (still deterministic, but check the model)")
+        say("STEP %d" % s)
+        if a.pace_ms > 0:
+            time.sleep(a.pace_ms / 1000.0)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    say("DONE")
+    if a.wait:
+        wait_stdin("check")
+    digest.update(tensor_bytes(acc))
+    bad = extra.bad_chunks()
+    say("DIGEST %s" % digest.hexdigest())
+    if bad:
+        say("RESULT FAIL extra memory differs in %d of %d chunks (first %d)" % (len(bad), len(extra.chunks), bad[0]))
+        return 1
+    say("RESULT ok")
+    return 0
+
+
+def main(a):
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("CUDA is not available to torch")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    if a.steps < 0 or a.bench_steps < 0 or a.d_model % a.heads:
+        raise RuntimeError("bad sizes: steps >= 0, bench-steps >= 0, d-model divisible by heads")
+    dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
+    info("torch %s cuda %s alloc_conf=%r graphs=%s dtype=%s" % (
+        torch.__version__, torch.version.cuda, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), a.graphs, a.dtype))
+    model = build(a, dev, dtype)
+    extra = Extra(a.extra_gib, dev)
+    with torch.no_grad():
+        runner = Runner(a, model, dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_reserved()
+        else:
+            held = sum(p.numel() * p.element_size() for p in model.parameters())
+        say("READY pid=%d bytes=%d" % (os.getpid(), held))
+        if a.bench_steps > 0:
+            return bench(a, runner, dev)
+        return serve(a, runner, dev, extra)
+
+
+if __name__ == "__main__":
+    try:
+        rc = main(ARGS)
+    except Exception as e:  # the harness reads stdout: say what failed there too
+        import traceback
+
+        traceback.print_exc()
+        say("ERROR %s: %s" % (type(e).__name__, str(e).replace("\n", " ")[:500]))
+        rc = 2
+    sys.stdout.flush()
+    sys.exit(rc)
