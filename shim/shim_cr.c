@@ -69,19 +69,6 @@ static CUstream device_stream(int dev, struct gcr_err *err)
 	return streams[dev];
 }
 
-static int sync_streams(struct gcr_err *err)
-{
-	for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
-		if (streams[d] == NULL)
-			continue;
-		shim_cu.cuCtxSetCurrent(shim_alloc_device_ctx(d));
-		CUresult r = shim_cu.cuStreamSynchronize(streams[d]);
-		if (r != CUDA_SUCCESS)
-			return cu_fail(err, -EIO, r, "cuStreamSynchronize");
-	}
-	return 0;
-}
-
 /* A device address where the whole of p is mapped and accessible, or 0. */
 static CUdeviceptr covering_va(const struct shim_phys *p)
 {
@@ -113,29 +100,45 @@ static int copy_via_scratch(struct shim_phys *p, int out, uint64_t off, CUstream
 	if (r != CUDA_SUCCESS)
 		rc = cu_fail(err, -EIO, r, "cuMemSetAccess (scratch)");
 	if (rc == 0)
-		rc = out ? shim_staging_copy_out(off, va, p->size, s, err)
-			 : shim_staging_copy_in(off, va, p->size, s, err);
-	if (rc == 0) {
-		r = shim_cu.cuStreamSynchronize(s);
-		if (r != CUDA_SUCCESS)
-			rc = cu_fail(err, -EIO, r, "cuStreamSynchronize (scratch)");
-	}
+		rc = shim_staging_copy_sync(out, off, va, p->size, s, err);
 	SHIM_REAL(cuMemUnmap, 0)(va, p->size);
 out_va:
 	shim_cu.cuMemAddressFree(va, p->size);
 	return rc;
 }
 
-static int copy_phys(struct shim_phys *p, int out, uint64_t off, struct gcr_err *err)
+/* Moves the data of every handle marked staged, in one pipelined transfer; handles
+ * not wholly mapped anywhere go through a temporary mapping, one at a time (out:
+ * before the transfer, in: after it, when every slab is pinned again). */
+static int move_staged(int out, double *ms_pin, struct gcr_err *err)
 {
-	CUstream s = device_stream(phys_device(p), err);
-	if (s == NULL)
-		return err->code;
-	CUdeviceptr va = covering_va(p);
-	if (va == 0)
-		return copy_via_scratch(p, out, off, s, err);
-	return out ? shim_staging_copy_out(off, va, p->size, s, err)
-		   : shim_staging_copy_in(off, va, p->size, s, err);
+	size_t nphys = shim_alloc_nphys(), n = 0;
+	struct shim_xfer *x = calloc(nphys + 1, sizeof(*x));
+	if (x == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	int rc = 0;
+	for (int pass = 0; pass < 2 && rc == 0; pass++) {
+		int scratch_pass = out ? pass == 0 : pass == 1;
+		for (size_t i = 0; i < nphys && rc == 0; i++) {
+			struct shim_phys *p = shim_alloc_phys_at(i);
+			if (p == NULL || !p->staged)
+				continue;
+			CUdeviceptr va = covering_va(p);
+			CUstream s = device_stream(phys_device(p), err);
+			if (s == NULL) {
+				rc = err->code;
+			} else if (va == 0 && scratch_pass) {
+				rc = copy_via_scratch(p, out, p->staged_off, s, err);
+			} else if (va != 0 && !scratch_pass) {
+				x[n++] = (struct shim_xfer){ .off = p->staged_off, .dev = va, .size = p->size,
+							     .stream = s };
+			}
+		}
+		if (rc == 0 && !scratch_pass)
+			rc = shim_staging_transfer(out, x, n, shim_cfg.staging_unpin, ms_pin, err);
+	}
+	free(x);
+	return rc;
 }
 
 /* Unmaps every mapping of released handles and re-creates nothing: used by
@@ -200,13 +203,8 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 	}
 	rep->ms_map = now_ms() - t0;
 	t0 = now_ms();
-	for (size_t i = 0; i < nphys && rc == 0; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->staged)
-			rc = copy_phys(p, 0, p->staged_off, err);
-	}
 	if (rc == 0)
-		rc = sync_streams(err);
+		rc = move_staged(0, &rep->ms_repin, err);
 	rep->ms_copy = now_ms() - t0;
 	if (rc == 0)
 		return 0;
@@ -296,17 +294,13 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 				break;
 			}
 		}
-		uint64_t off = shim_staging_take(p->size);
-		rc = copy_phys(p, 1, off, err);
-		if (rc == 0) {
-			p->staged = 1;
-			p->staged_off = off;
-			rep->bytes += p->size;
-			rep->handles++;
-		}
+		p->staged = 1;
+		p->staged_off = shim_staging_take(p->size);
+		rep->bytes += p->size;
+		rep->handles++;
 	}
 	if (rc == 0)
-		rc = sync_streams(err);
+		rc = move_staged(1, &rep->ms_unpin, err);
 	rep->ms_copy = now_ms() - t0;
 	if (rc < 0) {
 		for (size_t i = 0; i < nphys; i++) {
@@ -344,13 +338,6 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 		finish_resume();
 		goto unwind_gate;
 	}
-	if (shim_cfg.staging_unpin) {
-		t0 = now_ms();
-		struct gcr_err e2;
-		if (shim_staging_unpin(&e2) < 0)
-			GCR_LOG(GCR_LOG_WARN, "shim", "%s", e2.msg);
-		rep->ms_unpin = now_ms() - t0;
-	}
 	pthread_mutex_unlock(&shim_alloc_lock);
 	state = SHIM_CR_SUSPENDED;
 	rep->ms_total = now_ms() - t_start;
@@ -377,13 +364,7 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	}
 	state = SHIM_CR_RESUMING;
 	pthread_mutex_lock(&shim_alloc_lock);
-	if (shim_cfg.staging_unpin) {
-		double t0 = now_ms();
-		rc = shim_staging_repin(err);
-		rep->ms_repin = now_ms() - t0;
-	}
-	if (rc == 0)
-		rc = remap_all(rep, err);
+	rc = remap_all(rep, err);
 	if (rc < 0) {
 		pthread_mutex_unlock(&shim_alloc_lock);
 		state = SHIM_CR_SUSPENDED;

@@ -10,8 +10,9 @@
 enum shim_cr_state { SHIM_CR_RUNNING = 0, SHIM_CR_SUSPENDING, SHIM_CR_SUSPENDED, SHIM_CR_RESUMING };
 
 struct shim_cr_report {
-	double ms_gate, ms_sync, ms_copy, ms_release, ms_unpin;
-	double ms_repin, ms_map, ms_total;
+	double ms_gate, ms_sync, ms_copy, ms_release;
+	double ms_unpin, ms_repin; /* (un)pinning not hidden behind the copies */
+	double ms_map, ms_total;
 	uint64_t bytes;     /* bytes moved through staging */
 	uint64_t handles;   /* physical allocations moved */
 	uint64_t mappings;

@@ -11,7 +11,8 @@
 	X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuMemGetAllocationGranularity) \
 	X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceCanAccessPeer) X(cuStreamCreate) \
 	X(cuStreamSynchronize) X(cuMemHostRegister_v2) X(cuMemHostUnregister) \
-	X(cuDevicePrimaryCtxRetain) X(cuGetErrorName) X(cuMemGetInfo_v2)
+	X(cuDevicePrimaryCtxRetain) X(cuGetErrorName) X(cuMemGetInfo_v2) \
+	X(cuEventCreate) X(cuEventSynchronize) X(cuEventDestroy_v2)
 
 struct shim_cu {
 #define X(f) __typeof__(&f) f;

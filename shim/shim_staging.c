@@ -173,83 +173,123 @@ uint64_t shim_staging_take(uint64_t size)
 	return off;
 }
 
-/* Splits [off, off+size) along slab boundaries and queues one copy per piece. */
-static int copy_range(int out, uint64_t off, CUdeviceptr dev, uint64_t size, CUstream s,
-		      struct gcr_err *err)
+static int cu_fail(struct gcr_err *err, CUresult r, const char *what)
+{
+	return gcr_err_set(err, -EIO, "%s failed: CUDA error %d", what, (int)r);
+}
+
+/* Queues the parts of the pieces that fall in slab i (which starts at logical
+ * offset base). *one ends up the single stream used, NULL once several are. */
+static int queue_slab(int out, int i, uint64_t base, const struct shim_xfer *x, size_t n,
+		      CUstream *one, int *mixed, struct gcr_err *err)
 {
 	__typeof__(&cuMemcpyDtoHAsync_v2) d2h = SHIM_REAL(cuMemcpyDtoHAsync_v2, 0);
 	__typeof__(&cuMemcpyHtoDAsync_v2) h2d = SHIM_REAL(cuMemcpyHtoDAsync_v2, 0);
 	if (d2h == NULL || h2d == NULL)
 		return gcr_err_set(err, -ENOSYS, "driver lacks async copies");
-	uint64_t base = 0;
-	for (int i = 0; i < nslabs && size > 0; i++) {
-		struct slab *sl = &slabs[i];
-		if (off >= base + sl->size) {
-			base += sl->size;
+	struct slab *sl = &slabs[i];
+	uint64_t lo = base, hi = base + sl->size;
+	for (size_t j = 0; j < n; j++) {
+		uint64_t a = x[j].off > lo ? x[j].off : lo;
+		uint64_t b = x[j].off + x[j].size < hi ? x[j].off + x[j].size : hi;
+		if (a >= b)
 			continue;
-		}
-		uint64_t in = off - base;
-		uint64_t n = sl->size - in < size ? sl->size - in : size;
-		CUresult r = out ? d2h(sl->base + in, dev, n, s) : h2d(dev, sl->base + in, n, s);
+		char *host = sl->base + (a - lo);
+		CUdeviceptr dev = x[j].dev + (a - x[j].off);
+		CUresult r = out ? d2h(host, dev, b - a, x[j].stream) : h2d(dev, host, b - a, x[j].stream);
 		if (r != CUDA_SUCCESS)
-			return gcr_err_set(err, -EIO, "copy %s device 0x%llx (%llu bytes) failed: CUDA error %d",
-					   out ? "from" : "to", (unsigned long long)dev,
-					   (unsigned long long)n, (int)r);
-		off += n;
-		dev += n;
-		size -= n;
-		base += sl->size;
+			return cu_fail(err, r, out ? "copy to staging" : "copy from staging");
+		if (*one == NULL && !*mixed) {
+			*one = x[j].stream;
+		} else if (*one != x[j].stream) {
+			*one = NULL;
+			*mixed = 1;
+		}
 	}
-	if (size > 0)
-		return gcr_err_set(err, -ENOSPC, "staging pool too small");
 	return 0;
 }
 
-int shim_staging_copy_out(uint64_t off, CUdeviceptr src, uint64_t size, CUstream s, struct gcr_err *err)
-{
-	return copy_range(1, off, src, size, s, err);
-}
-
-int shim_staging_copy_in(uint64_t off, CUdeviceptr dst, uint64_t size, CUstream s, struct gcr_err *err)
-{
-	return copy_range(0, off, dst, size, s, err);
-}
-
-int shim_staging_unpin(struct gcr_err *err)
-{
-	pthread_mutex_lock(&pool_lock);
-	for (int i = 0; i < nslabs; i++)
-		if (slabs[i].registered && shim_cu.cuMemHostUnregister(slabs[i].base) == CUDA_SUCCESS) {
-			slabs[i].registered = 0;
-			registered -= slabs[i].size;
-		}
-	int rc = registered == 0 ? 0 : gcr_err_set(err, -EIO, "could not unpin all staging memory");
-	pthread_mutex_unlock(&pool_lock);
-	return rc;
-}
-
-int shim_staging_repin(struct gcr_err *err)
+static int sync_all(const struct shim_xfer *x, size_t n, struct gcr_err *err)
 {
 	int rc = 0;
-	pthread_mutex_lock(&pool_lock);
-	double t0 = now_ms();
-	if (pin_ctx != NULL)
-		shim_cu.cuCtxSetCurrent(pin_ctx);
-	for (int i = 0; i < nslabs && rc == 0; i++) {
-		if (slabs[i].registered)
+	for (size_t j = 0; j < n; j++) {
+		int seen = 0;
+		for (size_t k = 0; k < j && !seen; k++)
+			seen = x[k].stream == x[j].stream;
+		if (seen)
 			continue;
-		CUresult r = shim_cu.cuMemHostRegister_v2(slabs[i].base, slabs[i].size,
-							  CU_MEMHOSTREGISTER_PORTABLE);
-		if (r != CUDA_SUCCESS)
-			rc = gcr_err_set(err, -ENOMEM, "cannot pin staging memory again (CUDA error %d)", (int)r);
-		else {
-			slabs[i].registered = 1;
-			registered += slabs[i].size;
+		CUresult r = shim_cu.cuStreamSynchronize(x[j].stream);
+		if (r != CUDA_SUCCESS && rc == 0)
+			rc = cu_fail(err, r, "cuStreamSynchronize");
+	}
+	return rc;
+}
+
+int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, int unpin, double *ms_pin,
+			  struct gcr_err *err)
+{
+	*ms_pin = 0;
+	pthread_mutex_lock(&pool_lock);
+	CUevent *ev = calloc((size_t)nslabs + 1, sizeof(*ev));
+	int rc = ev ? 0 : gcr_err_set(err, -ENOMEM, "out of memory");
+	CUstream one = NULL;
+	int mixed = 0;
+	uint64_t base = 0;
+	for (int i = 0; i < nslabs && rc == 0; base += slabs[i].size, i++) {
+		if (!slabs[i].registered && shim_cu.cuMemHostRegister_v2 != NULL) {
+			/* Pins slab i while the copies of slab i-1 run (resume; or a
+			 * suspend after one that failed half-way). */
+			double t0 = now_ms();
+			CUresult r = shim_cu.cuMemHostRegister_v2(slabs[i].base, slabs[i].size,
+								  CU_MEMHOSTREGISTER_PORTABLE);
+			*ms_pin += now_ms() - t0;
+			if (r == CUDA_SUCCESS) {
+				slabs[i].registered = 1;
+				registered += slabs[i].size;
+			} /* else copies from pageable memory still work, only slower */
+		}
+		rc = queue_slab(out, i, base, x, n, &one, &mixed, err);
+		/* One stream (one GPU): an event per slab says when it may be unpinned. */
+		if (rc == 0 && out && unpin && one != NULL && !mixed &&
+		    shim_cu.cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
+		    SHIM_REAL(cuEventRecord, 0)(ev[i], one) != CUDA_SUCCESS) {
+			shim_cu.cuEventDestroy_v2(ev[i]);
+			ev[i] = NULL;
 		}
 	}
-	pin_ms += now_ms() - t0;
+	if (rc == 0 && out && unpin) {
+		for (int i = 0; i < nslabs && rc == 0; i++) {
+			CUresult r = ev[i] != NULL ? shim_cu.cuEventSynchronize(ev[i]) : CUDA_SUCCESS;
+			if (r != CUDA_SUCCESS)
+				rc = cu_fail(err, r, "cuEventSynchronize");
+			else if (ev[i] == NULL)
+				rc = sync_all(x, n, err);
+			double t0 = now_ms();
+			if (rc == 0 && slabs[i].registered &&
+			    shim_cu.cuMemHostUnregister(slabs[i].base) == CUDA_SUCCESS) {
+				slabs[i].registered = 0;
+				registered -= slabs[i].size;
+			}
+			*ms_pin += now_ms() - t0;
+		}
+	}
+	int rc2 = sync_all(x, n, err);
+	if (rc == 0)
+		rc = rc2;
+	for (int i = 0; ev != NULL && i < nslabs; i++)
+		if (ev[i] != NULL)
+			shim_cu.cuEventDestroy_v2(ev[i]);
+	free(ev);
 	pthread_mutex_unlock(&pool_lock);
 	return rc;
+}
+
+int shim_staging_copy_sync(int out, uint64_t off, CUdeviceptr dev, uint64_t size, CUstream s,
+			   struct gcr_err *err)
+{
+	struct shim_xfer x = { .off = off, .dev = dev, .size = size, .stream = s };
+	double ms;
+	return shim_staging_transfer(out, &x, 1, 0, &ms, err);
 }
 
 void shim_staging_resume_background(void)

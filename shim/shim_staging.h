@@ -19,14 +19,25 @@ int shim_staging_prepare(uint64_t total, struct gcr_err *err);
 /* Reserves size bytes; returns the logical offset to pass to the copies. */
 uint64_t shim_staging_take(uint64_t size);
 
-/* Queue copies between device memory and staging; a range may span pool slabs. */
-int shim_staging_copy_out(uint64_t off, CUdeviceptr src, uint64_t size, CUstream s, struct gcr_err *err);
-int shim_staging_copy_in(uint64_t off, CUdeviceptr dst, uint64_t size, CUstream s, struct gcr_err *err);
+/* One piece of a transfer: size bytes at device address dev <-> staging offset off. */
+struct shim_xfer {
+	uint64_t off;
+	CUdeviceptr dev;
+	uint64_t size;
+	CUstream stream;
+};
 
-/* GCR_STAGING_UNPIN: unregister before the driver's step (pinned memory slows it)
- * and register again before copying back. */
-int shim_staging_unpin(struct gcr_err *err);
-int shim_staging_repin(struct gcr_err *err);
+/* Moves every piece (out: device to staging; else back), slab by slab, and returns
+ * once all copies finished. With unpin, each slab is unpinned as soon as its copies
+ * are out, and pinned again just before its copies go in, so (un)pinning overlaps
+ * the other slabs' copies: pinned memory slows the driver's own checkpoint step.
+ * *ms_pin gets the time spent (un)pinning that was not hidden. */
+int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, int unpin, double *ms_pin,
+			  struct gcr_err *err);
+
+/* One synchronous piece; for handles copied through a temporary mapping. */
+int shim_staging_copy_sync(int out, uint64_t off, CUdeviceptr dev, uint64_t size, CUstream s,
+			   struct gcr_err *err);
 
 /* After resume (or a failed suspend): background pinning may go on. */
 void shim_staging_resume_background(void);
