@@ -23,6 +23,7 @@
 #include "shim_cr.h"
 #include "shim_gate.h"
 #include "shim_hook.h"
+#include "shim_real.h"
 #include "shim_staging.h"
 
 /* How long a peer may take to send a request line (ms): a stuck peer must not
@@ -192,6 +193,7 @@ out:
 static void *ctl_thread(void *arg)
 {
 	int lfd = (int)(intptr_t)arg;
+	shim_real_relax_capture();
 	for (;;) {
 		int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
 		if (fd < 0) {

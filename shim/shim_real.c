@@ -164,3 +164,11 @@ void *shim_real_cuda_handle(void)
 {
 	return __atomic_load_n(&cuda_handle, __ATOMIC_ACQUIRE);
 }
+
+void shim_real_relax_capture(void)
+{
+	if (shim_cu.cuThreadExchangeStreamCaptureMode != NULL) {
+		CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+		shim_cu.cuThreadExchangeStreamCaptureMode(&mode);
+	}
+}

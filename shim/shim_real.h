@@ -12,7 +12,8 @@
 	X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceCanAccessPeer) X(cuStreamCreate) \
 	X(cuStreamSynchronize) X(cuMemHostRegister_v2) X(cuMemHostUnregister) \
 	X(cuDevicePrimaryCtxRetain) X(cuGetErrorName) X(cuMemGetInfo_v2) \
-	X(cuEventCreate) X(cuEventSynchronize) X(cuEventDestroy_v2)
+	X(cuEventCreate) X(cuEventSynchronize) X(cuEventDestroy_v2) \
+	X(cuThreadExchangeStreamCaptureMode)
 
 struct shim_cu {
 #define X(f) __typeof__(&f) f;
@@ -21,6 +22,11 @@ struct shim_cu {
 };
 /* Filled with the driver table; a NULL member means the driver lacks it. */
 extern struct shim_cu shim_cu;
+
+/* For the shim's own threads: relaxed stream-capture mode, so their driver calls
+ * (pinning, synchronising) never invalidate an application's graph capture that
+ * runs in global mode (PyTorch's default) on another thread. */
+void shim_real_relax_capture(void);
 
 /* Finds libc's dlsym and dlvsym; called from the constructor. 0 or -errno. */
 int shim_real_init(void);
