@@ -10,7 +10,7 @@ struct shim_lookups shim_lookups;
 
 /* Any driver entry point the shim interposes is answered with its wrapper,
  * whatever handle it was looked up on; everything else is left alone. */
-static void *filter(void *found, const char *name)
+__attribute__((no_sanitize("address", "undefined"))) static void *filter(void *found, const char *name)
 {
 	if (found == NULL || name == NULL || name[0] != 'c' || name[1] != 'u')
 		return found;
@@ -24,12 +24,14 @@ static void *filter(void *found, const char *name)
 
 /* RTLD_NEXT is resolved relative to the shim, not the caller: for a program that
  * is preloaded-first this finds the same next object. */
-SHIM_EXPORT void *dlsym(void *handle, const char *name)
+/* Not instrumented: sanitizer runtimes call dlsym before they are initialised. */
+__attribute__((no_sanitize("address", "undefined"))) SHIM_EXPORT void *dlsym(void *handle, const char *name)
 {
 	return filter(shim_real_dlsym(handle, name), name);
 }
 
-SHIM_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
+__attribute__((no_sanitize("address", "undefined"))) SHIM_EXPORT void *dlvsym(void *handle, const char *name,
+										const char *version)
 {
 	return filter(shim_real_dlvsym(handle, name, version), name);
 }

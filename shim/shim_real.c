@@ -13,6 +13,34 @@
 #include "gcr_log.h"
 #include "shim_hook.h"
 
+/* Sanitizer runtimes resolve their own interceptors through dlsym before they are
+ * initialised: the code on that path must not be instrumented, and must not call
+ * libc string functions (they may be intercepted and not ready yet). */
+#define SHIM_EARLY __attribute__((no_sanitize("address", "undefined")))
+
+SHIM_EARLY static int early_streq(const char *a, const char *b)
+{
+	while (*a != '\0' && *a == *b) {
+		a++;
+		b++;
+	}
+	return *a == *b;
+}
+
+SHIM_EARLY static int early_contains(const char *hay, const char *needle)
+{
+	for (; *hay != '\0'; hay++) {
+		const char *h = hay, *n = needle;
+		while (*n != '\0' && *h == *n) {
+			h++;
+			n++;
+		}
+		if (*n == '\0')
+			return 1;
+	}
+	return 0;
+}
+
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 
@@ -25,7 +53,7 @@ struct elf_find {
 };
 
 /* Number of entries in the dynamic symbol table, from DT_HASH or DT_GNU_HASH. */
-static size_t sym_count(const ElfW(Word) *hash, const uint32_t *gnu)
+SHIM_EARLY static size_t sym_count(const ElfW(Word) *hash, const uint32_t *gnu)
 {
 	if (hash != NULL)
 		return hash[1];
@@ -45,25 +73,21 @@ static size_t sym_count(const ElfW(Word) *hash, const uint32_t *gnu)
 	return last + 1;
 }
 
-static int find_in_object(struct dl_phdr_info *info, size_t size, void *data)
+/* Looks dlsym and dlvsym up in one loaded object's dynamic symbol table. */
+SHIM_EARLY static void find_in_object(const struct link_map *lm, struct elf_find *f)
 {
-	struct elf_find *f = data;
-	const ElfW(Dyn) *dyn = NULL;
-	for (int i = 0; i < info->dlpi_phnum; i++)
-		if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
-			dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
-	if (dyn == NULL || info->dlpi_name == NULL || strstr(info->dlpi_name, "libc.so") == NULL)
-		return 0;
+	const ElfW(Dyn) *dyn = lm->l_ld;
+	ElfW(Addr) base = lm->l_addr;
 	const ElfW(Sym) *symtab = NULL;
 	const char *strtab = NULL;
 	const ElfW(Word) *hash = NULL;
 	const uint32_t *gnu = NULL;
 	const ElfW(Versym) *versym = NULL;
-	for (; dyn->d_tag != DT_NULL; dyn++) {
+	for (; dyn != NULL && dyn->d_tag != DT_NULL; dyn++) {
 		ElfW(Addr) p = dyn->d_un.d_ptr;
 		/* ld.so relocates these in place on most targets; add the base if not. */
-		if (p < info->dlpi_addr)
-			p += info->dlpi_addr;
+		if (p < base)
+			p += base;
 		switch (dyn->d_tag) {
 		case DT_SYMTAB: symtab = (const void *)p; break;
 		case DT_STRTAB: strtab = (const void *)p; break;
@@ -74,7 +98,7 @@ static int find_in_object(struct dl_phdr_info *info, size_t size, void *data)
 		}
 	}
 	if (symtab == NULL || strtab == NULL)
-		return 0;
+		return;
 	size_t n = sym_count(hash, gnu);
 	for (size_t i = 0; i < n; i++) {
 		const ElfW(Sym) *s = &symtab[i];
@@ -84,18 +108,21 @@ static int find_in_object(struct dl_phdr_info *info, size_t size, void *data)
 		if (versym != NULL && (versym[i] & 0x8000))
 			continue;
 		for (int w = 0; w < 2; w++)
-			if (f->found[w] == NULL && strcmp(strtab + s->st_name, f->want[w]) == 0)
-				f->found[w] = (void *)(info->dlpi_addr + s->st_value);
+			if (f->found[w] == NULL && early_streq(strtab + s->st_name, f->want[w]))
+				f->found[w] = (void *)(base + s->st_value);
 	}
-	return f->found[0] != NULL && f->found[1] != NULL;
 }
 
-int shim_real_init(void)
+SHIM_EARLY int shim_real_init(void)
 {
 	if (real_dlsym != NULL)
 		return 0;
 	struct elf_find f = { .want = { "dlsym", "dlvsym" } };
-	dl_iterate_phdr(find_in_object, &f);
+	/* The dynamic linker's own list of loaded objects: walking it calls nothing,
+	 * so it is safe before any interceptor (ASan's, say) is ready. */
+	for (const struct link_map *lm = _r_debug.r_map; lm != NULL; lm = lm->l_next)
+		if (lm->l_name != NULL && early_contains(lm->l_name, "libc.so"))
+			find_in_object(lm, &f);
 	if (f.found[0] == NULL || f.found[1] == NULL) {
 		GCR_LOG(GCR_LOG_ERROR, "shim", "cannot find dlsym in libc; lookups by dlsym are not interposed");
 		return -ENOENT;
@@ -105,7 +132,7 @@ int shim_real_init(void)
 	return 0;
 }
 
-void *shim_real_dlsym(void *handle, const char *name)
+SHIM_EARLY void *shim_real_dlsym(void *handle, const char *name)
 {
 	dlsym_fn fn = __atomic_load_n(&real_dlsym, __ATOMIC_ACQUIRE);
 	if (fn == NULL && shim_real_init() == 0)
@@ -113,7 +140,7 @@ void *shim_real_dlsym(void *handle, const char *name)
 	return fn ? fn(handle, name) : NULL;
 }
 
-void *shim_real_dlvsym(void *handle, const char *name, const char *version)
+SHIM_EARLY void *shim_real_dlvsym(void *handle, const char *name, const char *version)
 {
 	if (real_dlvsym == NULL && shim_real_init() < 0)
 		return NULL;

@@ -34,8 +34,10 @@ tier() { # name command...
 	local name=$1; shift
 	local log="$top/build-logs/$name.log"
 	echo "=== $name: $*"
+	local t0=$SECONDS
 	( "$@" ) 2>&1 | tee "$log"
 	count "$name" "$log" "${PIPESTATUS[0]}"
+	summary[-1]="${summary[-1]} in $((SECONDS - t0)) s"
 }
 
 mkdir -p build-logs
@@ -50,9 +52,13 @@ build_check() { # dir configure-args...
 
 tier unit-and-flow build_check build
 # ASan must come first in a process the shim is preloaded into; leaks are valgrind's tier.
-tier sanitizers env GCR_TEST_PRELOAD_PREFIX="$(gcc -print-file-name=libasan.so)" \
-	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+build_check_san() {
+	export GCR_TEST_PRELOAD_PREFIX
+	GCR_TEST_PRELOAD_PREFIX=$(gcc -print-file-name=libasan.so)
+	export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 	build_check build-san --enable-sanitizers
+}
+tier sanitizers build_check_san
 tier valgrind tests/valgrind.sh build
 tier fuzz tests/fuzz/run.sh
 tier k8s tests/k8s/test_crds.sh
