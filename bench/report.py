@@ -7,7 +7,10 @@ Never crashes on missing, failed or malformed entries: they show as "n/a", "FAIL
 """
 
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
 
 
 def load(paths):
@@ -32,12 +35,7 @@ def load(paths):
     return recs, bad, missing
 
 
-def dig(obj, *keys):
-    for k in keys:
-        if not isinstance(obj, dict) or k not in obj:
-            return None
-        obj = obj[k]
-    return obj
+from harness import dig  # noqa: E402  (one definition, shared with the tests)
 
 
 def num(v):

@@ -93,30 +93,36 @@ static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 	return 0;
 }
 
+/* One line for a status object: "pid N: shim STATE, driver STATE[, sizes]". */
+static void print_status_line(pid_t pid, json_t *st, int sizes)
+{
+	json_t *shim = json_object_get(st, "shim");
+	const char *driver = json_string_value(json_object_get(st, "driver"));
+	printf("pid %d: shim %s, driver %s", (int)pid,
+	       shim ? json_string_value(json_object_get(shim, "state")) : "absent",
+	       driver ? driver : "unavailable");
+	if (sizes && shim != NULL) {
+		json_t *b = json_object_get(shim, "bytes");
+		printf(", %.1f MiB on the fast path, %.1f MiB left to the driver",
+		       (double)(json_integer_value(json_object_get(b, "vmm")) +
+				json_integer_value(json_object_get(b, "app_vmm"))) / 1048576.0,
+		       (double)(json_integer_value(json_object_get(b, "driver")) +
+				json_integer_value(json_object_get(b, "async"))) / 1048576.0);
+	}
+	const char *sock = json_string_value(json_object_get(st, "socket"));
+	printf("%s%s\n", sock ? ", socket " : "", sock ? sock : "");
+}
+
 static int do_status(pid_t pid, struct gcr_cr_opts *o)
 {
 	json_t *st = NULL;
 	struct gcr_err err = { 0 };
 	if (gcr_cr_status(pid, o, &st, &err) < 0)
 		return fail("status", pid, &err);
-	if (json_out) {
+	if (json_out)
 		print_json(st);
-	} else {
-		json_t *shim = json_object_get(st, "shim");
-		const char *driver = json_string_value(json_object_get(st, "driver"));
-		printf("pid %d: shim %s, driver %s", (int)pid,
-		       shim ? json_string_value(json_object_get(shim, "state")) : "absent",
-		       driver ? driver : "unavailable");
-		if (shim != NULL) {
-			json_t *b = json_object_get(shim, "bytes");
-			printf(", %.1f MiB on the fast path, %.1f MiB left to the driver",
-			       (double)(json_integer_value(json_object_get(b, "vmm")) +
-					json_integer_value(json_object_get(b, "app_vmm"))) / 1048576.0,
-			       (double)(json_integer_value(json_object_get(b, "driver")) +
-					json_integer_value(json_object_get(b, "async"))) / 1048576.0);
-		}
-		printf("\n");
-	}
+	else
+		print_status_line(pid, st, 1);
 	int absent = json_object_get(st, "shim") == NULL;
 	json_decref(st);
 	return absent ? 1 : 0;
@@ -149,15 +155,10 @@ static void list_one(pid_t pid, const char *path, void *data)
 	if (gcr_cr_status(pid, o, &st, &err) < 0)
 		return;
 	json_object_set_new(st, "socket", json_string(path));
-	if (json_out) {
+	if (json_out)
 		print_json(st);
-	} else {
-		json_t *shim = json_object_get(st, "shim");
-		const char *driver = json_string_value(json_object_get(st, "driver"));
-		printf("%-8d %-10s %-13s %s\n", (int)pid,
-		       shim ? json_string_value(json_object_get(shim, "state")) : "?",
-		       driver ? driver : "-", path);
-	}
+	else
+		print_status_line(pid, st, 0);
 	json_decref(st);
 }
 
