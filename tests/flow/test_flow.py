@@ -172,6 +172,16 @@ def case_errors(f):
     r = f.ctl("suspend", p.pid)
     check(not r.ok and "already suspended" in (r.error or ""), "second suspend: %s" % r.describe())
     check(f.ctl("resume", p.pid).ok, "resume")
+    # A driver without the checkpoint API (any library lacking cuCheckpointProcess*):
+    # refused before anything is touched.
+    os.environ["GCR_LIBCUDA"] = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
+    try:
+        r = f.ctl("suspend", p.pid)
+    finally:
+        del os.environ["GCR_LIBCUDA"]
+    check(not r.ok and "no checkpoint API" in (r.error or ""), "old driver: %s" % r.describe())
+    st = f.ctl("status", p.pid)
+    check(H.dig(st.data, "shim", "state") == "running", "state after refusal: %s" % st.describe())
     for q in (plain, p):
         q.send("go")
         f.finish(q)
