@@ -8,7 +8,14 @@
 #include "gcr/protocol.h"
 #include "gcr_error.h"
 
-enum gcr_op { GCR_OP_NONE = 0, GCR_OP_STATUS_ID, GCR_OP_SUSPEND_ID, GCR_OP_RESUME_ID, GCR_OP_STATS_ID };
+enum gcr_op {
+	GCR_OP_NONE = 0,
+	GCR_OP_STATUS_ID,
+	GCR_OP_SUSPEND_ID,
+	GCR_OP_RESUME_ID,
+	GCR_OP_STATS_ID,
+	GCR_OP_REGISTER_ID,
+};
 
 struct gcr_req {
 	long long id;

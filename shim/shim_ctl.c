@@ -215,6 +215,32 @@ static void remove_socket(void)
 		unlink(sock_path);
 }
 
+/* Tells the node agent this process exists (GCR_AGENT_SOCKET, set by the device
+ * plugin). Best effort and bounded: the application must never wait on the agent. */
+static int agent_fd = -1;
+
+static void register_with_agent(void)
+{
+	const char *path = getenv(GCR_AGENT_SOCKET_ENV);
+	if (path == NULL || path[0] == '\0')
+		return;
+	struct gcr_err err;
+	int fd = gcr_sock_connect(path, 1000, &err);
+	if (fd < 0) {
+		GCR_LOG(GCR_LOG_INFO, "shim", "not registered with the node agent: %s", err.msg);
+		return;
+	}
+	char *line = gcr_proto_request_line(0, GCR_OP_REGISTER_ID,
+					    json_pack("{s:s, s:s}", "socket", sock_path, "version", PACKAGE_VERSION));
+	if (line == NULL || gcr_sock_write_all(fd, line, strlen(line), 1000, &err) < 0) {
+		GCR_LOG(GCR_LOG_INFO, "shim", "not registered with the node agent");
+		close(fd);
+	} else {
+		agent_fd = fd; /* kept open: the agent sees EOF when the process exits */
+	}
+	free(line);
+}
+
 static void start(void)
 {
 	owner_pid = getpid();
@@ -244,6 +270,7 @@ static void start(void)
 	pthread_detach(th);
 	atexit(remove_socket);
 	GCR_LOG(GCR_LOG_INFO, "shim", "control socket %s", sock_path);
+	register_with_agent();
 }
 
 static void reset_after_fork(void)
@@ -251,6 +278,10 @@ static void reset_after_fork(void)
 	/* The child has no control thread; it gets its own socket if it initialises CUDA. */
 	start_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	sock_path[0] = '\0';
+	if (agent_fd >= 0) {
+		close(agent_fd); /* the parent's registration, not ours */
+		agent_fd = -1;
+	}
 }
 
 void shim_ctl_start(void)

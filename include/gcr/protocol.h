@@ -14,6 +14,12 @@
 #define GCR_OP_SUSPEND "suspend" /* data out: gate closed, buffers staged, memory released */
 #define GCR_OP_RESUME "resume"   /* data in: memory re-created at the same addresses, gate opened */
 #define GCR_OP_STATS "stats"     /* counters: hooks seen, bytes per path, gate waits */
+/* Shim -> node agent, once, on the agent's registry socket: {"socket": control socket
+ * path as the shim sees it, "version": ...}. The agent believes none of it beyond a
+ * hint: it takes the pid from the connection's credentials and the pod and container
+ * from /proc/<pid>/cgroup. The connection stays open; EOF means the process is gone. */
+#define GCR_OP_REGISTER "register"
+#define GCR_AGENT_SOCKET_ENV "GCR_AGENT_SOCKET"
 
 /* Default directory for the per-process sockets ("<dir>/gcr-<pid>.sock"). */
 #define GCR_DEFAULT_SOCKET_DIR "/run/gcr"
