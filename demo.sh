@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 top=$(pwd)
 scripts/install-deps.sh
-[ -x configure ] || ./autogen.sh >/dev/null
+[ -x configure ] || ./autogen.sh >/dev/null 2>&1
 mkdir -p build && cd build
 [ -f Makefile ] || "$top/configure" -q
 make -j"$(nproc)" >/dev/null

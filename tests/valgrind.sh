@@ -5,7 +5,7 @@
 set -uo pipefail
 b=$(cd "${1:-build}" && pwd)
 src=$(cd "$(dirname "$0")/.." && pwd)
-vg=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
+vg=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-possibly-lost=no
     --suppressions="$src/tests/valgrind.supp")
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "PASS $1"; }
