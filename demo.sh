@@ -32,17 +32,18 @@ fi
 
 coproc PROG { exec env LD_PRELOAD="$top/build/shim/.libs/libgcr.so" \
 	"$top/build/tests/progs/gcr-testprog" --mib "$mib" --buffers 4 --threads 2 --iters 50 --wait --module "$module"; }
-read -r -t 120 ready <&"${PROG[0]}"
+out=${PROG[0]} in=${PROG[1]} # bash unsets PROG when the program exits
+read -r -t 120 ready <&"$out"
 pid=${ready#READY pid=}; pid=${pid%% *}
 echo "demo: test program pid $pid holds $(mem "$pid") of GPU memory"
-echo go >&"${PROG[1]}"
-while read -r -t 300 line <&"${PROG[0]}"; do [ "$line" = DONE ] && break; done
+echo go >&"$in"
+while read -r -t 300 line <&"$out"; do [ "$line" = DONE ] && break; done
 gcrctl=$top/build/node-agent/gcrctl
 $gcrctl suspend "$pid"
 echo "demo: while suspended: $(mem "$pid") of GPU memory; $($gcrctl status "$pid")"
 $gcrctl resume "$pid"
-echo check >&"${PROG[1]}"
-read -r -t 300 result <&"${PROG[0]}"
+echo check >&"$in"
+read -r -t 300 result <&"$out"
 echo "demo: after resume the program checked its data: $result"
 rm -rf "$sock"
 [ "$result" = "RESULT ok" ]
