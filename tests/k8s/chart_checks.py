@@ -191,6 +191,8 @@ def cmd_default(render, ns):
           spec.get("runtimeClassName") == "nvidia"
           and {"NVIDIA_VISIBLE_DEVICES": "all"}.items()
           <= {e["name"]: e.get("value") for e in agent["env"]}.items())
+    check("metrics on 0.0.0.0:9464 of the pod", "--metrics-address=0.0.0.0:9464" in agent["args"],
+          agent["args"])
     check("no ServiceMonitor or metrics Service by default",
           not objs(docs, "ServiceMonitor") and not objs(docs, "Service"))
     check("config: device plugin on, 32 slots of gpucr.dev/shim",
@@ -225,6 +227,13 @@ def cmd_test(render, ns):
           and any(m["name"] == "driver-libs" and m.get("readOnly") for m in agent["volumeMounts"])
           and {e["name"]: e.get("value") for e in agent["env"]}.get("GCR_LIBCUDA")
           == "/usr/local/nvidia/lib64/libcuda.so.1", sc)
+    hp = host_paths(spec)
+    check("hostPath volumes: sockets, shim, device plugins, CDI specs, driver libs",
+          set(hp) == {"sockets", "shim", "device-plugins", "cdi", "driver-libs"}
+          and hp["cdi"] == "/var/run/cdi", hp)
+    check("metrics on port 9500, IPv6 bind address bracketed",
+          "--metrics-address=[::]:9500" in agent["args"]
+          and agent["ports"][0]["containerPort"] == 9500, agent["args"])
     check("ServiceAccount name from values",
           one(docs, "ServiceAccount")["metadata"]["name"] == "gcr-agent-test")
     return 0
