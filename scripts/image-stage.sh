@@ -29,29 +29,31 @@ mv "$stage$prefix/lib/libgcr.so" "$stage$shimdir/"
 jansson=$(ldd "$stage$shimdir/libgcr.so" | awk '$1 == "libjansson.so.4" {print $3}')
 [[ -f $jansson ]] || die "libgcr.so does not link libjansson.so.4"
 cp -L "$jansson" "$stage$shimdir/libjansson.so.4"
+# (Output captured first: grep -q exiting early would fail the pipe with SIGPIPE.)
+dyn=$(readelf -d "$stage$shimdir/libgcr.so")
 # shellcheck disable=SC2016 # a literal $ORIGIN
-readelf -d "$stage$shimdir/libgcr.so" | grep -q 'RUNPATH.*\[\$ORIGIN\]' ||
-	die "libgcr.so has no RUNPATH \$ORIGIN"
+grep -q 'RUNPATH.*\[\$ORIGIN\]' <<<"$dyn" || die "libgcr.so has no RUNPATH \$ORIGIN"
 rm -rf "${stage:?}$prefix/lib" "${stage:?}$prefix/include" "${stage:?}$prefix/share"
 
 # Every shipped ELF file must resolve its libraries; the shim from its own dir.
 libs=()
 while IFS= read -r -d '' f; do
-	file -b "$f" | grep -q '^ELF' || continue
+	[[ $(file -b "$f") == ELF* ]] || continue
 	out=$(ldd "$f") || die "ldd $f failed"
 	if grep -q 'not found' <<<"$out"; then
 		die "$f: $(grep 'not found' <<<"$out" | tr -s ' \t' ' ')"
 	fi
 	while read -r p; do libs+=("$p"); done < <(awk '$2 == "=>" && $3 ~ /^\// {print $3}' <<<"$out")
 done < <(find "$stage" -type f -print0)
-ldd "$stage$shimdir/libgcr.so" | grep -q "libjansson.so.4 => $stage$shimdir/libjansson.so.4" ||
-	die "libgcr.so does not load libjansson.so.4 from its own directory"
+out=$(ldd "$stage$shimdir/libgcr.so")
+grep -qF "libjansson.so.4 => $stage$shimdir/libjansson.so.4" <<<"$out" ||
+	die "libgcr.so does not load libjansson.so.4 from its own directory: $out"
 
 # The packages owning those libraries (not the ones we ship ourselves).
 owner() {
 	local p=$1 q
 	for q in "$p" "$(readlink -f "$p")" "${p#/usr}" "/usr$p"; do
-		dpkg -S "$q" 2>/dev/null | head -n 1 | cut -d: -f1 && return 0
+		out=$(dpkg -S "$q" 2>/dev/null) && { sed -n '1s/:.*//p' <<<"$out"; return 0; }
 	done
 	return 1
 }

@@ -270,6 +270,20 @@ expect_eq "all objects of the default render exist" \
 run "ClusterRole and ClusterRoleBinding exist" kc get "clusterrole/$REL" "clusterrolebinding/$REL"
 run "re-apply is a no-op (idempotent)" apply -f "$TMP/default.yaml"
 
+# deploy/gcr.yaml as a user applies it (its own Namespace, release "gcr"): only on
+# a test bed of our own, since it creates gcr-system and cluster-wide "gcr" objects.
+if ((STARTED_BED)); then
+	run "deploy/gcr.yaml: kubectl apply --server-side" apply -f "$ROOT/deploy/gcr.yaml"
+	deployed() { # the namespace's Pod Security level and the DaemonSet in it
+		printf '%s %s' "$(kc get namespace gcr-system -o 'jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}')" \
+			"$(kc -n gcr-system get daemonset gcr -o name)"
+	}
+	expect_eq "... namespace gcr-system exempt from Pod Security, DaemonSet gcr there" \
+		"privileged daemonset.apps/gcr" deployed
+else
+	skip "deploy/gcr.yaml not applied: this cluster is not our own test bed (it would create gcr-system and cluster-wide \"gcr\" objects)"
+fi
+
 # Non-default values, in another namespace, with the ServiceMonitor's real CRD.
 newns "$NS_OTHER"
 smcrd=${GCR_SERVICEMONITOR_CRD:-}
