@@ -163,6 +163,13 @@ refuse "registry socket outside the socket dir refused" "must be inside agent.so
 	h template x "$CHART" --set agent.registrySocket=/tmp/agent.sock
 refuse "zero slots refused" "slots must be at least 1" \
 	h template x "$CHART" --set devicePlugin.slots=0
+refuse "serviceAccount.create=false needs a name" "serviceAccount.name is required" \
+	h template x "$CHART" --set serviceAccount.create=false
+no_kubelet_dir() {
+	local r
+	r=$(h template x "$CHART" --set devicePlugin.enabled=false) && [[ $r != *"path: /var/lib/kubelet"* ]]
+}
+run "devicePlugin.enabled=false: no kubelet hostPath" no_kubelet_dir
 
 # --- Dockerfile (no Docker engine here: lint, and the install layout) ------------
 
