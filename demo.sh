@@ -32,18 +32,18 @@ fi
 
 coproc PROG { exec env LD_PRELOAD="$top/build/shim/.libs/libgcr.so" \
 	"$top/build/tests/progs/gcr-testprog" --mib "$mib" --buffers 4 --threads 2 --iters 50 --wait --module "$module"; }
-out=${PROG[0]} in=${PROG[1]} # bash unsets PROG when the program exits
-read -r -t 120 ready <&"$out"
+prog_out=${PROG[0]} prog_in=${PROG[1]} # bash unsets PROG when the program exits
+read -r -t 120 ready <&"$prog_out"
 pid=${ready#READY pid=}; pid=${pid%% *}
 echo "demo: test program pid $pid holds $(mem "$pid") of GPU memory"
-echo go >&"$in"
-while read -r -t 300 line <&"$out"; do [ "$line" = DONE ] && break; done
+echo go >&"$prog_in"
+while read -r -t 300 line <&"$prog_out"; do [ "$line" = DONE ] && break; done
 gcrctl=$top/build/node-agent/gcrctl
 $gcrctl suspend "$pid"
 echo "demo: while suspended: $(mem "$pid") of GPU memory; $($gcrctl status "$pid")"
 $gcrctl resume "$pid"
-echo check >&"$in"
-read -r -t 300 result <&"$out"
+echo check >&"$prog_in"
+read -r -t 300 result <&"$prog_out"
 echo "demo: after resume the program checked its data: $result"
 rm -rf "$sock"
 [ "$result" = "RESULT ok" ]

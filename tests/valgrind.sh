@@ -27,24 +27,24 @@ coproc PROG { exec "${vg[@]}" env LD_PRELOAD="$b/shim/.libs/libgcr.so" \
 	"$b/tests/progs/gcr-testprog" --mib 8 --buffers 2 --threads 2 --iters 4 --wait \
 	--module "$src/tests/progs/gcr_kernels.h" 2>&1; }
 # Bash unsets PROG once the program exits: keep copies of its handles and pid.
-out=${PROG[0]} in=${PROG[1]} prog_pid=$PROG_PID
+prog_out=${PROG[0]} prog_in=${PROG[1]} prog_pid=$PROG_PID
 pid=""
-while read -r -t 120 line <&"$out"; do
+while read -r -t 120 line <&"$prog_out"; do
 	case $line in READY*) pid=${line#READY pid=}; pid=${pid%% *}; break ;; esac
 done
 flow_ok=0
 if [ -n "$pid" ]; then
-	echo go >&"$in"
-	while read -r -t 120 line <&"$out"; do [ "$line" = DONE ] && break; done
+	echo go >&"$prog_in"
+	while read -r -t 120 line <&"$prog_out"; do [ "$line" = DONE ] && break; done
 	if "${vg[@]}" "$b/node-agent/gcrctl" suspend "$pid" && "${vg[@]}" "$b/node-agent/gcrctl" resume "$pid"; then
-		echo check >&"$in"
-		while read -r -t 120 line <&"$out"; do
+		echo check >&"$prog_in"
+		while read -r -t 120 line <&"$prog_out"; do
 			case $line in "RESULT ok") flow_ok=1 ;; esac
 			case $line in RESULT*) break ;; esac
 		done
 	fi
 fi
-exec {in}>&-
+exec {prog_in}>&-
 wait "$prog_pid" 2>/dev/null; rc=$?
 [ "$flow_ok" -eq 1 ] && [ "$rc" -eq 0 ] && ok "shim-under-valgrind" || ko "shim-under-valgrind (result $flow_ok, exit $rc)"
 rm -rf "$sock"
