@@ -663,6 +663,7 @@ static void register_start(struct agent_dp *dp)
 	grpc_channel_credentials *creds;
 	char target[PATH_MAX + 8];
 	grpc_op ops[6];
+	uint8_t *msg;
 	size_t len = 0;
 
 	if (r == NULL)
@@ -671,7 +672,8 @@ static void register_start(struct agent_dp *dp)
 	r->details = grpc_empty_slice();
 	grpc_metadata_array_init(&r->md_init);
 	grpc_metadata_array_init(&r->md_trail);
-	r->send = buffer_take(agent_dpmsg_register_encode(dp->endpoint, dp->resource_name, &len), len);
+	msg = agent_dpmsg_register_encode(dp->endpoint, dp->resource_name, &len);
+	r->send = buffer_take(msg, len);
 	snprintf(target, sizeof(target), "unix:%s", dp->kubelet_sock);
 	creds = grpc_insecure_credentials_create();
 	r->channel = grpc_channel_create(target, creds, NULL);
