@@ -61,6 +61,7 @@ build_check_san() {
 tier sanitizers build_check_san
 tier valgrind tests/valgrind.sh build
 tier fuzz tests/fuzz/run.sh
+tier deviceplugin tests/dp/test_deviceplugin.sh
 tier k8s tests/k8s/test_crds.sh
 
 echo
