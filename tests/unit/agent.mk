@@ -41,4 +41,5 @@ EXTRA_DIST += \
 	tests/fuzz/fuzz_cgroup.c tests/fuzz/fuzz_kubeconfig.c tests/fuzz/fuzz_watch.c \
 	tests/fuzz/dict/fuzz_cgroup.dict tests/fuzz/dict/fuzz_kubeconfig.dict \
 	tests/fuzz/dict/fuzz_watch.dict \
-	tests/fuzz/corpus/fuzz_cgroup tests/fuzz/corpus/fuzz_kubeconfig tests/fuzz/corpus/fuzz_watch
+	tests/fuzz/corpus/fuzz_cgroup tests/fuzz/corpus/fuzz_kubeconfig tests/fuzz/corpus/fuzz_watch \
+	tests/fuzz/fuzz_dpmsg.c tests/fuzz/dict/fuzz_dpmsg.dict tests/fuzz/corpus/fuzz_dpmsg
