@@ -814,7 +814,7 @@ static void dispatch(struct agent_dp *dp, struct dp_tag *t, bool ok)
 static void *dp_thread(void *arg)
 {
 	struct agent_dp *dp = arg;
-	int64_t next_poll = 0;
+	int64_t next_poll = 0, serve_retry_at = 0;
 
 	while (!atomic_load(&dp->stop)) {
 		grpc_event ev = grpc_completion_queue_next(dp->cq, deadline_in(dp->poll_ms), NULL);
@@ -822,8 +822,12 @@ static void *dp_thread(void *arg)
 		if (ev.type == GRPC_OP_COMPLETE)
 			dispatch(dp, ev.tag, ev.success != 0);
 		if (now_ms() >= next_poll) {
-			if (dp->server == NULL && dp->old_server == NULL && server_start(dp) < 0)
-				GCR_LOG(GCR_LOG_ERROR, LOG_COMP, "cannot serve on %s", dp->sock_path);
+			/* Not serving (the directory was missing, say): try again each second. */
+			if (dp->server == NULL && dp->old_server == NULL && now_ms() >= serve_retry_at &&
+			    server_start(dp) < 0) {
+				GCR_LOG(GCR_LOG_ERROR, LOG_COMP, "cannot serve on %s; retrying", dp->sock_path);
+				serve_retry_at = now_ms() + REGISTER_RETRY_MS;
+			}
 			poll_kubelet(dp);
 			push_health(dp);
 			next_poll = now_ms() + dp->poll_ms;

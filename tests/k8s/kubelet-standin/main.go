@@ -295,34 +295,54 @@ func run() {
 	lwCancel()
 	conn.Close()
 
-	// A kubelet restart: its server goes, the plugin dir is emptied, kubelet.sock comes back.
+	// Kubelet restarts: its server goes and kubelet.sock comes back; a starting kubelet
+	// also empties the plugin directory, so the second restart removes the plugin's socket.
+	for _, removePlugin := range []bool{false, true} {
+		srv = restart(srv, reg, req.Endpoint, removePlugin, ctx)
+		if srv == nil {
+			return
+		}
+	}
+	srv.Stop()
+}
+
+func restart(srv *grpc.Server, reg *registration, endpoint string, removePlugin bool, ctx context.Context) *grpc.Server {
+	what := "after kubelet restart (plugin socket kept)"
+	if removePlugin {
+		what = "after kubelet restart (plugin dir emptied)"
+	}
 	srv.Stop()
 	os.Remove(filepath.Join(*dir, kubeletSock))
-	os.Remove(filepath.Join(*dir, req.Endpoint))
+	if removePlugin {
+		os.Remove(filepath.Join(*dir, endpoint))
+	}
 	time.Sleep(300 * time.Millisecond)
-	srv, err = serveKubelet(reg)
-	if !check(err == nil, "kubelet.sock re-created (err %v)", err) {
-		return
+	srv, err := serveKubelet(reg)
+	if !check(err == nil, "%s: kubelet.sock re-created (err %v)", what, err) {
+		return nil
 	}
-	defer srv.Stop()
-	req2 := waitRegister(reg, "after kubelet restart")
-	if req2 == nil {
-		return
+	req := waitRegister(reg, what)
+	if req == nil {
+		return srv
 	}
-	checkRegister(req2)
-	conn2, c2, err := dial(req2.Endpoint)
-	if check(err == nil, "dial the plugin again (err %v)", err) {
-		defer conn2.Close()
-		s2, err := c2.ListAndWatch(ctx, &pluginapi.Empty{})
+	checkRegister(req)
+	conn, c, err := dial(req.Endpoint)
+	if !check(err == nil, "%s: dial the plugin again (err %v)", what, err) {
+		return srv
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := c.ListAndWatch(sctx, &pluginapi.Empty{})
+	if err == nil {
+		var devs []*pluginapi.Device
+		devs, err = recvDevices(s)
 		if err == nil {
-			var devs []*pluginapi.Device
-			devs, err = recvDevices(s2)
-			if err == nil {
-				checkDevices(devs, pluginapi.Healthy, "ListAndWatch after restart")
-			}
+			checkDevices(devs, pluginapi.Healthy, "ListAndWatch "+what)
 		}
-		check(err == nil, "ListAndWatch after restart (err %v)", err)
 	}
+	check(err == nil, "%s: ListAndWatch (err %v)", what, err)
+	return srv
 }
 
 func main() {
