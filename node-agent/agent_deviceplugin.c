@@ -29,6 +29,7 @@
 #define LOG_COMP "deviceplugin"
 #define REGISTER_TIMEOUT_MS 5000 /* one Register call to the kubelet */
 #define REGISTER_RETRY_MS 1000   /* after a failed one, while kubelet.sock stays */
+#define DIR_MAX 160              /* an allocation dir: socket root (< 100 bytes) + / + 32 hex */
 
 enum dp_method {
 	M_UNKNOWN,
@@ -438,7 +439,7 @@ static void handle_allocate(struct dp_call *c, const uint8_t *buf, size_t len)
 	struct gcr_err err = { 0 };
 	V1beta1__AllocateRequest *req = agent_dpmsg_allocate_decode(buf, len, dp->slots, &err);
 	struct agent_dpmsg_alloc allocs[AGENT_DPMSG_MAX_CONTAINERS];
-	char dirs[AGENT_DPMSG_MAX_CONTAINERS][PATH_MAX];
+	char dirs[AGENT_DPMSG_MAX_CONTAINERS][DIR_MAX];
 	size_t n = 0, out = 0;
 	uint8_t *msg = NULL;
 	int rc = 0;

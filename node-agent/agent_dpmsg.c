@@ -309,7 +309,7 @@ struct alloc_resp {
 	V1beta1__Mount *mntp[3];
 	V1beta1__CDIDevice cdi;
 	V1beta1__CDIDevice *cdip[1];
-	char preload[4096];
+	char preload[512]; /* <shim container dir>/libgcr.so; the agent checks dirs < 100 bytes */
 };
 
 static void env_set(struct alloc_resp *a, size_t i, const char *key, const char *value)
