@@ -4,12 +4,14 @@
 # not PIC, so it cannot be linked in).
 lib_LTLIBRARIES += shim/libgcr.la
 shim_libgcr_la_SOURCES = $(SHIM_SOURCES)
-SHIM_SOURCES = \
+# The dlsym interposer is kept out of SHIM_CORE_SOURCES so tests can link the rest
+# into an ordinary program without taking over its dlsym.
+SHIM_SOURCES = $(SHIM_CORE_SOURCES) shim/shim_dlsym.c
+SHIM_CORE_SOURCES = \
 	shim/shim_main.c \
 	shim/shim_config.c shim/shim_config.h \
 	shim/shim_real.c shim/shim_real.h \
 	shim/shim_hook.c shim/shim_hook.h shim/shim_hooks.def \
-	shim/shim_dlsym.c \
 	shim/shim_procaddr.c \
 	shim/shim_gate.c shim/shim_gate.h \
 	shim/shim_alloc.c shim/shim_alloc.h \

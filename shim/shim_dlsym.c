@@ -6,8 +6,6 @@
 #include "shim_hook.h"
 #include "shim_real.h"
 
-struct shim_lookups shim_lookups;
-
 /* Any driver entry point the shim interposes is answered with its wrapper,
  * whatever handle it was looked up on; everything else is left alone. */
 __attribute__((no_sanitize("address", "undefined"))) static void *filter(void *found, const char *name)

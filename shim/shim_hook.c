@@ -46,6 +46,8 @@ struct shim_hook shim_hooks[SHIM_HOOK_COUNT] = { SHIM_GATE_LIST SHIM_CUSTOM_LIST
 #undef SHIM_GATE
 #undef SHIM_CUSTOM
 
+struct shim_lookups shim_lookups;
+
 void *shim_hook_real(enum shim_hook_id id, int variant)
 {
 	if (shim_real_cuda_handle() == NULL && shim_real_load_cuda(NULL) < 0)

@@ -35,7 +35,12 @@ tier() { # name command...
 	local log="$top/build-logs/$name.log"
 	echo "=== $name: $*"
 	local t0=$SECONDS
-	( "$@" ) 2>&1 | tee "$log"
+	# Every tier is bounded, so a hang fails its tier instead of eating CI's time.
+	if declare -F "$1" >/dev/null; then
+		( "$@" ) 2>&1 | tee "$log"
+	else
+		timeout -k 30 "${TIER_TIMEOUT_S:-2400}" "$@" 2>&1 | tee "$log"
+	fi
 	count "$name" "$log" "${PIPESTATUS[0]}"
 	summary[-1]="${summary[-1]} in $((SECONDS - t0)) s"
 }
@@ -47,7 +52,7 @@ scripts/install-deps.sh || { echo "install-deps failed"; echo "0 passed, 1 faile
 build_check() { # dir configure-args...
 	local dir=$1; shift
 	mkdir -p "$dir" && cd "$dir" && "$top/configure" -q "$@" && make -j"$jobs" && \
-		make -j"$jobs" check || { cat tests/*.log tests/*/*.log 2>/dev/null | tail -n 200; return 1; }
+		timeout -k 30 1500 make -j"$jobs" check || { cat tests/*.log tests/*/*.log 2>/dev/null | tail -n 200; return 1; }
 }
 
 tier unit-and-flow build_check build

@@ -9,6 +9,6 @@ tests_unit_test_sock_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
 tests_unit_test_sock_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
 EXTRA_DIST += tests/unit/test_shim_exports.sh
 # The gate is tested inside a program built from the shim's own sources.
-tests_unit_test_gate_SOURCES = tests/unit/test_gate.c $(SHIM_SOURCES)
+tests_unit_test_gate_SOURCES = tests/unit/test_gate.c $(SHIM_CORE_SOURCES)
 tests_unit_test_gate_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_gate_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
