@@ -228,7 +228,7 @@ int agent_kube_event(struct agent_kube *k, json_t *obj, const char *type, const 
 		return gcr_err_set(err, -EINVAL, "event about an object without namespace/name");
 	char now[40], gen[300], path[512];
 	agent_kube_time(now, sizeof(now), 1);
-	snprintf(gen, sizeof(gen), "%s.", name);
+	snprintf(gen, sizeof(gen), "%.240s-", name);
 	char notebuf[1024];
 	snprintf(notebuf, sizeof(notebuf), "%s", note); /* Event notes are at most 1 KiB */
 	json_t *ev = json_pack(

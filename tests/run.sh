@@ -62,6 +62,7 @@ tier sanitizers build_check_san
 tier valgrind tests/valgrind.sh build
 tier fuzz tests/fuzz/run.sh
 tier k8s tests/k8s/test_crds.sh
+tier k8s-agent python3 tests/k8s/test_agent_e2e.py build
 
 echo
 echo "=== summary"
