@@ -620,6 +620,27 @@ static void reconcile_checkpoint(struct agent_controller *c, struct op *o, const
 
 /* ---- Restore ---- */
 
+/* The Checkpoint from the cache, else from the API: a Restore applied together
+ * with its Checkpoint may be seen first. NULL when it does not exist. */
+static json_t *find_checkpoint(struct agent_controller *c, const char *ns, const char *name, int *transient)
+{
+	*transient = 0;
+	json_t *ck = cache_get(c, K_CK, ns, name);
+	if (ck != NULL)
+		return ck;
+	char path[700];
+	snprintf(path, sizeof(path), API "/namespaces/%s/checkpoints/%s", ns, name);
+	long st = 0;
+	struct gcr_err err;
+	if (agent_kube_request(c->kube, "GET", path, NULL, NULL, &st, &ck, &err) < 0 || (st != 200 && st != 404))
+		*transient = 1;
+	if (st != 200) {
+		json_decref(ck);
+		return NULL;
+	}
+	return ck;
+}
+
 static void reconcile_restore(struct agent_controller *c, struct op *o, const char *key)
 {
 	const char *phase = status_str(o->obj, "phase");
@@ -631,10 +652,14 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 		recovering = 1;
 	}
 	const char *ckname = spec_str(o->obj, "checkpointName");
-	json_t *ck = ckname ? cache_get(c, K_CK, o->ns, ckname) : NULL;
+	int transient = 0;
+	json_t *ck = ckname ? find_checkpoint(c, o->ns, ckname, &transient) : NULL;
 	if (ck == NULL) {
-		fail(c, o, "CheckpointNotFound", "Checkpoint %s/%s not found; nothing was done", o->ns,
-		     ckname ? ckname : "");
+		if (transient)
+			retry_later(c, key);
+		else
+			fail(c, o, "CheckpointNotFound", "Checkpoint %s/%s not found; nothing was done", o->ns,
+			     ckname ? ckname : "");
 		return;
 	}
 	const char *ckphase = status_str(ck, "phase"), *cknode = status_str(ck, "nodeName");

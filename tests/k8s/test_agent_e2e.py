@@ -418,7 +418,8 @@ def main():
         loser, winner = (a, b) if a["phase"] == "Failed" else (b, a)
         check("already suspended" in loser.get("message", ""), "loser's message: %s" % loser.get("message"))
         # Never interleaved: the loser started after the winner had finished.
-        check(loser["startTime"] >= winner["startTime"], "start times %s %s" % (loser["startTime"], winner["startTime"]))
+        check(loser["startTime"] >= winner["completionTime"], "loser started %s before the winner finished %s"
+              % (loser["startTime"], winner["completionTime"]))
         suspended(st["pid"])
         do_restore("rs-ab", "ck-a" if a["phase"] == "Succeeded" else "ck-b")
 
