@@ -257,18 +257,29 @@ int agent_kube_event(struct agent_kube *k, json_t *obj, const char *type, const 
 /* Watch transfer state: the decoder fed from curl's write callback. */
 struct watch_xfer {
 	struct agent_watch *w;
+	CURL *h;
 	atomic_int *stop;
 	int rc; /* first decoder error */
 	struct gcr_err err;
-	long events;
+	char status[512]; /* start of a non-200 answer's body (a Status object) */
+	size_t status_len;
 };
 
 static size_t watch_write(char *p, size_t sz, size_t nm, void *data)
 {
 	struct watch_xfer *x = data;
 	size_t n = sz * nm;
+	long code = 0;
 	if (x->rc < 0)
 		return 0;
+	curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &code);
+	if (code != 200) { /* not a stream: keep the Status for the log */
+		size_t k = n < sizeof(x->status) - 1 - x->status_len ? n : sizeof(x->status) - 1 - x->status_len;
+		memcpy(x->status + x->status_len, p, k);
+		x->status_len += k;
+		x->status[x->status_len] = '\0';
+		return n;
+	}
 	int rc = agent_watch_feed(x->w, p, n, &x->err);
 	if (rc < 0) {
 		x->rc = rc;
@@ -362,6 +373,7 @@ int agent_kube_watch_loop(struct agent_kube *k, const char *path, const char *qu
 			backoff_sleep(&backoff, stop);
 			continue;
 		}
+		x.h = h;
 		curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
 		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, watch_write);
 		curl_easy_setopt(h, CURLOPT_WRITEDATA, &x);
@@ -379,7 +391,7 @@ int agent_kube_watch_loop(struct agent_kube *k, const char *path, const char *qu
 		curl_easy_cleanup(h);
 		if (atomic_load(stop))
 			break;
-		if (x.rc == 0 && cc == CURLE_OK)
+		if (x.rc == 0 && cc == CURLE_OK && st == 200)
 			x.rc = agent_watch_finish(w, &x.err);
 		if (st == 410 || x.rc == -ESTALE) {
 			GCR_LOG(GCR_LOG_INFO, "kube", "watch %s: resourceVersion expired (410); relisting", path);
@@ -394,8 +406,8 @@ int agent_kube_watch_loop(struct agent_kube *k, const char *path, const char *qu
 		if (x.rc < 0)
 			GCR_LOG(GCR_LOG_WARN, "kube", "watch %s: %s; relisting", path, x.err.msg);
 		else
-			GCR_LOG(GCR_LOG_WARN, "kube", "watch %s: HTTP %ld, %s; reconnecting", path, st,
-				curl_easy_strerror(cc));
+			GCR_LOG(GCR_LOG_WARN, "kube", "watch %s: HTTP %ld, %s%s%.200s; reconnecting", path, st,
+				curl_easy_strerror(cc), x.status_len ? ": " : "", x.status);
 		if (x.rc < 0 || (st >= 400 && st != 0))
 			need_list = 1; /* decoder state is unknown; start over from a list */
 		backoff_sleep(&backoff, stop);

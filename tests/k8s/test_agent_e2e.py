@@ -444,13 +444,27 @@ def main():
         return run
 
     def sigterm():
+        # SIGTERM while a Checkpoint is in flight: it finishes, then the agent exits 0.
+        E.stop_agent()
+        E.start_agent({"GCR_AGENT_TEST_PAUSE": "before-cr", "GCR_AGENT_TEST_PAUSE_S": "120"})
+        E.apply(checkpoint("ck-term", "gpu-pod"))
+        E.wait_phase("checkpoint", "ck-term", ("Running",))
         rc = E.stop_agent(signal.SIGTERM)
         check(rc == 0, "agent exit status %s on SIGTERM" % rc)
+        c = E.get("checkpoint", "ck-term")["status"]
+        check(c["phase"] == "Succeeded", "in-flight Checkpoint: %s: %s" % (c["phase"], c.get("message")))
+        suspended(st["pid"])
         E.start_agent()
+        do_restore("rs-term", "ck-term")
 
     def apiserver_restart():
         E.wait("agent registers pid %d (found by the start-up scan)" % st["pid"],
                lambda: "gcr_agent_registered_processes 1" in E.http("/metrics")[1])
+        # A change the pod watch does not see: its resourceVersion is older than the
+        # restarted server's watch cache, so resuming it gets 410 Gone (a relist).
+        E.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "rv-bump", "namespace": NS},
+                 "data": {"t": str(time.time())}})
+        st["log_before"] = len(open(E.agent_log).read())
         out = subprocess.run([TESTBED, "restart-apiserver", E.env["GCR_TESTBED_DIR"]], capture_output=True,
                              text=True, timeout=300, env=E.env)
         check(out.returncode == 0, "restart-apiserver: %s" % out.stderr[-1000:])
@@ -459,6 +473,12 @@ def main():
         check(c["phase"] == "Succeeded", "%s: %s" % (c["phase"], c.get("message")))
         suspended(st["pid"])
         do_restore("rs-after-restart", "ck-after-restart")
+
+    def expired_watch():
+        # Follows the restart above: some watch was resumed from an expired resourceVersion.
+        after = open(E.agent_log).read()[st.get("log_before", 0):]
+        check("resourceVersion expired (410); relisting" in after, "no 410 relist in the agent log")
+        check(E.http("/readyz")[0] == 200, "not ready after the relist")
 
     def nothing_twice():
         # Every finished object kept its one result across the restarts above.
@@ -495,8 +515,9 @@ def main():
             case("two Checkpoints of one pod at once are serialised", serialised)
             case("agent SIGKILLed before the suspend, restarted: done once", kill_mid("before-cr", "ck-k1", "rs-k1"))
             case("agent SIGKILLed after the suspend, restarted: not redone", kill_mid("after-cr", "ck-k2", "rs-k2"))
-            case("SIGTERM: agent exits 0", sigterm)
+            case("SIGTERM mid-Checkpoint: it finishes, agent exits 0", sigterm)
             case("kube-apiserver restarted mid-watch: agent recovers", apiserver_restart)
+            case("expired watch (410) after the restart: relisted", expired_watch)
             case("finished objects are never redone", nothing_twice)
             case("/healthz and /metrics answer", metrics)
             case("program's own check after all cycles: RESULT ok", program_ok)
