@@ -138,9 +138,9 @@ class Env:
                                   if e.get("type") == etype and (reason is None or e.get("reason") == reason)])
 
     # --- pods ---
-    def make_pod(self, name, cid=None):
+    def make_pod(self, name, cid=None, node=NODE):
         self.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-                    "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "example.invalid/gpu:1"}]}})
+                    "spec": {"nodeName": node, "containers": [{"name": "main", "image": "example.invalid/gpu:1"}]}})
         pod = self.get("pod", name)
         if cid:
             st = {"status": {"phase": "Running", "containerStatuses": [{
@@ -357,6 +357,7 @@ def main():
         st["cid"] = uuid.uuid4().hex + uuid.uuid4().hex
         st["uid"] = E.make_pod("gpu-pod", st["cid"])
         E.make_pod("plain-pod", uuid.uuid4().hex + uuid.uuid4().hex)
+        E.make_pod("other-pod", uuid.uuid4().hex + uuid.uuid4().hex, node="node-b")
         E.start_agent()
         p = E.start_prog(st["uid"], st["cid"])
         st["prog"], st["pid"] = p, p.p.pid
@@ -399,6 +400,17 @@ def main():
 
     def no_shim():
         bad("ck-plain", checkpoint("ck-plain", "plain-pod"), "checkpoint", "no process running under the GCR shim")
+
+    def other_node():
+        # Another node's pod is that node's agent's: this agent leaves the Checkpoint
+        # alone. The marker applied after it is handled after it (one ordered queue),
+        # so once the marker is final the first one has been looked at.
+        E.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in (
+            checkpoint("ck-other", "other-pod"), checkpoint("ck-marker", "plain-pod"))))
+        E.wait_phase("checkpoint", "ck-marker", ("Failed",))
+        o = E.get("checkpoint", "ck-other")
+        check("phase" not in (o.get("status") or {}), "pod on node-b: status %s" % o.get("status"))
+        untouched(st["pid"])
 
     def restore_of_failed():
         bad("rs-failed", restore("rs-failed", "ck-missing"), "restore", "failed")
@@ -510,6 +522,7 @@ def main():
             case("restore: Succeeded, process running", restore_ok)
             case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
             case("bad input: pod without a GCR process -> Failed + Event", no_shim)
+            case("pod on another node: left to that node's agent", other_node)
             case("bad input: Restore of a Failed Checkpoint -> Failed + Event", restore_of_failed)
             case("schema: the API server rejects a bad spec", schema)
             case("two Checkpoints of one pod at once are serialised", serialised)
