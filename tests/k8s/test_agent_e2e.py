@@ -14,7 +14,8 @@ FAIL; the last line is "N passed, N failed".
 
 Needs kubectl from the test bed (GCR_TESTBED_BIN or PATH) and a built tree
 (BUILD_DIR/node-agent/gcr-agent, shim/.libs/libgcr.so, tests/progs/gcr-testprog,
-tests/fakecuda/{libcuda.so.1,fakesmi}). GCR_E2E_VALGRIND=1 runs the agent under valgrind.
+tests/fakecuda/{libcuda.so.1,fakesmi}). GCR_E2E_VALGRIND=1 runs the agent under valgrind;
+GCR_E2E_AGENT=PATH runs another gcr-agent binary (e.g. a sanitizer build).
 """
 
 import json
@@ -36,7 +37,7 @@ SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("top_builddir", os.path.join(SRC, "build")))
 FAKE_DIR = os.path.join(BUILD, "tests", "fakecuda")
 FAKESMI = os.path.join(FAKE_DIR, "fakesmi")
-AGENT = os.path.join(BUILD, "node-agent", "gcr-agent")
+AGENT = os.environ.get("GCR_E2E_AGENT") or os.path.join(BUILD, "node-agent", "gcr-agent")
 SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
 TESTPROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
 TESTBED = os.path.join(SRC, "tests", "k8s", "testbed.sh")
