@@ -147,6 +147,8 @@ static void on_event(const struct agent_watch_event *ev, void *data)
 	if (obj_key(ev->object, key, sizeof(key)) < 0)
 		return;
 	pthread_mutex_lock(&c->lock);
+	if (ev->type == AGENT_WATCH_DELETED && md_str(ev->object, "uid") != NULL)
+		json_object_del(c->done, md_str(ev->object, "uid")); /* a uid is never reused */
 	if (ev->type == AGENT_WATCH_DELETED)
 		json_object_del(c->cache[w->kind], key);
 	else
@@ -693,6 +695,14 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 		}
 		if (n == 0) {
 			fail(c, o, "NoProcesses", "Checkpoint %s recorded no processes", ckname);
+			goto out;
+		}
+		int running = 0;
+		for (int i = 0; i < n; i++)
+			running += real_state(c, p[i].pid) == P_RUNNING;
+		if (running == n) {
+			fail(c, o, "NotSuspended",
+			     "the processes of Checkpoint %s are running (restored already?); nothing was done", ckname);
 			goto out;
 		}
 		char msg[256];

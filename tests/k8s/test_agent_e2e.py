@@ -385,6 +385,13 @@ def main():
         r = do_restore("rs-1", "ck-1")
         check(r["status"].get("durations", {}).get("total") is not None, "durations %s" % r["status"])
         E.wait_event("rs-1", "Normal", "Restored")
+        # A second Restore of the same Checkpoint has nothing to do: Failed, nothing touched.
+        E.apply(restore("rs-1b", "ck-1"))
+        r = E.wait_phase("restore", "rs-1b", ("Succeeded", "Failed"))["status"]
+        check(r["phase"] == "Failed" and "running" in r.get("message", ""), "second Restore: %s: %s"
+              % (r["phase"], r.get("message")))
+        E.wait_event("rs-1b", "Warning", "NotSuspended")
+        untouched(st["pid"])
 
     def bad(name, obj, kind, want):
         E.apply(obj)
@@ -520,7 +527,7 @@ def main():
         case("setup: test bed, CRDs, pods, agent, shimmed process registered", setup)
         if results[-1]:
             case("checkpoint: Succeeded, process suspended, bytes, durations, Event", checkpoint_ok)
-            case("restore: Succeeded, process running", restore_ok)
+            case("restore: Succeeded, process running; a second Restore fails", restore_ok)
             case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
             case("bad input: pod without a GCR process -> Failed + Event", no_shim)
             case("pod on another node: left to that node's agent", other_node)
