@@ -147,9 +147,14 @@ static size_t body_write(char *p, size_t sz, size_t nm, void *data)
 	return n;
 }
 
-int agent_kube_request(struct agent_kube *k, const char *method, const char *path,
-		       const char *content_type, const char *body, long *status, json_t **out,
-		       struct gcr_err *err)
+static int stop_progress(void *data, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+{
+	return atomic_load((atomic_int *)data) ? 1 : 0;
+}
+
+/* agent_kube_request, abandoned early when *stop becomes non-zero (stop may be NULL). */
+static int request(struct agent_kube *k, const char *method, const char *path, const char *content_type,
+		   const char *body, long *status, json_t **out, atomic_int *stop, struct gcr_err *err)
 {
 	struct body b = { 0 };
 	struct curl_slist *hdrs = NULL;
@@ -175,6 +180,11 @@ int agent_kube_request(struct agent_kube *k, const char *method, const char *pat
 	curl_easy_setopt(h, CURLOPT_TIMEOUT, (long)AGENT_KUBE_REQUEST_TIMEOUT_S);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, body_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+	if (stop != NULL) {
+		curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+		curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, stop_progress);
+		curl_easy_setopt(h, CURLOPT_XFERINFODATA, stop);
+	}
 	CURLcode cc = curl_easy_perform(h);
 	if (cc != CURLE_OK) {
 		rc = gcr_err_set(err, -EIO, "%s %s: %s", method, path, curl_easy_strerror(cc));
@@ -194,6 +204,13 @@ out:
 	curl_easy_cleanup(h);
 	free(b.buf);
 	return rc;
+}
+
+int agent_kube_request(struct agent_kube *k, const char *method, const char *path,
+		       const char *content_type, const char *body, long *status, json_t **out,
+		       struct gcr_err *err)
+{
+	return request(k, method, path, content_type, body, status, out, NULL, err);
 }
 
 int agent_kube_patch_status(struct agent_kube *k, const char *path, json_t *patch, struct gcr_err *err)
@@ -318,13 +335,14 @@ static int watch_cb(const struct agent_watch_event *ev, void *data, struct gcr_e
 
 /* Lists path; on success hands the items over and records the list's version. */
 static int do_list(struct agent_kube *k, const char *path, const char *query,
-		   const struct agent_kube_watch_ops *ops, struct agent_watch *w, struct gcr_err *err)
+		   const struct agent_kube_watch_ops *ops, struct agent_watch *w, atomic_int *stop,
+		   struct gcr_err *err)
 {
 	char full[1024];
 	snprintf(full, sizeof(full), "%s%s%s", path, query ? "?" : "", query ? query : "");
 	long st = 0;
 	json_t *j = NULL;
-	int rc = agent_kube_request(k, "GET", full, NULL, NULL, &st, &j, err);
+	int rc = request(k, "GET", full, NULL, NULL, &st, &j, stop, err);
 	if (rc == 0 && st != 200)
 		rc = -EIO;
 	const char *rv = json_string_value(json_object_get(json_object_get(j, "metadata"), "resourceVersion"));
@@ -350,7 +368,9 @@ int agent_kube_watch_loop(struct agent_kube *k, const char *path, const char *qu
 	struct gcr_err err;
 	while (!atomic_load(stop)) {
 		if (need_list) {
-			if (do_list(k, path, query, ops, w, &err) < 0) {
+			if (do_list(k, path, query, ops, w, stop, &err) < 0) {
+				if (atomic_load(stop))
+					break;
 				GCR_LOG(GCR_LOG_WARN, "kube", "list %s: %s; retrying", path, err.msg);
 				backoff_sleep(&backoff, stop);
 				continue;
@@ -408,8 +428,11 @@ int agent_kube_watch_loop(struct agent_kube *k, const char *path, const char *qu
 		else
 			GCR_LOG(GCR_LOG_WARN, "kube", "watch %s: HTTP %ld, %s%s%.200s; reconnecting", path, st,
 				curl_easy_strerror(cc), x.status_len ? ": " : "", x.status);
-		if (x.rc < 0 || (st >= 400 && st != 0))
-			need_list = 1; /* decoder state is unknown; start over from a list */
+		/* A broken stream or a refused request starts over from a list; a
+		 * server that is busy or starting (429, 5xx) is asked again from the
+		 * same resourceVersion: it answers 410 if that has expired meanwhile. */
+		if (x.rc < 0 || (st >= 400 && st < 500 && st != 429))
+			need_list = 1;
 		backoff_sleep(&backoff, stop);
 	}
 	agent_watch_free(w);

@@ -92,6 +92,42 @@ class Env:
             self.kubectl = os.path.join(binp, "kubectl")
         self.kubeconfig = self.env["KUBECONFIG"]
 
+    def agent_identity(self):
+        """A ServiceAccount with only the agent's RBAC and a kubeconfig holding its bearer
+        token, so the agent runs as it would in a cluster (GCR_E2E_ADMIN=1: admin certs)."""
+        if os.environ.get("GCR_E2E_ADMIN") == "1":
+            return
+        rules = [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["gpucr.dev"], "resources": ["checkpoints", "restores"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["gpucr.dev"], "resources": ["checkpoints/status", "restores/status"], "verbs": ["patch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+        ]
+        objs = [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gcr-agent", "namespace": NS}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gcr-agent-e2e"},
+             "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": "gcr-agent-e2e"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gcr-agent-e2e"},
+             "subjects": [{"kind": "ServiceAccount", "name": "gcr-agent", "namespace": NS}]},
+        ]
+        self.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in objs))
+        token = self.k("create", "token", "gcr-agent", "-n", NS, "--duration=2h").stdout.strip()
+        server = self.k("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout.strip()
+        ca = self.k("config", "view", "--minify", "-o",
+                    "jsonpath={.clusters[0].cluster.certificate-authority}").stdout.strip()
+        token_file = os.path.join(self.dir, "token")
+        with open(token_file, "w") as f:
+            f.write(token)
+        path = os.path.join(self.dir, "agent.kubeconfig")
+        with open(path, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: %s\n"
+                    "    certificate-authority: %s\nusers:\n- name: gcr-agent\n  user:\n    tokenFile: %s\n"
+                    "contexts:\n- name: c\n  context:\n    cluster: c\n    user: gcr-agent\n"
+                    "current-context: c\n" % (server, ca, token_file))
+        self.kubeconfig = path
+
     def k(self, *args, stdin=None, ok=True):
         out = subprocess.run([self.kubectl, *args], input=stdin, capture_output=True, text=True,
                              timeout=60, env=self.env)
@@ -355,6 +391,7 @@ def main():
         E.k("apply", "-f", os.path.join(SRC, "crd"))
         for crd in ("checkpoints.gpucr.dev", "restores.gpucr.dev"):
             E.k("wait", "--for=condition=Established", "--timeout=60s", "crd/" + crd)
+        E.agent_identity()
         st["cid"] = uuid.uuid4().hex + uuid.uuid4().hex
         st["uid"] = E.make_pod("gpu-pod", st["cid"])
         E.make_pod("plain-pod", uuid.uuid4().hex + uuid.uuid4().hex)
@@ -497,7 +534,8 @@ def main():
     def expired_watch():
         # Follows the restart above: some watch was resumed from an expired resourceVersion.
         after = open(E.agent_log).read()[st.get("log_before", 0):]
-        check("resourceVersion expired (410); relisting" in after, "no 410 relist in the agent log")
+        check("resourceVersion expired (410); relisting" in after,
+              "no 410 relist in the agent log: %s" % [l for l in after.splitlines() if "kube:" in l][-12:])
         check(E.http("/readyz")[0] == 200, "not ready after the relist")
 
     def nothing_twice():
@@ -524,7 +562,7 @@ def main():
         check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
 
     try:
-        case("setup: test bed, CRDs, pods, agent, shimmed process registered", setup)
+        case("setup: test bed, CRDs, least-privilege service account, pods, agent, shimmed process registered", setup)
         if results[-1]:
             case("checkpoint: Succeeded, process suspended, bytes, durations, Event", checkpoint_ok)
             case("restore: Succeeded, process running; a second Restore fails", restore_ok)
