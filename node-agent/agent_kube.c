@@ -428,10 +428,11 @@ int agent_kube_watch_loop(struct agent_kube *k, const char *path, const char *qu
 		else
 			GCR_LOG(GCR_LOG_WARN, "kube", "watch %s: HTTP %ld, %s%s%.200s; reconnecting", path, st,
 				curl_easy_strerror(cc), x.status_len ? ": " : "", x.status);
-		/* A broken stream or a refused request starts over from a list; a
-		 * server that is busy or starting (429, 5xx) is asked again from the
-		 * same resourceVersion: it answers 410 if that has expired meanwhile. */
-		if (x.rc < 0 || (st >= 400 && st < 500 && st != 429))
+		/* A broken stream or a bad request (400, 404) starts over from a list;
+		 * a server that is starting, busy or not yet authorizing (401, 403,
+		 * 429, 5xx) is asked again from the same resourceVersion: it answers
+		 * 410 if that has expired meanwhile. */
+		if (x.rc < 0 || st == 400 || st == 404)
 			need_list = 1;
 		backoff_sleep(&backoff, stop);
 	}

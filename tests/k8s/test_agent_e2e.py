@@ -3,7 +3,8 @@
 # the test bed: Checkpoint/Restore of a shimmed process on the stand-in driver. Stdlib only.
 """Usage: tests/k8s/test_agent_e2e.py [BUILD_DIR]   (default: build)
 
-Brings the test bed up (tests/k8s/testbed.sh) unless KUBECONFIG is set, applies the
+Brings the test bed up (tests/k8s/testbed.sh) unless KUBECONFIG and GCR_TESTBED_DIR
+are set (eval "$(tests/k8s/testbed.sh up)"), applies the
 CRDs, creates Pod objects bound to node "node-a" with their status set through the
 status subresource (there is no kubelet), starts gcr-testprog under the shim on the
 stand-in CUDA driver (registered with the agent through GCR_AGENT_SOCKET; its pod and
@@ -42,7 +43,8 @@ SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
 TESTPROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
 TESTBED = os.path.join(SRC, "tests", "k8s", "testbed.sh")
 NODE = "node-a"
-NS = "default"
+# A namespace of its own per run, so that a reused test bed holds no old objects.
+NS = "gcr-e2e-" + uuid.uuid4().hex[:8]
 WAIT_S = 60  # bound of one wait on the API, in seconds
 
 
@@ -80,7 +82,10 @@ class Env:
         self.env = dict(os.environ)
 
     def testbed_up(self):
-        if not os.environ.get("KUBECONFIG"):
+        # A running test bed is used only when its whole environment is there
+        # (eval "$(testbed.sh up)"): a KUBECONFIG alone may be a real cluster.
+        if not (os.environ.get("KUBECONFIG") and os.environ.get("GCR_TESTBED_DIR")):
+            self.env.pop("KUBECONFIG", None)
             out = subprocess.run([TESTBED, "up"], capture_output=True, text=True, timeout=600)
             if out.returncode != 0:
                 raise Fail("testbed up failed: %s" % out.stderr[-2000:])
@@ -389,6 +394,7 @@ def main():
     def setup():
         E.testbed_up()
         E.k("apply", "-f", os.path.join(SRC, "crd"))
+        E.k("create", "namespace", NS)
         for crd in ("checkpoints.gpucr.dev", "restores.gpucr.dev"):
             E.k("wait", "--for=condition=Established", "--timeout=60s", "crd/" + crd)
         E.agent_identity()
