@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 top=$(pwd)
 scripts/install-deps.sh
-[ -x configure ] || ./autogen.sh >/dev/null
+[ -x configure ] || ./autogen.sh >/dev/null 2>&1
 mkdir -p build && cd build
 [ -f Makefile ] || "$top/configure" -q
 make -j"$(nproc)" >/dev/null
@@ -32,17 +32,18 @@ fi
 
 coproc PROG { exec env LD_PRELOAD="$top/build/shim/.libs/libgcr.so" \
 	"$top/build/tests/progs/gcr-testprog" --mib "$mib" --buffers 4 --threads 2 --iters 50 --wait --module "$module"; }
-read -r -t 120 ready <&"${PROG[0]}"
+prog_out=${PROG[0]} prog_in=${PROG[1]} # bash unsets PROG when the program exits
+read -r -t 120 ready <&"$prog_out"
 pid=${ready#READY pid=}; pid=${pid%% *}
 echo "demo: test program pid $pid holds $(mem "$pid") of GPU memory"
-echo go >&"${PROG[1]}"
-while read -r -t 300 line <&"${PROG[0]}"; do [ "$line" = DONE ] && break; done
+echo go >&"$prog_in"
+while read -r -t 300 line <&"$prog_out"; do [ "$line" = DONE ] && break; done
 gcrctl=$top/build/node-agent/gcrctl
 $gcrctl suspend "$pid"
 echo "demo: while suspended: $(mem "$pid") of GPU memory; $($gcrctl status "$pid")"
 $gcrctl resume "$pid"
-echo check >&"${PROG[1]}"
-read -r -t 300 result <&"${PROG[0]}"
+echo check >&"$prog_in"
+read -r -t 300 result <&"$prog_out"
 echo "demo: after resume the program checked its data: $result"
 rm -rf "$sock"
 [ "$result" = "RESULT ok" ]

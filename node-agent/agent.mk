@@ -21,3 +21,20 @@ node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
 node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
 node_agent_gcr_agent_LDADD = node-agent/libgcragent.la lib/libgcrcontrol.la \
 	$(JANSSON_LIBS) $(YAML_LIBS) $(CURL_LIBS) $(MHD_LIBS) -ldl
+# The kubelet device plugin: protobuf-c messages generated from the kubelet's
+# api.proto (committed, see scripts/gen-deviceplugin-proto.sh) and gRPC core.
+noinst_LTLIBRARIES += node-agent/libgcrdp.la
+node_agent_libgcrdp_la_SOURCES = \
+	node-agent/agent_dpmsg.c node-agent/agent_dpmsg.h \
+	node-agent/agent_deviceplugin.c node-agent/agent_deviceplugin.h \
+	node-agent/dp/api.pb-c.c node-agent/dp/api.pb-c.h
+node_agent_libgcrdp_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
+node_agent_libgcrdp_la_CFLAGS = $(AM_CFLAGS) $(GRPC_CFLAGS) $(PROTOBUF_C_CFLAGS)
+node_agent_libgcrdp_la_LIBADD = lib/libgcrcommon.la $(GRPC_LIBS) $(PROTOBUF_C_LIBS)
+EXTRA_DIST += node-agent/dp/api.proto scripts/gen-deviceplugin-proto.sh
+
+# The device plugin alone, for tests (tests/dp/test_deviceplugin.sh).
+noinst_PROGRAMS += node-agent/gcr-dp-standalone
+node_agent_gcr_dp_standalone_SOURCES = node-agent/gcr-dp-standalone.c
+node_agent_gcr_dp_standalone_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
+node_agent_gcr_dp_standalone_LDADD = node-agent/libgcrdp.la

@@ -24,8 +24,8 @@ static void usage(FILE *f)
 		"  status PID                                 shim and driver state\n"
 		"  stats PID                                  what the shim saw (calls, lookups, bytes)\n"
 		"  list                                       processes with a GCR shim\n"
-		"--driver-only: the driver's checkpoint API alone; --no-driver: the shim's data step alone\n"
-		"(the CUDA context stays resident). Socket dir: $%s or %s.\n",
+		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
+		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n",
 		GCR_SOCKET_DIR_ENV, GCR_DEFAULT_SOCKET_DIR);
 }
 
@@ -172,7 +172,8 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "socket-dir", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
 		{ "timeout-ms", required_argument, NULL, 't' }, { "driver-only", no_argument, NULL, 'D' },
-		{ "no-driver", no_argument, NULL, 'N' },	 { "help", no_argument, NULL, 'h' },
+		{ "no-driver", no_argument, NULL, 'N' },	 { "keep-context", no_argument, NULL, 'N' },
+		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },	 { NULL, 0, NULL, 0 },
 	};
 	int ch;

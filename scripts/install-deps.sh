@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential autoconf automake libtool pkg-config
       libjansson-dev libyaml-dev libcurl4-openssl-dev libmicrohttpd-dev
-      clang-14 libclang-rt-14-dev valgrind python3 unzip)
+      clang-14 libclang-rt-14-dev valgrind python3 unzip
+      libgrpc-dev libprotobuf-c-dev protobuf-c-compiler)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

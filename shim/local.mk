@@ -3,7 +3,8 @@
 # container image it is injected into may not have it (Debian's libjansson.a is
 # not PIC, so it cannot be linked in).
 lib_LTLIBRARIES += shim/libgcr.la
-shim_libgcr_la_SOURCES = \
+shim_libgcr_la_SOURCES = $(SHIM_SOURCES)
+SHIM_SOURCES = \
 	shim/shim_main.c \
 	shim/shim_config.c shim/shim_config.h \
 	shim/shim_real.c shim/shim_real.h \

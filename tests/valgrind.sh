@@ -5,7 +5,7 @@
 set -uo pipefail
 b=$(cd "${1:-build}" && pwd)
 src=$(cd "$(dirname "$0")/.." && pwd)
-vg=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
+vg=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-possibly-lost=no
     --suppressions="$src/tests/valgrind.supp")
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "PASS $1"; }
@@ -26,24 +26,26 @@ export GCR_SOCKET_DIR=$sock FAKECUDA_DIR=$sock LD_LIBRARY_PATH=$b/tests/fakecuda
 coproc PROG { exec "${vg[@]}" env LD_PRELOAD="$b/shim/.libs/libgcr.so" \
 	"$b/tests/progs/gcr-testprog" --mib 8 --buffers 2 --threads 2 --iters 4 --wait \
 	--module "$src/tests/progs/gcr_kernels.h" 2>&1; }
+# Bash unsets PROG once the program exits: keep copies of its handles and pid.
+prog_out=${PROG[0]} prog_in=${PROG[1]} prog_pid=$PROG_PID
 pid=""
-while read -r -t 120 line <&"${PROG[0]}"; do
+while read -r -t 120 line <&"$prog_out"; do
 	case $line in READY*) pid=${line#READY pid=}; pid=${pid%% *}; break ;; esac
 done
 flow_ok=0
 if [ -n "$pid" ]; then
-	echo go >&"${PROG[1]}"
-	while read -r -t 120 line <&"${PROG[0]}"; do [ "$line" = DONE ] && break; done
+	echo go >&"$prog_in"
+	while read -r -t 120 line <&"$prog_out"; do [ "$line" = DONE ] && break; done
 	if "${vg[@]}" "$b/node-agent/gcrctl" suspend "$pid" && "${vg[@]}" "$b/node-agent/gcrctl" resume "$pid"; then
-		echo check >&"${PROG[1]}"
-		while read -r -t 120 line <&"${PROG[0]}"; do
+		echo check >&"$prog_in"
+		while read -r -t 120 line <&"$prog_out"; do
 			case $line in "RESULT ok") flow_ok=1 ;; esac
 			case $line in RESULT*) break ;; esac
 		done
 	fi
 fi
-exec {PROG[1]}>&-
-wait "$PROG_PID" 2>/dev/null; rc=$?
+exec {prog_in}>&-
+wait "$prog_pid" 2>/dev/null; rc=$?
 [ "$flow_ok" -eq 1 ] && [ "$rc" -eq 0 ] && ok "shim-under-valgrind" || ko "shim-under-valgrind (result $flow_ok, exit $rc)"
 rm -rf "$sock"
 echo "valgrind: $pass passed, $fail failed"

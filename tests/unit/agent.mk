@@ -54,4 +54,17 @@ EXTRA_DIST += \
 	tests/fuzz/fuzz_cgroup.c tests/fuzz/fuzz_kubeconfig.c tests/fuzz/fuzz_watch.c \
 	tests/fuzz/dict/fuzz_cgroup.dict tests/fuzz/dict/fuzz_kubeconfig.dict \
 	tests/fuzz/dict/fuzz_watch.dict \
-	tests/fuzz/corpus/fuzz_cgroup tests/fuzz/corpus/fuzz_kubeconfig tests/fuzz/corpus/fuzz_watch
+	tests/fuzz/corpus/fuzz_cgroup tests/fuzz/corpus/fuzz_kubeconfig tests/fuzz/corpus/fuzz_watch \
+	tests/fuzz/fuzz_dpmsg.c tests/fuzz/dict/fuzz_dpmsg.dict tests/fuzz/corpus/fuzz_dpmsg
+
+# The device plugin's messages (node-agent/libgcrdp.la); the plugin itself is tested
+# against the Go kubelet stand-in by tests/dp/test_deviceplugin.sh.
+check_PROGRAMS += tests/unit/test_agent_dpmsg
+TESTS += tests/unit/test_agent_dpmsg
+tests_unit_test_agent_dpmsg_SOURCES = tests/unit/test_agent_dpmsg.c
+tests_unit_test_agent_dpmsg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_dpmsg_CFLAGS = $(AM_CFLAGS) $(PROTOBUF_C_CFLAGS)
+tests_unit_test_agent_dpmsg_LDADD = node-agent/libgcrdp.la $(PROTOBUF_C_LIBS)
+EXTRA_DIST += tests/dp/test_deviceplugin.sh \
+	tests/k8s/kubelet-standin/go.mod tests/k8s/kubelet-standin/go.sum \
+	tests/k8s/kubelet-standin/main.go

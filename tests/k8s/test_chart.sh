@@ -1,0 +1,511 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317 # functions are called through run/refuse/expect_eq and traps
+# Test the Helm chart (helm/gcr), the manifests rendered from it (deploy/), the
+# image recipe (Dockerfile) and the chart's RBAC against a real kube-apiserver.
+#
+#   tests/k8s/test_chart.sh
+#
+# Without KUBECONFIG it starts the test bed (tests/k8s/testbed.sh up) and stops
+# it at the end. With KUBECONFIG set it uses that cluster (its server must be on
+# 127.0.0.1), works in namespaces of its own and removes what it created.
+#   GCR_BUILD_DIR               configured+built tree for the image layout check
+#                               (default: build/, as tests/run.sh makes it)
+#   GCR_SERVICEMONITOR_CRD      the ServiceMonitor CRD file (default: from the
+#                               prometheus-operator Go module, via go mod download)
+# Prints "N passed, N failed" last; exits non-zero on any failure.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CHART=$ROOT/helm/gcr
+TESTBED=$HERE/testbed.sh
+CHECKS=$HERE/chart_checks.py
+# The ServiceMonitor CRD comes from this release of prometheus-operator.
+PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator@v0.85.0
+PROMOP_CRD=example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml
+
+PASSED=0
+FAILED=0
+STARTED_BED=0
+CREATED_CRDS=()
+CREATED_NS=()
+CREATED_CLUSTER=() # cluster-scoped RBAC objects, "kind/name"
+ID=$$-$RANDOM
+NS=gcr-chart-$ID         # the default render, applied for real
+NS_OTHER=gcr-chart-o-$ID # the non-default render (dry run) and "another namespace"
+NS_SA=gcr-chart-sa-$ID   # chart_sa_kubeconfig.sh
+REL=gcr-chart-$ID
+REL_OTHER=gcr-chart-o-$ID
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/gcr-test-chart.XXXXXX")
+
+log() { printf '%s\n' "$*" >&2; }
+die() { printf 'test_chart: error: %s\n' "$*" >&2; FAILED=$((FAILED + 1)); exit 1; }
+
+pass() { PASSED=$((PASSED + 1)); printf 'ok     %s\n' "$1"; }
+fail() {
+	FAILED=$((FAILED + 1))
+	printf 'FAIL   %s\n' "$1"
+	[[ -n ${2:-} ]] && printf '%s\n' "$2" | sed 's/^/       | /' | head -n 20
+	return 0
+}
+skip() { printf 'skip   %s\n' "$1"; }
+
+cleanup() {
+	local rc=$? c
+	set +e
+	if ((STARTED_BED)); then
+		"$TESTBED" down "$GCR_TESTBED_DIR" >/dev/null
+	elif [[ -n ${KUBECTL:-} && -n ${KUBECONFIG:-} ]]; then
+		for c in "${CREATED_NS[@]}"; do
+			kc delete namespace "$c" --ignore-not-found --wait=false >/dev/null 2>&1
+		done
+		for c in "${CREATED_CLUSTER[@]}"; do
+			kc delete "$c" --ignore-not-found >/dev/null 2>&1
+		done
+		for c in "${CREATED_CRDS[@]}"; do
+			kc delete crd "$c" --ignore-not-found >/dev/null 2>&1
+		done
+	fi
+	rm -rf "$TMP"
+	if ((rc != 0 && FAILED == 0)); then
+		log "test_chart: error: stopped early (exit status $rc)"
+		FAILED=1
+	fi
+	((FAILED == 0)) || rc=1
+	# The summary is the last line, also when the test stopped early.
+	echo "$PASSED passed, $FAILED failed"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# run NAME CMD...: passes if CMD succeeds. Output is kept in $OUT.
+OUT=
+run() {
+	local name=$1
+	shift
+	if OUT=$("$@" 2>&1); then pass "$name"; else fail "$name" "$OUT"; fi
+}
+# refuse NAME EXPECT CMD...: passes if CMD fails and its output contains EXPECT.
+refuse() {
+	local name=$1 expect=$2
+	shift 2
+	if OUT=$("$@" 2>&1); then
+		fail "$name (was accepted)" "$OUT"
+	elif [[ $OUT != *"$expect"* ]]; then
+		fail "$name (expected \"$expect\")" "$OUT"
+	else
+		pass "$name"
+	fi
+}
+# expect_eq NAME WANT CMD...: passes if CMD prints exactly WANT.
+expect_eq() {
+	local name=$1 want=$2 got
+	shift 2
+	if got=$("$@" 2>&1) && [[ $got == "$want" ]]; then
+		pass "$name"
+	else
+		fail "$name (want \"$want\", got \"$got\")"
+	fi
+}
+# checks CMD...: runs chart_checks.py, one result per "ok"/"FAIL" line it prints.
+checks() {
+	local line
+	while IFS= read -r line; do
+		case $line in
+		"ok     "*) PASSED=$((PASSED + 1)) ;;
+		"FAIL   "*) FAILED=$((FAILED + 1)) ;;
+		esac
+		printf '%s\n' "$line"
+	done < <(python3 "$CHECKS" "$@" 2>&1 || echo "FAIL   chart_checks.py $1 exited non-zero")
+}
+
+BIN=$("$TESTBED" build) || die "building the test bed binaries failed"
+KUBECTL=$BIN/kubectl
+HELM=$BIN/helm
+python3 -c 'import yaml' 2>/dev/null || die "python3 with PyYAML is needed"
+h() { "$HELM" "$@"; }
+
+# --- chart, without a cluster ---------------------------------------------------
+
+run "helm lint --strict (default values)" h lint --strict "$CHART"
+run "helm lint --strict (tests/k8s/values-test.yaml)" h lint --strict "$CHART" -f "$HERE/values-test.yaml"
+
+if OUT=$(diff -r "$ROOT/crd" "$CHART/crds" -x examples 2>&1) &&
+	[[ $(cd "$ROOT/crd" && ls -1 ./*.yaml) == $(cd "$CHART/crds" && ls -1 ./*.yaml) ]]; then
+	pass "chart crds/ identical to crd/"
+else
+	fail "chart crds/ identical to crd/ (cp crd/gpucr.dev_*.yaml helm/gcr/crds/)" "$OUT"
+fi
+run "deploy/gcr.yaml is what scripts/render-manifests.sh renders" \
+	env HELM="$HELM" "$ROOT/scripts/render-manifests.sh" --check
+
+run "helm template (default values)" \
+	h template "$REL" "$CHART" --namespace "$NS" --include-crds --output-dir "$TMP/ignored"
+h template "$REL" "$CHART" --namespace "$NS" --include-crds >"$TMP/default.yaml"
+h template "$REL" "$CHART" --namespace "$NS" >"$TMP/default-nocrds.yaml"
+run "helm template (values-test.yaml, namespace $NS_OTHER)" \
+	h template "$REL_OTHER" "$CHART" --namespace "$NS_OTHER" -f "$HERE/values-test.yaml"
+h template "$REL_OTHER" "$CHART" --namespace "$NS_OTHER" -f "$HERE/values-test.yaml" >"$TMP/test.yaml"
+
+checks rbac "$TMP/default-nocrds.yaml" "$HERE/rbac-expected.txt"
+checks default "$TMP/default-nocrds.yaml" "$NS"
+checks test "$TMP/test.yaml" "$NS_OTHER"
+if OUT=$(diff <(python3 "$CHECKS" rules "$TMP/default-nocrds.yaml") \
+	<(python3 "$CHECKS" rules "$TMP/test.yaml")); then
+	pass "values do not change the RBAC rules"
+else
+	fail "values do not change the RBAC rules" "$OUT"
+fi
+refuse "bad driver.mode refused" "driver.mode must be" \
+	h template x "$CHART" --set driver.mode=bogus
+refuse "registry socket outside the socket dir refused" "must be inside agent.socketDir" \
+	h template x "$CHART" --set agent.registrySocket=/tmp/agent.sock
+refuse "zero slots refused" "slots must be at least 1" \
+	h template x "$CHART" --set devicePlugin.slots=0
+refuse "serviceAccount.create=false needs a name" "serviceAccount.name is required" \
+	h template x "$CHART" --set serviceAccount.create=false
+no_kubelet_dir() {
+	local r
+	r=$(h template x "$CHART" --set devicePlugin.enabled=false) && [[ $r != *"path: /var/lib/kubelet"* ]]
+}
+run "devicePlugin.enabled=false: no kubelet hostPath" no_kubelet_dir
+
+# --- Dockerfile (no Docker engine here: lint, and the install layout) ------------
+
+DF=$ROOT/Dockerfile
+if [[ -f $DF ]]; then
+	missing=()
+	# COPY sources from the build context (not --from=stage) must exist.
+	while read -r src; do
+		[[ -e $ROOT/$src ]] || missing+=("$src")
+	done < <(awk '$1 == "COPY" && $2 !~ /^--from=/ {for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i}' "$DF")
+	if ((${#missing[@]} == 0)); then pass "Dockerfile: every COPY source exists"; else
+		fail "Dockerfile: every COPY source exists" "${missing[*]}"; fi
+	# It builds the way CI does: CI's package script, autogen, configure, make.
+	want=("scripts/install-deps.sh" "./autogen.sh" "../configure" "make -j" "scripts/image-stage.sh")
+	absent=()
+	for w in "${want[@]}"; do grep -qF -- "$w" "$DF" || absent+=("$w"); done
+	grep -q 'install-deps.sh' "$ROOT/tests/run.sh" && grep -q './autogen.sh' "$ROOT/tests/run.sh" ||
+		absent+=("(tests/run.sh no longer runs install-deps.sh and autogen.sh)")
+	if ((${#absent[@]} == 0)); then pass "Dockerfile builds as CI does (install-deps, autogen, configure, make)"; else
+		fail "Dockerfile builds as CI does" "missing: ${absent[*]}"; fi
+	if grep -qE '^FROM \$\{DEBIAN_IMAGE\} AS build' "$DF" && grep -qE '^ARG DEBIAN_IMAGE=debian:bookworm$' "$DF" &&
+		grep -qE '^FROM \$\{DEBIAN_IMAGE\}-slim$' "$DF"; then
+		pass "Dockerfile: debian:bookworm build stage, bookworm-slim runtime"
+	else
+		fail "Dockerfile: debian:bookworm build stage, bookworm-slim runtime"
+	fi
+	# The paths the chart relies on are the ones the image has.
+	if grep -q 'command: \["/usr/local/bin/gcr-agent"\]' "$CHART/templates/daemonset.yaml" &&
+		grep -q '/usr/local/bin/gcr-agent' "$DF" && grep -q '/opt/gcr/lib/' "$DF" &&
+		grep -q 'for f in /opt/gcr/lib/\*' "$CHART/templates/daemonset.yaml"; then
+		pass "Dockerfile and chart agree on /usr/local/bin/gcr-agent and /opt/gcr/lib"
+	else
+		fail "Dockerfile and chart agree on /usr/local/bin/gcr-agent and /opt/gcr/lib"
+	fi
+	if OUT=$(grep -nE '^\s*(ADD|RUN .*curl|RUN .*wget)' "$DF"); then
+		fail "Dockerfile fetches nothing outside package managers" "$OUT"
+	else
+		pass "Dockerfile fetches nothing outside package managers"
+	fi
+else
+	fail "Dockerfile exists"
+fi
+BUILD=${GCR_BUILD_DIR:-$ROOT/build}
+if [[ -f $BUILD/Makefile && -f $BUILD/shim/.libs/libgcr.so ]]; then
+	if OUT=$("$ROOT/scripts/image-stage.sh" "$BUILD" "$TMP/stage" 2>&1) &&
+		[[ -x $TMP/stage/usr/local/bin/gcrctl && -f $TMP/stage/opt/gcr/lib/libgcr.so &&
+			-f $TMP/stage/opt/gcr/lib/libjansson.so.4 ]] &&
+		grep -qx libjansson4 "$TMP/stage/runtime-packages.txt"; then
+		pass "image layout from $BUILD: bin/, /opt/gcr/lib (shim + libjansson.so.4), runtime packages"
+	else
+		fail "image layout from $BUILD (scripts/image-stage.sh)" "$OUT"
+	fi
+	[[ -x $TMP/stage/usr/local/bin/gcr-agent ]] ||
+		log "test_chart: note: the build has no gcr-agent yet; the Dockerfile's final check needs it"
+else
+	skip "image layout: no built tree at $BUILD (tests/run.sh builds one; or set GCR_BUILD_DIR)"
+fi
+
+# --- test bed -------------------------------------------------------------------
+
+if [[ -z ${KUBECONFIG:-} ]]; then
+	env_out=$("$TESTBED" up) || die "starting the test bed failed"
+	eval "$env_out"
+	STARTED_BED=1
+fi
+export KUBECONFIG
+[[ -r ${KUBECONFIG%%:*} ]] || die "KUBECONFIG ${KUBECONFIG%%:*} is not readable"
+kc() { "$KUBECTL" --cache-dir "$TMP/kcache" --request-timeout=30s "$@"; }
+SERVER=$(kc config view --minify -o 'jsonpath={.clusters[0].cluster.server}')
+case $SERVER in
+https://127.0.0.1:* | http://127.0.0.1:*) ;;
+*) die "the API server ($SERVER) is not on 127.0.0.1; refusing to run" ;;
+esac
+log "API server: $SERVER, namespaces $NS, $NS_OTHER, $NS_SA"
+
+newns() {
+	kc create namespace "$1" >/dev/null || die "cannot create namespace $1"
+	CREATED_NS+=("$1")
+}
+apply() { kc apply --server-side --field-manager=gcr-chart-test "$@"; }
+dry_run_edited() { sed "$1" "$2" | apply --dry-run=server -f -; } # sed-expr file
+
+for f in "$CHART"/crds/*.yaml; do
+	name=$(awk '/^metadata:/ {m=1} m && /^  name:/ {print $2; exit}' "$f")
+	kc get crd "$name" >/dev/null 2>&1 || CREATED_CRDS+=("$name")
+done
+run "chart CRDs applied" apply -f "$CHART/crds/"
+run "chart CRDs Established" kc wait --for=condition=Established --timeout=60s \
+	crd/checkpoints.gpucr.dev crd/restores.gpucr.dev
+
+# Default values: dry run of everything, then for real into a fresh namespace.
+newns "$NS"
+CREATED_CLUSTER+=("clusterrole/$REL" "clusterrolebinding/$REL")
+run "default render: server-side apply, dry run" apply --dry-run=server -f "$TMP/default.yaml"
+run "default render: server-side apply into $NS" apply -f "$TMP/default.yaml"
+expect_eq "DaemonSet stored: hostPID, nodeSelector, 2 probes" "true true /healthz /readyz" \
+	kc -n "$NS" get daemonset "$REL" -o \
+	'jsonpath={.spec.template.spec.hostPID} {.spec.template.spec.nodeSelector.nvidia\.com/gpu\.present} {.spec.template.spec.containers[0].livenessProbe.httpGet.path} {.spec.template.spec.containers[0].readinessProbe.httpGet.path}'
+names_in() { # namespace: the chart's namespaced objects there, on one line
+	kc -n "$1" get configmap,daemonset,role,rolebinding,serviceaccount -o name | sort | tr '\n' ' ' | sed 's/ $//'
+}
+expect_eq "all objects of the default render exist" \
+	"configmap/$REL daemonset.apps/$REL role.rbac.authorization.k8s.io/$REL rolebinding.rbac.authorization.k8s.io/$REL serviceaccount/$REL" \
+	names_in "$NS"
+run "ClusterRole and ClusterRoleBinding exist" kc get "clusterrole/$REL" "clusterrolebinding/$REL"
+run "re-apply is a no-op (idempotent)" apply -f "$TMP/default.yaml"
+
+# deploy/gcr.yaml as a user applies it (its own Namespace, release "gcr"): only on
+# a test bed of our own, since it creates gcr-system and cluster-wide "gcr" objects.
+if ((STARTED_BED)); then
+	run "deploy/gcr.yaml: kubectl apply --server-side" apply -f "$ROOT/deploy/gcr.yaml"
+	deployed() { # the namespace's Pod Security level and the DaemonSet in it
+		printf '%s %s' "$(kc get namespace gcr-system -o 'jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}')" \
+			"$(kc -n gcr-system get daemonset gcr -o name)"
+	}
+	expect_eq "... namespace gcr-system exempt from Pod Security, DaemonSet gcr there" \
+		"privileged daemonset.apps/gcr" deployed
+else
+	skip "deploy/gcr.yaml not applied: this cluster is not our own test bed (it would create gcr-system and cluster-wide \"gcr\" objects)"
+fi
+
+# Non-default values, in another namespace, with the ServiceMonitor's real CRD.
+newns "$NS_OTHER"
+smcrd=${GCR_SERVICEMONITOR_CRD:-}
+why=
+if [[ -z $smcrd ]]; then
+	if gobin=$(command -v go || ls /usr/local/go/bin/go 2>/dev/null) &&
+		dir=$(cd "$TMP" && GOTOOLCHAIN=local GOFLAGS=-mod=mod "$gobin" mod download -json "$PROMOP_MODULE" 2>&1 |
+			python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' 2>/dev/null); then
+		smcrd=$dir/$PROMOP_CRD
+	else
+		why="no Go toolchain or the module proxy is unreachable ($PROMOP_MODULE)"
+	fi
+fi
+if [[ -n $smcrd && -f $smcrd ]]; then
+	kc get crd servicemonitors.monitoring.coreos.com >/dev/null 2>&1 ||
+		CREATED_CRDS+=(servicemonitors.monitoring.coreos.com)
+	run "ServiceMonitor CRD (prometheus-operator ${PROMOP_MODULE#*@}) applied" apply -f "$smcrd"
+	run "ServiceMonitor CRD Established" kc wait --for=condition=Established --timeout=60s \
+		crd/servicemonitors.monitoring.coreos.com
+	cp "$TMP/test.yaml" "$TMP/test-apply.yaml"
+else
+	[[ -n $why ]] || why="$smcrd does not exist"
+	skip "ServiceMonitor object of the values-test render not applied: $why"
+	python3 - "$TMP/test.yaml" "$TMP/test-apply.yaml" <<-'EOF'
+	import sys, yaml
+	docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] != "ServiceMonitor"]
+	yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
+	EOF
+fi
+run "values-test render: server-side apply, dry run, namespace $NS_OTHER" \
+	apply --dry-run=server -f "$TMP/test-apply.yaml"
+if grep -q '^kind: ServiceMonitor' "$TMP/test-apply.yaml"; then
+	refuse "ServiceMonitor schema is enforced (bad interval refused)" "interval" \
+		dry_run_edited 's/interval: 15s/interval: soon/' "$TMP/test-apply.yaml"
+fi
+refuse "an unknown field in the render is refused (strict validation)" 'hostPidz: field not declared in schema' \
+	dry_run_edited 's/^      hostPID: true$/      hostPID: true\n      hostPidz: true/' "$TMP/default-nocrds.yaml"
+
+# --- the chart's ServiceAccount: what it may and may not do ------------------------
+
+TOKEN=$(kc -n "$NS" create token "$REL" --duration=10m 2>"$TMP/token.err") || TOKEN=
+if [[ -n $TOKEN ]]; then pass "token for the chart's ServiceAccount"; else
+	fail "token for the chart's ServiceAccount" "$(cat "$TMP/token.err")"; fi
+CA=$(kc config view --minify --raw -o 'jsonpath={.clusters[0].cluster.certificate-authority}')
+if [[ -z $CA ]]; then
+	kc config view --minify --raw -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}' |
+		base64 -d >"$TMP/ca.crt"
+	CA=$TMP/ca.crt
+fi
+sa() { # kubectl as the chart's ServiceAccount (token only)
+	"$KUBECTL" --kubeconfig /dev/null --cache-dir "$TMP/kcache-sa" --request-timeout=30s \
+		--server "$SERVER" --certificate-authority "$CA" --token "$TOKEN" "$@"
+}
+for _ in $(seq 60); do # RBAC changes reach the authorizer through a watch
+	[[ $(sa auth can-i list checkpoints.gpucr.dev -A 2>/dev/null) == yes ]] && break
+	sleep 0.25
+done
+
+# can VERB RESOURCE NAMESPACE-ARGS...: kubectl auth can-i as the ServiceAccount.
+can() {
+	local verb=$1 res=$2 sub=()
+	shift 2
+	if [[ $res == */* ]]; then sub=(--subresource="${res#*/}"); res=${res%%/*}; fi
+	sa auth can-i "$verb" "$res" "${sub[@]}" "$@" 2>/dev/null || true # "no" exits 1
+}
+# sa_patch PATH JSON: a merge PATCH as the ServiceAccount, as the agent sends it
+# (libcurl, no GET first: kubectl patch would read the object before patching).
+sa_patch() {
+	curl -sS --fail-with-body --max-time 30 --cacert "$CA" -H "Authorization: Bearer $TOKEN" \
+		-X PATCH -H 'Content-Type: application/merge-patch+json' --data "$2" "$SERVER$1"
+}
+while read -r kind group res verb; do
+	r=${res%%/*}
+	[[ $group != core ]] && r=$r.$group
+	[[ $res == */* ]] && r=$r/${res#*/}
+	if [[ $kind == ClusterRole ]]; then
+		expect_eq "SA may $verb $res ($group) in another namespace" yes can "$verb" "$r" -n "$NS_OTHER"
+		if [[ $verb == list || $verb == watch ]]; then
+			expect_eq "SA may $verb $res ($group) in all namespaces" yes can "$verb" "$r" -A
+		fi
+	else
+		expect_eq "SA may $verb $res ($group) in its namespace" yes can "$verb" "$r" -n "$NS"
+		expect_eq "SA may not $verb $res ($group) in another namespace" no can "$verb" "$r" -n "$NS_OTHER"
+	fi
+done < <(sed 's/#.*//; /^[[:space:]]*$/d' "$HERE/rbac-expected.txt")
+# Calls it must not be able to make.
+while read -r verb res ns; do
+	nsarg=(-n "$ns")
+	[[ $ns == all ]] && nsarg=(-A)
+	[[ $ns == cluster ]] && nsarg=()
+	expect_eq "SA may not $verb $res ($ns)" no can "$verb" "$res" "${nsarg[@]}"
+done <<EOF
+get secrets $NS
+list secrets all
+watch secrets all
+get configmaps $NS_OTHER
+create pods/exec $NS_OTHER
+create pods/attach $NS_OTHER
+create pods/portforward $NS_OTHER
+create pods/eviction $NS_OTHER
+delete pods $NS_OTHER
+create pods $NS_OTHER
+patch pods $NS_OTHER
+update pods/status $NS_OTHER
+create checkpoints.gpucr.dev $NS_OTHER
+update checkpoints.gpucr.dev $NS_OTHER
+patch checkpoints.gpucr.dev $NS_OTHER
+delete checkpoints.gpucr.dev $NS_OTHER
+update checkpoints.gpucr.dev/status $NS_OTHER
+delete restores.gpucr.dev $NS_OTHER
+create events $NS_OTHER
+delete events.events.k8s.io $NS_OTHER
+get leases.coordination.k8s.io $NS_OTHER
+create leases.coordination.k8s.io kube-system
+update leases.coordination.k8s.io kube-node-lease
+delete leases.coordination.k8s.io $NS
+patch leases.coordination.k8s.io $NS
+list leases.coordination.k8s.io all
+get nodes cluster
+create serviceaccounts/token $NS
+impersonate users cluster
+create clusterrolebindings cluster
+escalate clusterroles cluster
+EOF
+
+# The agent's real calls, made with the token.
+now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+kc -n "$NS_OTHER" apply --server-side --field-manager=gcr-chart-test -f "$ROOT/crd/examples/checkpoint.yaml" >/dev/null ||
+	die "cannot create the example Checkpoint"
+run "SA lists checkpoints and restores in all namespaces" sa get checkpoints.gpucr.dev,restores.gpucr.dev -A
+expect_eq "SA sees the example Checkpoint" "checkpoint.gpucr.dev/trainer-0-suspend" \
+	sa -n "$NS_OTHER" get checkpoints.gpucr.dev -o name
+run "SA lists the pods of its node (field selector spec.nodeName)" \
+	sa get pods -A --field-selector spec.nodeName=node-a
+run "SA patches Checkpoint status (PATCH .../status)" \
+	sa_patch "/apis/gpucr.dev/v1alpha1/namespaces/$NS_OTHER/checkpoints/trainer-0-suspend/status" \
+	"{\"status\":{\"phase\":\"Running\",\"nodeName\":\"node-a\",\"startTime\":\"$now\"}}"
+expect_eq "... and it is stored" "Running node-a" \
+	kc -n "$NS_OTHER" get checkpoint trainer-0-suspend -o 'jsonpath={.status.phase} {.status.nodeName}'
+refuse "SA cannot patch a Checkpoint itself (only its status)" "Forbidden" \
+	sa_patch "/apis/gpucr.dev/v1alpha1/namespaces/$NS_OTHER/checkpoints/trainer-0-suspend" \
+	'{"metadata":{"labels":{"x":"y"}}}'
+cat >"$TMP/event.yaml" <<EOF
+apiVersion: events.k8s.io/v1
+kind: Event
+metadata:
+  name: trainer-0-suspend.gcr-test
+  namespace: $NS_OTHER
+eventTime: "$(date -u +%Y-%m-%dT%H:%M:%S.000000Z)"
+reportingController: gpucr.dev/gcr-agent
+reportingInstance: gcr-agent-node-a
+action: Checkpoint
+reason: Running
+type: Normal
+note: suspending 1 process
+regarding:
+  apiVersion: gpucr.dev/v1alpha1
+  kind: Checkpoint
+  name: trainer-0-suspend
+  namespace: $NS_OTHER
+EOF
+run "SA creates an events.k8s.io Event" sa create -f "$TMP/event.yaml"
+run "SA patches it (series)" \
+	sa_patch "/apis/events.k8s.io/v1/namespaces/$NS_OTHER/events/trainer-0-suspend.gcr-test" \
+	"{\"series\":{\"count\":2,\"lastObservedTime\":\"$(date -u +%Y-%m-%dT%H:%M:%S.000000Z)\"}}"
+cat >"$TMP/lease.yaml" <<EOF
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: gcr-agent-node-a
+  namespace: NAMESPACE
+spec:
+  holderIdentity: node-a
+  leaseDurationSeconds: 40
+EOF
+sa_lease() { sed "s/NAMESPACE/$1/" "$TMP/lease.yaml" | sa create -f -; } # namespace
+run "SA creates its node lease in its namespace" sa_lease "$NS"
+run "SA reads it back" sa -n "$NS" get lease gcr-agent-node-a -o yaml
+if [[ $OUT == *"holderIdentity: node-a"* ]]; then
+	printf '%s\n' "${OUT/leaseDurationSeconds: 40/leaseDurationSeconds: 41}" >"$TMP/lease-get.yaml"
+	run "SA updates it (PUT)" sa replace -f "$TMP/lease-get.yaml"
+else
+	fail "SA updates it (PUT)" "no lease read back"
+fi
+refuse "SA cannot create a lease in another namespace" "forbidden" sa_lease "$NS_OTHER"
+refuse "SA cannot read secrets" "forbidden" sa -n "$NS" get secrets
+
+# --- chart_sa_kubeconfig.sh: the agent's end-to-end tests run as this SA ----------
+
+CREATED_NS+=("$NS_SA")
+CREATED_CLUSTER+=("clusterrole/gcr-$NS_SA" "clusterrolebinding/gcr-$NS_SA")
+run "chart_sa_kubeconfig.sh writes a ServiceAccount kubeconfig" \
+	env KUBECTL="$KUBECTL" HELM="$HELM" "$HERE/chart_sa_kubeconfig.sh" "$NS_SA" "$TMP/sa.kubeconfig"
+expect_eq "... authenticating as the chart's ServiceAccount" "system:serviceaccount:$NS_SA:gcr-$NS_SA" \
+	printf '%s' "$OUT"
+ksa() { "$KUBECTL" --kubeconfig "$TMP/sa.kubeconfig" --cache-dir "$TMP/kcache-sa2" --request-timeout=30s "$@"; }
+run "... which may list checkpoints in all namespaces" ksa get checkpoints -A
+ksa_lease() { sed "s/NAMESPACE/$NS_SA/" "$TMP/lease.yaml" | ksa create -f -; }
+run "... and create a lease in its namespace" ksa_lease
+refuse "... but not read secrets" "forbidden" ksa get secrets
+stored_rules() { # the ClusterRole the script applied, as "group resource verb;..."
+	kc get clusterrole "gcr-$NS_SA" -o yaml | python3 -c 'import sys, yaml
+for r in yaml.safe_load(sys.stdin)["rules"]:
+    for g in r["apiGroups"]:
+        for res in r["resources"]:
+            for v in r["verbs"]:
+                print(g or "core", res, v)' | sort | tr '\n' ';'
+}
+expect_eq "... its ClusterRole is the chart's" \
+	"$(python3 "$CHECKS" rules "$TMP/default-nocrds.yaml" | sed -n 's/^ClusterRole //p' | sort | tr '\n' ';')" \
+	stored_rules
+if [[ $(stat -c %a "$TMP/sa.kubeconfig" 2>/dev/null) == 600 ]]; then
+	pass "... and the kubeconfig is mode 0600"
+else
+	fail "... and the kubeconfig is mode 0600" "$(stat -c %a "$TMP/sa.kubeconfig" 2>&1)"
+fi
+
+exit 0 # the EXIT trap tears down, prints the summary and sets the status
