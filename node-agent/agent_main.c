@@ -29,7 +29,8 @@ struct cfg {
 
 /* One row per option: the YAML key (the flag's name) and its slot. */
 struct opt_row {
-	const char *name;
+	const char *name;  /* flag, and key in the file */
+	const char *camel; /* the same key as the Helm chart's config.yaml spells it */
 	size_t off;
 	const char *def;
 	const char *help;
@@ -37,15 +38,20 @@ struct opt_row {
 
 #define SLOT(f) offsetof(struct cfg, f)
 static const struct opt_row opts_table[] = {
-	{ "kubeconfig", SLOT(kubeconfig), NULL, "kubeconfig file (default: in-cluster service account)" },
-	{ "context", SLOT(context), NULL, "kubeconfig context (default: current-context)" },
-	{ "node-name", SLOT(node_name), NULL, "this node's name (default: $NODE_NAME)" },
-	{ "socket-dir", SLOT(socket_dir), GCR_DEFAULT_SOCKET_DIR, "directory of the shims' control sockets" },
-	{ "registry-socket", SLOT(registry_socket), GCR_DEFAULT_SOCKET_DIR "/agent.sock",
+	{ "kubeconfig", "kubeconfig", SLOT(kubeconfig), NULL, "kubeconfig file (default: in-cluster service account)" },
+	{ "context", "context", SLOT(context), NULL, "kubeconfig context (default: current-context)" },
+	{ "node-name", "nodeName", SLOT(node_name), NULL, "this node's name (default: $NODE_NAME)" },
+	{ "socket-dir", "socketDir", SLOT(socket_dir), GCR_DEFAULT_SOCKET_DIR, "directory of the shims' control sockets" },
+	{ "registry-socket", "registrySocket", SLOT(registry_socket), GCR_DEFAULT_SOCKET_DIR "/agent.sock",
 	  "Unix socket the shims register on" },
-	{ "metrics-address", SLOT(metrics_address), "127.0.0.1:9464", "HOST:PORT of /metrics, /healthz, /readyz" },
-	{ "proc-root", SLOT(proc_root), "/proc", "where <pid>/cgroup files are read" },
+	{ "metrics-address", "metricsAddress", SLOT(metrics_address), "127.0.0.1:9464",
+	  "HOST:PORT of /metrics, /healthz, /readyz" },
+	{ "proc-root", "procRoot", SLOT(proc_root), "/proc", "where <pid>/cgroup files are read" },
 };
+
+/* Keys of the chart's config.yaml that other parts of the agent (device plugin,
+ * node leases) own; this build reads none of them, but they are not mistakes. */
+static const char *const foreign_keys[] = { "leaseNamespace", "devicePlugin" };
 #define NOPTS (sizeof(opts_table) / sizeof(opts_table[0]))
 
 static char **slot(struct cfg *c, const struct opt_row *r)
@@ -56,7 +62,7 @@ static char **slot(struct cfg *c, const struct opt_row *r)
 static int set_opt(struct cfg *c, const char *name, const char *value, struct gcr_err *err)
 {
 	for (size_t i = 0; i < NOPTS; i++) {
-		if (strcmp(opts_table[i].name, name) == 0) {
+		if (strcmp(opts_table[i].name, name) == 0 || strcmp(opts_table[i].camel, name) == 0) {
 			char *v = strdup(value);
 			if (v == NULL)
 				return gcr_err_set(err, -ENOMEM, "out of memory");
@@ -68,7 +74,31 @@ static int set_opt(struct cfg *c, const char *name, const char *value, struct gc
 	return gcr_err_set(err, -EINVAL, "unknown option '%s'", name);
 }
 
-/* The configuration file: a flat YAML mapping of option names to scalars. */
+static int is_foreign(const char *key)
+{
+	for (size_t i = 0; i < sizeof(foreign_keys) / sizeof(foreign_keys[0]); i++)
+		if (strcmp(foreign_keys[i], key) == 0)
+			return 1;
+	return 0;
+}
+
+/* One key/value of the file: an option, logLevel, or a key owned elsewhere. */
+static int file_opt(struct cfg *c, const char *key, const char *value, struct gcr_err *err)
+{
+	if (strcmp(key, "logLevel") == 0) {
+		static const char *const names[] = { "error", "warn", "info", "debug" };
+		for (int i = 0; i < 4; i++)
+			if (strcmp(value, names[i]) == 0 && getenv("GCR_LOG_LEVEL") == NULL)
+				gcr_log_level = i;
+		return 0;
+	}
+	if (is_foreign(key))
+		return 0;
+	return set_opt(c, key, value, err);
+}
+
+/* The configuration file: a YAML mapping of option names (flag or camelCase
+ * spelling) to scalars; the sections other modules own are skipped. */
 static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 {
 	FILE *f = fopen(path, "rb");
@@ -88,25 +118,29 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 		}
 		switch (ev.type) {
 		case YAML_MAPPING_START_EVENT:
-			if (++depth > 1)
+		case YAML_SEQUENCE_START_EVENT:
+			if (++depth == 2 && (key == NULL || !is_foreign(key)))
 				rc = gcr_err_set(err, -EINVAL, "%s: option '%s' must be a scalar", path,
 						 key ? key : "?");
 			break;
 		case YAML_MAPPING_END_EVENT:
-			depth--;
-			break;
-		case YAML_SEQUENCE_START_EVENT:
-			rc = gcr_err_set(err, -EINVAL, "%s: lists are not options", path);
+		case YAML_SEQUENCE_END_EVENT:
+			if (--depth == 1) { /* end of a skipped section */
+				free(key);
+				key = NULL;
+			}
 			break;
 		case YAML_SCALAR_EVENT:
-			if (depth != 1) {
+			if (depth > 1) {
+				break; /* inside a section owned elsewhere */
+			} else if (depth != 1) {
 				rc = gcr_err_set(err, -EINVAL, "%s: expected a mapping of options", path);
 			} else if (key == NULL) {
 				key = strndup((char *)ev.data.scalar.value, ev.data.scalar.length);
 				if (key == NULL)
 					rc = gcr_err_set(err, -ENOMEM, "out of memory");
 			} else {
-				rc = set_opt(c, key, (char *)ev.data.scalar.value, err);
+				rc = file_opt(c, key, (char *)ev.data.scalar.value, err);
 				if (rc < 0)
 					gcr_err_wrap(err, "%s", path);
 				free(key);

@@ -131,18 +131,28 @@ int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, vo
 	if (*end != '\0' || port < 0 || port > 65535)
 		return gcr_err_set(err, -EINVAL, "metrics address '%s': bad port", address);
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct sockaddr_in6 sa6 = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
+	struct sockaddr *bind_sa = (struct sockaddr *)&sa;
+	unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+	size_t hl = strlen(host);
 	if (strcmp(host, "localhost") == 0)
 		strcpy(host, "127.0.0.1");
-	if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-		return gcr_err_set(err, -EINVAL, "metrics address '%s': host must be an IPv4 address", address);
+	if (hl > 2 && host[0] == '[' && host[hl - 1] == ']') { /* "[::1]:9464" */
+		host[hl - 1] = '\0';
+		if (inet_pton(AF_INET6, host + 1, &sa6.sin6_addr) != 1)
+			return gcr_err_set(err, -EINVAL, "metrics address '%s': bad IPv6 address", address);
+		bind_sa = (struct sockaddr *)&sa6;
+		flags |= MHD_USE_IPv6;
+	} else if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+		return gcr_err_set(err, -EINVAL, "metrics address '%s': host must be an IP address", address);
+	}
 	struct agent_metrics *m = calloc(1, sizeof(*m));
 	if (m == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	pthread_mutex_init(&m->lock, NULL);
 	m->registered = registered;
 	m->data = data;
-	m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL,
-				NULL, answer, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+	m->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, answer, m, MHD_OPTION_SOCK_ADDR, bind_sa,
 				MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
 	if (m->d == NULL) {
 		agent_metrics_free(m);

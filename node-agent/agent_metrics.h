@@ -10,7 +10,7 @@ struct agent_metrics;
 /* Counts registered processes on each scrape. */
 typedef int (*agent_metrics_gauge_fn)(void *data);
 
-/* address "HOST:PORT" (IPv4 literal, or "localhost"). */
+/* address "HOST:PORT": an IPv4 literal, "localhost", or "[IPv6]". */
 int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, void *data,
 		      struct agent_metrics **out, struct gcr_err *err) __attribute__((warn_unused_result));
 void agent_metrics_free(struct agent_metrics *m);

@@ -237,9 +237,14 @@ class Env:
         env = self.fake_env()
         env["GCR_LOG_LEVEL"] = "info"
         env.update(extra_env or {})
-        argv = [AGENT, "--kubeconfig", self.kubeconfig, "--node-name", NODE, "--socket-dir", self.sock_dir,
-                "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port,
-                "--proc-root", self.proc_root]
+        # Half the options in a config file shaped like the Helm chart's (camelCase keys,
+        # sections the agent does not read), half as flags, as the DaemonSet passes them.
+        cfg = os.path.join(self.dir, "config.yaml")
+        with open(cfg, "w") as f:
+            f.write('logLevel: "info"\nleaseNamespace: "gcr-system"\ndevicePlugin:\n  enabled: false\n'
+                    '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\n' % (NODE, self.proc_root))
+        argv = [AGENT, "--config=%s" % cfg, "--kubeconfig", self.kubeconfig, "--socket-dir", self.sock_dir,
+                "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port]
         if os.environ.get("GCR_E2E_VALGRIND") == "1":
             argv = ["valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
                     "--errors-for-leak-kinds=definite", "--suppressions=%s" % os.path.join(SRC, "tests", "valgrind.supp"),

@@ -102,6 +102,27 @@ int main(void)
 
 	agent_metrics_free(m);
 	CHECK(get(port, "/healthz", b) == 0); /* stopped */
+
+	/* IPv6 literal in brackets (the chart's form); skipped where there is no ::1. */
+	snprintf(addr, sizeof(addr), "[::1]:%d", port);
+	m = NULL;
+	if (agent_metrics_new(addr, gauge, &registered, &m, &err) == 0) {
+		char url[64];
+		snprintf(url, sizeof(url), "http://[::1]:%d/healthz", port);
+		CURL *h = curl_easy_init();
+		long code = 0;
+		curl_easy_setopt(h, CURLOPT_URL, url);
+		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sink);
+		curl_easy_setopt(h, CURLOPT_WRITEDATA, b);
+		b->len = 0;
+		if (curl_easy_perform(h) == CURLE_OK)
+			curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+		curl_easy_cleanup(h);
+		CHECK(code == 200);
+		agent_metrics_free(m);
+	}
+	CHECK(agent_metrics_new("[::1:80", gauge, &registered, &m, &err) == -EINVAL);
+	CHECK(agent_metrics_new("[zz]:80", gauge, &registered, &m, &err) == -EINVAL);
 	agent_metrics_free(NULL);
 	free(b);
 	curl_global_cleanup();
