@@ -9,6 +9,18 @@ node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
 node_agent_libgcragent_la_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LIBS)
 
+# gcr-agent: the node daemon (kube client, shim registry, controller, metrics).
+bin_PROGRAMS += node-agent/gcr-agent
+node_agent_gcr_agent_SOURCES = \
+	node-agent/agent_main.c \
+	node-agent/agent_kube.c node-agent/agent_kube.h \
+	node-agent/agent_registry.c node-agent/agent_registry.h \
+	node-agent/agent_controller.c node-agent/agent_controller.h \
+	node-agent/agent_metrics.c node-agent/agent_metrics.h
+node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
+node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
+node_agent_gcr_agent_LDADD = node-agent/libgcragent.la lib/libgcrcontrol.la \
+	$(JANSSON_LIBS) $(YAML_LIBS) $(CURL_LIBS) $(MHD_LIBS) -ldl
 # The kubelet device plugin: protobuf-c messages generated from the kubelet's
 # api.proto (committed, see scripts/gen-deviceplugin-proto.sh) and gRPC core.
 noinst_LTLIBRARIES += node-agent/libgcrdp.la

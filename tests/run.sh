@@ -70,6 +70,7 @@ tier deviceplugin tests/dp/test_deviceplugin.sh
 # The same against the ASan/UBSan build of the plugin (LeakSanitizer on): its gRPC state machine.
 tier dp-sanitizers env GCR_BUILD_DIR=build-san tests/dp/test_deviceplugin.sh
 tier k8s tests/k8s/test_crds.sh
+tier k8s-agent python3 tests/k8s/test_agent_e2e.py build
 tier k8s-chart tests/k8s/test_chart.sh
 
 echo

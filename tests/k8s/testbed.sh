@@ -13,6 +13,9 @@
 #   tests/k8s/testbed.sh down [DIR]   stop and remove (DIR defaults to
 #                                     $GCR_TESTBED_DIR, then the last one started)
 #   tests/k8s/testbed.sh status [DIR] say whether it is up
+#   tests/k8s/testbed.sh restart-apiserver [DIR]
+#                                     stop kube-apiserver and start it again
+#                                     (same port and state), for watch tests
 #
 # Binaries are built from the Go module proxy with the go.mod/go.sum files under
 # tests/k8s/tools/ and cached in $GCR_TESTBED_CACHE (default
@@ -273,7 +276,7 @@ cmd_up() {
 	[[ -n ${GCR_TESTBED_APISERVER_ARGS:-} ]] && extra=($GCR_TESTBED_APISERVER_ARGS)
 	# ServiceAccount admission is off, as in envtest: nothing creates the
 	# "default" service accounts without a controller-manager.
-	start_proc apiserver "$STATE/apiserver.log" "$bin/kube-apiserver" \
+	local api_args=("$bin/kube-apiserver" \
 		--etcd-servers="http://127.0.0.1:$etcd_port" \
 		--bind-address=127.0.0.1 \
 		--advertise-address=127.0.0.1 \
@@ -291,7 +294,10 @@ cmd_up() {
 		--allow-privileged=true \
 		--disable-admission-plugins=ServiceAccount \
 		--profiling=false \
-		"${extra[@]}"
+		"${extra[@]}")
+	# Kept so that restart-apiserver starts the same command line again.
+	printf '%s\0' "${api_args[@]}" >"$STATE/apiserver.args"
+	start_proc apiserver "$STATE/apiserver.log" "${api_args[@]}"
 
 	cat >"$STATE/kubeconfig" <<-EOF
 	apiVersion: v1
@@ -386,6 +392,26 @@ cmd_down() {
 	log "stopped $dir"
 }
 
+# Stops and starts kube-apiserver with the same arguments (same port, same
+# certificates, same etcd): clients see their connections drop and come back.
+cmd_restart_apiserver() {
+	local dir api_args
+	dir=$(state_arg "${1:-}")
+	[[ -n $dir && -f $dir/.gcr-testbed && -f $dir/apiserver.args ]] || die "no test bed to restart"
+	STATE=$dir
+	mapfile -d '' api_args <"$STATE/apiserver.args"
+	stop_one "$STATE" apiserver
+	log "restarting kube-apiserver"
+	start_proc apiserver "$STATE/apiserver.log.restart" "${api_args[@]}"
+	local port
+	port=$(sed -n 's/^--secure-port=//p' < <(tr '\0' '\n' <"$STATE/apiserver.args"))
+	wait_for "kube-apiserver /readyz" apiserver \
+		curl -fsS --max-time 5 --cacert "$STATE/pki/ca.crt" \
+		--cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" \
+		"https://127.0.0.1:$port/readyz"
+	log "kube-apiserver back on https://127.0.0.1:$port"
+}
+
 cmd_status() {
 	local dir up=0 n
 	dir=$(state_arg "${1:-}")
@@ -407,6 +433,7 @@ build) cmd_build ;;
 up) cmd_up ;;
 down) cmd_down "${2:-}" ;;
 status) cmd_status "${2:-}" ;;
+restart-apiserver) cmd_restart_apiserver "${2:-}" ;;
 *)
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
 	exit 2

@@ -2,7 +2,9 @@
 AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_cgroup \
 	tests/unit/test_agent_kubeconfig \
-	tests/unit/test_agent_watch
+	tests/unit/test_agent_watch \
+	tests/unit/test_agent_registry \
+	tests/unit/test_agent_metrics
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -24,6 +26,17 @@ tests_unit_test_agent_watch_SOURCES = tests/unit/test_agent_watch.c
 tests_unit_test_agent_watch_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_watch_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_watch_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
+# The agent's daemon modules, compiled into their tests from source.
+tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/agent_registry.c
+tests_unit_test_agent_registry_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_registry_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_registry_LDADD = $(AGENT_TEST_LDADD) lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
+
+tests_unit_test_agent_metrics_SOURCES = tests/unit/test_agent_metrics.c node-agent/agent_metrics.c
+tests_unit_test_agent_metrics_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_metrics_CFLAGS = $(AGENT_TEST_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
+tests_unit_test_agent_metrics_LDADD = $(AGENT_TEST_LDADD) $(CURL_LIBS) $(MHD_LIBS)
 
 # Sample inputs the tests read through $top_srcdir.
 EXTRA_DIST += \

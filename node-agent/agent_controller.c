@@ -1,0 +1,906 @@
+/* agent_controller: reconciles Checkpoint and Restore objects for pods on this
+ * node: caches from three watches, one worker that runs C/R through gcr_cr. */
+#include "agent_controller.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gcr_cr.h"
+#include "gcr_log.h"
+
+#define API "/apis/gpucr.dev/v1alpha1"
+/* Processes of one pod acted on at most (the CRD's processes maxItems). */
+#define MAX_PROCS 64
+/* Default bound of one gate/driver-lock step in ms when the spec has no timeoutSeconds. */
+#define DEFAULT_TIMEOUT_MS 60000
+/* Waiting work (a Restore whose Checkpoint is not finished, transient API
+ * errors) is retried this often, in ms. */
+#define RETRY_MS 2000
+
+enum kind { K_POD, K_CK, K_RS, NK };
+static const char *const watch_paths[NK] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
+
+struct agent_controller;
+
+struct watch {
+	struct agent_controller *c;
+	enum kind kind;
+	pthread_t th;
+	int started;
+};
+
+struct agent_controller {
+	struct agent_kube *kube;
+	struct agent_registry *reg;
+	struct agent_metrics *metrics;
+	char *node, *socket_dir, *pause, *pod_query, *instance;
+	int pause_s;
+	atomic_int stop;
+	pthread_mutex_t lock; /* guards everything below */
+	pthread_cond_t cond;
+	json_t *cache[NK]; /* "ns/name" -> object */
+	int listed[NK];
+	json_t *queue;   /* array of "c:ns/name" / "r:ns/name" */
+	json_t *queued;  /* the same keys as a set */
+	json_t *retry;   /* keys to retry after RETRY_MS */
+	json_t *done;    /* metadata.uid of objects finished by this process */
+	struct watch w[NK];
+	pthread_t worker;
+	int worker_started;
+};
+
+/* ---- queue and caches ---- */
+
+static void enqueue_locked(struct agent_controller *c, const char *key)
+{
+	if (json_object_get(c->queued, key) != NULL)
+		return;
+	json_object_set_new(c->queued, key, json_true());
+	json_array_append_new(c->queue, json_string(key));
+	pthread_cond_signal(&c->cond);
+}
+
+static const char *md_str(json_t *obj, const char *field)
+{
+	return json_string_value(json_object_get(json_object_get(obj, "metadata"), field));
+}
+
+static const char *status_str(json_t *obj, const char *field)
+{
+	return json_string_value(json_object_get(json_object_get(obj, "status"), field));
+}
+
+static const char *spec_str(json_t *obj, const char *field)
+{
+	return json_string_value(json_object_get(json_object_get(obj, "spec"), field));
+}
+
+/* Enqueues the work an object's change calls for. Caller holds the lock. */
+static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
+{
+	const char *ns = md_str(obj, "namespace"), *name = md_str(obj, "name");
+	char key[600];
+	if (ns == NULL || name == NULL || k == K_POD)
+		return;
+	snprintf(key, sizeof(key), "%c:%s/%s", k == K_CK ? 'c' : 'r', ns, name);
+	enqueue_locked(c, key);
+	if (k == K_CK) { /* Restores waiting on this Checkpoint */
+		const char *rk;
+		json_t *r;
+		json_object_foreach(c->cache[K_RS], rk, r)
+		{
+			const char *rns = md_str(r, "namespace"), *ck = spec_str(r, "checkpointName");
+			if (rns && ck && strcmp(rns, ns) == 0 && strcmp(ck, name) == 0) {
+				snprintf(key, sizeof(key), "r:%s", rk);
+				enqueue_locked(c, key);
+			}
+		}
+	}
+}
+
+static int obj_key(json_t *obj, char *key, size_t len)
+{
+	const char *ns = md_str(obj, "namespace"), *name = md_str(obj, "name");
+	if (ns == NULL || name == NULL)
+		return -EINVAL;
+	snprintf(key, len, "%s/%s", ns, name);
+	return 0;
+}
+
+static void on_list(json_t *items, void *data)
+{
+	struct watch *w = data;
+	struct agent_controller *c = w->c;
+	json_t *m = json_object();
+	size_t i;
+	json_t *it;
+	char key[600];
+	json_array_foreach(items, i, it)
+	{
+		if (obj_key(it, key, sizeof(key)) == 0)
+			json_object_set(m, key, it);
+	}
+	pthread_mutex_lock(&c->lock);
+	json_decref(c->cache[w->kind]);
+	c->cache[w->kind] = m;
+	c->listed[w->kind] = 1;
+	json_array_foreach(items, i, it) touch_locked(c, w->kind, it);
+	int all = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
+	pthread_cond_signal(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	if (all)
+		agent_metrics_set_ready(c->metrics);
+}
+
+static void on_event(const struct agent_watch_event *ev, void *data)
+{
+	struct watch *w = data;
+	struct agent_controller *c = w->c;
+	char key[600];
+	if (obj_key(ev->object, key, sizeof(key)) < 0)
+		return;
+	pthread_mutex_lock(&c->lock);
+	if (ev->type == AGENT_WATCH_DELETED && md_str(ev->object, "uid") != NULL)
+		json_object_del(c->done, md_str(ev->object, "uid")); /* a uid is never reused */
+	if (ev->type == AGENT_WATCH_DELETED)
+		json_object_del(c->cache[w->kind], key);
+	else
+		json_object_set_new(c->cache[w->kind], key, json_deep_copy(ev->object));
+	touch_locked(c, w->kind, ev->object);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void *watch_main(void *data)
+{
+	struct watch *w = data;
+	struct agent_kube_watch_ops ops = { .on_list = on_list, .on_event = on_event, .data = w };
+	agent_kube_watch_loop(w->c->kube, watch_paths[w->kind], w->kind == K_POD ? w->c->pod_query : NULL,
+			      &ops, &w->c->stop);
+	return NULL;
+}
+
+/* A deep copy of a cached object, or NULL. */
+static json_t *cache_get(struct agent_controller *c, enum kind k, const char *ns, const char *name)
+{
+	char key[600];
+	snprintf(key, sizeof(key), "%s/%s", ns, name);
+	pthread_mutex_lock(&c->lock);
+	json_t *o = json_deep_copy(json_object_get(c->cache[k], key));
+	pthread_mutex_unlock(&c->lock);
+	return o;
+}
+
+static void mark_done(struct agent_controller *c, json_t *obj)
+{
+	const char *uid = md_str(obj, "uid");
+	if (uid == NULL)
+		return;
+	pthread_mutex_lock(&c->lock);
+	json_object_set_new(c->done, uid, json_true());
+	pthread_mutex_unlock(&c->lock);
+}
+
+static int is_done(struct agent_controller *c, json_t *obj)
+{
+	const char *uid = md_str(obj, "uid");
+	pthread_mutex_lock(&c->lock);
+	int d = uid != NULL && json_object_get(c->done, uid) != NULL;
+	pthread_mutex_unlock(&c->lock);
+	return d;
+}
+
+static void retry_later(struct agent_controller *c, const char *key)
+{
+	pthread_mutex_lock(&c->lock);
+	json_object_set_new(c->retry, key, json_true());
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* ---- status and events ---- */
+
+struct op {
+	enum kind kind;
+	json_t *obj; /* owned copy */
+	const char *ns, *name, *kind_name; /* borrowed from obj */
+	char path[700];
+};
+
+static const char *action_of(const struct op *o)
+{
+	return o->kind == K_CK ? "Checkpoint" : "Restore";
+}
+
+/* Merge-patches status: phase, message, the Complete condition, nodeName and
+ * the timestamps; extra (stolen, may be NULL) adds fields. Without a
+ * resourceVersion a merge patch never conflicts: the last writer wins, and only
+ * this node's agent writes these fields. */
+static int set_status(struct agent_controller *c, struct op *o, const char *phase, const char *reason,
+		      const char *message, json_t *extra)
+{
+	char now[40];
+	agent_kube_time(now, sizeof(now), 0);
+	int final = strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0;
+	const char *cs = strcmp(phase, "Succeeded") == 0 ? "True" : strcmp(phase, "Failed") == 0 ? "False" : "Unknown";
+	json_t *st = extra != NULL ? extra : json_object();
+	json_object_set_new(st, "phase", json_string(phase));
+	json_object_set_new(st, "nodeName", json_string(c->node));
+	json_object_set_new(st, "message", json_string(message));
+	json_t *gen = json_object_get(json_object_get(o->obj, "metadata"), "generation");
+	if (json_is_integer(gen))
+		json_object_set(st, "observedGeneration", gen);
+	if (status_str(o->obj, "startTime") == NULL)
+		json_object_set_new(st, "startTime", json_string(now));
+	if (final)
+		json_object_set_new(st, "completionTime", json_string(now));
+	json_object_set_new(st, "conditions",
+			    json_pack("[{s:s, s:s, s:s, s:s, s:s}]", "type", "Complete", "status", cs,
+				      "lastTransitionTime", now, "reason", reason, "message", message));
+	json_t *patch = json_pack("{s:o}", "status", st);
+	struct gcr_err err;
+	int rc = agent_kube_patch_status(c->kube, o->path, patch, &err);
+	json_decref(patch);
+	if (rc < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "%s %s/%s: status %s: %s", action_of(o), o->ns, o->name,
+			phase, err.msg);
+	else
+		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s/%s: %s (%s) %s", action_of(o), o->ns, o->name, phase,
+			reason, message);
+	/* Remember that phase locally too, so that a later event of the older
+	 * version does not look like work left over. */
+	json_t *s = json_object_get(o->obj, "status");
+	if (!json_is_object(s)) {
+		s = json_object();
+		json_object_set_new(o->obj, "status", s);
+	}
+	json_object_set_new(s, "phase", json_string(phase));
+	if (status_str(o->obj, "startTime") == NULL)
+		json_object_set_new(s, "startTime", json_string(now));
+	return rc;
+}
+
+static void event(struct agent_controller *c, struct op *o, const char *type, const char *reason,
+		  const char *note)
+{
+	struct gcr_err err;
+	if (agent_kube_event(c->kube, o->obj, type, reason, action_of(o), note, c->instance, &err) < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "event for %s/%s: %s", o->ns, o->name, err.msg);
+}
+
+/* Final failure: phase Failed, a Warning Event, metrics; the process was not touched
+ * (or was put back as it was). */
+static void fail(struct agent_controller *c, struct op *o, const char *reason, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void fail(struct agent_controller *c, struct op *o, const char *reason, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	set_status(c, o, "Failed", reason, msg, NULL);
+	event(c, o, "Warning", reason, msg);
+	agent_metrics_op(c->metrics, o->kind == K_CK ? "checkpoint" : "restore", 0, 0, 0);
+	mark_done(c, o->obj);
+}
+
+static void test_pause(struct agent_controller *c, const char *where)
+{
+	if (c->pause == NULL || strcmp(c->pause, where) != 0)
+		return;
+	GCR_LOG(GCR_LOG_WARN, "controller", "test hook: pausing %d s at %s", c->pause_s, where);
+	for (int i = 0; i < c->pause_s * 10 && !atomic_load(&c->stop); i++)
+		usleep(100 * 1000);
+}
+
+/* ---- processes ---- */
+
+struct proc {
+	pid_t pid;
+	char container[64];
+};
+
+/* The container ID in pod.status.containerStatuses[name=cname].containerID
+ * ("containerd://<hex>"), without the scheme; "" when absent. */
+static void container_id_of(json_t *pod, const char *cname, char *out, size_t len)
+{
+	out[0] = '\0';
+	json_t *cs = json_object_get(json_object_get(pod, "status"), "containerStatuses");
+	size_t i;
+	json_t *s;
+	json_array_foreach(cs, i, s)
+	{
+		const char *n = json_string_value(json_object_get(s, "name"));
+		const char *id = json_string_value(json_object_get(s, "containerID"));
+		if (n == NULL || id == NULL || strcmp(n, cname) != 0)
+			continue;
+		const char *p = strstr(id, "://");
+		snprintf(out, len, "%s", p ? p + 3 : id);
+	}
+}
+
+/* The container name of a container ID, "" when the pod does not list it. */
+static void container_name_of(json_t *pod, const char *cid, char *out, size_t len)
+{
+	out[0] = '\0';
+	json_t *cs = json_object_get(json_object_get(pod, "status"), "containerStatuses");
+	size_t i;
+	json_t *s;
+	json_array_foreach(cs, i, s)
+	{
+		const char *n = json_string_value(json_object_get(s, "name"));
+		const char *id = json_string_value(json_object_get(s, "containerID"));
+		const char *p = id ? strstr(id, "://") : NULL;
+		if (n != NULL && p != NULL && strcmp(p + 3, cid) == 0)
+			snprintf(out, len, "%s", n);
+	}
+}
+
+static json_t *procs_json(const struct proc *p, int n, const char *state)
+{
+	json_t *a = json_array();
+	for (int i = 0; i < n; i++)
+		json_array_append_new(a, json_pack("{s:i, s:s, s:s}", "pid", (int)p[i].pid, "containerName",
+						   p[i].container, "state", state));
+	return a;
+}
+
+/* Processes recorded in status.processes. */
+static int procs_from_status(json_t *obj, struct proc *out, int max)
+{
+	json_t *a = json_object_get(json_object_get(obj, "status"), "processes");
+	size_t i;
+	json_t *e;
+	int n = 0;
+	json_array_foreach(a, i, e)
+	{
+		if (n >= max)
+			break;
+		json_int_t pid = json_integer_value(json_object_get(e, "pid"));
+		if (pid <= 0)
+			continue;
+		out[n].pid = (pid_t)pid;
+		const char *cn = json_string_value(json_object_get(e, "containerName"));
+		snprintf(out[n].container, sizeof(out[n].container), "%s", cn ? cn : "");
+		n++;
+	}
+	return n;
+}
+
+enum pstate { P_RUNNING, P_SUSPENDED, P_PARTIAL, P_GONE };
+
+/* The process's real state, from its shim and the driver. */
+static enum pstate real_state(struct agent_controller *c, pid_t pid)
+{
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = 10000 };
+	json_t *st = NULL;
+	struct gcr_err err;
+	if (gcr_cr_status(pid, &opts, &st, &err) < 0)
+		return P_GONE;
+	const char *shim = json_string_value(json_object_get(json_object_get(st, "shim"), "state"));
+	const char *drv = json_string_value(json_object_get(st, "driver"));
+	enum pstate r = P_PARTIAL;
+	if (shim == NULL)
+		r = P_GONE;
+	else if (strcmp(shim, "running") == 0 && drv != NULL && strcmp(drv, "running") == 0)
+		r = P_RUNNING;
+	else if (strcmp(shim, "suspended") == 0 && drv != NULL && strcmp(drv, "checkpointed") == 0)
+		r = P_SUSPENDED;
+	GCR_LOG(GCR_LOG_INFO, "controller", "pid %d: shim %s, driver %s", (int)pid, shim ? shim : "-",
+		drv ? drv : "-");
+	json_decref(st);
+	return r;
+}
+
+static int timeout_ms_of(json_t *obj)
+{
+	json_int_t t = json_integer_value(json_object_get(json_object_get(obj, "spec"), "timeoutSeconds"));
+	return t > 0 ? (int)(t * 1000) : DEFAULT_TIMEOUT_MS;
+}
+
+/* Resumes every process of p that is not running (undo, or a Restore). Returns
+ * 0 or the first error, with its message in err. */
+static int resume_all(struct agent_controller *c, const struct proc *p, int n, int timeout_ms,
+		      struct gcr_cr_result *sum, struct gcr_err *err)
+{
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms };
+	int rc = 0;
+	for (int i = 0; i < n; i++) {
+		if (real_state(c, p[i].pid) == P_RUNNING)
+			continue;
+		struct gcr_cr_result r = { 0 };
+		struct gcr_err e;
+		int prc = gcr_cr_resume(p[i].pid, &opts, &r, &e);
+		if (prc < 0 && rc == 0) {
+			rc = prc;
+			gcr_err_set(err, prc, "pid %d: %s", (int)p[i].pid, e.msg);
+		}
+		if (sum != NULL && prc == 0) {
+			sum->ms_data += r.ms_data;
+			sum->ms_restore += r.ms_restore;
+			sum->ms_unlock += r.ms_unlock;
+			sum->bytes_moved += r.bytes_moved;
+		}
+		gcr_cr_result_clear(&r);
+	}
+	return rc;
+}
+
+/* ---- Checkpoint ---- */
+
+static void finish_checkpoint(struct agent_controller *c, struct op *o, const struct proc *p, int n,
+			      const struct gcr_cr_result *sum, double ms_total, const char *note)
+{
+	json_t *extra = json_pack("{s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
+				  procs_json(p, n, "Checkpointed"), "bytes", "vmm", (json_int_t)sum->bytes_moved,
+				  "total", (json_int_t)sum->bytes_moved, "durations", "data",
+				  (json_int_t)sum->ms_data, "lock", (json_int_t)sum->ms_lock, "checkpoint",
+				  (json_int_t)sum->ms_checkpoint, "total", (json_int_t)ms_total);
+	set_status(c, o, "Succeeded", "Checkpointed", note, extra);
+	event(c, o, "Normal", "Checkpointed", note);
+	agent_metrics_op(c->metrics, "checkpoint", 1, ms_total, sum->bytes_moved);
+	mark_done(c, o->obj);
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Suspends p[0..n) in order; on a failure resumes those already suspended. */
+static void run_checkpoint(struct agent_controller *c, struct op *o, const struct proc *p, int n)
+{
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL,
+				    .timeout_ms = timeout_ms_of(o->obj) };
+	struct gcr_cr_result sum = { 0 };
+	double t0 = now_ms();
+	test_pause(c, "before-cr");
+	for (int i = 0; i < n; i++) {
+		struct gcr_cr_result r = { 0 };
+		struct gcr_err err;
+		int rc = gcr_cr_suspend(p[i].pid, &opts, &r, &err);
+		if (rc < 0) {
+			struct gcr_err e2;
+			int urc = resume_all(c, p, i, opts.timeout_ms, NULL, &e2);
+			fail(c, o, rc == -EALREADY ? "AlreadySuspended" : "CheckpointFailed",
+			     "suspend of pid %d failed: %s%s%s", (int)p[i].pid, err.msg,
+			     i == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
+			     i > 0 && urc < 0 ? e2.msg : "");
+			gcr_cr_result_clear(&r);
+			return;
+		}
+		sum.ms_data += r.ms_data;
+		sum.ms_lock += r.ms_lock;
+		sum.ms_checkpoint += r.ms_checkpoint;
+		sum.bytes_moved += r.bytes_moved;
+		gcr_cr_result_clear(&r);
+	}
+	test_pause(c, "after-cr");
+	char note[256];
+	snprintf(note, sizeof(note), "%d process(es) suspended, %lld bytes to host memory", n, sum.bytes_moved);
+	finish_checkpoint(c, o, p, n, &sum, now_ms() - t0, note);
+}
+
+/* A Checkpoint this node's agent left Running (it was killed or restarted):
+ * the processes' real state says how far it got. */
+static void recover_checkpoint(struct agent_controller *c, struct op *o)
+{
+	struct proc p[MAX_PROCS];
+	int n = procs_from_status(o->obj, p, MAX_PROCS);
+	int running = 0, suspended = 0, other = 0;
+	for (int i = 0; i < n; i++) {
+		enum pstate s = real_state(c, p[i].pid);
+		running += s == P_RUNNING;
+		suspended += s == P_SUSPENDED;
+		other += s != P_RUNNING && s != P_SUSPENDED;
+	}
+	GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s found Running: %d running, %d suspended, %d other",
+		o->ns, o->name, running, suspended, other);
+	if (n == 0) {
+		fail(c, o, "Interrupted", "the agent restarted before recording the processes; nothing was done");
+	} else if (suspended == n) {
+		struct gcr_cr_result sum = { 0 };
+		finish_checkpoint(c, o, p, n, &sum, 0,
+				  "all processes were already suspended when the agent restarted; not redone");
+	} else if (running == n) {
+		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: not started before the restart; running it",
+			o->ns, o->name);
+		run_checkpoint(c, o, p, n);
+	} else {
+		struct gcr_err err;
+		int rc = resume_all(c, p, n, timeout_ms_of(o->obj), NULL, &err);
+		if (rc == 0)
+			fail(c, o, "Interrupted",
+			     "the agent restarted mid-checkpoint; partly suspended processes were resumed");
+		else
+			fail(c, o, "Interrupted", "the agent restarted mid-checkpoint; undo failed: %s", err.msg);
+	}
+}
+
+/* The pod on this node: from the cache, else straight from the API (the pod
+ * watch may lag). *other set when it exists on another node. */
+static json_t *find_pod(struct agent_controller *c, const char *ns, const char *name, int *other,
+			int *transient)
+{
+	*other = 0;
+	*transient = 0;
+	json_t *pod = cache_get(c, K_POD, ns, name);
+	if (pod != NULL)
+		return pod;
+	char path[700];
+	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
+	long st = 0;
+	struct gcr_err err;
+	if (agent_kube_request(c->kube, "GET", path, NULL, NULL, &st, &pod, &err) < 0 ||
+	    (st != 200 && st != 404)) {
+		*transient = 1;
+		json_decref(pod);
+		return NULL;
+	}
+	if (st == 404) {
+		json_decref(pod);
+		return NULL;
+	}
+	const char *node = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+	if (node == NULL || strcmp(node, c->node) != 0) {
+		*other = 1;
+		json_decref(pod);
+		return NULL;
+	}
+	return pod;
+}
+
+static void reconcile_checkpoint(struct agent_controller *c, struct op *o, const char *key)
+{
+	const char *phase = status_str(o->obj, "phase");
+	const char *snode = status_str(o->obj, "nodeName");
+	if (phase != NULL && strcmp(phase, "Running") == 0) {
+		if (snode != NULL && strcmp(snode, c->node) == 0)
+			recover_checkpoint(c, o);
+		return;
+	}
+	const char *pod_name = spec_str(o->obj, "podName");
+	const char *cname = spec_str(o->obj, "containerName");
+	if (pod_name == NULL) {
+		fail(c, o, "InvalidSpec", "spec.podName is missing");
+		return;
+	}
+	int other, transient;
+	json_t *pod = find_pod(c, o->ns, pod_name, &other, &transient);
+	if (pod == NULL) {
+		if (transient)
+			retry_later(c, key);
+		else if (!other)
+			fail(c, o, "PodNotFound", "pod %s/%s not found; nothing was done", o->ns, pod_name);
+		return; /* a pod on another node is that node's agent's */
+	}
+	const char *uid = md_str(pod, "uid");
+	char cid[AGENT_CGROUP_CID_LEN + 8] = "";
+	if (cname != NULL) {
+		container_id_of(pod, cname, cid, sizeof(cid));
+		if (cid[0] == '\0') {
+			fail(c, o, "ContainerNotFound", "pod %s/%s has no running container %s; nothing was done",
+			     o->ns, pod_name, cname);
+			json_decref(pod);
+			return;
+		}
+	}
+	struct agent_registry_proc rp[MAX_PROCS];
+	int n = uid ? agent_registry_find(c->reg, uid, cid, rp, MAX_PROCS) : 0;
+	if (n == 0) {
+		fail(c, o, "NoGCRProcess",
+		     "pod %s/%s has no process running under the GCR shim on node %s; nothing was done", o->ns,
+		     pod_name, c->node);
+		json_decref(pod);
+		return;
+	}
+	struct proc p[MAX_PROCS];
+	for (int i = 0; i < n; i++) {
+		p[i].pid = rp[i].pid;
+		container_name_of(pod, rp[i].container_id, p[i].container, sizeof(p[i].container));
+	}
+	json_decref(pod);
+	char msg[256];
+	snprintf(msg, sizeof(msg), "suspending %d process(es)", n);
+	/* Running with the processes is recorded before anything is touched, so
+	 * that an agent restarted mid-way knows what to look at. */
+	if (set_status(c, o, "Running", "InProgress", msg,
+		       json_pack("{s:o}", "processes", procs_json(p, n, "Running"))) < 0) {
+		retry_later(c, key);
+		return;
+	}
+	run_checkpoint(c, o, p, n);
+}
+
+/* ---- Restore ---- */
+
+/* The Checkpoint from the cache, else from the API: a Restore applied together
+ * with its Checkpoint may be seen first. NULL when it does not exist. */
+static json_t *find_checkpoint(struct agent_controller *c, const char *ns, const char *name, int *transient)
+{
+	*transient = 0;
+	json_t *ck = cache_get(c, K_CK, ns, name);
+	if (ck != NULL)
+		return ck;
+	char path[700];
+	snprintf(path, sizeof(path), API "/namespaces/%s/checkpoints/%s", ns, name);
+	long st = 0;
+	struct gcr_err err;
+	if (agent_kube_request(c->kube, "GET", path, NULL, NULL, &st, &ck, &err) < 0 || (st != 200 && st != 404))
+		*transient = 1;
+	if (st != 200) {
+		json_decref(ck);
+		return NULL;
+	}
+	return ck;
+}
+
+static void reconcile_restore(struct agent_controller *c, struct op *o, const char *key)
+{
+	const char *phase = status_str(o->obj, "phase");
+	const char *snode = status_str(o->obj, "nodeName");
+	int recovering = 0;
+	if (phase != NULL && strcmp(phase, "Running") == 0) {
+		if (snode == NULL || strcmp(snode, c->node) != 0)
+			return;
+		recovering = 1;
+	}
+	const char *ckname = spec_str(o->obj, "checkpointName");
+	int transient = 0;
+	json_t *ck = ckname ? find_checkpoint(c, o->ns, ckname, &transient) : NULL;
+	if (ck == NULL) {
+		if (transient)
+			retry_later(c, key);
+		else
+			fail(c, o, "CheckpointNotFound", "Checkpoint %s/%s not found; nothing was done", o->ns,
+			     ckname ? ckname : "");
+		return;
+	}
+	const char *ckphase = status_str(ck, "phase"), *cknode = status_str(ck, "nodeName");
+	if (ckphase != NULL && strcmp(ckphase, "Failed") == 0) {
+		fail(c, o, "CheckpointFailed", "Checkpoint %s/%s failed (%s); there is nothing to restore", o->ns,
+		     ckname, status_str(ck, "message") ? status_str(ck, "message") : "no message");
+		goto out;
+	}
+	if (ckphase == NULL || strcmp(ckphase, "Succeeded") != 0) {
+		/* Waits for the Checkpoint; its change enqueues this Restore again. */
+		if (cknode == NULL || strcmp(cknode, c->node) == 0) {
+			if (phase == NULL)
+				set_status(c, o, "Pending", "WaitingForCheckpoint",
+					   "waiting for the Checkpoint to finish", NULL);
+		}
+		goto out;
+	}
+	if (cknode == NULL || strcmp(cknode, c->node) != 0)
+		goto out; /* another node's */
+	struct proc p[MAX_PROCS];
+	int n = procs_from_status(ck, p, MAX_PROCS);
+	if (!recovering) {
+		/* Every process must still be the one the Checkpoint suspended. */
+		for (int i = 0; i < n; i++) {
+			struct agent_registry_proc rp;
+			if (agent_registry_get(c->reg, p[i].pid, &rp) < 0) {
+				fail(c, o, "ProcessGone", "pid %d of Checkpoint %s is no longer registered; nothing was done",
+				     (int)p[i].pid, ckname);
+				goto out;
+			}
+		}
+		if (n == 0) {
+			fail(c, o, "NoProcesses", "Checkpoint %s recorded no processes", ckname);
+			goto out;
+		}
+		int running = 0;
+		for (int i = 0; i < n; i++)
+			running += real_state(c, p[i].pid) == P_RUNNING;
+		if (running == n) {
+			fail(c, o, "NotSuspended",
+			     "the processes of Checkpoint %s are running (restored already?); nothing was done", ckname);
+			goto out;
+		}
+		char msg[256];
+		snprintf(msg, sizeof(msg), "resuming %d process(es)", n);
+		if (set_status(c, o, "Running", "InProgress", msg,
+			       json_pack("{s:s*, s:o}", "podName", spec_str(ck, "podName"), "processes",
+					 procs_json(p, n, "Checkpointed"))) < 0) {
+			retry_later(c, key);
+			goto out;
+		}
+	}
+	struct gcr_cr_result sum = { 0 };
+	struct gcr_err err;
+	double t0 = now_ms();
+	int rc = resume_all(c, p, n, timeout_ms_of(o->obj), &sum, &err);
+	double ms = now_ms() - t0;
+	if (rc < 0) {
+		fail(c, o, "RestoreFailed", "%s", err.msg);
+		goto out;
+	}
+	char note[256];
+	snprintf(note, sizeof(note), "%d process(es) resumed, %lld bytes back to GPU memory%s", n, sum.bytes_moved,
+		 recovering ? " (finished after an agent restart)" : "");
+	json_t *extra = json_pack("{s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
+				  procs_json(p, n, "Running"), "bytes", "vmm", (json_int_t)sum.bytes_moved, "total",
+				  (json_int_t)sum.bytes_moved, "durations", "data", (json_int_t)sum.ms_data,
+				  "restore", (json_int_t)sum.ms_restore, "unlock", (json_int_t)sum.ms_unlock, "total",
+				  (json_int_t)ms);
+	set_status(c, o, "Succeeded", "Restored", note, extra);
+	event(c, o, "Normal", "Restored", note);
+	agent_metrics_op(c->metrics, "restore", 1, ms, sum.bytes_moved);
+	mark_done(c, o->obj);
+out:
+	json_decref(ck);
+}
+
+/* ---- worker ---- */
+
+static void process(struct agent_controller *c, const char *key)
+{
+	enum kind k = key[0] == 'c' ? K_CK : K_RS;
+	char ns[300], name[300];
+	const char *slash = strchr(key + 2, '/');
+	if (slash == NULL)
+		return;
+	snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key - 2), key + 2);
+	snprintf(name, sizeof(name), "%s", slash + 1);
+	struct op o = { .kind = k, .obj = cache_get(c, k, ns, name) };
+	if (o.obj == NULL)
+		return; /* deleted */
+	o.ns = ns;
+	o.name = name;
+	snprintf(o.path, sizeof(o.path), API "/namespaces/%s/%s/%s", ns, k == K_CK ? "checkpoints" : "restores",
+		 name);
+	const char *phase = status_str(o.obj, "phase");
+	if (is_done(c, o.obj) ||
+	    (phase != NULL && (strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0))) {
+		json_decref(o.obj); /* a finished resource is never redone */
+		return;
+	}
+	if (k == K_CK)
+		reconcile_checkpoint(c, &o, key);
+	else
+		reconcile_restore(c, &o, key);
+	json_decref(o.obj);
+}
+
+static void *worker_main(void *data)
+{
+	struct agent_controller *c = data;
+	struct timespec last_retry;
+	clock_gettime(CLOCK_MONOTONIC, &last_retry);
+	pthread_mutex_lock(&c->lock);
+	while (!atomic_load(&c->stop)) {
+		int ready = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((now.tv_sec - last_retry.tv_sec) * 1000 + (now.tv_nsec - last_retry.tv_nsec) / 1000000 >= RETRY_MS) {
+			const char *k;
+			json_t *v;
+			json_object_foreach(c->retry, k, v) enqueue_locked(c, k);
+			json_object_clear(c->retry);
+			last_retry = now;
+		}
+		if (!ready || json_array_size(c->queue) == 0) {
+			struct timespec dl;
+			clock_gettime(CLOCK_REALTIME, &dl);
+			dl.tv_nsec += 200 * 1000000L;
+			if (dl.tv_nsec >= 1000000000L) {
+				dl.tv_sec++;
+				dl.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&c->cond, &c->lock, &dl);
+			continue;
+		}
+		char key[700];
+		snprintf(key, sizeof(key), "%s", json_string_value(json_array_get(c->queue, 0)));
+		json_array_remove(c->queue, 0);
+		json_object_del(c->queued, key);
+		pthread_mutex_unlock(&c->lock);
+		process(c, key);
+		pthread_mutex_lock(&c->lock);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+/* ---- life cycle ---- */
+
+int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, struct agent_metrics *m,
+			 const struct agent_controller_cfg *cfg, struct agent_controller **out,
+			 struct gcr_err *err)
+{
+	*out = NULL;
+	struct agent_controller *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
+	c->kube = kube;
+	c->reg = reg;
+	c->metrics = m;
+	c->pause_s = cfg->pause_s;
+	c->node = strdup(cfg->node_name);
+	c->socket_dir = strdup(cfg->socket_dir);
+	c->pause = cfg->test_pause ? strdup(cfg->test_pause) : NULL;
+	size_t qn = strlen(cfg->node_name) + 64;
+	c->pod_query = malloc(qn);
+	c->instance = malloc(qn);
+	for (int k = 0; k < NK; k++)
+		c->cache[k] = json_object();
+	c->queue = json_array();
+	c->queued = json_object();
+	c->retry = json_object();
+	c->done = json_object();
+	if (c->node == NULL || c->socket_dir == NULL || c->pod_query == NULL || c->instance == NULL ||
+	    c->queue == NULL || c->queued == NULL || c->retry == NULL || c->done == NULL ||
+	    (cfg->test_pause && c->pause == NULL)) {
+		agent_controller_free(c);
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	snprintf(c->pod_query, qn, "fieldSelector=spec.nodeName%%3D%s", cfg->node_name);
+	snprintf(c->instance, qn, "gcr-agent-%s", cfg->node_name);
+	*out = c;
+	return 0;
+}
+
+int agent_controller_start(struct agent_controller *c, struct gcr_err *err)
+{
+	for (int k = 0; k < NK; k++) {
+		c->w[k] = (struct watch){ .c = c, .kind = (enum kind)k };
+		int rc = pthread_create(&c->w[k].th, NULL, watch_main, &c->w[k]);
+		if (rc != 0)
+			return gcr_err_set(err, -rc, "cannot start a watch thread: %s", strerror(rc));
+		c->w[k].started = 1;
+	}
+	int rc = pthread_create(&c->worker, NULL, worker_main, c);
+	if (rc != 0)
+		return gcr_err_set(err, -rc, "cannot start the worker: %s", strerror(rc));
+	c->worker_started = 1;
+	return 0;
+}
+
+void agent_controller_stop(struct agent_controller *c)
+{
+	atomic_store(&c->stop, 1);
+	pthread_mutex_lock(&c->lock);
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	if (c->worker_started) {
+		pthread_join(c->worker, NULL);
+		c->worker_started = 0;
+	}
+	for (int k = 0; k < NK; k++) {
+		if (c->w[k].started) {
+			pthread_join(c->w[k].th, NULL);
+			c->w[k].started = 0;
+		}
+	}
+}
+
+void agent_controller_free(struct agent_controller *c)
+{
+	if (c == NULL)
+		return;
+	agent_controller_stop(c);
+	for (int k = 0; k < NK; k++)
+		json_decref(c->cache[k]);
+	json_decref(c->queue);
+	json_decref(c->queued);
+	json_decref(c->retry);
+	json_decref(c->done);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->cond);
+	free(c->node);
+	free(c->socket_dir);
+	free(c->pause);
+	free(c->pod_query);
+	free(c->instance);
+	free(c);
+}

@@ -1,0 +1,37 @@
+/* agent_controller: reconciles Checkpoint and Restore objects for pods on this
+ * node: caches from three watches, one worker that runs C/R through gcr_cr. */
+#ifndef AGENT_CONTROLLER_H
+#define AGENT_CONTROLLER_H
+
+#include "agent_kube.h"
+#include "agent_metrics.h"
+#include "agent_registry.h"
+#include "gcr_error.h"
+
+struct agent_controller_cfg {
+	const char *node_name;
+	const char *socket_dir; /* shims' control sockets */
+	/* Test hook (GCR_AGENT_TEST_PAUSE): "before-cr" or "after-cr" makes the
+	 * worker sleep pause_s seconds at that point of a Checkpoint; NULL: none. */
+	const char *test_pause;
+	int pause_s;
+};
+
+struct agent_controller;
+
+/* Borrows kube, registry and metrics; they must outlive the controller. */
+int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, struct agent_metrics *m,
+			 const struct agent_controller_cfg *cfg, struct agent_controller **out,
+			 struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Starts the watch threads and the worker. */
+int agent_controller_start(struct agent_controller *c, struct gcr_err *err);
+
+/* Stops taking new work; the worker finishes its operation in flight (an
+ * operation is bounded by its timeout), then the threads are joined. */
+void agent_controller_stop(struct agent_controller *c);
+
+/* NULL-safe; stops first if needed. */
+void agent_controller_free(struct agent_controller *c);
+
+#endif

@@ -1,0 +1,196 @@
+/* agent_metrics: the agent's counters and its HTTP endpoints (/healthz, /readyz,
+ * Prometheus /metrics) served by libmicrohttpd on a local address. */
+#include "agent_metrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gcr_log.h"
+
+/* Histogram bucket bounds of operation durations, in seconds. */
+static const double buckets[] = { 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60 };
+#define NBUCKETS (sizeof(buckets) / sizeof(buckets[0]))
+enum { KIND_CHECKPOINT, KIND_RESTORE, NKINDS };
+static const char *const kind_names[NKINDS] = { "checkpoint", "restore" };
+
+struct agent_metrics {
+	struct MHD_Daemon *d;
+	agent_metrics_gauge_fn registered;
+	void *data;
+	atomic_int ready;
+	pthread_mutex_t lock; /* guards the counters below */
+	unsigned long long ops[NKINDS][2]; /* [kind][ok] */
+	unsigned long long bucket[NKINDS][NBUCKETS];
+	double sum_s[NKINDS];
+	unsigned long long count[NKINDS];
+	unsigned long long bytes[NKINDS];
+};
+
+static char *render(struct agent_metrics *m)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (f == NULL)
+		return NULL;
+	pthread_mutex_lock(&m->lock);
+	fprintf(f, "# HELP gcr_agent_operations_total Checkpoint and restore operations by result.\n"
+		   "# TYPE gcr_agent_operations_total counter\n");
+	for (int k = 0; k < NKINDS; k++)
+		for (int ok = 1; ok >= 0; ok--)
+			fprintf(f, "gcr_agent_operations_total{kind=\"%s\",result=\"%s\"} %llu\n", kind_names[k],
+				ok ? "succeeded" : "failed", m->ops[k][ok]);
+	fprintf(f, "# HELP gcr_agent_operation_failures_total Failed operations.\n"
+		   "# TYPE gcr_agent_operation_failures_total counter\n");
+	for (int k = 0; k < NKINDS; k++)
+		fprintf(f, "gcr_agent_operation_failures_total{kind=\"%s\"} %llu\n", kind_names[k], m->ops[k][0]);
+	fprintf(f, "# HELP gcr_agent_operation_duration_seconds Duration of operations.\n"
+		   "# TYPE gcr_agent_operation_duration_seconds histogram\n");
+	for (int k = 0; k < NKINDS; k++) {
+		unsigned long long cum = 0;
+		for (size_t b = 0; b < NBUCKETS; b++) {
+			cum += m->bucket[k][b];
+			fprintf(f, "gcr_agent_operation_duration_seconds_bucket{kind=\"%s\",le=\"%g\"} %llu\n",
+				kind_names[k], buckets[b], cum);
+		}
+		fprintf(f, "gcr_agent_operation_duration_seconds_bucket{kind=\"%s\",le=\"+Inf\"} %llu\n",
+			kind_names[k], m->count[k]);
+		fprintf(f, "gcr_agent_operation_duration_seconds_sum{kind=\"%s\"} %.6f\n", kind_names[k],
+			m->sum_s[k]);
+		fprintf(f, "gcr_agent_operation_duration_seconds_count{kind=\"%s\"} %llu\n", kind_names[k],
+			m->count[k]);
+	}
+	fprintf(f, "# HELP gcr_agent_bytes_moved_total Bytes moved between GPU and host memory.\n"
+		   "# TYPE gcr_agent_bytes_moved_total counter\n");
+	for (int k = 0; k < NKINDS; k++)
+		fprintf(f, "gcr_agent_bytes_moved_total{kind=\"%s\"} %llu\n", kind_names[k], m->bytes[k]);
+	pthread_mutex_unlock(&m->lock);
+	fprintf(f, "# HELP gcr_agent_registered_processes Processes registered by their shim.\n"
+		   "# TYPE gcr_agent_registered_processes gauge\n"
+		   "gcr_agent_registered_processes %d\n",
+		m->registered ? m->registered(m->data) : 0);
+	fclose(f);
+	return buf;
+}
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+			      const char *version, const char *upload, size_t *upload_len, void **ctx)
+{
+	struct agent_metrics *m = cls;
+	unsigned int code = MHD_HTTP_OK;
+	char *body = NULL;
+	const char *ctype = "text/plain; charset=utf-8";
+	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+		code = MHD_HTTP_METHOD_NOT_ALLOWED;
+		body = strdup("method not allowed\n");
+	} else if (strcmp(url, "/healthz") == 0) {
+		body = strdup("ok\n");
+	} else if (strcmp(url, "/readyz") == 0) {
+		int r = atomic_load(&m->ready);
+		code = r ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
+		body = strdup(r ? "ok\n" : "not ready: waiting for the first lists\n");
+	} else if (strcmp(url, "/metrics") == 0) {
+		body = render(m);
+		ctype = "text/plain; version=0.0.4; charset=utf-8";
+	} else {
+		code = MHD_HTTP_NOT_FOUND;
+		body = strdup("not found\n");
+	}
+	if (body == NULL)
+		return MHD_NO;
+	struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+	if (r == NULL) {
+		free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", ctype);
+	enum MHD_Result ret = MHD_queue_response(c, code, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, void *data,
+		      struct agent_metrics **out, struct gcr_err *err)
+{
+	*out = NULL;
+	char host[64];
+	const char *colon = strrchr(address, ':');
+	if (colon == NULL || (size_t)(colon - address) >= sizeof(host))
+		return gcr_err_set(err, -EINVAL, "metrics address '%s' is not HOST:PORT", address);
+	memcpy(host, address, (size_t)(colon - address));
+	host[colon - address] = '\0';
+	char *end;
+	long port = strtol(colon + 1, &end, 10);
+	if (*end != '\0' || port < 0 || port > 65535)
+		return gcr_err_set(err, -EINVAL, "metrics address '%s': bad port", address);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct sockaddr_in6 sa6 = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
+	struct sockaddr *bind_sa = (struct sockaddr *)&sa;
+	unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+	size_t hl = strlen(host);
+	if (strcmp(host, "localhost") == 0)
+		strcpy(host, "127.0.0.1");
+	if (hl > 2 && host[0] == '[' && host[hl - 1] == ']') { /* "[::1]:9464" */
+		host[hl - 1] = '\0';
+		if (inet_pton(AF_INET6, host + 1, &sa6.sin6_addr) != 1)
+			return gcr_err_set(err, -EINVAL, "metrics address '%s': bad IPv6 address", address);
+		bind_sa = (struct sockaddr *)&sa6;
+		flags |= MHD_USE_IPv6;
+	} else if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+		return gcr_err_set(err, -EINVAL, "metrics address '%s': host must be an IP address", address);
+	}
+	struct agent_metrics *m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	pthread_mutex_init(&m->lock, NULL);
+	m->registered = registered;
+	m->data = data;
+	m->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, answer, m, MHD_OPTION_SOCK_ADDR, bind_sa,
+				MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+	if (m->d == NULL) {
+		agent_metrics_free(m);
+		return gcr_err_set(err, -EADDRINUSE, "cannot serve metrics on %s", address);
+	}
+	*out = m;
+	return 0;
+}
+
+void agent_metrics_free(struct agent_metrics *m)
+{
+	if (m == NULL)
+		return;
+	if (m->d != NULL)
+		MHD_stop_daemon(m->d);
+	pthread_mutex_destroy(&m->lock);
+	free(m);
+}
+
+void agent_metrics_set_ready(struct agent_metrics *m)
+{
+	atomic_store(&m->ready, 1);
+}
+
+void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double ms, long long bytes)
+{
+	int k = strcmp(kind, "restore") == 0 ? KIND_RESTORE : KIND_CHECKPOINT;
+	double s = ms / 1000.0;
+	pthread_mutex_lock(&m->lock);
+	m->ops[k][ok ? 1 : 0]++;
+	for (size_t b = 0; b < NBUCKETS; b++)
+		if (s <= buckets[b]) {
+			m->bucket[k][b]++;
+			break;
+		}
+	m->sum_s[k] += s;
+	m->count[k]++;
+	if (bytes > 0)
+		m->bytes[k] += (unsigned long long)bytes;
+	pthread_mutex_unlock(&m->lock);
+}

@@ -1,0 +1,25 @@
+/* agent_metrics: the agent's counters and its HTTP endpoints (/healthz, /readyz,
+ * Prometheus /metrics) served by libmicrohttpd on a local address. */
+#ifndef AGENT_METRICS_H
+#define AGENT_METRICS_H
+
+#include "gcr_error.h"
+
+struct agent_metrics;
+
+/* Counts registered processes on each scrape. */
+typedef int (*agent_metrics_gauge_fn)(void *data);
+
+/* address "HOST:PORT": an IPv4 literal, "localhost", or "[IPv6]". */
+int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, void *data,
+		      struct agent_metrics **out, struct gcr_err *err) __attribute__((warn_unused_result));
+void agent_metrics_free(struct agent_metrics *m);
+
+/* The watches have listed once: /readyz answers 200 from now on. */
+void agent_metrics_set_ready(struct agent_metrics *m);
+
+/* One finished operation: kind "checkpoint"/"restore", ok or not, its
+ * duration in ms and bytes moved. */
+void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double ms, long long bytes);
+
+#endif

@@ -1,0 +1,287 @@
+/* agent_registry: the shims' registry socket: who connected (host pid from peer
+ * credentials), which pod and container (from <procRoot>/<pid>/cgroup). */
+#include "agent_registry.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gcr_client.h"
+#include "gcr_log.h"
+#include "gcr_sock.h"
+
+/* How long the server thread sleeps in poll, in ms: the bound on noticing stop. */
+#define POLL_MS 200
+
+struct entry {
+	int used;
+	int fd; /* registry connection, or -1 for a shim found by the start-up scan */
+	struct agent_registry_proc p;
+};
+
+struct agent_registry {
+	int lfd;
+	char *socket_path, *proc_root;
+	pthread_t th;
+	int started;
+	atomic_int stop;
+	pthread_mutex_t lock; /* guards e */
+	struct entry e[AGENT_REGISTRY_MAX];
+};
+
+static int pid_alive(pid_t pid)
+{
+	return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+/* Fills p's pod from the cgroup file; -ENOENT when the process is not in a pod. */
+static int identify(struct agent_registry *r, pid_t pid, struct agent_registry_proc *p,
+		    struct gcr_err *err)
+{
+	char path[512];
+	struct agent_cgroup_pod pod;
+	snprintf(path, sizeof(path), "%s/%d/cgroup", r->proc_root, (int)pid);
+	int rc = agent_cgroup_read_file(path, &pod, err);
+	if (rc < 0)
+		return rc;
+	p->pid = pid;
+	snprintf(p->pod_uid, sizeof(p->pod_uid), "%s", pod.pod_uid);
+	snprintf(p->container_id, sizeof(p->container_id), "%s", pod.container_id);
+	return 0;
+}
+
+/* Adds (or replaces) the entry of pid; takes fd. Caller holds the lock. */
+static void add_locked(struct agent_registry *r, int fd, const struct agent_registry_proc *p)
+{
+	struct entry *free_e = NULL;
+	for (int i = 0; i < AGENT_REGISTRY_MAX; i++) {
+		struct entry *e = &r->e[i];
+		if (e->used && e->p.pid == p->pid) {
+			if (e->fd >= 0 && fd >= 0)
+				close(e->fd);
+			if (fd >= 0)
+				e->fd = fd;
+			e->p = *p;
+			return;
+		}
+		if (!e->used && free_e == NULL)
+			free_e = e;
+	}
+	if (free_e == NULL) {
+		GCR_LOG(GCR_LOG_WARN, "registry", "table full; pid %d not tracked", (int)p->pid);
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	*free_e = (struct entry){ .used = 1, .fd = fd, .p = *p };
+}
+
+static void scan_cb(pid_t pid, const char *path, void *data)
+{
+	struct agent_registry *r = data;
+	struct agent_registry_proc p = { 0 };
+	struct gcr_err err;
+	if (identify(r, pid, &p, &err) < 0) {
+		GCR_LOG(GCR_LOG_INFO, "registry", "shim %s (pid %d) not in a pod: %s", path, (int)pid, err.msg);
+		return;
+	}
+	pthread_mutex_lock(&r->lock);
+	add_locked(r, -1, &p);
+	pthread_mutex_unlock(&r->lock);
+	GCR_LOG(GCR_LOG_INFO, "registry", "found running shim pid %d (pod %s container %.12s)", (int)pid,
+		p.pod_uid, p.container_id);
+}
+
+int agent_registry_new(const char *socket_path, const char *socket_dir, const char *proc_root,
+		       struct agent_registry **out, struct gcr_err *err)
+{
+	*out = NULL;
+	struct agent_registry *r = calloc(1, sizeof(*r));
+	if (r == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	pthread_mutex_init(&r->lock, NULL);
+	r->lfd = -1;
+	r->socket_path = strdup(socket_path);
+	r->proc_root = strdup(proc_root);
+	if (r->socket_path == NULL || r->proc_root == NULL) {
+		agent_registry_free(r);
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	int fd = gcr_sock_listen(socket_path, err);
+	if (fd < 0) {
+		agent_registry_free(r);
+		return fd;
+	}
+	r->lfd = fd;
+	/* Shims accept only root or their owner; the registry is the same. */
+	struct gcr_err e2;
+	if (gcr_client_list(socket_dir, scan_cb, r, &e2) < 0)
+		GCR_LOG(GCR_LOG_INFO, "registry", "scan of %s: %s", socket_dir, e2.msg);
+	*out = r;
+	return 0;
+}
+
+static void accept_one(struct agent_registry *r)
+{
+	int fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	if (fd < 0)
+		return;
+	struct gcr_peer peer;
+	struct gcr_err err;
+	struct agent_registry_proc p = { 0 };
+	if (gcr_sock_peer(fd, &peer, &err) < 0 || peer.pid <= 0) {
+		close(fd);
+		return;
+	}
+	int rc = identify(r, peer.pid, &p, &err);
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_INFO, "registry", "pid %d registered but is not in a pod: %s", (int)peer.pid,
+			err.msg);
+		close(fd);
+		return;
+	}
+	pthread_mutex_lock(&r->lock);
+	add_locked(r, fd, &p);
+	pthread_mutex_unlock(&r->lock);
+	GCR_LOG(GCR_LOG_INFO, "registry", "registered pid %d (pod %s container %.12s)", (int)p.pid,
+		p.pod_uid, p.container_id);
+}
+
+/* Reads what the shim sent; EOF or an error means the process is gone. */
+static void read_one(struct agent_registry *r, struct entry *e)
+{
+	char tmp[512];
+	ssize_t n = read(e->fd, tmp, sizeof(tmp));
+	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
+		return; /* the register line is a hint only; nothing in it is believed */
+	GCR_LOG(GCR_LOG_INFO, "registry", "pid %d gone (connection closed)", (int)e->p.pid);
+	close(e->fd);
+	e->used = 0;
+	e->fd = -1;
+}
+
+static void *serve(void *data)
+{
+	struct agent_registry *r = data;
+	struct pollfd *pfd = calloc(AGENT_REGISTRY_MAX + 1, sizeof(*pfd));
+	int *idx = calloc(AGENT_REGISTRY_MAX + 1, sizeof(*idx));
+	if (pfd == NULL || idx == NULL)
+		goto out;
+	while (!atomic_load(&r->stop)) {
+		int n = 0;
+		pfd[n++] = (struct pollfd){ .fd = r->lfd, .events = POLLIN };
+		pthread_mutex_lock(&r->lock);
+		for (int i = 0; i < AGENT_REGISTRY_MAX; i++) {
+			if (r->e[i].used && r->e[i].fd >= 0) {
+				idx[n] = i;
+				pfd[n++] = (struct pollfd){ .fd = r->e[i].fd, .events = POLLIN };
+			}
+		}
+		pthread_mutex_unlock(&r->lock);
+		if (poll(pfd, (nfds_t)n, POLL_MS) <= 0)
+			continue;
+		if (pfd[0].revents & POLLIN)
+			accept_one(r);
+		pthread_mutex_lock(&r->lock);
+		for (int j = 1; j < n; j++)
+			if (pfd[j].revents && r->e[idx[j]].used && r->e[idx[j]].fd == pfd[j].fd)
+				read_one(r, &r->e[idx[j]]);
+		pthread_mutex_unlock(&r->lock);
+	}
+out:
+	free(pfd);
+	free(idx);
+	return NULL;
+}
+
+int agent_registry_start(struct agent_registry *r, struct gcr_err *err)
+{
+	int rc = pthread_create(&r->th, NULL, serve, r);
+	if (rc != 0)
+		return gcr_err_set(err, -rc, "cannot start the registry thread: %s", strerror(rc));
+	r->started = 1;
+	return 0;
+}
+
+void agent_registry_free(struct agent_registry *r)
+{
+	if (r == NULL)
+		return;
+	if (r->started) {
+		atomic_store(&r->stop, 1);
+		pthread_join(r->th, NULL);
+	}
+	for (int i = 0; i < AGENT_REGISTRY_MAX; i++)
+		if (r->e[i].used && r->e[i].fd >= 0)
+			close(r->e[i].fd);
+	if (r->lfd >= 0) {
+		close(r->lfd);
+		unlink(r->socket_path);
+	}
+	pthread_mutex_destroy(&r->lock);
+	free(r->socket_path);
+	free(r->proc_root);
+	free(r);
+}
+
+/* Drops scanned entries whose process has exited (they have no connection). */
+static int live_locked(struct entry *e)
+{
+	if (!e->used)
+		return 0;
+	if (e->fd < 0 && !pid_alive(e->p.pid)) {
+		e->used = 0;
+		return 0;
+	}
+	return 1;
+}
+
+int agent_registry_find(struct agent_registry *r, const char *pod_uid, const char *container_id,
+			struct agent_registry_proc *out, int max)
+{
+	int n = 0;
+	pthread_mutex_lock(&r->lock);
+	for (int i = 0; i < AGENT_REGISTRY_MAX && n < max; i++) {
+		struct entry *e = &r->e[i];
+		if (!live_locked(e) || strcmp(e->p.pod_uid, pod_uid) != 0)
+			continue;
+		if (container_id != NULL && container_id[0] != '\0' &&
+		    strcmp(e->p.container_id, container_id) != 0)
+			continue;
+		out[n++] = e->p;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return n;
+}
+
+int agent_registry_get(struct agent_registry *r, pid_t pid, struct agent_registry_proc *out)
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&r->lock);
+	for (int i = 0; i < AGENT_REGISTRY_MAX; i++) {
+		if (live_locked(&r->e[i]) && r->e[i].p.pid == pid) {
+			*out = r->e[i].p;
+			rc = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+int agent_registry_count(struct agent_registry *r)
+{
+	int n = 0;
+	pthread_mutex_lock(&r->lock);
+	for (int i = 0; i < AGENT_REGISTRY_MAX; i++)
+		n += live_locked(&r->e[i]);
+	pthread_mutex_unlock(&r->lock);
+	return n;
+}

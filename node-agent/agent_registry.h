@@ -1,0 +1,44 @@
+/* agent_registry: the shims' registry socket: who connected (host pid from peer
+ * credentials), which pod and container (from <procRoot>/<pid>/cgroup). */
+#ifndef AGENT_REGISTRY_H
+#define AGENT_REGISTRY_H
+
+#include <sys/types.h>
+
+#include "agent_cgroup.h"
+#include "gcr_error.h"
+
+/* Processes one agent tracks at most (one node's GPU processes). */
+#define AGENT_REGISTRY_MAX 1024
+
+struct agent_registry_proc {
+	pid_t pid;
+	char pod_uid[AGENT_CGROUP_UID_LEN + 1];
+	char container_id[AGENT_CGROUP_CID_LEN + 1];
+};
+
+struct agent_registry;
+
+/* Listens on socket_path; proc_root is "/proc" or a test tree. Then scans
+ * socket_dir for shims that registered with an earlier agent (gcr_client_list). */
+int agent_registry_new(const char *socket_path, const char *socket_dir, const char *proc_root,
+		       struct agent_registry **out, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Starts the server thread. */
+int agent_registry_start(struct agent_registry *r, struct gcr_err *err);
+
+/* Stops the thread, closes every connection, removes the socket. NULL-safe. */
+void agent_registry_free(struct agent_registry *r);
+
+/* Copies up to max live processes of pod_uid (and container_id unless NULL or
+ * "") into out; returns how many. */
+int agent_registry_find(struct agent_registry *r, const char *pod_uid, const char *container_id,
+			struct agent_registry_proc *out, int max);
+
+/* The entry of pid, if registered and alive: 0, else -ENOENT. */
+int agent_registry_get(struct agent_registry *r, pid_t pid, struct agent_registry_proc *out);
+
+/* Live registered processes. */
+int agent_registry_count(struct agent_registry *r);
+
+#endif

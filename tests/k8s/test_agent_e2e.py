@@ -1,0 +1,608 @@
+#!/usr/bin/env python3
+# tests/k8s/test_agent_e2e.py: gcr-agent end to end against the real kube-apiserver of
+# the test bed: Checkpoint/Restore of a shimmed process on the stand-in driver. Stdlib only.
+"""Usage: tests/k8s/test_agent_e2e.py [BUILD_DIR]   (default: build)
+
+Brings the test bed up (tests/k8s/testbed.sh) unless KUBECONFIG and GCR_TESTBED_DIR
+are set (eval "$(tests/k8s/testbed.sh up)"), applies the
+CRDs, creates Pod objects bound to node "node-a" with their status set through the
+status subresource (there is no kubelet), starts gcr-testprog under the shim on the
+stand-in CUDA driver (registered with the agent through GCR_AGENT_SOCKET; its pod and
+container come from a fake /proc tree holding <pid>/cgroup), starts gcr-agent, and
+runs the cases. Nothing sleeps to synchronise: every wait polls the API (or a
+process's protocol lines) for a condition, with a bound. Each case prints PASS or
+FAIL; the last line is "N passed, N failed".
+
+Needs kubectl from the test bed (GCR_TESTBED_BIN or PATH) and a built tree
+(BUILD_DIR/node-agent/gcr-agent, shim/.libs/libgcr.so, tests/progs/gcr-testprog,
+tests/fakecuda/{libcuda.so.1,fakesmi}). GCR_E2E_VALGRIND=1 runs the agent under valgrind;
+GCR_E2E_AGENT=PATH runs another gcr-agent binary (e.g. a sanitizer build).
+"""
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+
+SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("top_builddir", os.path.join(SRC, "build")))
+FAKE_DIR = os.path.join(BUILD, "tests", "fakecuda")
+FAKESMI = os.path.join(FAKE_DIR, "fakesmi")
+AGENT = os.environ.get("GCR_E2E_AGENT") or os.path.join(BUILD, "node-agent", "gcr-agent")
+SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
+TESTPROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
+TESTBED = os.path.join(SRC, "tests", "k8s", "testbed.sh")
+NODE = "node-a"
+# A namespace of its own per run, so that a reused test bed holds no old objects.
+NS = "gcr-e2e-" + uuid.uuid4().hex[:8]
+WAIT_S = 60  # bound of one wait on the API, in seconds
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def log(msg):
+    print("  " + msg, flush=True)
+
+
+class Env:
+    """Test bed, directories, the agent and the test programs; close() stops all of them."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="gcr-agent-e2e-")
+        self.sock_dir = os.path.join(self.dir, "run")
+        self.proc_root = os.path.join(self.dir, "proc")
+        self.fake_dir = os.path.join(self.dir, "fake")
+        for d in (self.sock_dir, self.proc_root, self.fake_dir):
+            os.makedirs(d, mode=0o700)
+        self.registry = os.path.join(self.sock_dir, "agent.sock")
+        self.started_testbed = False
+        self.agent = None
+        self.agent_log = None
+        self.agent_runs = 0
+        self.progs = []
+        self.metrics_port = free_port()
+        self.kubectl = "kubectl"
+        self.env = dict(os.environ)
+
+    def testbed_up(self):
+        # A running test bed is used only when its whole environment is there
+        # (eval "$(testbed.sh up)"): a KUBECONFIG alone may be a real cluster.
+        if not (os.environ.get("KUBECONFIG") and os.environ.get("GCR_TESTBED_DIR")):
+            self.env.pop("KUBECONFIG", None)
+            out = subprocess.run([TESTBED, "up"], capture_output=True, text=True, timeout=600)
+            if out.returncode != 0:
+                raise Fail("testbed up failed: %s" % out.stderr[-2000:])
+            self.started_testbed = True
+            for m in re.finditer(r"export (\w+)='([^']*)'", out.stdout):
+                self.env[m.group(1)] = m.group(2)
+        binp = self.env.get("GCR_TESTBED_BIN")
+        if binp and os.path.exists(os.path.join(binp, "kubectl")):
+            self.kubectl = os.path.join(binp, "kubectl")
+        self.kubeconfig = self.env["KUBECONFIG"]
+
+    def agent_identity(self):
+        """A ServiceAccount with only the agent's RBAC and a kubeconfig holding its bearer
+        token, so the agent runs as it would in a cluster (GCR_E2E_ADMIN=1: admin certs)."""
+        if os.environ.get("GCR_E2E_ADMIN") == "1":
+            return
+        rules = [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["gpucr.dev"], "resources": ["checkpoints", "restores"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["gpucr.dev"], "resources": ["checkpoints/status", "restores/status"], "verbs": ["patch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+        ]
+        objs = [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gcr-agent", "namespace": NS}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gcr-agent-e2e"},
+             "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": "gcr-agent-e2e"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gcr-agent-e2e"},
+             "subjects": [{"kind": "ServiceAccount", "name": "gcr-agent", "namespace": NS}]},
+        ]
+        self.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in objs))
+        token = self.k("create", "token", "gcr-agent", "-n", NS, "--duration=2h").stdout.strip()
+        server = self.k("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout.strip()
+        ca = self.k("config", "view", "--minify", "-o",
+                    "jsonpath={.clusters[0].cluster.certificate-authority}").stdout.strip()
+        token_file = os.path.join(self.dir, "token")
+        with open(token_file, "w") as f:
+            f.write(token)
+        path = os.path.join(self.dir, "agent.kubeconfig")
+        with open(path, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: %s\n"
+                    "    certificate-authority: %s\nusers:\n- name: gcr-agent\n  user:\n    tokenFile: %s\n"
+                    "contexts:\n- name: c\n  context:\n    cluster: c\n    user: gcr-agent\n"
+                    "current-context: c\n" % (server, ca, token_file))
+        self.kubeconfig = path
+
+    def k(self, *args, stdin=None, ok=True):
+        out = subprocess.run([self.kubectl, *args], input=stdin, capture_output=True, text=True,
+                             timeout=60, env=self.env)
+        if ok and out.returncode != 0:
+            raise Fail("kubectl %s: %s" % (" ".join(args), out.stderr.strip()))
+        return out
+
+    def apply(self, obj):
+        return self.k("apply", "-f", "-", stdin=json.dumps(obj))
+
+    def get(self, kind, name):
+        out = self.k("get", kind, name, "-n", NS, "-o", "json", ok=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def wait(self, what, fn, timeout=WAIT_S):
+        """Polls fn() (bounded) until it returns something true; returns it."""
+        deadline = time.time() + timeout
+        while True:
+            v = fn()
+            if v:
+                return v
+            if time.time() > deadline:
+                raise Fail("timed out after %d s waiting for %s" % (timeout, what))
+            time.sleep(0.2)
+
+    def wait_phase(self, kind, name, phases, timeout=WAIT_S):
+        def f():
+            o = self.get(kind, name)
+            ph = (o or {}).get("status", {}).get("phase")
+            return o if ph in phases else None
+        try:
+            return self.wait("%s %s phase in %s" % (kind, name, phases), f, timeout)
+        except Fail:
+            o = self.get(kind, name)
+            raise Fail("%s %s never reached %s; status: %s" % (kind, name, phases,
+                       json.dumps((o or {}).get("status"))))
+
+    def events_for(self, name):
+        out = self.k("get", "events.events.k8s.io", "-n", NS, "-o", "json")
+        return [e for e in json.loads(out.stdout)["items"] if e.get("regarding", {}).get("name") == name]
+
+    def wait_event(self, name, etype, reason=None):
+        return self.wait("a %s Event about %s" % (etype, name),
+                         lambda: [e for e in self.events_for(name)
+                                  if e.get("type") == etype and (reason is None or e.get("reason") == reason)])
+
+    # --- pods ---
+    def make_pod(self, name, cid=None, node=NODE):
+        self.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+                    "spec": {"nodeName": node, "containers": [{"name": "main", "image": "example.invalid/gpu:1"}]}})
+        pod = self.get("pod", name)
+        if cid:
+            st = {"status": {"phase": "Running", "containerStatuses": [{
+                "name": "main", "containerID": "containerd://" + cid, "image": "example.invalid/gpu:1",
+                "imageID": "", "ready": True, "restartCount": 0,
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}
+            self.k("patch", "pod", name, "-n", NS, "--subresource=status", "--type=merge", "-p", json.dumps(st))
+        return pod["metadata"]["uid"]
+
+    # --- processes ---
+    def start_prog(self, pod_uid, cid):
+        """gcr-testprog under the shim, its cgroup file written under its own pid before exec."""
+        cg = ("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/"
+              "cri-containerd-%s.scope" % (pod_uid.replace("-", "_"), cid))
+        script = ('mkdir -p "$ROOT/$$" && printf "%s\\n" "$CG" > "$ROOT/$$/cgroup" && '
+                  'exec env LD_PRELOAD="$SHIMLIB" "$@"')
+        env = dict(self.env)
+        env.update({"ROOT": self.proc_root, "CG": cg, "SHIMLIB": SHIM,
+                    "LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir, "FAKECUDA_MEM_MIB": "512",
+                    "GCR_SOCKET_DIR": self.sock_dir, "GCR_AGENT_SOCKET": self.registry,
+                    "GCR_LOG_LEVEL": "warn"})
+        argv = ["bash", "-c", script, "prog", TESTPROG, "--module",
+                os.path.join(SRC, "tests", "progs", "gcr_kernels.h"),
+                "--mib", "16", "--threads", "2", "--iters", "50", "--wait"]
+        p = Prog(argv, env)
+        self.progs.append(p)
+        m = p.expect(r"READY pid=(\d+)", 60)
+        check(int(m.group(1)) == p.p.pid, "READY pid %s != %d" % (m.group(1), p.p.pid))
+        return p
+
+    def mem(self, pid):
+        out = subprocess.run([FAKESMI, "mem", str(pid)], capture_output=True, text=True, timeout=30,
+                             env=self.fake_env())
+        check(out.returncode == 0, "fakesmi mem: %s" % out.stderr.strip())
+        return int(out.stdout.strip())
+
+    def drv_state(self, pid):
+        out = subprocess.run([FAKESMI, "state", str(pid)], capture_output=True, text=True, timeout=30,
+                             env=self.fake_env())
+        return out.stdout.strip()
+
+    def fake_env(self):
+        env = dict(self.env)
+        env.update({"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir})
+        return env
+
+    # --- the agent ---
+    def start_agent(self, extra_env=None):
+        self.agent_runs += 1
+        logp = os.path.join(self.dir, "agent.%d.log" % self.agent_runs)
+        self.agent_log = logp
+        env = self.fake_env()
+        env["GCR_LOG_LEVEL"] = "info"
+        env.update(extra_env or {})
+        # Half the options in a config file shaped like the Helm chart's (camelCase keys,
+        # sections the agent does not read), half as flags, as the DaemonSet passes them.
+        cfg = os.path.join(self.dir, "config.yaml")
+        with open(cfg, "w") as f:
+            f.write('logLevel: "info"\nleaseNamespace: "gcr-system"\ndevicePlugin:\n  enabled: false\n'
+                    '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\n' % (NODE, self.proc_root))
+        argv = [AGENT, "--config=%s" % cfg, "--kubeconfig", self.kubeconfig, "--socket-dir", self.sock_dir,
+                "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port]
+        if os.environ.get("GCR_E2E_VALGRIND") == "1":
+            argv = ["valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
+                    "--errors-for-leak-kinds=definite", "--suppressions=%s" % os.path.join(SRC, "tests", "valgrind.supp"),
+                    *argv]
+        self.agent = subprocess.Popen(argv, stdout=open(logp, "w"), stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True)
+        self.wait("agent /readyz", lambda: self.http("/readyz")[0] == 200, timeout=120)
+        return self.agent
+
+    def stop_agent(self, sig=signal.SIGTERM):
+        if self.agent is None:
+            return None
+        if self.agent.poll() is None:
+            self.agent.send_signal(sig)
+        try:
+            rc = self.agent.wait(60)
+        except subprocess.TimeoutExpired:
+            self.agent.kill()
+            rc = self.agent.wait(30)
+        self.agent = None
+        return rc
+
+    def http(self, path):
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.metrics_port, path), timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+        except OSError:
+            return 0, ""
+
+    def agent_tail(self, n=40):
+        try:
+            with open(self.agent_log) as f:
+                return "".join(f.readlines()[-n:])
+        except (OSError, TypeError):
+            return ""
+
+    def close(self):
+        self.stop_agent()
+        for p in self.progs:
+            p.kill()
+        if self.started_testbed:
+            subprocess.run([TESTBED, "down", self.env["GCR_TESTBED_DIR"]], capture_output=True, timeout=120,
+                           env=self.env)
+        if os.environ.get("GCR_E2E_KEEP") != "1":
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Prog:
+    """A program whose stdout lines a reader thread queues; waits are bounded."""
+
+    def __init__(self, argv, env):
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env=env, start_new_session=True)
+        self.q = queue.Queue()
+        self.lines = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.q.put(line.rstrip("\n"))
+        self.q.put(None)
+
+    def expect(self, pattern, timeout):
+        deadline = time.time() + timeout
+        rx = re.compile(pattern)
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                raise Fail("timed out waiting for /%s/; output: %s" % (pattern, self.lines[-10:]))
+            try:
+                line = self.q.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise Fail("program exited waiting for /%s/; output: %s" % (pattern, self.lines[-10:]))
+            self.lines.append(line)
+            m = rx.search(line)
+            if m:
+                return m
+
+    def send(self, s):
+        self.p.stdin.write(s + "\n")
+        self.p.stdin.flush()
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        try:
+            self.p.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def checkpoint(name, pod, **spec):
+    return {"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": name, "namespace": NS},
+            "spec": dict({"podName": pod}, **spec)}
+
+
+def restore(name, ck):
+    return {"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": name, "namespace": NS},
+            "spec": {"checkpointName": ck}}
+
+
+def main():
+    for f in (AGENT, SHIM, TESTPROG, FAKESMI):
+        if not os.path.exists(f):
+            print("missing %s (build first)" % f)
+            print("0 passed, 1 failed")
+            return 1
+    E = Env()
+    results = []
+    st = {}
+
+    def case(name, fn):
+        t0 = time.time()
+        try:
+            fn()
+            results.append(True)
+            print("PASS %s (%.1f s)" % (name, time.time() - t0), flush=True)
+        except Exception as e:  # noqa: BLE001 - every failure is a FAIL line, then go on
+            results.append(False)
+            print("FAIL %s: %s" % (name, e), flush=True)
+            tail = E.agent_tail()
+            if tail:
+                print("  agent log tail:\n" + "\n".join("    " + l for l in tail.splitlines()), flush=True)
+
+    def untouched(pid):
+        check(E.mem(pid) > 0, "process %d lost its GPU memory" % pid)
+        check(E.drv_state(pid) == "running", "driver state of %d is %s" % (pid, E.drv_state(pid)))
+
+    def suspended(pid):
+        check(E.mem(pid) == 0, "%d bytes of GPU memory left while suspended" % E.mem(pid))
+        check(E.drv_state(pid) == "checkpointed", "driver state %s" % E.drv_state(pid))
+
+    def do_restore(rname, ckname):
+        E.apply(restore(rname, ckname))
+        r = E.wait_phase("restore", rname, ("Succeeded", "Failed"))
+        check(r["status"]["phase"] == "Succeeded", "restore: %s" % r["status"].get("message"))
+        untouched(st["pid"])
+        return r
+
+    def setup():
+        E.testbed_up()
+        E.k("apply", "-f", os.path.join(SRC, "crd"))
+        E.k("create", "namespace", NS)
+        for crd in ("checkpoints.gpucr.dev", "restores.gpucr.dev"):
+            E.k("wait", "--for=condition=Established", "--timeout=60s", "crd/" + crd)
+        E.agent_identity()
+        st["cid"] = uuid.uuid4().hex + uuid.uuid4().hex
+        st["uid"] = E.make_pod("gpu-pod", st["cid"])
+        E.make_pod("plain-pod", uuid.uuid4().hex + uuid.uuid4().hex)
+        E.make_pod("other-pod", uuid.uuid4().hex + uuid.uuid4().hex, node="node-b")
+        E.start_agent()
+        p = E.start_prog(st["uid"], st["cid"])
+        st["prog"], st["pid"] = p, p.p.pid
+        p.send("go")  # the program computes; the checkpoint gates it wherever it is
+        E.wait("agent registers pid %d" % st["pid"],
+               lambda: "gcr_agent_registered_processes 1" in E.http("/metrics")[1])
+        untouched(st["pid"])
+
+    def checkpoint_ok():
+        E.apply(checkpoint("ck-1", "gpu-pod"))
+        c = E.wait_phase("checkpoint", "ck-1", ("Succeeded", "Failed"))
+        s = c["status"]
+        check(s["phase"] == "Succeeded", "phase %s: %s" % (s["phase"], s.get("message")))
+        suspended(st["pid"])
+        check(s.get("nodeName") == NODE, "nodeName %s" % s.get("nodeName"))
+        check([p["pid"] for p in s.get("processes", [])] == [st["pid"]], "processes %s" % s.get("processes"))
+        check(s.get("bytes", {}).get("total", 0) > 0, "bytes %s" % s.get("bytes"))
+        check("total" in s.get("durations", {}) and "data" in s["durations"], "durations %s" % s.get("durations"))
+        check(s.get("startTime") and s.get("completionTime"), "times missing")
+        check(s.get("processes")[0].get("containerName") == "main", "containerName %s" % s["processes"])
+        E.wait_event("ck-1", "Normal", "Checkpointed")
+
+    def restore_ok():
+        r = do_restore("rs-1", "ck-1")
+        check(r["status"].get("durations", {}).get("total") is not None, "durations %s" % r["status"])
+        E.wait_event("rs-1", "Normal", "Restored")
+        # A second Restore of the same Checkpoint has nothing to do: Failed, nothing touched.
+        E.apply(restore("rs-1b", "ck-1"))
+        r = E.wait_phase("restore", "rs-1b", ("Succeeded", "Failed"))["status"]
+        check(r["phase"] == "Failed" and "running" in r.get("message", ""), "second Restore: %s: %s"
+              % (r["phase"], r.get("message")))
+        E.wait_event("rs-1b", "Warning", "NotSuspended")
+        untouched(st["pid"])
+
+    def bad(name, obj, kind, want):
+        E.apply(obj)
+        o = E.wait_phase(kind, name, ("Succeeded", "Failed"))
+        s = o["status"]
+        check(s["phase"] == "Failed", "phase %s" % s["phase"])
+        check(want in s.get("message", ""), "message %r lacks %r" % (s.get("message"), want))
+        check(s.get("completionTime"), "no completionTime")
+        E.wait_event(name, "Warning")
+        untouched(st["pid"])
+
+    def pod_missing():
+        bad("ck-missing", checkpoint("ck-missing", "no-such-pod"), "checkpoint", "not found")
+
+    def no_shim():
+        bad("ck-plain", checkpoint("ck-plain", "plain-pod"), "checkpoint", "no process running under the GCR shim")
+
+    def other_node():
+        # Another node's pod is that node's agent's: this agent leaves the Checkpoint
+        # alone. The marker applied after it is handled after it (one ordered queue),
+        # so once the marker is final the first one has been looked at.
+        E.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in (
+            checkpoint("ck-other", "other-pod"), checkpoint("ck-marker", "plain-pod"))))
+        E.wait_phase("checkpoint", "ck-marker", ("Failed",))
+        o = E.get("checkpoint", "ck-other")
+        check("phase" not in (o.get("status") or {}), "pod on node-b: status %s" % o.get("status"))
+        untouched(st["pid"])
+
+    def restore_of_failed():
+        bad("rs-failed", restore("rs-failed", "ck-missing"), "restore", "failed")
+
+    def schema():
+        out = E.k("apply", "-f", "-", stdin=json.dumps(checkpoint("ck-bad", "Bad_Name!")), ok=False)
+        check(out.returncode != 0, "API server accepted a bad podName")
+        check(E.get("checkpoint", "ck-bad") is None, "bad object exists")
+
+    def serialised():
+        E.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(checkpoint(n, "gpu-pod")) for n in ("ck-a", "ck-b")))
+        a = E.wait_phase("checkpoint", "ck-a", ("Succeeded", "Failed"))["status"]
+        b = E.wait_phase("checkpoint", "ck-b", ("Succeeded", "Failed"))["status"]
+        phases = sorted([a["phase"], b["phase"]])
+        check(phases == ["Failed", "Succeeded"], "phases %s / %s: %s / %s" % (a["phase"], b["phase"],
+              a.get("message"), b.get("message")))
+        loser, winner = (a, b) if a["phase"] == "Failed" else (b, a)
+        check("already suspended" in loser.get("message", ""), "loser's message: %s" % loser.get("message"))
+        # Never interleaved: the loser started after the winner had finished.
+        check(loser["startTime"] >= winner["completionTime"], "loser started %s before the winner finished %s"
+              % (loser["startTime"], winner["completionTime"]))
+        suspended(st["pid"])
+        do_restore("rs-ab", "ck-a" if a["phase"] == "Succeeded" else "ck-b")
+
+    def kill_mid(hook, ck, rs):
+        def run():
+            E.stop_agent()
+            E.start_agent({"GCR_AGENT_TEST_PAUSE": hook, "GCR_AGENT_TEST_PAUSE_S": "120"})
+            E.apply(checkpoint(ck, "gpu-pod"))
+            E.wait_phase("checkpoint", ck, ("Running",))
+            if hook == "after-cr":
+                E.wait("process suspended", lambda: E.mem(st["pid"]) == 0)
+            else:
+                untouched(st["pid"])
+            E.stop_agent(signal.SIGKILL)
+            E.start_agent()
+            c = E.wait_phase("checkpoint", ck, ("Succeeded", "Failed"))["status"]
+            check(c["phase"] == "Succeeded", "after restart: %s: %s" % (c["phase"], c.get("message")))
+            if hook == "after-cr":
+                check("not redone" in c.get("message", ""), "message: %s" % c.get("message"))
+            suspended(st["pid"])
+            do_restore(rs, ck)
+        return run
+
+    def sigterm():
+        # SIGTERM while a Checkpoint is in flight: it finishes, then the agent exits 0.
+        E.stop_agent()
+        E.start_agent({"GCR_AGENT_TEST_PAUSE": "before-cr", "GCR_AGENT_TEST_PAUSE_S": "120"})
+        E.apply(checkpoint("ck-term", "gpu-pod"))
+        E.wait_phase("checkpoint", "ck-term", ("Running",))
+        rc = E.stop_agent(signal.SIGTERM)
+        check(rc == 0, "agent exit status %s on SIGTERM" % rc)
+        c = E.get("checkpoint", "ck-term")["status"]
+        check(c["phase"] == "Succeeded", "in-flight Checkpoint: %s: %s" % (c["phase"], c.get("message")))
+        suspended(st["pid"])
+        E.start_agent()
+        do_restore("rs-term", "ck-term")
+
+    def apiserver_restart():
+        E.wait("agent registers pid %d (found by the start-up scan)" % st["pid"],
+               lambda: "gcr_agent_registered_processes 1" in E.http("/metrics")[1])
+        # A change the pod watch does not see: its resourceVersion is older than the
+        # restarted server's watch cache, so resuming it gets 410 Gone (a relist).
+        E.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "rv-bump", "namespace": NS},
+                 "data": {"t": str(time.time())}})
+        st["log_before"] = len(open(E.agent_log).read())
+        out = subprocess.run([TESTBED, "restart-apiserver", E.env["GCR_TESTBED_DIR"]], capture_output=True,
+                             text=True, timeout=300, env=E.env)
+        check(out.returncode == 0, "restart-apiserver: %s" % out.stderr[-1000:])
+        E.apply(checkpoint("ck-after-restart", "gpu-pod"))
+        c = E.wait_phase("checkpoint", "ck-after-restart", ("Succeeded", "Failed"), timeout=90)["status"]
+        check(c["phase"] == "Succeeded", "%s: %s" % (c["phase"], c.get("message")))
+        suspended(st["pid"])
+        do_restore("rs-after-restart", "ck-after-restart")
+
+    def expired_watch():
+        # Follows the restart above: some watch was resumed from an expired resourceVersion.
+        after = open(E.agent_log).read()[st.get("log_before", 0):]
+        check("resourceVersion expired (410); relisting" in after,
+              "no 410 relist in the agent log: %s" % [l for l in after.splitlines() if "kube:" in l][-12:])
+        check(E.http("/readyz")[0] == 200, "not ready after the relist")
+
+    def nothing_twice():
+        # Every finished object kept its one result across the restarts above.
+        for n in ("ck-1", "ck-missing", "ck-plain"):
+            ev = [e for e in E.events_for(n) if e.get("reportingController") == "gpucr.dev/gcr-agent"]
+            check(len(ev) == 1 or all(e.get("series") for e in ev[1:]), "%s has %d events" % (n, len(ev)))
+
+    def metrics():
+        code, body = E.http("/healthz")
+        check(code == 200, "/healthz %d" % code)
+        code, body = E.http("/metrics")
+        check(code == 200, "/metrics %d" % code)
+        for m in ('gcr_agent_operations_total{kind="checkpoint",result="succeeded"}',
+                  "gcr_agent_operation_duration_seconds_bucket", "gcr_agent_bytes_moved_total",
+                  "gcr_agent_registered_processes 1"):
+            check(m in body, "/metrics lacks %s" % m)
+
+    def program_ok():
+        p = st["prog"]
+        p.expect(r"DONE$", 120)
+        p.send("check")
+        m = p.expect(r"RESULT (.*)", 120)
+        check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
+
+    try:
+        case("setup: test bed, CRDs, least-privilege service account, pods, agent, shimmed process registered", setup)
+        if results[-1]:
+            case("checkpoint: Succeeded, process suspended, bytes, durations, Event", checkpoint_ok)
+            case("restore: Succeeded, process running; a second Restore fails", restore_ok)
+            case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
+            case("bad input: pod without a GCR process -> Failed + Event", no_shim)
+            case("pod on another node: left to that node's agent", other_node)
+            case("bad input: Restore of a Failed Checkpoint -> Failed + Event", restore_of_failed)
+            case("schema: the API server rejects a bad spec", schema)
+            case("two Checkpoints of one pod at once are serialised", serialised)
+            case("agent SIGKILLed before the suspend, restarted: done once", kill_mid("before-cr", "ck-k1", "rs-k1"))
+            case("agent SIGKILLed after the suspend, restarted: not redone", kill_mid("after-cr", "ck-k2", "rs-k2"))
+            case("SIGTERM mid-Checkpoint: it finishes, agent exits 0", sigterm)
+            case("kube-apiserver restarted mid-watch: agent recovers", apiserver_restart)
+            case("expired watch (410) after the restart: relisted", expired_watch)
+            case("finished objects are never redone", nothing_twice)
+            case("/healthz and /metrics answer", metrics)
+            case("program's own check after all cycles: RESULT ok", program_ok)
+    finally:
+        rc = E.stop_agent()
+        if rc not in (None, 0):
+            results.append(False)
+            print("FAIL agent exit status %s at the end" % rc)
+            print(E.agent_tail())
+        E.close()
+    passed = sum(1 for r in results if r)
+    failed = len(results) - passed
+    print("%d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
