@@ -16,6 +16,7 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/agent_kube.c node-agent/agent_kube.h \
 	node-agent/agent_registry.c node-agent/agent_registry.h \
 	node-agent/agent_controller.c node-agent/agent_controller.h \
+	node-agent/agent_lease.c node-agent/agent_lease.h \
 	node-agent/agent_metrics.c node-agent/agent_metrics.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
 node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent_lease.h"
 #include "gcr_cr.h"
 #include "gcr_log.h"
 
@@ -40,7 +41,7 @@ struct agent_controller {
 	struct agent_kube *kube;
 	struct agent_registry *reg;
 	struct agent_metrics *metrics;
-	char *node, *socket_dir, *pause, *pod_query, *instance;
+	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance;
 	int pause_s;
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
@@ -525,13 +526,16 @@ static void recover_checkpoint(struct agent_controller *c, struct op *o)
 	}
 }
 
+enum pod_where { POD_HERE, POD_MISSING, POD_OTHER_NODE, POD_UNSCHEDULED, POD_UNKNOWN };
+
 /* The pod on this node: from the cache, else straight from the API (the pod
- * watch may lag). *other set when it exists on another node. */
-static json_t *find_pod(struct agent_controller *c, const char *ns, const char *name, int *other,
-			int *transient)
+ * watch may lag). NULL unless *where is POD_HERE; for POD_OTHER_NODE, node
+ * (nlen bytes) gets the pod's node. */
+static json_t *find_pod(struct agent_controller *c, const char *ns, const char *name, enum pod_where *where,
+			char *node, size_t nlen)
 {
-	*other = 0;
-	*transient = 0;
+	*where = POD_HERE;
+	node[0] = '\0';
 	json_t *pod = cache_get(c, K_POD, ns, name);
 	if (pod != NULL)
 		return pod;
@@ -541,21 +545,50 @@ static json_t *find_pod(struct agent_controller *c, const char *ns, const char *
 	struct gcr_err err;
 	if (agent_kube_request(c->kube, "GET", path, NULL, NULL, &st, &pod, &err) < 0 ||
 	    (st != 200 && st != 404)) {
-		*transient = 1;
+		*where = POD_UNKNOWN;
 		json_decref(pod);
 		return NULL;
 	}
 	if (st == 404) {
+		*where = POD_MISSING;
 		json_decref(pod);
 		return NULL;
 	}
-	const char *node = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
-	if (node == NULL || strcmp(node, c->node) != 0) {
-		*other = 1;
+	const char *pn = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+	if (pn == NULL || pn[0] == '\0') {
+		*where = POD_UNSCHEDULED;
+		json_decref(pod);
+		return NULL;
+	}
+	if (strcmp(pn, c->node) != 0) {
+		*where = POD_OTHER_NODE;
+		snprintf(node, nlen, "%s", pn);
 		json_decref(pod);
 		return NULL;
 	}
 	return pod;
+}
+
+/* A request for another node: that node's agent owns it while its heartbeat
+ * Lease is live (this agent must not race it); with no live Lease nobody would
+ * ever answer, so it fails here, touching nothing. Retried on API errors. */
+static void other_node(struct agent_controller *c, struct op *o, const char *key, const char *node,
+		       const char *what)
+{
+	struct gcr_err err;
+	int live = agent_lease_node_live(c->kube, c->lease_ns, node, &err);
+	if (live < 0) {
+		GCR_LOG(GCR_LOG_WARN, "controller", "%s %s/%s: node %s: %s; retrying", action_of(o), o->ns,
+			o->name, node, err.msg);
+		retry_later(c, key);
+	} else if (live) {
+		GCR_LOG(GCR_LOG_DEBUG, "controller", "%s %s/%s: %s on node %s, whose agent is live; left to it",
+			action_of(o), o->ns, o->name, what, node);
+	} else {
+		fail(c, o, "NoAgentOnNode",
+		     "%s is on node %s, where no GCR agent is running (no live Lease %s/gcr-agent-%s); nothing was done",
+		     what, node, c->lease_ns, node);
+	}
 }
 
 static void reconcile_checkpoint(struct agent_controller *c, struct op *o, const char *key)
@@ -573,14 +606,21 @@ static void reconcile_checkpoint(struct agent_controller *c, struct op *o, const
 		fail(c, o, "InvalidSpec", "spec.podName is missing");
 		return;
 	}
-	int other, transient;
-	json_t *pod = find_pod(c, o->ns, pod_name, &other, &transient);
+	enum pod_where where;
+	char node[256], what[600];
+	json_t *pod = find_pod(c, o->ns, pod_name, &where, node, sizeof(node));
 	if (pod == NULL) {
-		if (transient)
+		snprintf(what, sizeof(what), "pod %s/%s", o->ns, pod_name);
+		if (where == POD_UNKNOWN)
 			retry_later(c, key);
-		else if (!other)
+		else if (where == POD_MISSING)
 			fail(c, o, "PodNotFound", "pod %s/%s not found; nothing was done", o->ns, pod_name);
-		return; /* a pod on another node is that node's agent's */
+		else if (where == POD_UNSCHEDULED)
+			fail(c, o, "PodNotScheduled", "pod %s/%s is not scheduled to a node; nothing was done",
+			     o->ns, pod_name);
+		else
+			other_node(c, o, key, node, what);
+		return;
 	}
 	const char *uid = md_str(pod, "uid");
 	char cid[AGENT_CGROUP_CID_LEN + 8] = "";
@@ -679,8 +719,14 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 		}
 		goto out;
 	}
-	if (cknode == NULL || strcmp(cknode, c->node) != 0)
+	if (cknode == NULL || strcmp(cknode, c->node) != 0) {
+		if (cknode != NULL && !recovering) {
+			char what[600];
+			snprintf(what, sizeof(what), "Checkpoint %s/%s", o->ns, ckname);
+			other_node(c, o, key, cknode, what);
+		}
 		goto out; /* another node's */
+	}
 	struct proc p[MAX_PROCS];
 	int n = procs_from_status(ck, p, MAX_PROCS);
 	if (!recovering) {
@@ -827,6 +873,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->metrics = m;
 	c->pause_s = cfg->pause_s;
 	c->node = strdup(cfg->node_name);
+	c->lease_ns = strdup(cfg->lease_namespace ? cfg->lease_namespace : "gcr-system");
 	c->socket_dir = strdup(cfg->socket_dir);
 	c->pause = cfg->test_pause ? strdup(cfg->test_pause) : NULL;
 	size_t qn = strlen(cfg->node_name) + 64;
@@ -838,7 +885,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->queued = json_object();
 	c->retry = json_object();
 	c->done = json_object();
-	if (c->node == NULL || c->socket_dir == NULL || c->pod_query == NULL || c->instance == NULL ||
+	if (c->node == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->pod_query == NULL || c->instance == NULL ||
 	    c->queue == NULL || c->queued == NULL || c->retry == NULL || c->done == NULL ||
 	    (cfg->test_pause && c->pause == NULL)) {
 		agent_controller_free(c);
@@ -898,6 +945,7 @@ void agent_controller_free(struct agent_controller *c)
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
 	free(c->node);
+	free(c->lease_ns);
 	free(c->socket_dir);
 	free(c->pause);
 	free(c->pod_query);

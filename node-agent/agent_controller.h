@@ -10,6 +10,7 @@
 
 struct agent_controller_cfg {
 	const char *node_name;
+	const char *lease_namespace; /* where other nodes' heartbeat Leases are read */
 	const char *socket_dir; /* shims' control sockets */
 	/* Test hook (GCR_AGENT_TEST_PAUSE): "before-cr" or "after-cr" makes the
 	 * worker sleep pause_s seconds at that point of a Checkpoint; NULL: none. */

@@ -12,6 +12,7 @@
 #include "agent_controller.h"
 #include "agent_kube.h"
 #include "agent_kubeconfig.h"
+#include "agent_lease.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
 #include "gcr/protocol.h"
@@ -22,9 +23,12 @@
 /* Seconds the test hook pauses unless GCR_AGENT_TEST_PAUSE_S says otherwise. */
 #define TEST_PAUSE_S_DEFAULT 60
 
+/* The lease namespace when neither leaseNamespace nor POD_NAMESPACE says otherwise. */
+#define LEASE_NS_DEFAULT "gcr-system"
+
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
-		*context;
+		*context, *lease_namespace;
 };
 
 /* One row per option: the YAML key (the flag's name) and its slot. */
@@ -47,11 +51,13 @@ static const struct opt_row opts_table[] = {
 	{ "metrics-address", "metricsAddress", SLOT(metrics_address), "127.0.0.1:9464",
 	  "HOST:PORT of /metrics, /healthz, /readyz" },
 	{ "proc-root", "procRoot", SLOT(proc_root), "/proc", "where <pid>/cgroup files are read" },
+	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
+	  "namespace of the node heartbeat Leases (default: $POD_NAMESPACE, else " LEASE_NS_DEFAULT ")" },
 };
 
-/* Keys of the chart's config.yaml that other parts of the agent (device plugin,
- * node leases) own; this build reads none of them, but they are not mistakes. */
-static const char *const foreign_keys[] = { "leaseNamespace", "devicePlugin" };
+/* Keys of the chart's config.yaml that other parts of the agent (device plugin)
+ * own; this build reads none of them, but they are not mistakes. */
+static const char *const foreign_keys[] = { "devicePlugin" };
 #define NOPTS (sizeof(opts_table) / sizeof(opts_table[0]))
 
 static char **slot(struct cfg *c, const struct opt_row *r)
@@ -170,7 +176,7 @@ static void usage(FILE *f)
 			opts_table[i].def ? " [" : "", opts_table[i].def ? opts_table[i].def : "",
 			opts_table[i].def ? "]" : "");
 	fprintf(f, "  --%-18s YAML file with the options above as keys (flags win)\n", "config");
-	fprintf(f, "Environment: NODE_NAME; GCR_LOG_LEVEL; test hook GCR_AGENT_TEST_PAUSE=before-cr|after-cr\n"
+	fprintf(f, "Environment: NODE_NAME; POD_NAMESPACE; GCR_LOG_LEVEL; test hook GCR_AGENT_TEST_PAUSE=before-cr|after-cr\n"
 		   "(pause GCR_AGENT_TEST_PAUSE_S seconds, default 60, at that point of each Checkpoint).\n");
 }
 
@@ -224,6 +230,10 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	}
 	if (c->node_name == NULL && getenv("NODE_NAME") != NULL && set_opt(c, "node-name", getenv("NODE_NAME"), err) < 0)
 		return -ENOMEM;
+	const char *pod_ns = getenv("POD_NAMESPACE");
+	if (c->lease_namespace == NULL &&
+	    set_opt(c, "lease-namespace", pod_ns && pod_ns[0] ? pod_ns : LEASE_NS_DEFAULT, err) < 0)
+		return -ENOMEM;
 	for (size_t i = 0; i < NOPTS; i++)
 		if (*slot(c, &opts_table[i]) == NULL && opts_table[i].def != NULL &&
 		    set_opt(c, opts_table[i].name, opts_table[i].def, err) < 0)
@@ -247,6 +257,7 @@ int main(int argc, char **argv)
 	struct agent_registry *reg = NULL;
 	struct agent_metrics *metrics = NULL;
 	struct agent_controller *ctl = NULL;
+	struct agent_lease *lease = NULL;
 	int rc, status = 1;
 
 	gcr_log_init(GCR_LOG_INFO);
@@ -282,15 +293,21 @@ int main(int argc, char **argv)
 	const char *ps = getenv("GCR_AGENT_TEST_PAUSE_S");
 	struct agent_controller_cfg ccfg = {
 		.node_name = cfg.node_name,
+		.lease_namespace = cfg.lease_namespace,
 		.socket_dir = cfg.socket_dir,
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};
+	if (agent_lease_new(kube, cfg.lease_namespace, cfg.node_name, &lease, &err) < 0 ||
+	    agent_lease_start(lease, &err) < 0)
+		goto out;
 	if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
 	    agent_controller_start(ctl, &err) < 0)
 		goto out;
-	GCR_LOG(GCR_LOG_INFO, "agent", "node %s: registry %s, shim sockets %s, metrics http://%s, proc %s",
-		cfg.node_name, cfg.registry_socket, cfg.socket_dir, cfg.metrics_address, cfg.proc_root);
+	GCR_LOG(GCR_LOG_INFO, "agent",
+		"node %s: registry %s, shim sockets %s, metrics http://%s, proc %s, lease %s/gcr-agent-%s",
+		cfg.node_name, cfg.registry_socket, cfg.socket_dir, cfg.metrics_address, cfg.proc_root,
+		cfg.lease_namespace, cfg.node_name);
 
 	int sig = 0;
 	sigwait(&sigs, &sig);
@@ -300,6 +317,7 @@ out:
 	if (status != 0)
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
 	agent_controller_free(ctl); /* stops taking work, lets the operation in flight finish */
+	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */
 	agent_metrics_free(metrics);
 	agent_registry_free(reg);
 	agent_kube_free(kube);

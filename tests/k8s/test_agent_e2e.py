@@ -43,6 +43,9 @@ SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
 TESTPROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
 TESTBED = os.path.join(SRC, "tests", "k8s", "testbed.sh")
 NODE = "node-a"
+# The agents' heartbeat Leases live here (leaseNamespace of the config file below).
+LEASE_NS = "gcr-system"
+NODE_B = "node-b"  # another node: no agent, then one faked by its Lease
 # A namespace of its own per run, so that a reused test bed holds no old objects.
 NS = "gcr-e2e-" + uuid.uuid4().hex[:8]
 WAIT_S = 60  # bound of one wait on the API, in seconds
@@ -108,6 +111,9 @@ class Env:
             {"apiGroups": ["gpucr.dev"], "resources": ["checkpoints/status", "restores/status"], "verbs": ["patch"]},
             {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
         ]
+        # Leases as the chart grants them: a Role in the lease namespace only, no patch.
+        lease_rules = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                        "verbs": ["get", "create", "update"]}]
         objs = [
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gcr-agent", "namespace": NS}},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gcr-agent-e2e"},
@@ -115,6 +121,12 @@ class Env:
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
              "metadata": {"name": "gcr-agent-e2e"},
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gcr-agent-e2e"},
+             "subjects": [{"kind": "ServiceAccount", "name": "gcr-agent", "namespace": NS}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "gcr-agent-e2e-" + NS, "namespace": LEASE_NS}, "rules": lease_rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "gcr-agent-e2e-" + NS, "namespace": LEASE_NS},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gcr-agent-e2e-" + NS},
              "subjects": [{"kind": "ServiceAccount", "name": "gcr-agent", "namespace": NS}]},
         ]
         self.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in objs))
@@ -241,8 +253,8 @@ class Env:
         # sections the agent does not read), half as flags, as the DaemonSet passes them.
         cfg = os.path.join(self.dir, "config.yaml")
         with open(cfg, "w") as f:
-            f.write('logLevel: "info"\nleaseNamespace: "gcr-system"\ndevicePlugin:\n  enabled: false\n'
-                    '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\n' % (NODE, self.proc_root))
+            f.write('logLevel: "info"\nleaseNamespace: "%s"\ndevicePlugin:\n  enabled: false\n'
+                    '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\n' % (LEASE_NS, NODE, self.proc_root))
         argv = [AGENT, "--config=%s" % cfg, "--kubeconfig", self.kubeconfig, "--socket-dir", self.sock_dir,
                 "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port]
         if os.environ.get("GCR_E2E_VALGRIND") == "1":
@@ -400,13 +412,16 @@ def main():
         E.testbed_up()
         E.k("apply", "-f", os.path.join(SRC, "crd"))
         E.k("create", "namespace", NS)
+        E.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
         for crd in ("checkpoints.gpucr.dev", "restores.gpucr.dev"):
             E.k("wait", "--for=condition=Established", "--timeout=60s", "crd/" + crd)
         E.agent_identity()
         st["cid"] = uuid.uuid4().hex + uuid.uuid4().hex
         st["uid"] = E.make_pod("gpu-pod", st["cid"])
         E.make_pod("plain-pod", uuid.uuid4().hex + uuid.uuid4().hex)
-        E.make_pod("other-pod", uuid.uuid4().hex + uuid.uuid4().hex, node="node-b")
+        # node-b has no agent: no Lease of it left by an earlier run on a reused test bed.
+        E.k("delete", "lease", "gcr-agent-" + NODE_B, "-n", LEASE_NS, "--ignore-not-found")
+        E.make_pod("other-pod", uuid.uuid4().hex + uuid.uuid4().hex, node=NODE_B)
         E.start_agent()
         p = E.start_prog(st["uid"], st["cid"])
         st["prog"], st["pid"] = p, p.p.pid
@@ -457,16 +472,47 @@ def main():
     def no_shim():
         bad("ck-plain", checkpoint("ck-plain", "plain-pod"), "checkpoint", "no process running under the GCR shim")
 
-    def other_node():
-        # Another node's pod is that node's agent's: this agent leaves the Checkpoint
-        # alone. The marker applied after it is handled after it (one ordered queue),
-        # so once the marker is final the first one has been looked at.
-        E.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in (
-            checkpoint("ck-other", "other-pod"), checkpoint("ck-marker", "plain-pod"))))
-        E.wait_phase("checkpoint", "ck-marker", ("Failed",))
-        o = E.get("checkpoint", "ck-other")
-        check("phase" not in (o.get("status") or {}), "pod on node-b: status %s" % o.get("status"))
-        untouched(st["pid"])
+    def own_lease():
+        # The agent's own heartbeat: a Lease in LEASE_NS held by its node, renewed.
+        def renewed():
+            out = E.k("get", "lease", "gcr-agent-" + NODE, "-n", LEASE_NS, "-o", "json", ok=False)
+            return json.loads(out.stdout) if out.returncode == 0 else None
+        spec = E.wait("Lease %s/gcr-agent-%s" % (LEASE_NS, NODE), renewed)["spec"]
+        check(spec.get("holderIdentity") == NODE, "holderIdentity %s" % spec.get("holderIdentity"))
+        check(spec.get("leaseDurationSeconds") == 40, "leaseDurationSeconds %s" % spec.get("leaseDurationSeconds"))
+        first = spec.get("renewTime")
+        E.wait("renewTime after %s" % first, lambda: (renewed() or {}).get("spec", {}).get("renewTime", "") > first,
+               timeout=30)
+
+    def other_node_no_agent():
+        # No GCR agent serves the pod's node (no Lease): nobody else would ever
+        # answer, so this agent fails the Checkpoint and touches nothing.
+        bad("ck-other", checkpoint("ck-other", "other-pod"), "checkpoint", "node %s" % NODE_B)
+        s = E.get("checkpoint", "ck-other")["status"]
+        check("no GCR agent" in s.get("message", ""), "message %r" % s.get("message"))
+        E.wait_event("ck-other", "Warning", "NoAgentOnNode")
+
+    def other_node_served():
+        # The pod's node has a live agent (its Lease renewed now): that agent owns
+        # the Checkpoint, this one must not race it. The marker applied after it is
+        # handled after it (one ordered queue), so once the marker is final the
+        # first one has been looked at.
+        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        E.apply({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": "gcr-agent-" + NODE_B, "namespace": LEASE_NS},
+                 "spec": {"holderIdentity": NODE_B, "leaseDurationSeconds": 40, "renewTime": now}})
+        try:
+            E.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in (
+                checkpoint("ck-served", "other-pod"), checkpoint("ck-marker", "plain-pod"))))
+            E.wait_phase("checkpoint", "ck-marker", ("Failed",))
+            o = E.get("checkpoint", "ck-served")
+            check("phase" not in (o.get("status") or {}), "pod on %s: status %s" % (NODE_B, o.get("status")))
+            check(not E.events_for("ck-served"), "events about ck-served: %s" % E.events_for("ck-served"))
+            # Left alone because the Lease was read as live, not because reading it failed.
+            check("ck-served: node %s:" % NODE_B not in open(E.agent_log).read(), "the Lease could not be read")
+            untouched(st["pid"])
+        finally:
+            E.k("delete", "lease", "gcr-agent-" + NODE_B, "-n", LEASE_NS, "--ignore-not-found")
 
     def restore_of_failed():
         bad("rs-failed", restore("rs-failed", "ck-missing"), "restore", "failed")
@@ -579,7 +625,10 @@ def main():
             case("restore: Succeeded, process running; a second Restore fails", restore_ok)
             case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
             case("bad input: pod without a GCR process -> Failed + Event", no_shim)
-            case("pod on another node: left to that node's agent", other_node)
+            case("heartbeat: the agent's Lease is held by its node and renewed", own_lease)
+            case("bad input: pod on a node without an agent -> Failed + Event, process untouched",
+                 other_node_no_agent)
+            case("pod on another node with a live agent: left to that node's agent", other_node_served)
             case("bad input: Restore of a Failed Checkpoint -> Failed + Event", restore_of_failed)
             case("schema: the API server rejects a bad spec", schema)
             case("two Checkpoints of one pod at once are serialised", serialised)

@@ -1,0 +1,197 @@
+/* agent_lease: the node heartbeat, a coordination.k8s.io/v1 Lease "gcr-agent-<node>"
+ * renewed by this node's agent, and the check whether another node's agent is alive. */
+#include "agent_lease.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gcr_log.h"
+
+#define LEASES "/apis/coordination.k8s.io/v1/namespaces/%s/leases"
+/* Attempts of one renewal when the update conflicts (someone else wrote it). */
+#define CONFLICT_TRIES 3
+
+struct agent_lease {
+	struct agent_kube *kube;
+	char *ns, *node;
+	atomic_int stop;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	pthread_t th;
+	int started;
+};
+
+static void lease_path(char *buf, size_t len, const char *ns, const char *node)
+{
+	snprintf(buf, len, LEASES "/gcr-agent-%s", ns, node);
+}
+
+/* One renewal: GET; 404 -> POST a new Lease; else PUT with the resourceVersion
+ * read (409 -> read again). 0 or negative errno with the message in err. */
+static int renew(struct agent_lease *l, struct gcr_err *err)
+{
+	char path[600], coll[600], now[40], name[300];
+	lease_path(path, sizeof(path), l->ns, l->node);
+	snprintf(coll, sizeof(coll), LEASES, l->ns);
+	snprintf(name, sizeof(name), "gcr-agent-%s", l->node);
+	int rc = -EIO;
+	for (int i = 0; i < CONFLICT_TRIES; i++) {
+		long st = 0;
+		json_t *cur = NULL;
+		if (agent_kube_request(l->kube, "GET", path, NULL, NULL, &st, &cur, err) < 0)
+			return -EIO;
+		if (st != 200 && st != 404) {
+			json_decref(cur);
+			return gcr_err_set(err, -EIO, "GET lease %s/%s: HTTP %ld", l->ns, name, st);
+		}
+		agent_kube_time(now, sizeof(now), 1);
+		json_t *obj;
+		const char *method = "PUT", *where = path;
+		if (st == 404) {
+			obj = json_pack("{s:s, s:s, s:{s:s, s:s}, s:{s:s, s:i, s:s, s:s}}", "apiVersion",
+					"coordination.k8s.io/v1", "kind", "Lease", "metadata", "name", name, "namespace",
+					l->ns, "spec", "holderIdentity", l->node, "leaseDurationSeconds",
+					AGENT_LEASE_DURATION_S, "acquireTime", now, "renewTime", now);
+			method = "POST";
+			where = coll;
+			json_decref(cur);
+		} else {
+			obj = cur; /* keeps metadata.resourceVersion: a stale write conflicts */
+			json_t *spec = json_object_get(obj, "spec");
+			if (!json_is_object(spec)) {
+				spec = json_object();
+				json_object_set_new(obj, "spec", spec);
+			}
+			json_object_set_new(spec, "holderIdentity", json_string(l->node));
+			json_object_set_new(spec, "leaseDurationSeconds", json_integer(AGENT_LEASE_DURATION_S));
+			json_object_set_new(spec, "renewTime", json_string(now));
+		}
+		char *body = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+		json_decref(obj);
+		if (body == NULL)
+			return gcr_err_set(err, -ENOMEM, "out of memory");
+		st = 0;
+		rc = agent_kube_request(l->kube, method, where, "application/json", body, &st, NULL, err);
+		free(body);
+		if (rc < 0)
+			return -EIO;
+		if (st == 200 || st == 201)
+			return 0;
+		rc = gcr_err_set(err, -EIO, "%s lease %s/%s: HTTP %ld", method, l->ns, name, st);
+		if (st != 409)
+			return rc; /* 409: updated or created meanwhile; read again */
+	}
+	return rc;
+}
+
+static void *lease_main(void *data)
+{
+	struct agent_lease *l = data;
+	int failing = 0;
+	pthread_mutex_lock(&l->lock);
+	while (!atomic_load(&l->stop)) {
+		pthread_mutex_unlock(&l->lock);
+		struct gcr_err err;
+		if (renew(l, &err) < 0) {
+			GCR_LOG(GCR_LOG_WARN, "lease", "node heartbeat: %s", err.msg);
+			failing = 1;
+		} else if (failing) {
+			GCR_LOG(GCR_LOG_INFO, "lease", "node heartbeat renewed again");
+			failing = 0;
+		}
+		pthread_mutex_lock(&l->lock);
+		struct timespec dl;
+		clock_gettime(CLOCK_REALTIME, &dl);
+		dl.tv_sec += AGENT_LEASE_RENEW_S;
+		while (!atomic_load(&l->stop) && pthread_cond_timedwait(&l->cond, &l->lock, &dl) != ETIMEDOUT)
+			;
+	}
+	pthread_mutex_unlock(&l->lock);
+	return NULL;
+}
+
+int agent_lease_new(struct agent_kube *kube, const char *ns, const char *node, struct agent_lease **out,
+		    struct gcr_err *err)
+{
+	*out = NULL;
+	struct agent_lease *l = calloc(1, sizeof(*l));
+	if (l == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	l->kube = kube;
+	l->ns = strdup(ns);
+	l->node = strdup(node);
+	pthread_mutex_init(&l->lock, NULL);
+	pthread_cond_init(&l->cond, NULL);
+	if (l->ns == NULL || l->node == NULL) {
+		agent_lease_free(l);
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	*out = l;
+	return 0;
+}
+
+int agent_lease_start(struct agent_lease *l, struct gcr_err *err)
+{
+	int rc = pthread_create(&l->th, NULL, lease_main, l);
+	if (rc != 0)
+		return gcr_err_set(err, -rc, "cannot start the lease thread: %s", strerror(rc));
+	l->started = 1;
+	return 0;
+}
+
+void agent_lease_free(struct agent_lease *l)
+{
+	if (l == NULL)
+		return;
+	if (l->started) {
+		pthread_mutex_lock(&l->lock);
+		atomic_store(&l->stop, 1);
+		pthread_cond_broadcast(&l->cond);
+		pthread_mutex_unlock(&l->lock);
+		pthread_join(l->th, NULL);
+	}
+	pthread_mutex_destroy(&l->lock);
+	pthread_cond_destroy(&l->cond);
+	free(l->ns);
+	free(l->node);
+	free(l);
+}
+
+/* Seconds since the epoch of an RFC 3339 UTC time ("...T..:..:..[.ffffff]Z"), -1 when malformed. */
+static time_t parse_time(const char *s)
+{
+	struct tm tm = { 0 };
+	const char *end = s ? strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
+	if (end == NULL)
+		return -1;
+	return timegm(&tm);
+}
+
+int agent_lease_node_live(struct agent_kube *kube, const char *ns, const char *node, struct gcr_err *err)
+{
+	char path[600];
+	lease_path(path, sizeof(path), ns, node);
+	long st = 0;
+	json_t *lease = NULL;
+	if (agent_kube_request(kube, "GET", path, NULL, NULL, &st, &lease, err) < 0)
+		return -EIO;
+	int rc;
+	if (st == 404) {
+		rc = 0;
+	} else if (st != 200) {
+		rc = gcr_err_set(err, -EIO, "GET lease %s/gcr-agent-%s: HTTP %ld", ns, node, st);
+	} else {
+		json_t *spec = json_object_get(lease, "spec");
+		time_t renewed = parse_time(json_string_value(json_object_get(spec, "renewTime")));
+		json_int_t dur = json_integer_value(json_object_get(spec, "leaseDurationSeconds"));
+		rc = renewed >= 0 && dur > 0 && renewed + (time_t)dur > time(NULL);
+	}
+	json_decref(lease);
+	return rc;
+}
