@@ -42,12 +42,16 @@ AGENT = os.environ.get("GCR_E2E_AGENT") or os.path.join(BUILD, "node-agent", "gc
 SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
 TESTPROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
 TESTBED = os.path.join(SRC, "tests", "k8s", "testbed.sh")
+CHART_SA = os.path.join(SRC, "tests", "k8s", "chart_sa_kubeconfig.sh")
 NODE = "node-a"
-# The agents' heartbeat Leases live here (leaseNamespace of the config file below).
-LEASE_NS = "gcr-system"
 NODE_B = "node-b"  # another node: no agent, then one faked by its Lease
-# A namespace of its own per run, so that a reused test bed holds no old objects.
+# A namespace of its own per run, so that a reused test bed holds no old objects. The
+# chart is rendered into it (release gcr-NS, chart_sa_kubeconfig.sh's default).
 NS = "gcr-e2e-" + uuid.uuid4().hex[:8]
+CHART_RELEASE = "gcr-" + NS
+# The agents' heartbeat Leases live in the chart's namespace, as the chart's config.yaml
+# says (leaseNamespace: .Release.Namespace) and its lease Role allows.
+LEASE_NS = NS
 WAIT_S = 60  # bound of one wait on the API, in seconds
 
 
@@ -101,48 +105,21 @@ class Env:
         self.kubeconfig = self.env["KUBECONFIG"]
 
     def agent_identity(self):
-        """A ServiceAccount with only the agent's RBAC and a kubeconfig holding its bearer
-        token, so the agent runs as it would in a cluster (GCR_E2E_ADMIN=1: admin certs)."""
+        """The chart's own ServiceAccount, ClusterRole(Binding) and lease Role(Binding), rendered
+        into NS by tests/k8s/chart_sa_kubeconfig.sh, and a kubeconfig holding its token: the agent
+        runs with exactly what the chart grants, so a missing rule fails a case (GCR_E2E_ADMIN=1:
+        admin certs)."""
         if os.environ.get("GCR_E2E_ADMIN") == "1":
             return
-        rules = [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["gpucr.dev"], "resources": ["checkpoints", "restores"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["gpucr.dev"], "resources": ["checkpoints/status", "restores/status"], "verbs": ["patch"]},
-            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
-        ]
-        # Leases as the chart grants them: a Role in the lease namespace only, no patch.
-        lease_rules = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                        "verbs": ["get", "create", "update"]}]
-        objs = [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gcr-agent", "namespace": NS}},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gcr-agent-e2e"},
-             "rules": rules},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-             "metadata": {"name": "gcr-agent-e2e"},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gcr-agent-e2e"},
-             "subjects": [{"kind": "ServiceAccount", "name": "gcr-agent", "namespace": NS}]},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": {"name": "gcr-agent-e2e-" + NS, "namespace": LEASE_NS}, "rules": lease_rules},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": "gcr-agent-e2e-" + NS, "namespace": LEASE_NS},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gcr-agent-e2e-" + NS},
-             "subjects": [{"kind": "ServiceAccount", "name": "gcr-agent", "namespace": NS}]},
-        ]
-        self.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in objs))
-        token = self.k("create", "token", "gcr-agent", "-n", NS, "--duration=2h").stdout.strip()
-        server = self.k("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout.strip()
-        ca = self.k("config", "view", "--minify", "-o",
-                    "jsonpath={.clusters[0].cluster.certificate-authority}").stdout.strip()
-        token_file = os.path.join(self.dir, "token")
-        with open(token_file, "w") as f:
-            f.write(token)
         path = os.path.join(self.dir, "agent.kubeconfig")
-        with open(path, "w") as f:
-            f.write("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: %s\n"
-                    "    certificate-authority: %s\nusers:\n- name: gcr-agent\n  user:\n    tokenFile: %s\n"
-                    "contexts:\n- name: c\n  context:\n    cluster: c\n    user: gcr-agent\n"
-                    "current-context: c\n" % (server, ca, token_file))
+        env = dict(self.env)
+        env.setdefault("GCR_TOKEN_DURATION", "2h")
+        if os.path.exists(os.path.join(os.path.dirname(self.kubectl), "kubectl")):
+            env["GCR_TESTBED_BIN"] = os.path.dirname(self.kubectl)
+        out = subprocess.run([CHART_SA, NS, path], capture_output=True, text=True, timeout=300, env=env)
+        if out.returncode != 0:
+            raise Fail("chart_sa_kubeconfig.sh: %s" % (out.stderr.strip()[-2000:] or out.stdout.strip()[-2000:]))
+        log("agent identity: %s (the chart's RBAC, release %s)" % (out.stdout.strip(), CHART_RELEASE))
         self.kubeconfig = path
 
     def k(self, *args, stdin=None, ok=True):
@@ -299,6 +276,10 @@ class Env:
         self.stop_agent()
         for p in self.progs:
             p.kill()
+        if not self.started_testbed and os.environ.get("GCR_E2E_KEEP") != "1":
+            # The chart's cluster-scoped RBAC of this run (the namespace goes with the test bed's reuse).
+            self.k("delete", "clusterrolebinding,clusterrole", "-l", "app.kubernetes.io/instance=" + CHART_RELEASE,
+                   "--ignore-not-found", "--wait=false", ok=False)
         if self.started_testbed:
             subprocess.run([TESTBED, "down", self.env["GCR_TESTBED_DIR"]], capture_output=True, timeout=120,
                            env=self.env)
@@ -412,7 +393,6 @@ def main():
         E.testbed_up()
         E.k("apply", "-f", os.path.join(SRC, "crd"))
         E.k("create", "namespace", NS)
-        E.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
         for crd in ("checkpoints.gpucr.dev", "restores.gpucr.dev"):
             E.k("wait", "--for=condition=Established", "--timeout=60s", "crd/" + crd)
         E.agent_identity()
@@ -619,7 +599,7 @@ def main():
         check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
 
     try:
-        case("setup: test bed, CRDs, least-privilege service account, pods, agent, shimmed process registered", setup)
+        case("setup: test bed, CRDs, the chart's ServiceAccount and RBAC, pods, agent, shimmed process registered", setup)
         if results[-1]:
             case("checkpoint: Succeeded, process suspended, bytes, durations, Event", checkpoint_ok)
             case("restore: Succeeded, process running; a second Restore fails", restore_ok)
