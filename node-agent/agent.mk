@@ -9,7 +9,8 @@ node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
 node_agent_libgcragent_la_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LIBS)
 
-# gcr-agent: the node daemon (kube client, shim registry, controller, metrics).
+# gcr-agent: the node daemon (kube client, shim registry, controller, metrics, and the
+# device plugin from libgcrdp below).
 bin_PROGRAMS += node-agent/gcr-agent
 node_agent_gcr_agent_SOURCES = \
 	node-agent/agent_main.c \
@@ -20,7 +21,7 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/agent_metrics.c node-agent/agent_metrics.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
 node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
-node_agent_gcr_agent_LDADD = node-agent/libgcragent.la lib/libgcrcontrol.la \
+node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrdp.la lib/libgcrcontrol.la \
 	$(JANSSON_LIBS) $(YAML_LIBS) $(CURL_LIBS) $(MHD_LIBS) -ldl
 # The kubelet device plugin: protobuf-c messages generated from the kubelet's
 # api.proto (committed, see scripts/gen-deviceplugin-proto.sh) and gRPC core.

@@ -1,7 +1,8 @@
 /* agent_main: gcr-agent's entry point: configuration (YAML file, then flags),
- * start-up of the registry, metrics and controller, and the SIGTERM shutdown. */
+ * start-up of the registry, metrics, device plugin and controller, and the SIGTERM shutdown. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <yaml.h>
 
 #include "agent_controller.h"
+#include "agent_deviceplugin.h"
 #include "agent_kube.h"
 #include "agent_kubeconfig.h"
 #include "agent_lease.h"
@@ -26,9 +28,19 @@
 /* The lease namespace when neither leaseNamespace nor POD_NAMESPACE says otherwise. */
 #define LEASE_NS_DEFAULT "gcr-system"
 
+/* The devicePlugin section of the file (the chart's values.yaml devicePlugin). NULL / 0:
+ * the device plugin's defaults (agent_deviceplugin.h). */
+struct dp_cfg {
+	bool enabled; /* off unless the file says true: the chart turns it on */
+	char *resource_name, *kubelet_dir, *endpoint, *shim_host_dir, *shim_container_dir, *socket_root,
+		*socket_container_dir, *agent_container_dir, *cdi_device;
+	unsigned slots, poll_ms;
+};
+
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace;
+	struct dp_cfg dp;
 };
 
 /* One row per option: the YAML key (the flag's name) and its slot. */
@@ -55,9 +67,27 @@ static const struct opt_row opts_table[] = {
 	  "namespace of the node heartbeat Leases (default: $POD_NAMESPACE, else " LEASE_NS_DEFAULT ")" },
 };
 
-/* Keys of the chart's config.yaml that other parts of the agent (device plugin)
- * own; this build reads none of them, but they are not mistakes. */
-static const char *const foreign_keys[] = { "devicePlugin" };
+/* The devicePlugin section: strings; enabled, slots and pollMs are parsed in dp_opt. */
+#define DP_SLOT(f) offsetof(struct dp_cfg, f)
+static const struct {
+	const char *key;
+	size_t off;
+} dp_strings[] = {
+	{ "resourceName", DP_SLOT(resource_name) },
+	{ "kubeletDir", DP_SLOT(kubelet_dir) },
+	{ "endpoint", DP_SLOT(endpoint) },
+	{ "shimHostDir", DP_SLOT(shim_host_dir) },
+	{ "shimContainerDir", DP_SLOT(shim_container_dir) },
+	{ "socketRoot", DP_SLOT(socket_root) },
+	{ "socketContainerDir", DP_SLOT(socket_container_dir) },
+	{ "agentContainerDir", DP_SLOT(agent_container_dir) },
+	{ "cdiDevice", DP_SLOT(cdi_device) },
+};
+#define NDP_STRINGS (sizeof(dp_strings) / sizeof(dp_strings[0]))
+#define DP_SECTION "devicePlugin"
+/* Most device-plugin slots, and the longest kubelet poll period (ms). */
+#define DP_SLOTS_MAX 1024
+#define DP_POLL_MS_MAX 60000
 #define NOPTS (sizeof(opts_table) / sizeof(opts_table[0]))
 
 static char **slot(struct cfg *c, const struct opt_row *r)
@@ -80,15 +110,73 @@ static int set_opt(struct cfg *c, const char *name, const char *value, struct gc
 	return gcr_err_set(err, -EINVAL, "unknown option '%s'", name);
 }
 
-static int is_foreign(const char *key)
+static char **dp_slot(struct dp_cfg *d, size_t off)
 {
-	for (size_t i = 0; i < sizeof(foreign_keys) / sizeof(foreign_keys[0]); i++)
-		if (strcmp(foreign_keys[i], key) == 0)
-			return 1;
+	return (char **)(void *)((char *)d + off);
+}
+
+/* A decimal integer in [lo, hi], nothing else. */
+static int parse_uint(const char *key, const char *value, unsigned lo, unsigned hi, unsigned *out,
+		      struct gcr_err *err)
+{
+	char *end = NULL;
+	errno = 0;
+	unsigned long v = strtoul(value, &end, 10);
+	if (value[0] < '0' || value[0] > '9' || *end != '\0' || errno != 0 || v < lo || v > hi)
+		return gcr_err_set(err, -EINVAL, "%s.%s: '%s' is not an integer in %u..%u", DP_SECTION, key,
+				   value, lo, hi);
+	*out = (unsigned)v;
 	return 0;
 }
 
-/* One key/value of the file: an option, logLevel, or a key owned elsewhere. */
+/* One key/value of the devicePlugin section. Keys of the chart this agent does not use
+ * (cdiSpecDir, ...) are logged and ignored, so a newer chart still starts an older agent. */
+static int dp_opt(struct dp_cfg *d, const char *key, const char *value, struct gcr_err *err)
+{
+	if (strcmp(key, "enabled") == 0) {
+		if (strcmp(value, "true") == 0 || strcmp(value, "True") == 0 || strcmp(value, "TRUE") == 0)
+			d->enabled = true;
+		else if (strcmp(value, "false") == 0 || strcmp(value, "False") == 0 || strcmp(value, "FALSE") == 0)
+			d->enabled = false;
+		else
+			return gcr_err_set(err, -EINVAL, "%s.enabled: '%s' is not true or false", DP_SECTION, value);
+		return 0;
+	}
+	if (strcmp(key, "slots") == 0)
+		return parse_uint(key, value, 1, DP_SLOTS_MAX, &d->slots, err);
+	if (strcmp(key, "pollMs") == 0)
+		return parse_uint(key, value, 1, DP_POLL_MS_MAX, &d->poll_ms, err);
+	for (size_t i = 0; i < NDP_STRINGS; i++) {
+		if (strcmp(dp_strings[i].key, key) != 0)
+			continue;
+		char *v = NULL;
+		/* An empty cdiDevice (the chart's default) means none; an empty path or name is a mistake. */
+		if (value[0] == '\0' && strcmp(key, "cdiDevice") != 0)
+			return gcr_err_set(err, -EINVAL, "%s.%s is empty", DP_SECTION, key);
+		if (value[0] != '\0' && (v = strdup(value)) == NULL)
+			return gcr_err_set(err, -ENOMEM, "out of memory");
+		free(*dp_slot(d, dp_strings[i].off));
+		*dp_slot(d, dp_strings[i].off) = v;
+		return 0;
+	}
+	GCR_LOG(GCR_LOG_DEBUG, "agent", "config: %s.%s ignored (not used by this agent)", DP_SECTION, key);
+	return 0;
+}
+
+/* A key of the devicePlugin section whose value is a mapping or a sequence: an error for
+ * the keys this agent reads, ignored (shimEnv, ...) otherwise. */
+static int dp_nested(const char *key, struct gcr_err *err)
+{
+	if (strcmp(key, "enabled") == 0 || strcmp(key, "slots") == 0 || strcmp(key, "pollMs") == 0)
+		return gcr_err_set(err, -EINVAL, "%s.%s must be a scalar", DP_SECTION, key);
+	for (size_t i = 0; i < NDP_STRINGS; i++)
+		if (strcmp(dp_strings[i].key, key) == 0)
+			return gcr_err_set(err, -EINVAL, "%s.%s must be a scalar", DP_SECTION, key);
+	GCR_LOG(GCR_LOG_DEBUG, "agent", "config: %s.%s ignored (not used by this agent)", DP_SECTION, key);
+	return 0;
+}
+
+/* One key/value of the file: an option or logLevel. */
 static int file_opt(struct cfg *c, const char *key, const char *value, struct gcr_err *err)
 {
 	if (strcmp(key, "logLevel") == 0) {
@@ -98,13 +186,14 @@ static int file_opt(struct cfg *c, const char *key, const char *value, struct gc
 				gcr_log_level = i;
 		return 0;
 	}
-	if (is_foreign(key))
-		return 0;
+	if (strcmp(key, DP_SECTION) == 0)
+		return gcr_err_set(err, -EINVAL, "%s must be a mapping", DP_SECTION);
 	return set_opt(c, key, value, err);
 }
 
 /* The configuration file: a YAML mapping of option names (flag or camelCase
- * spelling) to scalars; the sections other modules own are skipped. */
+ * spelling) to scalars, and the devicePlugin section: a mapping of its keys to
+ * scalars (nested values of keys it does not read are skipped). */
 static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 {
 	FILE *f = fopen(path, "rb");
@@ -113,7 +202,7 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 	yaml_parser_t p;
 	yaml_event_t ev;
 	int rc = 0, depth = 0, done = 0;
-	char *key = NULL;
+	char *key = NULL, *sub = NULL; /* key at depth 1; key inside the section at depth 2 */
 	yaml_parser_initialize(&p);
 	yaml_parser_set_input_file(&p, f);
 	while (!done && rc == 0) {
@@ -125,20 +214,39 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 		switch (ev.type) {
 		case YAML_MAPPING_START_EVENT:
 		case YAML_SEQUENCE_START_EVENT:
-			if (++depth == 2 && (key == NULL || !is_foreign(key)))
+			++depth;
+			if (depth == 2 && (key == NULL || strcmp(key, DP_SECTION) != 0 ||
+					   ev.type != YAML_MAPPING_START_EVENT))
 				rc = gcr_err_set(err, -EINVAL, "%s: option '%s' must be a scalar", path,
 						 key ? key : "?");
+			else if (depth == 3 && sub == NULL)
+				rc = gcr_err_set(err, -EINVAL, "%s: %s: keys must be scalars", path, DP_SECTION);
+			else if (depth == 3 && (rc = dp_nested(sub, err)) < 0)
+				gcr_err_wrap(err, "%s", path);
 			break;
 		case YAML_MAPPING_END_EVENT:
 		case YAML_SEQUENCE_END_EVENT:
-			if (--depth == 1) { /* end of a skipped section */
+			if (--depth == 1) { /* end of the section */
 				free(key);
 				key = NULL;
+			} else if (depth == 2) { /* end of a skipped value inside it */
+				free(sub);
+				sub = NULL;
 			}
 			break;
 		case YAML_SCALAR_EVENT:
-			if (depth > 1) {
-				break; /* inside a section owned elsewhere */
+			if (depth > 2) {
+				break; /* inside a value the section skips */
+			} else if (depth == 2 && sub == NULL) {
+				sub = strndup((char *)ev.data.scalar.value, ev.data.scalar.length);
+				if (sub == NULL)
+					rc = gcr_err_set(err, -ENOMEM, "out of memory");
+			} else if (depth == 2) {
+				rc = dp_opt(&c->dp, sub, (char *)ev.data.scalar.value, err);
+				if (rc < 0)
+					gcr_err_wrap(err, "%s", path);
+				free(sub);
+				sub = NULL;
 			} else if (depth != 1) {
 				rc = gcr_err_set(err, -EINVAL, "%s: expected a mapping of options", path);
 			} else if (key == NULL) {
@@ -162,6 +270,7 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 		yaml_event_delete(&ev);
 	}
 	free(key);
+	free(sub);
 	yaml_parser_delete(&p);
 	fclose(f);
 	return rc;
@@ -175,7 +284,10 @@ static void usage(FILE *f)
 		fprintf(f, "  --%-18s %s%s%s%s\n", opts_table[i].name, opts_table[i].help,
 			opts_table[i].def ? " [" : "", opts_table[i].def ? opts_table[i].def : "",
 			opts_table[i].def ? "]" : "");
-	fprintf(f, "  --%-18s YAML file with the options above as keys (flags win)\n", "config");
+	fprintf(f, "  --%-18s YAML file with the options above as keys (flags win), and a devicePlugin\n"
+		   "  %-20s section: enabled [false], resourceName, slots, kubeletDir, endpoint, shimHostDir,\n"
+		   "  %-20s shimContainerDir, socketRoot, socketContainerDir, agentContainerDir, cdiDevice, pollMs\n",
+		"config", "", "");
 	fprintf(f, "Environment: NODE_NAME; POD_NAMESPACE; GCR_LOG_LEVEL; test hook GCR_AGENT_TEST_PAUSE=before-cr|after-cr\n"
 		   "(pause GCR_AGENT_TEST_PAUSE_S seconds, default 60, at that point of each Checkpoint).\n");
 }
@@ -185,6 +297,10 @@ static void cfg_free(struct cfg *c)
 	for (size_t i = 0; i < NOPTS; i++) {
 		free(*slot(c, &opts_table[i]));
 		*slot(c, &opts_table[i]) = NULL;
+	}
+	for (size_t i = 0; i < NDP_STRINGS; i++) {
+		free(*dp_slot(&c->dp, dp_strings[i].off));
+		*dp_slot(&c->dp, dp_strings[i].off) = NULL;
 	}
 }
 
@@ -248,6 +364,46 @@ static int registered_gauge(void *data)
 	return agent_registry_count(data);
 }
 
+/* /readyz with the device plugin on: it registered with the kubelet at least once. */
+static int dp_registered(void *data)
+{
+	return agent_dp_registrations(data) > 0;
+}
+
+/* The device plugin, serving and registering from its own thread; the shims it injects
+ * register on our registry socket. */
+static int dp_start(const struct cfg *c, struct agent_dp **out, struct gcr_err *err)
+{
+	const struct dp_cfg *d = &c->dp;
+	struct agent_dp_config dc = {
+		.resource_name = d->resource_name,
+		.slots = d->slots,
+		.kubelet_dir = d->kubelet_dir,
+		.endpoint = d->endpoint,
+		.shim_host_dir = d->shim_host_dir,
+		.shim_container_dir = d->shim_container_dir,
+		.socket_root = d->socket_root,
+		.socket_container_dir = d->socket_container_dir,
+		.agent_socket = c->registry_socket,
+		.agent_container_dir = d->agent_container_dir,
+		.cdi_device = d->cdi_device,
+		.poll_ms = d->poll_ms,
+	};
+	struct agent_dp *dp = agent_dp_new(&dc, err);
+	if (dp == NULL) {
+		gcr_err_wrap(err, "device plugin");
+		return err->code < 0 ? err->code : -EINVAL;
+	}
+	int rc = agent_dp_start(dp, err);
+	if (rc < 0) {
+		gcr_err_wrap(err, "device plugin");
+		agent_dp_free(dp);
+		return rc;
+	}
+	*out = dp;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct cfg cfg = { 0 };
@@ -258,6 +414,7 @@ int main(int argc, char **argv)
 	struct agent_metrics *metrics = NULL;
 	struct agent_controller *ctl = NULL;
 	struct agent_lease *lease = NULL;
+	struct agent_dp *dp = NULL;
 	int rc, status = 1;
 
 	gcr_log_init(GCR_LOG_INFO);
@@ -290,6 +447,11 @@ int main(int argc, char **argv)
 		goto out;
 	if (agent_metrics_new(cfg.metrics_address, registered_gauge, reg, &metrics, &err) < 0)
 		goto out;
+	if (cfg.dp.enabled) {
+		if (dp_start(&cfg, &dp, &err) < 0)
+			goto out;
+		agent_metrics_set_ready_check(metrics, "device plugin registered with the kubelet", dp_registered, dp);
+	}
 	const char *ps = getenv("GCR_AGENT_TEST_PAUSE_S");
 	struct agent_controller_cfg ccfg = {
 		.node_name = cfg.node_name,
@@ -308,6 +470,8 @@ int main(int argc, char **argv)
 		"node %s: registry %s, shim sockets %s, metrics http://%s, proc %s, lease %s/gcr-agent-%s",
 		cfg.node_name, cfg.registry_socket, cfg.socket_dir, cfg.metrics_address, cfg.proc_root,
 		cfg.lease_namespace, cfg.node_name);
+	GCR_LOG(GCR_LOG_INFO, "agent", "device plugin: %s (shims reach the registry as GCR_AGENT_SOCKET)",
+		dp != NULL ? "on" : "off: devicePlugin.enabled is not true");
 
 	int sig = 0;
 	sigwait(&sigs, &sig);
@@ -317,6 +481,9 @@ out:
 	if (status != 0)
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
 	agent_controller_free(ctl); /* stops taking work, lets the operation in flight finish */
+	if (metrics != NULL)
+		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp goes: /readyz stops asking it */
+	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
 	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */
 	agent_metrics_free(metrics);
 	agent_registry_free(reg);

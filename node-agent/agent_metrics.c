@@ -25,6 +25,9 @@ struct agent_metrics {
 	agent_metrics_gauge_fn registered;
 	void *data;
 	atomic_int ready;
+	agent_metrics_ready_fn ready_fn; /* guarded by lock, with ready_data and ready_what */
+	void *ready_data;
+	const char *ready_what;
 	pthread_mutex_t lock; /* guards the counters below */
 	unsigned long long ops[NKINDS][2]; /* [kind][ok] */
 	unsigned long long bucket[NKINDS][NBUCKETS];
@@ -32,6 +35,28 @@ struct agent_metrics {
 	unsigned long long count[NKINDS];
 	unsigned long long bytes[NKINDS];
 };
+
+/* /readyz: 200 "ok" once the lists are done and the extra check holds; else 503 naming
+ * every condition still missing, one per line. */
+static char *readyz(struct agent_metrics *m, unsigned int *code)
+{
+	/* fn runs under the lock: agent_metrics_set_ready_check(NULL) then frees its data safely. */
+	pthread_mutex_lock(&m->lock);
+	int extra = m->ready_fn == NULL || m->ready_fn(m->ready_data) != 0;
+	const char *what = m->ready_what;
+	pthread_mutex_unlock(&m->lock);
+	int lists = atomic_load(&m->ready);
+	char *body = NULL;
+	if (lists && extra) {
+		*code = MHD_HTTP_OK;
+		return strdup("ok\n");
+	}
+	*code = MHD_HTTP_SERVICE_UNAVAILABLE;
+	if (asprintf(&body, "%s%s%s%s", lists ? "" : "not ready: waiting for the first lists\n",
+		     extra ? "" : "not ready: waiting for: ", extra ? "" : what, extra ? "" : "\n") < 0)
+		return NULL;
+	return body;
+}
 
 static char *render(struct agent_metrics *m)
 {
@@ -93,9 +118,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
 	} else if (strcmp(url, "/healthz") == 0) {
 		body = strdup("ok\n");
 	} else if (strcmp(url, "/readyz") == 0) {
-		int r = atomic_load(&m->ready);
-		code = r ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
-		body = strdup(r ? "ok\n" : "not ready: waiting for the first lists\n");
+		body = readyz(m, &code);
 	} else if (strcmp(url, "/metrics") == 0) {
 		body = render(m);
 		ctype = "text/plain; version=0.0.4; charset=utf-8";
@@ -170,6 +193,16 @@ void agent_metrics_free(struct agent_metrics *m)
 		MHD_stop_daemon(m->d);
 	pthread_mutex_destroy(&m->lock);
 	free(m);
+}
+
+void agent_metrics_set_ready_check(struct agent_metrics *m, const char *what, agent_metrics_ready_fn fn,
+				   void *data)
+{
+	pthread_mutex_lock(&m->lock);
+	m->ready_fn = fn;
+	m->ready_data = data;
+	m->ready_what = what ? what : "?";
+	pthread_mutex_unlock(&m->lock);
 }
 
 void agent_metrics_set_ready(struct agent_metrics *m)

@@ -18,6 +18,14 @@ void agent_metrics_free(struct agent_metrics *m);
 /* The watches have listed once: /readyz answers 200 from now on. */
 void agent_metrics_set_ready(struct agent_metrics *m);
 
+/* One more condition of /readyz besides the first lists: fn(data) != 0 once it holds;
+ * what names it in the 503 body ("device plugin registered with the kubelet"). fn is
+ * called from the HTTP thread under the metrics lock; after a call with NULL fn it is never
+ * called again, so its data may be freed. */
+typedef int (*agent_metrics_ready_fn)(void *data);
+void agent_metrics_set_ready_check(struct agent_metrics *m, const char *what, agent_metrics_ready_fn fn,
+				   void *data);
+
 /* One finished operation: kind "checkpoint"/"restore", ok or not, its
  * duration in ms and bytes moved. */
 void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double ms, long long bytes);

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # tests/dp/test_deviceplugin.sh: the device plugin (gcr-dp-standalone) against the Go
-# kubelet stand-in (tests/k8s/kubelet-standin), then isolation between allocations.
+# kubelet stand-in (tests/k8s/kubelet-standin), then isolation between allocations, then
+# gcr-agent itself with its devicePlugin section on, against the stand-in.
 #
 # Run from anywhere after a build. Environment:
-#   GCR_BUILD_DIR      build directory holding node-agent/gcr-dp-standalone (default build)
+#   GCR_BUILD_DIR      build directory holding node-agent/gcr-dp-standalone and gcr-agent (default build)
 #   GCR_TESTBED_CACHE  where the stand-in binary is cached, as tests/k8s/testbed.sh
 #                      (default ${XDG_CACHE_HOME:-~/.cache}/gcr-testbed)
 #   GO                 Go toolchain (default: go in PATH, else /usr/local/go/bin/go)
+#   GCR_DP_KEEP        set: keep the work directory (logs, Allocate dumps)
 set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${GCR_BUILD_DIR:-$top/build}
@@ -76,7 +78,7 @@ cleanup() {
 	local p
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 	wait 2>/dev/null
-	rm -rf "$work"
+	[[ -n ${GCR_DP_KEEP:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
 chmod 0755 "$work"
@@ -233,4 +235,126 @@ check "plugin stops on SIGTERM with status 0" test $? -eq 0
 check "plugin removed its socket" test ! -e "$kdir/gcr-shim.sock"
 check_not "plugin log has no error line" grep -q '^error' "$work/plugin.log"
 grep -E '^(error|warn)' "$work/plugin.log" | sed 's/^/  plugin: /' | head -n 20
+
+# ---- gcr-agent itself with its devicePlugin section on (as the chart renders it) ----
+# No API server here (the watches never list, so /readyz stays 503): what is checked is
+# the device plugin's part of /readyz, registration and Allocate through the stand-in.
+agent_bin=$build/node-agent/gcr-agent
+if [[ ! -x $agent_bin ]]; then
+	fail "no $agent_bin: build first"
+	finish
+fi
+akdir=$work/kubelet-agent aroot=$work/alloc-agent arun=$work/agentrun
+mkdir -p "$akdir" "$arun" "$work/proc"
+chmod 0700 "$arun"
+# Any CA will do: nothing answers on port 1 (the agent always verifies TLS).
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$work/ca.key" -out "$work/ca.crt" -days 1 \
+	-subj /CN=gcr-dp-test >/dev/null 2>&1 || cp /etc/ssl/certs/ca-certificates.crt "$work/ca.crt"
+cat >"$work/agent.kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: none
+  cluster:
+    server: https://127.0.0.1:1
+    certificate-authority: $work/ca.crt
+users:
+- name: u
+  user:
+    token: t
+contexts:
+- name: c
+  context:
+    cluster: none
+    user: u
+current-context: c
+KC
+agent_cfg() { # enabled slots -> a config.yaml shaped like the chart's configmap.yaml
+	cat <<CFG
+logLevel: "debug"
+leaseNamespace: "gcr-system"
+devicePlugin:
+  enabled: $1
+  resourceName: "gpucr.dev/shim"
+  slots: $2
+  kubeletDir: "$akdir"
+  shimHostDir: "$work/shim"
+  shimContainerDir: "/opt/gcr/lib"
+  socketContainerDir: "/run/gcr/sock"
+  cdiDevice: ""
+  cdiSpecDir: "/var/run/cdi"
+  shimEnv:
+    GCR_VMM_MIN_BYTES: "1048576"
+  socketRoot: "$aroot"
+  pollMs: 50
+CFG
+}
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+agent_args=(--kubeconfig "$work/agent.kubeconfig" --node-name node-dp --socket-dir "$arun"
+	--registry-socket "$arun/agent.sock" --metrics-address "127.0.0.1:$port" --proc-root "$work/proc")
+agent_refuses() { # what enabled slots
+	agent_cfg "$2" "$3" >"$work/agent-bad.yaml"
+	if timeout 10 "$agent_bin" --config "$work/agent-bad.yaml" "${agent_args[@]}" >"$work/agent-bad.log" 2>&1; then
+		fail "agent refuses $1 (it ran)"
+	else
+		pass "agent refuses $1: $(grep -m1 '^gcr-agent:' "$work/agent-bad.log")"
+	fi
+}
+agent_refuses "devicePlugin.slots: 0" true 0
+agent_refuses "devicePlugin.slots: 2000" true 2000
+agent_refuses "devicePlugin.enabled: maybe" maybe 4
+readyz() { python3 - "$port" <<'PY'
+import sys, urllib.request, urllib.error
+try:
+    r = urllib.request.urlopen("http://127.0.0.1:%s/readyz" % sys.argv[1], timeout=2); print(r.status, r.read().decode().strip())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode().strip().replace("\n", "; "))
+except OSError as e:
+    print(0, e)
+PY
+}
+agent_cfg true 4 >"$work/agent.yaml"
+"$agent_bin" --config "$work/agent.yaml" "${agent_args[@]}" >"$work/agent.log" 2>&1 &
+apid=$!
+pids+=("$apid")
+for _ in $(seq 50); do [[ -S $akdir/gcr-shim.sock ]] && break; sleep 0.1; done
+check "agent's device plugin serves $akdir/gcr-shim.sock" test -S "$akdir/gcr-shim.sock"
+r=$(readyz)
+echo "  agent /readyz before the kubelet: $r"
+check "agent /readyz waits for the device plugin's registration" grep -q 'device plugin registered with the kubelet' <<<"$r"
+check "agent logs the ignored keys (cdiSpecDir, shimEnv) at debug" \
+	bash -c "grep -q 'devicePlugin.cdiSpecDir ignored' '$work/agent.log' && grep -q 'devicePlugin.shimEnv ignored' '$work/agent.log'"
+
+timeout 120 "$standin" -dir "$akdir" -slots 4 -shim-host-dir "$work/shim" -socket-root "$aroot" \
+	-plugin-pid 0 -dump "$work/alloc-agent.json" -timeout 5s >"$work/standin-agent.log" 2>&1
+rc=$?
+sed 's/^/  standin (agent): /' "$work/standin-agent.log"
+line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed' "$work/standin-agent.log" | tail -n 1)
+sp=${line%% passed*} sf=${line##*, }; sf=${sf%% failed}
+passed=$((passed + ${sp:-0})) failed=$((failed + ${sf:-0}))
+if [[ -z $line || $rc -ne 0 ]] && [[ ${sf:-0} -eq 0 ]]; then
+	fail "kubelet stand-in against gcr-agent: exit $rc, ${line:-no summary}"
+fi
+r=$(readyz)
+echo "  agent /readyz after the kubelet: $r"
+check "agent /readyz no longer waits for the device plugin (registered)" \
+	bash -c "[[ '$r' == 503* ]] && ! grep -q 'device plugin' <<<'$r'"
+check "agent's Allocate: the registry socket as GCR_AGENT_SOCKET, its dir mounted" \
+	python3 - "$work/alloc-agent.json" "$arun" "$work/shim" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("A", "B"):
+    e, m = d[k]["envs"], {x["container_path"]: x["host_path"] for x in d[k]["mounts"]}
+    assert e["GCR_AGENT_SOCKET"] == "/run/gcr/agent/agent.sock", e
+    assert e["GCR_SOCKET_DIR"] == "/run/gcr/sock", e
+    assert e["LD_PRELOAD"].startswith("/opt/gcr/lib/"), e
+    assert m.get("/run/gcr/agent") == sys.argv[2], m
+    assert m.get("/opt/gcr/lib") == sys.argv[3], m
+PY
+kill -TERM "$apid"
+for _ in $(seq 100); do kill -0 "$apid" 2>/dev/null || break; sleep 0.1; done
+wait "$apid"
+check "agent stops on SIGTERM with status 0" test $? -eq 0
+check "agent's device plugin removed its socket" test ! -e "$akdir/gcr-shim.sock"
+grep -E '^(error|warn) deviceplugin' "$work/agent.log" | sed 's/^/  agent: /' | head -n 20
 finish
