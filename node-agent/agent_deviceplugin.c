@@ -101,6 +101,8 @@ struct agent_dp {
 	char *resource_name, *kubelet_dir, *endpoint, *shim_host_dir, *shim_container_dir;
 	char *socket_root, *socket_container_dir, *agent_socket, *agent_host_dir;
 	char *agent_container_dir, *agent_container_socket, *cdi_device;
+	char **shim_env; /* name, value, ... (2 * n_shim_env strings) */
+	size_t n_shim_env;
 	char sock_path[PATH_MAX], kubelet_sock[PATH_MAX];
 	unsigned slots, poll_ms;
 
@@ -180,6 +182,59 @@ static char *dirname_dup(const char *path)
 	return d;
 }
 
+int agent_dp_env_check(const char *name, const char *value, struct gcr_err *err)
+{
+	static const char *const own[] = { "LD_PRELOAD", "GCR_SOCKET_DIR", "GCR_AGENT_SOCKET" };
+	size_t n = name != NULL ? strnlen(name, AGENT_DP_SHIM_ENV_LEN + 1) : 0;
+
+	if (n == 0 || n > AGENT_DP_SHIM_ENV_LEN)
+		return gcr_err_set(err, -EINVAL, "shim env name: want 1..%d bytes", AGENT_DP_SHIM_ENV_LEN);
+	for (size_t i = 0; i < n; i++) {
+		char ch = name[i];
+		bool ok = ch == '_' || (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+			  (i > 0 && ch >= '0' && ch <= '9');
+		if (!ok)
+			return gcr_err_set(err, -EINVAL, "shim env name '%.64s': want [A-Za-z_][A-Za-z0-9_]*",
+					   name);
+	}
+	for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
+		if (strcmp(name, own[i]) == 0)
+			return gcr_err_set(err, -EINVAL, "shim env %s: set by the device plugin itself", name);
+	if (value == NULL || strnlen(value, AGENT_DP_SHIM_ENV_LEN + 1) > AGENT_DP_SHIM_ENV_LEN)
+		return gcr_err_set(err, -EINVAL, "shim env %s: value missing or over %d bytes", name,
+				   AGENT_DP_SHIM_ENV_LEN);
+	return 0;
+}
+
+/* Checks and copies cfg's shim env into dp (name, value pairs). */
+static int shim_env_copy(struct agent_dp *dp, const struct agent_dp_config *cfg, struct gcr_err *err)
+{
+	if (cfg->n_shim_env > AGENT_DP_SHIM_ENV_MAX)
+		return gcr_err_set(err, -EINVAL, "device plugin: %zu shim env entries, at most %d",
+				   cfg->n_shim_env, AGENT_DP_SHIM_ENV_MAX);
+	if (cfg->n_shim_env == 0)
+		return 0;
+	dp->shim_env = calloc(2 * cfg->n_shim_env, sizeof(*dp->shim_env));
+	if (dp->shim_env == NULL)
+		return gcr_err_set(err, -ENOMEM, "device plugin: out of memory");
+	for (size_t i = 0; i < cfg->n_shim_env; i++) {
+		const struct agent_dp_env *e = &cfg->shim_env[i];
+		if (agent_dp_env_check(e->name, e->value, err) < 0) {
+			gcr_err_wrap(err, "device plugin");
+			return -EINVAL;
+		}
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(cfg->shim_env[j].name, e->name) == 0)
+				return gcr_err_set(err, -EINVAL, "device plugin: shim env %s given twice", e->name);
+		dp->n_shim_env = i + 1; /* freed from here on */
+		dp->shim_env[2 * i] = strdup(e->name);
+		dp->shim_env[2 * i + 1] = strdup(e->value);
+		if (dp->shim_env[2 * i] == NULL || dp->shim_env[2 * i + 1] == NULL)
+			return gcr_err_set(err, -ENOMEM, "device plugin: out of memory");
+	}
+	return 0;
+}
+
 struct agent_dp *agent_dp_new(const struct agent_dp_config *cfg, struct gcr_err *err)
 {
 	struct agent_dp *dp = calloc(1, sizeof(*dp));
@@ -253,6 +308,8 @@ struct agent_dp *agent_dp_new(const struct agent_dp_config *cfg, struct gcr_err 
 			    dp->socket_root, dp->agent_host_dir);
 		goto fail;
 	}
+	if (shim_env_copy(dp, cfg, err) < 0)
+		goto fail;
 	snprintf(dp->sock_path, sizeof(dp->sock_path), "%s/%s", dp->kubelet_dir, dp->endpoint);
 	snprintf(dp->kubelet_sock, sizeof(dp->kubelet_sock), "%s/kubelet.sock", dp->kubelet_dir);
 	return dp;
@@ -465,6 +522,8 @@ static void handle_allocate(struct dp_call *c, const uint8_t *buf, size_t len)
 			.agent_container_dir = dp->agent_container_dir,
 			.agent_container_socket = dp->agent_container_socket,
 			.cdi_device = dp->cdi_device,
+			.extra_env = (const char *const *)dp->shim_env,
+			.n_extra_env = dp->n_shim_env,
 		};
 	}
 	if (rc == 0)
@@ -932,5 +991,8 @@ void agent_dp_free(struct agent_dp *dp)
 	free(dp->agent_container_dir);
 	free(dp->agent_container_socket);
 	free(dp->cdi_device);
+	for (size_t i = 0; dp->shim_env != NULL && i < 2 * dp->n_shim_env; i++)
+		free(dp->shim_env[i]);
+	free(dp->shim_env);
 	free(dp);
 }

@@ -7,6 +7,15 @@
 
 #include "gcr_error.h"
 
+/* Extra environment for the shim (the chart's devicePlugin.shimEnv): at most
+ * AGENT_DP_SHIM_ENV_MAX entries, name and value at most AGENT_DP_SHIM_ENV_LEN bytes each. */
+#define AGENT_DP_SHIM_ENV_MAX 32
+#define AGENT_DP_SHIM_ENV_LEN 1024
+
+struct agent_dp_env {
+	const char *name, *value;
+};
+
 /* NULL or 0 fields take the defaults in brackets. Strings are copied by agent_dp_new. */
 struct agent_dp_config {
 	const char *resource_name;       /* [gpucr.dev/shim] */
@@ -21,7 +30,15 @@ struct agent_dp_config {
 	const char *agent_container_dir; /* where containers see its directory [/run/gcr/agent] */
 	const char *cdi_device;          /* CDI device name for Allocate; NULL: none */
 	unsigned poll_ms;                /* kubelet restart / health check period [100 ms] */
+	const struct agent_dp_env *shim_env; /* added to Allocate's envs; checked by agent_dp_env_check */
+	size_t n_shim_env;
 };
+
+/* One shimEnv entry: a name [A-Za-z_][A-Za-z0-9_]* that is none of the variables Allocate
+ * sets itself (LD_PRELOAD, GCR_SOCKET_DIR, GCR_AGENT_SOCKET), lengths within bounds.
+ * 0 or -EINVAL with err set. */
+int agent_dp_env_check(const char *name, const char *value, struct gcr_err *err)
+	__attribute__((warn_unused_result));
 
 struct agent_dp;
 

@@ -303,8 +303,8 @@ out:
 /* The storage of one container response; fixed counts, so no allocation per field. */
 struct alloc_resp {
 	V1beta1__ContainerAllocateResponse r;
-	V1beta1__ContainerAllocateResponse__EnvsEntry env[3];
-	V1beta1__ContainerAllocateResponse__EnvsEntry *envp[3];
+	V1beta1__ContainerAllocateResponse__EnvsEntry env[3 + AGENT_DPMSG_MAX_EXTRA_ENV];
+	V1beta1__ContainerAllocateResponse__EnvsEntry *envp[3 + AGENT_DPMSG_MAX_EXTRA_ENV];
 	V1beta1__Mount mnt[3];
 	V1beta1__Mount *mntp[3];
 	V1beta1__CDIDevice cdi;
@@ -343,12 +343,17 @@ uint8_t *agent_dpmsg_allocate_encode(const struct agent_dpmsg_alloc *allocs, siz
 		const struct agent_dpmsg_alloc *al = &allocs[i];
 		struct alloc_resp *a = &as[i];
 
+		if (al->n_extra_env > AGENT_DPMSG_MAX_EXTRA_ENV)
+			goto out;
+
 		v1beta1__container_allocate_response__init(&a->r);
 		snprintf(a->preload, sizeof(a->preload), "%s/libgcr.so", al->shim_container_dir);
 		env_set(a, 0, "LD_PRELOAD", a->preload);
 		env_set(a, 1, "GCR_SOCKET_DIR", al->sock_container_dir);
 		env_set(a, 2, "GCR_AGENT_SOCKET", al->agent_container_socket);
-		a->r.n_envs = 3;
+		for (size_t e = 0; e < al->n_extra_env; e++)
+			env_set(a, 3 + e, al->extra_env[2 * e], al->extra_env[2 * e + 1]);
+		a->r.n_envs = 3 + al->n_extra_env;
 		a->r.envs = a->envp;
 		mount_set(a, 0, al->shim_host_dir, al->shim_container_dir, true);
 		mount_set(a, 1, al->sock_host_dir, al->sock_container_dir, false);

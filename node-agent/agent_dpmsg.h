@@ -42,7 +42,11 @@ struct agent_dpmsg_alloc {
 	const char *agent_host_dir, *agent_container_dir;      /* the agent's socket dir, read-only */
 	const char *agent_container_socket;                    /* GCR_AGENT_SOCKET */
 	const char *cdi_device;                                /* NULL: none */
+	const char *const *extra_env; /* name, value, name, value...: after the three above */
+	size_t n_extra_env;           /* pairs, at most AGENT_DPMSG_MAX_EXTRA_ENV */
 };
+
+#define AGENT_DPMSG_MAX_EXTRA_ENV 32
 
 /* Encoders: a malloc'd buffer (*len bytes) the caller frees, or NULL on ENOMEM. */
 uint8_t *agent_dpmsg_options_encode(size_t *len);

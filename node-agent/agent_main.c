@@ -35,6 +35,8 @@ struct dp_cfg {
 	char *resource_name, *kubelet_dir, *endpoint, *shim_host_dir, *shim_container_dir, *socket_root,
 		*socket_container_dir, *agent_container_dir, *cdi_device;
 	unsigned slots, poll_ms;
+	char *env[2 * AGENT_DP_SHIM_ENV_MAX]; /* shimEnv: name, value, ... */
+	size_t n_env;                         /* pairs */
 };
 
 struct cfg {
@@ -129,10 +131,39 @@ static int parse_uint(const char *key, const char *value, unsigned lo, unsigned 
 	return 0;
 }
 
-/* One key/value of the devicePlugin section. Keys of the chart this agent does not use
- * (cdiSpecDir, ...) are logged and ignored, so a newer chart still starts an older agent. */
+/* One shimEnv entry, checked as the device plugin will (so a bad one fails at start even
+ * with the plugin off). */
+static int dp_env_add(struct dp_cfg *d, const char *name, const char *value, struct gcr_err *err)
+{
+	if (d->n_env >= AGENT_DP_SHIM_ENV_MAX)
+		return gcr_err_set(err, -EINVAL, "%s.shimEnv: more than %d entries", DP_SECTION,
+				   AGENT_DP_SHIM_ENV_MAX);
+	if (agent_dp_env_check(name, value, err) < 0)
+		return gcr_err_wrap(err, "%s.shimEnv", DP_SECTION);
+	for (size_t i = 0; i < d->n_env; i++)
+		if (strcmp(d->env[2 * i], name) == 0)
+			return gcr_err_set(err, -EINVAL, "%s.shimEnv: %s given twice", DP_SECTION, name);
+	char *n = strdup(name), *v = strdup(value);
+	if (n == NULL || v == NULL) {
+		free(n);
+		free(v);
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	d->env[2 * d->n_env] = n;
+	d->env[2 * d->n_env + 1] = v;
+	d->n_env++;
+	return 0;
+}
+
+/* One key/value of the devicePlugin section. Keys this agent does not know are logged
+ * and ignored, so a newer chart still starts an older agent. */
 static int dp_opt(struct dp_cfg *d, const char *key, const char *value, struct gcr_err *err)
 {
+	if (strcmp(key, "shimEnv") == 0) { /* a scalar: only an empty (null) one, meaning none */
+		if (value[0] != '\0' && strcmp(value, "~") != 0 && strcmp(value, "null") != 0)
+			return gcr_err_set(err, -EINVAL, "%s.shimEnv must be a mapping", DP_SECTION);
+		return 0;
+	}
 	if (strcmp(key, "enabled") == 0) {
 		if (strcmp(value, "true") == 0 || strcmp(value, "True") == 0 || strcmp(value, "TRUE") == 0)
 			d->enabled = true;
@@ -164,7 +195,8 @@ static int dp_opt(struct dp_cfg *d, const char *key, const char *value, struct g
 }
 
 /* A key of the devicePlugin section whose value is a mapping or a sequence: an error for
- * the keys this agent reads, ignored (shimEnv, ...) otherwise. */
+ * the scalar keys this agent reads, ignored for keys it does not know (shimEnv is
+ * parsed by load_config). */
 static int dp_nested(const char *key, struct gcr_err *err)
 {
 	if (strcmp(key, "enabled") == 0 || strcmp(key, "slots") == 0 || strcmp(key, "pollMs") == 0)
@@ -203,6 +235,8 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 	yaml_event_t ev;
 	int rc = 0, depth = 0, done = 0;
 	char *key = NULL, *sub = NULL; /* key at depth 1; key inside the section at depth 2 */
+	char *env_name = NULL;         /* a shimEnv name awaiting its value (depth 3) */
+	bool in_env = false;           /* inside devicePlugin.shimEnv */
 	yaml_parser_initialize(&p);
 	yaml_parser_set_input_file(&p, f);
 	while (!done && rc == 0) {
@@ -221,6 +255,13 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 						 key ? key : "?");
 			else if (depth == 3 && sub == NULL)
 				rc = gcr_err_set(err, -EINVAL, "%s: %s: keys must be scalars", path, DP_SECTION);
+			else if (depth == 3 && strcmp(sub, "shimEnv") == 0 && ev.type == YAML_MAPPING_START_EVENT)
+				in_env = true;
+			else if (depth == 3 && strcmp(sub, "shimEnv") == 0)
+				rc = gcr_err_set(err, -EINVAL, "%s: %s.shimEnv must be a mapping", path, DP_SECTION);
+			else if (depth == 4 && in_env)
+				rc = gcr_err_set(err, -EINVAL, "%s: %s.shimEnv: names and values must be scalars",
+						 path, DP_SECTION);
 			else if (depth == 3 && (rc = dp_nested(sub, err)) < 0)
 				gcr_err_wrap(err, "%s", path);
 			break;
@@ -229,13 +270,26 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 			if (--depth == 1) { /* end of the section */
 				free(key);
 				key = NULL;
-			} else if (depth == 2) { /* end of a skipped value inside it */
+			} else if (depth == 2) { /* end of a nested value inside it */
 				free(sub);
 				sub = NULL;
+				in_env = false;
+				free(env_name);
+				env_name = NULL;
 			}
 			break;
 		case YAML_SCALAR_EVENT:
-			if (depth > 2) {
+			if (depth == 3 && in_env && env_name == NULL) {
+				env_name = strndup((char *)ev.data.scalar.value, ev.data.scalar.length);
+				if (env_name == NULL)
+					rc = gcr_err_set(err, -ENOMEM, "out of memory");
+			} else if (depth == 3 && in_env) {
+				rc = dp_env_add(&c->dp, env_name, (char *)ev.data.scalar.value, err);
+				if (rc < 0)
+					gcr_err_wrap(err, "%s", path);
+				free(env_name);
+				env_name = NULL;
+			} else if (depth > 2) {
 				break; /* inside a value the section skips */
 			} else if (depth == 2 && sub == NULL) {
 				sub = strndup((char *)ev.data.scalar.value, ev.data.scalar.length);
@@ -264,6 +318,10 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 		case YAML_STREAM_END_EVENT:
 			done = 1;
 			break;
+		case YAML_ALIAS_EVENT:
+			if (in_env)
+				rc = gcr_err_set(err, -EINVAL, "%s: %s.shimEnv: no aliases", path, DP_SECTION);
+			break;
 		default:
 			break;
 		}
@@ -271,6 +329,7 @@ static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 	}
 	free(key);
 	free(sub);
+	free(env_name);
 	yaml_parser_delete(&p);
 	fclose(f);
 	return rc;
@@ -286,8 +345,9 @@ static void usage(FILE *f)
 			opts_table[i].def ? "]" : "");
 	fprintf(f, "  --%-18s YAML file with the options above as keys (flags win), and a devicePlugin\n"
 		   "  %-20s section: enabled [false], resourceName, slots, kubeletDir, endpoint, shimHostDir,\n"
-		   "  %-20s shimContainerDir, socketRoot, socketContainerDir, agentContainerDir, cdiDevice, pollMs\n",
-		"config", "", "");
+		   "  %-20s shimContainerDir, socketRoot, socketContainerDir, agentContainerDir, cdiDevice, pollMs,\n"
+		   "  %-20s shimEnv (a map: extra environment for the shim)\n",
+		"config", "", "", "");
 	fprintf(f, "Environment: NODE_NAME; POD_NAMESPACE; GCR_LOG_LEVEL; test hook GCR_AGENT_TEST_PAUSE=before-cr|after-cr\n"
 		   "(pause GCR_AGENT_TEST_PAUSE_S seconds, default 60, at that point of each Checkpoint).\n");
 }
@@ -302,6 +362,11 @@ static void cfg_free(struct cfg *c)
 		free(*dp_slot(&c->dp, dp_strings[i].off));
 		*dp_slot(&c->dp, dp_strings[i].off) = NULL;
 	}
+	for (size_t i = 0; i < 2 * c->dp.n_env; i++) {
+		free(c->dp.env[i]);
+		c->dp.env[i] = NULL;
+	}
+	c->dp.n_env = 0;
 }
 
 /* Flags parsed twice: first only --config (loaded first), then the rest, so flags win. */
@@ -389,6 +454,11 @@ static int dp_start(const struct cfg *c, struct agent_dp **out, struct gcr_err *
 		.cdi_device = d->cdi_device,
 		.poll_ms = d->poll_ms,
 	};
+	struct agent_dp_env env[AGENT_DP_SHIM_ENV_MAX];
+	for (size_t i = 0; i < d->n_env; i++)
+		env[i] = (struct agent_dp_env){ .name = d->env[2 * i], .value = d->env[2 * i + 1] };
+	dc.shim_env = env;
+	dc.n_shim_env = d->n_env;
 	struct agent_dp *dp = agent_dp_new(&dc, err);
 	if (dp == NULL) {
 		gcr_err_wrap(err, "device plugin");

@@ -269,7 +269,8 @@ contexts:
     user: u
 current-context: c
 KC
-agent_cfg() { # enabled slots -> a config.yaml shaped like the chart's configmap.yaml
+agent_cfg() { # enabled slots [shimEnv lines] -> a config.yaml shaped like the chart's configmap.yaml
+	local env=${3:-'    GCR_VMM_MIN_BYTES: "1048576"'}
 	cat <<CFG
 logLevel: "debug"
 leaseNamespace: "gcr-system"
@@ -282,9 +283,8 @@ devicePlugin:
   shimContainerDir: "/opt/gcr/lib"
   socketContainerDir: "/run/gcr/sock"
   cdiDevice: ""
-  cdiSpecDir: "/var/run/cdi"
   shimEnv:
-    GCR_VMM_MIN_BYTES: "1048576"
+$env
   socketRoot: "$aroot"
   pollMs: 50
 CFG
@@ -292,10 +292,12 @@ CFG
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 agent_args=(--kubeconfig "$work/agent.kubeconfig" --node-name node-dp --socket-dir "$arun"
 	--registry-socket "$arun/agent.sock" --metrics-address "127.0.0.1:$port" --proc-root "$work/proc")
-agent_refuses() { # what enabled slots
-	agent_cfg "$2" "$3" >"$work/agent-bad.yaml"
-	if timeout 10 "$agent_bin" --config "$work/agent-bad.yaml" "${agent_args[@]}" >"$work/agent-bad.log" 2>&1; then
-		fail "agent refuses $1 (it ran)"
+agent_refuses() { # what enabled slots [shimEnv lines]
+	agent_cfg "$2" "$3" "${4:-}" >"$work/agent-bad.yaml"
+	timeout 10 "$agent_bin" --config "$work/agent-bad.yaml" "${agent_args[@]}" >"$work/agent-bad.log" 2>&1
+	local rc=$?
+	if ((rc == 0 || rc == 124)); then # 124: still running after 10 s, i.e. it started
+		fail "agent refuses $1 (it ran: exit $rc)"
 	else
 		pass "agent refuses $1: $(grep -m1 '^gcr-agent:' "$work/agent-bad.log")"
 	fi
@@ -303,6 +305,14 @@ agent_refuses() { # what enabled slots
 agent_refuses "devicePlugin.slots: 0" true 0
 agent_refuses "devicePlugin.slots: 2000" true 2000
 agent_refuses "devicePlugin.enabled: maybe" maybe 4
+agent_refuses "shimEnv name with a dash" true 4 '    BAD-NAME: "1"'
+agent_refuses "shimEnv name starting with a digit" true 4 '    1X: "1"'
+agent_refuses "shimEnv overriding LD_PRELOAD" true 4 '    LD_PRELOAD: "/tmp/evil.so"'
+agent_refuses "shimEnv overriding GCR_AGENT_SOCKET" true 4 '    GCR_AGENT_SOCKET: "/tmp/x"'
+agent_refuses "shimEnv with a nested value" true 4 '    X: {a: b}'
+agent_refuses "shimEnv with 33 entries" true 4 "$(for i in $(seq 33); do printf '    V%d: "x"\n' "$i"; done)"
+agent_refuses "shimEnv value over 1024 bytes" true 4 "    V: \"$(head -c 1025 /dev/zero | tr '\0' x)\""
+agent_refuses "shimEnv disabled plugin, bad name still refused" false 4 '    A.B: "1"'
 readyz() { python3 - "$port" <<'PY'
 import sys, urllib.request, urllib.error
 try:
@@ -322,11 +332,11 @@ check "agent's device plugin serves $akdir/gcr-shim.sock" test -S "$akdir/gcr-sh
 r=$(readyz)
 echo "  agent /readyz before the kubelet: $r"
 check "agent /readyz waits for the device plugin's registration" grep -q 'device plugin registered with the kubelet' <<<"$r"
-check "agent logs the ignored keys (cdiSpecDir, shimEnv) at debug" \
-	bash -c "grep -q 'devicePlugin.cdiSpecDir ignored' '$work/agent.log' && grep -q 'devicePlugin.shimEnv ignored' '$work/agent.log'"
+check "agent reads shimEnv (no 'ignored' line for it)" \
+	bash -c "! grep -q 'devicePlugin.shimEnv ignored' '$work/agent.log'"
 
 timeout 120 "$standin" -dir "$akdir" -slots 4 -shim-host-dir "$work/shim" -socket-root "$aroot" \
-	-plugin-pid 0 -dump "$work/alloc-agent.json" -timeout 5s >"$work/standin-agent.log" 2>&1
+	-extra-env GCR_VMM_MIN_BYTES=1048576 -plugin-pid 0 -dump "$work/alloc-agent.json" -timeout 5s >"$work/standin-agent.log" 2>&1
 rc=$?
 sed 's/^/  standin (agent): /' "$work/standin-agent.log"
 line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed' "$work/standin-agent.log" | tail -n 1)
@@ -339,7 +349,7 @@ r=$(readyz)
 echo "  agent /readyz after the kubelet: $r"
 check "agent /readyz no longer waits for the device plugin (registered)" \
 	bash -c "[[ '$r' == 503* ]] && ! grep -q 'device plugin' <<<'$r'"
-check "agent's Allocate: the registry socket as GCR_AGENT_SOCKET, its dir mounted" \
+check "agent's Allocate: the registry socket as GCR_AGENT_SOCKET, its dir mounted, shimEnv added" \
 	python3 - "$work/alloc-agent.json" "$arun" "$work/shim" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -348,6 +358,7 @@ for k in ("A", "B"):
     assert e["GCR_AGENT_SOCKET"] == "/run/gcr/agent/agent.sock", e
     assert e["GCR_SOCKET_DIR"] == "/run/gcr/sock", e
     assert e["LD_PRELOAD"].startswith("/opt/gcr/lib/"), e
+    assert e["GCR_VMM_MIN_BYTES"] == "1048576", e  # the chart's shimEnv
     assert m.get("/run/gcr/agent") == sys.argv[2], m
     assert m.get("/opt/gcr/lib") == sys.argv[3], m
 PY

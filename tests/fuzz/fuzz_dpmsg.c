@@ -58,7 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			       m->container_requests[i]->n_devices_ids, slots);
 			a[i] = (struct agent_dpmsg_alloc){ "/h/shim", "/c/shim", "/h/sock", "/c/sock",
 							   "/h/agent", "/c/agent", "/c/agent/a.sock",
-							   i % 2 ? "gpucr.dev/shim=all" : NULL };
+							   i % 2 ? "gpucr.dev/shim=all" : NULL, NULL, 0 };
 		}
 		out = agent_dpmsg_allocate_encode(a, m->n_container_requests, &len);
 		if (out == NULL)

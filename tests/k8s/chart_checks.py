@@ -228,9 +228,9 @@ def cmd_test(render, ns):
           and {e["name"]: e.get("value") for e in agent["env"]}.get("GCR_LIBCUDA")
           == "/usr/local/nvidia/lib64/libcuda.so.1", sc)
     hp = host_paths(spec)
-    check("hostPath volumes: sockets, shim, device plugins, CDI specs, driver libs",
-          set(hp) == {"sockets", "shim", "device-plugins", "cdi", "driver-libs"}
-          and hp["cdi"] == "/var/run/cdi", hp)
+    check("hostPath volumes: sockets, shim, device plugins, driver libs (no CDI spec dir: the agent writes none)",
+          set(hp) == {"sockets", "shim", "device-plugins", "driver-libs"}
+          and "cdiSpecDir" not in cfg["devicePlugin"], hp)
     check("metrics on port 9500, IPv6 bind address bracketed",
           "--metrics-address=[::]:9500" in agent["args"]
           and agent["ports"][0]["containerPort"] == 9500, agent["args"])

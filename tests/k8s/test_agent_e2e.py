@@ -43,6 +43,8 @@ SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
 TESTPROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
 TESTBED = os.path.join(SRC, "tests", "k8s", "testbed.sh")
 CHART_SA = os.path.join(SRC, "tests", "k8s", "chart_sa_kubeconfig.sh")
+RBAC_EXPECTED = os.path.join(SRC, "tests", "k8s", "rbac-expected.txt")
+RBAC_UNUSED_OK = os.path.join(SRC, "tests", "k8s", "rbac-unused-allowed.txt")
 NODE = "node-a"
 NODE_B = "node-b"  # another node: no agent, then one faked by its Lease
 # A namespace of its own per run, so that a reused test bed holds no old objects. The
@@ -87,6 +89,7 @@ class Env:
         self.metrics_port = free_port()
         self.kubectl = "kubectl"
         self.env = dict(os.environ)
+        self.sa_user = None  # the chart's ServiceAccount's user name, once agent_identity() ran
 
     def testbed_up(self):
         # A running test bed is used only when its whole environment is there
@@ -120,6 +123,7 @@ class Env:
         if out.returncode != 0:
             raise Fail("chart_sa_kubeconfig.sh: %s" % (out.stderr.strip()[-2000:] or out.stdout.strip()[-2000:]))
         log("agent identity: %s (the chart's RBAC, release %s)" % (out.stdout.strip(), CHART_RELEASE))
+        self.sa_user = out.stdout.strip().splitlines()[-1]
         self.kubeconfig = path
 
     def k(self, *args, stdin=None, ok=True):
@@ -285,6 +289,40 @@ class Env:
                            env=self.env)
         if os.environ.get("GCR_E2E_KEEP") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def rbac_lines(path):
+    """(kind, group, resource, verb) of each non-comment line of an RBAC list file."""
+    rules = []
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].split()
+            if line:
+                rules.append(tuple(line[:4]))
+    return rules
+
+
+def audit_used(audit_log, user):
+    """(group, resource[/subresource], verb) of every request the API server allowed to user,
+    from the test bed's audit log (Metadata level, JSON lines). kubectl's own calls with the
+    token (chart_sa_kubeconfig.sh's can-i) are not the agent's and are left out."""
+    used = set()
+    with open(audit_log) as f:
+        for line in f:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("user", {}).get("username") != user or "objectRef" not in ev:
+                continue
+            if ev.get("userAgent", "").startswith("kubectl/"):
+                continue
+            if ev.get("annotations", {}).get("authorization.k8s.io/decision") != "allow":
+                continue
+            ref = ev["objectRef"]
+            res = ref.get("resource", "") + ("/" + ref["subresource"] if ref.get("subresource") else "")
+            used.add((ref.get("apiGroup") or "core", res, ev.get("verb")))
+    return used
 
 
 class Prog:
@@ -598,6 +636,24 @@ def main():
         m = p.expect(r"RESULT (.*)", 120)
         check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
 
+    def rbac_all_used():
+        """Every permission tests/k8s/rbac-expected.txt (so the chart) grants was used by the agent
+        in this run, per the API server's audit log, or is in rbac-unused-allowed.txt with why."""
+        if E.sa_user is None:
+            log("GCR_E2E_ADMIN=1: the agent ran as admin; nothing to compare")
+            return
+        audit = os.path.join(E.env.get("GCR_TESTBED_DIR", ""), "audit.log")
+        check(os.path.exists(audit), "no audit log %s (test bed started before it had one? restart it)" % audit)
+        used = audit_used(audit, E.sa_user)
+        allowed = {r[:4] for r in rbac_lines(RBAC_UNUSED_OK)}
+        unused = [r for r in rbac_lines(RBAC_EXPECTED) if r[1:] not in used and r not in allowed]
+        log("used by %s: %s" % (E.sa_user, " ".join(sorted("%s:%s:%s" % u for u in used))))
+        check(not unused, "granted but never used by the agent (remove from the chart and rbac-expected.txt, "
+              "or list in rbac-unused-allowed.txt with the reason): %s" % "; ".join(" ".join(r) for r in unused))
+        # Not a failure: an allow-listed path (a race) may be taken in some runs.
+        for r in sorted(r for r in allowed if r[1:] in used):
+            log("allow-listed but used in this run: %s" % " ".join(r))
+
     try:
         case("setup: test bed, CRDs, the chart's ServiceAccount and RBAC, pods, agent, shimmed process registered", setup)
         if results[-1]:
@@ -626,6 +682,8 @@ def main():
             results.append(False)
             print("FAIL agent exit status %s at the end" % rc)
             print(E.agent_tail())
+        if results and results[0]:
+            case("RBAC: every permission the chart grants was used by the agent (audit log)", rbac_all_used)
         E.close()
     passed = sum(1 for r in results if r)
     failed = len(results) - passed

@@ -400,8 +400,10 @@ update checkpoints.gpucr.dev $NS_OTHER
 patch checkpoints.gpucr.dev $NS_OTHER
 delete checkpoints.gpucr.dev $NS_OTHER
 update checkpoints.gpucr.dev/status $NS_OTHER
+get restores.gpucr.dev $NS_OTHER
 delete restores.gpucr.dev $NS_OTHER
 create events $NS_OTHER
+patch events.events.k8s.io $NS_OTHER
 delete events.events.k8s.io $NS_OTHER
 get leases.coordination.k8s.io $NS_OTHER
 create leases.coordination.k8s.io kube-system
@@ -453,7 +455,7 @@ regarding:
   namespace: $NS_OTHER
 EOF
 run "SA creates an events.k8s.io Event" sa create -f "$TMP/event.yaml"
-run "SA patches it (series)" \
+refuse "SA cannot patch an Event (the agent only creates them)" "Forbidden" \
 	sa_patch "/apis/events.k8s.io/v1/namespaces/$NS_OTHER/events/trainer-0-suspend.gcr-test" \
 	"{\"series\":{\"count\":2,\"lastObservedTime\":\"$(date -u +%Y-%m-%dT%H:%M:%S.000000Z)\"}}"
 cat >"$TMP/lease.yaml" <<EOF

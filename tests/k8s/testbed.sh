@@ -4,7 +4,9 @@
 # A control plane without nodes, the way controller-runtime's envtest runs one:
 # etcd and kube-apiserver on 127.0.0.1, generated CA, serving and client certs,
 # RBAC authorization, a service-account key pair for issuing tokens, an admin
-# kubeconfig. No kubelet, controller-manager or scheduler.
+# kubeconfig, and an audit log of every request at Metadata level (DIR/audit.log,
+# policy DIR/audit-policy.yaml) so tests can see which calls a client made.
+# No kubelet, controller-manager or scheduler.
 #
 #   tests/k8s/testbed.sh build        build (or reuse) etcd, kube-apiserver,
 #                                     kubectl and helm; prints the bin dir
@@ -270,6 +272,16 @@ cmd_up() {
 		--log-level=warn
 	wait_for "etcd /health" etcd curl -fsS --max-time 2 "http://127.0.0.1:$etcd_port/health"
 
+	# Every request at Metadata level (who, verb, resource, decision; no bodies):
+	# tests read it to compare what a client used with what its RBAC grants.
+	cat >"$STATE/audit-policy.yaml" <<-EOF
+	apiVersion: audit.k8s.io/v1
+	kind: Policy
+	omitStages: ["RequestReceived"]
+	rules:
+	- level: Metadata
+	EOF
+
 	log "starting kube-apiserver on https://127.0.0.1:$api_port"
 	local extra=()
 	# shellcheck disable=SC2206
@@ -294,6 +306,10 @@ cmd_up() {
 		--allow-privileged=true \
 		--disable-admission-plugins=ServiceAccount \
 		--profiling=false \
+		--audit-policy-file="$STATE/audit-policy.yaml" \
+		--audit-log-path="$STATE/audit.log" \
+		--audit-log-format=json \
+		--audit-log-mode=blocking \
 		"${extra[@]}")
 	# Kept so that restart-apiserver starts the same command line again.
 	printf '%s\0' "${api_args[@]}" >"$STATE/apiserver.args"

@@ -135,7 +135,7 @@ static void test_answers(void)
 {
 	struct agent_dpmsg_alloc a = { "/opt/gcr/lib", "/gcr/lib", "/run/gcr/alloc/x", "/run/gcr/sock",
 				       "/run/gcr/agent", "/run/gcr/agent", "/run/gcr/agent/agent.sock",
-				       "gpucr.dev/shim=all" };
+				       "gpucr.dev/shim=all", NULL, 0 };
 	V1beta1__ListAndWatchResponse *lw;
 	V1beta1__AllocateResponse *ar;
 	V1beta1__RegisterRequest *rr;
@@ -170,6 +170,29 @@ static void test_answers(void)
 	if (ar)
 		v1beta1__allocate_response__free_unpacked(ar, NULL);
 	free(out);
+
+	/* the chart's shimEnv, after the plugin's own three; over the bound: no answer */
+	static const char *const extra[] = { "GCR_VMM_MIN_BYTES", "1048576", "X", "" };
+	a.extra_env = extra;
+	a.n_extra_env = 2;
+	out = agent_dpmsg_allocate_encode(&a, 1, &len);
+	ar = out ? v1beta1__allocate_response__unpack(NULL, len, out) : NULL;
+	CHECK(ar != NULL && ar->n_container_responses == 1 && ar->container_responses[0]->n_envs == 5);
+	if (ar && ar->n_container_responses == 1 && ar->container_responses[0]->n_envs == 5) {
+		CHECK_STR(ar->container_responses[0]->envs[0]->key, "LD_PRELOAD");
+		CHECK_STR(ar->container_responses[0]->envs[3]->key, "GCR_VMM_MIN_BYTES");
+		CHECK_STR(ar->container_responses[0]->envs[3]->value, "1048576");
+		CHECK_STR(ar->container_responses[0]->envs[4]->key, "X");
+	}
+	if (ar)
+		v1beta1__allocate_response__free_unpacked(ar, NULL);
+	free(out);
+	a.n_extra_env = AGENT_DPMSG_MAX_EXTRA_ENV + 1;
+	out = agent_dpmsg_allocate_encode(&a, 1, &len);
+	CHECK(out == NULL);
+	free(out);
+	a.extra_env = NULL;
+	a.n_extra_env = 0;
 
 	out = agent_dpmsg_register_encode("gcr-shim.sock", "gpucr.dev/shim", &len);
 	rr = out ? v1beta1__register_request__unpack(NULL, len, out) : NULL;

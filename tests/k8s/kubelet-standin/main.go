@@ -37,6 +37,7 @@ var (
 	socketRoot     = flag.String("socket-root", "", "expected parent of the per-allocation socket dirs")
 	agentSock      = flag.String("agent-container-socket", "/run/gcr/agent/agent.sock", "expected GCR_AGENT_SOCKET")
 	cdi            = flag.String("cdi-device", "", "expected CDI device name (empty: none)")
+	extraEnv       = flag.String("extra-env", "", "expected envs beyond the plugin's own: NAME=VALUE;NAME=VALUE")
 	pluginPid      = flag.Int("plugin-pid", 0, "plugin pid: SIGUSR1/SIGUSR2 flip its health (0: skip)")
 	dump           = flag.String("dump", "", "write the Allocate responses here as JSON")
 	timeout        = flag.Duration("timeout", 10*time.Second, "bound on each wait")
@@ -162,6 +163,11 @@ func checkAllocation(ctx context.Context, c pluginapi.DevicePluginClient, ids []
 		"LD_PRELOAD":       *shimDir + "/libgcr.so",
 		"GCR_SOCKET_DIR":   *sockDir,
 		"GCR_AGENT_SOCKET": *agentSock,
+	}
+	for _, kv := range strings.Split(*extraEnv, ";") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			want[k] = v
+		}
 	}
 	okEnv := len(r.Envs) == len(want)
 	for k, v := range want {
