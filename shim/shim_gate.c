@@ -18,6 +18,20 @@ static __thread struct shim_thread *self __attribute__((tls_model("initial-exec"
 
 /* Used when even a small allocation fails: counts are then shared, gate still works. */
 static struct shim_thread fallback_thread;
+static pthread_once_t fallback_once = PTHREAD_ONCE_INIT;
+
+static void push_thread(struct shim_thread *t)
+{
+	pthread_mutex_lock(&threads_lock);
+	t->next = threads;
+	threads = t;
+	pthread_mutex_unlock(&threads_lock);
+}
+
+static void push_fallback(void)
+{
+	push_thread(&fallback_thread);
+}
 
 struct shim_thread *shim_thread_self(void)
 {
@@ -26,19 +40,11 @@ struct shim_thread *shim_thread_self(void)
 		return t;
 	t = calloc(1, sizeof(*t));
 	if (t == NULL) {
-		self = &fallback_thread;
-		pthread_mutex_lock(&threads_lock);
-		if (fallback_thread.next == NULL && threads != &fallback_thread) {
-			fallback_thread.next = threads;
-			threads = &fallback_thread;
-		}
-		pthread_mutex_unlock(&threads_lock);
-		return self;
+		pthread_once(&fallback_once, push_fallback);
+		t = &fallback_thread;
+	} else {
+		push_thread(t);
 	}
-	pthread_mutex_lock(&threads_lock);
-	t->next = threads;
-	threads = t;
-	pthread_mutex_unlock(&threads_lock);
 	self = t;
 	return t;
 }
