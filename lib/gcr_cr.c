@@ -73,9 +73,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
 		enum gcr_driver_state ds;
-		rc = gcr_driver_open(err);
-		if (rc == 0)
-			rc = gcr_driver_state(pid, &ds, err);
+		rc = gcr_driver_state(pid, &ds, err);
 		if (rc < 0)
 			goto out;
 		if (ds != GCR_DRIVER_RUNNING) {
@@ -134,9 +132,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 			goto out;
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
-		rc = gcr_driver_open(err);
-		if (rc == 0)
-			rc = gcr_driver_state(pid, &ds, err);
+		rc = gcr_driver_state(pid, &ds, err);
 		if (rc < 0)
 			goto out;
 	}
@@ -205,7 +201,7 @@ int gcr_cr_status(pid_t pid, const struct gcr_cr_opts *o, json_t **out, struct g
 	json_t *o_json = json_pack("{s:i, s:o*}", "pid", (int)pid, "shim", status);
 	enum gcr_driver_state ds;
 	struct gcr_err e2;
-	if (gcr_driver_open(&e2) == 0 && gcr_driver_state(pid, &ds, &e2) == 0)
+	if (gcr_driver_state(pid, &ds, &e2) == 0)
 		json_object_set_new(o_json, "driver", json_string(gcr_driver_state_name(ds)));
 	else
 		json_object_set_new(o_json, "driver_error", json_string(e2.msg));

@@ -97,6 +97,9 @@ static int cu_err(struct gcr_err *err, CUresult r, const char *what, pid_t pid)
 
 int gcr_driver_state(pid_t pid, enum gcr_driver_state *state, struct gcr_err *err)
 {
+	int rc = gcr_driver_open(err);
+	if (rc < 0)
+		return rc;
 	CUprocessState s;
 	CUresult r = drv.get_state(pid, &s);
 	if (r != CUDA_SUCCESS)
@@ -113,6 +116,9 @@ int gcr_driver_state(pid_t pid, enum gcr_driver_state *state, struct gcr_err *er
 
 int gcr_driver_lock(pid_t pid, unsigned int timeout_ms, struct gcr_err *err)
 {
+	int rc = gcr_driver_open(err);
+	if (rc < 0)
+		return rc;
 	CUcheckpointLockArgs args;
 	memset(&args, 0, sizeof(args));
 	args.timeoutMs = timeout_ms;
@@ -122,18 +128,27 @@ int gcr_driver_lock(pid_t pid, unsigned int timeout_ms, struct gcr_err *err)
 
 int gcr_driver_checkpoint(pid_t pid, struct gcr_err *err)
 {
+	int rc = gcr_driver_open(err);
+	if (rc < 0)
+		return rc;
 	CUresult r = drv.checkpoint(pid, NULL);
 	return r == CUDA_SUCCESS ? 0 : cu_err(err, r, "cuCheckpointProcessCheckpoint", pid);
 }
 
 int gcr_driver_restore(pid_t pid, struct gcr_err *err)
 {
+	int rc = gcr_driver_open(err);
+	if (rc < 0)
+		return rc;
 	CUresult r = drv.restore(pid, NULL);
 	return r == CUDA_SUCCESS ? 0 : cu_err(err, r, "cuCheckpointProcessRestore", pid);
 }
 
 int gcr_driver_unlock(pid_t pid, struct gcr_err *err)
 {
+	int rc = gcr_driver_open(err);
+	if (rc < 0)
+		return rc;
 	CUresult r = drv.unlock(pid, NULL);
 	return r == CUDA_SUCCESS ? 0 : cu_err(err, r, "cuCheckpointProcessUnlock", pid);
 }

@@ -18,7 +18,8 @@ enum gcr_driver_state {
 const char *gcr_driver_state_name(enum gcr_driver_state s);
 
 /* Opens libcuda.so.1 (GCR_LIBCUDA overrides the path) and calls cuInit, which the
- * driver requires before a restore. -ENOTSUP if the driver lacks the API. */
+ * driver requires before a restore. -ENOTSUP if the driver lacks the API. Every
+ * call below opens the driver first (once), so callers need not. */
 int gcr_driver_open(struct gcr_err *err);
 
 int gcr_driver_state(pid_t pid, enum gcr_driver_state *state, struct gcr_err *err);
