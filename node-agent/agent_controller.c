@@ -307,40 +307,45 @@ struct proc {
 	char container[64];
 };
 
-/* The container ID in pod.status.containerStatuses[name=cname].containerID
- * ("containerd://<hex>"), without the scheme; "" when absent. */
-static void container_id_of(json_t *pod, const char *cname, char *out, size_t len)
+/* A container status's ID without its "runtime://" scheme; NULL when absent. */
+static const char *status_container_id(json_t *st)
 {
-	out[0] = '\0';
-	json_t *cs = json_object_get(json_object_get(pod, "status"), "containerStatuses");
-	size_t i;
-	json_t *s;
-	json_array_foreach(cs, i, s)
-	{
-		const char *n = json_string_value(json_object_get(s, "name"));
-		const char *id = json_string_value(json_object_get(s, "containerID"));
-		if (n == NULL || id == NULL || strcmp(n, cname) != 0)
-			continue;
-		const char *p = strstr(id, "://");
-		snprintf(out, len, "%s", p ? p + 3 : id);
-	}
+	const char *id = json_string_value(json_object_get(st, "containerID"));
+	const char *p = id ? strstr(id, "://") : NULL;
+	return p ? p + 3 : id;
 }
 
-/* The container name of a container ID, "" when the pod does not list it. */
-static void container_name_of(json_t *pod, const char *cid, char *out, size_t len)
+/* The pod.status.containerStatuses entry named cname, or whose container ID is cid. */
+static json_t *container_status(json_t *pod, const char *cname, const char *cid)
 {
-	out[0] = '\0';
 	json_t *cs = json_object_get(json_object_get(pod, "status"), "containerStatuses");
 	size_t i;
-	json_t *s;
-	json_array_foreach(cs, i, s)
+	json_t *st;
+	json_array_foreach(cs, i, st)
 	{
-		const char *n = json_string_value(json_object_get(s, "name"));
-		const char *id = json_string_value(json_object_get(s, "containerID"));
-		const char *p = id ? strstr(id, "://") : NULL;
-		if (n != NULL && p != NULL && strcmp(p + 3, cid) == 0)
-			snprintf(out, len, "%s", n);
+		const char *n = json_string_value(json_object_get(st, "name"));
+		const char *id = status_container_id(st);
+		if (n == NULL || id == NULL)
+			continue;
+		if ((cname != NULL && strcmp(n, cname) == 0) || (cid != NULL && strcmp(id, cid) == 0))
+			return st;
 	}
+	return NULL;
+}
+
+/* The container ID of container cname ("" when the pod does not list it). */
+static void container_id_of(json_t *pod, const char *cname, char *out, size_t len)
+{
+	json_t *st = container_status(pod, cname, NULL);
+	snprintf(out, len, "%s", st ? status_container_id(st) : "");
+}
+
+/* The container name of a container ID ("" when the pod does not list it). */
+static void container_name_of(json_t *pod, const char *cid, char *out, size_t len)
+{
+	json_t *st = container_status(pod, NULL, cid);
+	const char *n = st ? json_string_value(json_object_get(st, "name")) : NULL;
+	snprintf(out, len, "%s", n ? n : "");
 }
 
 static json_t *procs_json(const struct proc *p, int n, const char *state)
