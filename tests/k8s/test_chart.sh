@@ -37,18 +37,10 @@ NS_SA=gcr-chart-sa-$ID   # chart_sa_kubeconfig.sh
 REL=gcr-chart-$ID
 REL_OTHER=gcr-chart-o-$ID
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/gcr-test-chart.XXXXXX")
+TEST_NAME=test_chart
+# shellcheck source=tests/k8s/testlib.sh
+source "$HERE/testlib.sh"
 
-log() { printf '%s\n' "$*" >&2; }
-die() { printf 'test_chart: error: %s\n' "$*" >&2; FAILED=$((FAILED + 1)); exit 1; }
-
-pass() { PASSED=$((PASSED + 1)); printf 'ok     %s\n' "$1"; }
-fail() {
-	FAILED=$((FAILED + 1))
-	printf 'FAIL   %s\n' "$1"
-	[[ -n ${2:-} ]] && printf '%s\n' "$2" | sed 's/^/       | /' | head -n 20
-	return 0
-}
-skip() { printf 'skip   %s\n' "$1"; }
 
 cleanup() {
 	local rc=$? c
@@ -79,13 +71,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# run NAME CMD...: passes if CMD succeeds. Output is kept in $OUT.
-OUT=
-run() {
-	local name=$1
-	shift
-	if OUT=$("$@" 2>&1); then pass "$name"; else fail "$name" "$OUT"; fi
-}
 # refuse NAME EXPECT CMD...: passes if CMD fails and its output contains EXPECT.
 refuse() {
 	local name=$1 expect=$2
@@ -96,16 +81,6 @@ refuse() {
 		fail "$name (expected \"$expect\")" "$OUT"
 	else
 		pass "$name"
-	fi
-}
-# expect_eq NAME WANT CMD...: passes if CMD prints exactly WANT.
-expect_eq() {
-	local name=$1 want=$2 got
-	shift 2
-	if got=$("$@" 2>&1) && [[ $got == "$want" ]]; then
-		pass "$name"
-	else
-		fail "$name (want \"$want\", got \"$got\")"
 	fi
 }
 # checks CMD...: runs chart_checks.py, one result per "ok"/"FAIL" line it prints.
@@ -230,19 +205,7 @@ fi
 
 # --- test bed -------------------------------------------------------------------
 
-if [[ -z ${KUBECONFIG:-} ]]; then
-	env_out=$("$TESTBED" up) || die "starting the test bed failed"
-	eval "$env_out"
-	STARTED_BED=1
-fi
-export KUBECONFIG
-[[ -r ${KUBECONFIG%%:*} ]] || die "KUBECONFIG ${KUBECONFIG%%:*} is not readable"
-kc() { "$KUBECTL" --cache-dir "$TMP/kcache" --request-timeout=30s "$@"; }
-SERVER=$(kc config view --minify -o 'jsonpath={.clusters[0].cluster.server}')
-case $SERVER in
-https://127.0.0.1:* | http://127.0.0.1:*) ;;
-*) die "the API server ($SERVER) is not on 127.0.0.1; refusing to run" ;;
-esac
+testbed_connect
 log "API server: $SERVER, namespaces $NS, $NS_OTHER, $NS_SA"
 
 newns() {

@@ -20,17 +20,10 @@ STARTED_BED=0
 CREATED_CRDS=()
 NS=gcr-crd-test-$$-$RANDOM
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/gcr-test-crds.XXXXXX")
+TEST_NAME=test_crds
+# shellcheck source=tests/k8s/testlib.sh
+source "$HERE/testlib.sh"
 
-log() { printf '%s\n' "$*" >&2; }
-die() { printf 'test_crds: error: %s\n' "$*" >&2; FAILED=$((FAILED + 1)); exit 1; }
-
-pass() { PASSED=$((PASSED + 1)); printf 'ok     %s\n' "$1"; }
-fail() {
-	FAILED=$((FAILED + 1))
-	printf 'FAIL   %s\n' "$1"
-	[[ -n ${2:-} ]] && printf '%s\n' "$2" | sed 's/^/       | /' | head -n 20
-	return 0
-}
 
 cleanup() {
 	local rc=$? c
@@ -60,30 +53,9 @@ trap 'exit 130' INT TERM
 
 BIN=$("$TESTBED" build) || die "building the test bed binaries failed"
 KUBECTL=$BIN/kubectl
-if [[ -z ${KUBECONFIG:-} ]]; then
-	env_out=$("$TESTBED" up) || die "starting the test bed failed"
-	eval "$env_out"
-	STARTED_BED=1
-fi
-export KUBECONFIG
-[[ -r ${KUBECONFIG%%:*} ]] || die "KUBECONFIG ${KUBECONFIG%%:*} is not readable"
-
-kc() { "$KUBECTL" --cache-dir "$TMP/kcache" --request-timeout=30s "$@"; }
-
-SERVER=$(kc config view --minify -o 'jsonpath={.clusters[0].cluster.server}')
-case $SERVER in
-https://127.0.0.1:* | http://127.0.0.1:*) ;;
-*) die "the API server ($SERVER) is not on 127.0.0.1; refusing to run" ;;
-esac
+testbed_connect
 log "API server: $SERVER, namespace $NS"
 
-# run NAME CMD...: passes if CMD succeeds. Output is kept in $OUT.
-OUT=
-run() {
-	local name=$1
-	shift
-	if OUT=$("$@" 2>&1); then pass "$name"; else fail "$name" "$OUT"; fi
-}
 # reject NAME EXPECT CMD...: passes if CMD fails, the API server answered and
 # its message contains EXPECT.
 reject() {
@@ -99,16 +71,6 @@ reject() {
 		fail "$name (expected \"$expect\")" "$OUT"
 	else
 		pass "$name"
-	fi
-}
-# expect_eq NAME WANT CMD...: passes if CMD prints exactly WANT.
-expect_eq() {
-	local name=$1 want=$2 got
-	shift 2
-	if got=$("$@" 2>&1) && [[ $got == "$want" ]]; then
-		pass "$name"
-	else
-		fail "$name (want \"$want\", got \"$got\")"
 	fi
 }
 
