@@ -51,6 +51,14 @@ static void undo_data(struct gcr_client *c, struct gcr_err *err)
 	json_decref(res);
 }
 
+/* The shim's byte counts: what crossed PCIe, and the size of the buffers. */
+static void shim_bytes(struct gcr_cr_result *r)
+{
+	json_t *copied = json_object_get(r->shim, "copied");
+	r->bytes_total = json_integer_value(json_object_get(r->shim, "bytes"));
+	r->bytes_moved = copied != NULL ? json_integer_value(copied) : r->bytes_total;
+}
+
 int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err)
 {
 	memset(r, 0, sizeof(*r));
@@ -88,7 +96,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args, SHIM_CALL_MS, &r->shim, err);
 		if (rc < 0)
 			goto out; /* the shim unwound itself: still running */
-		r->bytes_moved = json_integer_value(json_object_get(r->shim, "bytes"));
+		shim_bytes(r);
 		r->ms_data = now_ms() - t0;
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
@@ -172,7 +180,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 				gcr_err_wrap(err, "GPU data still in host memory, process held at the gate; retry resume");
 				goto out;
 			}
-			r->bytes_moved = json_integer_value(json_object_get(r->shim, "bytes"));
+			shim_bytes(r);
 			did = 1;
 		}
 	}

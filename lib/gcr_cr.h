@@ -23,7 +23,8 @@ struct gcr_cr_opts {
 
 struct gcr_cr_result {
 	double ms_data, ms_lock, ms_checkpoint, ms_restore, ms_unlock, ms_total;
-	long long bytes_moved;  /* by the shim's data path */
+	long long bytes_moved;  /* by the shim's data path, over PCIe */
+	long long bytes_total;  /* the buffers the shim staged (moved + zero + unchanged) */
 	json_t *shim;           /* the shim's own report (owned), or NULL */
 };
 

@@ -78,16 +78,16 @@ static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 		json_object_set_new(ms, "lock", json_real(r.ms_lock));
 		json_object_set_new(ms, "checkpoint", json_real(r.ms_checkpoint));
 	}
-	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:o, s:{s:I}, s:O*}", "pid", (int)pid, "op", op, "ok", 1,
-			      "mode", gcr_cr_mode_name(o->mode), "ms", ms, "bytes", "moved",
-			      (json_int_t)r.bytes_moved, "shim", r.shim);
+	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:o, s:{s:I, s:I}, s:O*}", "pid", (int)pid, "op", op, "ok",
+			      1, "mode", gcr_cr_mode_name(o->mode), "ms", ms, "bytes", "moved",
+			      (json_int_t)r.bytes_moved, "total", (json_int_t)r.bytes_total, "shim", r.shim);
 	if (json_out)
 		print_json(j);
 	else
-		printf("%s %d: ok in %.1f ms (data %.1f ms, driver %.1f ms), %.1f MiB moved by the shim\n", op,
-		       (int)pid, r.ms_total, r.ms_data,
+		printf("%s %d: ok in %.1f ms (data %.1f ms, driver %.1f ms), %.1f of %.1f MiB moved by the shim\n",
+		       op, (int)pid, r.ms_total, r.ms_data,
 		       resume ? r.ms_restore + r.ms_unlock : r.ms_lock + r.ms_checkpoint,
-		       (double)r.bytes_moved / 1048576.0);
+		       (double)r.bytes_moved / 1048576.0, (double)r.bytes_total / 1048576.0);
 	json_decref(j);
 	gcr_cr_result_clear(&r);
 	return 0;

@@ -16,6 +16,8 @@ SHIM_CORE_SOURCES = \
 	shim/shim_gate.c shim/shim_gate.h \
 	shim/shim_alloc.c shim/shim_alloc.h \
 	shim/shim_staging.c shim/shim_staging.h \
+	shim/shim_digest.c shim/shim_digest.h shim/shim_digest_math.h shim/shim_digest_ptx.h \
+	shim/shim_image.c shim/shim_image.h \
 	shim/shim_cr.c shim/shim_cr.h \
 	shim/shim_ctl.c shim/shim_ctl.h
 shim_libgcr_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)
@@ -24,4 +26,4 @@ shim_libgcr_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 shim_libgcr_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
 	-Wl,--version-script=$(srcdir)/shim/libgcr.map -Wl,--exclude-libs,ALL -Wl,-z,nodelete \
 	-Wl,-rpath,'$$ORIGIN' -Wl,--enable-new-dtags
-EXTRA_DIST += shim/libgcr.map
+EXTRA_DIST += shim/libgcr.map shim/shim_digest_kernel.cu

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "gcr_error.h"
+#include "shim_image.h"
 
 #define SHIM_MAX_DEVICES 64
 #define SHIM_MAX_ACCESS 8
@@ -23,8 +24,8 @@ struct shim_phys {
 	int nmaps;         /* mappings referencing it */
 	int shim_owned;    /* backs a converted cuMemAlloc buffer */
 	int shared;        /* exported to / imported from another process: not movable */
-	int staged;          /* its data is in staging (suspended) */
-	uint64_t staged_off; /* where, in the staging pool's logical range */
+	int staged;              /* its data is in staging (suspended) */
+	struct shim_image *img;  /* owned: where its data sits in staging (shim_image) */
 	uint32_t slot, gen;
 };
 

@@ -9,8 +9,10 @@ struct shim_config {
 	char socket_dir[200];   /* GCR_SOCKET_DIR */
 	size_t vmm_min_bytes;   /* GCR_VMM_MIN_BYTES: smaller cuMemAlloc stays with the driver */
 	int vmm;                /* GCR_VMM=0 keeps every cuMemAlloc on the driver path */
-	int staging_prepare;    /* GCR_STAGING_PREPARE: pin staging memory in the background */
-	int staging_unpin;      /* GCR_STAGING_UNPIN: unregister staging before the driver step */
+	int staging_prepare;    /* GCR_STAGING_PREPARE: fault staging memory in ahead of time */
+	int staging_threads;    /* GCR_STAGING_THREADS: copy workers (each two pinned 2 MiB slots) */
+	int zero_skip;          /* GCR_ZERO_SKIP: all-zero chunks are recorded, not copied */
+	int incremental;        /* GCR_INCREMENTAL: keep the host copy after resume; copy only changes */
 	int gate_timeout_ms;    /* GCR_GATE_TIMEOUT_MS */
 	int agent_register;     /* reserved for the node agent's registry */
 };

@@ -1,5 +1,7 @@
-/* shim_cr: moves the data of every physical allocation to staging and back, keeping
- * virtual addresses; every failure unwinds to the state the operation started in. */
+/* shim_cr: suspend and resume of the process's buffers, keeping virtual addresses:
+ * gate -> sync -> digest (shim_digest) -> per chunk zero / unchanged / copy
+ * (shim_image) -> copy out (shim_staging) -> release; and create -> map -> copy
+ * in. Every failure unwinds to the state the operation started in. */
 #include "shim_cr.h"
 
 #include <errno.h>
@@ -13,11 +15,12 @@
 #include "shim_gate.h"
 #include "shim_hook.h"
 #include "shim_real.h"
+#include "shim_digest.h"
+#include "shim_image.h"
 #include "shim_staging.h"
 
 static pthread_mutex_t cr_lock = PTHREAD_MUTEX_INITIALIZER; /* one operation at a time */
 static _Atomic int state;
-static CUstream streams[SHIM_MAX_DEVICES];
 
 static const char *const state_names[] = { "running", "suspending", "suspended", "resuming" };
 
@@ -51,24 +54,6 @@ static int phys_device(const struct shim_phys *p)
 	return p->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->prop.location.id : 0;
 }
 
-/* Makes the device's copy context current and returns the shim's stream on it. */
-static CUstream device_stream(int dev, struct gcr_err *err)
-{
-	CUcontext ctx = shim_alloc_device_ctx(dev);
-	if (ctx == NULL || shim_cu.cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
-		gcr_err_set(err, -EIO, "no context for GPU %d", dev);
-		return NULL;
-	}
-	if (streams[dev] == NULL) {
-		CUresult r = shim_cu.cuStreamCreate(&streams[dev], CU_STREAM_NON_BLOCKING);
-		if (r != CUDA_SUCCESS) {
-			cu_fail(err, -EIO, r, "cuStreamCreate");
-			return NULL;
-		}
-	}
-	return streams[dev];
-}
-
 /* A device address where the whole of p is mapped and accessible, or 0. */
 static CUdeviceptr covering_va(const struct shim_phys *p)
 {
@@ -80,64 +65,232 @@ static CUdeviceptr covering_va(const struct shim_phys *p)
 	return 0;
 }
 
-/* Copies p to or from staging through a temporary mapping, for handles that are
- * not wholly mapped anywhere. Synchronous: the mapping goes away right after. */
-static int copy_via_scratch(struct shim_phys *p, int out, uint64_t off, CUstream s, struct gcr_err *err)
+/* One staged allocation during an operation: where its bytes can be read or
+ * written, and whether that is a temporary mapping the shim made. */
+struct staged {
+	struct shim_phys *p;
+	CUdeviceptr va;
+	int scratch;
+	size_t first; /* its first chunk in the operation's digest array */
+};
+
+/* Maps p (wholly) at a fresh address, for handles the application did not map
+ * whole anywhere. The caller unmaps it with scratch_unmap. */
+static int scratch_map(struct staged *st, struct gcr_err *err)
 {
+	struct shim_phys *p = st->p;
 	CUdeviceptr va = 0;
 	CUmemAccessDesc ad = { { CU_MEM_LOCATION_TYPE_DEVICE, phys_device(p) },
 			       CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
 	CUresult r = shim_cu.cuMemAddressReserve(&va, p->size, 0, 0, 0);
 	if (r != CUDA_SUCCESS)
 		return cu_fail(err, -ENOMEM, r, "cuMemAddressReserve (scratch)");
-	int rc = 0;
 	r = SHIM_REAL(cuMemMap, 0)(va, p->size, 0, p->real, 0);
-	if (r != CUDA_SUCCESS) {
-		rc = cu_fail(err, -EIO, r, "cuMemMap (scratch)");
-		goto out_va;
+	if (r == CUDA_SUCCESS) {
+		r = SHIM_REAL(cuMemSetAccess, 0)(va, p->size, &ad, 1);
+		if (r != CUDA_SUCCESS)
+			SHIM_REAL(cuMemUnmap, 0)(va, p->size);
 	}
-	r = SHIM_REAL(cuMemSetAccess, 0)(va, p->size, &ad, 1);
-	if (r != CUDA_SUCCESS)
-		rc = cu_fail(err, -EIO, r, "cuMemSetAccess (scratch)");
-	if (rc == 0)
-		rc = shim_staging_copy_sync(out, off, va, p->size, s, err);
-	SHIM_REAL(cuMemUnmap, 0)(va, p->size);
-out_va:
-	shim_cu.cuMemAddressFree(va, p->size);
-	return rc;
+	if (r != CUDA_SUCCESS) {
+		shim_cu.cuMemAddressFree(va, p->size);
+		return cu_fail(err, -EIO, r, "mapping an allocation to copy it");
+	}
+	st->va = va;
+	st->scratch = 1;
+	return 0;
 }
 
-/* Moves the data of every handle marked staged, in one pipelined transfer; handles
- * not wholly mapped anywhere go through a temporary mapping, one at a time (out:
- * before the transfer, in: after it, when every slab is pinned again). */
-static int move_staged(int out, double *ms_pin, struct gcr_err *err)
+static void scratch_unmap_all(struct staged *st, size_t n)
 {
-	size_t nphys = shim_alloc_nphys(), n = 0;
-	struct shim_xfer *x = calloc(nphys + 1, sizeof(*x));
-	if (x == NULL)
-		return gcr_err_set(err, -ENOMEM, "out of memory");
-	int rc = 0;
-	for (int pass = 0; pass < 2 && rc == 0; pass++) {
-		int scratch_pass = out ? pass == 0 : pass == 1;
-		for (size_t i = 0; i < nphys && rc == 0; i++) {
-			struct shim_phys *p = shim_alloc_phys_at(i);
-			if (p == NULL || !p->staged)
-				continue;
-			CUdeviceptr va = covering_va(p);
-			CUstream s = device_stream(phys_device(p), err);
-			if (s == NULL) {
-				rc = err->code;
-			} else if (va == 0 && scratch_pass) {
-				rc = copy_via_scratch(p, out, p->staged_off, s, err);
-			} else if (va != 0 && !scratch_pass) {
-				x[n++] = (struct shim_xfer){ .off = p->staged_off, .dev = va, .size = p->size,
-							     .stream = s };
-			}
+	for (size_t i = 0; i < n; i++) {
+		if (!st[i].scratch)
+			continue;
+		SHIM_REAL(cuMemUnmap, 0)(st[i].va, st[i].p->size);
+		shim_cu.cuMemAddressFree(st[i].va, st[i].p->size);
+		st[i].scratch = 0;
+		st[i].va = 0;
+	}
+}
+
+/* The allocations to stage (live, or released by the app but still mapped), each
+ * with an image; with va set where it is wholly mapped. NULL + err on failure. */
+static struct staged *staged_list(size_t *n_out, size_t *nchunks_out, struct gcr_err *err)
+{
+	size_t nphys = shim_alloc_nphys(), n = 0, nch = 0;
+	struct staged *st = calloc(nphys + 1, sizeof(*st));
+	if (st == NULL) {
+		gcr_err_set(err, -ENOMEM, "out of memory");
+		return NULL;
+	}
+	for (size_t i = 0; i < nphys; i++) {
+		struct shim_phys *p = shim_alloc_phys_at(i);
+		if (p == NULL || (p->real == 0 && p->nmaps == 0))
+			continue;
+		CUdeviceptr va = covering_va(p);
+		if (p->real == 0 && va == 0) {
+			/* Released by the app, alive through partial mappings only. */
+			gcr_err_set(err, -ENOTSUP, "a released, partly mapped allocation cannot be staged");
+			free(st);
+			return NULL;
 		}
-		if (rc == 0 && !scratch_pass)
-			rc = shim_staging_transfer(out, x, n, shim_cfg.staging_unpin, ms_pin, err);
+		if (p->img == NULL && (p->img = shim_image_new(p->size)) == NULL) {
+			gcr_err_set(err, -ENOMEM, "out of memory");
+			free(st);
+			return NULL;
+		}
+		st[n++] = (struct staged){ .p = p, .va = va, .first = nch };
+		nch += p->img->nchunks;
+	}
+	*n_out = n;
+	*nchunks_out = nch;
+	return st;
+}
+
+/* Every image forgets its placements and the pool starts over (after a failure
+ * that may have left the pool half-written, or when not keeping copies). */
+static void images_reset(void)
+{
+	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
+		struct shim_phys *p = shim_alloc_phys_at(i);
+		if (p != NULL && p->img != NULL)
+			shim_image_clear(p->img);
+	}
+	shim_staging_reset();
+}
+
+/* With incremental copies the pool only grows; start over when more than half
+ * of it is placements of allocations that are gone. */
+static void pool_compact_if_wasteful(void)
+{
+	struct shim_staging_stats ss;
+	shim_staging_stats(&ss);
+	uint64_t live = 0;
+	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
+		struct shim_phys *p = shim_alloc_phys_at(i);
+		if (p != NULL && p->img != NULL)
+			live += shim_image_placed(p->img);
+	}
+	if (ss.used > 2 * live + (64ull << 20))
+		images_reset();
+}
+
+static double bytes_of_chunk(const struct shim_phys *p, size_t c)
+{
+	uint64_t lo = (uint64_t)c * GCR_DIGEST_CHUNK;
+	return (double)(p->size - lo < GCR_DIGEST_CHUNK ? p->size - lo : GCR_DIGEST_CHUNK);
+}
+
+static uint32_t chunk_size(const struct shim_phys *p, size_t c)
+{
+	return (uint32_t)bytes_of_chunk(p, c);
+}
+
+/* Suspend's data step after the gate closed and the GPU went idle: digests,
+ * decides per chunk (zero / unchanged / copy), copies. On failure nothing on the
+ * GPU was touched and the images are reset. */
+static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_report *rep,
+		    struct gcr_err *err)
+{
+	int rc = 0;
+	struct shim_digest *dig = NULL;
+	struct shim_digest_req *req = NULL;
+	struct shim_xfer *x = NULL;
+	double t0 = now_ms();
+	int keep = shim_cfg.incremental;
+	if (!keep)
+		images_reset();
+	else
+		pool_compact_if_wasteful();
+	for (size_t i = 0; i < n && rc == 0; i++)
+		if (st[i].va == 0)
+			rc = scratch_map(&st[i], err);
+	int have_dig = 0;
+	if (rc == 0 && (shim_cfg.zero_skip || keep)) {
+		dig = calloc(nch + 1, sizeof(*dig));
+		req = calloc(n + 1, sizeof(*req));
+		if (dig == NULL || req == NULL)
+			rc = gcr_err_set(err, -ENOMEM, "out of memory");
+		for (size_t i = 0; i < n && rc == 0; i++)
+			req[i] = (struct shim_digest_req){ .va = st[i].va, .size = st[i].p->size,
+							   .device = phys_device(st[i].p),
+							   .first = st[i].first };
+		if (rc == 0) {
+			rc = shim_digest_run(req, n, dig, err);
+			have_dig = rc == 0;
+			if (rc == -ENOSYS)
+				rc = 0; /* no kernel here: copy every chunk */
+		}
+	}
+	rep->ms_digest = now_ms() - t0;
+	/* Decide per chunk; count the pool bytes new placements need. */
+	uint64_t need = 0;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct shim_image *img = st[i].p->img;
+		for (size_t c = 0; c < img->nchunks; c++) {
+			const struct shim_digest *d = have_dig ? &dig[st[i].first + c] : NULL;
+			int zero = d != NULL && shim_cfg.zero_skip && d->any == 0;
+			int same = d != NULL && keep && img->complete && img->have_digests &&
+				   !img->zero[c] && img->off[c] != SHIM_IMAGE_NONE &&
+				   img->dig[c].h1 == d->h1 && img->dig[c].h2 == d->h2 && img->dig[c].any == d->any;
+			if (!zero && !same && img->off[c] == SHIM_IMAGE_NONE)
+				need += GCR_DIGEST_CHUNK;
+		}
+	}
+	if (rc == 0)
+		rc = shim_staging_prepare(need, err);
+	size_t nx = 0;
+	if (rc == 0 && (x = calloc(nch + 1, sizeof(*x))) == NULL)
+		rc = gcr_err_set(err, -ENOMEM, "out of memory");
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct shim_phys *p = st[i].p;
+		struct shim_image *img = p->img;
+		int complete_before = img->complete && img->have_digests;
+		for (size_t c = 0; c < img->nchunks && rc == 0; c++) {
+			const struct shim_digest *d = have_dig ? &dig[st[i].first + c] : NULL;
+			rep->bytes += chunk_size(p, c);
+			if (d != NULL && shim_cfg.zero_skip && d->any == 0) {
+				img->zero[c] = 1;
+				rep->zero += chunk_size(p, c);
+				continue;
+			}
+			if (d != NULL && keep && complete_before && !img->zero[c] &&
+			    img->off[c] != SHIM_IMAGE_NONE && img->dig[c].h1 == d->h1 && img->dig[c].h2 == d->h2 &&
+			    img->dig[c].any == d->any) {
+				rep->unchanged += chunk_size(p, c);
+				continue;
+			}
+			img->zero[c] = 0;
+			if (img->off[c] == SHIM_IMAGE_NONE && (rc = shim_staging_alloc(GCR_DIGEST_CHUNK, &img->off[c])) < 0) {
+				gcr_err_set(err, rc, "staging pool too small");
+				break;
+			}
+			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st[i].va + c * GCR_DIGEST_CHUNK,
+						      .size = chunk_size(p, c), .device = (int16_t)phys_device(p) };
+			rep->copied += chunk_size(p, c);
+		}
+		rep->handles++;
+	}
+	rep->ms_copy_prep = now_ms() - t0 - rep->ms_digest;
+	double t1 = now_ms();
+	if (rc == 0)
+		rc = shim_staging_transfer(1, x, nx, err);
+	rep->ms_copy = now_ms() - t1;
+	scratch_unmap_all(st, n);
+	if (rc == 0) {
+		for (size_t i = 0; i < n; i++) {
+			struct shim_image *img = st[i].p->img;
+			img->complete = 1;
+			img->have_digests = have_dig;
+			if (have_dig)
+				memcpy(img->dig, &dig[st[i].first], img->nchunks * sizeof(*dig));
+			st[i].p->staged = 1;
+		}
+	} else {
+		images_reset();
 	}
 	free(x);
+	free(req);
+	free(dig);
 	return rc;
 }
 
@@ -162,6 +315,50 @@ static int release_all(struct gcr_err *err)
 		p->real = 0;
 	}
 	return 0;
+}
+
+/* Copies every staged handle's image back (zero chunks are set on the GPU). */
+static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
+{
+	size_t nphys = shim_alloc_nphys(), nch = 0, n = 0;
+	for (size_t i = 0; i < nphys; i++) {
+		struct shim_phys *p = shim_alloc_phys_at(i);
+		if (p != NULL && p->staged)
+			nch += p->img->nchunks;
+	}
+	struct staged *st = calloc(nphys + 1, sizeof(*st));
+	struct shim_xfer *x = calloc(nch + 1, sizeof(*x));
+	int rc = st && x ? 0 : gcr_err_set(err, -ENOMEM, "out of memory");
+	size_t nx = 0;
+	for (size_t i = 0; i < nphys && rc == 0; i++) {
+		struct shim_phys *p = shim_alloc_phys_at(i);
+		if (p == NULL || !p->staged)
+			continue;
+		st[n] = (struct staged){ .p = p, .va = covering_va(p) };
+		if (st[n].va == 0)
+			rc = scratch_map(&st[n], err);
+		if (rc < 0)
+			break;
+		struct shim_image *img = p->img;
+		for (size_t c = 0; c < img->nchunks; c++) {
+			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st[n].va + c * GCR_DIGEST_CHUNK,
+						      .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
+						      .zero = img->zero[c] };
+			if (img->zero[c])
+				rep->zero += chunk_size(p, c);
+			else
+				rep->copied += chunk_size(p, c);
+			rep->bytes += chunk_size(p, c);
+		}
+		rep->handles++;
+		n++;
+	}
+	if (rc == 0)
+		rc = shim_staging_transfer(0, x, nx, err);
+	scratch_unmap_all(st, n);
+	free(x);
+	free(st);
+	return rc;
 }
 
 /* Re-creates, maps and fills every staged handle. On failure unmaps and releases
@@ -204,11 +401,13 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 	rep->ms_map = now_ms() - t0;
 	t0 = now_ms();
 	if (rc == 0)
-		rc = move_staged(0, &rep->ms_repin, err);
+		rc = load_all(rep, err);
 	rep->ms_copy = now_ms() - t0;
 	if (rc == 0)
 		return 0;
 	/* Unwind: nothing half-restored stays behind. */
+	rep->bytes = rep->copied = rep->zero = 0;
+	rep->handles = 0;
 	for (size_t i = 0; i < mapped && i < nmaps; i++) {
 		struct shim_map *m = shim_alloc_map_at(i);
 		SHIM_REAL(cuMemUnmap, 0)(m->va, m->size);
@@ -223,6 +422,8 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 	return rc;
 }
 
+/* After a resume: handles the app had released go; without incremental copies the
+ * images are dropped (the pool stays faulted in for the next suspend). */
 static void finish_resume(void)
 {
 	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
@@ -230,8 +431,19 @@ static void finish_resume(void)
 		if (p == NULL || !p->staged)
 			continue;
 		p->staged = 0;
+		if (!shim_cfg.incremental)
+			shim_image_clear(p->img);
 		shim_alloc_after_remap(p);
 	}
+	if (!shim_cfg.incremental)
+		shim_staging_reset();
+}
+
+static uint64_t host_bytes(void)
+{
+	struct shim_staging_stats ss;
+	shim_staging_stats(&ss);
+	return ss.capacity + ss.ring;
 }
 
 int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err)
@@ -254,6 +466,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	if (rc < 0)
 		goto out;
 	state = SHIM_CR_SUSPENDING;
+	shim_real_relax_capture(); /* our driver calls must not break an app's capture */
 	rc = shim_gate_close(timeout_ms, err);
 	if (rc < 0) {
 		state = SHIM_CR_RUNNING;
@@ -273,37 +486,15 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 			rc = cu_fail(err, -EIO, r, "cuCtxSynchronize (application work failed?)");
 	}
 	rep->ms_sync = now_ms() - t0;
-	uint64_t total = 0;
-	size_t nphys = shim_alloc_nphys();
-	for (size_t i = 0; i < nphys; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && (p->real != 0 || p->nmaps > 0))
-			total += p->size;
-	}
-	t0 = now_ms();
+	size_t nstaged = 0, nch = 0;
+	struct staged *st = rc == 0 ? staged_list(&nstaged, &nch, err) : NULL;
+	if (rc == 0 && st == NULL)
+		rc = err->code;
 	if (rc == 0)
-		rc = shim_staging_prepare(total, err);
-	for (size_t i = 0; i < nphys && rc == 0; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || (p->real == 0 && p->nmaps == 0))
-			continue;
-		if (p->real == 0) {
-			/* Released by the app, alive through its mappings: copy through one. */
-			if (covering_va(p) == 0) {
-				rc = gcr_err_set(err, -ENOTSUP, "a released, partly mapped allocation cannot be staged");
-				break;
-			}
-		}
-		p->staged = 1;
-		p->staged_off = shim_staging_take(p->size);
-		rep->bytes += p->size;
-		rep->handles++;
-	}
-	if (rc == 0)
-		rc = move_staged(1, &rep->ms_unpin, err);
-	rep->ms_copy = now_ms() - t0;
+		rc = save_all(st, nstaged, nch, rep, err);
+	free(st);
 	if (rc < 0) {
-		for (size_t i = 0; i < nphys; i++) {
+		for (size_t i = 0; i < shim_alloc_nphys(); i++) {
 			struct shim_phys *p = shim_alloc_phys_at(i);
 			if (p != NULL)
 				p->staged = 0;
@@ -317,7 +508,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	if (rc < 0) {
 		/* Some memory is gone: bring all of it back from staging. */
 		struct gcr_err err2;
-		for (size_t i = 0; i < nphys; i++) {
+		for (size_t i = 0; i < shim_alloc_nphys(); i++) {
 			struct shim_phys *p = shim_alloc_phys_at(i);
 			if (p != NULL && p->staged && p->real != 0) {
 				SHIM_REAL(cuMemRelease, 0)(p->real);
@@ -338,9 +529,17 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 		finish_resume();
 		goto unwind_gate;
 	}
+	rep->ms_total = now_ms() - t_start;
+	{
+		/* The pool beyond what now holds data goes back to the system, in the
+		 * background; what stays is what the report counts. */
+		struct shim_staging_stats ss;
+		shim_staging_stats(&ss);
+		shim_staging_trim(ss.used);
+		rep->host = ss.used + ss.ring;
+	}
 	pthread_mutex_unlock(&shim_alloc_lock);
 	state = SHIM_CR_SUSPENDED;
-	rep->ms_total = now_ms() - t_start;
 	goto out;
 unwind_gate:
 	pthread_mutex_unlock(&shim_alloc_lock);
@@ -363,6 +562,8 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 		goto out;
 	}
 	state = SHIM_CR_RESUMING;
+	shim_real_relax_capture();
+	shim_staging_quiesce();
 	pthread_mutex_lock(&shim_alloc_lock);
 	rc = remap_all(rep, err);
 	if (rc < 0) {
@@ -370,13 +571,7 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 		state = SHIM_CR_SUSPENDED;
 		goto out;
 	}
-	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->staged) {
-			rep->bytes += p->size;
-			rep->handles++;
-		}
-	}
+	rep->host = host_bytes();
 	rep->mappings = shim_alloc_nmaps();
 	finish_resume();
 	pthread_mutex_unlock(&shim_alloc_lock);

@@ -10,11 +10,14 @@
 enum shim_cr_state { SHIM_CR_RUNNING = 0, SHIM_CR_SUSPENDING, SHIM_CR_SUSPENDED, SHIM_CR_RESUMING };
 
 struct shim_cr_report {
-	double ms_gate, ms_sync, ms_copy, ms_release;
-	double ms_unpin, ms_repin; /* (un)pinning not hidden behind the copies */
+	double ms_gate, ms_sync, ms_digest, ms_copy_prep, ms_copy, ms_release;
 	double ms_map, ms_total;
-	uint64_t bytes;     /* bytes moved through staging */
-	uint64_t handles;   /* physical allocations moved */
+	uint64_t bytes;     /* bytes of the allocations staged */
+	uint64_t copied;    /* of which moved over PCIe */
+	uint64_t zero;      /* of which all zero: recorded, not copied */
+	uint64_t unchanged; /* of which unchanged since the copy kept (GCR_INCREMENTAL) */
+	uint64_t host;      /* host bytes the staging holds (pool + pinned slots) */
+	uint64_t handles;   /* physical allocations staged */
 	uint64_t mappings;
 };
 

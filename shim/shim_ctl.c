@@ -47,7 +47,7 @@ static json_t *status_json(void)
 	shim_staging_stats(&ss);
 	return json_pack(
 		"{s:i, s:s, s:s, s:{s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I},"
-		" s:{s:I, s:I, s:I, s:b, s:I, s:f}}",
+		" s:{s:I, s:I, s:I, s:i, s:I, s:b, s:I, s:f}}",
 		"pid", (int)getpid(), "state", shim_cr_state_name(shim_cr_state()), "version", PACKAGE_VERSION,
 		"bytes", "vmm", (json_int_t)st.vmm_bytes, "app_vmm", (json_int_t)st.app_vmm_bytes,
 		"driver", (json_int_t)st.driver_bytes, "async", (json_int_t)st.async_bytes,
@@ -55,9 +55,10 @@ static json_t *status_json(void)
 		"buffers", "vmm", (json_int_t)st.vmm_buffers, "app_vmm", (json_int_t)st.app_vmm_handles,
 		"driver", (json_int_t)st.driver_buffers, "async", (json_int_t)st.async_buffers,
 		"managed", (json_int_t)st.managed_buffers, "shared", (json_int_t)st.shared_handles,
-		"staging", "capacity", (json_int_t)ss.capacity, "registered", (json_int_t)ss.registered,
-		"target", (json_int_t)ss.target, "ready", ss.capacity >= ss.target,
-		"grown_inline", (json_int_t)ss.grown_inline, "pin_ms", ss.pin_ms);
+		"staging", "capacity", (json_int_t)ss.capacity, "used", (json_int_t)ss.used,
+		"ring", (json_int_t)ss.ring, "workers", ss.workers,
+		"target", (json_int_t)ss.target, "ready", ss.ready,
+		"grown_inline", (json_int_t)ss.grown_inline, "fault_ms", ss.fault_ms);
 }
 
 static json_t *stats_json(void)
@@ -86,12 +87,14 @@ static json_t *stats_json(void)
 
 static json_t *report_json(const struct shim_cr_report *r)
 {
-	return json_pack("{s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, s:I, s:I, s:I, s:s}", "ms",
-			 "gate", r->ms_gate, "sync", r->ms_sync, "copy", r->ms_copy, "release",
-			 r->ms_release, "unpin", r->ms_unpin, "repin", r->ms_repin, "map", r->ms_map,
-			 "total", r->ms_total, "bytes", (json_int_t)r->bytes, "handles",
-			 (json_int_t)r->handles, "mappings", (json_int_t)r->mappings, "state",
-			 shim_cr_state_name(shim_cr_state()));
+	return json_pack("{s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+			 " s:s}",
+			 "ms", "gate", r->ms_gate, "sync", r->ms_sync, "digest", r->ms_digest, "plan",
+			 r->ms_copy_prep, "copy", r->ms_copy, "release", r->ms_release, "map", r->ms_map,
+			 "total", r->ms_total, "bytes", (json_int_t)r->bytes, "copied", (json_int_t)r->copied,
+			 "zero", (json_int_t)r->zero, "unchanged", (json_int_t)r->unchanged, "host",
+			 (json_int_t)r->host, "handles", (json_int_t)r->handles, "mappings",
+			 (json_int_t)r->mappings, "state", shim_cr_state_name(shim_cr_state()));
 }
 
 /* Returns the reply line for one request line (malloc'd), or NULL if out of memory. */

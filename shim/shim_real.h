@@ -13,7 +13,8 @@
 	X(cuStreamSynchronize) X(cuMemHostRegister_v2) X(cuMemHostUnregister) \
 	X(cuDevicePrimaryCtxRetain) X(cuGetErrorName) X(cuMemGetInfo_v2) \
 	X(cuEventCreate) X(cuEventSynchronize) X(cuEventDestroy_v2) \
-	X(cuThreadExchangeStreamCaptureMode)
+	X(cuThreadExchangeStreamCaptureMode) X(cuModuleLoadData) X(cuModuleGetFunction) \
+	X(cuMemHostAlloc) X(cuMemFreeHost)
 
 struct shim_cu {
 #define X(f) __typeof__(&f) f;

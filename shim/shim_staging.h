@@ -1,5 +1,6 @@
-/* shim_staging: the host memory that holds GPU buffers while suspended. Pinned
- * ahead of time by a background thread so no pinning sits on the critical path. */
+/* shim_staging: the host side of the data path. Buffers' data lives in ordinary
+ * memory faulted in ahead of time; copy workers carry it over PCIe through two
+ * small pinned slots each. Nothing is pinned while a suspend or resume is timed. */
 #ifndef SHIM_STAGING_H
 #define SHIM_STAGING_H
 
@@ -9,45 +10,60 @@
 
 #include "gcr_error.h"
 
+/* The unit of transfer and of host placement (one pinned slot). */
+#define SHIM_STAGING_CHUNK (2ull << 20)
+
 /* The allocation path reports the bytes that may need staging; the background
- * thread grows the pinned pool to match. ctx is used to register memory. */
+ * thread grows the pool and starts copy workers to match. ctx: the context the
+ * workers' pinned slots are allocated in. */
 void shim_staging_note_bytes(uint64_t bytes, CUcontext ctx);
 
-/* Makes at least total bytes of pinned staging available (growing on the spot if
- * the background thread is behind) and restarts allocation at offset 0. */
-int shim_staging_prepare(uint64_t total, struct gcr_err *err);
-/* Reserves size bytes; returns the logical offset to pass to the copies. */
-uint64_t shim_staging_take(uint64_t size);
+/* Before a suspend's copies: makes at least `need` bytes of pool available beyond
+ * what is kept (faulting in on the spot if the background thread is behind, which
+ * is counted in grown_inline), makes sure copy workers exist, and pauses the
+ * background thread (the process may be locked by the driver next). */
+int shim_staging_prepare(uint64_t need, struct gcr_err *err);
 
-/* One piece of a transfer: size bytes at device address dev <-> staging offset off. */
+/* Host placement: offsets in the pool's logical range, SHIM_STAGING_CHUNK aligned.
+ * reset forgets every placement (nothing kept); alloc returns -ENOSPC past capacity. */
+void shim_staging_reset(void);
+int shim_staging_alloc(uint64_t size, uint64_t *off);
+
+/* One piece of a transfer, at most SHIM_STAGING_CHUNK bytes: device bytes at dev
+ * (on GPU device) <-> pool offset off. zero (in only): set the bytes to zero on the
+ * GPU instead of copying. */
 struct shim_xfer {
 	uint64_t off;
 	CUdeviceptr dev;
-	uint64_t size;
-	CUstream stream;
+	uint32_t size;
+	int16_t device;
+	int16_t zero;
 };
 
-/* Moves every piece (out: device to staging; else back), slab by slab, and returns
- * once all copies finished. With unpin, each slab is unpinned as soon as its copies
- * are out, and pinned again just before its copies go in, so (un)pinning overlaps
- * the other slabs' copies: pinned memory slows the driver's own checkpoint step.
- * *ms_pin gets the time spent (un)pinning that was not hidden. */
-int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, int unpin, double *ms_pin,
-			  struct gcr_err *err);
+/* Moves every piece (out: device to pool; else back) with all copy workers, and
+ * returns once every copy finished; 0 or -errno (the first failure). */
+int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, struct gcr_err *err);
 
-/* One synchronous piece; for handles copied through a temporary mapping. */
-int shim_staging_copy_sync(int out, uint64_t off, CUdeviceptr dev, uint64_t size, CUstream s,
-			   struct gcr_err *err);
+/* While suspended: the pool beyond `keep` bytes (the data just saved) is given
+ * back to the system by the background thread, off the clock, and later growth
+ * aims at keep plus new allocations. */
+void shim_staging_trim(uint64_t keep);
 
-/* After resume (or a failed suspend): background pinning may go on. */
+/* Before a resume's copies: waits for a trim in progress. */
+void shim_staging_quiesce(void);
+
+/* After resume (or a failed suspend): background work may go on. */
 void shim_staging_resume_background(void);
 
 struct shim_staging_stats {
-	uint64_t capacity;      /* bytes mapped */
-	uint64_t registered;    /* bytes pinned */
-	uint64_t target;        /* bytes the allocation path asked for */
-	uint64_t grown_inline;  /* bytes pinned on the critical path (should stay 0) */
-	double pin_ms;          /* time spent pinning, all of it */
+	uint64_t capacity;     /* pool bytes faulted in */
+	uint64_t used;         /* pool bytes holding placed data */
+	uint64_t ring;         /* pinned bytes: the workers' slots */
+	uint64_t target;       /* pool bytes the background thread aims at */
+	uint64_t grown_inline; /* pool bytes faulted in on the critical path (should stay 0) */
+	int workers;
+	int ready;             /* pool, workers and digest kernel all prepared */
+	double fault_ms;       /* time spent faulting the pool in, all of it */
 };
 void shim_staging_stats(struct shim_staging_stats *st);
 

@@ -1,0 +1,31 @@
+/* shim_image: the host image of one physical allocation while it is staged (and,
+ * with GCR_INCREMENTAL, kept after resume): per 2 MiB chunk, where its bytes sit
+ * in the staging pool or that they are all zero, and the digest they had. */
+#ifndef SHIM_IMAGE_H
+#define SHIM_IMAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shim_digest.h"
+
+#define SHIM_IMAGE_NONE UINT64_MAX /* no placement in the pool yet */
+
+struct shim_image {
+	size_t nchunks;
+	int complete;      /* every chunk's bytes are in the pool or zero, matching dig */
+	int have_digests;  /* dig holds real digests (the kernel ran) */
+	uint64_t *off;     /* pool offset per chunk, or SHIM_IMAGE_NONE */
+	uint8_t *zero;     /* 1: the chunk is all zero (nothing in the pool) */
+	struct shim_digest *dig;
+};
+
+/* An image for size bytes, no placements; NULL when out of memory. */
+struct shim_image *shim_image_new(uint64_t size);
+/* Forgets placements and content (the pool was reset). */
+void shim_image_clear(struct shim_image *img);
+/* Bytes of pool placed for this image. */
+uint64_t shim_image_placed(const struct shim_image *img);
+void shim_image_free(struct shim_image *img); /* NULL-safe */
+
+#endif
