@@ -57,7 +57,7 @@ static int pick(struct gcr_scale_member *m, size_t n, enum gcr_scale_state from,
 	}
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++)
-		if (m[i].state == from)
+		if (m[i].state == from && !m[i].pinned)
 			v[k++] = &m[i];
 	qsort(v, k, sizeof(*v), cmp);
 	int got = 0;
@@ -90,7 +90,7 @@ int gcr_scale_plan(struct gcr_scale_member *m, size_t n, int replicas, struct gc
 	if (will_be_resident > replicas) {
 		int want = will_be_resident - replicas;
 		out->to_suspend = pick(m, n, GCR_SCALE_RESIDENT, want, less_active_first, GCR_SCALE_SUSPEND, &oom);
-		out->waiting = want - out->to_suspend; /* resumes in flight, suspended when they end */
+		out->waiting = want - out->to_suspend; /* resumes in flight or pinned members: later rounds */
 	} else if (will_be_resident < replicas) {
 		int want = replicas - will_be_resident;
 		out->to_resume = pick(m, n, GCR_SCALE_SUSPENDED, want, more_active_first, GCR_SCALE_RESUME, &oom);

@@ -26,6 +26,7 @@ struct gcr_scale_member {
 	enum gcr_scale_state state;
 	double last_active;    /* seconds since the epoch when activity was last seen; 0: never */
 	long long recent_calls; /* calls in the last sampling interval: ties of last_active */
+	int pinned;            /* counted as its state but not acted on this round (e.g. a recent failure) */
 	enum gcr_scale_action action; /* out */
 };
 

@@ -80,6 +80,11 @@ static void test_in_flight(void)
 	CHECK(gcr_scale_plan(r, 3, 1, &p, &err) == 0);
 	CHECK(p.to_suspend == 0 && p.to_resume == 0 && p.waiting == 1);
 	CHECK(gcr_scale_plan(r, 3, 2, &p, &err) == 0 && p.to_suspend == 0 && p.to_resume == 0 && p.waiting == 0);
+	/* A pinned member (a recent failure) is counted but never chosen. */
+	struct gcr_scale_member q[] = { M("a", GCR_SCALE_RESIDENT, 1, 0), M("b", GCR_SCALE_RESIDENT, 2, 0) };
+	q[0].pinned = 1;
+	CHECK(gcr_scale_plan(q, 2, 0, &p, &err) == 0 && p.resident == 2 && p.to_suspend == 1 && p.waiting == 1);
+	CHECK(q[0].action == GCR_SCALE_NONE && q[1].action == GCR_SCALE_SUSPEND);
 	/* Empty set: nothing to do, any target. */
 	CHECK(gcr_scale_plan(NULL, 0, 5, &p, &err) == 0 && p.to_resume == 0 && p.waiting == 0);
 }
