@@ -53,6 +53,10 @@ class Node:
                 "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.port,
                 "--proc-root", E.proc_root, "--lease-namespace", base.LEASE_NS, "--heartbeat-seconds", "1",
                 "--leader-lease-seconds", "3"]
+        if os.environ.get("GCR_E2E_VALGRIND") == "1":
+            argv = ["valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
+                    "--errors-for-leak-kinds=definite",
+                    "--suppressions=%s" % os.path.join(base.SRC, "tests", "valgrind.supp"), *argv]
         self.proc = base.subprocess.Popen(argv, stdout=open(self.log_path, "w"), stderr=base.subprocess.STDOUT,
                                           env=env, start_new_session=True)
         E.wait("agent %s /readyz" % self.name, lambda: self.http("/readyz")[0] == 200, timeout=120)
