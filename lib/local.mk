@@ -15,6 +15,7 @@ noinst_LTLIBRARIES += lib/libgcrcontrol.la
 lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_client.c lib/gcr_client.h \
 	lib/gcr_driver.c lib/gcr_driver.h \
-	lib/gcr_cr.c lib/gcr_cr.h
+	lib/gcr_cr.c lib/gcr_cr.h \
+	lib/gcr_scale.c lib/gcr_scale.h
 lib_libgcrcontrol_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)
 lib_libgcrcontrol_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl

@@ -1,10 +1,12 @@
 # node-agent/agent.mk: libgcragent, the gcr-agent's pure modules (input parsers
-# for /proc/<pid>/cgroup, kubeconfig and the watch stream), linked by the agent and its tests.
+# for /proc/<pid>/cgroup, kubeconfig, the watch stream, the scaler's selectors and activity
+# notes), linked by the agent and its tests.
 noinst_LTLIBRARIES += node-agent/libgcragent.la
 node_agent_libgcragent_la_SOURCES = \
 	node-agent/agent_cgroup.c node-agent/agent_cgroup.h \
 	node-agent/agent_kubeconfig.c node-agent/agent_kubeconfig.h \
-	node-agent/agent_watch.c node-agent/agent_watch.h
+	node-agent/agent_watch.c node-agent/agent_watch.h \
+	node-agent/agent_scalemsg.c node-agent/agent_scalemsg.h
 node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
 node_agent_libgcragent_la_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LIBS)
@@ -18,6 +20,9 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/agent_registry.c node-agent/agent_registry.h \
 	node-agent/agent_controller.c node-agent/agent_controller.h \
 	node-agent/agent_lease.c node-agent/agent_lease.h \
+	node-agent/agent_leader.c node-agent/agent_leader.h \
+	node-agent/agent_scaler.c node-agent/agent_scaler.h \
+	node-agent/agent_activity.c node-agent/agent_activity.h \
 	node-agent/agent_metrics.c node-agent/agent_metrics.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
 node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)

@@ -15,6 +15,7 @@
 #include "agent_lease.h"
 #include "gcr_cr.h"
 #include "gcr_log.h"
+#include "gcr_scale.h"
 
 #define API "/apis/gpucr.dev/v1alpha1"
 /* Processes of one pod acted on at most (the CRD's processes maxItems). */
@@ -48,7 +49,7 @@ struct agent_controller {
 	pthread_cond_t cond;
 	json_t *cache[NK]; /* "ns/name" -> object */
 	int listed[NK];
-	json_t *queue;   /* array of "c:ns/name" / "r:ns/name" */
+	json_t *queue;   /* array of "c:ns/name" / "r:ns/name" / "p:ns/name" (a pod's readiness gate) */
 	json_t *queued;  /* the same keys as a set */
 	json_t *retry;   /* keys to retry after RETRY_MS */
 	json_t *done;    /* metadata.uid of objects finished by this process */
@@ -83,13 +84,25 @@ static const char *spec_str(json_t *obj, const char *field)
 	return json_string_value(json_object_get(json_object_get(obj, "spec"), field));
 }
 
-/* Enqueues the work an object's change calls for. Caller holds the lock. */
+static int has_gate(json_t *pod);
+static const char *gate_status(json_t *pod);
+
+/* Enqueues the work an object's change calls for: a Checkpoint or Restore, the
+ * Restores waiting on a Checkpoint, a pod whose readiness gate has no condition
+ * yet. Caller holds the lock. */
 static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 {
 	const char *ns = md_str(obj, "namespace"), *name = md_str(obj, "name");
 	char key[600];
-	if (ns == NULL || name == NULL || k == K_POD)
+	if (ns == NULL || name == NULL)
 		return;
+	if (k == K_POD) {
+		if (has_gate(obj) && gate_status(obj) == NULL) {
+			snprintf(key, sizeof(key), "p:%s/%s", ns, name);
+			enqueue_locked(c, key);
+		}
+		return;
+	}
 	snprintf(key, sizeof(key), "%c:%s/%s", k == K_CK ? 'c' : 'r', ns, name);
 	enqueue_locked(c, key);
 	if (k == K_CK) { /* Restores waiting on this Checkpoint */
@@ -410,32 +423,115 @@ static int timeout_ms_of(json_t *obj)
 	return t > 0 ? (int)(t * 1000) : DEFAULT_TIMEOUT_MS;
 }
 
-/* Resumes every process of p that is not running (undo, or a Restore). Returns
- * 0 or the first error, with its message in err. */
+/* Resumes every process of p that is not running (undo, or a Restore), all at once
+ * (gcr_scale_run: one thread per process). Returns 0 or the first error, with its
+ * message in err. */
 static int resume_all(struct agent_controller *c, const struct proc *p, int n, int timeout_ms,
 		      struct gcr_cr_result *sum, struct gcr_err *err)
 {
 	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms };
-	int rc = 0;
-	for (int i = 0; i < n; i++) {
-		if (real_state(c, p[i].pid) == P_RUNNING)
-			continue;
-		struct gcr_cr_result r = { 0 };
-		struct gcr_err e;
-		int prc = gcr_cr_resume(p[i].pid, &opts, &r, &e);
-		if (prc < 0 && rc == 0) {
-			rc = prc;
-			gcr_err_set(err, prc, "pid %d: %s", (int)p[i].pid, e.msg);
+	struct gcr_scale_proc sp[MAX_PROCS];
+	int k = 0;
+	for (int i = 0; i < n && k < MAX_PROCS; i++)
+		if (real_state(c, p[i].pid) != P_RUNNING)
+			sp[k++] = (struct gcr_scale_proc){ .pid = p[i].pid, .action = GCR_SCALE_RESUME };
+	int rc = gcr_scale_run(sp, (size_t)k, &opts, NULL), told = 0;
+	for (int i = 0; i < k; i++) {
+		if (sp[i].rc < 0 && !told++)
+			gcr_err_set(err, sp[i].rc, "pid %d: %s", (int)sp[i].pid, sp[i].err.msg);
+		if (sum != NULL && sp[i].rc == 0) {
+			sum->ms_data += sp[i].r.ms_data;
+			sum->ms_restore += sp[i].r.ms_restore;
+			sum->ms_unlock += sp[i].r.ms_unlock;
+			sum->bytes_moved += sp[i].r.bytes_moved;
 		}
-		if (sum != NULL && prc == 0) {
-			sum->ms_data += r.ms_data;
-			sum->ms_restore += r.ms_restore;
-			sum->ms_unlock += r.ms_unlock;
-			sum->bytes_moved += r.bytes_moved;
-		}
-		gcr_cr_result_clear(&r);
 	}
+	gcr_scale_procs_clear(sp, (size_t)k);
 	return rc;
+}
+
+/* ---- readiness gate ---- */
+
+/* Pods that list this condition type in spec.readinessGates are marked not ready
+ * while suspended, so Services send their traffic elsewhere; other pods are left alone. */
+#define GATE_TYPE "gpucr.dev/resident"
+
+static int has_gate(json_t *pod)
+{
+	size_t i;
+	json_t *g;
+	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "readinessGates"), i, g)
+	{
+		const char *t = json_string_value(json_object_get(g, "conditionType"));
+		if (t != NULL && strcmp(t, GATE_TYPE) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* Our condition's status on pod ("True", "False"), or NULL when it has none. */
+static const char *gate_status(json_t *pod)
+{
+	size_t i;
+	json_t *cnd;
+	json_array_foreach(json_object_get(json_object_get(pod, "status"), "conditions"), i, cnd)
+	{
+		const char *t = json_string_value(json_object_get(cnd, "type"));
+		if (t != NULL && strcmp(t, GATE_TYPE) == 0)
+			return json_string_value(json_object_get(cnd, "status"));
+	}
+	return NULL;
+}
+
+/* Sets our condition on pod ns/name (pods/status, strategic merge by type) when it
+ * declares the gate. pod: the pod if the caller has it, else the cache's is used. */
+static void set_gate(struct agent_controller *c, const char *ns, const char *name, json_t *pod, const char *status,
+		     const char *reason, const char *msg)
+{
+	json_t *own = pod ? NULL : cache_get(c, K_POD, ns, name ? name : "");
+	if (pod == NULL)
+		pod = own;
+	if (ns == NULL || name == NULL || pod == NULL || !has_gate(pod)) {
+		json_decref(own);
+		return;
+	}
+	char now[40], path[700];
+	agent_kube_time(now, sizeof(now), 0);
+	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s/status", ns, name);
+	json_t *patch = json_pack("{s:{s:[{s:s, s:s, s:s, s:s, s:s}]}}", "status", "conditions", "type", GATE_TYPE,
+				  "status", status, "reason", reason, "message", msg, "lastTransitionTime", now);
+	char *body = patch ? json_dumps(patch, JSON_COMPACT) : NULL;
+	json_decref(patch);
+	long st = 0;
+	struct gcr_err err;
+	int rc = body ? agent_kube_request(c->kube, "PATCH", path, "application/strategic-merge-patch+json", body, &st,
+					   NULL, &err)
+		      : gcr_err_set(&err, -ENOMEM, "out of memory");
+	free(body);
+	if (rc == 0 && st >= 300)
+		rc = -EIO;
+	if (rc < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "pod %s/%s: readiness gate %s=%s: %s", ns, name, GATE_TYPE, status,
+			err.msg);
+	else
+		GCR_LOG(GCR_LOG_INFO, "controller", "pod %s/%s: %s=%s (%s)", ns, name, GATE_TYPE, status, reason);
+	json_decref(own);
+}
+
+/* A pod of this node declaring the gate with no condition yet: it is not suspended
+ * (a suspend sets the condition first), so it is marked resident. Read fresh from
+ * the API, not the cache, so a suspend that just set False is never overwritten. */
+static void init_gate(struct agent_controller *c, const char *ns, const char *name)
+{
+	char path[700];
+	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
+	long st = 0;
+	json_t *pod = NULL;
+	struct gcr_err err;
+	if (agent_kube_request(c->kube, "GET", path, NULL, NULL, &st, &pod, &err) == 0 && st == 200 &&
+	    has_gate(pod) && gate_status(pod) == NULL)
+		set_gate(c, ns, name, pod, "True", "Resident", "GPU state resident (not suspended by GCR)");
+	json_decref(pod);
 }
 
 /* ---- Checkpoint ---- */
@@ -449,6 +545,7 @@ static void finish_checkpoint(struct agent_controller *c, struct op *o, const st
 				  (json_int_t)sum->ms_data, "lock", (json_int_t)sum->ms_lock, "checkpoint",
 				  (json_int_t)sum->ms_checkpoint, "total", (json_int_t)ms_total);
 	set_status(c, o, "Succeeded", "Checkpointed", note, extra);
+	set_gate(c, o->ns, spec_str(o->obj, "podName"), NULL, "False", "Suspended", "GPU state suspended by GCR");
 	event(c, o, "Normal", "Checkpointed", note);
 	agent_metrics_op(c->metrics, "checkpoint", 1, ms_total, sum->bytes_moved);
 	mark_done(c, o->obj);
@@ -461,34 +558,47 @@ static double now_ms(void)
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Suspends p[0..n) in order; on a failure resumes those already suspended. */
+/* Suspends p[0..n) all at once (gcr_scale_run, as gcrctl scale does); on a failure
+ * resumes those this run suspended. */
 static void run_checkpoint(struct agent_controller *c, struct op *o, const struct proc *p, int n)
 {
 	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL,
 				    .timeout_ms = timeout_ms_of(o->obj) };
 	struct gcr_cr_result sum = { 0 };
+	const char *pod = spec_str(o->obj, "podName");
 	double t0 = now_ms();
 	test_pause(c, "before-cr");
-	for (int i = 0; i < n; i++) {
-		struct gcr_cr_result r = { 0 };
-		struct gcr_err err;
-		int rc = gcr_cr_suspend(p[i].pid, &opts, &r, &err);
-		if (rc < 0) {
-			struct gcr_err e2;
-			int urc = resume_all(c, p, i, opts.timeout_ms, NULL, &e2);
-			fail(c, o, rc == -EALREADY ? "AlreadySuspended" : "CheckpointFailed",
-			     "suspend of pid %d failed: %s%s%s", (int)p[i].pid, err.msg,
-			     i == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
-			     i > 0 && urc < 0 ? e2.msg : "");
-			gcr_cr_result_clear(&r);
-			return;
+	struct gcr_scale_proc sp[MAX_PROCS];
+	for (int i = 0; i < n; i++)
+		sp[i] = (struct gcr_scale_proc){ .pid = p[i].pid, .action = GCR_SCALE_SUSPEND };
+	int rc = gcr_scale_run(sp, (size_t)n, &opts, NULL);
+	if (rc < 0) {
+		struct proc undo[MAX_PROCS];
+		int nu = 0, bad = -1;
+		for (int i = 0; i < n; i++) {
+			if (sp[i].rc == 0)
+				undo[nu++] = p[i];
+			else if (bad < 0)
+				bad = i;
 		}
-		sum.ms_data += r.ms_data;
-		sum.ms_lock += r.ms_lock;
-		sum.ms_checkpoint += r.ms_checkpoint;
-		sum.bytes_moved += r.bytes_moved;
-		gcr_cr_result_clear(&r);
+		struct gcr_err e2;
+		int urc = nu > 0 ? resume_all(c, undo, nu, opts.timeout_ms, NULL, &e2) : 0;
+		fail(c, o, rc == -EALREADY ? "AlreadySuspended" : "CheckpointFailed", "suspend of pid %d failed: %s%s%s",
+		     (int)sp[bad].pid, sp[bad].err.msg,
+		     nu == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
+		     nu > 0 && urc < 0 ? e2.msg : "");
+		if (rc != -EALREADY && (nu == 0 || urc == 0))
+			set_gate(c, o->ns, pod, NULL, "True", "Resident", "the suspend failed; the process kept running");
+		gcr_scale_procs_clear(sp, (size_t)n);
+		return;
 	}
+	for (int i = 0; i < n; i++) {
+		sum.ms_data += sp[i].r.ms_data;
+		sum.ms_lock += sp[i].r.ms_lock;
+		sum.ms_checkpoint += sp[i].r.ms_checkpoint;
+		sum.bytes_moved += sp[i].r.bytes_moved;
+	}
+	gcr_scale_procs_clear(sp, (size_t)n);
 	test_pause(c, "after-cr");
 	char note[256];
 	snprintf(note, sizeof(note), "%d process(es) suspended, %lld bytes to host memory", n, sum.bytes_moved);
@@ -523,9 +633,12 @@ static void recover_checkpoint(struct agent_controller *c, struct op *o)
 	} else {
 		struct gcr_err err;
 		int rc = resume_all(c, p, n, timeout_ms_of(o->obj), NULL, &err);
-		if (rc == 0)
+		if (rc == 0) {
 			fail(c, o, "Interrupted",
 			     "the agent restarted mid-checkpoint; partly suspended processes were resumed");
+			set_gate(c, o->ns, spec_str(o->obj, "podName"), NULL, "True", "Resident",
+				 "the suspend was interrupted and undone");
+		}
 		else
 			fail(c, o, "Interrupted", "the agent restarted mid-checkpoint; undo failed: %s", err.msg);
 	}
@@ -662,6 +775,8 @@ static void reconcile_checkpoint(struct agent_controller *c, struct op *o, const
 		retry_later(c, key);
 		return;
 	}
+	set_gate(c, o->ns, pod_name, NULL, "False", "Suspending",
+		 "GPU state being suspended by GCR: not ready, so traffic goes elsewhere");
 	run_checkpoint(c, o, p, n);
 }
 
@@ -783,6 +898,7 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 				  "restore", (json_int_t)sum.ms_restore, "unlock", (json_int_t)sum.ms_unlock, "total",
 				  (json_int_t)ms);
 	set_status(c, o, "Succeeded", "Restored", note, extra);
+	set_gate(c, o->ns, spec_str(ck, "podName"), NULL, "True", "Resident", "GPU state resumed by GCR");
 	event(c, o, "Normal", "Restored", note);
 	agent_metrics_op(c->metrics, "restore", 1, ms, sum.bytes_moved);
 	mark_done(c, o->obj);
@@ -801,6 +917,10 @@ static void process(struct agent_controller *c, const char *key)
 		return;
 	snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key - 2), key + 2);
 	snprintf(name, sizeof(name), "%s", slash + 1);
+	if (key[0] == 'p') {
+		init_gate(c, ns, name);
+		return;
+	}
 	struct op o = { .kind = k, .obj = cache_get(c, k, ns, name) };
 	if (o.obj == NULL)
 		return; /* deleted */

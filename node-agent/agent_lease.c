@@ -1,5 +1,5 @@
 /* agent_lease: the node heartbeat, a coordination.k8s.io/v1 Lease "gcr-agent-<node>"
- * renewed by this node's agent, and the check whether another node's agent is alive. */
+ * renewed by this node's agent (carrying its pods' activity), and whether another node's agent is alive. */
 #include "agent_lease.h"
 
 #include <errno.h>
@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent_scalemsg.h"
 #include "gcr_log.h"
 
 #define LEASES "/apis/coordination.k8s.io/v1/namespaces/%s/leases"
@@ -21,6 +22,9 @@ struct agent_lease {
 	struct agent_kube *kube;
 	char *ns, *node;
 	atomic_int stop;
+	int period_s;
+	char *(*note)(void *data); /* the activity annotation's text, or NULL */
+	void *note_data;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	pthread_t th;
@@ -32,9 +36,24 @@ static void lease_path(char *buf, size_t len, const char *ns, const char *node)
 	snprintf(buf, len, LEASES "/gcr-agent-%s", ns, node);
 }
 
+/* Sets (text non-NULL) the activity note on obj's metadata.annotations. */
+static void set_note(json_t *obj, const char *text)
+{
+	if (obj == NULL || text == NULL)
+		return;
+	json_t *md = json_object_get(obj, "metadata");
+	json_t *an = json_object_get(md, "annotations");
+	if (!json_is_object(an)) {
+		an = json_object();
+		json_object_set_new(md, "annotations", an);
+	}
+	json_object_set_new(an, AGENT_SCALEMSG_ACTIVITY_KEY, json_string(text));
+}
+
 /* One renewal: GET; 404 -> POST a new Lease; else PUT with the resourceVersion
- * read (409 -> read again). 0 or negative errno with the message in err. */
-static int renew(struct agent_lease *l, struct gcr_err *err)
+ * read (409 -> read again). note: the activity annotation (NULL: left as it is).
+ * 0 or negative errno with the message in err. */
+static int renew(struct agent_lease *l, const char *note, struct gcr_err *err)
 {
 	char path[600], coll[600], now[40], name[300];
 	lease_path(path, sizeof(path), l->ns, l->node);
@@ -72,6 +91,7 @@ static int renew(struct agent_lease *l, struct gcr_err *err)
 			json_object_set_new(spec, "leaseDurationSeconds", json_integer(AGENT_LEASE_DURATION_S));
 			json_object_set_new(spec, "renewTime", json_string(now));
 		}
+		set_note(obj, note);
 		char *body = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
 		json_decref(obj);
 		if (body == NULL)
@@ -98,7 +118,10 @@ static void *lease_main(void *data)
 	while (!atomic_load(&l->stop)) {
 		pthread_mutex_unlock(&l->lock);
 		struct gcr_err err;
-		if (renew(l, &err) < 0) {
+		char *note = l->note ? l->note(l->note_data) : NULL;
+		int rc = renew(l, note, &err);
+		free(note);
+		if (rc < 0) {
 			GCR_LOG(GCR_LOG_WARN, "lease", "node heartbeat: %s", err.msg);
 			failing = 1;
 		} else if (failing) {
@@ -108,7 +131,7 @@ static void *lease_main(void *data)
 		pthread_mutex_lock(&l->lock);
 		struct timespec dl;
 		clock_gettime(CLOCK_REALTIME, &dl);
-		dl.tv_sec += AGENT_LEASE_RENEW_S;
+		dl.tv_sec += l->period_s;
 		while (!atomic_load(&l->stop) && pthread_cond_timedwait(&l->cond, &l->lock, &dl) != ETIMEDOUT)
 			;
 	}
@@ -126,6 +149,7 @@ int agent_lease_new(struct agent_kube *kube, const char *ns, const char *node, s
 	l->kube = kube;
 	l->ns = strdup(ns);
 	l->node = strdup(node);
+	l->period_s = AGENT_LEASE_RENEW_S;
 	pthread_mutex_init(&l->lock, NULL);
 	pthread_cond_init(&l->cond, NULL);
 	if (l->ns == NULL || l->node == NULL) {
@@ -134,6 +158,18 @@ int agent_lease_new(struct agent_kube *kube, const char *ns, const char *node, s
 	}
 	*out = l;
 	return 0;
+}
+
+void agent_lease_set_period(struct agent_lease *l, int seconds)
+{
+	if (seconds >= 1 && seconds < AGENT_LEASE_DURATION_S)
+		l->period_s = seconds;
+}
+
+void agent_lease_set_note(struct agent_lease *l, char *(*note)(void *data), void *data)
+{
+	l->note = note;
+	l->note_data = data;
 }
 
 int agent_lease_start(struct agent_lease *l, struct gcr_err *err)
@@ -173,12 +209,15 @@ static time_t parse_time(const char *s)
 	return timegm(&tm);
 }
 
-int agent_lease_node_live(struct agent_kube *kube, const char *ns, const char *node, struct gcr_err *err)
+int agent_lease_node_activity(struct agent_kube *kube, const char *ns, const char *node, char **note,
+			      struct gcr_err *err)
 {
 	char path[600];
 	lease_path(path, sizeof(path), ns, node);
 	long st = 0;
 	json_t *lease = NULL;
+	if (note != NULL)
+		*note = NULL;
 	if (agent_kube_request(kube, "GET", path, NULL, NULL, &st, &lease, err) < 0)
 		return -EIO;
 	int rc;
@@ -191,7 +230,16 @@ int agent_lease_node_live(struct agent_kube *kube, const char *ns, const char *n
 		time_t renewed = parse_time(json_string_value(json_object_get(spec, "renewTime")));
 		json_int_t dur = json_integer_value(json_object_get(spec, "leaseDurationSeconds"));
 		rc = renewed >= 0 && dur > 0 && renewed + (time_t)dur > time(NULL);
+		const char *text = json_string_value(json_object_get(
+			json_object_get(json_object_get(lease, "metadata"), "annotations"), AGENT_SCALEMSG_ACTIVITY_KEY));
+		if (rc == 1 && note != NULL && text != NULL && (*note = strdup(text)) == NULL)
+			rc = gcr_err_set(err, -ENOMEM, "out of memory");
 	}
 	json_decref(lease);
 	return rc;
+}
+
+int agent_lease_node_live(struct agent_kube *kube, const char *ns, const char *node, struct gcr_err *err)
+{
+	return agent_lease_node_activity(kube, ns, node, NULL, err);
 }

@@ -1,5 +1,5 @@
 /* agent_lease: the node heartbeat, a coordination.k8s.io/v1 Lease "gcr-agent-<node>"
- * renewed by this node's agent, and the check whether another node's agent is alive. */
+ * renewed by this node's agent (carrying its pods' activity), and whether another node's agent is alive. */
 #ifndef AGENT_LEASE_H
 #define AGENT_LEASE_H
 
@@ -17,6 +17,14 @@ struct agent_lease;
 int agent_lease_new(struct agent_kube *kube, const char *ns, const char *node, struct agent_lease **out,
 		    struct gcr_err *err) __attribute__((warn_unused_result));
 
+/* Before start: renew every seconds (1 .. AGENT_LEASE_DURATION_S - 1) instead of
+ * AGENT_LEASE_RENEW_S. The activity note is sampled at the same pace. */
+void agent_lease_set_period(struct agent_lease *l, int seconds);
+
+/* Before start: at each renewal note(data) gives the text (malloc'd, or NULL) of the
+ * Lease's activity annotation (agent_scalemsg.h), which the leader's scaler reads. */
+void agent_lease_set_note(struct agent_lease *l, char *(*note)(void *data), void *data);
+
 /* Starts the renewal thread (the first renewal is attempted on it at once). */
 int agent_lease_start(struct agent_lease *l, struct gcr_err *err) __attribute__((warn_unused_result));
 
@@ -28,5 +36,10 @@ void agent_lease_free(struct agent_lease *l);
  * could not be read. */
 int agent_lease_node_live(struct agent_kube *kube, const char *ns, const char *node, struct gcr_err *err)
 	__attribute__((warn_unused_result));
+
+/* As agent_lease_node_live; when live, *note (may be NULL) gets a copy of the
+ * Lease's activity annotation (malloc'd) or NULL when it has none. */
+int agent_lease_node_activity(struct agent_kube *kube, const char *ns, const char *node, char **note,
+			      struct gcr_err *err) __attribute__((warn_unused_result));
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -15,6 +16,9 @@
 #include "agent_kube.h"
 #include "agent_kubeconfig.h"
 #include "agent_lease.h"
+#include "agent_leader.h"
+#include "agent_scaler.h"
+#include "agent_activity.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
 #include "gcr/protocol.h"
@@ -41,7 +45,7 @@ struct dp_cfg {
 
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
-		*context, *lease_namespace;
+		*context, *lease_namespace, *heartbeat_s, *leader_lease_s;
 	struct dp_cfg dp;
 };
 
@@ -66,7 +70,12 @@ static const struct opt_row opts_table[] = {
 	  "HOST:PORT of /metrics, /healthz, /readyz" },
 	{ "proc-root", "procRoot", SLOT(proc_root), "/proc", "where <pid>/cgroup files are read" },
 	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
-	  "namespace of the node heartbeat Leases (default: $POD_NAMESPACE, else " LEASE_NS_DEFAULT ")" },
+	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
+	  LEASE_NS_DEFAULT ")" },
+	{ "heartbeat-seconds", "heartbeatSeconds", SLOT(heartbeat_s), "10",
+	  "node heartbeat period; pods' activity is sampled at the same pace (1..39)" },
+	{ "leader-lease-seconds", "leaderLeaseSeconds", SLOT(leader_lease_s), "15",
+	  "term of the scaler's leader Lease: another agent takes over this long after the leader stops (1..300)" },
 };
 
 /* The devicePlugin section: strings; enabled, slots and pollMs are parsed in dp_opt. */
@@ -369,6 +378,18 @@ static void cfg_free(struct cfg *c)
 	c->dp.n_env = 0;
 }
 
+/* An option holding whole seconds in 1..max; *out (may be NULL) gets it. */
+static int seconds_opt(const char *name, const char *v, int max, int *out, struct gcr_err *err)
+{
+	char *end = NULL;
+	long n = v ? strtol(v, &end, 10) : 0;
+	if (v == NULL || end == v || *end != '\0' || n < 1 || n > max)
+		return gcr_err_set(err, -EINVAL, "--%s: '%s' is not an integer in 1..%d", name, v ? v : "", max);
+	if (out != NULL)
+		*out = (int)n;
+	return 0;
+}
+
 /* Flags parsed twice: first only --config (loaded first), then the rest, so flags win. */
 static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 {
@@ -421,6 +442,9 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 			return -ENOMEM;
 	if (c->node_name == NULL || c->node_name[0] == '\0')
 		return gcr_err_set(err, -EINVAL, "no node name: pass --node-name or set NODE_NAME");
+	if (seconds_opt("heartbeat-seconds", c->heartbeat_s, AGENT_LEASE_DURATION_S - 1, NULL, err) < 0 ||
+	    seconds_opt("leader-lease-seconds", c->leader_lease_s, 300, NULL, err) < 0)
+		return -EINVAL;
 	return 0;
 }
 
@@ -484,6 +508,9 @@ int main(int argc, char **argv)
 	struct agent_metrics *metrics = NULL;
 	struct agent_controller *ctl = NULL;
 	struct agent_lease *lease = NULL;
+	struct agent_leader *leader = NULL;
+	struct agent_scaler *scaler = NULL;
+	struct agent_activity *activity = NULL;
 	struct agent_dp *dp = NULL;
 	int rc, status = 1;
 
@@ -530,8 +557,36 @@ int main(int argc, char **argv)
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};
-	if (agent_lease_new(kube, cfg.lease_namespace, cfg.node_name, &lease, &err) < 0 ||
-	    agent_lease_start(lease, &err) < 0)
+	int heartbeat_s = 10, leader_lease_s = AGENT_LEADER_LEASE_S;
+	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
+	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
+	/* The heartbeat carries this node's pods' activity, read from the shims' counters. */
+	activity = agent_activity_new(reg, cfg.socket_dir);
+	if (activity == NULL) {
+		gcr_err_set(&err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	if (agent_lease_new(kube, cfg.lease_namespace, cfg.node_name, &lease, &err) < 0)
+		goto out;
+	agent_lease_set_period(lease, heartbeat_s);
+	agent_lease_set_note(lease, agent_activity_note, activity);
+	if (agent_lease_start(lease, &err) < 0)
+		goto out;
+	/* Every agent stands for the scaler's leadership; the identity is unique per
+	 * process, so a restarted agent is a new candidate, not the old holder. */
+	char identity[300];
+	unsigned rnd = 0;
+	FILE *ur = fopen("/dev/urandom", "rb");
+	if (ur == NULL || fread(&rnd, sizeof(rnd), 1, ur) != 1)
+		rnd = (unsigned)getpid() ^ (unsigned)time(NULL);
+	if (ur != NULL)
+		fclose(ur);
+	snprintf(identity, sizeof(identity), "%.240s-%08x", cfg.node_name, rnd);
+	struct agent_scaler_cfg scfg = { .lease_namespace = cfg.lease_namespace };
+	if (agent_leader_new(kube, cfg.lease_namespace, "gcr-scaler-leader", identity, leader_lease_s, &leader,
+			     &err) < 0 ||
+	    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, leader, &scfg, &scaler, &err) < 0 ||
+	    agent_scaler_start(scaler, &err) < 0)
 		goto out;
 	if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
 	    agent_controller_start(ctl, &err) < 0)
@@ -550,11 +605,14 @@ int main(int argc, char **argv)
 out:
 	if (status != 0)
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
+	agent_scaler_free(scaler);  /* stops creating work for the nodes */
+	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
 	agent_controller_free(ctl); /* stops taking work, lets the operation in flight finish */
 	if (metrics != NULL)
 		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp goes: /readyz stops asking it */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
 	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */
+	agent_activity_free(activity);
 	agent_metrics_free(metrics);
 	agent_registry_free(reg);
 	agent_kube_free(kube);

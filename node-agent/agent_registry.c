@@ -250,7 +250,7 @@ int agent_registry_find(struct agent_registry *r, const char *pod_uid, const cha
 	pthread_mutex_lock(&r->lock);
 	for (int i = 0; i < AGENT_REGISTRY_MAX && n < max; i++) {
 		struct entry *e = &r->e[i];
-		if (!live_locked(e) || strcmp(e->p.pod_uid, pod_uid) != 0)
+		if (!live_locked(e) || (pod_uid != NULL && strcmp(e->p.pod_uid, pod_uid) != 0))
 			continue;
 		if (container_id != NULL && container_id[0] != '\0' &&
 		    strcmp(e->p.container_id, container_id) != 0)

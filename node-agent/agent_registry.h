@@ -30,8 +30,8 @@ int agent_registry_start(struct agent_registry *r, struct gcr_err *err);
 /* Stops the thread, closes every connection, removes the socket. NULL-safe. */
 void agent_registry_free(struct agent_registry *r);
 
-/* Copies up to max live processes of pod_uid (and container_id unless NULL or
- * "") into out; returns how many. */
+/* Copies up to max live processes of pod_uid (every pod when NULL; and
+ * container_id unless NULL or "") into out; returns how many. */
 int agent_registry_find(struct agent_registry *r, const char *pod_uid, const char *container_id,
 			struct agent_registry_proc *out, int max);
 

@@ -6,12 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config.h"
 #include "gcr/protocol.h"
 #include "gcr_client.h"
 #include "gcr_cr.h"
 #include "gcr_log.h"
+#include "gcr_scale.h"
 
 static int json_out;
 
@@ -24,8 +26,12 @@ static void usage(FILE *f)
 		"  status PID                                 shim and driver state\n"
 		"  stats PID                                  what the shim saw (calls, lookups, bytes)\n"
 		"  list                                       processes with a GCR shim\n"
+		"  scale --replicas N [--sample-ms MS] PID... keep N of these processes resident: suspends the\n"
+		"                                             least active first, resumes the most active first,\n"
+		"                                             all at once (one thread per process)\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
-		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n",
+		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
+		"scale ranks by the shim's call counters: their growth over --sample-ms (default 0: their totals).\n",
 		GCR_SOCKET_DIR_ENV, GCR_DEFAULT_SOCKET_DIR);
 }
 
@@ -162,6 +168,144 @@ static void list_one(pid_t pid, const char *path, void *data)
 	json_decref(st);
 }
 
+static double mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Where a process stands, from its shim and the driver (gcr_cr_status). */
+static enum gcr_scale_state scale_state_of(pid_t pid, struct gcr_cr_opts *o)
+{
+	json_t *st = NULL;
+	struct gcr_err err;
+	if (gcr_cr_status(pid, o, &st, &err) < 0)
+		return GCR_SCALE_UNMANAGED;
+	const char *shim = json_string_value(json_object_get(json_object_get(st, "shim"), "state"));
+	const char *drv = json_string_value(json_object_get(st, "driver"));
+	enum gcr_scale_state s = GCR_SCALE_UNMANAGED;
+	if (shim != NULL && strcmp(shim, "running") == 0 &&
+	    (drv == NULL || strcmp(drv, "running") == 0 || o->mode == GCR_CR_DATA_ONLY))
+		s = GCR_SCALE_RESIDENT;
+	else if (shim != NULL) /* suspended, or half-way: a resume finishes either (gcr_cr_resume) */
+		s = GCR_SCALE_SUSPENDED;
+	json_decref(st);
+	return s;
+}
+
+/* scale: the policy of the agent's scaler (gcr_scale) on local pids. Times: plan (states and
+ * activity read), run (first operation started to last one ended), total (command to done). */
+static int do_scale(int replicas, int sample_ms, pid_t *pids, int n, struct gcr_cr_opts *o)
+{
+	double t0 = mono_ms();
+	struct gcr_scale_member *m = calloc((size_t)n, sizeof(*m));
+	struct gcr_scale_proc *p = calloc((size_t)n, sizeof(*p));
+	long long *calls = calloc((size_t)n, sizeof(*calls));
+	char (*ids)[16] = calloc((size_t)n, sizeof(*ids));
+	int status = 1;
+	if (m == NULL || p == NULL || calls == NULL || ids == NULL) {
+		fprintf(stderr, "gcrctl: scale: out of memory\n");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		snprintf(ids[i], sizeof(ids[i]), "%d", (int)pids[i]);
+		m[i].id = ids[i];
+		m[i].state = scale_state_of(pids[i], o);
+		struct gcr_err e;
+		if (m[i].state != GCR_SCALE_UNMANAGED && gcr_scale_calls(pids[i], o->socket_dir, &calls[i], &e) < 0)
+			calls[i] = 0;
+		m[i].recent_calls = calls[i];
+	}
+	if (sample_ms > 0) {
+		struct timespec ts = { .tv_sec = sample_ms / 1000, .tv_nsec = (long)(sample_ms % 1000) * 1000000L };
+		nanosleep(&ts, NULL); /* the sampling interval itself, not a synchronisation */
+		for (int i = 0; i < n; i++) {
+			long long now_calls = 0;
+			struct gcr_err e;
+			if (m[i].state != GCR_SCALE_UNMANAGED &&
+			    gcr_scale_calls(pids[i], o->socket_dir, &now_calls, &e) == 0)
+				m[i].recent_calls = now_calls - calls[i];
+		}
+	}
+	struct gcr_scale_plan plan;
+	struct gcr_err err;
+	if (gcr_scale_plan(m, (size_t)n, replicas, &plan, &err) < 0) {
+		fprintf(stderr, "gcrctl: scale: %s\n", err.msg);
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		p[i] = (struct gcr_scale_proc){ .pid = pids[i], .action = m[i].action };
+	double t_run = mono_ms();
+	double ms_run = 0;
+	int rc = gcr_scale_run(p, (size_t)n, o, &ms_run);
+	double ms_total = mono_ms() - t0, ms_plan = t_run - t0;
+	int resident = 0, suspended = 0, unmanaged = 0;
+	json_t *procs = json_array();
+	for (int i = 0; i < n; i++) {
+		enum gcr_scale_state after = m[i].state;
+		if (p[i].action != GCR_SCALE_NONE && p[i].rc == 0)
+			after = p[i].action == GCR_SCALE_SUSPEND ? GCR_SCALE_SUSPENDED : GCR_SCALE_RESIDENT;
+		resident += after == GCR_SCALE_RESIDENT;
+		suspended += after == GCR_SCALE_SUSPENDED;
+		unmanaged += after == GCR_SCALE_UNMANAGED;
+		int resume = p[i].action == GCR_SCALE_RESUME;
+		json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:I}", "pid", (int)pids[i], "before",
+				      gcr_scale_state_name(m[i].state), "action", gcr_scale_action_name(p[i].action),
+				      "after", gcr_scale_state_name(after), "activity", (json_int_t)m[i].recent_calls);
+		if (p[i].action != GCR_SCALE_NONE) {
+			json_object_set_new(j, "ok", json_boolean(p[i].rc == 0));
+			json_object_set_new(j, "ms", json_pack("{s:f, s:f, s:f, s:f}", "done", p[i].ms_done, "total",
+							       p[i].r.ms_total, "data", p[i].r.ms_data, "driver",
+							       resume ? p[i].r.ms_restore + p[i].r.ms_unlock
+								      : p[i].r.ms_lock + p[i].r.ms_checkpoint));
+			json_object_set_new(j, "bytes", json_integer((json_int_t)p[i].r.bytes_moved));
+			if (p[i].rc < 0)
+				json_object_set_new(j, "error", json_string(p[i].err.msg));
+		}
+		json_array_append_new(procs, j);
+		if (json_out || p[i].action == GCR_SCALE_NONE)
+			continue;
+		if (p[i].rc < 0)
+			printf("pid %d: %s failed after %.1f ms: %s\n", (int)pids[i], gcr_scale_action_name(p[i].action),
+			       p[i].ms_done, p[i].err.msg);
+		else
+			printf("pid %d: %s ok, done %.1f ms after the start (own %.1f ms: data %.1f ms, driver %.1f ms), "
+			       "%.1f MiB\n",
+			       (int)pids[i], gcr_scale_action_name(p[i].action), p[i].ms_done, p[i].r.ms_total,
+			       p[i].r.ms_data,
+			       resume ? p[i].r.ms_restore + p[i].r.ms_unlock : p[i].r.ms_lock + p[i].r.ms_checkpoint,
+			       (double)p[i].r.bytes_moved / 1048576.0);
+	}
+	if (json_out) {
+		json_t *j = json_pack("{s:s, s:i, s:b, s:s, s:{s:f, s:f, s:f}, s:{s:i, s:i, s:i}, s:{s:i, s:i}, s:o}",
+				      "op", "scale", "replicas", replicas, "ok", rc == 0, "mode",
+				      gcr_cr_mode_name(o->mode), "ms", "plan", ms_plan, "run", ms_run, "total", ms_total,
+				      "after", "resident", resident, "suspended", suspended, "unmanaged", unmanaged,
+				      "actions", "suspend", plan.to_suspend, "resume", plan.to_resume, "processes", procs);
+		print_json(j);
+		json_decref(j);
+	} else {
+		json_decref(procs);
+		const char *what = plan.to_suspend > 0 ? "all suspended" : plan.to_resume > 0 ? "all resident" : "nothing to do";
+		char extra[64] = "";
+		if (unmanaged > 0)
+			snprintf(extra, sizeof(extra), ", %d without a shim", unmanaged);
+		printf("scale to %d: %d suspended, %d resumed%s; request to %s: %.1f ms (plan %.1f ms, run %.1f ms); "
+		       "now %d resident, %d suspended%s\n",
+		       replicas, plan.to_suspend, plan.to_resume, rc < 0 ? " (with failures)" : "", what, ms_total,
+		       ms_plan, ms_run, resident, suspended, extra);
+	}
+	gcr_scale_procs_clear(p, (size_t)n);
+	status = rc < 0 ? 1 : 0;
+out:
+	free(m);
+	free(p);
+	free(calls);
+	free(ids);
+	return status;
+}
+
 int main(int argc, char **argv)
 {
 	gcr_log_init(GCR_LOG_WARN);
@@ -173,12 +317,13 @@ int main(int argc, char **argv)
 		{ "socket-dir", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
 		{ "timeout-ms", required_argument, NULL, 't' }, { "driver-only", no_argument, NULL, 'D' },
 		{ "no-driver", no_argument, NULL, 'N' },	 { "keep-context", no_argument, NULL, 'N' },
-		{ "help", no_argument, NULL, 'h' },
+		{ "help", no_argument, NULL, 'h' },	 { "replicas", required_argument, NULL, 'r' },
+		{ "sample-ms", required_argument, NULL, 'S' },
 		{ "version", no_argument, NULL, 'V' },	 { NULL, 0, NULL, 0 },
 	};
-	int ch;
+	int ch, replicas = -1, sample_ms = 0;
 	/* GNU getopt permutes, so options may also follow the command. */
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhV", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:", opts, NULL)) != -1) {
 		switch (ch) {
 		case 's': o.socket_dir = optarg; break;
 		case 'j': json_out = 1; break;
@@ -190,6 +335,18 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			o.timeout_ms = (int)v;
+			break;
+		}
+		case 'r':
+		case 'S': {
+			char *end;
+			long v = strtol(optarg, &end, 10);
+			if (*end != '\0' || end == optarg || v < 0 || v > (ch == 'r' ? 1000000 : 600000)) {
+				fprintf(stderr, "gcrctl: --%s must be an integer in 0..%d\n",
+					ch == 'r' ? "replicas" : "sample-ms", ch == 'r' ? 1000000 : 600000);
+				return 2;
+			}
+			*(ch == 'r' ? &replicas : &sample_ms) = (int)v;
 			break;
 		}
 		case 'D': o.mode = GCR_CR_DRIVER_ONLY; break;
@@ -205,6 +362,31 @@ int main(int argc, char **argv)
 	}
 	const char *cmd = argv[optind];
 	pid_t pid = 0;
+	if (strcmp(cmd, "scale") == 0) {
+		int n = argc - optind - 1;
+		pid_t *pids = n > 0 ? calloc((size_t)n, sizeof(*pids)) : NULL;
+		if (replicas < 0 || n <= 0 || pids == NULL) {
+			fprintf(stderr, "gcrctl: scale needs --replicas N and at least one PID\n");
+			free(pids);
+			return 2;
+		}
+		for (int i = 0; i < n; i++) {
+			if (parse_pid(argv[optind + 1 + i], &pids[i]) < 0) {
+				fprintf(stderr, "gcrctl: scale: '%s' is not a PID\n", argv[optind + 1 + i]);
+				free(pids);
+				return 2;
+			}
+			for (int k = 0; k < i; k++)
+				if (pids[k] == pids[i]) {
+					fprintf(stderr, "gcrctl: scale: PID %d given twice\n", (int)pids[i]);
+					free(pids);
+					return 2;
+				}
+		}
+		int rc = do_scale(replicas, sample_ms, pids, n, &o);
+		free(pids);
+		return rc;
+	}
 	int needs_pid = strcmp(cmd, "list") != 0;
 	if (needs_pid && (optind + 2 != argc || parse_pid(argv[optind + 1], &pid) < 0)) {
 		fprintf(stderr, "gcrctl: %s needs one PID (a positive integer)\n", cmd);

@@ -36,7 +36,10 @@ flow_ok=0
 if [ -n "$pid" ]; then
 	echo go >&"$prog_in"
 	while read -r -t 120 line <&"$prog_out"; do [ "$line" = DONE ] && break; done
-	if "${vg[@]}" "$b/node-agent/gcrctl" suspend "$pid" && "${vg[@]}" "$b/node-agent/gcrctl" resume "$pid"; then
+	# suspend/resume, then the same through gcrctl scale (lib/gcr_scale's threads).
+	if "${vg[@]}" "$b/node-agent/gcrctl" suspend "$pid" && "${vg[@]}" "$b/node-agent/gcrctl" resume "$pid" &&
+		"${vg[@]}" "$b/node-agent/gcrctl" --json scale --replicas 0 "$pid" >/dev/null &&
+		"${vg[@]}" "$b/node-agent/gcrctl" --json scale --replicas 1 --sample-ms 10 "$pid" >/dev/null; then
 		echo check >&"$prog_in"
 		while read -r -t 120 line <&"$prog_out"; do
 			case $line in "RESULT ok") flow_ok=1 ;; esac

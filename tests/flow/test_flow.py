@@ -4,6 +4,7 @@
 Each case prints PASS/FAIL; the last line is 'N passed, N failed'. No sleeps: every wait is on a
 protocol line from the program or on a command's exit."""
 
+import json
 import os
 import re
 import shutil
@@ -300,6 +301,71 @@ def case_bad_requests(f):
     f.finish(p)
 
 
+def scale(f, replicas, pids, *flags):
+    """gcrctl --json scale: the one JSON line it prints, and its exit status."""
+    argv = [f.S.cfg.gcrctl, "--json", "--socket-dir", f.dir, "scale", "--replicas", str(replicas), *flags,
+            *[str(p) for p in pids]]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    check(len(lines) == 1, "gcrctl scale printed %r (stderr %r)" % (out.stdout, out.stderr))
+    return json.loads(lines[0]), out.returncode
+
+
+def case_scale(f):
+    """gcrctl scale (lib/gcr_scale, the agent scaler's policy): 3 -> 0 -> 2 -> 3, busiest resumed first,
+    least busy suspended first, a process without a shim counted apart, bad arguments refused."""
+    busy = f.start(["--mib", "32", "--threads", "2", "--iters", "100000", "--wait"], name="busy")
+    idle = [f.start(["--mib", "32", "--iters", "5", "--wait"], name="idle%d" % i) for i in range(2)]
+    plain = f.start(["--iters", "5", "--wait"], shim=False, name="no-shim")
+    busy.send("go")
+    busy.expect(r"ITER \d+", 60)
+    for p in idle:
+        p.send("go")
+        p.expect(r"DONE$", 60)
+    pids = [busy.pid] + [p.pid for p in idle]
+    # 3 -> 2 with activity sampled: one of the idle ones goes, never the busy one.
+    j, rc = scale(f, 2, pids, "--sample-ms", "300")
+    check(rc == 0 and j["ok"], "scale to 2: %s" % j)
+    gone = [p["pid"] for p in j["processes"] if p["action"] == "suspend"]
+    check(len(gone) == 1 and gone[0] != busy.pid, "suspended %s (busy %d)" % (gone, busy.pid))
+    check(f.mem(gone[0]) == 0, "suspended process holds GPU memory")
+    # -> 0: the two others at once; every process suspended, timings reported.
+    j, rc = scale(f, 0, pids)
+    check(rc == 0 and j["after"] == {"resident": 0, "suspended": 3, "unmanaged": 0}, "scale to 0: %s" % j)
+    check(j["actions"]["suspend"] == 2 and j["ms"]["run"] > 0 and j["ms"]["total"] >= j["ms"]["run"],
+          "scale to 0: %s" % j)
+    for pid in pids:
+        check(f.mem(pid) == 0 and f.state(pid) == "checkpointed", "pid %d not suspended" % pid)
+    # 0 -> 2: the busiest first (most calls counted by its shim).
+    j, rc = scale(f, 2, pids)
+    back = [p["pid"] for p in j["processes"] if p["action"] == "resume"]
+    check(rc == 0 and len(back) == 2 and busy.pid in back, "scale to 2: %s" % j)
+    check(f.state(busy.pid) == "running" and f.mem(busy.pid) > 0, "busy not resident")
+    # 2 -> 3, then again: nothing to do.
+    j, rc = scale(f, 3, pids)
+    check(rc == 0 and j["after"]["resident"] == 3 and j["actions"]["resume"] == 1, "scale to 3: %s" % j)
+    j, rc = scale(f, 3, pids)
+    check(rc == 0 and j["actions"] == {"suspend": 0, "resume": 0}, "scale to 3 again: %s" % j)
+    # A process without a shim is reported apart and never touched; more replicas than processes is fine.
+    j, rc = scale(f, 0, [plain.pid])
+    check(rc == 0 and j["after"]["unmanaged"] == 1 and j["actions"]["suspend"] == 0, "no shim: %s" % j)
+    for bad in (["--replicas", "-1", str(busy.pid)], ["--replicas", "1"], ["--replicas", "1", "x"],
+                ["--replicas", "1", str(busy.pid), str(busy.pid)]):
+        out = subprocess.run([f.S.cfg.gcrctl, "--socket-dir", f.dir, "scale", *bad], capture_output=True,
+                             text=True, timeout=30)
+        check(out.returncode == 2, "gcrctl scale %s: exit %d" % (bad, out.returncode))
+    # Human output names the total time from the request.
+    out = subprocess.run([f.S.cfg.gcrctl, "--socket-dir", f.dir, "scale", "--replicas", "0", *map(str, pids)],
+                         capture_output=True, text=True, timeout=120)
+    check(out.returncode == 0 and "request to all suspended" in out.stdout, "human output: %r" % out.stdout)
+    j, rc = scale(f, 3, pids)
+    check(rc == 0 and j["after"]["resident"] == 3, "back to 3: %s" % j)
+    for p in idle:
+        p.send("check")
+        check(p.expect(r"RESULT (.*)", 60).group(1) == "ok", "idle program RESULT not ok")
+    busy.expect(r"ITER \d+", 60)  # still computing after five suspend/resume rounds
+
+
 CASES = [
     ("api-link", case_api("link")),
     ("api-dlsym", case_api("dlsym")),
@@ -317,6 +383,7 @@ CASES = [
     ("modes", case_modes),
     ("peer-credentials", case_peer_credentials),
     ("bad-requests", case_bad_requests),
+    ("scale", case_scale),
 ]
 
 

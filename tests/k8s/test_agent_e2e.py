@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # tests/k8s/test_agent_e2e.py: gcr-agent end to end against the real kube-apiserver of
-# the test bed: Checkpoint/Restore of a shimmed process on the stand-in driver. Stdlib only.
+# the test bed: Checkpoint/Restore of a shimmed process on the stand-in driver, then the
+# scale-to-zero cases of test_scale_e2e.py. Stdlib only.
 """Usage: tests/k8s/test_agent_e2e.py [BUILD_DIR]   (default: build)
 
 Brings the test bed up (tests/k8s/testbed.sh) unless KUBECONFIG and GCR_TESTBED_DIR
@@ -676,6 +677,12 @@ def main():
             case("finished objects are never redone", nothing_twice)
             case("/healthz and /metrics answer", metrics)
             case("program's own check after all cycles: RESULT ok", program_ok)
+            # Scale to zero (test_scale_e2e.py) on the same bed and namespace, with agents of
+            # its own: so the RBAC audit below also covers what only the scaler uses.
+            E.stop_agent()
+            import test_scale_e2e
+            test_scale_e2e.base = sys.modules[__name__]
+            test_scale_e2e.scale_cases(E, case)
     finally:
         rc = E.stop_agent()
         if rc not in (None, 0):

@@ -83,11 +83,11 @@ for f in "$CRD"/gpucr.dev_*.yaml; do
 	run "apply CRD $(basename "$f")" kc apply --server-side --field-manager=gcr-test -f "$f"
 done
 run "CRDs Established" kc wait --for=condition=Established --timeout=60s \
-	crd/checkpoints.gpucr.dev crd/restores.gpucr.dev
+	crd/checkpoints.gpucr.dev crd/restores.gpucr.dev crd/gpuresidencies.gpucr.dev
 run "CRD names accepted" kc wait --for=condition=NamesAccepted --timeout=60s \
-	crd/checkpoints.gpucr.dev crd/restores.gpucr.dev
-expect_eq "CRDs are namespaced" "Namespaced Namespaced" \
-	kc get crd checkpoints.gpucr.dev restores.gpucr.dev -o 'jsonpath={.items[*].spec.scope}'
+	crd/checkpoints.gpucr.dev crd/restores.gpucr.dev crd/gpuresidencies.gpucr.dev
+expect_eq "CRDs are namespaced" "Namespaced Namespaced Namespaced" \
+	kc get crd checkpoints.gpucr.dev restores.gpucr.dev gpuresidencies.gpucr.dev -o 'jsonpath={.items[*].spec.scope}'
 
 kc create namespace "$NS" >/dev/null || die "cannot create namespace $NS"
 k() { kc -n "$NS" "$@"; }
@@ -135,6 +135,9 @@ expect_eq "spec unchanged" "trainer-0" \
 	k get checkpoint trainer-0-suspend -o 'jsonpath={.spec.podName}'
 
 # --- status subresource -----------------------------------------------------
+
+# columns CMD...: prints the table with runs of spaces turned into one space.
+columns() { "$@" | sed 's/  */ /g; s/ $//'; }
 
 now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 running=$(cat <<EOF
@@ -192,8 +195,6 @@ fi
 
 # --- printer columns, short names, category ---------------------------------
 
-# columns CMD...: prints the table with runs of spaces turned into one space.
-columns() { "$@" | sed 's/  */ /g; s/ $//'; }
 if OUT=$(columns k get checkpoints) &&
 	[[ ${OUT%%$'\n'*} == "NAME PHASE POD NODE AGE DURATION(MS)" ]]; then
 	pass "Checkpoint printer columns"
@@ -222,11 +223,53 @@ fi
 run "short name gcrck" k get gcrck trainer-0-suspend
 run "short name gcrrs" k get gcrrs trainer-0-resume
 if OUT=$(k get gcr -o name 2>&1) &&
-	[[ $OUT == *checkpoint.gpucr.dev/trainer-0-suspend* && $OUT == *restore.gpucr.dev/trainer-0-resume* ]]; then
-	pass "category gcr lists both kinds"
+	[[ $OUT == *checkpoint.gpucr.dev/trainer-0-suspend* && $OUT == *restore.gpucr.dev/trainer-0-resume* &&
+		$OUT == *gpuresidency.gpucr.dev/llm* ]]; then
+	pass "category gcr lists all three kinds"
 else
-	fail "category gcr lists both kinds" "$OUT"
+	fail "category gcr lists all three kinds" "$OUT"
 fi
+
+# --- GPUResidency: the scale subresource (kubectl scale, HPA, KEDA) ----------
+
+run "kubectl scale gpuresidency" k scale gpuresidency/llm --replicas=0
+expect_eq "kubectl scale set spec.replicas" "0" k get gpuresidency llm -o 'jsonpath={.spec.replicas}'
+run "status subresource: GPUResidency" \
+	k patch gpuresidency llm --subresource=status --type=merge -p "{\"status\":{\"replicas\":2,
+	 \"suspended\":1,\"selector\":\"app=llm\",\"observedGeneration\":2,
+	 \"pods\":[{\"name\":\"llm-0\",\"state\":\"Suspended\",\"node\":\"node-a\"}],
+	 \"conditions\":[{\"type\":\"Ready\",\"status\":\"False\",\"reason\":\"Scaling\",
+	 \"message\":\"1 to suspend\",\"lastTransitionTime\":\"$now\"}]}}"
+# What the HPA and KEDA read and write: GET and PUT of .../gpuresidencies/llm/scale (autoscaling/v1 Scale).
+SCALE_PATH=/apis/gpucr.dev/v1alpha1/namespaces/$NS/gpuresidencies/llm/scale
+if OUT=$(kc get --raw "$SCALE_PATH") &&
+	python3 -c 'import json,sys; s=json.loads(sys.argv[1]); assert s["kind"]=="Scale", s
+assert s["spec"].get("replicas", 0)==0 and s["status"]["replicas"]==2 and s["status"]["selector"]=="app=llm", s' "$OUT"; then
+	pass "GET /scale: spec.replicas, status.replicas and status.selector mapped"
+else
+	fail "GET /scale: spec.replicas, status.replicas and status.selector mapped" "$OUT"
+fi
+if OUT=$(printf '%s' "$OUT" | python3 -c 'import json,sys; s=json.load(sys.stdin); s["spec"]["replicas"]=3; print(json.dumps(s))' |
+	kc replace --raw "$SCALE_PATH" -f - 2>&1) &&
+	[[ $(k get gpuresidency llm -o 'jsonpath={.spec.replicas}') == 3 ]]; then
+	pass "PUT /scale sets spec.replicas"
+else
+	fail "PUT /scale sets spec.replicas" "$OUT"
+fi
+reject "a negative replica count rejected" "spec.replicas: Invalid value" \
+	k patch gpuresidency llm --type=merge -p '{"spec":{"replicas":-1}}'
+reject "GPUResidency: selector cannot be emptied" "selector must have matchLabels or matchExpressions" \
+	k patch gpuresidency llm --type=json -p '[{"op":"replace","path":"/spec/selector","value":{}}]'
+reject "GPUResidency status: unknown pod state rejected" "Unsupported value" \
+	k patch gpuresidency llm --subresource=status --type=merge -p '{"status":{"pods":[{"name":"x","state":"Gone"}]}}'
+if OUT=$(columns k get gpuresidencies llm) &&
+	[[ ${OUT%%$'\n'*} == "NAME DESIRED RESIDENT SUSPENDED READY AGE" ]] &&
+	[[ $OUT =~ llm\ 3\ 2\ 1\ False\ [0-9][0-9smhdy]* ]]; then
+	pass "GPUResidency printer columns"
+else
+	fail "GPUResidency printer columns" "$OUT"
+fi
+run "short name gpures" k get gpures llm
 
 # --- RBAC -------------------------------------------------------------------
 

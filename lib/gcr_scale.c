@@ -1,0 +1,202 @@
+/* gcr_scale: scale-to-zero policy shared by gcrctl and the agent's scaler: which
+ * processes (or pods) to suspend or resume to reach a resident count, and running them. */
+#include "gcr_scale.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gcr_client.h"
+
+const char *gcr_scale_state_name(enum gcr_scale_state s)
+{
+	static const char *const names[] = { "Resident", "Suspended", "Suspending", "Resuming", "Unmanaged" };
+	return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "Unknown";
+}
+
+const char *gcr_scale_action_name(enum gcr_scale_action a)
+{
+	return a == GCR_SCALE_SUSPEND ? "suspend" : a == GCR_SCALE_RESUME ? "resume" : "none";
+}
+
+/* Most recently active first: later last_active, then more recent calls, then id. */
+static int more_active_first(const void *a, const void *b)
+{
+	const struct gcr_scale_member *x = *(const struct gcr_scale_member *const *)a;
+	const struct gcr_scale_member *y = *(const struct gcr_scale_member *const *)b;
+	if (x->last_active != y->last_active)
+		return x->last_active > y->last_active ? -1 : 1;
+	if (x->recent_calls != y->recent_calls)
+		return x->recent_calls > y->recent_calls ? -1 : 1;
+	return strcmp(x->id ? x->id : "", y->id ? y->id : "");
+}
+
+static int less_active_first(const void *a, const void *b)
+{
+	const struct gcr_scale_member *x = *(const struct gcr_scale_member *const *)a;
+	const struct gcr_scale_member *y = *(const struct gcr_scale_member *const *)b;
+	if (x->last_active != y->last_active)
+		return x->last_active < y->last_active ? -1 : 1;
+	if (x->recent_calls != y->recent_calls)
+		return x->recent_calls < y->recent_calls ? -1 : 1;
+	return strcmp(x->id ? x->id : "", y->id ? y->id : ""); /* same order both ways: deterministic */
+}
+
+/* Marks up to want members in state `from` with action, in cmp's order; returns how many. */
+static int pick(struct gcr_scale_member *m, size_t n, enum gcr_scale_state from, int want,
+		int (*cmp)(const void *, const void *), enum gcr_scale_action action, int *oom)
+{
+	if (want <= 0)
+		return 0;
+	struct gcr_scale_member **v = calloc(n ? n : 1, sizeof(*v));
+	if (v == NULL) {
+		*oom = 1;
+		return 0;
+	}
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (m[i].state == from && !m[i].pinned)
+			v[k++] = &m[i];
+	qsort(v, k, sizeof(*v), cmp);
+	int got = 0;
+	for (size_t i = 0; i < k && got < want; i++, got++)
+		v[i]->action = action;
+	free(v);
+	return got;
+}
+
+int gcr_scale_plan(struct gcr_scale_member *m, size_t n, int replicas, struct gcr_scale_plan *out,
+		   struct gcr_err *err)
+{
+	memset(out, 0, sizeof(*out));
+	if (replicas < 0)
+		return gcr_err_set(err, -EINVAL, "replicas %d is negative", replicas);
+	for (size_t i = 0; i < n; i++) {
+		m[i].action = GCR_SCALE_NONE;
+		switch (m[i].state) {
+		case GCR_SCALE_RESIDENT: out->resident++; break;
+		case GCR_SCALE_SUSPENDED: out->suspended++; break;
+		case GCR_SCALE_SUSPENDING: out->suspending++; break;
+		case GCR_SCALE_RESUMING: out->resuming++; break;
+		default: out->unmanaged++; break;
+		}
+	}
+	/* In-flight operations count as done: they cannot be cancelled half-way, and
+	 * counting them otherwise would start a second operation on the same member. */
+	int will_be_resident = out->resident + out->resuming;
+	int oom = 0;
+	if (will_be_resident > replicas) {
+		int want = will_be_resident - replicas;
+		out->to_suspend = pick(m, n, GCR_SCALE_RESIDENT, want, less_active_first, GCR_SCALE_SUSPEND, &oom);
+		out->waiting = want - out->to_suspend; /* resumes in flight or pinned members: later rounds */
+	} else if (will_be_resident < replicas) {
+		int want = replicas - will_be_resident;
+		out->to_resume = pick(m, n, GCR_SCALE_SUSPENDED, want, more_active_first, GCR_SCALE_RESUME, &oom);
+		int left = want - out->to_resume;
+		out->waiting = left < out->suspending ? left : out->suspending;
+	}
+	if (oom) {
+		for (size_t i = 0; i < n; i++)
+			m[i].action = GCR_SCALE_NONE;
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+struct run_arg {
+	struct gcr_scale_proc *p;
+	const struct gcr_cr_opts *o;
+	double t0;
+};
+
+static void *run_one(void *data)
+{
+	struct run_arg *a = data;
+	struct gcr_scale_proc *p = a->p;
+	if (p->action == GCR_SCALE_SUSPEND)
+		p->rc = gcr_cr_suspend(p->pid, a->o, &p->r, &p->err);
+	else
+		p->rc = gcr_cr_resume(p->pid, a->o, &p->r, &p->err);
+	p->ms_done = now_ms() - a->t0;
+	return NULL;
+}
+
+int gcr_scale_run(struct gcr_scale_proc *p, size_t n, const struct gcr_cr_opts *o, double *ms_wall)
+{
+	struct run_arg *args = calloc(n ? n : 1, sizeof(*args));
+	pthread_t *th = calloc(n ? n : 1, sizeof(*th));
+	char *started = calloc(n ? n : 1, 1);
+	double t0 = now_ms();
+	int rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		p[i].rc = 0;
+		p[i].ms_done = 0;
+		memset(&p[i].r, 0, sizeof(p[i].r));
+		gcr_err_clear(&p[i].err);
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (p[i].action == GCR_SCALE_NONE)
+			continue;
+		/* Without memory or threads each still runs, one after the other. */
+		if (args != NULL)
+			args[i] = (struct run_arg){ .p = &p[i], .o = o, .t0 = t0 };
+		if (args == NULL || th == NULL || started == NULL ||
+		    pthread_create(&th[i], NULL, run_one, &args[i]) != 0) {
+			struct run_arg a = { .p = &p[i], .o = o, .t0 = t0 };
+			run_one(&a);
+		} else {
+			started[i] = 1;
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		if (started != NULL && started[i])
+			pthread_join(th[i], NULL);
+	for (size_t i = 0; i < n; i++)
+		if (p[i].action != GCR_SCALE_NONE && p[i].rc < 0 && rc == 0)
+			rc = p[i].rc;
+	if (ms_wall != NULL)
+		*ms_wall = now_ms() - t0;
+	free(args);
+	free(th);
+	free(started);
+	return rc;
+}
+
+void gcr_scale_procs_clear(struct gcr_scale_proc *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		gcr_cr_result_clear(&p[i].r);
+}
+
+int gcr_scale_calls(pid_t pid, const char *socket_dir, long long *calls, struct gcr_err *err)
+{
+	struct gcr_client c = { .fd = -1 };
+	json_t *res = NULL;
+	*calls = 0;
+	int rc = gcr_client_open(&c, socket_dir, pid, err);
+	if (rc == 0)
+		rc = gcr_client_call(&c, GCR_OP_STATS_ID, NULL, 10000, &res, err);
+	gcr_client_close(&c);
+	if (rc < 0)
+		return rc;
+	const char *k;
+	json_t *v;
+	long long sum = 0;
+	json_object_foreach(json_object_get(res, "calls"), k, v)
+	{
+		if (json_is_integer(v) && json_integer_value(v) > 0)
+			sum += (long long)json_integer_value(v);
+	}
+	json_decref(res);
+	*calls = sum;
+	return 0;
+}

@@ -1,0 +1,113 @@
+/* agent_activity: per pod, when its shimmed processes last called the driver, from the
+ * shims' existing call counters read at heartbeat time (nothing added to the hot path). */
+#include "agent_activity.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "agent_scalemsg.h"
+#include "gcr_log.h"
+#include "gcr_scale.h"
+
+struct agent_activity {
+	struct agent_registry *reg;
+	char *socket_dir;
+	pthread_mutex_t lock;
+	json_t *seen; /* "pid" -> [calls, last_active]: the previous sample */
+};
+
+struct agent_activity *agent_activity_new(struct agent_registry *reg, const char *socket_dir)
+{
+	struct agent_activity *a = calloc(1, sizeof(*a));
+	if (a == NULL)
+		return NULL;
+	a->reg = reg;
+	a->socket_dir = strdup(socket_dir);
+	a->seen = json_object();
+	pthread_mutex_init(&a->lock, NULL);
+	if (a->socket_dir == NULL || a->seen == NULL) {
+		agent_activity_free(a);
+		return NULL;
+	}
+	return a;
+}
+
+void agent_activity_free(struct agent_activity *a)
+{
+	if (a == NULL)
+		return;
+	json_decref(a->seen);
+	pthread_mutex_destroy(&a->lock);
+	free(a->socket_dir);
+	free(a);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)(ts.tv_nsec / 1000000) / 1e3;
+}
+
+char *agent_activity_note(void *data)
+{
+	struct agent_activity *a = data;
+	static struct agent_registry_proc procs[AGENT_REGISTRY_MAX]; /* only the heartbeat thread samples */
+	pthread_mutex_lock(&a->lock);
+	int n = agent_registry_find(a->reg, NULL, NULL, procs, AGENT_REGISTRY_MAX);
+	json_t *seen = json_object(), *per_pod = json_object(), *note = json_object();
+	double now = now_s();
+	char *text = NULL;
+	if (seen == NULL || per_pod == NULL || note == NULL)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		char key[16];
+		snprintf(key, sizeof(key), "%d", (int)procs[i].pid);
+		long long calls = 0;
+		struct gcr_err err;
+		/* A process that does not answer (suspended ones do) counts as idle. */
+		int ok = gcr_scale_calls(procs[i].pid, a->socket_dir, &calls, &err) == 0;
+		json_t *prev = json_object_get(a->seen, key);
+		long long prev_calls = prev ? (long long)json_integer_value(json_array_get(prev, 0)) : -1;
+		double last = prev ? json_real_value(json_array_get(prev, 1)) : now; /* first seen: active now */
+		if (!ok)
+			calls = prev_calls < 0 ? 0 : prev_calls;
+		long long recent = prev_calls >= 0 && calls > prev_calls ? calls - prev_calls : 0;
+		if (recent > 0)
+			last = now;
+		json_object_set_new(seen, key, json_pack("[I, f]", (json_int_t)calls, last));
+		/* A pod's activity: its most recently active process, the sum of recent calls. */
+		json_t *pp = json_object_get(per_pod, procs[i].pod_uid);
+		if (pp == NULL) {
+			json_object_set_new(per_pod, procs[i].pod_uid, json_pack("[I, f]", (json_int_t)recent, last));
+		} else {
+			double pl = json_real_value(json_array_get(pp, 1));
+			json_array_set_new(pp, 0, json_integer(json_integer_value(json_array_get(pp, 0)) + recent));
+			json_array_set_new(pp, 1, json_real(last > pl ? last : pl));
+		}
+	}
+	const char *uid;
+	json_t *pp;
+	json_object_foreach(per_pod, uid, pp)
+	{
+		struct agent_scalemsg_activity act = { .calls = json_integer_value(json_array_get(pp, 0)),
+						      .last_active = json_real_value(json_array_get(pp, 1)) };
+		if (agent_scalemsg_activity_add(note, uid, &act) < 0)
+			goto out;
+	}
+	text = agent_scalemsg_activity_text(note);
+	json_decref(a->seen);
+	a->seen = seen; /* processes gone since the last sample drop out */
+	seen = NULL;
+out:
+	pthread_mutex_unlock(&a->lock);
+	json_decref(seen);
+	json_decref(per_pod);
+	json_decref(note);
+	if (text == NULL)
+		GCR_LOG(GCR_LOG_WARN, "activity", "out of memory building the activity note");
+	return text;
+}

@@ -1,0 +1,885 @@
+/* agent_scaler: the cluster-level GPUResidency controller. Every agent watches the
+ * GPUResidency objects; only the elected leader acts: it turns spec.replicas into
+ * Checkpoint and Restore objects for chosen pods (which nodes' agents then run) and
+ * writes status. All it knows it reads back from the API, so a new leader resumes. */
+#include "agent_scaler.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "agent_lease.h"
+#include "agent_scalemsg.h"
+#include "gcr_log.h"
+#include "gcr_scale.h"
+
+#define API "/apis/gpucr.dev/v1alpha1"
+/* While anything is in flight, passes run this often (ms): Checkpoints and Restores
+ * end in well under a second, and the status should say so soon after. */
+#define BUSY_MS 250
+#define RESYNC_MS_DEFAULT 2000
+/* A pod whose last operation failed is left alone this long (s) before a retry. */
+#define COOLDOWN_S 10
+/* Selected pods handled per GPUResidency at most (the CRD's status.pods maxItems). */
+#define MAX_PODS 10000
+
+struct agent_scaler {
+	struct agent_kube *kube;
+	struct agent_leader *leader;
+	char *lease_ns;
+	int resync_ms;
+	atomic_int stop;
+	pthread_mutex_t lock; /* guards cache and kick */
+	pthread_cond_t cond;
+	json_t *cache; /* "ns/name" -> GPUResidency */
+	int kick;      /* a change arrived since the last pass */
+	pthread_t watch, worker;
+	int watch_started, worker_started;
+};
+
+/* ---- small helpers ---- */
+
+static const char *str_at(json_t *o, const char *a, const char *b)
+{
+	json_t *x = json_object_get(o, a);
+	return json_string_value(b ? json_object_get(x, b) : x);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Seconds since the epoch of an RFC 3339 UTC time with optional fraction; -1 when malformed. */
+static double parse_time(const char *s)
+{
+	struct tm tm = { 0 };
+	const char *end = s ? strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
+	if (end == NULL)
+		return -1;
+	double frac = 0;
+	if (*end == '.') {
+		double scale = 0.1;
+		for (end++; *end >= '0' && *end <= '9'; end++, scale /= 10)
+			frac += (*end - '0') * scale;
+	}
+	return (double)timegm(&tm) + frac;
+}
+
+static void fmt_time(char *buf, size_t len, double t)
+{
+	time_t sec = (time_t)t;
+	struct tm tm;
+	gmtime_r(&sec, &tm);
+	char base[32];
+	strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf, len, "%s.%06ldZ", base, (long)((t - (double)sec) * 1e6));
+}
+
+/* A request with a JSON body (stolen, may be NULL); the leader check comes first so
+ * that an agent that lost its term writes nothing. 0 with *st, or -EIO / -EPERM. */
+static int api(struct agent_scaler *s, const char *method, const char *path, const char *ctype, json_t *body,
+	       long *st, json_t **out, struct gcr_err *err)
+{
+	char *text = NULL;
+	if (out != NULL)
+		*out = NULL;
+	if (strcmp(method, "GET") != 0 && !agent_leader_is_leader(s->leader)) {
+		json_decref(body);
+		return gcr_err_set(err, -EPERM, "no longer the leader");
+	}
+	if (body != NULL) {
+		text = json_dumps(body, JSON_COMPACT);
+		json_decref(body);
+		if (text == NULL)
+			return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	int rc = agent_kube_request(s->kube, method, path, ctype, text, st, out, err);
+	free(text);
+	return rc;
+}
+
+/* ---- watch of GPUResidency objects (every agent; cheap: few objects) ---- */
+
+static int obj_key(json_t *obj, char *key, size_t len)
+{
+	const char *ns = str_at(obj, "metadata", "namespace"), *name = str_at(obj, "metadata", "name");
+	if (ns == NULL || name == NULL)
+		return -EINVAL;
+	snprintf(key, len, "%s/%s", ns, name);
+	return 0;
+}
+
+static void on_list(json_t *items, void *data)
+{
+	struct agent_scaler *s = data;
+	json_t *m = json_object();
+	size_t i;
+	json_t *it;
+	char key[600];
+	json_array_foreach(items, i, it)
+	{
+		if (obj_key(it, key, sizeof(key)) == 0)
+			json_object_set(m, key, it);
+	}
+	pthread_mutex_lock(&s->lock);
+	json_decref(s->cache);
+	s->cache = m;
+	s->kick = 1;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void on_event(const struct agent_watch_event *ev, void *data)
+{
+	struct agent_scaler *s = data;
+	char key[600];
+	if (obj_key(ev->object, key, sizeof(key)) < 0)
+		return;
+	pthread_mutex_lock(&s->lock);
+	if (ev->type == AGENT_WATCH_DELETED)
+		json_object_del(s->cache, key);
+	else
+		json_object_set_new(s->cache, key, json_deep_copy(ev->object));
+	s->kick = 1;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void *watch_main(void *data)
+{
+	struct agent_scaler *s = data;
+	struct agent_kube_watch_ops ops = { .on_list = on_list, .on_event = on_event, .data = s };
+	agent_kube_watch_loop(s->kube, API "/gpuresidencies", NULL, &ops, &s->stop);
+	return NULL;
+}
+
+/* ---- one GPUResidency ---- */
+
+enum okind { O_CK, O_RS };
+
+struct opr {
+	json_t *obj; /* borrowed from the pass's lists */
+	enum okind kind;
+	long seq;
+	const char *name, *pod_uid, *pod_name, *phase, *reason, *message;
+	double completed; /* completionTime, 0 if none */
+};
+
+struct podr {
+	const char *name, *uid, *node; /* borrowed */
+	int selected;                  /* picked by the selector (else: leaving, or gone) */
+	int gone;                      /* deleted: its operations are removed */
+	enum gcr_scale_state state;
+	int pinned;
+	double last_active;
+	long long calls;
+	struct opr *latest;
+	long max_seq;
+	char op[160];        /* Kind/name of the operation deciding its state */
+	char msg[300];
+};
+
+struct pass {
+	struct agent_scaler *s;
+	json_t *res; /* the GPUResidency (owned copy) */
+	const char *ns, *name, *uid;
+	json_t *pods_list, *ck_list, *rs_list, *nodes; /* owned */
+	struct opr *ops;
+	size_t nops;
+	struct podr *pods;
+	size_t npods;
+	int created, deleted, errors;
+	char selector[AGENT_SCALEMSG_SELECTOR_MAX];
+};
+
+static int is_final(const struct opr *o)
+{
+	return o->phase != NULL && (strcmp(o->phase, "Succeeded") == 0 || strcmp(o->phase, "Failed") == 0);
+}
+
+static int phase_is(const struct opr *o, const char *ph)
+{
+	return o->phase != NULL && strcmp(o->phase, ph) == 0;
+}
+
+static void event(struct pass *p, const char *type, const char *reason, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void event(struct pass *p, const char *type, const char *reason, const char *fmt, ...)
+{
+	char note[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(note, sizeof(note), fmt, ap);
+	va_end(ap);
+	json_object_set_new(p->res, "apiVersion", json_string("gpucr.dev/v1alpha1"));
+	json_object_set_new(p->res, "kind", json_string("GPUResidency"));
+	struct gcr_err err;
+	if (agent_kube_event(p->s->kube, p->res, type, reason, "Scale", note, agent_leader_identity(p->s->leader),
+			     &err) < 0)
+		GCR_LOG(GCR_LOG_WARN, "scaler", "event for %s/%s: %s", p->ns, p->name, err.msg);
+	GCR_LOG(GCR_LOG_INFO, "scaler", "%s/%s: %s: %s", p->ns, p->name, reason, note);
+}
+
+/* GET of a list into *out; 0 or -EIO. */
+static int list(struct pass *p, const char *path, json_t **out)
+{
+	long st = 0;
+	struct gcr_err err;
+	if (api(p->s, "GET", path, NULL, NULL, &st, out, &err) < 0 || st != 200 ||
+	    !json_is_array(json_object_get(*out, "items"))) {
+		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: GET %s: %s", p->ns, p->name, path,
+			st ? "unexpected answer" : err.msg);
+		return -EIO;
+	}
+	return 0;
+}
+
+static void add_ops(struct pass *p, json_t *items, enum okind kind)
+{
+	size_t i;
+	json_t *it;
+	json_array_foreach(items, i, it)
+	{
+		json_t *md = json_object_get(it, "metadata");
+		const char *seq = str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_SEQ, NULL);
+		const char *uid = str_at(json_object_get(md, "labels"), AGENT_SCALER_LABEL_POD, NULL);
+		const char *pod = str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_POD, NULL);
+		if (seq == NULL || uid == NULL || pod == NULL || str_at(md, "name", NULL) == NULL)
+			continue; /* not one of ours after all */
+		struct opr *o = &p->ops[p->nops++];
+		*o = (struct opr){ .obj = it, .kind = kind, .seq = strtol(seq, NULL, 10), .name = str_at(md, "name", NULL),
+				   .pod_uid = uid, .pod_name = pod, .phase = str_at(it, "status", "phase"),
+				   .message = str_at(it, "status", "message") };
+		json_t *conds = json_object_get(json_object_get(it, "status"), "conditions");
+		o->reason = str_at(json_array_get(conds, 0), "reason", NULL);
+		const char *ct = str_at(it, "status", "completionTime");
+		o->completed = ct ? parse_time(ct) : 0;
+	}
+}
+
+static struct podr *pod_of(struct pass *p, const char *uid)
+{
+	for (size_t i = 0; i < p->npods; i++)
+		if (strcmp(p->pods[i].uid, uid) == 0)
+			return &p->pods[i];
+	return NULL;
+}
+
+/* Liveness and activity note of node (cached per pass): 1 live, 0 not, -EIO unknown. */
+static int node_info(struct pass *p, const char *node, const char **note)
+{
+	json_t *e = json_object_get(p->nodes, node);
+	if (e == NULL) {
+		char *text = NULL;
+		struct gcr_err err;
+		int live = agent_lease_node_activity(p->s->kube, p->s->lease_ns, node, &text, &err);
+		if (live < 0)
+			GCR_LOG(GCR_LOG_WARN, "scaler", "node %s: %s", node, err.msg);
+		e = json_pack("{s:i, s:s*}", "live", live, "note", text);
+		free(text);
+		json_object_set_new(p->nodes, node, e);
+	}
+	*note = str_at(e, "note", NULL);
+	return (int)json_integer_value(json_object_get(e, "live"));
+}
+
+/* Resident pods can be managed only with a live agent on their node listing a
+ * shimmed process of theirs; fills activity either way. */
+static void check_managed(struct pass *p, struct podr *r)
+{
+	const char *note = NULL;
+	if (r->node == NULL || r->node[0] == '\0') {
+		r->state = GCR_SCALE_UNMANAGED;
+		snprintf(r->msg, sizeof(r->msg), "not scheduled to a node");
+		return;
+	}
+	int live = node_info(p, r->node, &note);
+	struct agent_scalemsg_activity act;
+	struct gcr_err err;
+	int found = note ? agent_scalemsg_activity_find(note, strlen(note), r->uid, &act, &err) : -ENOENT;
+	if (found == 0) {
+		r->last_active = act.last_active;
+		r->calls = act.calls;
+	}
+	if (r->state != GCR_SCALE_RESIDENT)
+		return;
+	if (live == 0) {
+		r->state = GCR_SCALE_UNMANAGED;
+		snprintf(r->msg, sizeof(r->msg), "no GCR agent on node %s (no live Lease)", r->node);
+	} else if (live > 0 && found != 0) {
+		r->state = GCR_SCALE_UNMANAGED;
+		snprintf(r->msg, sizeof(r->msg), "no process under the GCR shim on node %s", r->node);
+	} else if (live < 0) {
+		r->pinned = 1; /* cannot tell: leave it this round */
+	}
+}
+
+/* The state an operation leaves its pod in. */
+static void state_from_op(struct podr *r, const struct opr *o, double now)
+{
+	snprintf(r->op, sizeof(r->op), "%s/%s", o->kind == O_CK ? "Checkpoint" : "Restore", o->name);
+	int cool = o->completed > 0 && now - o->completed < COOLDOWN_S;
+	if (o->kind == O_CK) {
+		if (phase_is(o, "Succeeded")) {
+			r->state = GCR_SCALE_SUSPENDED;
+		} else if (phase_is(o, "Failed")) {
+			r->state = GCR_SCALE_RESIDENT; /* a failed suspend leaves the process running */
+			r->pinned = cool;
+			snprintf(r->msg, sizeof(r->msg), "suspend failed: %.250s", o->message ? o->message : "");
+		} else {
+			r->state = GCR_SCALE_SUSPENDING;
+		}
+		return;
+	}
+	if (phase_is(o, "Succeeded")) {
+		r->state = GCR_SCALE_RESIDENT;
+	} else if (phase_is(o, "Failed")) {
+		/* The process is not (or no longer) suspended: running, or gone and replaced. */
+		static const char *const not_suspended[] = { "NotSuspended", "ProcessGone", "NoProcesses",
+							     "CheckpointNotFound", "CheckpointFailed" };
+		r->state = GCR_SCALE_SUSPENDED;
+		for (size_t i = 0; i < sizeof(not_suspended) / sizeof(not_suspended[0]); i++)
+			if (o->reason != NULL && strcmp(o->reason, not_suspended[i]) == 0)
+				r->state = GCR_SCALE_RESIDENT;
+		r->pinned = cool;
+		snprintf(r->msg, sizeof(r->msg), "resume failed: %.250s", o->message ? o->message : "");
+	} else {
+		r->state = GCR_SCALE_RESUMING;
+	}
+}
+
+/* The latest Succeeded Checkpoint of a pod: what a Restore restores. */
+static const struct opr *last_checkpoint(struct pass *p, const char *uid)
+{
+	const struct opr *best = NULL;
+	for (size_t i = 0; i < p->nops; i++) {
+		const struct opr *o = &p->ops[i];
+		if (o->kind == O_CK && strcmp(o->pod_uid, uid) == 0 && phase_is(o, "Succeeded") &&
+		    (best == NULL || o->seq > best->seq))
+			best = o;
+	}
+	return best;
+}
+
+/* Creates the next operation of r: a Checkpoint (suspend) or a Restore of ck.
+ * Deterministic name gcr-<pod uid>-<seq>: two leaders racing make one (409). */
+static int create_op(struct pass *p, struct podr *r, enum okind kind, const char *ck)
+{
+	char name[128], seq[24], path[700];
+	long n = r->max_seq + 1;
+	snprintf(name, sizeof(name), "gcr-%s-%ld", r->uid, n);
+	snprintf(seq, sizeof(seq), "%ld", n);
+	json_t *spec = kind == O_CK ? json_pack("{s:s}", "podName", r->name) : json_pack("{s:s}", "checkpointName", ck);
+	json_t *to = json_object_get(json_object_get(p->res, "spec"), "timeoutSeconds");
+	if (json_is_integer(to))
+		json_object_set(spec, "timeoutSeconds", to);
+	/* Owned by the pod: when it is deleted, the garbage collector removes these too
+	 * (the leader also does, for clusters without one). */
+	json_t *obj = json_pack("{s:s, s:s, s:{s:s, s:s, s:{s:s, s:s}, s:{s:s, s:s, s:s}, s:[{s:s, s:s, s:s, s:s}]}, s:o}",
+				"apiVersion", "gpucr.dev/v1alpha1", "kind", kind == O_CK ? "Checkpoint" : "Restore",
+				"metadata", "name", name, "namespace", p->ns, "labels", AGENT_SCALER_LABEL_OWNER, p->uid,
+				AGENT_SCALER_LABEL_POD, r->uid, "annotations", AGENT_SCALER_ANN_POD, r->name,
+				AGENT_SCALER_ANN_SEQ, seq, AGENT_SCALER_ANN_RESIDENCY, p->name, "ownerReferences",
+				"apiVersion", "v1", "kind", "Pod", "name", r->name, "uid", r->uid, "spec", spec);
+	snprintf(path, sizeof(path), API "/namespaces/%s/%s", p->ns, kind == O_CK ? "checkpoints" : "restores");
+	long st = 0;
+	struct gcr_err err;
+	int rc = api(p->s, "POST", path, "application/json", obj, &st, NULL, &err);
+	if (rc == 0 && st != 201 && st != 409)
+		rc = -EIO;
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: create %s %s: %s", p->ns, p->name,
+			kind == O_CK ? "Checkpoint" : "Restore", name, err.msg);
+		p->errors++;
+		return rc;
+	}
+	GCR_LOG(GCR_LOG_INFO, "scaler", "%s/%s: pod %s: %s %s%s", p->ns, p->name, r->name,
+		kind == O_CK ? "suspend: Checkpoint" : "resume: Restore", name, st == 409 ? " (existed)" : "");
+	r->max_seq = n;
+	snprintf(r->op, sizeof(r->op), "%s/%s", kind == O_CK ? "Checkpoint" : "Restore", name);
+	r->state = kind == O_CK ? GCR_SCALE_SUSPENDING : GCR_SCALE_RESUMING;
+	r->msg[0] = '\0';
+	p->created++;
+	return 0;
+}
+
+static void delete_op(struct pass *p, const struct opr *o)
+{
+	char path[700];
+	snprintf(path, sizeof(path), API "/namespaces/%s/%s/%s", p->ns, o->kind == O_CK ? "checkpoints" : "restores",
+		 o->name);
+	long st = 0;
+	struct gcr_err err;
+	if (api(p->s, "DELETE", path, NULL, NULL, &st, NULL, &err) < 0 || (st != 200 && st != 202 && st != 404)) {
+		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: delete %s: %s", p->ns, p->name, o->name,
+			st ? "unexpected answer" : err.msg);
+		p->errors++;
+		return;
+	}
+	p->deleted++;
+}
+
+/* Removes what no longer decides anything: every finished operation of r other than
+ * its latest and the Checkpoint that one restores. Never one in flight. */
+static void prune(struct pass *p, const struct podr *r)
+{
+	/* A Restore in flight or failed still needs its Checkpoint; a Succeeded one does not. */
+	const char *keep_ck = r->latest && r->latest->kind == O_RS && !phase_is(r->latest, "Succeeded")
+				      ? str_at(r->latest->obj, "spec", "checkpointName")
+				      : NULL;
+	for (size_t i = 0; i < p->nops; i++) {
+		const struct opr *o = &p->ops[i];
+		if (strcmp(o->pod_uid, r->uid) != 0 || o == r->latest || !is_final(o))
+			continue;
+		if (keep_ck != NULL && o->kind == O_CK && strcmp(o->name, keep_ck) == 0)
+			continue;
+		if (!r->gone && r->state == GCR_SCALE_SUSPENDED && o == last_checkpoint(p, r->uid))
+			continue; /* what a later Restore needs */
+		delete_op(p, o);
+	}
+}
+
+/* A pod with operations that the selector no longer picks: deleted (its operations
+ * go; its staging memory went with its process) or relabelled (resumed if suspended,
+ * then let go). Fills r. */
+static void not_selected(struct pass *p, struct podr *r)
+{
+	char path[700];
+	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", p->ns, r->name);
+	long st = 0;
+	json_t *pod = NULL;
+	struct gcr_err err;
+	if (api(p->s, "GET", path, NULL, NULL, &st, &pod, &err) < 0 || (st != 200 && st != 404)) {
+		r->pinned = 1;
+		p->errors++;
+		json_decref(pod);
+		return;
+	}
+	const char *uid = str_at(pod, "metadata", "uid");
+	r->gone = st == 404 || uid == NULL || strcmp(uid, r->uid) != 0 ||
+		  json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp") != NULL;
+	json_decref(pod);
+	if (r->gone) {
+		int was_suspended = r->state == GCR_SCALE_SUSPENDED || r->state == GCR_SCALE_SUSPENDING;
+		snprintf(r->msg, sizeof(r->msg), "pod deleted%s", was_suspended ? " while suspended" : "");
+		for (size_t i = 0; i < p->nops; i++)
+			if (strcmp(p->ops[i].pod_uid, r->uid) == 0)
+				delete_op(p, &p->ops[i]);
+		event(p, "Normal", "PodGone",
+		      "pod %s (uid %s) was deleted%s; its Checkpoint and Restore objects were removed, its "
+		      "host staging memory went with its process",
+		      r->name, r->uid, was_suspended ? " while suspended" : "");
+		return;
+	}
+	snprintf(r->msg, sizeof(r->msg), "no longer selected%s",
+		 r->state == GCR_SCALE_SUSPENDED ? ": resuming it before letting go" : "");
+	if (r->state == GCR_SCALE_SUSPENDED && !r->pinned) {
+		const struct opr *ck = last_checkpoint(p, r->uid);
+		if (ck != NULL)
+			create_op(p, r, O_RS, ck->name);
+	} else if (r->state == GCR_SCALE_RESIDENT) {
+		r->latest = NULL; /* let go: every finished operation is removed */
+		prune(p, r);
+	}
+}
+
+static json_t *cond_json(const char *status, const char *reason, const char *msg, json_t *old_status,
+			 json_int_t gen)
+{
+	char now[40];
+	agent_kube_time(now, sizeof(now), 0);
+	json_t *old = NULL;
+	size_t i;
+	json_t *c;
+	json_array_foreach(json_object_get(old_status, "conditions"), i, c)
+	{
+		if (str_at(c, "type", NULL) && strcmp(str_at(c, "type", NULL), "Ready") == 0)
+			old = c;
+	}
+	const char *since = now;
+	if (old != NULL && str_at(old, "status", NULL) && strcmp(str_at(old, "status", NULL), status) == 0 &&
+	    str_at(old, "lastTransitionTime", NULL))
+		since = str_at(old, "lastTransitionTime", NULL);
+	return json_pack("[{s:s, s:s, s:s, s:s, s:s, s:I}]", "type", "Ready", "status", status, "reason", reason,
+			 "message", msg, "lastTransitionTime", since, "observedGeneration", gen);
+}
+
+/* The status patch: counts, per-pod states, Ready, lastScale. Written only when it
+ * differs from what is stored. */
+static void write_status(struct pass *p, int replicas, const struct gcr_scale_plan *plan, int busy)
+{
+	json_t *old = json_object_get(p->res, "status");
+	json_int_t gen = json_integer_value(json_object_get(json_object_get(p->res, "metadata"), "generation"));
+	int n[5] = { 0 }, selected = 0;
+	json_t *pods = json_array();
+	for (size_t i = 0; i < p->npods; i++) {
+		struct podr *r = &p->pods[i];
+		if (r->gone)
+			continue;
+		if (r->selected) {
+			n[r->state]++;
+			selected++;
+		}
+		json_t *e = json_pack("{s:s, s:s, s:s}", "name", r->name, "uid", r->uid, "state",
+				      gcr_scale_state_name(r->state));
+		if (r->node)
+			json_object_set_new(e, "node", json_string(r->node));
+		if (r->op[0])
+			json_object_set_new(e, "operation", json_string(r->op));
+		if (r->last_active > 0) {
+			char t[40];
+			fmt_time(t, sizeof(t), r->last_active);
+			json_object_set_new(e, "lastActivity", json_string(t));
+		}
+		if (r->msg[0])
+			json_object_set_new(e, "message", json_string(r->msg));
+		json_array_append_new(pods, e);
+	}
+	char msg[600];
+	const char *status = "False", *reason;
+	int resident = n[GCR_SCALE_RESIDENT];
+	if (selected == 0) {
+		reason = "NoPodsSelected";
+		snprintf(msg, sizeof(msg), "selector %.400s matches no pod in namespace %.120s", p->selector, p->ns);
+	} else if (busy) {
+		reason = "Scaling";
+		snprintf(msg, sizeof(msg), "%d resident of %d wanted: %d suspending, %d resuming%s", resident, replicas,
+			 n[GCR_SCALE_SUSPENDING], n[GCR_SCALE_RESUMING],
+			 plan->waiting ? ", more once those end" : "");
+	} else if (resident < replicas && n[GCR_SCALE_SUSPENDED] == 0) {
+		reason = "NotEnoughPods";
+		snprintf(msg, sizeof(msg), "%d resident of %d wanted: no suspended pod left to resume (%d selected, %d "
+			 "of them unmanaged)", resident, replicas, selected, n[GCR_SCALE_UNMANAGED]);
+	} else if (resident != replicas) {
+		reason = "Retrying";
+		snprintf(msg, sizeof(msg), "%d resident of %d wanted: the last operation failed; retried after %d s",
+			 resident, replicas, COOLDOWN_S);
+	} else {
+		status = "True";
+		reason = "Scaled";
+		snprintf(msg, sizeof(msg), "%d resident, %d suspended%s", resident, n[GCR_SCALE_SUSPENDED],
+			 n[GCR_SCALE_UNMANAGED] ? " (and unmanaged pods: see pods[])" : "");
+	}
+	json_t *st = json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:I, s:s, s:o, s:o}", "replicas", resident, "selector",
+			       p->selector, "suspended", n[GCR_SCALE_SUSPENDED], "suspending", n[GCR_SCALE_SUSPENDING],
+			       "resuming", n[GCR_SCALE_RESUMING], "unmanaged", n[GCR_SCALE_UNMANAGED],
+			       "observedGeneration", gen, "leader", agent_leader_identity(p->s->leader), "pods", pods,
+			       "conditions", cond_json(status, reason, msg, old, gen));
+	/* lastScale: from the first pass that sees a new target to the one that finds it reached. */
+	json_t *ls = json_deep_copy(json_object_get(old, "lastScale"));
+	char now[40];
+	agent_kube_time(now, sizeof(now), 1);
+	int done_event = 0;
+	json_int_t took_ms = 0;
+	if (ls == NULL || json_integer_value(json_object_get(ls, "to")) != replicas ||
+	    json_object_get(ls, "to") == NULL) {
+		json_int_t from = json_is_integer(json_object_get(old, "replicas"))
+					  ? json_integer_value(json_object_get(old, "replicas"))
+					  : resident;
+		json_decref(ls);
+		ls = json_pack("{s:I, s:i, s:s, s:n, s:n}", "from", from, "to", replicas, "startTime", now,
+			       "completionTime", "durationMs");
+	}
+	if (strcmp(status, "True") == 0 && json_object_get(ls, "completionTime") == NULL) {
+		double t0 = parse_time(str_at(ls, "startTime", NULL)), t1 = parse_time(now);
+		json_object_set_new(ls, "completionTime", json_string(now));
+		took_ms = t0 > 0 && t1 >= t0 ? (json_int_t)((t1 - t0) * 1000) : 0;
+		json_object_set_new(ls, "durationMs", json_integer(took_ms));
+		done_event = 1;
+	}
+	/* Nulls (merge-patch deletions) are not stored: compare without them. */
+	json_t *ls_cmp = json_deep_copy(ls);
+	if (json_is_null(json_object_get(ls_cmp, "completionTime")))
+		json_object_del(ls_cmp, "completionTime");
+	if (json_is_null(json_object_get(ls_cmp, "durationMs")))
+		json_object_del(ls_cmp, "durationMs");
+	json_object_set_new(st, "lastScale", ls);
+	json_t *cmp = json_deep_copy(st);
+	json_object_set_new(cmp, "lastScale", ls_cmp);
+	if (old != NULL && json_equal(cmp, old)) {
+		json_decref(cmp);
+		json_decref(st);
+		return;
+	}
+	json_decref(cmp);
+	char path[700];
+	snprintf(path, sizeof(path), API "/namespaces/%s/gpuresidencies/%s", p->ns, p->name);
+	json_t *patch = json_pack("{s:o}", "status", st);
+	struct gcr_err err;
+	int rc = agent_leader_is_leader(p->s->leader) ? agent_kube_patch_status(p->s->kube, path, patch, &err)
+						      : gcr_err_set(&err, -EPERM, "no longer the leader");
+	json_decref(patch);
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: status: %s", p->ns, p->name, err.msg);
+		return;
+	}
+	if (done_event)
+		event(p, "Normal", "Scaled", "%d resident, %d suspended (target %d reached in %lld ms)", resident,
+		      n[GCR_SCALE_SUSPENDED], replicas, (long long)took_ms);
+}
+
+/* Writes only the Ready condition (with the selector) when nothing else can be known. */
+static void write_invalid(struct pass *p, const char *reason, const char *msg)
+{
+	char path[700];
+	json_int_t gen = json_integer_value(json_object_get(json_object_get(p->res, "metadata"), "generation"));
+	json_t *old = json_object_get(p->res, "status");
+	const char *oldmsg = str_at(json_array_get(json_object_get(old, "conditions"), 0), "message", NULL);
+	if (oldmsg != NULL && strcmp(oldmsg, msg) == 0)
+		return;
+	snprintf(path, sizeof(path), API "/namespaces/%s/gpuresidencies/%s", p->ns, p->name);
+	json_t *patch = json_pack("{s:{s:I, s:o}}", "status", "observedGeneration", gen, "conditions",
+				  cond_json("False", reason, msg, old, gen));
+	struct gcr_err err;
+	if (agent_leader_is_leader(p->s->leader) && agent_kube_patch_status(p->s->kube, path, patch, &err) < 0)
+		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: status: %s", p->ns, p->name, err.msg);
+	json_decref(patch);
+}
+
+/* One pass over one GPUResidency. Returns 1 when work is in flight (come back soon). */
+static int reconcile(struct agent_scaler *s, json_t *res)
+{
+	struct pass p = { .s = s, .res = res, .ns = str_at(res, "metadata", "namespace"),
+			  .name = str_at(res, "metadata", "name"), .uid = str_at(res, "metadata", "uid") };
+	int busy = 0;
+	if (p.ns == NULL || p.name == NULL || p.uid == NULL)
+		return 0;
+	json_t *spec = json_object_get(res, "spec");
+	json_t *rj = json_object_get(spec, "replicas");
+	int replicas = json_is_integer(rj) ? (int)json_integer_value(rj) : -1;
+	struct gcr_err err;
+	if (agent_scalemsg_selector(json_object_get(spec, "selector"), p.selector, sizeof(p.selector), &err) < 0) {
+		write_invalid(&p, "InvalidSelector", err.msg);
+		return 0;
+	}
+	if (replicas < 0) {
+		write_invalid(&p, "InvalidSpec", "spec.replicas is missing or negative");
+		return 0;
+	}
+	char q[3 * AGENT_SCALEMSG_SELECTOR_MAX], path[4 * AGENT_SCALEMSG_SELECTOR_MAX], own[200];
+	if (agent_scalemsg_query_escape(p.selector, q, sizeof(q)) < 0)
+		return 0;
+	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods?labelSelector=%s", p.ns, q);
+	snprintf(own, sizeof(own), AGENT_SCALER_LABEL_OWNER "=%s", p.uid);
+	char ownq[400];
+	if (agent_scalemsg_query_escape(own, ownq, sizeof(ownq)) < 0 || list(&p, path, &p.pods_list) < 0)
+		goto out;
+	snprintf(path, sizeof(path), API "/namespaces/%s/checkpoints?labelSelector=%s", p.ns, ownq);
+	if (list(&p, path, &p.ck_list) < 0)
+		goto out;
+	snprintf(path, sizeof(path), API "/namespaces/%s/restores?labelSelector=%s", p.ns, ownq);
+	if (list(&p, path, &p.rs_list) < 0)
+		goto out;
+	json_t *pitems = json_object_get(p.pods_list, "items"), *citems = json_object_get(p.ck_list, "items"),
+	       *ritems = json_object_get(p.rs_list, "items");
+	size_t nops = json_array_size(citems) + json_array_size(ritems);
+	size_t npods = json_array_size(pitems) + nops; /* plus pods known only from operations */
+	if (npods > MAX_PODS)
+		npods = MAX_PODS;
+	p.ops = calloc(nops ? nops : 1, sizeof(*p.ops));
+	p.pods = calloc(npods ? npods : 1, sizeof(*p.pods));
+	p.nodes = json_object();
+	if (p.ops == NULL || p.pods == NULL || p.nodes == NULL)
+		goto out;
+	add_ops(&p, citems, O_CK);
+	add_ops(&p, ritems, O_RS);
+	double now = now_s();
+	size_t i;
+	json_t *it;
+	json_array_foreach(pitems, i, it)
+	{
+		const char *uid = str_at(it, "metadata", "uid"), *name = str_at(it, "metadata", "name");
+		if (p.npods >= npods || uid == NULL || name == NULL ||
+		    json_object_get(json_object_get(it, "metadata"), "deletionTimestamp") != NULL)
+			continue; /* going away: handled below, as not selected */
+		struct podr *r = &p.pods[p.npods++];
+		*r = (struct podr){ .name = name, .uid = uid, .node = str_at(it, "spec", "nodeName"), .selected = 1,
+				    .state = GCR_SCALE_RESIDENT };
+		const char *phase = str_at(it, "status", "phase");
+		if (phase == NULL || strcmp(phase, "Running") != 0) {
+			r->state = GCR_SCALE_UNMANAGED;
+			snprintf(r->msg, sizeof(r->msg), "pod is %s, not Running", phase ? phase : "without a phase");
+		}
+	}
+	for (i = 0; i < p.nops; i++) {
+		struct podr *r = pod_of(&p, p.ops[i].pod_uid);
+		if (r == NULL && p.npods < npods) {
+			r = &p.pods[p.npods++];
+			*r = (struct podr){ .name = p.ops[i].pod_name, .uid = p.ops[i].pod_uid, .state = GCR_SCALE_RESIDENT };
+		}
+		if (r == NULL)
+			continue;
+		if (p.ops[i].seq > r->max_seq)
+			r->max_seq = p.ops[i].seq;
+		if (r->latest == NULL || p.ops[i].seq > r->latest->seq)
+			r->latest = &p.ops[i];
+	}
+	/* States from the latest operation, then who is manageable. */
+	struct gcr_scale_member *m = calloc(p.npods ? p.npods : 1, sizeof(*m));
+	struct podr **mp = calloc(p.npods ? p.npods : 1, sizeof(*mp));
+	size_t nm = 0;
+	if (m == NULL || mp == NULL) {
+		free(m);
+		free(mp);
+		goto out;
+	}
+	for (i = 0; i < p.npods; i++) {
+		struct podr *r = &p.pods[i];
+		if (r->latest != NULL && r->state != GCR_SCALE_UNMANAGED)
+			state_from_op(r, r->latest, now);
+		if (!r->selected) {
+			not_selected(&p, r);
+			busy |= !r->gone && (r->state == GCR_SCALE_SUSPENDING || r->state == GCR_SCALE_RESUMING ||
+					     r->state == GCR_SCALE_SUSPENDED);
+			continue;
+		}
+		check_managed(&p, r);
+		m[nm] = (struct gcr_scale_member){ .id = r->name, .state = r->state, .last_active = r->last_active,
+						   .recent_calls = r->calls, .pinned = r->pinned };
+		mp[nm++] = r;
+	}
+	struct gcr_scale_plan plan;
+	if (gcr_scale_plan(m, nm, replicas, &plan, &err) < 0) {
+		free(m);
+		free(mp);
+		goto out;
+	}
+	for (i = 0; i < nm; i++) {
+		struct podr *r = mp[i];
+		if (m[i].action == GCR_SCALE_SUSPEND) {
+			create_op(&p, r, O_CK, NULL);
+		} else if (m[i].action == GCR_SCALE_RESUME) {
+			const struct opr *ck = last_checkpoint(&p, r->uid);
+			if (ck != NULL)
+				create_op(&p, r, O_RS, ck->name);
+		}
+	}
+	free(m);
+	free(mp);
+	for (i = 0; i < p.npods; i++)
+		if (p.pods[i].selected)
+			prune(&p, &p.pods[i]);
+	for (i = 0; i < p.npods; i++) {
+		struct podr *r = &p.pods[i];
+		if (r->selected && (r->state == GCR_SCALE_SUSPENDING || r->state == GCR_SCALE_RESUMING))
+			busy = 1;
+	}
+	busy |= plan.waiting > 0 || p.created > 0;
+	write_status(&p, replicas, &plan, busy);
+	busy |= p.errors > 0;
+out:
+	free(p.ops);
+	free(p.pods);
+	json_decref(p.pods_list);
+	json_decref(p.ck_list);
+	json_decref(p.rs_list);
+	json_decref(p.nodes);
+	return busy;
+}
+
+/* ---- worker ---- */
+
+static void *worker_main(void *data)
+{
+	struct agent_scaler *s = data;
+	int busy = 0;
+	pthread_mutex_lock(&s->lock);
+	while (!atomic_load(&s->stop)) {
+		if (!s->kick) {
+			struct timespec dl;
+			clock_gettime(CLOCK_REALTIME, &dl);
+			long ms = busy ? BUSY_MS : s->resync_ms;
+			dl.tv_sec += ms / 1000;
+			dl.tv_nsec += (ms % 1000) * 1000000L;
+			if (dl.tv_nsec >= 1000000000L) {
+				dl.tv_sec++;
+				dl.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&s->cond, &s->lock, &dl);
+			if (atomic_load(&s->stop))
+				break;
+		}
+		s->kick = 0;
+		json_t *all = json_deep_copy(s->cache);
+		pthread_mutex_unlock(&s->lock);
+		busy = 0;
+		if (agent_leader_is_leader(s->leader)) {
+			const char *k;
+			json_t *res;
+			json_object_foreach(all, k, res)
+			{
+				if (atomic_load(&s->stop) || !agent_leader_is_leader(s->leader))
+					break;
+				busy |= reconcile(s, res);
+			}
+		}
+		json_decref(all);
+		pthread_mutex_lock(&s->lock);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+/* ---- life cycle ---- */
+
+int agent_scaler_new(struct agent_kube *kube, struct agent_leader *leader, const struct agent_scaler_cfg *cfg,
+		     struct agent_scaler **out, struct gcr_err *err)
+{
+	*out = NULL;
+	struct agent_scaler *s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	s->kube = kube;
+	s->leader = leader;
+	s->resync_ms = cfg->resync_ms > 0 ? cfg->resync_ms : RESYNC_MS_DEFAULT;
+	s->lease_ns = strdup(cfg->lease_namespace ? cfg->lease_namespace : "gcr-system");
+	s->cache = json_object();
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	if (s->lease_ns == NULL || s->cache == NULL) {
+		agent_scaler_free(s);
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	*out = s;
+	return 0;
+}
+
+int agent_scaler_start(struct agent_scaler *s, struct gcr_err *err)
+{
+	int rc = pthread_create(&s->watch, NULL, watch_main, s);
+	if (rc != 0)
+		return gcr_err_set(err, -rc, "cannot start the scaler's watch: %s", strerror(rc));
+	s->watch_started = 1;
+	rc = pthread_create(&s->worker, NULL, worker_main, s);
+	if (rc != 0)
+		return gcr_err_set(err, -rc, "cannot start the scaler: %s", strerror(rc));
+	s->worker_started = 1;
+	return 0;
+}
+
+void agent_scaler_free(struct agent_scaler *s)
+{
+	if (s == NULL)
+		return;
+	atomic_store(&s->stop, 1);
+	pthread_mutex_lock(&s->lock);
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	if (s->worker_started)
+		pthread_join(s->worker, NULL);
+	if (s->watch_started)
+		pthread_join(s->watch, NULL);
+	json_decref(s->cache);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s->lease_ns);
+	free(s);
+}

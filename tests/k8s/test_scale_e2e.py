@@ -1,0 +1,444 @@
+#!/usr/bin/env python3
+# tests/k8s/test_scale_e2e.py: scale to zero end to end against the real kube-apiserver: two
+# gcr-agent processes acting as two nodes, shimmed programs on the stand-in driver, a
+# GPUResidency driven through kubectl scale and the /scale subresource. Stdlib only.
+"""Usage: tests/k8s/test_scale_e2e.py [BUILD_DIR]   (default: build)
+
+Runs alone (its own test bed and namespace, as test_agent_e2e.py) or as part of
+test_agent_e2e.py, which calls scale_cases() so that the chart's RBAC audit covers the
+permissions only the scaler uses. Agents: nodes scale-a (pods llm-0, llm-1) and scale-b
+(llm-2), heartbeat 1 s (the activity note), leader Lease term 3 s. llm-0's program keeps
+computing (the most active); llm-1 and llm-2 go idle; llm-2 declares no readiness gate.
+Every wait polls the API or fakesmi with a bound; the last line is "N passed, N failed".
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_agent_e2e as base  # noqa: E402
+
+Fail, check, log = base.Fail, base.check, base.log
+NODES = ("scale-a", "scale-b")
+GATE = "gpucr.dev/resident"
+PODS = {"llm-0": NODES[0], "llm-1": NODES[0], "llm-2": NODES[1]}
+RES = "llm"
+
+
+class Node:
+    """One gcr-agent acting as one node: its own shim socket dir, registry socket and metrics port."""
+
+    def __init__(self, E, name):
+        self.E, self.name = E, name
+        self.sock_dir = os.path.join(E.dir, "run-" + name)
+        os.makedirs(self.sock_dir, mode=0o700, exist_ok=True)
+        self.registry = os.path.join(self.sock_dir, "agent.sock")
+        self.port = base.free_port()
+        self.proc = None
+        self.runs = 0
+        self.log_path = None
+
+    def start(self, extra_env=None):
+        E = self.E
+        self.runs += 1
+        self.log_path = os.path.join(E.dir, "agent-%s.%d.log" % (self.name, self.runs))
+        env = E.fake_env()
+        env["GCR_LOG_LEVEL"] = "info"
+        env.update(extra_env or {})
+        argv = [base.AGENT, "--kubeconfig", E.kubeconfig, "--node-name", self.name, "--socket-dir", self.sock_dir,
+                "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.port,
+                "--proc-root", E.proc_root, "--lease-namespace", base.LEASE_NS, "--heartbeat-seconds", "1",
+                "--leader-lease-seconds", "3"]
+        if os.environ.get("GCR_E2E_VALGRIND") == "1":
+            argv = ["valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
+                    "--errors-for-leak-kinds=definite",
+                    "--suppressions=%s" % os.path.join(base.SRC, "tests", "valgrind.supp"), *argv]
+        self.proc = base.subprocess.Popen(argv, stdout=open(self.log_path, "w"), stderr=base.subprocess.STDOUT,
+                                          env=env, start_new_session=True)
+        E.wait("agent %s /readyz" % self.name, lambda: self.http("/readyz")[0] == 200, timeout=120)
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(60)
+        except base.subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait(30)
+        self.proc = None
+        return rc
+
+    def http(self, path):
+        try:
+            with base.urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=5) as r:
+                return r.status, r.read().decode()
+        except base.urllib.error.HTTPError as e:
+            return e.code, ""
+        except OSError:
+            return 0, ""
+
+    def tail(self, n=30):
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-n:])
+        except (OSError, TypeError):
+            return ""
+
+    def start_prog(self, pod_uid, cid, iters):
+        """gcr-testprog under the shim, registered with this node's agent (cgroup names the pod)."""
+        E = self.E
+        cg = ("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/"
+              "cri-containerd-%s.scope" % (pod_uid.replace("-", "_"), cid))
+        script = ('mkdir -p "$ROOT/$$" && printf "%s\\n" "$CG" > "$ROOT/$$/cgroup" && '
+                  'exec env LD_PRELOAD="$SHIMLIB" "$@"')
+        env = dict(E.env)
+        env.update({"ROOT": E.proc_root, "CG": cg, "SHIMLIB": base.SHIM, "LD_LIBRARY_PATH": base.FAKE_DIR,
+                    "FAKECUDA_DIR": E.fake_dir, "FAKECUDA_MEM_MIB": "512", "GCR_SOCKET_DIR": self.sock_dir,
+                    "GCR_AGENT_SOCKET": self.registry, "GCR_LOG_LEVEL": "warn"})
+        argv = ["bash", "-c", script, "prog", base.TESTPROG, "--module",
+                os.path.join(base.SRC, "tests", "progs", "gcr_kernels.h"),
+                "--mib", "16", "--threads", "2", "--iters", str(iters), "--wait"]
+        p = base.Prog(argv, env)
+        E.progs.append(p)
+        m = p.expect(r"READY pid=(\d+)", 60)
+        check(int(m.group(1)) == p.p.pid, "READY pid %s != %d" % (m.group(1), p.p.pid))
+        return p
+
+
+def scale_cases(E, case):
+    """The scale-to-zero cases, on a test bed E already set up (test bed, CRDs, namespace, identity)."""
+    st = {"nodes": {n: Node(E, n) for n in NODES}, "pods": {}}
+    ns = base.NS
+
+    def res():
+        return E.get("gpuresidency", RES) or {}
+
+    def status():
+        return res().get("status") or {}
+
+    def ready(s):
+        c = [c for c in s.get("conditions", []) if c.get("type") == "Ready"]
+        return c[0] if c else {}
+
+    def wait_resident(n, name=RES, timeout=base.WAIT_S):
+        """Waits for Ready True with n resident; returns the status."""
+        def f():
+            s = (E.get("gpuresidency", name) or {}).get("status") or {}
+            return s if s.get("replicas") == n and ready(s).get("status") == "True" else None
+        try:
+            return E.wait("%s: %d resident, Ready" % (name, n), f, timeout)
+        except Fail:
+            raise Fail("%s never reached %d resident; status: %s" % (name, n,
+                       json.dumps((E.get("gpuresidency", name) or {}).get("status"))))
+
+    def pid(pod):
+        return st["pods"][pod]["prog"].p.pid
+
+    def is_suspended(pod):
+        return E.mem(pid(pod)) == 0 and E.drv_state(pid(pod)) == "checkpointed"
+
+    def is_resident(pod):
+        return E.mem(pid(pod)) > 0 and E.drv_state(pid(pod)) == "running"
+
+    def gate(pod):
+        o = E.get("pod", pod) or {}
+        c = [c for c in o.get("status", {}).get("conditions", []) if c.get("type") == GATE]
+        return c[0].get("status") if c else None
+
+    def pod_states(s):
+        return {p["name"]: p["state"] for p in s.get("pods", [])}
+
+    def agree(s):
+        """The status, the processes and the readiness gates tell the same story."""
+        states = pod_states(s)
+        for pod in st["pods"]:
+            if pod not in states:
+                continue
+            if states[pod] == "Suspended":
+                check(is_suspended(pod), "%s Suspended in status, but pid %d holds %d bytes (driver %s)"
+                      % (pod, pid(pod), E.mem(pid(pod)), E.drv_state(pid(pod))))
+                want = "False"
+            else:
+                check(states[pod] == "Resident", "%s is %s" % (pod, states[pod]))
+                check(is_resident(pod), "%s Resident in status, but pid %d is %s" % (pod, pid(pod),
+                      E.drv_state(pid(pod))))
+                want = "True"
+            if pod == "llm-2":
+                check(gate(pod) is None, "llm-2 declares no gate, yet has condition %s" % gate(pod))
+            else:
+                check(gate(pod) == want, "%s: %s=%s, want %s" % (pod, GATE, gate(pod), want))
+        check(s["replicas"] == sum(1 for v in states.values() if v == "Resident"), "replicas %s" % s)
+        check(s["suspended"] == sum(1 for v in states.values() if v == "Suspended"), "suspended %s" % s)
+
+    def scale_put(n):
+        """What an HPA or KEDA does: GET .../scale, set spec.replicas, PUT it back."""
+        path = "/apis/gpucr.dev/v1alpha1/namespaces/%s/gpuresidencies/%s/scale" % (ns, RES)
+        sc = json.loads(E.k("get", "--raw", path).stdout)
+        check(sc["kind"] == "Scale" and sc["status"].get("selector") == "app=llm", "Scale: %s" % sc)
+        sc["spec"]["replicas"] = n
+        E.k("replace", "--raw", path, "-f", "-", stdin=json.dumps(sc))
+
+    def ops(kind, pod=None):
+        out = E.k("get", kind, "-n", ns, "-l", "gpucr.dev/residency-uid=%s" % res()["metadata"]["uid"],
+                  "-o", "json")
+        items = json.loads(out.stdout)["items"]
+        if pod:
+            items = [i for i in items if i["metadata"]["annotations"].get("gpucr.dev/pod") == pod]
+        return items
+
+    def leader():
+        out = E.k("get", "lease", "gcr-scaler-leader", "-n", base.LEASE_NS, "-o", "json", ok=False)
+        return json.loads(out.stdout)["spec"].get("holderIdentity", "") if out.returncode == 0 else ""
+
+    def setup():
+        E.k("wait", "--for=condition=Established", "--timeout=60s", "crd/gpuresidencies.gpucr.dev")
+        for n in st["nodes"].values():
+            n.start()
+        for i, (pod, node) in enumerate(sorted(PODS.items())):
+            cid = uuid.uuid4().hex + uuid.uuid4().hex
+            spec = {"nodeName": node, "containers": [{"name": "main", "image": "example.invalid/gpu:1"}]}
+            if pod != "llm-2":
+                spec["readinessGates"] = [{"conditionType": GATE}]
+            E.apply({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": pod, "namespace": ns, "labels": {"app": "llm"}}, "spec": spec})
+            E.k("patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
+                {"status": {"phase": "Running", "containerStatuses": [{
+                    "name": "main", "containerID": "containerd://" + cid, "image": "example.invalid/gpu:1",
+                    "imageID": "", "ready": True, "restartCount": 0,
+                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}))
+            uid = E.get("pod", pod)["metadata"]["uid"]
+            # llm-0 keeps computing (the most active); the others finish and idle.
+            p = st["nodes"][node].start_prog(uid, cid, 1000000 if pod == "llm-0" else 5)
+            p.send("go")
+            if pod != "llm-0":
+                p.expect(r"DONE$", 60)
+            st["pods"][pod] = {"prog": p, "uid": uid, "node": node}
+        # Activity: each node's Lease lists its pods, llm-0 the latest active.
+        def activity():
+            notes = {}
+            for n in NODES:
+                out = E.k("get", "lease", "gcr-agent-" + n, "-n", base.LEASE_NS, "-o", "json", ok=False)
+                if out.returncode != 0:
+                    return None
+                a = json.loads(out.stdout)["metadata"].get("annotations", {}).get("gpucr.dev/activity")
+                notes.update(json.loads(a)["pods"] if a else {})
+            t = {pod: notes.get(v["uid"], {}).get("t") for pod, v in st["pods"].items()}
+            return t if all(t.values()) and t["llm-0"] > max(t["llm-1"], t["llm-2"]) else None
+        E.wait("activity notes on both nodes' Leases, llm-0 the most recent", activity)
+        E.apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "GPUResidency",
+                 "metadata": {"name": RES, "namespace": ns},
+                 "spec": {"selector": {"matchLabels": {"app": "llm"}}, "replicas": 3}})
+        s = wait_resident(3)
+        check(s.get("selector") == "app=llm" and s.get("suspended") == 0, "status %s" % s)
+        E.wait("readiness gates True on llm-0 and llm-1", lambda: gate("llm-0") == "True" and gate("llm-1") == "True")
+        agree(status())
+        check(any(leader().startswith(n + "-") for n in NODES), "leader Lease holder %r" % leader())
+
+    def to_zero():
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=0")
+        s = wait_resident(0)
+        check(s["suspended"] == 3 and s.get("observedGeneration") == res()["metadata"]["generation"], "status %s" % s)
+        ls = s.get("lastScale", {})
+        check(ls.get("to") == 0 and ls.get("from") == 3 and ls.get("durationMs") is not None, "lastScale %s" % ls)
+        log("3 -> 0 in %s ms (from the leader seeing the change)" % ls.get("durationMs"))
+        agree(s)
+        for pod in PODS:
+            c = ops("checkpoints", pod)
+            check(len(c) == 1 and c[0]["status"]["phase"] == "Succeeded", "%s: Checkpoints %s" % (pod, c))
+            own = c[0]["metadata"].get("ownerReferences", [])
+            check(own and own[0]["kind"] == "Pod" and own[0]["uid"] == st["pods"][pod]["uid"], "owner %s" % own)
+        check(not E.wait_event(RES, "Normal", "Scaled") is None, "no Scaled event")
+
+    def to_two_by_put():
+        scale_put(2)
+        s = wait_resident(2)
+        states = pod_states(s)
+        check(states["llm-0"] == "Resident", "the most active pod was not resumed first: %s" % states)
+        agree(s)
+        # What was superseded is gone: per resumed pod only its Restore is left.
+        r = [p for p, v in states.items() if v == "Resident"]
+        for pod in r:
+            check(not ops("checkpoints", pod) and len(ops("restores", pod)) == 1, "%s: objects left: %s %s"
+                  % (pod, ops("checkpoints", pod), ops("restores", pod)))
+
+    def to_three():
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=3")
+        agree(wait_resident(3))
+        # 3 -> 2: the least active goes first, never the busy llm-0.
+        scale_put(2)
+        s = wait_resident(2)
+        check(pod_states(s)["llm-0"] == "Resident", "llm-0 suspended first: %s" % pod_states(s))
+        agree(s)
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=3")
+        agree(wait_resident(3))
+
+    def failover():
+        # Each Checkpoint takes 2 s on its node (the test hook), so the scale is surely
+        # in flight when the leader dies; the SIGTERMed agents release their terms.
+        slow = {"GCR_AGENT_TEST_PAUSE": "before-cr", "GCR_AGENT_TEST_PAUSE_S": "2"}
+        for n in st["nodes"].values():
+            check(n.stop() == 0, "agent %s: exit status on SIGTERM" % n.name)
+            n.start(slow)
+        E.wait("a leader", lambda: any(leader().startswith(n + "-") for n in NODES), timeout=30)
+        before = leader()
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=0")
+        E.wait("a Checkpoint of the new scale Running", lambda: any(
+            c.get("status", {}).get("phase") == "Running" for c in ops("checkpoints")))
+        victim = [n for n in st["nodes"].values() if before.startswith(n.name + "-")]
+        check(len(victim) == 1, "leader %r is none of the agents" % before)
+        victim = victim[0]
+        victim.stop(signal.SIGKILL)
+        done = [c for c in ops("checkpoints") if c.get("status", {}).get("phase") == "Succeeded"]
+        log("SIGKILLed the leader %s mid-scale (%d of 3 Checkpoints done)" % (before, len(done)))
+        check(len(done) < 3, "the scale had ended before the kill")
+        E.wait("another agent leads", lambda: leader() and leader() != before, timeout=30)
+        victim.start(slow)  # its node's Checkpoints are finished by the restarted agent
+        s = wait_resident(0, timeout=90)
+        check(s["suspended"] == 3 and s.get("leader") != before, "status %s" % s)
+        agree(s)
+        for pod in PODS:
+            c = ops("checkpoints", pod)
+            check(len(c) == 1 and c[0]["status"]["phase"] == "Succeeded", "%s: Checkpoints %s" % (pod, c))
+
+    def changed_mid_scale():
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=3")
+        E.wait("a Restore of the scale to 3", lambda: ops("restores"))
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=1")
+        s = wait_resident(1, timeout=90)
+        check(s["suspended"] == 2 and s["suspending"] == 0 and s["resuming"] == 0, "status %s" % s)
+        agree(s)
+        for kind in ("checkpoints", "restores"):
+            for o in ops(kind):
+                check(o.get("status", {}).get("phase") in ("Succeeded", "Failed"), "%s %s unfinished: %s"
+                      % (kind, o["metadata"]["name"], o.get("status")))
+
+    def pod_deleted_suspended():
+        s = status()
+        gone = sorted(p for p, v in pod_states(s).items() if v == "Suspended")[0]
+        uid = st["pods"][gone]["uid"]
+        E.k("delete", "pod", gone, "-n", ns, "--grace-period=0", "--force")
+        st["pods"].pop(gone)["prog"].kill()  # its process goes with it
+        E.wait("%s's Checkpoint and Restore objects removed" % gone,
+               lambda: not ops("checkpoints", gone) and not ops("restores", gone))
+        E.wait_event(RES, "Normal", "PodGone")
+        s = E.wait("status without %s" % gone, lambda: (lambda x: x if gone not in pod_states(x) and ready(x).get(
+            "status") == "True" else None)(status()))
+        check(s["replicas"] == 1 and s["suspended"] == 1, "status %s" % s)
+        check(uid not in json.dumps(s), "status still names uid %s" % uid)
+        agree(s)
+
+    def nothing_selected():
+        E.apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "GPUResidency",
+                 "metadata": {"name": "none", "namespace": ns},
+                 "spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "In",
+                                                             "values": ["nothing-here"]}]}, "replicas": 2}})
+        s = E.wait("GPUResidency none: NoPodsSelected", lambda: (lambda x: x if ready(x).get(
+            "reason") == "NoPodsSelected" else None)((E.get("gpuresidency", "none") or {}).get("status") or {}))
+        check(s.get("replicas") == 0 and ready(s)["status"] == "False" and "nothing-here" in ready(s)["message"],
+              "status %s" % s)
+
+    def no_shim():
+        E.apply({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "plain", "namespace": ns, "labels": {"app": "plain"}},
+                 "spec": {"nodeName": NODES[0], "containers": [{"name": "main", "image": "example.invalid/x:1"}]}})
+        E.k("patch", "pod", "plain", "-n", ns, "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"phase": "Running"}}))
+        E.apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "GPUResidency",
+                 "metadata": {"name": "plain", "namespace": ns},
+                 "spec": {"selector": {"matchLabels": {"app": "plain"}}, "replicas": 0}})
+        s = E.wait("GPUResidency plain: the pod Unmanaged", lambda: (lambda x: x if x.get("unmanaged") == 1 and ready(
+            x) else None)((E.get("gpuresidency", "plain") or {}).get("status") or {}))
+        p = s["pods"][0]
+        check(p["state"] == "Unmanaged" and "no process under the GCR shim" in p.get("message", ""), "pods %s" % s)
+        check(s["replicas"] == 0 and s["suspended"] == 0, "status %s" % s)
+        uid = E.get("gpuresidency", "plain")["metadata"]["uid"]
+        out = E.k("get", "checkpoints", "-n", ns, "-l", "gpucr.dev/residency-uid=" + uid, "-o", "name")
+        check(out.stdout.strip() == "", "Checkpoints made for a pod without the shim: %s" % out.stdout)
+
+    def programs_ok():
+        # Everything back on the GPU first (a suspended program waits at the gate).
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=%d" % len(st["pods"]))
+        agree(wait_resident(len(st["pods"])))
+        for pod, v in st["pods"].items():
+            if pod == "llm-0":
+                v["prog"].expect(r"ITER \d+", 60)  # still computing
+                continue
+            v["prog"].send("check")
+            m = v["prog"].expect(r"RESULT (.*)", 120)
+            check(m.group(1) == "ok", "%s's program reports RESULT %s" % (pod, m.group(1)))
+
+    def wrapped(fn):
+        def run():
+            try:
+                fn()
+            except Exception:
+                for n in st["nodes"].values():
+                    print("  agent %s log tail:\n%s" % (n.name, "\n".join("    " + l for l in n.tail().splitlines())))
+                raise
+        return run
+
+    try:
+        case("scale: two agents as two nodes, 3 pods selected, activity on the Leases, Ready at 3", wrapped(setup))
+        if st["pods"]:
+            case("scale: kubectl scale 3 -> 0: all suspended, gates False, one Checkpoint per pod", wrapped(to_zero))
+            case("scale: PUT /scale (as HPA/KEDA) 0 -> 2: most active first, gates True", wrapped(to_two_by_put))
+            case("scale: 2 -> 3, 3 -> 2 (least active first), -> 3", wrapped(to_three))
+            case("scale: leader SIGKILLed mid-scale to 0: another takes over, done once", wrapped(failover))
+            case("scale: replicas changed mid-scale (0 -> 3, then 1): nothing half-done", wrapped(changed_mid_scale))
+            case("scale: pod deleted while suspended: its objects removed, status truthful",
+                 wrapped(pod_deleted_suspended))
+            case("scale: selector matching nothing: Ready False NoPodsSelected", wrapped(nothing_selected))
+            case("scale: pod without the shim: Unmanaged, never a Checkpoint", wrapped(no_shim))
+            case("scale: programs' own data checks after every cycle", wrapped(programs_ok))
+    finally:
+        for n in st["nodes"].values():
+            rc = n.stop()
+            if rc not in (None, 0):
+                case("scale: agent %s exits 0 on SIGTERM" % n.name, lambda: (_ for _ in ()).throw(
+                    Fail("exit status %s" % rc)))
+
+
+def main():
+    for f in (base.AGENT, base.SHIM, base.TESTPROG, base.FAKESMI):
+        if not os.path.exists(f):
+            print("missing %s (build first)" % f)
+            print("0 passed, 1 failed")
+            return 1
+    E = base.Env()
+    results = []
+
+    def case(name, fn):
+        t0 = time.time()
+        try:
+            fn()
+            results.append(True)
+            print("PASS %s (%.1f s)" % (name, time.time() - t0), flush=True)
+        except Exception as e:  # noqa: BLE001 - every failure is a FAIL line, then go on
+            results.append(False)
+            print("FAIL %s: %s" % (name, e), flush=True)
+
+    def setup():
+        E.testbed_up()
+        E.k("apply", "-f", os.path.join(base.SRC, "crd"))
+        E.k("create", "namespace", base.NS)
+        E.agent_identity()
+
+    try:
+        case("setup: test bed, CRDs, the chart's ServiceAccount and RBAC", setup)
+        if results[-1]:
+            scale_cases(E, case)
+    finally:
+        E.close()
+    passed = sum(1 for r in results if r)
+    print("%d passed, %d failed" % (passed, len(results) - passed))
+    return 0 if passed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
