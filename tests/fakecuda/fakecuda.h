@@ -155,6 +155,11 @@ enum fake_op_kind { FAKE_OP_COPY, FAKE_OP_SET, FAKE_OP_KERNEL, FAKE_OP_HOSTFN, F
 
 #define FAKE_MAX_ARGS 8
 
+/* A launch's grid and block, as given (kernels that depend on them see them). */
+struct fake_dims {
+	unsigned int gx, gy, gz, bx, by, bz, shared;
+};
+
 struct fake_op {
 	enum fake_op_kind kind;
 	union {
@@ -172,6 +177,7 @@ struct fake_op {
 		struct {
 			const struct fake_kernel *kernel;
 			uint64_t args[FAKE_MAX_ARGS]; /* one 8-byte slot per parameter */
+			struct fake_dims dims;
 		} kernel;
 		struct {
 			CUhostFn fn;

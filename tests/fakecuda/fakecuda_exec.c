@@ -9,17 +9,22 @@
 #include <unistd.h>
 
 #include "gcr_kernels.h"
+#include "shim_digest_math.h"
 
 #define FAKE_MAX_THREADS_PER_BLOCK 1024u
 #define FAKE_MAX_DYNAMIC_SHARED 232448u /* bytes, H100 opt-in maximum */
 
-/* ---- built-in kernels: the ones of tests/progs/gcr_kernels.cu, same names and parameters ---- */
+/* ---- built-in kernels: the ones of tests/progs/gcr_kernels.cu, same names and parameters,
+ * and the shim's digest kernel (shim/shim_digest_kernel.cu) ---- */
 
 struct fake_kernel {
 	const char *name;
 	unsigned int nparams;
 	unsigned char size[FAKE_MAX_ARGS]; /* bytes of each parameter */
-	void (*run)(const uint64_t *args);
+	/* Most test kernels are grid-stride loops and ignore d; the digest kernel does not. */
+	void (*run)(const uint64_t *args, const struct fake_dims *d);
+	/* At launch, what the GPU would fault on or the driver refuse; NULL: nothing to check. */
+	CUresult (*check)(const uint64_t *args, const struct fake_dims *d);
 };
 
 static void *fake_arg_ptr(uint64_t slot)
@@ -28,57 +33,153 @@ static void *fake_arg_ptr(uint64_t slot)
 }
 
 /* gcr_fill(uint32_t *buf, uint64_t n, uint32_t seed) */
-static void fake_k_fill(const uint64_t *a)
+static void fake_k_fill(const uint64_t *a, const struct fake_dims *d)
 {
 	uint32_t *buf = fake_arg_ptr(a[0]);
 	uint32_t seed = (uint32_t)a[2];
 	uint64_t i;
 
+	(void)d;
 	for (i = 0; i < a[1]; i++)
 		buf[i] = gcr_pattern(seed, i);
 }
 
 /* gcr_step(uint32_t *buf, uint64_t n, uint32_t k) */
-static void fake_k_step(const uint64_t *a)
+static void fake_k_step(const uint64_t *a, const struct fake_dims *d)
 {
 	uint32_t *buf = fake_arg_ptr(a[0]);
 	uint32_t k = (uint32_t)a[2];
 	uint64_t i;
 
+	(void)d;
 	for (i = 0; i < a[1]; i++)
 		buf[i] = gcr_step_value(buf[i], k);
 }
 
 /* gcr_check(const uint32_t *buf, uint64_t n, uint32_t seed, uint32_t kfirst, uint32_t nsteps,
  *           unsigned long long *mismatches) */
-static void fake_k_check(const uint64_t *a)
+static void fake_k_check(const uint64_t *a, const struct fake_dims *d)
 {
 	const uint32_t *buf = fake_arg_ptr(a[0]);
 	unsigned long long *mismatches = fake_arg_ptr(a[5]);
 	unsigned long long bad = 0;
 	uint64_t i;
 
+	(void)d;
 	for (i = 0; i < a[1]; i++)
 		bad += buf[i] != gcr_expected((uint32_t)a[2], i, (uint32_t)a[3], (uint32_t)a[4]);
 	__atomic_fetch_add(mismatches, bad, __ATOMIC_RELAXED);
 }
 
+/* gcr_check_const(const uint32_t *buf, uint64_t n, uint32_t value, unsigned long long *mismatches) */
+static void fake_k_check_const(const uint64_t *a, const struct fake_dims *d)
+{
+	const uint32_t *buf = fake_arg_ptr(a[0]);
+	unsigned long long *mismatches = fake_arg_ptr(a[3]);
+	unsigned long long bad = 0;
+	uint64_t i;
+
+	(void)d;
+	for (i = 0; i < a[1]; i++)
+		bad += buf[i] != (uint32_t)a[2];
+	__atomic_fetch_add(mismatches, bad, __ATOMIC_RELAXED);
+}
+
 /* gcr_indirect(uint64_t *ptrs, uint32_t count, uint32_t value): writes through pointers that
  * are themselves read from device memory. */
-static void fake_k_indirect(const uint64_t *a)
+static void fake_k_indirect(const uint64_t *a, const struct fake_dims *d)
 {
 	const uint64_t *ptrs = fake_arg_ptr(a[0]);
 	uint32_t j;
 
+	(void)d;
 	for (j = 0; j < (uint32_t)a[1]; j++)
 		*(uint32_t *)fake_arg_ptr(ptrs[j]) += (uint32_t)a[2];
 }
 
+/* gcr_step_table(const uint64_t *table): table[0] entries of (pointer, words, k) follow; each
+ * range gets one step with its k. Everything, even where it writes, is read from device memory. */
+static void fake_k_step_table(const uint64_t *a, const struct fake_dims *d)
+{
+	const uint64_t *t = fake_arg_ptr(a[0]);
+	uint64_t j, i;
+
+	(void)d;
+	for (j = 0; j < t[0]; j++) {
+		uint32_t *buf = fake_arg_ptr(t[1 + 3 * j]);
+
+		for (i = 0; i < t[2 + 3 * j]; i++)
+			buf[i] = gcr_step_value(buf[i], (uint32_t)t[3 + 3 * j]);
+	}
+}
+
+/* gcr_chunk_digest(const ulonglong2 *base, unsigned long long nbytes, unsigned long long *out),
+ * block by block as the GPU runs it: block x digests pairs [x * P, (x + 1) * P) of the buffer
+ * (P pairs of 16 bytes per slice; slice x % SLICES of chunk x / SLICES), stopping at the last
+ * whole pair (a tail of fewer than 16 bytes is not read), and adds into out[3 * chunk ...].
+ * Every (y, z) plane of blocks repeats the x blocks, so a grid with gy * gz > 1 adds that many
+ * times, as on the GPU. Atomics: launches on several streams may share out. */
+static void fake_k_digest(const uint64_t *a, const struct fake_dims *d)
+{
+	const uint64_t *w = fake_arg_ptr(a[0]);
+	const uint64_t npairs = a[1] / 16, per_slice = GCR_DIGEST_CHUNK / 16 / GCR_DIGEST_SLICES;
+	const uint64_t planes = (uint64_t)d->gy * d->gz;
+	uint64_t *out = fake_arg_ptr(a[2]);
+	uint64_t x, j;
+
+	for (x = 0; x < d->gx; x++) {
+		uint64_t chunk = x / GCR_DIGEST_SLICES, slice = x % GCR_DIGEST_SLICES;
+		uint64_t h1 = 0, h2 = 0, any = 0;
+
+		for (j = slice * per_slice; j < (slice + 1) * per_slice; j++) {
+			uint64_t g = chunk * (GCR_DIGEST_CHUNK / 16) + j, lo, hi;
+
+			if (g >= npairs)
+				break;
+			lo = w[2 * g];
+			hi = w[2 * g + 1];
+			h1 += gcr_digest_term1(lo, 2 * j) + gcr_digest_term1(hi, 2 * j + 1);
+			h2 += gcr_digest_term2(lo, 2 * j) + gcr_digest_term2(hi, 2 * j + 1);
+			any |= lo | hi;
+		}
+		__atomic_fetch_add(&out[3 * chunk], h1 * planes, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&out[3 * chunk + 1], h2 * planes, __ATOMIC_RELAXED);
+		if (any != 0)
+			__atomic_fetch_or(&out[3 * chunk + 2], any, __ATOMIC_RELAXED);
+	}
+}
+
+/* What the GPU would not survive, refused at launch (a real GPU faults later, at the next
+ * synchronisation; the stand-in is stricter, never silently wrong): a block other than
+ * (GCR_DIGEST_THREADS, 1, 1) (more threads exceed the kernel's launch bounds; fewer leave
+ * shared-memory slots of the reduction unwritten, garbage on a GPU), a misaligned or
+ * unreadable input range, an output array smaller than the grid writes. */
+static CUresult fake_k_digest_check(const uint64_t *a, const struct fake_dims *d)
+{
+	const uint64_t npairs = a[1] / 16, per_slice = GCR_DIGEST_CHUNK / 16 / GCR_DIGEST_SLICES;
+	uint64_t read = (uint64_t)d->gx * per_slice, chunks = (d->gx + GCR_DIGEST_SLICES - 1) / GCR_DIGEST_SLICES;
+
+	if (d->bx != GCR_DIGEST_THREADS || d->by != 1 || d->bz != 1)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (a[0] % 16 != 0 || a[2] % 8 != 0)
+		return CUDA_ERROR_MISALIGNED_ADDRESS;
+	if (read > npairs)
+		read = npairs;
+	if (read > 0 && fake_mem_check(a[0], read * 16, false, false) != CUDA_SUCCESS)
+		return CUDA_ERROR_ILLEGAL_ADDRESS;
+	if (fake_mem_check(a[2], chunks * 3 * sizeof(uint64_t), true, false) != CUDA_SUCCESS)
+		return CUDA_ERROR_ILLEGAL_ADDRESS;
+	return CUDA_SUCCESS;
+}
+
 static const struct fake_kernel fake_kernels[] = {
-	{"gcr_fill", 3, {8, 8, 4}, fake_k_fill},
-	{"gcr_step", 3, {8, 8, 4}, fake_k_step},
-	{"gcr_check", 6, {8, 8, 4, 4, 4, 8}, fake_k_check},
-	{"gcr_indirect", 3, {8, 4, 4}, fake_k_indirect},
+	{"gcr_fill", 3, {8, 8, 4}, fake_k_fill, NULL},
+	{"gcr_step", 3, {8, 8, 4}, fake_k_step, NULL},
+	{"gcr_check", 6, {8, 8, 4, 4, 4, 8}, fake_k_check, NULL},
+	{"gcr_check_const", 4, {8, 8, 4, 8}, fake_k_check_const, NULL},
+	{"gcr_indirect", 3, {8, 4, 4}, fake_k_indirect, NULL},
+	{"gcr_step_table", 1, {8}, fake_k_step_table, NULL},
+	{"gcr_chunk_digest", 3, {8, 8, 8}, fake_k_digest, fake_k_digest_check},
 };
 #define FAKE_NKERNELS (sizeof(fake_kernels) / sizeof(fake_kernels[0]))
 
@@ -222,7 +323,7 @@ static void fake_run(const struct fake_op *op)
 		}
 		break;
 	case FAKE_OP_KERNEL:
-		op->u.kernel.kernel->run(op->u.kernel.args);
+		op->u.kernel.kernel->run(op->u.kernel.args, &op->u.kernel.dims);
 		break;
 	case FAKE_OP_HOSTFN:
 		op->u.hostfn.fn(op->u.hostfn.data);
@@ -736,10 +837,6 @@ static CUresult fake_kernel_args(const struct fake_kernel *k, void **params, voi
 	return CUDA_SUCCESS;
 }
 
-struct fake_dims {
-	unsigned int gx, gy, gz, bx, by, bz, shared;
-};
-
 static CUresult fake_launch(CUfunction f, const struct fake_dims *d, CUstream s, void **params,
 			    void **extra)
 {
@@ -764,8 +861,13 @@ static CUresult fake_launch(CUfunction f, const struct fake_dims *d, CUstream s,
 		rc = fake_kernel_args(k, params, extra, op.u.kernel.args);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	/* The kernels loop over their whole range whatever the grid: like grid-stride loops. */
+	if (k->check != NULL) {
+		rc = k->check(op.u.kernel.args, d);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+	}
 	op.u.kernel.kernel = k;
+	op.u.kernel.dims = *d;
 	return fake_submit(s, &op);
 }
 

@@ -10,6 +10,8 @@ fakecuda_sources = \
 	tests/fakecuda/fakecuda_ckpt.c \
 	tests/fakecuda/fakecuda_procaddr.c
 fakecuda_headers = tests/fakecuda/fakecuda.h tests/progs/gcr_kernels.h
+# The digest math the stand-in's gcr_chunk_digest shares with the shim (distributed with shim/).
+fakecuda_deps = shim/shim_digest_math.h
 
 # A plain rule, not libtool: the file must be named exactly libcuda.so.1 (the soname the
 # runtime and the shim dlopen). -Bsymbolic keeps the cuGetProcAddress table pointing at our
@@ -18,10 +20,11 @@ noinst_DATA += $(FAKECUDA_LIB)
 CLEANFILES += $(FAKECUDA_LIB)
 EXTRA_DIST += $(fakecuda_sources) $(fakecuda_headers) tests/fakecuda/test_fakecuda.sh
 
-$(FAKECUDA_LIB): $(fakecuda_sources:%=$(srcdir)/%) $(fakecuda_headers:%=$(srcdir)/%)
+$(FAKECUDA_LIB): $(fakecuda_sources:%=$(srcdir)/%) $(fakecuda_headers:%=$(srcdir)/%) \
+		$(fakecuda_deps:%=$(srcdir)/%)
 	@$(MKDIR_P) tests/fakecuda
 	$(AM_V_CCLD)$(CC) $(DEFS) $(AM_CPPFLAGS) $(CPPFLAGS) $(CUDA_CPPFLAGS) \
-		-I$(srcdir)/tests/progs $(AM_CFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden \
+		-I$(srcdir)/tests/progs -I$(srcdir)/shim $(AM_CFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden \
 		-shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -Wl,-z,defs -o $@ \
 		$(fakecuda_sources:%=$(srcdir)/%) $(AM_LDFLAGS) $(LDFLAGS) -pthread
 
@@ -34,7 +37,7 @@ EXTRA_tests_fakecuda_fakesmi_DEPENDENCIES = $(FAKECUDA_LIB)
 # The driver's own semantics, run by test_fakecuda.sh (which points LD_LIBRARY_PATH at the fake).
 noinst_PROGRAMS += tests/fakecuda/test-fakecuda-api
 tests_fakecuda_test_fakecuda_api_SOURCES = tests/fakecuda/test_fakecuda_api.c
-tests_fakecuda_test_fakecuda_api_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_fakecuda_test_fakecuda_api_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -I$(srcdir)/shim
 tests_fakecuda_test_fakecuda_api_LDADD = -L$(top_builddir)/tests/fakecuda -l:libcuda.so.1
 EXTRA_tests_fakecuda_test_fakecuda_api_DEPENDENCIES = $(FAKECUDA_LIB)
 

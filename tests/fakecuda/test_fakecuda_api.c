@@ -5,10 +5,13 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "../unit/util.h"
+#include "shim_digest_math.h"
+#include "shim_digest_ptx.h"
 
 extern __typeof__(cuLaunchKernel) cuLaunchKernel_ptsz;
 extern __typeof__(cuMemcpyHtoD_v2) cuMemcpyHtoD_v2_ptds;
@@ -225,6 +228,104 @@ static void test_lock_timeout(CUcontext ctx)
 }
 
 /* What the driver answers for processes that are not CUDA processes; no cuInit needed. */
+/* Host reference of the digest, word by word (the kernel goes by 16-byte pairs and slices):
+ * words of chunk c up to the last whole 16-byte pair of the buffer. */
+static void digest_ref(const uint64_t *w, size_t nbytes, size_t c, uint64_t out[3])
+{
+	size_t words = GCR_DIGEST_CHUNK / 8, end = nbytes / 16 * 2, i;
+
+	out[0] = out[1] = out[2] = 0;
+	for (i = 0; i < words && c * words + i < end; i++) {
+		out[0] += gcr_digest_term1(w[c * words + i], i);
+		out[1] += gcr_digest_term2(w[c * words + i], i);
+		out[2] |= w[c * words + i];
+	}
+}
+
+static CUresult digest_launch(CUfunction f, CUstream s, CUdeviceptr buf, size_t nbytes, CUdeviceptr out,
+			      unsigned gx, unsigned gy, unsigned bx)
+{
+	unsigned long long n = nbytes;
+	void *args[] = {&buf, &n, &out};
+
+	return cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, s, args, NULL);
+}
+
+/* The shim's digest kernel, loaded from its embedded PTX: the stand-in computes what the GPU
+ * does (shim_digest_math.h), per chunk, the partial last chunk included, all-zero chunks with
+ * any == 0, and refuses launches the GPU would fault on or compute garbage from. */
+static void test_digest(void)
+{
+	const size_t nbytes = 2 * GCR_DIGEST_CHUNK + 1000; /* 62 whole pairs and 8 bytes in chunk 2 */
+	const unsigned grid = 3 * GCR_DIGEST_SLICES;
+	uint64_t *host = calloc(1, nbytes + 8), got[9], again[9], want[3];
+	CUdeviceptr buf, out;
+	CUmodule mod;
+	CUfunction f;
+	CUstream s;
+	size_t i, c;
+
+	CHECK(host != NULL);
+	if (host == NULL)
+		return;
+	for (i = 0; i < GCR_DIGEST_CHUNK / 8; i++)
+		host[i] = i * 0x9e3779b97f4a7c15ull + 1;
+	for (i = 2 * GCR_DIGEST_CHUNK / 8; i < nbytes / 8; i++)
+		host[i] = ~i;
+	CHECK(cuModuleLoadData(&mod, shim_digest_ptx) == CUDA_SUCCESS);
+	CHECK(cuModuleGetFunction(&f, mod, "gcr_chunk_digest") == CUDA_SUCCESS);
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&buf, nbytes) == CUDA_SUCCESS && cuMemAlloc(&out, sizeof(got)) == CUDA_SUCCESS);
+	CHECK(cuMemcpyHtoD(buf, host, nbytes) == CUDA_SUCCESS);
+	CHECK(cuMemsetD8Async(out, 0, sizeof(got), s) == CUDA_SUCCESS);
+	CHECK(digest_launch(f, s, buf, nbytes, out, grid, 1, GCR_DIGEST_THREADS) == CUDA_SUCCESS);
+	CHECK(cuMemcpyDtoHAsync(got, out, sizeof(got), s) == CUDA_SUCCESS);
+	CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+	for (c = 0; c < 3; c++) {
+		digest_ref(host, nbytes, c, want);
+		CHECK(got[3 * c] == want[0] && got[3 * c + 1] == want[1] && got[3 * c + 2] == want[2]);
+	}
+	CHECK(got[5] == 0 && got[2] != 0 && got[8] != 0); /* chunk 1 is all zero */
+	CHECK(got[3] != 0 && got[4] != 0);                 /* a zero chunk's sums are not zero */
+
+	/* One word of chunk 2 changed: both of its sums change, the other chunks' do not. The
+	 * 8 bytes after the last whole pair are not read. */
+	host[2 * GCR_DIGEST_CHUNK / 8 + 7] ^= 1;
+	host[nbytes / 8 - 1] ^= 0xff;
+	CHECK(cuMemcpyHtoD(buf, host, nbytes) == CUDA_SUCCESS);
+	CHECK(cuMemsetD8(out, 0, sizeof(again)) == CUDA_SUCCESS);
+	CHECK(digest_launch(f, s, buf, nbytes, out, grid, 1, GCR_DIGEST_THREADS) == CUDA_SUCCESS);
+	CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS && cuMemcpyDtoH(again, out, sizeof(again)) == CUDA_SUCCESS);
+	CHECK(memcmp(again, got, 6 * sizeof(uint64_t)) == 0);
+	CHECK(again[6] != got[6] && again[7] != got[7]);
+	digest_ref(host, nbytes, 2, want);
+	CHECK(again[6] == want[0] && again[7] == want[1]);
+
+	/* Grid semantics: two planes of blocks add twice; a grid of one chunk digests only it. */
+	CHECK(cuMemsetD8(out, 0, sizeof(got)) == CUDA_SUCCESS);
+	CHECK(digest_launch(f, s, buf, nbytes, out, grid, 2, GCR_DIGEST_THREADS) == CUDA_SUCCESS);
+	CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS && cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
+	CHECK(got[0] == 2 * again[0] && got[7] == 2 * again[7] && got[8] == again[8]);
+	CHECK(cuMemsetD8(out, 0, sizeof(got)) == CUDA_SUCCESS);
+	CHECK(digest_launch(f, s, buf, nbytes, out, GCR_DIGEST_SLICES, 1, GCR_DIGEST_THREADS) == CUDA_SUCCESS);
+	CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS && cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
+	CHECK(got[0] == again[0] && got[2] == again[2] && got[3] == 0 && got[6] == 0 && got[8] == 0);
+
+	/* Refused: the wrong block size, an output array too small for the grid, an unaligned
+	 * or unmapped input. */
+	CHECK(digest_launch(f, s, buf, nbytes, out, grid, 1, 128) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(digest_launch(f, s, buf, nbytes, out, grid, 1, 512) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(digest_launch(f, s, buf, nbytes, out, grid + GCR_DIGEST_SLICES, 1, GCR_DIGEST_THREADS) ==
+	      CUDA_ERROR_ILLEGAL_ADDRESS);
+	CHECK(digest_launch(f, s, buf + 8, nbytes - 16, out, grid, 1, GCR_DIGEST_THREADS) ==
+	      CUDA_ERROR_MISALIGNED_ADDRESS);
+	CHECK(digest_launch(f, s, buf, nbytes + GCR_DIGEST_CHUNK, out, grid, 1, GCR_DIGEST_THREADS) ==
+	      CUDA_ERROR_ILLEGAL_ADDRESS);
+	CHECK(cuMemFree(buf) == CUDA_SUCCESS && cuMemFree(out) == CUDA_SUCCESS);
+	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS && cuModuleUnload(mod) == CUDA_SUCCESS);
+	free(host);
+}
+
 static void test_foreign_pids(void)
 {
 	CUprocessState st;
@@ -256,6 +357,7 @@ int main(void)
 	test_memory();
 	test_vmm();
 	test_capture();
+	test_digest();
 	test_lock_timeout(ctx);
 	return test_summary("test_fakecuda_api");
 }
