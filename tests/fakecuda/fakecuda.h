@@ -103,6 +103,8 @@ bool fake_initialized(void);
 /* Counts one call of base against armed faults; non-zero: the injected error. */
 CUresult fake_fault_take(const char *base);
 CUresult fake_fault_arm(const char *name, unsigned nth, int code);
+/* Removes every armed fault; returns how many had not fired. */
+unsigned int fake_fault_disarm(void);
 
 /* The gate the checkpoint lock closes: close waits until no call is in flight (timeout_ms 0:
  * forever) and answers CUDA_ERROR_NOT_READY, gate open again, on timeout. */

@@ -15,7 +15,7 @@
 
 /* Protocol, one exchange per connection: the client sends one line, the service answers
  * "<CUresult> [value]\n" and closes. Requests: state, mem, tid, lock <timeoutMs>, checkpoint,
- * restore, unlock, fail <function> <nth> <CUresult>. */
+ * restore, unlock, fail <function> <nth> <CUresult>, disarm (value: armed faults not fired). */
 #define FAKE_LINE_MAX 256
 
 static atomic_int fake_state = CU_PROCESS_STATE_RUNNING;
@@ -108,6 +108,10 @@ static CUresult fake_serve(char *req, unsigned long long *value)
 				       CU_PROCESS_STATE_RUNNING, fake_act_unlock, 0);
 	if (sscanf(req, "fail %63s %u %d", name, &u, &code) == 3)
 		return fake_fault_arm(name, u, code);
+	if (strcmp(req, "disarm") == 0) {
+		*value = fake_fault_disarm();
+		return CUDA_SUCCESS;
+	}
 	return CUDA_ERROR_INVALID_VALUE;
 }
 

@@ -207,6 +207,16 @@ CUresult fake_fault_take(const char *base)
 	return rc;
 }
 
+unsigned int fake_fault_disarm(void)
+{
+	unsigned int n;
+
+	pthread_mutex_lock(&fake_fault_mu);
+	n = (unsigned int)atomic_exchange(&fake_nfaults, 0);
+	pthread_mutex_unlock(&fake_fault_mu);
+	return n;
+}
+
 CUresult fake_fault_arm(const char *name, unsigned int nth, int code)
 {
 	CUresult rc = CUDA_SUCCESS;

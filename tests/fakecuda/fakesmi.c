@@ -12,6 +12,7 @@ static const char fake_usage[] =
 	"       fakesmi state PID          running | locked | checkpointed | failed\n"
 	"       fakesmi fail PID FUNC NTH CODE\n"
 	"                                  the NTH next call of FUNC in PID returns CODE\n"
+	"       fakesmi disarm PID         removes PID's armed faults; prints how many had not fired\n"
 	"       fakesmi lock PID [TIMEOUT_MS]\n"
 	"       fakesmi checkpoint|restore|unlock PID\n"
 	"       fakesmi tid PID            the restore thread id\n";
@@ -58,8 +59,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	cmd = argv[1];
-	if (strcmp(cmd, "mem") == 0 && argc == 3) {
-		rc = fake_service_request((int)pid, "mem", reply, sizeof(reply));
+	if ((strcmp(cmd, "mem") == 0 || strcmp(cmd, "disarm") == 0) && argc == 3) {
+		rc = fake_service_request((int)pid, cmd, reply, sizeof(reply));
 		if (rc != CUDA_SUCCESS)
 			return fake_fail(cmd, (int)pid, rc);
 		printf("%s\n", reply);

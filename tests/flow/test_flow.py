@@ -55,8 +55,8 @@ class Flow:
         if prefix:
             cfg.shim = prefix + ":" + cfg.shim
 
-    def start(self, args, shim=True, name="testprog"):
-        env = dict(self.env)
+    def start(self, args, shim=True, name="testprog", env=None):
+        env = dict(self.env, **(env or {}))
         argv = [self.S.cfg.testprog, "--module", os.path.join(SRC, "tests", "progs", "gcr_kernels.h")] + args
         p = self.S.start(name, argv, shim=shim, extra_env=env)
         m = p.expect(r"READY pid=(\d+)", 60, what="READY")
@@ -79,6 +79,12 @@ class Flow:
         out = subprocess.run([FAKESMI, "fail", str(pid), func, str(nth), str(code)],
                              capture_output=True, text=True, timeout=30)
         check(out.returncode == 0, "fakesmi fail: %s" % out.stderr.strip())
+
+    def disarm(self, pid):
+        """Removes pid's armed faults; returns how many had not fired."""
+        out = subprocess.run([FAKESMI, "disarm", str(pid)], capture_output=True, text=True, timeout=30)
+        check(out.returncode == 0, "fakesmi disarm: %s" % out.stderr.strip())
+        return int(out.stdout.strip())
 
     def finish(self, p):
         p.expect(r"DONE$", 120, what="DONE")
@@ -104,6 +110,184 @@ def cycle(f, p, n=3, flags=()):
         r = f.ctl("resume", p.pid, *flags)
         check(r.ok, "resume %d: %s" % (i, r.describe()))
         check(f.state(p.pid) == "running", "driver state after resume %s" % f.state(p.pid))
+
+
+# ---- zero-skip and incremental suspend (issue 5): gcr-testprog --chunks ----------------------
+
+CHUNK = 2 << 20  # bytes: the shim's digest chunk
+
+
+class Chunks:
+    """A gcr-testprog --chunks process after DONE: mutations, verify, and what it says changed."""
+
+    def __init__(self, f, args, env=None, iters=3, threads=3):
+        self.f = f
+        self.p = f.start(["--chunks", "--buffers", "4", "--threads", str(threads), "--iters", str(iters),
+                          "--wait"] + list(args), env=env)
+        m = re.search(r"chunks=(\d+) zero_bytes=(\d+)", self.p.lines[self.p.cursor - 1])
+        check(m is not None, "READY line without chunks=: %s" % self.p.lines[self.p.cursor - 1])
+        self.chunks, self.zero_bytes = int(m.group(1)), int(m.group(2))
+        self.p.send("go")
+        self.p.expect(r"DONE$", 120, what="DONE")
+
+    def mutate(self, kind, count, seed):
+        """Returns (chunks changed since the last verify, how many of them are all zero now)."""
+        self.p.send("mutate %s %d %d" % (kind, count, seed))
+        m = self.p.expect(r"MUTATED kind=(\w+) targets=(\d+) changed=(\d+) zero=(\d+) zero_bytes=(\d+)|ERROR",
+                          120, what="MUTATED")
+        check(m.group(1) == kind, "mutate %s: %s" % (kind, m.group(0)))
+        self.zero_bytes = int(m.group(5))
+        return int(m.group(3)), int(m.group(4))
+
+    def verify(self, what):
+        self.p.send("verify")
+        m = self.p.expect(r"VERIFIED chunks=\d+ zero_bytes=(\d+)|RESULT (.*)", 300, what="VERIFIED")
+        check(m.group(2) is None, "%s: data not bit-exact: RESULT %s" % (what, m.group(2)))
+        self.zero_bytes = int(m.group(1))
+
+    def finish(self):
+        self.p.send("check")
+        m = self.p.expect(r"RESULT (.*)", 300, what="RESULT")
+        check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
+        check(self.p.wait_exit(60) == 0, "program exit status non-zero")
+
+
+def shim_bytes(r, key):
+    """A byte count of the shim's report (suspend/resume "shim" object); absent counts as None."""
+    v = H.dig(r.data, "shim", key)
+    return v if isinstance(v, int) else None
+
+
+def check_report(r, what, copied, zero, incremental):
+    """The shim's byte accounting: copied and zero exact, every staged byte accounted for once."""
+    total, c, z, u = shim_bytes(r, "bytes"), shim_bytes(r, "copied"), shim_bytes(r, "zero"), shim_bytes(r, "unchanged")
+    check(c is not None and z is not None, "%s: report lacks shim.copied/shim.zero: %s" % (what, r.stdout.strip()))
+    u = u or 0
+    check(c == copied, "%s: shim copied %d bytes, expected %d (%d chunks)%s" % (
+        what, c, copied, copied // CHUNK, " -- FEWER: a changed chunk was missed" if c < copied else ""))
+    if not incremental:
+        check(u == 0, "%s: %d bytes 'unchanged' without GCR_INCREMENTAL" % (what, u))
+        check(z == zero, "%s: shim zero %d bytes, expected %d" % (what, z, zero))
+    else:
+        # An all-zero chunk that was zero before may count as zero or as unchanged.
+        check(z <= zero + u, "%s: shim zero %d > %d zero bytes" % (what, z, zero))
+    check(c + z + u == total, "%s: copied %d + zero %d + unchanged %d != bytes %d" % (what, c, z, u, total))
+    check(H.dig(r.data, "bytes", "moved") == c, "%s: bytes.moved %s != shim.copied %d" % (
+        what, H.dig(r.data, "bytes", "moved"), c))
+    check(H.dig(r.data, "bytes", "total") == total, "%s: bytes.total %s != shim.bytes %d" % (
+        what, H.dig(r.data, "bytes", "total"), total))
+    check(isinstance(H.dig(r.data, "shim", "ms", "digest"), (int, float)) or not incremental,
+          "%s: no shim.ms.digest" % what)
+    check(isinstance(shim_bytes(r, "host"), int), "%s: no shim.host (staging host bytes)" % what)
+
+
+def cr_cycle(f, c, what, changed_bytes=None, flags=(), incremental=False):
+    """Suspend (copied == changed_bytes, or everything non-zero when None), resume (everything
+    non-zero back), verify bit-exact. Returns the suspend's report."""
+    s = f.ctl("suspend", c.p.pid, *flags)
+    check(s.ok, "%s: suspend: %s" % (what, s.describe()))
+    total = shim_bytes(s, "bytes") or 0
+    if "--keep-context" not in flags:
+        check(f.mem(c.p.pid) == 0, "%s: %d bytes of device memory while suspended" % (what, f.mem(c.p.pid)))
+    check_report(s, what + " suspend", total - c.zero_bytes if changed_bytes is None else changed_bytes,
+                 c.zero_bytes, incremental)
+    r = f.ctl("resume", c.p.pid, *flags)
+    check(r.ok, "%s: resume: %s" % (what, r.describe()))
+    check_report(r, what + " resume", total - c.zero_bytes, c.zero_bytes, False)
+    c.verify(what)
+    return s
+
+
+def case_zero_skip(f):
+    """Never-written memory is recorded as zero, not copied, and zero again after resume."""
+    c = Chunks(f, ["--mib", "64", "--write-mib", "16"])
+    check(c.zero_bytes == 48 << 20, "program reports %d zero bytes" % c.zero_bytes)
+    for i in range(2):
+        s = cr_cycle(f, c, "cycle %d" % i)
+        check(shim_bytes(s, "zero") == 48 << 20, "cycle %d: zero %s" % (i, shim_bytes(s, "zero")))
+    c.finish()
+
+
+MUTATIONS = [("random", 5), ("indirect", 4), ("graph", 3), ("streams", 7), ("memset", 6), ("memcpy", 6)]
+
+
+def case_incremental(flags=()):
+    """GCR_INCREMENTAL=1: the first suspend copies everything non-zero, then each suspend
+    exactly the chunks a mutation changed (never fewer), and every resume is bit-exact."""
+    def run(f):
+        c = Chunks(f, ["--mib", "64", "--write-mib", "48"], env={"GCR_INCREMENTAL": "1"})
+        cr_cycle(f, c, "first", flags=flags, incremental=True)
+        cr_cycle(f, c, "unchanged", changed_bytes=0, flags=flags, incremental=True)
+        for seed, (kind, n) in enumerate(MUTATIONS, 1):
+            changed, zero = c.mutate(kind, n, seed)
+            check(changed >= 1, "%s changed nothing" % kind)
+            cr_cycle(f, c, kind, (changed - zero) * CHUNK, flags=flags, incremental=True)
+        # Several kinds between two suspends, overlapping chunks.
+        c.mutate("random", 8, 100)
+        c.mutate("indirect", 8, 100)
+        changed, zero = c.mutate("memcpy", 3, 101)
+        cr_cycle(f, c, "mixed", (changed - zero) * CHUNK, flags=flags, incremental=True)
+        c.finish()
+    return run
+
+
+def case_not_incremental(f):
+    """Without GCR_INCREMENTAL every suspend copies everything non-zero, mutated or not."""
+    c = Chunks(f, ["--mib", "32", "--write-mib", "24"])
+    cr_cycle(f, c, "first")
+    for seed, (kind, n) in enumerate(MUTATIONS[:3], 1):
+        c.mutate(kind, n, seed)
+        cr_cycle(f, c, kind)
+    c.mutate("memset", 6, 9)  # some chunks zero now: they are no longer copied
+    cr_cycle(f, c, "memset")
+    c.finish()
+
+
+def case_incremental_faults(f):
+    """A copy or the digest failing mid-suspend, a copy failing mid-resume: the process stays
+    running (or suspended and resumable) and the data bit-exact, and later cycles still copy
+    every change."""
+    c = Chunks(f, ["--mib", "32", "--write-mib", "24"], env={"GCR_INCREMENTAL": "1"})
+    cr_cycle(f, c, "first", incremental=True)
+    for func, nth in (("cuMemcpyDtoHAsync", 2), ("cuLaunchKernel", 1), ("cuMemsetD8Async", 1)):
+        c.mutate("random", 6, nth * 7 + len(func))
+        f.inject(c.p.pid, func, nth, CUDA_ERROR_UNKNOWN)
+        s = f.ctl("suspend", c.p.pid)
+        # Disarmed before the program runs again: a fault the shim never reached must not
+        # hit the program's own calls.
+        fired = f.disarm(c.p.pid) == 0
+        print("  %s #%d: %s, suspend %s" % (func, nth, "fired" if fired else "not reached",
+                                             "ok" if s.ok else "failed"), flush=True)
+        if not s.ok:
+            check(f.state(c.p.pid) == "running" and f.mem(c.p.pid) > 0,
+                  "%s failed: process not left running" % func)
+            st = f.ctl("status", c.p.pid)
+            check(H.dig(st.data, "shim", "state") == "running", "%s failed: shim state %s" % (func, st.describe()))
+            s = f.ctl("suspend", c.p.pid)
+            check(s.ok, "suspend after the failed one (%s): %s" % (func, s.describe()))
+        # The host copy may have been brought up to date for some chunks before the failure:
+        # only the bytes' accounting and the data after resume are exact here.
+        check(shim_bytes(s, "copied") is not None, "no shim.copied: %s" % s.stdout.strip())
+        r = f.ctl("resume", c.p.pid)
+        check(r.ok, "resume after %s: %s" % (func, r.describe()))
+        c.verify("after a failed %s" % func)
+        changed, zero = c.mutate("indirect", 3, nth)
+        cr_cycle(f, c, "next cycle after %s" % func, (changed - zero) * CHUNK, incremental=True)
+    # Resume: a host-to-device copy fails half-way.
+    c.mutate("memcpy", 5, 77)
+    check(f.ctl("suspend", c.p.pid).ok, "suspend before the failing resume")
+    f.inject(c.p.pid, "cuMemcpyHtoDAsync", 2, CUDA_ERROR_UNKNOWN)
+    r = f.ctl("resume", c.p.pid)
+    f.disarm(c.p.pid)
+    if not r.ok:
+        st = f.ctl("status", c.p.pid)
+        check(H.dig(st.data, "shim", "state") == "suspended", "failed resume left %s" % st.describe())
+        r = f.ctl("resume", c.p.pid)
+        check(r.ok, "second resume: %s" % r.describe())
+    c.verify("after a failed host-to-device copy in resume")
+    changed, zero = c.mutate("graph", 4, 78)
+    cr_cycle(f, c, "cycle after the failed resume", (changed - zero) * CHUNK, incremental=True)
+    c.finish()
 
 
 def case_api(api, extra=()):
@@ -382,6 +566,11 @@ CASES = [
     ("driver-restore-fails", case_restore_fails),
     ("modes", case_modes),
     ("peer-credentials", case_peer_credentials),
+    ("zero-skip", case_zero_skip),
+    ("incremental", case_incremental()),
+    ("incremental-keep-context", case_incremental(("--keep-context",))),
+    ("not-incremental", case_not_incremental),
+    ("incremental-faults", case_incremental_faults),
     ("bad-requests", case_bad_requests),
     ("scale", case_scale),
 ]

@@ -1,5 +1,5 @@
 /* gcr_kernels.cu: the test kernels gcr-testprog loads on a GPU (the stand-in driver has the
- * same four built in): nvcc -fatbin -arch=sm_90 -o gcr_kernels.fatbin tests/progs/gcr_kernels.cu */
+ * same ones built in): nvcc -fatbin -arch=sm_90 -o gcr_kernels.fatbin tests/progs/gcr_kernels.cu */
 #include <stdint.h>
 
 #include "gcr_kernels.h"
@@ -30,6 +30,31 @@ extern "C" __global__ void gcr_check(const uint32_t *buf, uint64_t n, uint32_t s
 		bad += buf[i] != gcr_expected(seed, i, kfirst, nsteps);
 	if (bad != 0)
 		atomicAdd(mismatches, bad);
+}
+
+extern "C" __global__ void gcr_check_const(const uint32_t *buf, uint64_t n, uint32_t value,
+					   unsigned long long *mismatches)
+{
+	unsigned long long bad = 0;
+
+	GCR_FOR_EACH(i, n)
+		bad += buf[i] != value;
+	if (bad != 0)
+		atomicAdd(mismatches, bad);
+}
+
+/* table[0] entries of (pointer, words, k) follow: each range gets one step with its k. Where
+ * the kernel writes is read from device memory, so a graph captured once writes wherever the
+ * table, rewritten between replays, points. */
+extern "C" __global__ void gcr_step_table(const uint64_t *table)
+{
+	for (uint64_t j = 0; j < table[0]; j++) {
+		uint32_t *buf = (uint32_t *)(uintptr_t)table[1 + 3 * j];
+		uint32_t k = (uint32_t)table[3 + 3 * j];
+
+		GCR_FOR_EACH(i, table[2 + 3 * j])
+			buf[i] = gcr_step_value(buf[i], k);
+	}
 }
 
 /* ptrs is a device array of device pointers: the writes go through pointers the kernel reads
