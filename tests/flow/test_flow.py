@@ -114,42 +114,18 @@ def cycle(f, p, n=3, flags=()):
 
 # ---- zero-skip and incremental suspend (issue 5): gcr-testprog --chunks ----------------------
 
-CHUNK = 2 << 20  # bytes: the shim's digest chunk
+CHUNK = H.CHUNK
 
 
-class Chunks:
-    """A gcr-testprog --chunks process after DONE: mutations, verify, and what it says changed."""
+class Chunks(H.ChunkProg):
+    """A gcr-testprog --chunks process after DONE (harness.ChunkProg) on the stand-in."""
 
     def __init__(self, f, args, env=None, iters=3, threads=3):
         self.f = f
-        self.p = f.start(["--chunks", "--buffers", "4", "--threads", str(threads), "--iters", str(iters),
-                          "--wait"] + list(args), env=env)
-        m = re.search(r"chunks=(\d+) zero_bytes=(\d+)", self.p.lines[self.p.cursor - 1])
-        check(m is not None, "READY line without chunks=: %s" % self.p.lines[self.p.cursor - 1])
-        self.chunks, self.zero_bytes = int(m.group(1)), int(m.group(2))
-        self.p.send("go")
-        self.p.expect(r"DONE$", 120, what="DONE")
-
-    def mutate(self, kind, count, seed):
-        """Returns (chunks changed since the last verify, how many of them are all zero now)."""
-        self.p.send("mutate %s %d %d" % (kind, count, seed))
-        m = self.p.expect(r"MUTATED kind=(\w+) targets=(\d+) changed=(\d+) zero=(\d+) zero_bytes=(\d+)|ERROR",
-                          120, what="MUTATED")
-        check(m.group(1) == kind, "mutate %s: %s" % (kind, m.group(0)))
-        self.zero_bytes = int(m.group(5))
-        return int(m.group(3)), int(m.group(4))
-
-    def verify(self, what):
-        self.p.send("verify")
-        m = self.p.expect(r"VERIFIED chunks=\d+ zero_bytes=(\d+)|RESULT (.*)", 300, what="VERIFIED")
-        check(m.group(2) is None, "%s: data not bit-exact: RESULT %s" % (what, m.group(2)))
-        self.zero_bytes = int(m.group(1))
-
-    def finish(self):
-        self.p.send("check")
-        m = self.p.expect(r"RESULT (.*)", 300, what="RESULT")
-        check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
-        check(self.p.wait_exit(60) == 0, "program exit status non-zero")
+        p = f.start(["--chunks", "--buffers", "4", "--threads", str(threads), "--iters", str(iters),
+                     "--wait"] + list(args), env=env)
+        H.ChunkProg.__init__(self, p, 300)
+        self.go()
 
 
 def shim_bytes(r, key):

@@ -470,6 +470,63 @@ def wait_staging_ready(session, pid, timeout=120.0):
     return None
 
 
+CHUNK = 2 << 20  # bytes: the shim's digest chunk, and gcr-testprog --chunks' unit
+
+
+class ChunkProg:
+    """gcr-testprog --chunks --wait (tests/progs/gcr_testprog.c), from READY through DONE to
+    its commands: "mutate KIND COUNT SEED" -> (chunks changed since the last verify, how many
+    of those are all zero now); "verify" (bit-exact, and the new reference for "changed");
+    "check" -> RESULT ok. zero_bytes: data bytes that are all zero now, as the program says."""
+
+    READY = r"READY pid=(\d+) bytes=(\d+) chunks=(\d+) zero_bytes=(\d+)"
+
+    def __init__(self, proc, timeout=300.0):
+        self.p = proc
+        self.timeout = timeout
+        m = proc.expect(self.READY, timeout, since=0, what="READY with chunks=")
+        self.pid, self.bytes, self.chunks, self.zero_bytes = (int(m.group(i)) for i in range(1, 5))
+
+    def go(self):
+        self.p.send("go")
+        self.p.expect(r"DONE$", self.timeout, what="DONE")
+
+    def mutate(self, kind, count, seed):
+        self.p.send("mutate %s %d %d" % (kind, count, seed))
+        m = self.p.expect(r"MUTATED kind=(\w+) targets=\d+ changed=(\d+) zero=(\d+) zero_bytes=(\d+)|ERROR.*",
+                          self.timeout, what="MUTATED")
+        if m.group(1) != kind:
+            raise HarnessError("mutate %s: %s\n%s" % (kind, m.group(0), self.p.tail()))
+        self.zero_bytes = int(m.group(4))
+        return int(m.group(2)), int(m.group(3))
+
+    def verify(self, what=""):
+        """Raises HarnessError unless every chunk is bit-exact."""
+        self.p.send("verify")
+        m = self.p.expect(r"VERIFIED chunks=\d+ zero_bytes=(\d+)|RESULT (.*)", self.timeout, what="VERIFIED")
+        if m.group(2) is not None:
+            raise HarnessError("%s: data not bit-exact: RESULT %s\n%s" % (what, m.group(2), self.p.tail()))
+        self.zero_bytes = int(m.group(1))
+
+    def finish(self):
+        self.p.send("check")
+        m = self.p.expect(r"RESULT (.*)", self.timeout, what="RESULT")
+        if m.group(1).strip() != "ok":
+            raise HarnessError("RESULT %s\n%s" % (m.group(1), self.p.tail()))
+        rc = self.p.wait_exit(60)
+        if rc != 0:
+            raise HarnessError("exit status %s after RESULT ok\n%s" % (rc, self.p.tail()))
+
+
+def shim_counts(res):
+    """(bytes, copied, zero, unchanged) of the shim's part of a suspend/resume report; None
+    where the shim did not say (unchanged: 0 when absent)."""
+    def get(k):
+        v = dig(res.data if res is not None else None, "shim", k)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return get("bytes"), get("copied"), get("zero"), get("unchanged") or 0
+
+
 class Session:
     """A socket directory, a JSON log, and every Proc started, killed at close()."""
 

@@ -7,6 +7,13 @@ line "go"; "STEP <n>" per step; "DONE"; with --wait a stdin line "check"; then
 
 --bench-steps N instead times N steady-state steps after a warm-up and prints
 "STEPTIME_MS <mean> <p50> <p90>" (each step: input H2D, forward, next-token D2H).
+
+Serving with state (incremental suspend, issue 5): --weights-gib W holds W GiB of read-only
+patterned "weights", --state-gib S an int32 state every step updates in place (--state-update
+all: every element, every step; ring: one 2 MiB slot per step, as a KV cache fills). With
+--commands (implies --wait), after "go" the steps run only when asked: stdin "steps N" runs N
+more and prints "STEPS total=<n>", until "check"; so a run with suspends in between does the
+same steps as one without. The DIGEST then also covers the state; the weights are checked exactly.
 """
 
 import argparse
@@ -27,6 +34,10 @@ def parse_args(argv=None):
     ap.add_argument("--extra-gib", type=float, default=0.0,
                     help="extra GPU memory held as patterned int32 tensors, checked at the end (GiB)")
     ap.add_argument("--wait", action="store_true", help="wait for stdin 'go' and 'check'")
+    ap.add_argument("--commands", action="store_true", help="steps only on stdin 'steps N' (implies --wait)")
+    ap.add_argument("--weights-gib", type=float, default=0.0, help="read-only patterned weights (GiB)")
+    ap.add_argument("--state-gib", type=float, default=0.0, help="int32 state updated in place each step (GiB)")
+    ap.add_argument("--state-update", choices=["all", "ring"], default="all")
     ap.add_argument("--bench-steps", type=int, default=0, help="time this many steps instead (no digest)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps before --bench-steps")
     ap.add_argument("--pace-ms", type=float, default=0.0,
@@ -151,6 +162,34 @@ class Extra:
         return bad
 
 
+class State:
+    """--state-gib: an int32 tensor of 2 MiB slots that every step changes in place (all:
+    every element gets an odd increment, which never leaves a value unchanged; ring: the
+    step's slot does), the increment derived from the step's output on the GPU (no sync)."""
+
+    SLOT = 2 << 20  # bytes
+
+    def __init__(self, gib, mode, dev):
+        slots = int(gib * (1 << 30)) // self.SLOT
+        self.mode = mode
+        self.t = None
+        if slots > 0:
+            self.t = (torch.arange(slots * self.SLOT // 4, dtype=torch.int64, device=dev) * 2654435761
+                      % (1 << 31)).to(torch.int32).view(slots, -1)
+
+    def bytes(self):
+        return 0 if self.t is None else self.t.numel() * 4
+
+    def update(self, step, out):
+        if self.t is None:
+            return
+        inc = (out.argmax(dim=-1).sum().to(torch.int32) * 2 + 1 + step * 2)
+        if self.mode == "all":
+            self.t.add_(inc)
+        else:
+            self.t[step % self.t.shape[0]].add_(inc)
+
+
 def build(a, dev, dtype):
     torch.manual_seed(a.seed)
     model = TinyGPT(a)  # initialised on the CPU: identical weights in every process
@@ -231,27 +270,50 @@ def bench(a, runner, dev):
     return 0
 
 
-def serve(a, runner, dev, extra):
+def command_steps():
+    """--commands: the step counts asked for on stdin, then None at "check"."""
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            raise RuntimeError("stdin closed before 'check'")
+        words = line.split()
+        if words == ["check"]:
+            return
+        if len(words) == 2 and words[0] == "steps" and words[1].isdigit():
+            yield int(words[1])
+        elif words:
+            say("ERROR unknown command %r" % line.strip())
+
+
+def serve(a, runner, dev, extra, state):
     if a.wait:
         wait_stdin("go")
     digest = hashlib.sha256()
     acc = torch.zeros(a.batch, a.vocab, dtype=torch.float32, device=dev)  # state carried across steps
-    for s in range(a.steps):
-        out = runner.step(step_input(a, s))[:, -1, :]
-        acc.mul_(0.5).add_(out.float())
-        b = tensor_bytes(out)
-        digest.update(b)
-        if s == 0 and not bool(torch.isfinite(out).all()):
-            info("WARNING: step 0 output has non-finite values (still deterministic, but check the model)")
-        say("STEP %d" % s)
-        if a.pace_ms > 0:
-            time.sleep(a.pace_ms / 1000.0)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    done = 0
+    for n in (command_steps() if a.commands else [a.steps]):
+        for s in range(done, done + n):
+            out = runner.step(step_input(a, s))[:, -1, :]
+            acc.mul_(0.5).add_(out.float())
+            state.update(s, out)
+            b = tensor_bytes(out)
+            digest.update(b)
+            if s == 0 and not bool(torch.isfinite(out).all()):
+                info("WARNING: step 0 output has non-finite values (still deterministic, but check the model)")
+            say("STEP %d" % s)
+            if a.pace_ms > 0:
+                time.sleep(a.pace_ms / 1000.0)
+        done += n
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if a.commands:
+            say("STEPS total=%d" % done)
     say("DONE")
-    if a.wait:
+    if a.wait and not a.commands:
         wait_stdin("check")
     digest.update(tensor_bytes(acc))
+    if state.t is not None:
+        digest.update(tensor_bytes(state.t))
     bad = extra.bad_chunks()
     say("DIGEST %s" % digest.hexdigest())
     if bad:
@@ -272,8 +334,11 @@ def main(a):
     dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
     info("torch %s cuda %s alloc_conf=%r graphs=%s dtype=%s" % (
         torch.__version__, torch.version.cuda, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), a.graphs, a.dtype))
+    if a.commands:
+        a.wait = True
     model = build(a, dev, dtype)
-    extra = Extra(a.extra_gib, dev)
+    extra = Extra(a.extra_gib + a.weights_gib, dev)
+    state = State(a.state_gib, a.state_update, dev)
     with torch.no_grad():
         runner = Runner(a, model, dev)
         if dev.type == "cuda":
@@ -281,10 +346,11 @@ def main(a):
             held = torch.cuda.memory_reserved()
         else:
             held = sum(p.numel() * p.element_size() for p in model.parameters())
-        say("READY pid=%d bytes=%d" % (os.getpid(), held))
+        say("READY pid=%d bytes=%d weights=%d state=%d" % (
+            os.getpid(), held, sum(c.numel() * 4 for c in extra.chunks), state.bytes()))
         if a.bench_steps > 0:
             return bench(a, runner, dev)
-        return serve(a, runner, dev, extra)
+        return serve(a, runner, dev, extra, state)
 
 
 if __name__ == "__main__":
