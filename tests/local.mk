@@ -5,3 +5,4 @@ include $(srcdir)/tests/unit/local.mk
 include $(srcdir)/tests/unit/agent.mk
 include $(srcdir)/tests/flow/local.mk
 EXTRA_DIST += tests/unit/util.h
+include $(srcdir)/tests/bench/local.mk

@@ -4,13 +4,17 @@
 #
 # Usage, from anywhere (it cd's to the repo root):
 #   OUT=/dir bash tests/gpu/run.sh [--no-tests] [--only REGEX]... [--skip REGEX]...
-#        [--bench] [--no-cr] [--no-overhead] [--bench-sizes "1 4 16"] [--bench-reps 3]
+#        [--bench] [--no-cr] [--no-overhead] [--bench-sizes "1 4 16 64"] [--bench-reps 3]
+#        [--bench-cases sizes,keep,serving,reserved] [--bench-keep "1 16"] [--bench-reserved 60:4]
+#        [--bench-serving 16:1] [--bench-serving-cycles 4] [--driver-reps-big 1]
 #        [--bench-torch] [--overhead-reps 3]
+# (bench/bench_cr.py --help says what each case runs; "none" turns --bench-reserved/--bench-serving off.)
 # Env: GCR_BUILD_DONE=1 skips the autotools build; GCR_TIME_BUDGET_S (540) bounds the whole run and
 #      later phases are reported NOT RUN when it is near; NVCC (/usr/local/cuda/bin/nvcc);
 #      GCR_GPU_BUILD (build-gpu: where the nvcc outputs go); GCRCTL, GCR_SHIM, TESTPROG as harness.py.
-# $OUT receives 5 files: run.log (all output), tests.jsonl, bench.jsonl, report.md, logs.tar.gz
-# (build and nvcc logs, one log per program run, versions).
+# $OUT receives run.log (all output), tests.jsonl, bench.jsonl, report.md, logs.tar.gz
+# (build and nvcc logs, one log per program run, versions), and plots/*.png where matplotlib is
+# installed (else regenerate them anywhere: python3 bench/report.py --plots DIR OUT/bench.jsonl).
 set -u -o pipefail
 
 START=$(date +%s)
@@ -25,7 +29,9 @@ LOGS=$(mktemp -d /tmp/gcr-run-logs.XXXXXX)
 exec > >(tee -a "$OUT/run.log") 2>&1
 
 RUN_TESTS=1 RUN_BENCH=0 RUN_CR=1 RUN_OVERHEAD=1 BENCH_TORCH=0
-BENCH_SIZES="1 4 16" BENCH_REPS=3 OVERHEAD_REPS=3
+BENCH_SIZES="1 4 16 64" BENCH_REPS=3 OVERHEAD_REPS=3
+BENCH_CASES=sizes,keep,serving,reserved BENCH_KEEP="1 16" BENCH_RESERVED=60:4 BENCH_SERVING=16:1
+BENCH_SERVING_CYCLES=4 DRIVER_REPS_BIG=1
 TEST_ARGS=()
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -37,6 +43,12 @@ while [ $# -gt 0 ]; do
 	--bench-sizes) BENCH_SIZES=$2; shift ;;
 	--bench-reps) BENCH_REPS=$2; shift ;;
 	--bench-torch) BENCH_TORCH=1 ;;
+	--bench-cases) BENCH_CASES=$2; shift ;;
+	--bench-keep) BENCH_KEEP=$2; shift ;;
+	--bench-reserved) BENCH_RESERVED=$2; shift ;;
+	--bench-serving) BENCH_SERVING=$2; shift ;;
+	--bench-serving-cycles) BENCH_SERVING_CYCLES=$2; shift ;;
+	--driver-reps-big) DRIVER_REPS_BIG=$2; shift ;;
 	--overhead-reps) OVERHEAD_REPS=$2; shift ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
@@ -168,12 +180,14 @@ fi
 if [ "$RUN_BENCH" = 1 ] && [ "$RUN_CR" = 1 ]; then
 	section "bench: checkpoint/restore latency"
 	# shellcheck disable=SC2086
-	bounded bench_cr $PYTHON bench/bench_cr.py --reps "$BENCH_REPS" $BENCH_SIZES
+	bounded bench_cr $PYTHON bench/bench_cr.py --reps "$BENCH_REPS" --cases "$BENCH_CASES" \
+		--keep-context "$BENCH_KEEP" --reserved "$BENCH_RESERVED" --serving "$BENCH_SERVING" \
+		--serving-cycles "$BENCH_SERVING_CYCLES" --driver-reps-big "$DRIVER_REPS_BIG" $BENCH_SIZES
 	rc=$?
 	[ $rc -eq 0 ] && note "bench_cr: ok" || { [ $rc -ne 125 ] && note "bench_cr: some runs FAILED or NOT RUN (exit $rc)"; }
 	if [ "$BENCH_TORCH" = 1 ]; then
 		# shellcheck disable=SC2086
-		bounded bench_cr_torch $PYTHON bench/bench_cr.py --prog torch --reps "$BENCH_REPS" $BENCH_SIZES
+		bounded bench_cr_torch $PYTHON bench/bench_cr.py --prog torch --cases sizes --reps "$BENCH_REPS" $BENCH_SIZES
 		rc=$?
 		[ $rc -eq 0 ] && note "bench_cr torch: ok" || { [ $rc -ne 125 ] && note "bench_cr torch: some runs FAILED or NOT RUN (exit $rc)"; }
 	fi
@@ -190,6 +204,11 @@ section "report"
 touch "$GCR_TEST_LOG" "$GCR_BENCH_LOG"
 timeout 60 $PYTHON bench/report.py "$GCR_TEST_LOG" "$GCR_BENCH_LOG" >"$OUT/report.md" 2>&1 || echo "report.py FAILED"
 cat "$OUT/report.md"
+if $PYTHON -c 'import matplotlib' 2>/dev/null; then
+	timeout 60 $PYTHON bench/report.py --plots "$OUT/plots" "$GCR_BENCH_LOG" >/dev/null || echo "plots FAILED"
+else
+	echo "(no matplotlib here: plots not drawn; python3 bench/report.py --plots DIR bench.jsonl elsewhere)"
+fi
 echo "compute apps left:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits
 
 section "summary"

@@ -549,7 +549,8 @@ def main(argv=None):
             elif cfg.remaining_s() < est:
                 status, reason = "NOT RUN", "time budget (%.0f s left, needs ~%d s)" % (cfg.remaining_s(), est)
             else:
-                print("--- %s" % name, flush=True)
+                print("--- %s %s (%.0f s left)" % (time.strftime("%H:%M:%S"), name, min(cfg.remaining_s(), 1e9)),
+                      flush=True)
                 T = Ctx(session, name)
                 try:
                     fn(T)
