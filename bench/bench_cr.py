@@ -1,14 +1,15 @@
 # bench/bench_cr.py: checkpoint/restore latency of GCR (shim data path + driver control path) against
 # the driver's checkpoint API alone, per process size; raw JSON lines to a log, tables on stdout.
 """Usage: python3 bench/bench_cr.py [--reps R] [--paths gcr,driver] [--prog testprog|torch]
-           [--big-gib 32] [--driver-reps-big 1] [--keep-context "1 16"] [--reserved 60:4]
+           [--big-gib 32] [--driver-reps-big 1] [--reps-big 2] [--keep-context "1 16"] [--reserved 60:4]
            [--serving 16:1] [--serving-cycles 4] [--serving-driver-cycles 1] [--cases LIST]
            [--gcr-env K=V]... [--log FILE] [SIZE_GIB ...]     (sizes default: 1 4 16 64)
 
 Cases (--cases, comma-separated; default all): each repetition runs its own fresh process.
   sizes:    per size, GCR (the program under LD_PRELOAD of the shim; gcrctl suspend / resume)
             and the driver alone (without the shim; gcrctl suspend --driver-only); sizes of at
-            least --big-gib run the driver alone --driver-reps-big times (64 GiB takes ~45 s).
+            least --big-gib run the driver alone --driver-reps-big times (64 GiB takes ~45 s)
+            and GCR at most --reps-big times.
   keep:     GCR with --keep-context (the data path alone, the context stays resident), per size.
   reserved: R GiB allocated, only W GiB written (the rest zero, as never-written memory is),
             GCR and the driver alone, once each (gcr-testprog --chunks --write-mib).
@@ -135,11 +136,12 @@ def run_serving(S, rec, weights, state, cycles, shim, env):
             p.expect(r"STEPS total=%d$" % steps, 120, what="STEPS")
             if i == cycles:
                 break
-            if shim:
-                H.wait_staging_ready(S, pid, 120 + total)
+            # The staging must be ready before a timed suspend; after a resume it should be at
+            # once (the host copy is kept), so later waits are bounded shorter.
+            waited = H.wait_staging_ready(S, pid, (120 + total) if i == 0 else 30) if shim else None
             s = S.ctl("suspend", pid, flags, timeout=120 + 2 * total, test="bench_serving")
             suspended = s.ok
-            c = {"cycle": i, "suspend": step_record(s)}
+            c = {"cycle": i, "staging_wait_s": waited, "suspend": step_record(s)}
             rec["cycles"].append(c)
             if not s.ok:
                 raise H.HarnessError("suspend %d: %s" % (i, s.describe()))
@@ -199,7 +201,9 @@ def plan(a, paths):
 
     def sizes(gs):
         for gib in gs:
-            reps = {p: (a.driver_reps_big if p == "driver" and gib >= a.big_gib else a.reps) for p in paths}
+            big_size = gib >= a.big_gib
+            reps = {p: (a.driver_reps_big if p == "driver" else min(a.reps, a.reps_big)) if big_size else a.reps
+                    for p in paths}
             for rep in range(max(reps.values()) if reps else 0):
                 order = paths if rep % 2 == 0 else list(reversed(paths))  # alternate to spread drift
                 for path in order:
@@ -229,7 +233,8 @@ def main(argv=None):
     ap.add_argument("--paths", default="gcr,driver")
     ap.add_argument("--prog", choices=["testprog", "torch"], default="testprog")
     ap.add_argument("--big-gib", type=float, default=32.0)
-    ap.add_argument("--driver-reps-big", type=int, default=1)
+    ap.add_argument("--driver-reps-big", type=int, default=1, help="driver-alone runs per size >= --big-gib")
+    ap.add_argument("--reps-big", type=int, default=2, help="at most this many GCR runs per size >= --big-gib")
     ap.add_argument("--keep-context", default="1 16", help="sizes (GiB) for --keep-context runs")
     ap.add_argument("--reserved", default="60:4", help="RESERVED:WRITTEN GiB, or none")
     ap.add_argument("--serving", default="16:1", help="WEIGHTS:STATE GiB, or none")

@@ -5,7 +5,10 @@
 Paths come from harness.Config (GCRCTL, GCR_SHIM, TESTPROG, FATBIN, RT_TEST, ...). Tuning:
 GCR_CYCLES (3), GCR_MAX_SUSPENDED_MIB (0), GCR_TESTPROG_ITERS (1000), GCR_TESTPROG_MIB (256),
 GCR_TESTPROG_THREADS (2), GCR_RT_ITERS (600), GCR_RT_PACE_US (5000), GCR_TORCH_STEPS (300),
-GCR_TORCH_PACE_MS (10), GCR_DEADLINE (epoch s: tests that would not fit are NOT RUN).
+GCR_TORCH_PACE_MS (10), GCR_INCR_MIB (1024: gcr-testprog --chunks size in the incremental tests),
+GCR_INCR_EXACT (0; 1: copying more than what changed fails too, not only fewer),
+GCR_TORCH_WEIGHTS_GIB (2), GCR_TORCH_STATE_GIB (0.5) for torch-incremental-state,
+GCR_DEADLINE (epoch s: tests that would not fit are NOT RUN).
 Every measurement goes to the JSON lines file GCR_TEST_LOG (/tmp/gcr-gpu-tests.jsonl).
 Exit status: 0 all passed, 1 any failed, 3 none failed but some were not run.
 """

@@ -174,8 +174,11 @@ class State:
         self.mode = mode
         self.t = None
         if slots > 0:
-            self.t = (torch.arange(slots * self.SLOT // 4, dtype=torch.int64, device=dev) * 2654435761
-                      % (1 << 31)).to(torch.int32).view(slots, -1)
+            self.t = torch.empty((slots, self.SLOT // 4), dtype=torch.int32, device=dev)
+            flat, block = self.t.view(-1), 16 << 20  # elements per fill: small temporaries
+            for i in range(0, flat.numel(), block):
+                n = min(block, flat.numel() - i)
+                flat[i:i + n] = torch.arange(i, i + n, dtype=torch.int32, device=dev).bitwise_xor_(0x5BD1E995)
 
     def bytes(self):
         return 0 if self.t is None else self.t.numel() * 4
@@ -271,7 +274,7 @@ def bench(a, runner, dev):
 
 
 def command_steps():
-    """--commands: the step counts asked for on stdin, then None at "check"."""
+    """--commands: the step counts asked for on stdin ("steps N"), until "check"."""
     while True:
         line = sys.stdin.readline()
         if not line:
@@ -339,6 +342,10 @@ def main(a):
     model = build(a, dev, dtype)
     extra = Extra(a.extra_gib + a.weights_gib, dev)
     state = State(a.state_gib, a.state_update, dev)
+    if dev.type == "cuda" and (a.weights_gib > 0 or a.state_gib > 0):
+        # Free what building them left cached, so the process holds what it uses.
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     with torch.no_grad():
         runner = Runner(a, model, dev)
         if dev.type == "cuda":
