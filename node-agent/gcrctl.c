@@ -11,6 +11,7 @@
 #include "gcr/protocol.h"
 #include "gcr_client.h"
 #include "gcr_cr.h"
+#include "gcr_criu.h"
 #include "gcr_log.h"
 
 static int json_out;
@@ -24,6 +25,7 @@ static void usage(FILE *f)
 		"  status PID                                 shim and driver state\n"
 		"  stats PID                                  what the shim saw (calls, lookups, bytes)\n"
 		"  list                                       processes with a GCR shim\n"
+		"  criu                                       CRIU for AMD processes: found, >= 4.0, amdgpu plugin\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n",
 		GCR_SOCKET_DIR_ENV, GCR_DEFAULT_SOCKET_DIR);
@@ -162,6 +164,29 @@ static void list_one(pid_t pid, const char *path, void *data)
 	json_decref(st);
 }
 
+/* Whether this node can save AMD processes' control state: CRIU ($GCR_CRIU or on $PATH),
+ * 4.0 or newer, with its amdgpu plugin ($CRIU_LIBS_DIR or /usr/lib/criu). */
+static int do_criu(void)
+{
+	struct gcr_criu_info info;
+	struct gcr_err err = { 0 };
+	int rc = gcr_criu_check(NULL, &info, &err);
+	if (json_out) {
+		json_t *j = rc == 0 ? json_pack("{s:b, s:s, s:o, s:s}", "ok", 1, "criu", info.path, "version",
+						json_sprintf("%d.%d.%d", info.major, info.minor, info.patch), "plugin",
+						info.plugin)
+				    : json_pack("{s:b, s:s, s:i}", "ok", 0, "error", err.msg, "code", rc);
+		print_json(j);
+		json_decref(j);
+	} else if (rc == 0) {
+		printf("criu %d.%d.%d at %s, amdgpu plugin %s\n", info.major, info.minor, info.patch, info.path,
+		       info.plugin);
+	}
+	if (rc < 0)
+		fprintf(stderr, "gcrctl: criu: %s\n", err.msg);
+	return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	gcr_log_init(GCR_LOG_WARN);
@@ -205,7 +230,7 @@ int main(int argc, char **argv)
 	}
 	const char *cmd = argv[optind];
 	pid_t pid = 0;
-	int needs_pid = strcmp(cmd, "list") != 0;
+	int needs_pid = strcmp(cmd, "list") != 0 && strcmp(cmd, "criu") != 0;
 	if (needs_pid && (optind + 2 != argc || parse_pid(argv[optind + 1], &pid) < 0)) {
 		fprintf(stderr, "gcrctl: %s needs one PID (a positive integer)\n", cmd);
 		return 2;
@@ -220,6 +245,8 @@ int main(int argc, char **argv)
 		return do_status(pid, &o);
 	if (strcmp(cmd, "stats") == 0)
 		return do_stats(pid, &o);
+	if (strcmp(cmd, "criu") == 0)
+		return do_criu();
 	if (strcmp(cmd, "list") == 0) {
 		struct gcr_err err;
 		if (gcr_client_list(o.socket_dir, list_one, &o, &err) < 0) {

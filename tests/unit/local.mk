@@ -31,3 +31,11 @@ tests_unit_hip_dlsym_check_SOURCES = tests/unit/hip_dlsym_check.c
 tests_unit_hip_dlsym_check_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim
 tests_unit_hip_dlsym_check_LDADD = -ldl
 EXTRA_tests_unit_hip_dlsym_check_DEPENDENCIES = $(FAKEHIP_LIB) shim/libgcr.la
+
+# CRIU detection and commands (lib/gcr_criu.c) against a fake criu script.
+check_PROGRAMS += tests/unit/test_criu
+TESTS += tests/unit/test_criu
+EXTRA_DIST += tests/unit/fake-criu.sh
+tests_unit_test_criu_SOURCES = tests/unit/test_criu.c
+tests_unit_test_criu_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
+tests_unit_test_criu_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
