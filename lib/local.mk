@@ -10,11 +10,13 @@ lib_libgcrcommon_la_SOURCES = \
 lib_libgcrcommon_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden $(JANSSON_CFLAGS)
 
 # What gcrctl and the agent use to drive a process: the shim's client, the
-# driver's checkpoint API (dlopen'd; cuda.h for prototypes only) and the flow.
+# driver's checkpoint API (dlopen'd; cuda.h for prototypes only), CRIU (for AMD
+# processes: docs/amd.md) and the flow.
 noinst_LTLIBRARIES += lib/libgcrcontrol.la
 lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_client.c lib/gcr_client.h \
 	lib/gcr_driver.c lib/gcr_driver.h \
+	lib/gcr_criu.c lib/gcr_criu.h \
 	lib/gcr_cr.c lib/gcr_cr.h \
 	lib/gcr_scale.c lib/gcr_scale.h
 lib_libgcrcontrol_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)

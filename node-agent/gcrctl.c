@@ -12,6 +12,7 @@
 #include "gcr/protocol.h"
 #include "gcr_client.h"
 #include "gcr_cr.h"
+#include "gcr_criu.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
 
@@ -29,6 +30,7 @@ static void usage(FILE *f)
 		"  scale --replicas N [--sample-ms MS] PID... keep N of these processes resident: suspends the\n"
 		"                                             least active first, resumes the most active first,\n"
 		"                                             all at once (one thread per process)\n"
+		"  criu                                       CRIU for AMD processes: found, >= 4.0, amdgpu plugin\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
 		"scale ranks by the shim's call counters: their growth over --sample-ms (default 0: their totals).\n",
@@ -306,6 +308,29 @@ out:
 	return status;
 }
 
+/* Whether this node can save AMD processes' control state: CRIU ($GCR_CRIU or on $PATH),
+ * 4.0 or newer, with its amdgpu plugin ($CRIU_LIBS_DIR or /usr/lib/criu). */
+static int do_criu(void)
+{
+	struct gcr_criu_info info;
+	struct gcr_err err = { 0 };
+	int rc = gcr_criu_check(NULL, &info, &err);
+	if (json_out) {
+		json_t *j = rc == 0 ? json_pack("{s:b, s:s, s:o, s:s}", "ok", 1, "criu", info.path, "version",
+						json_sprintf("%d.%d.%d", info.major, info.minor, info.patch), "plugin",
+						info.plugin)
+				    : json_pack("{s:b, s:s, s:i}", "ok", 0, "error", err.msg, "code", rc);
+		print_json(j);
+		json_decref(j);
+	} else if (rc == 0) {
+		printf("criu %d.%d.%d at %s, amdgpu plugin %s\n", info.major, info.minor, info.patch, info.path,
+		       info.plugin);
+	}
+	if (rc < 0)
+		fprintf(stderr, "gcrctl: criu: %s\n", err.msg);
+	return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	gcr_log_init(GCR_LOG_WARN);
@@ -387,7 +412,7 @@ int main(int argc, char **argv)
 		free(pids);
 		return rc;
 	}
-	int needs_pid = strcmp(cmd, "list") != 0;
+	int needs_pid = strcmp(cmd, "list") != 0 && strcmp(cmd, "criu") != 0;
 	if (needs_pid && (optind + 2 != argc || parse_pid(argv[optind + 1], &pid) < 0)) {
 		fprintf(stderr, "gcrctl: %s needs one PID (a positive integer)\n", cmd);
 		return 2;
@@ -402,6 +427,8 @@ int main(int argc, char **argv)
 		return do_status(pid, &o);
 	if (strcmp(cmd, "stats") == 0)
 		return do_stats(pid, &o);
+	if (strcmp(cmd, "criu") == 0)
+		return do_criu();
 	if (strcmp(cmd, "list") == 0) {
 		struct gcr_err err;
 		if (gcr_client_list(o.socket_dir, list_one, &o, &err) < 0) {

@@ -1,14 +1,16 @@
 #!/bin/bash
 # Installs what building and testing GCR needs, from Debian's packages and PyPI
 # only: toolchain, libraries, test tools, and the CUDA 13.0 headers (headers only:
-# libcuda is opened at run time, never linked).
+# libcuda is opened at run time, never linked) and the HIP headers (libamdhip64-dev;
+# libamdhip64 is likewise opened at run time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential autoconf automake libtool pkg-config
       libjansson-dev libyaml-dev libcurl4-openssl-dev libmicrohttpd-dev
       clang-14 libclang-rt-14-dev valgrind python3 unzip
-      libgrpc-dev libprotobuf-c-dev protobuf-c-compiler)
+      libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
+      libamdhip64-dev)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

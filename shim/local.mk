@@ -12,6 +12,9 @@ SHIM_CORE_SOURCES = \
 	shim/shim_config.c shim/shim_config.h \
 	shim/shim_real.c shim/shim_real.h \
 	shim/shim_hook.c shim/shim_hook.h shim/shim_hooks.def \
+	shim/shim_hip_hook.c shim/shim_hip_hook.h shim/shim_hip_hooks.def \
+	shim/shim_hip_alloc.c shim/shim_hip_alloc.h \
+	shim/shim_gpu.h shim/shim_hip.c \
 	shim/shim_procaddr.c \
 	shim/shim_gate.c shim/shim_gate.h \
 	shim/shim_alloc.c shim/shim_alloc.h \
@@ -20,7 +23,7 @@ SHIM_CORE_SOURCES = \
 	shim/shim_image.c shim/shim_image.h \
 	shim/shim_cr.c shim/shim_cr.h \
 	shim/shim_ctl.c shim/shim_ctl.h
-shim_libgcr_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)
+shim_libgcr_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
 shim_libgcr_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden
 shim_libgcr_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 shim_libgcr_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \

@@ -22,6 +22,8 @@
 #include "shim_config.h"
 #include "shim_cr.h"
 #include "shim_gate.h"
+#include "shim_hip_alloc.h"
+#include "shim_hip_hook.h"
 #include "shim_hook.h"
 #include "shim_real.h"
 #include "shim_staging.h"
@@ -39,13 +41,33 @@ const char *shim_ctl_path(void)
 	return sock_path;
 }
 
+/* Which GPU runtimes the process uses: gcrctl and the agent choose the backend from it. */
+static json_t *backends_json(void)
+{
+	return json_pack("{s:b, s:b}", "cuda", shim_real_cuda_handle() != NULL, "hip", shim_hip_handle() != NULL);
+}
+
+/* The HIP side's bytes and objects (recorded, not moved yet: docs/amd.md). */
+static json_t *hip_json(void)
+{
+	struct shim_hip_alloc_stats h;
+	shim_hip_alloc_stats(&h);
+	return json_pack("{s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "bytes",
+			 "plain", (json_int_t)h.plain_bytes, "async", (json_int_t)h.async_bytes, "managed",
+			 (json_int_t)h.managed_bytes, "vmm", (json_int_t)h.vmm_bytes, "reserved",
+			 (json_int_t)h.reserved_bytes, "mapped", (json_int_t)h.mapped_bytes, "buffers", "plain",
+			 (json_int_t)h.plain_buffers, "async", (json_int_t)h.async_buffers, "managed",
+			 (json_int_t)h.managed_buffers, "vmm", (json_int_t)h.vmm_handles, "reserved",
+			 (json_int_t)h.reservations, "mapped", (json_int_t)h.mappings);
+}
+
 static json_t *status_json(void)
 {
 	struct shim_alloc_stats st;
 	struct shim_staging_stats ss;
 	shim_alloc_stats(&st);
 	shim_staging_stats(&ss);
-	return json_pack(
+	json_t *j = json_pack(
 		"{s:i, s:s, s:s, s:{s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I},"
 		" s:{s:I, s:I, s:I, s:i, s:I, s:b, s:I, s:f}}",
 		"pid", (int)getpid(), "state", shim_cr_state_name(shim_cr_state()), "version", PACKAGE_VERSION,
@@ -59,6 +81,12 @@ static json_t *status_json(void)
 		"ring", (json_int_t)ss.ring, "workers", ss.workers,
 		"target", (json_int_t)ss.target, "ready", ss.ready,
 		"grown_inline", (json_int_t)ss.grown_inline, "fault_ms", ss.fault_ms);
+	if (j != NULL) {
+		json_object_set_new(j, "backends", backends_json());
+		if (shim_hip_handle() != NULL)
+			json_object_set_new(j, "hip", hip_json());
+	}
+	return j;
 }
 
 static json_t *stats_json(void)
@@ -71,11 +99,20 @@ static json_t *stats_json(void)
 			if (n > 0)
 				json_object_set_new(calls, name, json_integer((json_int_t)n));
 		}
+	for (int i = 0; i < SHIM_HIP_HOOK_COUNT; i++)
+		for (int v = 0; v < 2; v++) {
+			const char *name = shim_hip_hook_name((enum shim_hip_hook_id)i, v);
+			uint64_t n = name ? shim_gate_total_hip_calls((enum shim_hip_hook_id)i, v) : 0;
+			if (n > 0)
+				json_object_set_new(calls, name, json_integer((json_int_t)n));
+		}
 	struct shim_alloc_stats st;
 	shim_alloc_stats(&st);
-	return json_pack("{s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I}, s:{s:I, s:I}, s:o}",
+	return json_pack("{s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I}, s:{s:I, s:I}, s:o}",
 			 "calls", calls, "lookups", "dlsym_cu", (json_int_t)shim_lookups.dlsym_cu,
 			 "dlsym_wrapped", (json_int_t)shim_lookups.dlsym_wrapped,
+			 "dlsym_hip", (json_int_t)shim_hip_lookups.dlsym_hip,
+			 "dlsym_hip_wrapped", (json_int_t)shim_hip_lookups.dlsym_wrapped,
 			 "procaddr", (json_int_t)shim_lookups.procaddr,
 			 "procaddr_wrapped", (json_int_t)shim_lookups.procaddr_wrapped,
 			 "procaddr_by_name", (json_int_t)shim_lookups.procaddr_by_name,
@@ -124,6 +161,14 @@ static char *handle_line(const char *line)
 				break;
 			}
 			timeout = (int)json_integer_value(t);
+		}
+		/* The HIP data path is not routed through suspend yet (docs/amd.md, phase 2):
+		 * refuse before anything is touched rather than report CUDA's absence. */
+		if (shim_real_cuda_handle() == NULL && shim_hip_handle() != NULL) {
+			rc = gcr_err_set(&err, -ENOTSUP,
+					 "this is a HIP (AMD) process; suspend of HIP processes is not "
+					 "implemented yet (docs/amd.md)");
+			break;
 		}
 		rc = shim_cr_suspend(timeout, &rep, &err);
 		if (rc == 0)

@@ -49,10 +49,10 @@ struct shim_thread *shim_thread_self(void)
 	return t;
 }
 
-struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant)
+static struct shim_thread *enter_row(unsigned row, int variant)
 {
 	struct shim_thread *t = shim_thread_self();
-	shim_count(t, id, variant);
+	shim_count_row(t, row, variant);
 	for (;;) {
 		/* seq_cst add, then seq_cst load: pairs with close()'s store-then-scan. */
 		if (atomic_fetch_add(&t->active, 1) > 0)
@@ -66,6 +66,16 @@ struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant)
 			pthread_cond_wait(&gate_cond, &gate_lock);
 		pthread_mutex_unlock(&gate_lock);
 	}
+}
+
+struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant)
+{
+	return enter_row((unsigned)id, variant);
+}
+
+struct shim_thread *shim_gate_enter_hip(enum shim_hip_hook_id id, int variant)
+{
+	return enter_row(SHIM_HOOK_COUNT + (unsigned)id, variant);
 }
 
 void shim_gate_exit(struct shim_thread *t)
@@ -119,14 +129,24 @@ int shim_gate_is_closed(void)
 	return atomic_load(&gate_closed);
 }
 
-uint64_t shim_gate_total_calls(enum shim_hook_id id, int variant)
+static uint64_t total_row(unsigned row, int variant)
 {
 	uint64_t sum = 0;
 	pthread_mutex_lock(&threads_lock);
 	for (struct shim_thread *t = threads; t != NULL; t = t->next)
-		sum += atomic_load_explicit(&t->calls[id][variant], memory_order_relaxed);
+		sum += atomic_load_explicit(&t->calls[row][variant], memory_order_relaxed);
 	pthread_mutex_unlock(&threads_lock);
 	return sum;
+}
+
+uint64_t shim_gate_total_calls(enum shim_hook_id id, int variant)
+{
+	return total_row((unsigned)id, variant);
+}
+
+uint64_t shim_gate_total_hip_calls(enum shim_hip_hook_id id, int variant)
+{
+	return total_row(SHIM_HOOK_COUNT + (unsigned)id, variant);
 }
 
 uint64_t shim_gate_waits(void)

@@ -7,27 +7,37 @@
 #include <stdint.h>
 
 #include "gcr_error.h"
+#include "shim_hip_hook.h"
 #include "shim_hook.h"
+
+/* Counter rows: the CUDA hooks, then the HIP hooks (one gate serves both vendors). */
+#define SHIM_GATE_ROWS (SHIM_HOOK_COUNT + SHIM_HIP_HOOK_COUNT)
 
 /* One per application thread that ever called a hook; never freed, so counts
  * survive the thread. Written by its owner only (plain relaxed stores). */
 struct shim_thread {
 	atomic_int active; /* gated calls in progress in this thread (nesting depth) */
-	_Atomic uint64_t calls[SHIM_HOOK_COUNT][2];
+	_Atomic uint64_t calls[SHIM_GATE_ROWS][2];
 	struct shim_thread *next;
 };
 
 struct shim_thread *shim_thread_self(void);
 
+static inline void shim_count_row(struct shim_thread *t, unsigned row, int variant)
+{
+	uint64_t c = atomic_load_explicit(&t->calls[row][variant], memory_order_relaxed);
+	atomic_store_explicit(&t->calls[row][variant], c + 1, memory_order_relaxed);
+}
+
 static inline void shim_count(struct shim_thread *t, enum shim_hook_id id, int variant)
 {
-	uint64_t c = atomic_load_explicit(&t->calls[id][variant], memory_order_relaxed);
-	atomic_store_explicit(&t->calls[id][variant], c + 1, memory_order_relaxed);
+	shim_count_row(t, (unsigned)id, variant);
 }
 
 /* Entering blocks while the gate is closed. The fast path is one atomic add on
  * the thread's own cache line and one load of a read-mostly flag. */
 struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant);
+struct shim_thread *shim_gate_enter_hip(enum shim_hip_hook_id id, int variant);
 void shim_gate_exit(struct shim_thread *t);
 
 /* Closes the gate and waits until no thread is inside a gated call.
@@ -38,6 +48,7 @@ int shim_gate_is_closed(void);
 
 /* Sums of every thread's counters, and how many calls waited at the gate. */
 uint64_t shim_gate_total_calls(enum shim_hook_id id, int variant);
+uint64_t shim_gate_total_hip_calls(enum shim_hip_hook_id id, int variant);
 uint64_t shim_gate_waits(void);
 
 #endif

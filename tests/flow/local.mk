@@ -1,3 +1,6 @@
 # tests/flow/: the whole C/R flow (shim + gcrctl + driver checkpoint API) on the stand-in driver.
 TESTS += tests/flow/test_flow.sh
 EXTRA_DIST += tests/flow/test_flow.sh tests/flow/test_flow.py
+# The HIP backend on the stand-in runtime (tests/fakehip).
+TESTS += tests/flow/test_hip_flow.sh
+EXTRA_DIST += tests/flow/test_hip_flow.sh tests/flow/test_hip_flow.py

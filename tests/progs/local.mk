@@ -11,3 +11,10 @@ EXTRA_tests_progs_gcr_testprog_DEPENDENCIES = $(FAKECUDA_LIB)
 
 # nvcc -fatbin -arch=sm_90 -o gcr_kernels.fatbin tests/progs/gcr_kernels.cu
 EXTRA_DIST += tests/progs/gcr_kernels.cu
+
+# gcr-hipprog: HIP on the stand-in runtime (tests/fakehip); its kernels are host functions.
+noinst_PROGRAMS += tests/progs/gcr-hipprog
+tests_progs_gcr_hipprog_SOURCES = tests/progs/gcr_hipprog.c
+tests_progs_gcr_hipprog_CPPFLAGS = $(AM_CPPFLAGS) $(HIP_CPPFLAGS) -I$(srcdir)/tests/fakehip
+tests_progs_gcr_hipprog_LDADD = -L$(top_builddir)/tests/fakehip -l:libamdhip64.so.5
+EXTRA_tests_progs_gcr_hipprog_DEPENDENCIES = $(FAKEHIP_LIB)

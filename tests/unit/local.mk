@@ -10,9 +10,36 @@ tests_unit_test_sock_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
 EXTRA_DIST += tests/unit/test_shim_exports.sh
 # The gate is tested inside a program built from the shim's own sources.
 tests_unit_test_gate_SOURCES = tests/unit/test_gate.c $(SHIM_CORE_SOURCES)
-tests_unit_test_gate_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)
+tests_unit_test_gate_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_gate_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 # The scale-to-zero policy (lib/gcr_scale, in libgcrcontrol).
 tests_unit_test_scale_SOURCES = tests/unit/test_scale.c
 tests_unit_test_scale_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
 tests_unit_test_scale_LDADD = lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
+
+# The HIP backend: its hook table, gate and allocation records, and its shim_gpu_ops, each
+# inside a program built from the shim's sources, on the stand-in runtime (tests/fakehip).
+check_PROGRAMS += tests/unit/test_shim_hip_hook tests/unit/test_shim_hip_ops tests/unit/hip-dlsym-check
+TESTS += tests/unit/test_shim_hip_hook tests/unit/test_shim_hip_ops tests/unit/test_shim_hip_dlsym.sh
+EXTRA_DIST += tests/unit/test_shim_hip_dlsym.sh tests/unit/hip_util.h
+SHIM_TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
+tests_unit_test_shim_hip_hook_SOURCES = tests/unit/test_shim_hip_hook.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_hip_hook_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_hip_hook_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_hip_hook_DEPENDENCIES = $(FAKEHIP_LIB)
+tests_unit_test_shim_hip_ops_SOURCES = tests/unit/test_shim_hip_ops.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_hip_ops_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_hip_ops_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_hip_ops_DEPENDENCIES = $(FAKEHIP_LIB)
+tests_unit_hip_dlsym_check_SOURCES = tests/unit/hip_dlsym_check.c
+tests_unit_hip_dlsym_check_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim
+tests_unit_hip_dlsym_check_LDADD = -ldl
+EXTRA_tests_unit_hip_dlsym_check_DEPENDENCIES = $(FAKEHIP_LIB) shim/libgcr.la
+
+# CRIU detection and commands (lib/gcr_criu.c) against a fake criu script.
+check_PROGRAMS += tests/unit/test_criu
+TESTS += tests/unit/test_criu
+EXTRA_DIST += tests/unit/fake-criu.sh
+tests_unit_test_criu_SOURCES = tests/unit/test_criu.c
+tests_unit_test_criu_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
+tests_unit_test_criu_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl

@@ -1,0 +1,155 @@
+/* test_shim_hip_hook: the HIP hook table against the stand-in runtime: every hook resolves to
+ * the runtime's function and maps back to its wrapper, wrappers pass the gate (and wait while
+ * it is closed), allocation wrappers keep exact counts, and runtime errors pass through. */
+#include <dlfcn.h>
+#include <hip/hip_runtime_api.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hip_util.h"
+#include "shim_config.h"
+#include "shim_ctl.h"
+#include "shim_gate.h"
+#include "shim_hip_alloc.h"
+#include "shim_hip_hook.h"
+#include "util.h"
+
+#define MIB ((size_t)1 << 20)
+
+static atomic_int passed;
+static hipError_t thread_rc = hipErrorUnknown;
+
+static void *sync_once(void *arg)
+{
+	(void)arg;
+	thread_rc = hipDeviceSynchronize(); /* the shim's wrapper: this binary defines it */
+	atomic_store(&passed, 1);
+	return NULL;
+}
+
+static int is_fake(const void *fn)
+{
+	Dl_info di;
+	return fn != NULL && dladdr(fn, &di) != 0 && di.dli_fname != NULL &&
+	       strstr(di.dli_fname, "fakehip/libamdhip64.so.5") != NULL;
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/gcr-hip-hook-XXXXXX";
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(shim_cfg.socket_dir, sizeof(shim_cfg.socket_dir), "%s", dir);
+	/* The second hipMalloc below fails in the runtime (hipErrorOutOfMemory). */
+	setenv("FAKEHIP_FAIL", "hipMalloc:2:2", 1);
+	CHECK(test_load_fakehip() != NULL);
+	CHECK(shim_hip_handle() == NULL); /* nothing HIP is touched before a HIP call */
+
+	/* Every hook: the runtime's own function, distinct from the wrapper, and back. */
+	CHECK(SHIM_HIP_HOOK_COUNT > 70);
+	int resolved = 0, expected = 0;
+	for (int i = 0; i < SHIM_HIP_HOOK_COUNT; i++)
+		for (int v = 0; v < 2; v++) {
+			const char *name = shim_hip_hook_name((enum shim_hip_hook_id)i, v);
+			if (name == NULL)
+				continue;
+			/* HIP 5.x exports the hip_ext.h launches only under their C++ names. */
+			int c_name_of_cxx = v == 0 && shim_hip_hooks[i].name[1] != NULL &&
+					    strncmp(shim_hip_hooks[i].name[1], "_Z", 2) == 0;
+			void *real = shim_hip_hook_real((enum shim_hip_hook_id)i, v);
+			void *wrapper = shim_hip_hooks[i].wrapper[v];
+			if (c_name_of_cxx) {
+				CHECK(real == NULL);
+				continue;
+			}
+			expected++;
+			if (real == NULL) {
+				fprintf(stderr, "unresolved: %s\n", name);
+				continue;
+			}
+			int ok = is_fake(real) && wrapper != NULL && wrapper != real &&
+				 shim_hip_hook_wrap_real(real) == wrapper && shim_hip_hook_wrap_name(name) == wrapper;
+			if (!ok)
+				fprintf(stderr, "bad hook: %s\n", name);
+			resolved += ok;
+		}
+	CHECK(expected > 80);
+	CHECK(resolved == expected);
+	CHECK(shim_hip_handle() != NULL);
+	/* A name the shim does not interpose, and a pointer that is not a hook. */
+	CHECK(shim_hip_hook_wrap_name("hipGetDeviceCount") == NULL);
+	CHECK(shim_hip_hook_wrap_real(dlsym(shim_hip_handle(), "hipGetDeviceCount")) == NULL);
+	CHECK(shim_hip_hook_wrap_real((void *)&main) == NULL);
+	/* The first HIP call started the control socket, as cuInit does for CUDA. */
+	CHECK(shim_ctl_path()[0] != '\0' && access(shim_ctl_path(), F_OK) == 0);
+
+	/* The gate: open, calls pass and are counted per variant. */
+	CHECK(hipDeviceSynchronize() == hipSuccess);
+	CHECK(hipStreamSynchronize_spt(NULL) == hipSuccess);
+	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipDeviceSynchronize, 0) == 1);
+	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipStreamSynchronize, 1) == 1);
+	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipStreamSynchronize, 0) == 0);
+	/* Closed: a HIP caller waits at the same gate as CUDA callers until it opens. */
+	struct gcr_err err;
+	CHECK(shim_gate_close(1000, &err) == 0);
+	uint64_t waits = shim_gate_waits();
+	pthread_t th;
+	pthread_create(&th, NULL, sync_once, NULL);
+	int waited = 0;
+	for (long i = 0; i < 200000000L && !waited; i++) {
+		waited = shim_gate_waits() > waits;
+		sched_yield();
+	}
+	CHECK(waited);
+	CHECK(atomic_load(&passed) == 0);
+	shim_gate_open();
+	pthread_join(th, NULL);
+	CHECK(atomic_load(&passed) == 1 && thread_rc == hipSuccess);
+	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipDeviceSynchronize, 0) == 2);
+
+	/* Allocations are recorded by path and forgotten on free; runtime errors pass through. */
+	struct shim_hip_alloc_stats st;
+	CHECK(shim_hip_alloc_used() == 0);
+	void *a = NULL, *b = NULL;
+	CHECK(hipMalloc(&a, 3 * MIB) == hipSuccess && a != NULL);
+	CHECK(hipMalloc(&b, MIB) == hipErrorOutOfMemory);
+	shim_hip_alloc_stats(&st);
+	CHECK(st.plain_bytes == 3 * MIB && st.plain_buffers == 1);
+	CHECK(shim_hip_alloc_used());
+	void *m = NULL;
+	CHECK(hipMallocManaged(&m, MIB, hipMemAttachGlobal) == hipSuccess);
+	void *as = NULL;
+	CHECK(hipMallocAsync(&as, 2 * MIB, NULL) == hipSuccess);
+	shim_hip_alloc_stats(&st);
+	CHECK(st.managed_bytes == MIB && st.async_bytes == 2 * MIB);
+	CHECK(hipFree(a) == hipSuccess && hipFree(m) == hipSuccess && hipFreeAsync(as, NULL) == hipSuccess);
+	CHECK(hipFree((void *)0x1000) != hipSuccess); /* unknown: the runtime's answer */
+	shim_hip_alloc_stats(&st);
+	CHECK(st.plain_bytes == 0 && st.plain_buffers == 0 && st.managed_bytes == 0 && st.async_buffers == 0);
+
+	/* The application's own virtual memory: reserve, create, map, and back to nothing. */
+	hipMemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = hipMemAllocationTypePinned;
+	prop.location.type = hipMemLocationTypeDevice;
+	void *va = NULL;
+	hipMemGenericAllocationHandle_t h = NULL;
+	CHECK(hipMemAddressReserve(&va, 8 * MIB, 0, NULL, 0) == hipSuccess);
+	CHECK(hipMemCreate(&h, 4 * MIB, &prop, 0) == hipSuccess);
+	CHECK(hipMemMap(va, 4 * MIB, 0, h, 0) == hipSuccess);
+	CHECK(hipMemMap((char *)va + 4 * MIB, 4 * MIB, 0, h, 0) == hipSuccess); /* one handle, twice */
+	shim_hip_alloc_stats(&st);
+	CHECK(st.reserved_bytes == 8 * MIB && st.vmm_bytes == 4 * MIB && st.vmm_handles == 1);
+	CHECK(st.mapped_bytes == 8 * MIB && st.mappings == 2);
+	CHECK(hipMemUnmap(va, 8 * MIB) == hipSuccess);
+	CHECK(hipMemRelease(h) == hipSuccess);
+	CHECK(hipMemAddressFree(va, 8 * MIB) == hipSuccess);
+	shim_hip_alloc_stats(&st);
+	CHECK(st.reserved_bytes == 0 && st.vmm_bytes == 0 && st.mapped_bytes == 0 && st.mappings == 0);
+	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipMemMap, 0) == 2);
+
+	unlink(shim_ctl_path());
+	rmdir(dir);
+	return test_summary("test_shim_hip_hook");
+}
