@@ -9,6 +9,7 @@
 
 #include "gcr_client.h"
 #include "gcr_driver.h"
+#include "gcr_log.h"
 
 /* A suspend of 64 GiB copies for about 1.5 s; leave ample room. */
 #define SHIM_CALL_MS 600000
@@ -121,6 +122,15 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		}
 	}
 	r->ms_total = now_ms() - t0;
+	if (o->mode != GCR_CR_DRIVER_ONLY) {
+		/* Off the clock: unused staging goes back only now, because giving memory
+		 * back while the driver checkpoints slows the checkpoint. */
+		json_t *res = NULL;
+		struct gcr_err e2;
+		if (gcr_client_call(&c, GCR_OP_TRIM_ID, NULL, 10000, &res, &e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed: %s", (int)pid, e2.msg);
+		json_decref(res);
+	}
 out:
 	json_decref(status);
 	gcr_client_close(&c);

@@ -14,6 +14,7 @@ static const char *const op_names[] = {
 	[GCR_OP_RESUME_ID] = GCR_OP_RESUME,
 	[GCR_OP_STATS_ID] = GCR_OP_STATS,
 	[GCR_OP_REGISTER_ID] = GCR_OP_REGISTER,
+	[GCR_OP_TRIM_ID] = GCR_OP_TRIM,
 };
 
 const char *gcr_op_name(enum gcr_op op)

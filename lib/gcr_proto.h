@@ -15,6 +15,7 @@ enum gcr_op {
 	GCR_OP_RESUME_ID,
 	GCR_OP_STATS_ID,
 	GCR_OP_REGISTER_ID,
+	GCR_OP_TRIM_ID,
 };
 
 struct gcr_req {

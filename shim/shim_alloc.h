@@ -34,6 +34,7 @@ struct shim_map {
 	CUdeviceptr va; /* first: sorted-vector key */
 	size_t size, offset;
 	struct shim_phys *phys;
+	int unmapped; /* by a suspend, to be mapped again by resume or its unwind */
 	int ndesc;
 	CUmemAccessDesc desc[SHIM_MAX_ACCESS];
 };

@@ -185,6 +185,46 @@ static uint32_t chunk_size(const struct shim_phys *p, size_t c)
 	return (uint32_t)bytes_of_chunk(p, c);
 }
 
+/* Releases one staged allocation as soon as its data is off the GPU, while the
+ * other copies go on: its temporary mapping, the application's mappings, then
+ * the handle (a handle the app released goes with its last mapping). */
+struct release_ctx {
+	struct staged *st;
+	int rc;
+	struct gcr_err err;
+	double ms;
+};
+
+static int release_one(size_t k, void *arg)
+{
+	struct release_ctx *c = arg;
+	struct shim_phys *p = c->st[k].p;
+	double t0 = now_ms();
+	scratch_unmap_all(&c->st[k], 1);
+	CUresult r = CUDA_SUCCESS;
+	for (size_t i = 0; i < shim_alloc_nmaps() && r == CUDA_SUCCESS; i++) {
+		struct shim_map *m = shim_alloc_map_at(i);
+		if (m->phys == p && !m->unmapped) {
+			r = SHIM_REAL(cuMemUnmap, 0)(m->va, m->size);
+			m->unmapped = r == CUDA_SUCCESS;
+		}
+	}
+	if (r == CUDA_SUCCESS && p->real != 0) {
+		r = SHIM_REAL(cuMemRelease, 0)(p->real);
+		if (r == CUDA_SUCCESS)
+			p->real = 0;
+	}
+	/* Marked even when half done: its data is all in staging, and the unwind
+	 * re-creates the handle if it went and re-maps what was unmapped. */
+	p->staged = 1;
+	c->ms += now_ms() - t0;
+	if (r != CUDA_SUCCESS) {
+		c->rc = cu_fail(&c->err, -EIO, r, "releasing GPU memory (cuMemUnmap/cuMemRelease)");
+		return 1;
+	}
+	return 0;
+}
+
 /* Suspend's data step after the gate closed and the GPU went idle: digests,
  * decides per chunk (zero / unchanged / copy), copies. On failure nothing on the
  * GPU was touched and the images are reset. */
@@ -265,17 +305,25 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 				break;
 			}
 			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st[i].va + c * GCR_DIGEST_CHUNK,
-						      .size = chunk_size(p, c), .device = (int16_t)phys_device(p) };
+						      .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
+						      .group = (uint32_t)i };
 			rep->copied += chunk_size(p, c);
 		}
 		rep->handles++;
 	}
 	rep->ms_copy_prep = now_ms() - t0 - rep->ms_digest;
 	double t1 = now_ms();
-	if (rc == 0)
-		rc = shim_staging_transfer(1, x, nx, err);
+	struct release_ctx rctx = { .st = st };
+	struct shim_staging_groups groups = { .ngroups = n, .done = release_one, .ctx = &rctx };
+	if (rc == 0) {
+		rc = shim_staging_transfer(1, x, nx, &groups, err);
+		if (rc == 0 && rctx.rc < 0) {
+			rc = rctx.rc;
+			*err = rctx.err;
+		}
+	}
 	rep->ms_copy = now_ms() - t1;
-	scratch_unmap_all(st, n);
+	rep->ms_release = rctx.ms;
 	if (rc == 0) {
 		for (size_t i = 0; i < n; i++) {
 			struct shim_image *img = st[i].p->img;
@@ -283,38 +331,14 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 			img->have_digests = have_dig;
 			if (have_dig)
 				memcpy(img->dig, &dig[st[i].first], img->nchunks * sizeof(*dig));
-			st[i].p->staged = 1;
 		}
 	} else {
-		images_reset();
+		scratch_unmap_all(st, n);
 	}
 	free(x);
 	free(req);
 	free(dig);
 	return rc;
-}
-
-/* Unmaps every mapping of released handles and re-creates nothing: used by
- * suspend. Stops at the first error; what was released stays marked so resume
- * (or the unwind) can re-create it. */
-static int release_all(struct gcr_err *err)
-{
-	for (size_t i = 0; i < shim_alloc_nmaps(); i++) {
-		struct shim_map *m = shim_alloc_map_at(i);
-		CUresult r = SHIM_REAL(cuMemUnmap, 0)(m->va, m->size);
-		if (r != CUDA_SUCCESS)
-			return cu_fail(err, -EIO, r, "cuMemUnmap");
-	}
-	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || p->real == 0)
-			continue; /* released by the app: the last unmap freed it */
-		CUresult r = SHIM_REAL(cuMemRelease, 0)(p->real);
-		if (r != CUDA_SUCCESS)
-			return cu_fail(err, -EIO, r, "cuMemRelease");
-		p->real = 0;
-	}
-	return 0;
 }
 
 /* Copies every staged handle's image back (zero chunks are set on the GPU). */
@@ -354,23 +378,28 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 		n++;
 	}
 	if (rc == 0)
-		rc = shim_staging_transfer(0, x, nx, err);
+		rc = shim_staging_transfer(0, x, nx, NULL, err);
 	scratch_unmap_all(st, n);
 	free(x);
 	free(st);
 	return rc;
 }
 
-/* Re-creates, maps and fills every staged handle. On failure unmaps and releases
- * what it made, so the process stays suspended and a retry starts clean. */
+/* Re-creates every staged handle that was released, maps again what was unmapped,
+ * and fills them from staging. On failure unmaps and releases what it made, so
+ * the process stays suspended and a retry starts clean. Also the unwind of a
+ * suspend that failed after releasing some allocations. */
 static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 {
 	int rc = 0;
 	double t0 = now_ms();
 	size_t nphys = shim_alloc_nphys(), nmaps = shim_alloc_nmaps();
+	uint8_t *made = calloc(nphys + 1, 1), *mapped = calloc(nmaps + 1, 1);
+	if (made == NULL || mapped == NULL)
+		rc = gcr_err_set(err, -ENOMEM, "out of memory");
 	for (size_t i = 0; i < nphys && rc == 0; i++) {
 		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || !p->staged)
+		if (p == NULL || !p->staged || p->real != 0)
 			continue;
 		CUresult r = SHIM_REAL(cuMemCreate, 0)(&p->real, p->size, &p->prop, 0);
 		if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -385,40 +414,49 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 		}
 		if (r != CUDA_SUCCESS)
 			p->real = 0;
+		else
+			made[i] = 1;
 	}
-	size_t mapped = 0;
-	for (size_t i = 0; i < nmaps && rc == 0; i++, mapped++) {
+	for (size_t i = 0; i < nmaps && rc == 0; i++) {
 		struct shim_map *m = shim_alloc_map_at(i);
+		if (!m->unmapped)
+			continue;
 		CUresult r = SHIM_REAL(cuMemMap, 0)(m->va, m->size, m->offset, m->phys->real, 0);
-		if (r == CUDA_SUCCESS && m->ndesc > 0)
-			r = SHIM_REAL(cuMemSetAccess, 0)(m->va, m->size, m->desc, (size_t)m->ndesc);
-		if (r != CUDA_SUCCESS) {
-			rc = cu_fail(err, -EIO, r, "cuMemMap/cuMemSetAccess");
-			if (r == CUDA_SUCCESS)
-				mapped++;
+		if (r == CUDA_SUCCESS) {
+			mapped[i] = 1;
+			m->unmapped = 0;
+			if (m->ndesc > 0)
+				r = SHIM_REAL(cuMemSetAccess, 0)(m->va, m->size, m->desc, (size_t)m->ndesc);
 		}
+		if (r != CUDA_SUCCESS)
+			rc = cu_fail(err, -EIO, r, "cuMemMap/cuMemSetAccess");
 	}
 	rep->ms_map = now_ms() - t0;
 	t0 = now_ms();
 	if (rc == 0)
 		rc = load_all(rep, err);
 	rep->ms_copy = now_ms() - t0;
-	if (rc == 0)
-		return 0;
-	/* Unwind: nothing half-restored stays behind. */
-	rep->bytes = rep->copied = rep->zero = 0;
-	rep->handles = 0;
-	for (size_t i = 0; i < mapped && i < nmaps; i++) {
-		struct shim_map *m = shim_alloc_map_at(i);
-		SHIM_REAL(cuMemUnmap, 0)(m->va, m->size);
-	}
-	for (size_t i = 0; i < nphys; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->staged && p->real != 0) {
-			SHIM_REAL(cuMemRelease, 0)(p->real);
-			p->real = 0;
+	if (rc < 0 && made != NULL && mapped != NULL) {
+		/* Unwind: nothing half-restored stays behind. */
+		rep->bytes = rep->copied = rep->zero = 0;
+		rep->handles = 0;
+		for (size_t i = 0; i < nmaps; i++) {
+			struct shim_map *m = shim_alloc_map_at(i);
+			if (mapped[i]) {
+				SHIM_REAL(cuMemUnmap, 0)(m->va, m->size);
+				m->unmapped = 1;
+			}
+		}
+		for (size_t i = 0; i < nphys; i++) {
+			struct shim_phys *p = shim_alloc_phys_at(i);
+			if (made[i] && p != NULL && p->real != 0) {
+				SHIM_REAL(cuMemRelease, 0)(p->real);
+				p->real = 0;
+			}
 		}
 	}
+	free(made);
+	free(mapped);
 	return rc;
 }
 
@@ -490,36 +528,16 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	struct staged *st = rc == 0 ? staged_list(&nstaged, &nch, err) : NULL;
 	if (rc == 0 && st == NULL)
 		rc = err->code;
+	rep->mappings = shim_alloc_nmaps();
 	if (rc == 0)
 		rc = save_all(st, nstaged, nch, rep, err);
 	free(st);
 	if (rc < 0) {
-		for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-			struct shim_phys *p = shim_alloc_phys_at(i);
-			if (p != NULL)
-				p->staged = 0;
-		}
-		goto unwind_gate;
-	}
-	t0 = now_ms();
-	rep->mappings = shim_alloc_nmaps();
-	rc = release_all(err);
-	rep->ms_release = now_ms() - t0;
-	if (rc < 0) {
-		/* Some memory is gone: bring all of it back from staging. */
+		/* What was already released comes back from staging (its data is all
+		 * there); the rest never left the GPU. */
 		struct gcr_err err2;
-		for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-			struct shim_phys *p = shim_alloc_phys_at(i);
-			if (p != NULL && p->staged && p->real != 0) {
-				SHIM_REAL(cuMemRelease, 0)(p->real);
-				p->real = 0;
-			}
-		}
-		for (size_t i = 0; i < shim_alloc_nmaps(); i++) {
-			struct shim_map *m = shim_alloc_map_at(i);
-			SHIM_REAL(cuMemUnmap, 0)(m->va, m->size);
-		}
 		struct shim_cr_report r2;
+		memset(&r2, 0, sizeof(r2));
 		if (remap_all(&r2, &err2) < 0) {
 			GCR_LOG(GCR_LOG_ERROR, "shim", "suspend unwind failed: %s; process stays suspended", err2.msg);
 			pthread_mutex_unlock(&shim_alloc_lock);
@@ -527,15 +545,14 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 			goto out;
 		}
 		finish_resume();
+		images_reset(); /* the pool may be half-written */
 		goto unwind_gate;
 	}
 	rep->ms_total = now_ms() - t_start;
 	{
-		/* The pool beyond what now holds data goes back to the system, in the
-		 * background; what stays is what the report counts. */
+		/* What stays in host memory once the unused pool is given back (shim_cr_trim). */
 		struct shim_staging_stats ss;
 		shim_staging_stats(&ss);
-		shim_staging_trim(ss.used);
 		rep->host = ss.used + ss.ring;
 	}
 	pthread_mutex_unlock(&shim_alloc_lock);
@@ -549,6 +566,17 @@ unwind_gate:
 out:
 	pthread_mutex_unlock(&cr_lock);
 	return rc;
+}
+
+void shim_cr_trim(void)
+{
+	pthread_mutex_lock(&cr_lock);
+	if (state == SHIM_CR_SUSPENDED) {
+		struct shim_staging_stats ss;
+		shim_staging_stats(&ss);
+		shim_staging_trim(ss.used);
+	}
+	pthread_mutex_unlock(&cr_lock);
 }
 
 int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)

@@ -29,4 +29,9 @@ const char *shim_cr_state_name(enum shim_cr_state s);
 int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err);
 int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err);
 
+/* Once the whole suspend is over (the driver's checkpoint included: giving memory
+ * back while it runs slows it), the staging pool beyond the saved data is returned
+ * to the system in the background. No-op unless suspended. */
+void shim_cr_trim(void);
+
 #endif

@@ -175,6 +175,10 @@ static char *handle_line(const char *line)
 			result = report_json(&rep);
 		break;
 	}
+	case GCR_OP_TRIM_ID:
+		shim_cr_trim();
+		result = json_object();
+		break;
 	case GCR_OP_RESUME_ID:
 		rc = shim_cr_resume(&rep, &err);
 		if (rc == 0)

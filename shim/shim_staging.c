@@ -57,6 +57,9 @@ struct job {
 	atomic_int failed;
 	int rc;
 	struct gcr_err err;
+	/* Groups: pieces left per group; finished groups queue up for the caller. */
+	atomic_uint *left;
+	size_t *doneq, ndone; /* under job_lock */
 };
 
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -251,6 +254,12 @@ static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
 				rc = cu_fail(err, r, "copy to staging");
 			if (rc == 0)
 				memcpy(host_at(x->off), w->slot[k], x->size);
+			if (rc == 0 && j->left != NULL && atomic_fetch_sub(&j->left[x->group], 1) == 1) {
+				pthread_mutex_lock(&job_lock);
+				j->doneq[j->ndone++] = x->group;
+				pthread_cond_broadcast(&done_cond);
+				pthread_mutex_unlock(&job_lock);
+			}
 			pend[k] = -1;
 		}
 		if (i >= j->n || rc)
@@ -515,28 +524,59 @@ int shim_staging_alloc(uint64_t size, uint64_t *off)
 	return rc;
 }
 
-int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, struct gcr_err *err)
+int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const struct shim_staging_groups *g,
+			  struct gcr_err *err)
 {
-	if (n == 0)
-		return 0;
 	if (SHIM_REAL(cuMemcpyDtoHAsync_v2, 0) == NULL || SHIM_REAL(cuMemcpyHtoDAsync_v2, 0) == NULL ||
 	    SHIM_REAL(cuMemsetD8Async, 0) == NULL || SHIM_REAL(cuEventRecord, 0) == NULL)
 		return gcr_err_set(err, -ENOSYS, "the driver lacks async copies");
 	pthread_mutex_lock(&pool_lock);
 	int nw = nworkers;
 	pthread_mutex_unlock(&pool_lock);
-	if (nw == 0)
+	if (nw == 0 && n > 0)
 		return gcr_err_set(err, -ENODEV, "no copy workers (staging not prepared)");
 	struct job j = { .out = out, .x = x, .n = n };
+	size_t ng = out && g != NULL ? g->ngroups : 0, reported = 0;
+	int cb_stop = 0;
+	if (ng > 0) {
+		j.left = calloc(ng, sizeof(*j.left));
+		j.doneq = calloc(ng, sizeof(*j.doneq));
+		if (j.left == NULL || j.doneq == NULL) {
+			free(j.left);
+			free(j.doneq);
+			return gcr_err_set(err, -ENOMEM, "out of memory");
+		}
+		for (size_t i = 0; i < n; i++)
+			j.left[x[i].group]++;
+		for (size_t k = 0; k < ng; k++)
+			if (j.left[k] == 0)
+				j.doneq[j.ndone++] = k;
+	}
 	pthread_mutex_lock(&job_lock);
-	job = &j;
-	job_left = nw;
-	job_gen++;
-	pthread_cond_broadcast(&job_cond);
-	while (job_left > 0)
+	if (n > 0) {
+		job = &j;
+		job_left = nw;
+		job_gen++;
+		pthread_cond_broadcast(&job_cond);
+	}
+	for (;;) {
+		/* Finished groups first: their callbacks overlap the copies still running. */
+		while (reported < j.ndone) {
+			size_t k = j.doneq[reported++];
+			if (cb_stop)
+				continue;
+			pthread_mutex_unlock(&job_lock);
+			cb_stop = g->done(k, g->ctx) != 0;
+			pthread_mutex_lock(&job_lock);
+		}
+		if (n == 0 || job_left == 0)
+			break;
 		pthread_cond_wait(&done_cond, &job_lock);
+	}
 	job = NULL;
 	pthread_mutex_unlock(&job_lock);
+	free(j.left);
+	free(j.doneq);
 	if (j.rc < 0)
 		*err = j.err;
 	return j.rc;

@@ -38,11 +38,24 @@ struct shim_xfer {
 	uint32_t size;
 	int16_t device;
 	int16_t zero;
+	uint32_t group; /* with groups: which group the piece belongs to */
+};
+
+/* Optional, out only: pieces belong to ngroups groups (allocations); done(k) is
+ * called on the calling thread as soon as every piece of group k is off the GPU
+ * (at once for groups with no pieces), while the other copies go on, so the
+ * caller can release that memory in the shadow of the copies. done is not called
+ * again after it returned non-zero. */
+struct shim_staging_groups {
+	size_t ngroups;
+	int (*done)(size_t group, void *ctx);
+	void *ctx;
 };
 
 /* Moves every piece (out: device to pool; else back) with all copy workers, and
  * returns once every copy finished; 0 or -errno (the first failure). */
-int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, struct gcr_err *err);
+int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const struct shim_staging_groups *g,
+			  struct gcr_err *err);
 
 /* While suspended: the pool beyond `keep` bytes (the data just saved) is given
  * back to the system by the background thread, off the clock, and later growth

@@ -14,6 +14,9 @@
 #define GCR_OP_SUSPEND "suspend" /* data out: gate closed, buffers staged, memory released */
 #define GCR_OP_RESUME "resume"   /* data in: memory re-created at the same addresses, gate opened */
 #define GCR_OP_STATS "stats"     /* counters: hooks seen, bytes per path, gate waits */
+/* After the whole suspend (the driver's checkpoint included): give the staging memory
+ * the saved data does not use back to the system, in the background. */
+#define GCR_OP_TRIM "trim"
 /* Shim -> node agent, once, on the agent's registry socket: {"socket": control socket
  * path as the shim sees it, "version": ...}. The agent believes none of it beyond a
  * hint: it takes the pid from the connection's credentials and the pod and container

@@ -376,6 +376,24 @@ def case_suspend_copy_fails(f):
     f.finish(p)
 
 
+def case_copy_fails_after_release(f):
+    """Allocations are released as soon as their data is out, while the others still copy.
+    A copy failing after some were released (here the all-zero buffers, released at once,
+    and maybe written ones): the released ones come back from staging, bit-exact, and the
+    process keeps running; a later cycle works."""
+    c = Chunks(f, ["--mib", "64", "--write-mib", "24"])  # 4 buffers of 8 chunks: 1.5 written
+    f.inject(c.p.pid, "cuMemcpyDtoHAsync", 9, CUDA_ERROR_UNKNOWN)
+    r = f.ctl("suspend", c.p.pid)
+    fired = f.disarm(c.p.pid) == 0
+    check(fired and not r.ok, "the 9th copy should fail the suspend: %s" % r.describe())
+    check(f.state(c.p.pid) == "running" and f.mem(c.p.pid) > 0, "process not left running")
+    st = f.ctl("status", c.p.pid)
+    check(H.dig(st.data, "shim", "state") == "running", "shim state: %s" % st.describe())
+    c.verify("after the failed suspend")
+    cr_cycle(f, c, "a later cycle")
+    c.finish()
+
+
 def case_driver_fails(f):
     """The driver's checkpoint fails after the data step: the data comes back, process runs."""
     p = f.start(["--mib", "32", "--iters", "100", "--wait"])
@@ -538,6 +556,7 @@ CASES = [
     ("errors", case_errors),
     ("resume-oom", case_resume_oom),
     ("suspend-copy-fails", case_suspend_copy_fails),
+    ("copy-fails-after-release", case_copy_fails_after_release),
     ("driver-checkpoint-fails", case_driver_fails),
     ("driver-restore-fails", case_restore_fails),
     ("modes", case_modes),
