@@ -1,13 +1,20 @@
 /* gcr_cr: the suspend/resume flow. Suspend: shim data out -> driver lock ->
- * driver checkpoint. Resume walks whatever state it finds back to running, so an
- * interrupted operation is finished by the next resume. */
+ * driver checkpoint (CUDA), or CRIU check -> shim data out -> CRIU dump (HIP).
+ * Resume walks whatever state it finds back to running, so an interrupted
+ * operation is finished by the next resume. */
 #include "gcr_cr.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gcr_client.h"
+#include "gcr_criu.h"
 #include "gcr_driver.h"
 #include "gcr_log.h"
 
@@ -40,6 +47,113 @@ static const char *shim_state(json_t *status)
 	return s ? s : "";
 }
 
+/* Whether the shim says the process uses HIP and not CUDA (its control step is CRIU's). A
+ * process using both is refused by the shim itself. */
+static int is_hip(json_t *status)
+{
+	json_t *b = json_object_get(status, "backends");
+	return json_is_true(json_object_get(b, "hip")) && !json_is_true(json_object_get(b, "cuda"));
+}
+
+/* The pid's CRIU images directory, and a file in it. */
+static int images_path(const struct gcr_cr_opts *o, pid_t pid, const char *file, char *out, size_t len,
+		       struct gcr_err *err)
+{
+	const char *root = o->images_dir ? o->images_dir : getenv("GCR_IMAGES_DIR");
+	if (root == NULL || root[0] == '\0')
+		root = GCR_CR_IMAGES_DIR;
+	int n = file ? snprintf(out, len, "%s/%d/%s", root, (int)pid, file)
+		     : snprintf(out, len, "%s/%d", root, (int)pid);
+	return n < 0 || (size_t)n >= len ? gcr_err_set(err, -ENAMETOOLONG, "images directory name too long") : 0;
+}
+
+static int mkdir_p(const char *path)
+{
+	char tmp[PATH_MAX];
+	snprintf(tmp, sizeof(tmp), "%s", path);
+	for (char *p = tmp + 1; *p != '\0'; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return mkdir(tmp, 0700) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+/* Whether a CRIU dump of pid waits to be restored. */
+static int dumped(const struct gcr_cr_opts *o, pid_t pid)
+{
+	char mark[PATH_MAX];
+	struct gcr_err e;
+	return o->mode == GCR_CR_FULL && images_path(o, pid, GCR_CR_DUMP_MARK, mark, sizeof(mark), &e) == 0 &&
+	       access(mark, F_OK) == 0;
+}
+
+/* criu dump of pid into its images directory; CRIU ends the process (its GPU state goes with
+ * it). The mark is written only after a dump that succeeded. */
+static int criu_dump(pid_t pid, const struct gcr_cr_opts *o, const struct gcr_criu_info *ci, struct gcr_err *err)
+{
+	char dir[PATH_MAX], mark[PATH_MAX];
+	struct gcr_criu_argv a;
+	int rc = images_path(o, pid, NULL, dir, sizeof(dir), err);
+	if (rc == 0)
+		rc = images_path(o, pid, GCR_CR_DUMP_MARK, mark, sizeof(mark), err);
+	if (rc == 0 && (rc = mkdir_p(dir)) < 0)
+		gcr_err_set(err, rc, "cannot create the images directory %s: %s", dir, strerror(-rc));
+	if (rc == 0)
+		rc = gcr_criu_dump_argv(ci, pid, dir, GCR_CRIU_KILL, &a, err);
+	if (rc == 0)
+		rc = gcr_criu_run(ci, &a, err);
+	if (rc < 0)
+		return rc;
+	FILE *f = fopen(mark, "w");
+	if (f == NULL || fprintf(f, "%d\n", (int)pid) < 0 || fclose(f) != 0) {
+		/* The process is gone into the image; say where it is rather than pretend. */
+		rc = gcr_err_set(err, -EIO, "criu dump succeeded but %s could not be written; restore with criu "
+				 "restore --images-dir %s", mark, dir);
+		if (f != NULL)
+			fclose(f);
+	}
+	return rc;
+}
+
+/* criu restore of pid's images; the restored process must have its pid back. */
+static int criu_restore(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err)
+{
+	char dir[PATH_MAX], mark[PATH_MAX], pidfile[PATH_MAX];
+	struct gcr_criu_info ci;
+	struct gcr_criu_argv a;
+	int rc = images_path(o, pid, NULL, dir, sizeof(dir), err);
+	if (rc == 0)
+		rc = images_path(o, pid, GCR_CR_DUMP_MARK, mark, sizeof(mark), err);
+	if (rc == 0)
+		rc = images_path(o, pid, "restore.pid", pidfile, sizeof(pidfile), err);
+	if (rc == 0)
+		rc = gcr_criu_check(NULL, &ci, err);
+	if (rc == 0)
+		rc = gcr_criu_restore_argv(&ci, dir, pidfile, &a, err);
+	double t = now_ms();
+	if (rc == 0) {
+		unlink(pidfile);
+		rc = gcr_criu_run(&ci, &a, err);
+	}
+	r->ms_restore = now_ms() - t;
+	if (rc < 0)
+		return gcr_err_wrap(err, "process %d still in its CRIU images (%s); retry resume", (int)pid, dir);
+	unlink(mark);
+	FILE *f = fopen(pidfile, "r");
+	int got = 0;
+	if (f == NULL || fscanf(f, "%d", &got) != 1)
+		got = 0;
+	if (f != NULL)
+		fclose(f);
+	if (got != (int)pid)
+		return gcr_err_set(err, -EIO, "criu restore gave pid %d, not %d (%s)", got, (int)pid, pidfile);
+	return 0;
+}
+
 /* Asks the shim to undo its data step after a later step failed. */
 static void undo_data(struct gcr_client *c, struct gcr_err *err)
 {
@@ -60,13 +174,57 @@ static void shim_bytes(struct gcr_cr_result *r)
 	r->bytes_moved = copied != NULL ? json_integer_value(copied) : r->bytes_total;
 }
 
+/* A HIP process: CRIU is checked before anything is touched (full mode), then the shim's data
+ * step, then criu dump; a failed dump gives the data back, so the process keeps running.
+ * Takes c and status over. */
+static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client *c, struct gcr_cr_result *r,
+		       struct gcr_err *err, json_t *status)
+{
+	struct gcr_criu_info ci;
+	int rc = 0;
+	double t0 = now_ms(), t;
+	r->control = o->mode == GCR_CR_FULL ? "criu" : "none";
+	if (o->mode == GCR_CR_FULL && (rc = gcr_criu_check(NULL, &ci, err)) < 0) {
+		gcr_err_wrap(err, "HIP process %d untouched (its control step needs CRIU; --no-driver moves the "
+			     "data only)", (int)pid);
+		goto out;
+	}
+	json_t *args = json_pack("{s:i}", "timeout_ms", o->timeout_ms);
+	rc = gcr_client_call(c, GCR_OP_SUSPEND_ID, args, SHIM_CALL_MS, &r->shim, err);
+	if (rc < 0)
+		goto out; /* the shim unwound itself: still running */
+	shim_bytes(r);
+	r->ms_data = now_ms() - t0;
+	if (o->mode == GCR_CR_FULL) {
+		/* Our connection to the shim is not part of what CRIU saves. */
+		gcr_client_close(c);
+		t = now_ms();
+		rc = criu_dump(pid, o, &ci, err);
+		r->ms_checkpoint = now_ms() - t;
+		if (rc < 0) {
+			struct gcr_err e2;
+			if (gcr_client_open(c, o->socket_dir, pid, &e2) < 0)
+				gcr_err_wrap(err, "and the shim no longer answers (%s)", e2.msg);
+			else
+				undo_data(c, err);
+			goto out;
+		}
+	}
+	r->ms_total = now_ms() - t0;
+out:
+	json_decref(status);
+	gcr_client_close(c);
+	return rc;
+}
+
 int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err)
 {
 	memset(r, 0, sizeof(*r));
 	struct gcr_client c = { .fd = -1 };
 	json_t *status = NULL;
 	double t0 = now_ms(), t;
-	int rc = 0;
+	int rc = 0, hip = 0;
+	r->control = o->mode == GCR_CR_DATA_ONLY ? "none" : "driver";
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		rc = gcr_client_open(&c, o->socket_dir, pid, err);
 		if (rc < 0)
@@ -79,7 +237,10 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 					 (int)pid, shim_state(status));
 			goto out;
 		}
+		hip = is_hip(status);
 	}
+	if (hip)
+		return hip_suspend(pid, o, &c, r, err, status);
 	if (o->mode != GCR_CR_DATA_ONLY) {
 		enum gcr_driver_state ds;
 		rc = gcr_driver_state(pid, &ds, err);
@@ -144,6 +305,17 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	json_t *status = NULL;
 	int rc = 0, did = 0;
 	enum gcr_driver_state ds = GCR_DRIVER_RUNNING;
+	double t0 = now_ms(), t;
+	r->control = o->mode == GCR_CR_DATA_ONLY ? "none" : "driver";
+	/* A HIP process CRIU dumped: it comes back from its images first (same pid, its staged
+	 * data in its memory), then the shim's data step below. */
+	if (dumped(o, pid)) {
+		r->control = "criu";
+		rc = criu_restore(pid, o, r, err);
+		if (rc < 0)
+			goto out;
+		did = 1;
+	}
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		rc = gcr_client_open(&c, o->socket_dir, pid, err);
 		if (rc < 0)
@@ -151,10 +323,22 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
 		rc = gcr_driver_state(pid, &ds, err);
+		if (rc < 0 && o->mode == GCR_CR_FULL) {
+			/* No CUDA driver here: a HIP process's control state was CRIU's (above). */
+			struct gcr_err e2;
+			if (gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, &e2) == 0 && is_hip(status)) {
+				rc = 0;
+				ds = GCR_DRIVER_RUNNING;
+				if (!did)
+					r->control = "none";
+			}
+			json_decref(status);
+			status = NULL;
+		}
 		if (rc < 0)
 			goto out;
 	}
-	double t0 = now_ms(), t;
+	t0 = did ? t0 : now_ms();
 	if (ds == GCR_DRIVER_FAILED) {
 		rc = gcr_err_set(err, -EIO, "the driver reports process %d in the failed state", (int)pid);
 		goto out;
@@ -211,15 +395,22 @@ int gcr_cr_status(pid_t pid, const struct gcr_cr_opts *o, json_t **out, struct g
 	struct gcr_client c = { .fd = -1 };
 	json_t *status = NULL;
 	int rc = gcr_client_open(&c, o->socket_dir, pid, err);
+	if (rc < 0 && dumped(o, pid)) {
+		*out = json_pack("{s:i, s:s, s:s}", "pid", (int)pid, "driver", "none", "criu", "dumped");
+		return 0;
+	}
 	if (rc == -ESRCH)
 		return rc;
 	if (rc == 0)
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
 	gcr_client_close(&c);
+	int hip = status != NULL && is_hip(status);
 	json_t *o_json = json_pack("{s:i, s:o*}", "pid", (int)pid, "shim", status);
 	enum gcr_driver_state ds;
 	struct gcr_err e2;
-	if (gcr_driver_state(pid, &ds, &e2) == 0)
+	if (hip)
+		json_object_set_new(o_json, "driver", json_string("none")); /* AMD: CRIU, not a driver API */
+	else if (gcr_driver_state(pid, &ds, &e2) == 0)
 		json_object_set_new(o_json, "driver", json_string(gcr_driver_state_name(ds)));
 	else
 		json_object_set_new(o_json, "driver_error", json_string(e2.msg));

@@ -1,6 +1,8 @@
 /* gcr_cr: one suspend or resume of a process, in the right order: the shim's data
- * step, then the driver's control step (and the reverse), undoing on failure.
- * gcrctl and the node agent both run C/R through here. */
+ * step, then the control step (and the reverse), undoing on failure. The control step
+ * is the CUDA driver's checkpoint API for CUDA processes and CRIU for HIP (AMD) ones,
+ * chosen from the shim's status ("backends"). gcrctl and the node agent both run C/R
+ * through here. */
 #ifndef GCR_CR_H
 #define GCR_CR_H
 
@@ -10,19 +12,29 @@
 #include "gcr_error.h"
 
 enum gcr_cr_mode {
-	GCR_CR_FULL = 0,    /* shim data path + driver checkpoint: 0 bytes left on the GPU */
-	GCR_CR_DRIVER_ONLY, /* the driver's checkpoint API alone (the baseline) */
+	GCR_CR_FULL = 0,    /* shim data path + control step (driver checkpoint / CRIU) */
+	GCR_CR_DRIVER_ONLY, /* the driver's checkpoint API alone (the baseline; CUDA only) */
 	GCR_CR_DATA_ONLY,   /* the shim's data path alone; the context stays resident */
 };
+
+/* Where CRIU images go without opts->images_dir: $GCR_IMAGES_DIR, else this; one directory
+ * per pid beneath. */
+#define GCR_CR_IMAGES_DIR "/var/lib/gcr/images"
+/* Written in a pid's images directory after a CRIU dump, removed after its restore: resume
+ * restores with CRIU exactly when it is there. */
+#define GCR_CR_DUMP_MARK "gcr-dump"
 
 struct gcr_cr_opts {
 	const char *socket_dir;
 	enum gcr_cr_mode mode;
-	int timeout_ms; /* for the gate and the driver lock */
+	int timeout_ms;         /* for the gate and the driver lock */
+	const char *images_dir; /* CRIU images (HIP, full mode); NULL: see GCR_CR_IMAGES_DIR */
 };
 
 struct gcr_cr_result {
+	/* ms_checkpoint / ms_restore: the driver's, or CRIU's dump / restore for HIP. */
 	double ms_data, ms_lock, ms_checkpoint, ms_restore, ms_unlock, ms_total;
+	const char *control;    /* "driver", "criu", or "none" (data only) */
 	long long bytes_moved;  /* by the shim's data path, over PCIe */
 	long long bytes_total;  /* the buffers the shim staged (moved + zero + unchanged) */
 	json_t *shim;           /* the shim's own report (owned), or NULL */
@@ -36,7 +48,8 @@ void gcr_cr_result_clear(struct gcr_cr_result *r);
 int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 
-/* The shim's status (or NULL if the process has no shim) and the driver's state. */
+/* The shim's status (or NULL if the process has no shim) and the driver's state ("none" for
+ * a HIP process; "criu": "dumped" for a process CRIU dumped and ended). */
 int gcr_cr_status(pid_t pid, const struct gcr_cr_opts *o, json_t **out, struct gcr_err *err);
 
 #endif

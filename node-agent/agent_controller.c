@@ -404,12 +404,15 @@ static enum pstate real_state(struct agent_controller *c, pid_t pid)
 		return P_GONE;
 	const char *shim = json_string_value(json_object_get(json_object_get(st, "shim"), "state"));
 	const char *drv = json_string_value(json_object_get(st, "driver"));
+	/* "none": a HIP process, whose control state is CRIU's (lib/gcr_cr.c); "criu": CRIU dumped
+	 * it (it is gone until restored). */
+	int no_driver = drv != NULL && strcmp(drv, "none") == 0;
 	enum pstate r = P_PARTIAL;
 	if (shim == NULL)
-		r = P_GONE;
-	else if (strcmp(shim, "running") == 0 && drv != NULL && strcmp(drv, "running") == 0)
+		r = json_object_get(st, "criu") != NULL ? P_SUSPENDED : P_GONE;
+	else if (strcmp(shim, "running") == 0 && drv != NULL && (strcmp(drv, "running") == 0 || no_driver))
 		r = P_RUNNING;
-	else if (strcmp(shim, "suspended") == 0 && drv != NULL && strcmp(drv, "checkpointed") == 0)
+	else if (strcmp(shim, "suspended") == 0 && drv != NULL && (strcmp(drv, "checkpointed") == 0 || no_driver))
 		r = P_SUSPENDED;
 	GCR_LOG(GCR_LOG_INFO, "controller", "pid %d: shim %s, driver %s", (int)pid, shim ? shim : "-",
 		drv ? drv : "-");

@@ -21,7 +21,7 @@ static int json_out;
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: gcrctl [--socket-dir DIR] [--json] [--timeout-ms N] COMMAND\n"
+		"usage: gcrctl [--socket-dir DIR] [--json] [--timeout-ms N] [--images-dir DIR] COMMAND\n"
 		"  suspend [--driver-only|--no-driver] PID   GPU state to host memory, 0 bytes left on the GPU\n"
 		"  resume  [--driver-only|--no-driver] PID   back on the GPU at the same addresses\n"
 		"  status PID                                 shim and driver state\n"
@@ -33,6 +33,8 @@ static void usage(FILE *f)
 		"  criu                                       CRIU for AMD processes: found, >= 4.0, amdgpu plugin\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
+		"HIP (AMD) processes: the control step is CRIU (criu dump, which ends the process, and\n"
+		"criu restore), images in --images-dir/PID ($GCR_IMAGES_DIR or " GCR_CR_IMAGES_DIR ").\n"
 		"scale ranks by the shim's call counters: their growth over --sample-ms (default 0: their totals).\n",
 		GCR_SOCKET_DIR_ENV, GCR_DEFAULT_SOCKET_DIR);
 }
@@ -86,8 +88,9 @@ static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 		json_object_set_new(ms, "lock", json_real(r.ms_lock));
 		json_object_set_new(ms, "checkpoint", json_real(r.ms_checkpoint));
 	}
-	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:o, s:{s:I, s:I}, s:O*}", "pid", (int)pid, "op", op, "ok",
-			      1, "mode", gcr_cr_mode_name(o->mode), "ms", ms, "bytes", "moved",
+	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:s, s:o, s:{s:I, s:I}, s:O*}", "pid", (int)pid, "op", op,
+			      "ok", 1, "mode", gcr_cr_mode_name(o->mode), "control", r.control ? r.control : "none",
+			      "ms", ms, "bytes", "moved",
 			      (json_int_t)r.bytes_moved, "total", (json_int_t)r.bytes_total, "shim", r.shim);
 	if (json_out)
 		print_json(j);
@@ -188,9 +191,10 @@ static enum gcr_scale_state scale_state_of(pid_t pid, struct gcr_cr_opts *o)
 	const char *drv = json_string_value(json_object_get(st, "driver"));
 	enum gcr_scale_state s = GCR_SCALE_UNMANAGED;
 	if (shim != NULL && strcmp(shim, "running") == 0 &&
-	    (drv == NULL || strcmp(drv, "running") == 0 || o->mode == GCR_CR_DATA_ONLY))
+	    (drv == NULL || strcmp(drv, "running") == 0 || strcmp(drv, "none") == 0 || o->mode == GCR_CR_DATA_ONLY))
 		s = GCR_SCALE_RESIDENT;
-	else if (shim != NULL) /* suspended, or half-way: a resume finishes either (gcr_cr_resume) */
+	else if (shim != NULL || json_object_get(st, "criu") != NULL) /* suspended, or half-way (or dumped
+								      by CRIU): a resume finishes either */
 		s = GCR_SCALE_SUSPENDED;
 	json_decref(st);
 	return s;
@@ -343,14 +347,15 @@ int main(int argc, char **argv)
 		{ "timeout-ms", required_argument, NULL, 't' }, { "driver-only", no_argument, NULL, 'D' },
 		{ "no-driver", no_argument, NULL, 'N' },	 { "keep-context", no_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },	 { "replicas", required_argument, NULL, 'r' },
-		{ "sample-ms", required_argument, NULL, 'S' },
+		{ "sample-ms", required_argument, NULL, 'S' },	 { "images-dir", required_argument, NULL, 'I' },
 		{ "version", no_argument, NULL, 'V' },	 { NULL, 0, NULL, 0 },
 	};
 	int ch, replicas = -1, sample_ms = 0;
 	/* GNU getopt permutes, so options may also follow the command. */
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:", opts, NULL)) != -1) {
 		switch (ch) {
 		case 's': o.socket_dir = optarg; break;
+		case 'I': o.images_dir = optarg; break;
 		case 'j': json_out = 1; break;
 		case 't': {
 			char *end;

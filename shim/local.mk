@@ -14,7 +14,7 @@ SHIM_CORE_SOURCES = \
 	shim/shim_hook.c shim/shim_hook.h shim/shim_hooks.def \
 	shim/shim_hip_hook.c shim/shim_hip_hook.h shim/shim_hip_hooks.def \
 	shim/shim_hip_alloc.c shim/shim_hip_alloc.h \
-	shim/shim_gpu.h shim/shim_hip.c \
+	shim/shim_gpu.h shim/shim_cuda.c shim/shim_hip.c \
 	shim/shim_procaddr.c \
 	shim/shim_gate.c shim/shim_gate.h \
 	shim/shim_alloc.c shim/shim_alloc.h \

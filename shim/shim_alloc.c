@@ -1,5 +1,6 @@
-/* shim_alloc: allocation entry points and the table behind them. The application
- * sees the same addresses and handle values across suspend and resume. */
+/* shim_alloc: the CUDA allocation entry points and the table behind them (HIP's wrappers,
+ * shim_hip_alloc.c, use the same table). The application sees the same addresses and handle
+ * values across suspend and resume. */
 #include "shim_alloc.h"
 
 #include <errno.h>
@@ -43,6 +44,7 @@ struct shim_drv {
 
 struct dev_info {
 	int known;
+	const struct shim_gpu_ops *gpu; /* the vendor gran and access were read from */
 	size_t gran;
 	CUcontext ctx;
 	int naccess;
@@ -112,8 +114,8 @@ static void vec_remove(struct ptrvec *pv, const void *item)
 
 /* ---- physical allocations ---- */
 
-static struct shim_phys *phys_new(CUmemGenericAllocationHandle real, size_t size,
-				  const CUmemAllocationProp *prop, int shim_owned)
+static struct shim_phys *phys_new(const struct shim_gpu_ops *gpu, CUmemGenericAllocationHandle real,
+				  size_t size, const CUmemAllocationProp *prop, int shim_owned)
 {
 	size_t slot = 0;
 	while (slot < phys_cap && phys_slots[slot] != NULL)
@@ -133,6 +135,7 @@ static struct shim_phys *phys_new(CUmemGenericAllocationHandle real, size_t size
 	if (p == NULL)
 		return NULL;
 	static uint32_t next_gen;
+	p->gpu = gpu;
 	p->real = real;
 	p->size = size;
 	p->prop = *prop;
@@ -177,7 +180,8 @@ static void phys_maybe_drop(struct shim_phys *p)
 void shim_alloc_after_remap(struct shim_phys *p)
 {
 	if (!p->shim_owned && p->app_refs == 0 && p->real != 0) {
-		SHIM_REAL(cuMemRelease, 0)(p->real);
+		struct gcr_err err;
+		(void)p->gpu->release(p->real, &err);
 		p->real = 0;
 	}
 }
@@ -196,33 +200,29 @@ static void note_context(CUcontext ctx)
 }
 
 /* Granularity and the access list (the device and every peer that can reach it,
- * as cuMemAlloc memory is reachable by peers) of the current device. */
-static struct dev_info *current_dev(int *device_out)
+ * as cuMemAlloc/hipMalloc memory is reachable by peers) of the current device. */
+static struct dev_info *current_dev(const struct shim_gpu_ops *gpu, int *device_out)
 {
-	CUcontext ctx = NULL;
-	CUdevice dev = 0;
-	if (shim_cu.cuCtxGetCurrent == NULL || shim_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
-	    ctx == NULL || shim_cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0 ||
-	    dev >= SHIM_MAX_DEVICES)
+	struct gcr_err err;
+	void *ctx = NULL;
+	int dev = 0;
+	if (gpu->current_device(&dev, &ctx, &err) < 0 || dev < 0 || dev >= SHIM_MAX_DEVICES)
 		return NULL;
 	note_context(ctx);
 	struct dev_info *d = &devs[dev];
-	if (!d->known) {
-		CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-					     .location = { CU_MEM_LOCATION_TYPE_DEVICE, dev } };
-		if (shim_cu.cuMemGetAllocationGranularity(&d->gran, &prop,
-							  CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
-		    d->gran == 0)
+	if (!d->known || d->gpu != gpu) {
+		if (gpu->granularity(dev, &d->gran, &err) < 0 || d->gran == 0)
 			return NULL;
+		d->gpu = gpu;
 		d->ctx = ctx;
 		d->access[0] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, dev },
 						  CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
 		d->naccess = 1;
 		int count = 0;
-		shim_cu.cuDeviceGetCount(&count);
+		(void)gpu->device_count(&count, &err);
 		for (int peer = 0; peer < count && d->naccess < SHIM_MAX_ACCESS; peer++) {
 			int can = 0;
-			if (peer != dev && shim_cu.cuDeviceCanAccessPeer(&can, peer, dev) == CUDA_SUCCESS && can)
+			if (peer != dev && gpu->can_access_peer(dev, peer, &can, &err) == 0 && can)
 				d->access[d->naccess++] = (CUmemAccessDesc){
 					{ CU_MEM_LOCATION_TYPE_DEVICE, peer }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
 		}
@@ -253,37 +253,52 @@ CUcontext shim_alloc_device_ctx(int device)
 
 /* ---- converted buffers ---- */
 
-static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes)
+/* The recorded access list as the operations table takes it (same layout: shim_cuda.c). */
+static const struct shim_gpu_access *access_of(const CUmemAccessDesc *d)
+{
+	return (const struct shim_gpu_access *)(const void *)d;
+}
+
+/* Returns the vendor's status code: the failing call's, SHIM_GPU_NOT_SUPPORTED when there is
+ * no device to put the buffer on (the caller falls back), SHIM_GPU_OUT_OF_MEMORY for the shim's
+ * own memory. */
+static int vmm_alloc(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t bytes)
 {
 	int dev = 0;
-	struct dev_info *d = current_dev(&dev);
+	struct dev_info *d = current_dev(gpu, &dev);
 	if (d == NULL)
-		return CUDA_ERROR_NOT_SUPPORTED; /* no context or no VMM: the caller falls back */
+		return SHIM_GPU_NOT_SUPPORTED; /* no context or no VMM: the caller falls back */
 	size_t size = (bytes + d->gran - 1) / d->gran * d->gran;
 	CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
 				     .location = { CU_MEM_LOCATION_TYPE_DEVICE, dev } };
-	CUdeviceptr va = 0;
-	CUmemGenericAllocationHandle h = 0;
+	shim_gpu_va va = 0;
+	shim_gpu_handle h = 0;
+	struct gcr_err err;
 	struct shim_buf *b = calloc(1, sizeof(*b));
 	struct shim_map *m = calloc(1, sizeof(*m));
 	struct shim_phys *p = NULL;
-	CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+	int r = SHIM_GPU_OUT_OF_MEMORY;
 	if (b == NULL || m == NULL)
 		goto fail;
-	r = shim_cu.cuMemAddressReserve(&va, size, 0, 0, 0);
-	if (r != CUDA_SUCCESS)
+	/* CUDA keeps its own properties (the table recreates with them); HIP builds them. */
+	if (gpu->reserve(&va, size, 0, &err) < 0) {
+		r = shim_gpu_last_code();
 		goto fail;
-	r = SHIM_REAL(cuMemCreate, 0)(&h, size, &prop, 0);
-	if (r != CUDA_SUCCESS)
+	}
+	if (gpu->create(&h, size, dev, gpu == &shim_cuda_ops ? &prop : NULL, &err) < 0) {
+		r = shim_gpu_last_code();
 		goto fail_va;
-	r = SHIM_REAL(cuMemMap, 0)(va, size, 0, h, 0);
-	if (r != CUDA_SUCCESS)
+	}
+	if (gpu->map(va, size, 0, h, &err) < 0) {
+		r = shim_gpu_last_code();
 		goto fail_h;
-	r = SHIM_REAL(cuMemSetAccess, 0)(va, size, d->access, (size_t)d->naccess);
-	if (r != CUDA_SUCCESS)
+	}
+	if (gpu->set_access(va, size, access_of(d->access), (size_t)d->naccess, &err) < 0) {
+		r = shim_gpu_last_code();
 		goto fail_map;
-	p = phys_new(h, size, &prop, 1);
-	r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	p = phys_new(gpu, h, size, &prop, 1);
+	r = SHIM_GPU_OUT_OF_MEMORY;
 	if (p == NULL)
 		goto fail_map;
 	*m = (struct shim_map){ .va = va, .size = size, .offset = 0, .phys = p, .ndesc = d->naccess };
@@ -300,16 +315,16 @@ static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes)
 	stats.vmm_buffers++;
 	stats.converted_total++;
 	*dptr = va;
-	shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes, d->ctx);
-	return CUDA_SUCCESS;
+	shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes, gpu, d->ctx);
+	return 0;
 fail_phys:
 	phys_free(p);
 fail_map:
-	SHIM_REAL(cuMemUnmap, 0)(va, size);
+	(void)gpu->unmap(va, size, &err);
 fail_h:
-	SHIM_REAL(cuMemRelease, 0)(h);
+	(void)gpu->release(h, &err);
 fail_va:
-	shim_cu.cuMemAddressFree(va, size);
+	(void)gpu->free_va(va, size, &err);
 fail:
 	free(b);
 	free(m);
@@ -319,11 +334,13 @@ fail:
 static void vmm_free(struct shim_buf *b)
 {
 	struct shim_phys *p = b->phys;
+	const struct shim_gpu_ops *gpu = p->gpu;
+	struct gcr_err err;
 	if (p->real != 0) {
-		SHIM_REAL(cuMemUnmap, 0)(b->va, b->size);
-		SHIM_REAL(cuMemRelease, 0)(p->real);
+		(void)gpu->unmap(b->va, b->size, &err);
+		(void)gpu->release(p->real, &err);
 	}
-	shim_cu.cuMemAddressFree(b->va, b->size);
+	(void)gpu->free_va(b->va, b->size, &err);
 	vec_remove(&maps, b->map);
 	vec_remove(&bufs, b);
 	stats.vmm_bytes -= b->size;
@@ -384,7 +401,7 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	pthread_mutex_lock(&shim_alloc_lock);
 	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
 	if (shim_cfg.vmm && bytesize >= shim_cfg.vmm_min_bytes)
-		r = vmm_alloc(dptr, bytesize);
+		r = (CUresult)vmm_alloc(&shim_cuda_ops, dptr, bytesize);
 	if (r == CUDA_ERROR_NOT_SUPPORTED) {
 		if (shim_cfg.vmm && bytesize >= shim_cfg.vmm_min_bytes)
 			stats.fallback_total++;
@@ -413,7 +430,7 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
 	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
 	pthread_mutex_lock(&shim_alloc_lock);
 	if (shim_cfg.vmm && Height <= SIZE_MAX / pitch && pitch * Height >= shim_cfg.vmm_min_bytes) {
-		r = vmm_alloc(dptr, pitch * Height);
+		r = (CUresult)vmm_alloc(&shim_cuda_ops, dptr, pitch * Height);
 		if (r == CUDA_SUCCESS)
 			*pPitch = pitch;
 	}
@@ -554,7 +571,7 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 	CUresult r = real(&h, size, prop, flags);
 	if (r == CUDA_SUCCESS) {
 		pthread_mutex_lock(&shim_alloc_lock);
-		struct shim_phys *p = phys_new(h, size, prop, 0);
+		struct shim_phys *p = phys_new(&shim_cuda_ops, h, size, prop, 0);
 		if (p == NULL) {
 			SHIM_REAL(cuMemRelease, 0)(h);
 			r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -572,7 +589,7 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 					if (shim_cu.cuCtxGetDevice(&cur) == CUDA_SUCCESS && cur == prop->location.id)
 						devs[cur].ctx = ctx;
 				}
-				shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes,
+				shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes, &shim_cuda_ops,
 							devs[prop->location.id].ctx);
 			}
 		}
@@ -774,7 +791,7 @@ SHIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
 	size_t size = 0;
 	SHIM_REAL(cuMemGetAllocationPropertiesFromHandle, 0)(&prop, h);
 	pthread_mutex_lock(&shim_alloc_lock);
-	struct shim_phys *p = phys_new(h, size, &prop, 0);
+	struct shim_phys *p = phys_new(&shim_cuda_ops, h, size, &prop, 0);
 	if (p == NULL) {
 		SHIM_REAL(cuMemRelease, 0)(h);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -830,5 +847,176 @@ int shim_alloc_check_movable(struct gcr_err *err)
 			return gcr_err_set(err, -ENOTSUP,
 					   "GPU memory shared with another process (exported or imported "
 					   "handle) cannot be moved");
+	return 0;
+}
+
+/* ---- the same table operations for another vendor's wrappers (shim_hip_alloc.c) ---- */
+
+int shim_alloc_buf_new(const struct shim_gpu_ops *gpu, uint64_t *va, size_t bytes)
+{
+	CUdeviceptr p = 0;
+	pthread_mutex_lock(&shim_alloc_lock);
+	int r = vmm_alloc(gpu, &p, bytes);
+	if (r == SHIM_GPU_NOT_SUPPORTED)
+		stats.fallback_total++;
+	pthread_mutex_unlock(&shim_alloc_lock);
+	if (r == 0)
+		*va = p;
+	return r;
+}
+
+int shim_alloc_buf_free(const struct shim_gpu_ops *gpu, uint64_t va, int *ours)
+{
+	pthread_mutex_lock(&shim_alloc_lock);
+	struct shim_buf *b = va ? vec_find(&bufs, va) : NULL;
+	*ours = b != NULL;
+	if (b != NULL) {
+		struct gcr_err err;
+		(void)gpu->device_sync(b->phys->prop.location.id, &err);
+		vmm_free(b);
+	}
+	pthread_mutex_unlock(&shim_alloc_lock);
+	return 0;
+}
+
+void shim_alloc_note(uint64_t va, size_t size, enum shim_alloc_kind kind)
+{
+	pthread_mutex_lock(&shim_alloc_lock);
+	drv_track(va, size, kind == SHIM_ALLOC_MANAGED ? DRV_MANAGED : kind == SHIM_ALLOC_ASYNC ? DRV_ASYNC : DRV_PLAIN);
+	pthread_mutex_unlock(&shim_alloc_lock);
+}
+
+void shim_alloc_forget(uint64_t va)
+{
+	pthread_mutex_lock(&shim_alloc_lock);
+	struct shim_drv *d = va ? vec_find(&drvs, va) : NULL;
+	if (d != NULL)
+		drv_untrack(d);
+	pthread_mutex_unlock(&shim_alloc_lock);
+}
+
+int shim_alloc_handle_new(const struct shim_gpu_ops *gpu, uint64_t real, size_t size, int device,
+			  uint64_t *app_handle)
+{
+	CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				     .location = { CU_MEM_LOCATION_TYPE_DEVICE, device } };
+	int r = 0;
+	pthread_mutex_lock(&shim_alloc_lock);
+	struct shim_phys *p = phys_new(gpu, real, size, &prop, 0);
+	if (p == NULL) {
+		r = SHIM_GPU_OUT_OF_MEMORY;
+	} else {
+		*app_handle = p->app_handle;
+		stats.app_vmm_bytes += size;
+		stats.app_vmm_handles++;
+		shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes, gpu, NULL);
+	}
+	pthread_mutex_unlock(&shim_alloc_lock);
+	return r;
+}
+
+/* As cuMemRelease above: the table counts the application's references; the runtime's one
+ * reference goes when they reach zero (the runtime keeps mapped memory until its last unmap). */
+int shim_alloc_handle_release(const struct shim_gpu_ops *gpu, uint64_t h, int *ours)
+{
+	int r = 0;
+	pthread_mutex_lock(&shim_alloc_lock);
+	struct shim_phys *p = phys_lookup(h);
+	*ours = p != NULL;
+	if (p == NULL) {
+	} else if (p->app_refs <= 0) {
+		r = CUDA_ERROR_INVALID_VALUE; /* hipErrorInvalidValue has the same value */
+	} else if (--p->app_refs == 0) {
+		struct gcr_err err;
+		if (p->real != 0 && gpu->release(p->real, &err) < 0)
+			r = shim_gpu_last_code();
+		if (r == 0) {
+			p->real = 0;
+			phys_maybe_drop(p);
+		} else {
+			p->app_refs++;
+		}
+	}
+	pthread_mutex_unlock(&shim_alloc_lock);
+	return r;
+}
+
+int shim_alloc_handle_map(const struct shim_gpu_ops *gpu, uint64_t va, size_t size, size_t offset,
+			  uint64_t h, int *ours)
+{
+	int r = 0;
+	pthread_mutex_lock(&shim_alloc_lock);
+	struct shim_phys *p = phys_lookup(h);
+	*ours = p != NULL;
+	if (p == NULL) {
+	} else if (p->real == 0 || p->app_refs == 0) {
+		r = CUDA_ERROR_INVALID_VALUE; /* mapping a released handle is invalid */
+	} else {
+		struct gcr_err err;
+		struct shim_map *m = calloc(1, sizeof(*m));
+		if (m == NULL)
+			r = SHIM_GPU_OUT_OF_MEMORY;
+		else if (gpu->map(va, size, offset, p->real, &err) < 0)
+			r = shim_gpu_last_code();
+		if (r == 0) {
+			*m = (struct shim_map){ .va = va, .size = size, .offset = offset, .phys = p };
+			if (vec_insert(&maps, m) < 0) {
+				(void)gpu->unmap(va, size, &err);
+				r = SHIM_GPU_OUT_OF_MEMORY;
+			} else {
+				p->nmaps++;
+				m = NULL;
+			}
+		}
+		free(m);
+	}
+	pthread_mutex_unlock(&shim_alloc_lock);
+	return r;
+}
+
+void shim_alloc_unmapped(uint64_t va, size_t size)
+{
+	pthread_mutex_lock(&shim_alloc_lock);
+	size_t i = vec_lower(&maps, va);
+	while (i < maps.n && key_of(maps.v[i]) < va + size) {
+		struct shim_map *m = maps.v[i];
+		if (m->phys->shim_owned) { /* not the application's: leave it */
+			i++;
+			continue;
+		}
+		memmove(&maps.v[i], &maps.v[i + 1], (maps.n - i - 1) * sizeof(*maps.v));
+		maps.n--;
+		m->phys->nmaps--;
+		phys_maybe_drop(m->phys);
+		free(m);
+	}
+	pthread_mutex_unlock(&shim_alloc_lock);
+}
+
+void shim_alloc_access_set(uint64_t va, size_t size, const struct shim_gpu_access *acc, size_t n)
+{
+	pthread_mutex_lock(&shim_alloc_lock);
+	for (size_t i = vec_lower(&maps, va); acc != NULL && i < maps.n && key_of(maps.v[i]) < va + size; i++) {
+		struct shim_map *m = maps.v[i];
+		for (size_t k = 0; k < n; k++) {
+			int j = 0;
+			while (j < m->ndesc && ((int)m->desc[j].location.type != acc[k].type ||
+						m->desc[j].location.id != acc[k].id))
+				j++;
+			if (j == m->ndesc && m->ndesc < SHIM_MAX_ACCESS)
+				m->ndesc++;
+			if (j < m->ndesc)
+				m->desc[j] = (CUmemAccessDesc){ { (CUmemLocationType)acc[k].type, acc[k].id },
+								(CUmemAccess_flags)acc[k].flags };
+		}
+	}
+	pthread_mutex_unlock(&shim_alloc_lock);
+}
+
+int shim_alloc_other_vendor(const struct shim_gpu_ops *gpu)
+{
+	for (size_t i = 0; i < phys_cap; i++)
+		if (phys_slots[i] != NULL && phys_slots[i]->gpu != gpu)
+			return 1;
 	return 0;
 }

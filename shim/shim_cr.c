@@ -1,7 +1,8 @@
 /* shim_cr: suspend and resume of the process's buffers, keeping virtual addresses:
  * gate -> sync -> digest (shim_digest) -> per chunk zero / unchanged / copy
  * (shim_image) -> copy out (shim_staging) -> release; and create -> map -> copy
- * in. Every failure unwinds to the state the operation started in. */
+ * in. Every failure unwinds to the state the operation started in. The process's one GPU
+ * backend (CUDA or HIP) does the vendor calls, through struct shim_gpu_ops. */
 #include "shim_cr.h"
 
 #include <errno.h>
@@ -13,7 +14,8 @@
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_gate.h"
-#include "shim_hook.h"
+#include "shim_gpu.h"
+#include "shim_hip_hook.h"
 #include "shim_real.h"
 #include "shim_digest.h"
 #include "shim_image.h"
@@ -21,6 +23,7 @@
 
 static pthread_mutex_t cr_lock = PTHREAD_MUTEX_INITIALIZER; /* one operation at a time */
 static _Atomic int state;
+static const struct shim_gpu_ops *backend; /* chosen at suspend, kept until resumed; cr_lock */
 
 static const char *const state_names[] = { "running", "suspending", "suspended", "resuming" };
 
@@ -41,12 +44,24 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int cu_fail(struct gcr_err *err, int code, CUresult r, const char *what)
+/* The vendor whose runtime the process uses: one of them. 0, or -ENODEV (none initialised),
+ * -ENOTSUP (both: one suspend cannot order two runtimes' control steps). */
+static int choose_backend(const struct shim_gpu_ops **out, struct gcr_err *err)
 {
-	const char *name = NULL;
-	if (shim_cu.cuGetErrorName == NULL || shim_cu.cuGetErrorName(r, &name) != CUDA_SUCCESS)
-		name = NULL;
-	return gcr_err_set(err, code, "%s failed: %s (%d)", what, name ? name : "CUDA error", (int)r);
+	int cuda = shim_real_cuda_handle() != NULL, hip = shim_hip_handle() != NULL;
+	if (cuda && hip)
+		return gcr_err_set(err, -ENOTSUP,
+				   "the process uses both CUDA and HIP; suspend supports one GPU runtime per process");
+	if (!cuda && !hip)
+		return gcr_err_set(err, -ENODEV, "the process has not initialised CUDA (or HIP)");
+	*out = cuda ? &shim_cuda_ops : &shim_hip_ops;
+	return 0;
+}
+
+/* The recorded access list as the operations table takes it (same layout: shim_cuda.c). */
+static const struct shim_gpu_access *access_of(const CUmemAccessDesc *d)
+{
+	return (const struct shim_gpu_access *)(const void *)d;
 }
 
 static int phys_device(const struct shim_phys *p)
@@ -79,21 +94,24 @@ struct staged {
 static int scratch_map(struct staged *st, struct gcr_err *err)
 {
 	struct shim_phys *p = st->p;
-	CUdeviceptr va = 0;
-	CUmemAccessDesc ad = { { CU_MEM_LOCATION_TYPE_DEVICE, phys_device(p) },
-			       CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-	CUresult r = shim_cu.cuMemAddressReserve(&va, p->size, 0, 0, 0);
-	if (r != CUDA_SUCCESS)
-		return cu_fail(err, -ENOMEM, r, "cuMemAddressReserve (scratch)");
-	r = SHIM_REAL(cuMemMap, 0)(va, p->size, 0, p->real, 0);
-	if (r == CUDA_SUCCESS) {
-		r = SHIM_REAL(cuMemSetAccess, 0)(va, p->size, &ad, 1);
-		if (r != CUDA_SUCCESS)
-			SHIM_REAL(cuMemUnmap, 0)(va, p->size);
+	const struct shim_gpu_ops *g = p->gpu;
+	shim_gpu_va va = 0;
+	struct shim_gpu_access ad = { SHIM_GPU_LOC_DEVICE, phys_device(p), SHIM_GPU_PROT_READWRITE };
+	struct gcr_err e2;
+	if (g->reserve(&va, p->size, 0, err) < 0) {
+		err->code = -ENOMEM;
+		return gcr_err_wrap(err, "scratch range");
 	}
-	if (r != CUDA_SUCCESS) {
-		shim_cu.cuMemAddressFree(va, p->size);
-		return cu_fail(err, -EIO, r, "mapping an allocation to copy it");
+	int rc = g->map(va, p->size, 0, p->real, err);
+	if (rc == 0) {
+		rc = g->set_access(va, p->size, &ad, 1, err);
+		if (rc < 0)
+			(void)g->unmap(va, p->size, &e2);
+	}
+	if (rc < 0) {
+		(void)g->free_va(va, p->size, &e2);
+		err->code = -EIO;
+		return gcr_err_wrap(err, "mapping an allocation to copy it");
 	}
 	st->va = va;
 	st->scratch = 1;
@@ -102,11 +120,12 @@ static int scratch_map(struct staged *st, struct gcr_err *err)
 
 static void scratch_unmap_all(struct staged *st, size_t n)
 {
+	struct gcr_err err;
 	for (size_t i = 0; i < n; i++) {
 		if (!st[i].scratch)
 			continue;
-		SHIM_REAL(cuMemUnmap, 0)(st[i].va, st[i].p->size);
-		shim_cu.cuMemAddressFree(st[i].va, st[i].p->size);
+		(void)st[i].p->gpu->unmap(st[i].va, st[i].p->size, &err);
+		(void)st[i].p->gpu->free_va(st[i].va, st[i].p->size, &err);
 		st[i].scratch = 0;
 		st[i].va = 0;
 	}
@@ -201,25 +220,26 @@ static int release_one(size_t k, void *arg)
 	struct shim_phys *p = c->st[k].p;
 	double t0 = now_ms();
 	scratch_unmap_all(&c->st[k], 1);
-	CUresult r = CUDA_SUCCESS;
-	for (size_t i = 0; i < shim_alloc_nmaps() && r == CUDA_SUCCESS; i++) {
+	int r = 0;
+	for (size_t i = 0; i < shim_alloc_nmaps() && r == 0; i++) {
 		struct shim_map *m = shim_alloc_map_at(i);
 		if (m->phys == p && !m->unmapped) {
-			r = SHIM_REAL(cuMemUnmap, 0)(m->va, m->size);
-			m->unmapped = r == CUDA_SUCCESS;
+			r = p->gpu->unmap(m->va, m->size, &c->err);
+			m->unmapped = r == 0;
 		}
 	}
-	if (r == CUDA_SUCCESS && p->real != 0) {
-		r = SHIM_REAL(cuMemRelease, 0)(p->real);
-		if (r == CUDA_SUCCESS)
+	if (r == 0 && p->real != 0) {
+		r = p->gpu->release(p->real, &c->err);
+		if (r == 0)
 			p->real = 0;
 	}
 	/* Marked even when half done: its data is all in staging, and the unwind
 	 * re-creates the handle if it went and re-maps what was unmapped. */
 	p->staged = 1;
 	c->ms += now_ms() - t0;
-	if (r != CUDA_SUCCESS) {
-		c->rc = cu_fail(&c->err, -EIO, r, "releasing GPU memory (cuMemUnmap/cuMemRelease)");
+	if (r < 0) {
+		c->rc = c->err.code = -EIO;
+		gcr_err_wrap(&c->err, "releasing GPU memory");
 		return 1;
 	}
 	return 0;
@@ -255,7 +275,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 							   .device = phys_device(st[i].p),
 							   .first = st[i].first };
 		if (rc == 0) {
-			rc = shim_digest_run(req, n, dig, err);
+			rc = shim_digest_run(backend, req, n, dig, err);
 			have_dig = rc == 0;
 			if (rc == -ENOSYS)
 				rc = 0; /* no kernel here: copy every chunk */
@@ -277,7 +297,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 		}
 	}
 	if (rc == 0)
-		rc = shim_staging_prepare(need, err);
+		rc = shim_staging_prepare(backend, need, err);
 	size_t nx = 0;
 	if (rc == 0 && (x = calloc(nch + 1, sizeof(*x))) == NULL)
 		rc = gcr_err_set(err, -ENOMEM, "out of memory");
@@ -401,35 +421,38 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 		struct shim_phys *p = shim_alloc_phys_at(i);
 		if (p == NULL || !p->staged || p->real != 0)
 			continue;
-		CUresult r = SHIM_REAL(cuMemCreate, 0)(&p->real, p->size, &p->prop, 0);
-		if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+		shim_gpu_handle h = 0;
+		const void *prop = p->gpu == &shim_cuda_ops ? &p->prop : NULL;
+		int r = p->gpu->create(&h, p->size, phys_device(p), prop, err);
+		if (r == -ENOMEM) {
 			size_t free_b = 0, total_b = 0;
-			if (shim_cu.cuMemGetInfo_v2 != NULL)
-				shim_cu.cuMemGetInfo_v2(&free_b, &total_b);
+			struct gcr_err e2;
+			(void)p->gpu->mem_info(phys_device(p), &free_b, &total_b, &e2);
 			rc = gcr_err_set(err, -ENOMEM,
 					 "not enough GPU memory on GPU %d: need %zu more bytes, %zu free",
 					 phys_device(p), p->size, free_b);
-		} else if (r != CUDA_SUCCESS) {
-			rc = cu_fail(err, -EIO, r, "cuMemCreate");
+		} else if (r < 0) {
+			rc = err->code = -EIO;
 		}
-		if (r != CUDA_SUCCESS)
-			p->real = 0;
-		else
-			made[i] = 1;
+		p->real = r == 0 ? h : 0;
+		made[i] = r == 0;
 	}
 	for (size_t i = 0; i < nmaps && rc == 0; i++) {
 		struct shim_map *m = shim_alloc_map_at(i);
 		if (!m->unmapped)
 			continue;
-		CUresult r = SHIM_REAL(cuMemMap, 0)(m->va, m->size, m->offset, m->phys->real, 0);
-		if (r == CUDA_SUCCESS) {
+		const struct shim_gpu_ops *g = m->phys->gpu;
+		int r = g->map(m->va, m->size, m->offset, m->phys->real, err);
+		if (r == 0) {
 			mapped[i] = 1;
 			m->unmapped = 0;
 			if (m->ndesc > 0)
-				r = SHIM_REAL(cuMemSetAccess, 0)(m->va, m->size, m->desc, (size_t)m->ndesc);
+				r = g->set_access(m->va, m->size, access_of(m->desc), (size_t)m->ndesc, err);
 		}
-		if (r != CUDA_SUCCESS)
-			rc = cu_fail(err, -EIO, r, "cuMemMap/cuMemSetAccess");
+		if (r < 0) {
+			rc = err->code = -EIO;
+			gcr_err_wrap(err, "cuMemMap/cuMemSetAccess");
+		}
 	}
 	rep->ms_map = now_ms() - t0;
 	t0 = now_ms();
@@ -440,17 +463,18 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 		/* Unwind: nothing half-restored stays behind. */
 		rep->bytes = rep->copied = rep->zero = 0;
 		rep->handles = 0;
+		struct gcr_err e2;
 		for (size_t i = 0; i < nmaps; i++) {
 			struct shim_map *m = shim_alloc_map_at(i);
 			if (mapped[i]) {
-				SHIM_REAL(cuMemUnmap, 0)(m->va, m->size);
+				(void)m->phys->gpu->unmap(m->va, m->size, &e2);
 				m->unmapped = 1;
 			}
 		}
 		for (size_t i = 0; i < nphys; i++) {
 			struct shim_phys *p = shim_alloc_phys_at(i);
 			if (made[i] && p != NULL && p->real != 0) {
-				SHIM_REAL(cuMemRelease, 0)(p->real);
+				(void)p->gpu->release(p->real, &e2);
 				p->real = 0;
 			}
 		}
@@ -494,12 +518,14 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 		rc = gcr_err_set(err, -EALREADY, "already suspended (state %s)", shim_cr_state_name(state));
 		goto out;
 	}
-	if (shim_real_cuda_handle() == NULL) {
-		rc = gcr_err_set(err, -ENODEV, "the process has not initialised CUDA");
+	rc = choose_backend(&backend, err);
+	if (rc < 0)
 		goto out;
-	}
 	pthread_mutex_lock(&shim_alloc_lock);
 	rc = shim_alloc_check_movable(err);
+	if (rc == 0 && shim_alloc_other_vendor(backend))
+		rc = gcr_err_set(err, -ENOTSUP, "the process holds GPU memory of a runtime other than %s",
+				 backend->name);
 	pthread_mutex_unlock(&shim_alloc_lock);
 	if (rc < 0)
 		goto out;
@@ -514,15 +540,8 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	t0 = now_ms();
 	/* Allocation calls are gated too, so the table is stable from here. */
 	pthread_mutex_lock(&shim_alloc_lock);
-	CUcontext ctxs[64];
-	size_t nctx = shim_alloc_contexts(ctxs, 64);
-	for (size_t i = 0; i < nctx && rc == 0; i++) {
-		CUresult r = shim_cu.cuCtxSetCurrent(ctxs[i]);
-		if (r == CUDA_SUCCESS)
-			r = shim_cu.cuCtxSynchronize();
-		if (r != CUDA_SUCCESS)
-			rc = cu_fail(err, -EIO, r, "cuCtxSynchronize (application work failed?)");
-	}
+	if (backend->sync_all(err) < 0)
+		rc = err->code = -EIO;
 	rep->ms_sync = now_ms() - t0;
 	size_t nstaged = 0, nch = 0;
 	struct staged *st = rc == 0 ? staged_list(&nstaged, &nch, err) : NULL;

@@ -22,7 +22,6 @@
 #include "shim_config.h"
 #include "shim_cr.h"
 #include "shim_gate.h"
-#include "shim_hip_alloc.h"
 #include "shim_hip_hook.h"
 #include "shim_hook.h"
 #include "shim_real.h"
@@ -47,20 +46,6 @@ static json_t *backends_json(void)
 	return json_pack("{s:b, s:b}", "cuda", shim_real_cuda_handle() != NULL, "hip", shim_hip_handle() != NULL);
 }
 
-/* The HIP side's bytes and objects (recorded, not moved yet: docs/amd.md). */
-static json_t *hip_json(void)
-{
-	struct shim_hip_alloc_stats h;
-	shim_hip_alloc_stats(&h);
-	return json_pack("{s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "bytes",
-			 "plain", (json_int_t)h.plain_bytes, "async", (json_int_t)h.async_bytes, "managed",
-			 (json_int_t)h.managed_bytes, "vmm", (json_int_t)h.vmm_bytes, "reserved",
-			 (json_int_t)h.reserved_bytes, "mapped", (json_int_t)h.mapped_bytes, "buffers", "plain",
-			 (json_int_t)h.plain_buffers, "async", (json_int_t)h.async_buffers, "managed",
-			 (json_int_t)h.managed_buffers, "vmm", (json_int_t)h.vmm_handles, "reserved",
-			 (json_int_t)h.reservations, "mapped", (json_int_t)h.mappings);
-}
-
 static json_t *status_json(void)
 {
 	struct shim_alloc_stats st;
@@ -83,8 +68,6 @@ static json_t *status_json(void)
 		"grown_inline", (json_int_t)ss.grown_inline, "fault_ms", ss.fault_ms);
 	if (j != NULL) {
 		json_object_set_new(j, "backends", backends_json());
-		if (shim_hip_handle() != NULL)
-			json_object_set_new(j, "hip", hip_json());
 	}
 	return j;
 }
@@ -161,14 +144,6 @@ static char *handle_line(const char *line)
 				break;
 			}
 			timeout = (int)json_integer_value(t);
-		}
-		/* The HIP data path is not routed through suspend yet (docs/amd.md, phase 2):
-		 * refuse before anything is touched rather than report CUDA's absence. */
-		if (shim_real_cuda_handle() == NULL && shim_hip_handle() != NULL) {
-			rc = gcr_err_set(&err, -ENOTSUP,
-					 "this is a HIP (AMD) process; suspend of HIP processes is not "
-					 "implemented yet (docs/amd.md)");
-			break;
 		}
 		rc = shim_cr_suspend(timeout, &rep, &err);
 		if (rc == 0)

@@ -125,9 +125,11 @@ static int run_device(int dev, const struct shim_digest_req *req, size_t n, stru
 	return rc;
 }
 
-int shim_digest_run(const struct shim_digest_req *req, size_t n, struct shim_digest *out,
-		    struct gcr_err *err)
+int shim_digest_run(const struct shim_gpu_ops *gpu, const struct shim_digest_req *req, size_t n,
+		    struct shim_digest *out, struct gcr_err *err)
 {
+	if (gpu != &shim_cuda_ops)
+		return gcr_err_set(err, -ENOSYS, "no digest kernel for %s: every chunk is copied", gpu->name);
 	int rc = 0;
 	pthread_mutex_lock(&digest_lock);
 	for (int dev = 0; dev < SHIM_MAX_DEVICES && rc == 0; dev++) {

@@ -12,6 +12,7 @@
 
 #include "gcr_error.h"
 #include "shim_digest_math.h"
+#include "shim_gpu.h"
 
 struct shim_digest {
 	uint64_t h1, h2, any; /* any == 0: the chunk is all zero bytes */
@@ -36,9 +37,10 @@ static inline size_t shim_digest_nchunks(uint64_t size)
 }
 
 /* Digests every request (one launch each, one copy back per GPU). 0, -ENOSYS
- * when the kernel cannot run here (the caller then copies every chunk), or
- * another -errno. The application's work must be finished (the gate is closed). */
-int shim_digest_run(const struct shim_digest_req *req, size_t n, struct shim_digest *out,
-		    struct gcr_err *err);
+ * when the kernel cannot run here (the caller then copies every chunk): always on
+ * a vendor other than CUDA (the kernel is PTX; docs/amd.md), or another -errno.
+ * The application's work must be finished (the gate is closed). */
+int shim_digest_run(const struct shim_gpu_ops *gpu, const struct shim_digest_req *req, size_t n,
+		    struct shim_digest *out, struct gcr_err *err);
 
 #endif

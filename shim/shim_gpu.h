@@ -8,29 +8,45 @@
 
 #include "gcr_error.h"
 
-/* Device addresses, physical-memory handles and streams as the vendors' own values, widened:
- * a CUdeviceptr or a HIP void *, a CUmemGenericAllocationHandle or a HIP handle pointer. */
+/* Device addresses, physical-memory handles, streams and events as the vendors' own values,
+ * widened: a CUdeviceptr or a HIP void *, a CUmemGenericAllocationHandle or a HIP handle
+ * pointer, a CUstream or hipStream_t, a CUevent or hipEvent_t. */
 typedef uint64_t shim_gpu_va;
 typedef uint64_t shim_gpu_handle;
 typedef void *shim_gpu_stream;
+typedef void *shim_gpu_event;
 
-enum shim_gpu_prot { SHIM_GPU_PROT_NONE = 0, SHIM_GPU_PROT_READ, SHIM_GPU_PROT_READWRITE };
-
-/* Access of one device to a mapped range (the vendor's access descriptor, neutral). */
+/* Access of one location to a mapped range, with the vendors' own values: CUmemAccessDesc and
+ * hipMemAccessDesc have this layout and these values (checked where each is used), so the
+ * table records either vendor's descriptors as they were given. */
 struct shim_gpu_access {
-	int device;
-	enum shim_gpu_prot prot;
+	int type;  /* SHIM_GPU_LOC_DEVICE */
+	int id;    /* the device */
+	int flags; /* SHIM_GPU_PROT_* */
 };
+#define SHIM_GPU_LOC_DEVICE 1
+#define SHIM_GPU_PROT_NONE 0
+#define SHIM_GPU_PROT_READ 1
+#define SHIM_GPU_PROT_READWRITE 3
+
+/* The status codes both vendors share (CUresult / hipError_t): the allocation table returns
+ * the vendor's own code to the application, and decides on these two. */
+#define SHIM_GPU_OUT_OF_MEMORY 2
+#define SHIM_GPU_NOT_SUPPORTED 801
 
 /* Every operation returns 0 or -errno with err naming the call and the vendor's error
- * (-ENOMEM for the vendor's out-of-memory, so resume can report what is missing). They call
- * the real runtime, never the shim's wrappers, and do not pass the gate. */
+ * (-ENOMEM for the vendor's out-of-memory, so resume can report what is missing); the vendor's
+ * own code of the failure is kept for the thread (shim_gpu_last_code). They call the real
+ * runtime, never the shim's wrappers, and do not pass the gate. */
 struct shim_gpu_ops {
 	const char *name; /* "cuda", "hip": what status reports */
 
-	/* Opens the runtime if needed; -ENODEV where the process has none. */
+	/* Opens the runtime if needed and checks what the data path needs; -ENODEV where the
+	 * process has none. */
 	int (*load)(struct gcr_err *err);
 	int (*device_count)(int *count, struct gcr_err *err);
+	/* The calling thread's device, and (CUDA) its current context, NULL for HIP. */
+	int (*current_device)(int *device, void **ctx, struct gcr_err *err);
 	/* Minimum VMM granularity of device memory on dev, bytes. */
 	int (*granularity)(int device, size_t *bytes, struct gcr_err *err);
 	/* Whether peer may map memory of device (the access list of converted buffers). */
@@ -38,32 +54,63 @@ struct shim_gpu_ops {
 
 	int (*reserve)(shim_gpu_va *va, size_t size, size_t align, struct gcr_err *err);
 	int (*free_va)(shim_gpu_va va, size_t size, struct gcr_err *err);
-	/* Pinned device memory on device; size a granularity multiple. */
-	int (*create)(shim_gpu_handle *h, size_t size, int device, struct gcr_err *err);
+	/* Physical device memory on device; size a granularity multiple. prop: the vendor's own
+	 * allocation properties to create with (CUDA: the CUmemAllocationProp recorded), or NULL
+	 * for pinned memory on device. */
+	int (*create)(shim_gpu_handle *h, size_t size, int device, const void *prop, struct gcr_err *err);
 	int (*release)(shim_gpu_handle h, struct gcr_err *err);
 	int (*map)(shim_gpu_va va, size_t size, size_t offset, shim_gpu_handle h, struct gcr_err *err);
 	int (*unmap)(shim_gpu_va va, size_t size, struct gcr_err *err);
 	int (*set_access)(shim_gpu_va va, size_t size, const struct shim_gpu_access *acc, size_t n,
 			  struct gcr_err *err);
 
-	/* A non-blocking stream on device for the shim's own copies. */
+	/* Where the calling thread's next calls go: CUDA: the context the application allocated in
+	 * on device; HIP: hipSetDevice. */
+	int (*set_device)(int device, struct gcr_err *err);
+	/* CUDA contexts as such (the staging's pinned slots are made in one): get and make current.
+	 * HIP has none: NULL and 0. */
+	int (*ctx_get)(void **ctx, struct gcr_err *err);
+	int (*ctx_set)(void *ctx, struct gcr_err *err);
+	/* A non-blocking stream on device for the shim's own copies (CUDA: in the current
+	 * context, which set_device chose). */
 	int (*stream_create)(int device, shim_gpu_stream *s, struct gcr_err *err);
 	int (*stream_destroy)(shim_gpu_stream s, struct gcr_err *err);
 	int (*stream_sync)(shim_gpu_stream s, struct gcr_err *err);
+	/* Events without timing, for the copy workers' double buffering. */
+	int (*event_create)(shim_gpu_event *e, struct gcr_err *err);
+	int (*event_record)(shim_gpu_event e, shim_gpu_stream s, struct gcr_err *err);
+	int (*event_sync)(shim_gpu_event e, struct gcr_err *err);
 	/* Waits for all work the application submitted to device. */
 	int (*device_sync)(int device, struct gcr_err *err);
+	/* Waits for all work the application submitted anywhere (CUDA: every context it allocated
+	 * in; HIP: every device). Table lock held. */
+	int (*sync_all)(struct gcr_err *err);
 	int (*copy_dtoh_async)(void *dst, shim_gpu_va src, size_t n, shim_gpu_stream s, struct gcr_err *err);
 	int (*copy_htod_async)(shim_gpu_va dst, const void *src, size_t n, shim_gpu_stream s,
 			       struct gcr_err *err);
+	/* Sets n bytes at dst to zero, on s. */
+	int (*memset_async)(shim_gpu_va dst, size_t n, shim_gpu_stream s, struct gcr_err *err);
 	/* Pins (page-locks) host memory for the copies, and unpins it. */
 	int (*host_register)(void *p, size_t n, struct gcr_err *err);
 	int (*host_unregister)(void *p, struct gcr_err *err);
+	/* Pinned host memory of n bytes usable from every device, and its release. */
+	int (*host_alloc)(void **p, size_t n, struct gcr_err *err);
+	void (*host_free)(void *p, size_t n);
+	/* Free and total memory of device (CUDA: of the current context's device). */
 	int (*mem_info)(int device, size_t *free_bytes, size_t *total_bytes, struct gcr_err *err);
 	/* The vendor's name for an error code ("hipErrorOutOfMemory"); never NULL. */
 	const char *(*error_string)(int code);
 };
 
-/* The HIP implementation (shim_hip.c); the CUDA one comes with phase 2 (docs/amd.md). */
-extern const struct shim_gpu_ops shim_hip_ops;
+extern const struct shim_gpu_ops shim_cuda_ops; /* shim_cuda.c */
+extern const struct shim_gpu_ops shim_hip_ops;  /* shim_hip.c */
+
+/* The vendor's own status code (CUresult, hipError_t) of this thread's last failed operation. */
+int shim_gpu_last_code(void);
+void shim_gpu_set_last_code(int code);
+
+/* The device a HIP application's hipMemAllocationProp names (in the running runtime's layout),
+ * or -1 when it is not device memory. */
+int shim_hip_prop_device(const void *prop);
 
 #endif

@@ -1,11 +1,13 @@
 /* shim_hip: struct shim_gpu_ops on AMD's HIP runtime (libamdhip64, opened at run time): the
- * virtual-memory, stream, copy and pinning calls the data path makes for its own work. */
+ * virtual-memory, stream, event, copy and pinning calls the data path makes for its own work. */
 #include "shim_gpu.h"
 
 #include <errno.h>
 #include <hip/hip_runtime_api.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "shim_hip_hook.h"
 #include "shim_real.h"
@@ -15,7 +17,7 @@
 	X(hipGetDeviceCount) X(hipSetDevice) X(hipGetDevice) X(hipDeviceCanAccessPeer)           \
 	X(hipMemGetAllocationGranularity) X(hipStreamCreateWithFlags) X(hipStreamDestroy)        \
 	X(hipHostRegister) X(hipHostUnregister) X(hipMemGetInfo) X(hipGetErrorName)              \
-	X(hipRuntimeGetVersion)
+	X(hipRuntimeGetVersion) X(hipEventCreateWithFlags)
 
 static struct {
 #define X(f) __typeof__(&f) f;
@@ -57,6 +59,13 @@ static void rt_init(void)
 	rt_rc = 0;
 }
 
+/* The table records hipMemAccessDesc as struct shim_gpu_access (shim_gpu.h): same values. */
+_Static_assert(hipMemLocationTypeDevice == SHIM_GPU_LOC_DEVICE, "device location");
+_Static_assert(hipMemAccessFlagsProtRead == SHIM_GPU_PROT_READ, "read");
+_Static_assert(hipMemAccessFlagsProtReadWrite == SHIM_GPU_PROT_READWRITE, "read-write");
+_Static_assert(hipErrorOutOfMemory == SHIM_GPU_OUT_OF_MEMORY, "out of memory");
+_Static_assert(hipErrorNotSupported == SHIM_GPU_NOT_SUPPORTED, "not supported");
+
 static const char *hip_error_string(int code)
 {
 	const char *s = rt.hipGetErrorName != NULL ? rt.hipGetErrorName((hipError_t)code) : NULL;
@@ -68,6 +77,7 @@ static int hip_rc(hipError_t r, const char *what, struct gcr_err *err)
 {
 	if (r == hipSuccess)
 		return 0;
+	shim_gpu_set_last_code((int)r);
 	int code = r == hipErrorOutOfMemory ? -ENOMEM : r == hipErrorNotSupported ? -ENOTSUP : -EIO;
 	return gcr_err_set(err, code, "%s failed: %s (%d)", what, hip_error_string(r), (int)r);
 }
@@ -86,8 +96,10 @@ static int hip_load(struct gcr_err *err)
 		int need_rc_ = hip_load(err);                                             \
 		if (need_rc_ < 0)                                                         \
 			return need_rc_;                                                  \
-		if ((fn) == NULL)                                                         \
+		if ((fn) == NULL) {                                                       \
+			shim_gpu_set_last_code(hipErrorNotFound);                         \
 			return gcr_err_set(err, -ENOTSUP, "the HIP runtime lacks %s", what); \
+		}                                                                         \
 	} while (0)
 
 #define PTR(va) ((void *)(uintptr_t)(va))
@@ -144,8 +156,11 @@ static int hip_free_va(shim_gpu_va va, size_t size, struct gcr_err *err)
 	return hip_rc(fn(PTR(va), size), "hipMemAddressFree", err);
 }
 
-static int hip_create(shim_gpu_handle *h, size_t size, int device, struct gcr_err *err)
+/* prop is ignored: HIP handles are re-created as pinned memory on their device (the
+ * application's other properties are not recorded: docs/amd.md). */
+static int hip_create(shim_gpu_handle *h, size_t size, int device, const void *prop, struct gcr_err *err)
 {
+	(void)prop;
 	__typeof__(&hipMemCreate) fn = SHIM_HIP_REAL(hipMemCreate, 0);
 	NEED(fn, "hipMemCreate");
 	hipMemAllocationProp p5;
@@ -193,11 +208,9 @@ static int hip_set_access(shim_gpu_va va, size_t size, const struct shim_gpu_acc
 	hipMemAccessDesc d[HIP_MAX_ACCESS];
 	memset(d, 0, sizeof(d));
 	for (size_t i = 0; i < n; i++) {
-		d[i].location.type = hipMemLocationTypeDevice;
-		d[i].location.id = acc[i].device;
-		d[i].flags = acc[i].prot == SHIM_GPU_PROT_READWRITE ? hipMemAccessFlagsProtReadWrite
-			     : acc[i].prot == SHIM_GPU_PROT_READ    ? hipMemAccessFlagsProtRead
-								    : hipMemAccessFlagsProtNone;
+		d[i].location.type = (hipMemLocationType)acc[i].type;
+		d[i].location.id = acc[i].id;
+		d[i].flags = (hipMemAccessFlags)acc[i].flags;
 	}
 	return hip_rc(fn(PTR(va), size, d, n), "hipMemSetAccess", err);
 }
@@ -273,10 +286,117 @@ static int hip_mem_info(int device, size_t *free_bytes, size_t *total_bytes, str
 	return rc < 0 ? rc : hip_rc(rt.hipMemGetInfo(free_bytes, total_bytes), "hipMemGetInfo", err);
 }
 
+static int hip_current_device(int *device, void **ctx, struct gcr_err *err)
+{
+	NEED(rt.hipGetDevice, "hipGetDevice");
+	*ctx = NULL;
+	return hip_rc(rt.hipGetDevice(device), "hipGetDevice", err);
+}
+
+static int hip_set_device(int device, struct gcr_err *err)
+{
+	NEED(rt.hipSetDevice, "hipSetDevice");
+	return hip_rc(rt.hipSetDevice(device), "hipSetDevice", err);
+}
+
+/* HIP has no contexts the shim selects: devices are chosen with set_device. */
+static int hip_ctx_get(void **ctx, struct gcr_err *err)
+{
+	(void)err;
+	*ctx = NULL;
+	return 0;
+}
+
+static int hip_ctx_set(void *ctx, struct gcr_err *err)
+{
+	(void)ctx;
+	(void)err;
+	return 0;
+}
+
+static int hip_event_create(shim_gpu_event *e, struct gcr_err *err)
+{
+	NEED(rt.hipEventCreateWithFlags, "hipEventCreateWithFlags");
+	hipEvent_t ev = NULL;
+	int rc = hip_rc(rt.hipEventCreateWithFlags(&ev, hipEventDisableTiming), "hipEventCreateWithFlags", err);
+	if (rc == 0)
+		*e = ev;
+	return rc;
+}
+
+static int hip_event_record(shim_gpu_event e, shim_gpu_stream s, struct gcr_err *err)
+{
+	__typeof__(&hipEventRecord) fn = SHIM_HIP_REAL(hipEventRecord, 0);
+	NEED(fn, "hipEventRecord");
+	return hip_rc(fn(e, s), "hipEventRecord", err);
+}
+
+static int hip_event_sync(shim_gpu_event e, struct gcr_err *err)
+{
+	__typeof__(&hipEventSynchronize) fn = SHIM_HIP_REAL(hipEventSynchronize, 0);
+	NEED(fn, "hipEventSynchronize");
+	return hip_rc(fn(e), "hipEventSynchronize", err);
+}
+
+/* Every device: HIP work is per device, and the table does not know every device a kernel
+ * ran on. */
+static int hip_sync_all(struct gcr_err *err)
+{
+	int n = 0;
+	int rc = hip_device_count(&n, err);
+	for (int d = 0; d < n && rc == 0; d++)
+		rc = hip_device_sync(d, err);
+	if (rc < 0)
+		gcr_err_wrap(err, "waiting for the application's work (application work failed?)");
+	return rc;
+}
+
+static int hip_memset_async(shim_gpu_va dst, size_t n, shim_gpu_stream s, struct gcr_err *err)
+{
+	__typeof__(&hipMemsetD8Async) fn = SHIM_HIP_REAL(hipMemsetD8Async, 0);
+	NEED(fn, "hipMemsetD8Async");
+	return hip_rc(fn(PTR(dst), 0, n, s), "hipMemsetD8Async", err);
+}
+
+/* Page-aligned memory, registered: what hipHostMalloc gives, from calls the stand-in has too. */
+static int hip_host_alloc(void **p, size_t n, struct gcr_err *err)
+{
+	void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return gcr_err_set(err, -ENOMEM, "cannot map %zu bytes of host memory", n);
+	int rc = hip_host_register(m, n, err);
+	if (rc < 0) {
+		munmap(m, n);
+		return rc;
+	}
+	*p = m;
+	return 0;
+}
+
+static void hip_host_free(void *p, size_t n)
+{
+	struct gcr_err err;
+	if (p == NULL)
+		return;
+	(void)hip_host_unregister(p, &err);
+	munmap(p, n);
+}
+
+int shim_hip_prop_device(const void *prop)
+{
+	struct gcr_err err;
+	if (prop == NULL || hip_load(&err) < 0)
+		return -1;
+	const hipMemLocation *loc = rt.prop_v6 ? &((const struct shim_hip_prop_v6 *)prop)->location
+					       : &((const hipMemAllocationProp *)prop)->location;
+	return loc->type == hipMemLocationTypeDevice ? loc->id : -1;
+}
+
 const struct shim_gpu_ops shim_hip_ops = {
 	.name = "hip",
 	.load = hip_load,
 	.device_count = hip_device_count,
+	.current_device = hip_current_device,
 	.granularity = hip_granularity,
 	.can_access_peer = hip_can_access_peer,
 	.reserve = hip_reserve,
@@ -286,14 +406,24 @@ const struct shim_gpu_ops shim_hip_ops = {
 	.map = hip_map,
 	.unmap = hip_unmap,
 	.set_access = hip_set_access,
+	.set_device = hip_set_device,
+	.ctx_get = hip_ctx_get,
+	.ctx_set = hip_ctx_set,
 	.stream_create = hip_stream_create,
 	.stream_destroy = hip_stream_destroy,
 	.stream_sync = hip_stream_sync,
+	.event_create = hip_event_create,
+	.event_record = hip_event_record,
+	.event_sync = hip_event_sync,
 	.device_sync = hip_device_sync,
+	.sync_all = hip_sync_all,
 	.copy_dtoh_async = hip_copy_dtoh_async,
 	.copy_htod_async = hip_copy_htod_async,
+	.memset_async = hip_memset_async,
 	.host_register = hip_host_register,
 	.host_unregister = hip_host_unregister,
+	.host_alloc = hip_host_alloc,
+	.host_free = hip_host_free,
 	.mem_info = hip_mem_info,
 	.error_string = hip_error_string,
 };

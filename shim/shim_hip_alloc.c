@@ -1,175 +1,106 @@
-/* shim_hip_alloc: HIP allocation wrappers. Each passes the gate, forwards to the runtime and
- * records the result by address or handle, so frees and unmaps keep the counts exact. */
+/* shim_hip_alloc: HIP allocation wrappers on the shared table (shim_alloc), as the CUDA ones:
+ * hipMalloc/hipMallocPitch/hipMemAllocPitch of GCR_VMM_MIN_BYTES or more become VMM buffers
+ * (reserve, create, map, access), the application's hipMemCreate handles are virtualised, the
+ * rest goes to the runtime and is counted. Each passes the gate. */
 #include "shim_hip_alloc.h"
 
-#include <errno.h>
 #include <hip/hip_runtime_api.h>
-#include <pthread.h>
-#include <stdlib.h>
-#include <string.h>
+#include <stdatomic.h>
+#include <stdint.h>
 
+#include "shim_alloc.h"
+#include "shim_config.h"
 #include "shim_gate.h"
+#include "shim_gpu.h"
 #include "shim_hip_hook.h"
 #include "shim_hook.h"
 
-enum rec_kind { REC_PLAIN, REC_ASYNC, REC_MANAGED, REC_HANDLE, REC_RESERVE, REC_MAP };
-
-/* One record; key is the address (buffers, reservations, mappings) or the handle value. */
-struct rec {
-	uint64_t key;
-	uint64_t size;
-	enum rec_kind kind;
-};
-
-/* A vector of records sorted by key: lookups are binary searches. */
-struct recvec {
-	struct rec *v;
-	size_t n, cap;
-};
-
-static pthread_mutex_t hip_alloc_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct recvec bufs, handles, reservations, maps;
-static struct shim_hip_alloc_stats stats;
-static int used;
-
-static size_t vec_lower(const struct recvec *rv, uint64_t key)
-{
-	size_t lo = 0, hi = rv->n;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (rv->v[mid].key < key)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
-static int vec_insert(struct recvec *rv, struct rec r)
-{
-	if (rv->n == rv->cap) {
-		size_t ncap = rv->cap ? rv->cap * 2 : 64;
-		struct rec *nv = realloc(rv->v, ncap * sizeof(*nv));
-		if (nv == NULL)
-			return -ENOMEM;
-		rv->v = nv;
-		rv->cap = ncap;
-	}
-	size_t i = vec_lower(rv, r.key);
-	memmove(&rv->v[i + 1], &rv->v[i], (rv->n - i) * sizeof(*rv->v));
-	rv->v[i] = r;
-	rv->n++;
-	return 0;
-}
-
-static void vec_remove_at(struct recvec *rv, size_t i)
-{
-	memmove(&rv->v[i], &rv->v[i + 1], (rv->n - i - 1) * sizeof(*rv->v));
-	rv->n--;
-}
-
-/* The counters a record kind adds to. */
-static void counters(enum rec_kind k, uint64_t **bytes, uint64_t **count)
-{
-	switch (k) {
-	case REC_PLAIN: *bytes = &stats.plain_bytes; *count = &stats.plain_buffers; break;
-	case REC_ASYNC: *bytes = &stats.async_bytes; *count = &stats.async_buffers; break;
-	case REC_MANAGED: *bytes = &stats.managed_bytes; *count = &stats.managed_buffers; break;
-	case REC_HANDLE: *bytes = &stats.vmm_bytes; *count = &stats.vmm_handles; break;
-	case REC_RESERVE: *bytes = &stats.reserved_bytes; *count = &stats.reservations; break;
-	default: *bytes = &stats.mapped_bytes; *count = &stats.mappings; break;
-	}
-}
-
-static struct recvec *table_of(enum rec_kind k)
-{
-	return k == REC_HANDLE ? &handles : k == REC_RESERVE ? &reservations : k == REC_MAP ? &maps : &bufs;
-}
-
-/* Records a successful allocation. Out of memory loses only statistics; the application's
- * call still succeeded, as it did in the runtime. */
-static void track(enum rec_kind k, uint64_t key, uint64_t size)
-{
-	pthread_mutex_lock(&hip_alloc_lock);
-	used = 1;
-	if (vec_insert(table_of(k), (struct rec){ .key = key, .size = size, .kind = k }) == 0) {
-		uint64_t *bytes, *count;
-		counters(k, &bytes, &count);
-		*bytes += size;
-		(*count)++;
-	}
-	pthread_mutex_unlock(&hip_alloc_lock);
-}
-
-static void untrack_at(struct recvec *rv, size_t i)
-{
-	uint64_t *bytes, *count;
-	counters(rv->v[i].kind, &bytes, &count);
-	*bytes -= rv->v[i].size;
-	(*count)--;
-	vec_remove_at(rv, i);
-}
-
-static void untrack(struct recvec *rv, uint64_t key)
-{
-	pthread_mutex_lock(&hip_alloc_lock);
-	size_t i = vec_lower(rv, key);
-	if (i < rv->n && rv->v[i].key == key)
-		untrack_at(rv, i);
-	pthread_mutex_unlock(&hip_alloc_lock);
-}
-
-void shim_hip_alloc_stats(struct shim_hip_alloc_stats *st)
-{
-	pthread_mutex_lock(&hip_alloc_lock);
-	*st = stats;
-	pthread_mutex_unlock(&hip_alloc_lock);
-}
+static atomic_int used;
 
 int shim_hip_alloc_used(void)
 {
-	pthread_mutex_lock(&hip_alloc_lock);
-	int u = used;
-	pthread_mutex_unlock(&hip_alloc_lock);
-	return u;
+	return atomic_load(&used);
 }
 
 #define ADDR(p) ((uint64_t)(uintptr_t)(p))
+#define PTR(a) ((void *)(uintptr_t)(a))
 
 /* Resolves the real function or answers hipErrorNotFound, then enters the gate. */
 #define HIP_ENTER(fn, sym)                                                        \
 	__typeof__(&sym) fn = SHIM_HIP_REAL(sym, 0);                              \
 	if (fn == NULL)                                                           \
 		return hipErrorNotFound;                                          \
+	atomic_store_explicit(&used, 1, memory_order_relaxed);                    \
 	struct shim_thread *gate_t = shim_gate_enter_hip(SHIM_HIP_HOOK_##sym, 0)
 #define HIP_LEAVE() shim_gate_exit(gate_t)
+
+static int convert(size_t bytes)
+{
+	return shim_cfg.vmm && bytes >= shim_cfg.vmm_min_bytes;
+}
+
+/* A converted buffer, or SHIM_GPU_NOT_SUPPORTED when the caller should ask the runtime. */
+static hipError_t try_convert(void **ptr, size_t bytes)
+{
+	uint64_t va = 0;
+	if (ptr == NULL || !convert(bytes))
+		return hipErrorNotSupported;
+	hipError_t r = (hipError_t)shim_alloc_buf_new(&shim_hip_ops, &va, bytes);
+	if (r == hipSuccess)
+		*ptr = PTR(va);
+	return r;
+}
 
 SHIM_EXPORT hipError_t hipMalloc(void **ptr, size_t size)
 {
 	HIP_ENTER(real, hipMalloc);
-	hipError_t r = real(ptr, size);
-	if (r == hipSuccess && ptr != NULL && *ptr != NULL)
-		track(REC_PLAIN, ADDR(*ptr), size);
+	hipError_t r = try_convert(ptr, size);
+	if (r == hipErrorNotSupported) {
+		r = real(ptr, size);
+		if (r == hipSuccess && ptr != NULL && *ptr != NULL)
+			shim_alloc_note(ADDR(*ptr), size, SHIM_ALLOC_PLAIN);
+	}
 	HIP_LEAVE();
 	return r;
 }
 
+/* Flags ask for kinds of memory (fine-grained, uncached) the VMM path does not make: left to
+ * the runtime. */
 SHIM_EXPORT hipError_t hipExtMallocWithFlags(void **ptr, size_t sizeBytes, unsigned int flags)
 {
 	HIP_ENTER(real, hipExtMallocWithFlags);
 	hipError_t r = real(ptr, sizeBytes, flags);
 	if (r == hipSuccess && ptr != NULL && *ptr != NULL)
-		track(REC_PLAIN, ADDR(*ptr), sizeBytes);
+		shim_alloc_note(ADDR(*ptr), sizeBytes, SHIM_ALLOC_PLAIN);
 	HIP_LEAVE();
+	return r;
+}
+
+/* Pitch as cuMemAllocPitch's wrapper picks it; any pitch >= width is valid. */
+#define HIP_PITCH_ALIGN 512
+
+static hipError_t pitched(void **ptr, size_t *pitch, size_t width, size_t height)
+{
+	if (ptr == NULL || pitch == NULL || width == 0 || height == 0)
+		return hipErrorNotSupported;
+	size_t p = (width + HIP_PITCH_ALIGN - 1) / HIP_PITCH_ALIGN * HIP_PITCH_ALIGN;
+	if (height > SIZE_MAX / p)
+		return hipErrorNotSupported;
+	hipError_t r = try_convert(ptr, p * height);
+	if (r == hipSuccess)
+		*pitch = p;
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height)
 {
 	HIP_ENTER(real, hipMallocPitch);
-	hipError_t r = real(ptr, pitch, width, height);
-	if (r == hipSuccess && ptr != NULL && *ptr != NULL && pitch != NULL)
-		track(REC_PLAIN, ADDR(*ptr), (uint64_t)*pitch * height);
+	hipError_t r = pitched(ptr, pitch, width, height);
+	if (r == hipErrorNotSupported) {
+		r = real(ptr, pitch, width, height);
+		if (r == hipSuccess && ptr != NULL && *ptr != NULL && pitch != NULL)
+			shim_alloc_note(ADDR(*ptr), (uint64_t)*pitch * height, SHIM_ALLOC_PLAIN);
+	}
 	HIP_LEAVE();
 	return r;
 }
@@ -178,30 +109,37 @@ SHIM_EXPORT hipError_t hipMemAllocPitch(hipDeviceptr_t *dptr, size_t *pitch, siz
 					size_t height, unsigned int elementSizeBytes)
 {
 	HIP_ENTER(real, hipMemAllocPitch);
-	hipError_t r = real(dptr, pitch, widthInBytes, height, elementSizeBytes);
-	if (r == hipSuccess && dptr != NULL && *dptr != NULL && pitch != NULL)
-		track(REC_PLAIN, ADDR(*dptr), (uint64_t)*pitch * height);
+	hipError_t r = elementSizeBytes == 4 || elementSizeBytes == 8 || elementSizeBytes == 16
+			       ? pitched(dptr, pitch, widthInBytes, height)
+			       : hipErrorNotSupported;
+	if (r == hipErrorNotSupported) {
+		r = real(dptr, pitch, widthInBytes, height, elementSizeBytes);
+		if (r == hipSuccess && dptr != NULL && *dptr != NULL && pitch != NULL)
+			shim_alloc_note(ADDR(*dptr), (uint64_t)*pitch * height, SHIM_ALLOC_PLAIN);
+	}
 	HIP_LEAVE();
 	return r;
 }
 
+/* Managed memory cannot be moved: counted, and suspend refuses while any is held. */
 SHIM_EXPORT hipError_t hipMallocManaged(void **dev_ptr, size_t size, unsigned int flags)
 {
 	HIP_ENTER(real, hipMallocManaged);
 	hipError_t r = real(dev_ptr, size, flags);
 	if (r == hipSuccess && dev_ptr != NULL && *dev_ptr != NULL)
-		track(REC_MANAGED, ADDR(*dev_ptr), size);
+		shim_alloc_note(ADDR(*dev_ptr), size, SHIM_ALLOC_MANAGED);
 	HIP_LEAVE();
 	return r;
 }
 
-/* Stream-ordered allocations stay in the runtime's pools; counted so statistics show them. */
+/* Stream-ordered allocations stay in the runtime's pools (its control step moves them);
+ * counted so statistics show them. */
 SHIM_EXPORT hipError_t hipMallocAsync(void **dev_ptr, size_t size, hipStream_t stream)
 {
 	HIP_ENTER(real, hipMallocAsync);
 	hipError_t r = real(dev_ptr, size, stream);
 	if (r == hipSuccess && dev_ptr != NULL && *dev_ptr != NULL)
-		track(REC_ASYNC, ADDR(*dev_ptr), size);
+		shim_alloc_note(ADDR(*dev_ptr), size, SHIM_ALLOC_ASYNC);
 	HIP_LEAVE();
 	return r;
 }
@@ -212,7 +150,7 @@ SHIM_EXPORT hipError_t hipMallocFromPoolAsync(void **dev_ptr, size_t size, hipMe
 	HIP_ENTER(real, hipMallocFromPoolAsync);
 	hipError_t r = real(dev_ptr, size, mem_pool, stream);
 	if (r == hipSuccess && dev_ptr != NULL && *dev_ptr != NULL)
-		track(REC_ASYNC, ADDR(*dev_ptr), size);
+		shim_alloc_note(ADDR(*dev_ptr), size, SHIM_ALLOC_ASYNC);
 	HIP_LEAVE();
 	return r;
 }
@@ -220,9 +158,13 @@ SHIM_EXPORT hipError_t hipMallocFromPoolAsync(void **dev_ptr, size_t size, hipMe
 SHIM_EXPORT hipError_t hipFree(void *ptr)
 {
 	HIP_ENTER(real, hipFree);
-	hipError_t r = real(ptr);
-	if (r == hipSuccess && ptr != NULL)
-		untrack(&bufs, ADDR(ptr));
+	int ours = 0;
+	hipError_t r = (hipError_t)shim_alloc_buf_free(&shim_hip_ops, ADDR(ptr), &ours);
+	if (!ours) {
+		r = real(ptr);
+		if (r == hipSuccess && ptr != NULL)
+			shim_alloc_forget(ADDR(ptr));
+	}
 	HIP_LEAVE();
 	return r;
 }
@@ -232,20 +174,20 @@ SHIM_EXPORT hipError_t hipFreeAsync(void *dev_ptr, hipStream_t stream)
 	HIP_ENTER(real, hipFreeAsync);
 	hipError_t r = real(dev_ptr, stream);
 	if (r == hipSuccess && dev_ptr != NULL)
-		untrack(&bufs, ADDR(dev_ptr));
+		shim_alloc_forget(ADDR(dev_ptr));
 	HIP_LEAVE();
 	return r;
 }
 
 /* ---- the application's own virtual-memory calls ---- */
 
+/* Reservations are address space only: passed through (the range stays reserved across a
+ * suspend, as the application made it). */
 SHIM_EXPORT hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr,
 					    unsigned long long flags)
 {
 	HIP_ENTER(real, hipMemAddressReserve);
 	hipError_t r = real(ptr, size, alignment, addr, flags);
-	if (r == hipSuccess && ptr != NULL && *ptr != NULL)
-		track(REC_RESERVE, ADDR(*ptr), size);
 	HIP_LEAVE();
 	return r;
 }
@@ -254,19 +196,30 @@ SHIM_EXPORT hipError_t hipMemAddressFree(void *devPtr, size_t size)
 {
 	HIP_ENTER(real, hipMemAddressFree);
 	hipError_t r = real(devPtr, size);
-	if (r == hipSuccess)
-		untrack(&reservations, ADDR(devPtr));
 	HIP_LEAVE();
 	return r;
 }
 
+/* The application gets a handle value of the table's, so it stays valid when the physical
+ * memory behind it is re-created at resume. */
 SHIM_EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
 				    const hipMemAllocationProp *prop, unsigned long long flags)
 {
 	HIP_ENTER(real, hipMemCreate);
-	hipError_t r = real(handle, size, prop, flags);
-	if (r == hipSuccess && handle != NULL)
-		track(REC_HANDLE, ADDR(*handle), size);
+	hipMemGenericAllocationHandle_t h = NULL;
+	int dev = shim_hip_prop_device(prop);
+	hipError_t r;
+	if (handle == NULL || dev < 0) {
+		r = real(handle, size, prop, flags); /* not device memory: the runtime's own */
+	} else {
+		r = real(&h, size, prop, flags);
+		uint64_t app = 0;
+		if (r == hipSuccess &&
+		    (r = (hipError_t)shim_alloc_handle_new(&shim_hip_ops, ADDR(h), size, dev, &app)) != hipSuccess)
+			SHIM_HIP_REAL(hipMemRelease, 0)(h);
+		if (r == hipSuccess)
+			*handle = (hipMemGenericAllocationHandle_t)PTR(app);
+	}
 	HIP_LEAVE();
 	return r;
 }
@@ -274,9 +227,10 @@ SHIM_EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, siz
 SHIM_EXPORT hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle)
 {
 	HIP_ENTER(real, hipMemRelease);
-	hipError_t r = real(handle);
-	if (r == hipSuccess)
-		untrack(&handles, ADDR(handle));
+	int ours = 0;
+	hipError_t r = (hipError_t)shim_alloc_handle_release(&shim_hip_ops, ADDR(handle), &ours);
+	if (!ours)
+		r = real(handle);
 	HIP_LEAVE();
 	return r;
 }
@@ -285,34 +239,38 @@ SHIM_EXPORT hipError_t hipMemMap(void *ptr, size_t size, size_t offset, hipMemGe
 				 unsigned long long flags)
 {
 	HIP_ENTER(real, hipMemMap);
-	hipError_t r = real(ptr, size, offset, handle, flags);
-	if (r == hipSuccess)
-		track(REC_MAP, ADDR(ptr), size);
+	int ours = 0;
+	hipError_t r = (hipError_t)shim_alloc_handle_map(&shim_hip_ops, ADDR(ptr), size, offset, ADDR(handle), &ours);
+	if (!ours)
+		r = real(ptr, size, offset, handle, flags);
 	HIP_LEAVE();
 	return r;
 }
 
-/* Drops every mapping that starts inside [ptr, ptr + size), as the runtime unmaps them. */
 SHIM_EXPORT hipError_t hipMemUnmap(void *ptr, size_t size)
 {
 	HIP_ENTER(real, hipMemUnmap);
 	hipError_t r = real(ptr, size);
-	if (r == hipSuccess) {
-		pthread_mutex_lock(&hip_alloc_lock);
-		size_t i = vec_lower(&maps, ADDR(ptr));
-		while (i < maps.n && maps.v[i].key < ADDR(ptr) + size)
-			untrack_at(&maps, i);
-		pthread_mutex_unlock(&hip_alloc_lock);
-	}
+	if (r == hipSuccess)
+		shim_alloc_unmapped(ADDR(ptr), size);
 	HIP_LEAVE();
 	return r;
 }
 
-/* Passed through and gated; phase 2 records the access per mapping to re-apply at resume. */
+/* Recorded per mapping, to apply the same access at resume. */
 SHIM_EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const hipMemAccessDesc *desc, size_t count)
 {
 	HIP_ENTER(real, hipMemSetAccess);
 	hipError_t r = real(ptr, size, desc, count);
+	if (r == hipSuccess && desc != NULL) {
+		struct shim_gpu_access acc[8];
+		size_t n = 0;
+		for (size_t i = 0; i < count && n < 8; i++)
+			acc[n++] = (struct shim_gpu_access){ .type = (int)desc[i].location.type,
+							     .id = desc[i].location.id,
+							     .flags = (int)desc[i].flags };
+		shim_alloc_access_set(ADDR(ptr), size, acc, n);
+	}
 	HIP_LEAVE();
 	return r;
 }

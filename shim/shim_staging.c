@@ -7,7 +7,8 @@
  * background thread. Copy workers move 2 MiB pieces through two pinned slots
  * each, memcpy'ing one slot while the other's DMA runs: 12 workers reach ~49 GB/s
  * each way (the pinned floor is ~55) with 48 MiB pinned, which the driver's
- * checkpoint does not measurably notice. */
+ * checkpoint does not measurably notice. Vendor calls go through struct shim_gpu_ops (the
+ * process's one backend, from the first allocation that noted bytes). */
 #include "shim_staging.h"
 
 #include <errno.h>
@@ -23,7 +24,7 @@
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_digest.h"
-#include "shim_hook.h"
+#include "shim_gpu.h"
 #include "shim_real.h"
 
 #define SLAB_MIN (64ull << 20) /* fewer, larger slabs fault in faster */
@@ -43,8 +44,8 @@ struct worker {
 	pthread_t th;
 	unsigned seen; /* last job generation taken */
 	char *slot[2];
-	CUstream stream[SHIM_MAX_DEVICES];
-	CUevent ev[SHIM_MAX_DEVICES][2];
+	shim_gpu_stream stream[SHIM_MAX_DEVICES];
+	shim_gpu_event ev[SHIM_MAX_DEVICES][2];
 	int used[SHIM_MAX_DEVICES]; /* issued work on that device in this job */
 };
 
@@ -70,7 +71,8 @@ static uint64_t capacity, cursor, target, noted, grown_inline;
 static uint64_t base_keep, base_noted; /* after a trim: target = keep + later growth */
 static int trimmed;
 static double fault_ms;
-static CUcontext pin_ctx;
+static const struct shim_gpu_ops *gpu; /* set once, before any worker starts */
+static void *pin_ctx;                  /* CUDA: the context the pinned slots are made in */
 static int thread_started, growing, paused, digest_loaded, trim_pending;
 
 static struct worker workers[MAX_WORKERS];
@@ -88,12 +90,10 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int cu_fail(struct gcr_err *err, CUresult r, const char *what)
+/* Says which step of the data path a vendor call failed in. */
+static int step_fail(struct gcr_err *err, const char *what)
 {
-	const char *name = NULL;
-	if (shim_cu.cuGetErrorName == NULL || shim_cu.cuGetErrorName(r, &name) != CUDA_SUCCESS)
-		name = NULL;
-	return gcr_err_set(err, -EIO, "%s failed: %s (%d)", what, name ? name : "CUDA error", (int)r);
+	return gcr_err_wrap(err, "%s", what);
 }
 
 static int workers_wanted(uint64_t bytes)
@@ -190,21 +190,20 @@ static void pool_trim_locked(void)
 
 /* ---- copy workers ---- */
 
-static CUstream worker_stream(struct worker *w, int dev, struct gcr_err *err)
+static shim_gpu_stream worker_stream(struct worker *w, int dev, struct gcr_err *err)
 {
 	if (dev < 0 || dev >= SHIM_MAX_DEVICES) {
 		gcr_err_set(err, -EINVAL, "GPU %d out of range", dev);
 		return NULL;
 	}
-	CUcontext ctx = shim_alloc_device_ctx(dev);
-	CUresult r = ctx != NULL ? shim_cu.cuCtxSetCurrent(ctx) : CUDA_ERROR_INVALID_CONTEXT;
-	if (r == CUDA_SUCCESS && w->stream[dev] == NULL) {
-		r = shim_cu.cuStreamCreate(&w->stream[dev], CU_STREAM_NON_BLOCKING);
-		for (int k = 0; k < 2 && r == CUDA_SUCCESS; k++)
-			r = shim_cu.cuEventCreate(&w->ev[dev][k], CU_EVENT_DISABLE_TIMING);
+	int rc = gpu->set_device(dev, err);
+	if (rc == 0 && w->stream[dev] == NULL) {
+		rc = gpu->stream_create(dev, &w->stream[dev], err);
+		for (int k = 0; k < 2 && rc == 0; k++)
+			rc = gpu->event_create(&w->ev[dev][k], err);
 	}
-	if (r != CUDA_SUCCESS) {
-		cu_fail(err, r, "copy stream set-up");
+	if (rc < 0) {
+		step_fail(err, "copy stream set-up");
 		return NULL;
 	}
 	w->used[dev] = 1;
@@ -223,21 +222,18 @@ static void job_fail(struct job *j, const struct gcr_err *e)
 /* Device to pool: DMA into one slot while memcpy'ing the other out. */
 static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
 {
-	__typeof__(&cuMemcpyDtoHAsync_v2) d2h = SHIM_REAL(cuMemcpyDtoHAsync_v2, 0);
-	__typeof__(&cuEventRecord) rec = SHIM_REAL(cuEventRecord, 0);
 	long pend[2] = { -1, -1 };
 	int cur = 0, rc = 0;
 	for (;;) {
 		size_t i = atomic_load(&j->failed) || rc ? j->n : atomic_fetch_add(&j->next, 1);
 		if (i < j->n) {
 			const struct shim_xfer *x = &j->x[i];
-			CUstream s = worker_stream(w, x->device, err);
-			CUresult r = CUDA_SUCCESS;
+			shim_gpu_stream s = worker_stream(w, x->device, err);
 			if (s == NULL)
 				rc = err->code;
-			else if ((r = d2h(w->slot[cur], x->dev, x->size, s)) != CUDA_SUCCESS ||
-				 (r = rec(w->ev[x->device][cur], s)) != CUDA_SUCCESS)
-				rc = cu_fail(err, r, "copy to staging");
+			else if (gpu->copy_dtoh_async(w->slot[cur], x->dev, x->size, s, err) < 0 ||
+				 gpu->event_record(w->ev[x->device][cur], s, err) < 0)
+				rc = step_fail(err, "copy to staging");
 			if (rc == 0)
 				pend[cur] = (long)i;
 		}
@@ -249,9 +245,11 @@ static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
 			if (pend[k] < 0)
 				continue;
 			const struct shim_xfer *x = &j->x[pend[k]];
-			CUresult r = shim_cu.cuEventSynchronize(w->ev[x->device][k]);
-			if (r != CUDA_SUCCESS && rc == 0)
-				rc = cu_fail(err, r, "copy to staging");
+			struct gcr_err e2;
+			if (gpu->event_sync(w->ev[x->device][k], &e2) < 0 && rc == 0) {
+				*err = e2;
+				rc = step_fail(err, "copy to staging");
+			}
 			if (rc == 0)
 				memcpy(host_at(x->off), w->slot[k], x->size);
 			if (rc == 0 && j->left != NULL && atomic_fetch_sub(&j->left[x->group], 1) == 1) {
@@ -272,9 +270,6 @@ static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
 /* Pool to device: memcpy into one slot while the other's DMA runs. */
 static int run_in(struct worker *w, struct job *j, struct gcr_err *err)
 {
-	__typeof__(&cuMemcpyHtoDAsync_v2) h2d = SHIM_REAL(cuMemcpyHtoDAsync_v2, 0);
-	__typeof__(&cuMemsetD8Async) set = SHIM_REAL(cuMemsetD8Async, 0);
-	__typeof__(&cuEventRecord) rec = SHIM_REAL(cuEventRecord, 0);
 	int pend_dev[2] = { -1, -1 };
 	int cur = 0, rc = 0;
 	while (rc == 0 && !atomic_load(&j->failed)) {
@@ -282,25 +277,24 @@ static int run_in(struct worker *w, struct job *j, struct gcr_err *err)
 		if (i >= j->n)
 			break;
 		const struct shim_xfer *x = &j->x[i];
-		CUstream s = worker_stream(w, x->device, err);
+		shim_gpu_stream s = worker_stream(w, x->device, err);
 		if (s == NULL) {
 			rc = err->code;
 			break;
 		}
-		CUresult r;
 		if (x->zero) {
-			if ((r = set(x->dev, 0, x->size, s)) != CUDA_SUCCESS)
-				rc = cu_fail(err, r, "zeroing a chunk");
+			if (gpu->memset_async(x->dev, x->size, s, err) < 0)
+				rc = step_fail(err, "zeroing a chunk");
 			continue;
 		}
-		if (pend_dev[cur] >= 0 && (r = shim_cu.cuEventSynchronize(w->ev[pend_dev[cur]][cur])) != CUDA_SUCCESS) {
-			rc = cu_fail(err, r, "copy from staging");
+		if (pend_dev[cur] >= 0 && gpu->event_sync(w->ev[pend_dev[cur]][cur], err) < 0) {
+			rc = step_fail(err, "copy from staging");
 			break;
 		}
 		memcpy(w->slot[cur], host_at(x->off), x->size);
-		if ((r = h2d(x->dev, w->slot[cur], x->size, s)) != CUDA_SUCCESS ||
-		    (r = rec(w->ev[x->device][cur], s)) != CUDA_SUCCESS) {
-			rc = cu_fail(err, r, "copy from staging");
+		if (gpu->copy_htod_async(x->dev, w->slot[cur], x->size, s, err) < 0 ||
+		    gpu->event_record(w->ev[x->device][cur], s, err) < 0) {
+			rc = step_fail(err, "copy from staging");
 			break;
 		}
 		pend_dev[cur] = x->device;
@@ -330,12 +324,14 @@ static void *worker_main(void *arg)
 		for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
 			if (!w->used[d])
 				continue;
-			CUcontext ctx = shim_alloc_device_ctx(d);
-			CUresult r = shim_cu.cuCtxSetCurrent(ctx);
-			if (r == CUDA_SUCCESS)
-				r = shim_cu.cuStreamSynchronize(w->stream[d]);
-			if (r != CUDA_SUCCESS && rc == 0)
-				rc = cu_fail(&err, r, "cuStreamSynchronize");
+			struct gcr_err e2;
+			int r = gpu->set_device(d, &e2);
+			if (r == 0)
+				r = gpu->stream_sync(w->stream[d], &e2);
+			if (r < 0 && rc == 0) {
+				err = e2;
+				rc = err.code;
+			}
 		}
 		if (rc < 0)
 			job_fail(j, &err);
@@ -347,21 +343,18 @@ static void *worker_main(void *arg)
 }
 
 /* Allocates worker i's pinned slots and starts it. Called without pool_lock. */
-static int worker_start(int i, CUcontext ctx, struct gcr_err *err)
+static int worker_start(int i, void *ctx, struct gcr_err *err)
 {
 	struct worker *w = &workers[i];
 	memset(w, 0, sizeof(*w));
-	if (shim_cu.cuMemHostAlloc == NULL)
-		return gcr_err_set(err, -ENOSYS, "the driver lacks cuMemHostAlloc");
 	if (ctx != NULL)
-		shim_cu.cuCtxSetCurrent(ctx);
+		(void)gpu->ctx_set(ctx, err);
 	for (int k = 0; k < 2; k++) {
-		CUresult r = shim_cu.cuMemHostAlloc((void **)&w->slot[k], SHIM_STAGING_CHUNK,
-						    CU_MEMHOSTALLOC_PORTABLE);
-		if (r != CUDA_SUCCESS) {
+		int rc = gpu->host_alloc((void **)&w->slot[k], SHIM_STAGING_CHUNK, err);
+		if (rc < 0) {
 			if (k == 1)
-				shim_cu.cuMemFreeHost(w->slot[0]);
-			return cu_fail(err, r, "cuMemHostAlloc (copy slot)");
+				gpu->host_free(w->slot[0], SHIM_STAGING_CHUNK);
+			return rc;
 		}
 	}
 	/* Workers start only while no transfer runs (the background thread is
@@ -371,8 +364,8 @@ static int worker_start(int i, CUcontext ctx, struct gcr_err *err)
 	pthread_mutex_unlock(&job_lock);
 	int prc = pthread_create(&w->th, NULL, worker_main, w);
 	if (prc != 0) {
-		shim_cu.cuMemFreeHost(w->slot[0]);
-		shim_cu.cuMemFreeHost(w->slot[1]);
+		gpu->host_free(w->slot[0], SHIM_STAGING_CHUNK);
+		gpu->host_free(w->slot[1], SHIM_STAGING_CHUNK);
 		return gcr_err_set(err, -prc, "cannot start a copy worker: %s", strerror(prc));
 	}
 	pthread_detach(w->th);
@@ -385,7 +378,7 @@ static int workers_grow(int want, struct gcr_err *err)
 	int rc = 0;
 	while (rc == 0 && nworkers + starting_workers < want) {
 		int i = nworkers + starting_workers++;
-		CUcontext ctx = pin_ctx;
+		void *ctx = pin_ctx;
 		pthread_mutex_unlock(&pool_lock);
 		rc = worker_start(i, ctx, err);
 		pthread_mutex_lock(&pool_lock);
@@ -430,7 +423,7 @@ static void *grow_thread(void *arg)
 			}
 		}
 		if (!paused && !growing && pin_ctx != NULL && !digest_loaded) {
-			CUcontext ctx = pin_ctx;
+			CUcontext ctx = pin_ctx; /* CUDA only: HIP has no contexts, and no digest kernel */
 			growing = 1; /* prepare waits for this driver work to finish */
 			pthread_mutex_unlock(&pool_lock);
 			shim_digest_preload(ctx); /* JIT-compiles once, off the critical path */
@@ -457,12 +450,14 @@ static void *grow_thread(void *arg)
 	return NULL;
 }
 
-void shim_staging_note_bytes(uint64_t bytes, CUcontext ctx)
+void shim_staging_note_bytes(uint64_t bytes, const struct shim_gpu_ops *g, void *ctx)
 {
 	if (!shim_cfg.staging_prepare)
 		return;
 	pthread_mutex_lock(&pool_lock);
-	if (pin_ctx == NULL)
+	if (gpu == NULL)
+		gpu = g;
+	if (pin_ctx == NULL && g == gpu)
 		pin_ctx = ctx;
 	if (bytes != noted) {
 		noted = bytes;
@@ -477,12 +472,20 @@ void shim_staging_note_bytes(uint64_t bytes, CUcontext ctx)
 	pthread_mutex_unlock(&pool_lock);
 }
 
-int shim_staging_prepare(uint64_t need, struct gcr_err *err)
+int shim_staging_prepare(const struct shim_gpu_ops *g, uint64_t need, struct gcr_err *err)
 {
 	int rc = 0;
 	pthread_mutex_lock(&pool_lock);
-	if (pin_ctx == NULL && shim_cu.cuCtxGetCurrent != NULL)
-		shim_cu.cuCtxGetCurrent(&pin_ctx);
+	if (gpu == NULL)
+		gpu = g;
+	if (gpu != g) {
+		pthread_mutex_unlock(&pool_lock);
+		return gcr_err_set(err, -ENOTSUP, "staging was set up for %s, not %s", gpu->name, g->name);
+	}
+	if (pin_ctx == NULL) {
+		struct gcr_err e2;
+		(void)gpu->ctx_get(&pin_ctx, &e2);
+	}
 	while (growing || starting_workers > 0 || trim_pending)
 		pthread_cond_wait(&pool_cond, &pool_lock);
 	if (nworkers == 0) {
@@ -527,14 +530,17 @@ int shim_staging_alloc(uint64_t size, uint64_t *off)
 int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const struct shim_staging_groups *g,
 			  struct gcr_err *err)
 {
-	if (SHIM_REAL(cuMemcpyDtoHAsync_v2, 0) == NULL || SHIM_REAL(cuMemcpyHtoDAsync_v2, 0) == NULL ||
-	    SHIM_REAL(cuMemsetD8Async, 0) == NULL || SHIM_REAL(cuEventRecord, 0) == NULL)
-		return gcr_err_set(err, -ENOSYS, "the driver lacks async copies");
 	pthread_mutex_lock(&pool_lock);
 	int nw = nworkers;
+	const struct shim_gpu_ops *ops = gpu;
 	pthread_mutex_unlock(&pool_lock);
-	if (nw == 0 && n > 0)
-		return gcr_err_set(err, -ENODEV, "no copy workers (staging not prepared)");
+	if (n > 0) {
+		if (ops == NULL || nw == 0)
+			return gcr_err_set(err, -ENODEV, "no copy workers (staging not prepared)");
+		int lrc = ops->load(err);
+		if (lrc < 0)
+			return lrc;
+	}
 	struct job j = { .out = out, .x = x, .n = n };
 	size_t ng = out && g != NULL ? g->ngroups : 0, reported = 0;
 	int cb_stop = 0;
@@ -619,7 +625,8 @@ void shim_staging_stats(struct shim_staging_stats *st)
 					   .ring = (uint64_t)nworkers * 2 * SHIM_STAGING_CHUNK,
 					   .target = target_now(), .grown_inline = grown_inline,
 					   .workers = nworkers, .fault_ms = fault_ms };
+	/* No digest kernel to load off CUDA (shim_digest). */
 	st->ready = capacity >= st->target && nworkers >= workers_wanted(noted) &&
-		    (digest_loaded || !thread_started) && !trim_pending;
+		    (digest_loaded || !thread_started || (gpu != NULL && gpu != &shim_cuda_ops)) && !trim_pending;
 	pthread_mutex_unlock(&pool_lock);
 }

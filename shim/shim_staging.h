@@ -9,20 +9,22 @@
 #include <stdint.h>
 
 #include "gcr_error.h"
+#include "shim_gpu.h"
 
 /* The unit of transfer and of host placement (one pinned slot). */
 #define SHIM_STAGING_CHUNK (2ull << 20)
 
 /* The allocation path reports the bytes that may need staging; the background
- * thread grows the pool and starts copy workers to match. ctx: the context the
- * workers' pinned slots are allocated in. */
-void shim_staging_note_bytes(uint64_t bytes, CUcontext ctx);
+ * thread grows the pool and starts copy workers to match. gpu: the vendor whose calls
+ * the staging makes (the first one noted); ctx: CUDA: the context the workers' pinned
+ * slots are allocated in (NULL for HIP). */
+void shim_staging_note_bytes(uint64_t bytes, const struct shim_gpu_ops *gpu, void *ctx);
 
 /* Before a suspend's copies: makes at least `need` bytes of pool available beyond
  * what is kept (faulting in on the spot if the background thread is behind, which
  * is counted in grown_inline), makes sure copy workers exist, and pauses the
  * background thread (the process may be locked by the driver next). */
-int shim_staging_prepare(uint64_t need, struct gcr_err *err);
+int shim_staging_prepare(const struct shim_gpu_ops *gpu, uint64_t need, struct gcr_err *err);
 
 /* Host placement: offsets in the pool's logical range, SHIM_STAGING_CHUNK aligned.
  * reset forgets every placement (nothing kept); alloc returns -ENOSPC past capacity. */

@@ -1,6 +1,7 @@
 #!/bin/bash
 # valgrind (memcheck) over the C unit tests, gcrctl, and the shim inside a test
-# program on the stand-in driver, through one suspend/resume. Any memcheck error or
+# program on the stand-in driver (and a HIP one on the stand-in runtime), through
+# suspend/resume. Any memcheck error or
 # definite leak fails. Usage: tests/valgrind.sh BUILD_DIR
 set -uo pipefail
 b=$(cd "${1:-build}" && pwd)
@@ -50,6 +51,37 @@ fi
 exec {prog_in}>&-
 wait "$prog_pid" 2>/dev/null; rc=$?
 [ "$flow_ok" -eq 1 ] && [ "$rc" -eq 0 ] && ok "shim-under-valgrind" || ko "shim-under-valgrind (result $flow_ok, exit $rc)"
+rm -rf "$sock"
+
+# The same for a HIP process on the stand-in runtime: the data step (keep-context), and the full
+# mode's CRIU steps against the fake criu (which leaves the process running).
+sock=$(mktemp -d)
+mkdir -p "$sock/plugins" && : >"$sock/plugins/amdgpu_plugin.so"
+export GCR_SOCKET_DIR=$sock FAKEHIP_DIR=$sock LD_LIBRARY_PATH=$b/tests/fakehip
+coproc HPROG { exec "${vg[@]}" env LD_PRELOAD="$b/shim/.libs/libgcr.so" \
+	"$b/tests/progs/gcr-hipprog" --mib 4 --buffers 2 --threads 2 --wait 2>&1; }
+prog_out=${HPROG[0]} prog_in=${HPROG[1]} prog_pid=$HPROG_PID
+pid="" flow_ok=0
+while read -r -t 120 line <&"$prog_out"; do
+	case $line in READY*) pid=${line#READY pid=}; pid=${pid%% *}; break ;; esac
+done
+if [ -n "$pid" ] && "${vg[@]}" "$b/node-agent/gcrctl" suspend --no-driver "$pid" &&
+	"${vg[@]}" "$b/node-agent/gcrctl" resume --no-driver "$pid" &&
+	GCR_CRIU=$src/tests/unit/fake-criu.sh CRIU_LIBS_DIR=$sock/plugins FAKE_CRIU_VERSION_OUT="Version: 4.1" \
+	FAKE_CRIU_LOG=$sock/criu.log FAKE_CRIU_PID=$pid \
+	"${vg[@]}" "$b/node-agent/gcrctl" --images-dir "$sock/images" suspend "$pid" &&
+	GCR_CRIU=$src/tests/unit/fake-criu.sh CRIU_LIBS_DIR=$sock/plugins FAKE_CRIU_VERSION_OUT="Version: 4.1" \
+	FAKE_CRIU_LOG=$sock/criu.log FAKE_CRIU_PID=$pid \
+	"${vg[@]}" "$b/node-agent/gcrctl" --images-dir "$sock/images" resume "$pid"; then
+	echo check >&"$prog_in"
+	while read -r -t 120 line <&"$prog_out"; do
+		case $line in "RESULT ok") flow_ok=1 ;; esac
+		case $line in RESULT*) break ;; esac
+	done
+fi
+exec {prog_in}>&-
+wait "$prog_pid" 2>/dev/null; rc=$?
+[ "$flow_ok" -eq 1 ] && [ "$rc" -eq 0 ] && ok "hip-shim-under-valgrind" || ko "hip-shim-under-valgrind (result $flow_ok, exit $rc)"
 rm -rf "$sock"
 echo "valgrind: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -877,6 +877,7 @@ FH_COPY_SPT(hipStreamSynchronize, (hipStream_t stream), token_check(stream, FH_S
 FH_COPY_SPT(hipStreamWaitEvent, (hipStream_t stream, hipEvent_t event, unsigned int flags),
 	    token_check(event, FH_EVENT_MAGIC, 0))
 FH_COPY(hipEventCreate, (hipEvent_t *event), token_new((void **)event, FH_EVENT_MAGIC))
+FH_COPY(hipEventCreateWithFlags, (hipEvent_t *event, unsigned flags), token_new((void **)event, FH_EVENT_MAGIC))
 FH_COPY(hipEventDestroy, (hipEvent_t event), token_free(event, FH_EVENT_MAGIC))
 FH_COPY(hipEventRecord, (hipEvent_t event, hipStream_t stream), token_check(event, FH_EVENT_MAGIC, 0))
 FH_COPY(hipEventSynchronize, (hipEvent_t event), token_check(event, FH_EVENT_MAGIC, 0))

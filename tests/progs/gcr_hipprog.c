@@ -1,8 +1,13 @@
 /* gcr-hipprog: a HIP program for the stand-in runtime (tests/fakehip): buffers from hipMalloc
  * and from HIP's virtual-memory API, filled and summed by "kernels" (host functions, as the
  * stand-in runs them), checked by checksum; with --wait it holds them for a controller.
- * Protocol on stdout/stdin: "READY pid=N", then each "check" line answers "RESULT ok|bad". */
+ * Protocol on stdout/stdin: "READY pid=N", then each "check" line answers "RESULT ok|bad".
+ * --threads N: N threads keep launching kernels on their own buffer (rewrite it, sum it, check
+ * the sum) from READY until a "stop" line, answered "STOPPED iters=N bad=N": a suspend arrives
+ * while they launch, and any launch that got past the gate would touch released memory. */
 #include <hip/hip_runtime_api.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +71,35 @@ struct buf {
 
 static const dim3 one = { 1, 1, 1 };
 
+struct launcher {
+	pthread_t th;
+	struct buf b;
+	uint64_t *dsum; /* device word for its sums */
+	long iters, bad;
+};
+static atomic_int stop;
+
+static void *launch_loop(void *arg)
+{
+	struct launcher *l = arg;
+	hipStream_t s;
+	TRY(hipStreamCreateWithFlags(&s, hipStreamNonBlocking));
+	uint64_t n = l->b.size / 4, want = expected_sum(l->b.seed, n);
+	while (!atomic_load(&stop)) {
+		uint64_t got = 0;
+		void *fill[] = { &l->b.p, &n, &l->b.seed };
+		void *sum[] = { &l->b.p, &n, &l->dsum };
+		TRY(hipLaunchKernel((const void *)k_fill, one, one, fill, 0, s));
+		TRY(hipLaunchKernel((const void *)k_sum, one, one, sum, 0, s));
+		TRY(hipMemcpyDtoHAsync(&got, l->dsum, sizeof(got), s));
+		TRY(hipStreamSynchronize(s));
+		l->bad += got != want;
+		l->iters++;
+	}
+	TRY(hipStreamDestroy(s));
+	return NULL;
+}
+
 /* Verifies one buffer twice: on the device (sum kernel) and on the host (copied back). */
 static int verify(const struct buf *b, uint64_t *dsum, uint32_t *host, hipStream_t s)
 {
@@ -84,7 +118,7 @@ static int verify(const struct buf *b, uint64_t *dsum, uint32_t *host, hipStream
 int main(int argc, char **argv)
 {
 	size_t mib = 4;
-	int nbufs = 2, wait = 0;
+	int nbufs = 2, wait = 0, nthreads = 0;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc)
 			mib = strtoul(argv[++i], NULL, 10);
@@ -92,12 +126,14 @@ int main(int argc, char **argv)
 			nbufs = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--wait") == 0)
 			wait = 1;
+		else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+			nthreads = atoi(argv[++i]);
 		else {
-			fprintf(stderr, "usage: gcr-hipprog [--mib N] [--buffers N] [--wait]\n");
+			fprintf(stderr, "usage: gcr-hipprog [--mib N] [--buffers N] [--threads N] [--wait]\n");
 			return 2;
 		}
 	}
-	if (mib == 0 || nbufs < 1 || nbufs > 64)
+	if (mib == 0 || nbufs < 1 || nbufs > 64 || nthreads < 0 || nthreads > 16 || (nthreads > 0 && !wait))
 		return 2;
 	struct buf *b = calloc((size_t)nbufs + 1, sizeof(*b));
 	uint32_t *host = malloc(mib * MIB);
@@ -146,10 +182,35 @@ int main(int argc, char **argv)
 		printf("RESULT %s\n", ok ? "ok" : "bad");
 		return ok ? 0 : 1;
 	}
+	struct launcher *ls = calloc((size_t)nthreads + 1, sizeof(*ls));
+	if (ls == NULL)
+		return 1;
+	for (int i = 0; i < nthreads; i++) {
+		ls[i].b = (struct buf){ .size = mib * MIB, .seed = 1000 + (uint64_t)i };
+		TRY(hipMalloc(&ls[i].b.p, ls[i].b.size));
+		TRY(hipMalloc((void **)&ls[i].dsum, sizeof(uint64_t)));
+		if (pthread_create(&ls[i].th, NULL, launch_loop, &ls[i]) != 0)
+			return 1;
+	}
 	printf("READY pid=%d\n", (int)getpid());
 	fflush(stdout);
 	char line[64];
 	while (fgets(line, sizeof(line), stdin) != NULL) {
+		if (strncmp(line, "stop", 4) == 0) {
+			long iters = 0, bad = 0;
+			atomic_store(&stop, 1);
+			for (int i = 0; i < nthreads; i++) {
+				pthread_join(ls[i].th, NULL);
+				iters += ls[i].iters;
+				bad += ls[i].bad;
+				TRY(hipFree(ls[i].b.p));
+				TRY(hipFree(ls[i].dsum));
+			}
+			nthreads = 0;
+			printf("STOPPED iters=%ld bad=%ld\n", iters, bad);
+			fflush(stdout);
+			continue;
+		}
 		if (strncmp(line, "check", 5) != 0)
 			continue;
 		ok = 1;
@@ -165,6 +226,10 @@ int main(int argc, char **argv)
 		TRY(hipFree(b[i].p));
 	TRY(hipFree(dsum));
 	TRY(hipStreamDestroy(s));
+	atomic_store(&stop, 1);
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(ls[i].th, NULL);
+	free(ls);
 	free(b);
 	free(host);
 	return 0;

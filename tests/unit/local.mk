@@ -20,6 +20,13 @@ tests_unit_test_scale_LDADD = lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
 # The HIP backend: its hook table, gate and allocation records, and its shim_gpu_ops, each
 # inside a program built from the shim's sources, on the stand-in runtime (tests/fakehip).
 check_PROGRAMS += tests/unit/test_shim_hip_hook tests/unit/test_shim_hip_ops tests/unit/hip-dlsym-check
+# The CUDA operations table: each operation against the driver function it must call.
+check_PROGRAMS += tests/unit/test_shim_cuda_ops
+TESTS += tests/unit/test_shim_cuda_ops
+tests_unit_test_shim_cuda_ops_SOURCES = tests/unit/test_shim_cuda_ops.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_cuda_ops_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_cuda_ops_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_cuda_ops_DEPENDENCIES = $(FAKECUDA_LIB)
 TESTS += tests/unit/test_shim_hip_hook tests/unit/test_shim_hip_ops tests/unit/test_shim_hip_dlsym.sh
 EXTRA_DIST += tests/unit/test_shim_hip_dlsym.sh tests/unit/hip_util.h
 SHIM_TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)

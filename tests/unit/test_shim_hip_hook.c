@@ -1,6 +1,7 @@
 /* test_shim_hip_hook: the HIP hook table against the stand-in runtime: every hook resolves to
  * the runtime's function and maps back to its wrapper, wrappers pass the gate (and wait while
- * it is closed), allocation wrappers keep exact counts, and runtime errors pass through. */
+ * it is closed), allocation wrappers keep exact counts in the shared table, and runtime
+ * errors pass through. */
 #include <dlfcn.h>
 #include <hip/hip_runtime_api.h>
 #include <pthread.h>
@@ -10,6 +11,7 @@
 
 #include "hip_util.h"
 #include "shim_config.h"
+#include "shim_alloc.h"
 #include "shim_ctl.h"
 #include "shim_gate.h"
 #include "shim_hip_alloc.h"
@@ -108,27 +110,40 @@ int main(void)
 	CHECK(atomic_load(&passed) == 1 && thread_rc == hipSuccess);
 	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipDeviceSynchronize, 0) == 2);
 
-	/* Allocations are recorded by path and forgotten on free; runtime errors pass through. */
-	struct shim_hip_alloc_stats st;
+	/* Allocations go into the shared table (shim_alloc): large hipMalloc buffers onto the VMM
+	 * API, small ones counted as the runtime's; freed records go; runtime errors pass through. */
+	struct shim_alloc_stats st;
 	CHECK(shim_hip_alloc_used() == 0);
-	void *a = NULL, *b = NULL;
-	CHECK(hipMalloc(&a, 3 * MIB) == hipSuccess && a != NULL);
-	CHECK(hipMalloc(&b, MIB) == hipErrorOutOfMemory);
-	shim_hip_alloc_stats(&st);
-	CHECK(st.plain_bytes == 3 * MIB && st.plain_buffers == 1);
+	void *a = NULL, *b = NULL, *c = NULL;
+	CHECK(hipMalloc(&a, 3 * MIB) == hipSuccess && a != NULL); /* converted: no runtime hipMalloc */
+	shim_alloc_stats(&st);
+	CHECK(st.vmm_bytes == 4 * MIB && st.vmm_buffers == 1 && st.converted_total == 1);
 	CHECK(shim_hip_alloc_used());
+	memset(a, 0x5a, 3 * MIB); /* the stand-in's device memory is host memory, mapped with access */
+	CHECK(hipMalloc(&b, MIB) == hipSuccess && b != NULL); /* the runtime's first hipMalloc */
+	CHECK(hipMalloc(&c, MIB) == hipErrorOutOfMemory);     /* its second: the injected fault */
+	shim_alloc_stats(&st);
+	CHECK(st.driver_bytes == MIB && st.driver_buffers == 1);
 	void *m = NULL;
 	CHECK(hipMallocManaged(&m, MIB, hipMemAttachGlobal) == hipSuccess);
 	void *as = NULL;
 	CHECK(hipMallocAsync(&as, 2 * MIB, NULL) == hipSuccess);
-	shim_hip_alloc_stats(&st);
+	shim_alloc_stats(&st);
 	CHECK(st.managed_bytes == MIB && st.async_bytes == 2 * MIB);
-	CHECK(hipFree(a) == hipSuccess && hipFree(m) == hipSuccess && hipFreeAsync(as, NULL) == hipSuccess);
+	void *pp = NULL;
+	size_t pitch = 0;
+	CHECK(hipMallocPitch(&pp, &pitch, 1000, 4096) == hipSuccess && pitch == 1024); /* 4 MiB: converted */
+	shim_alloc_stats(&st);
+	CHECK(st.vmm_buffers == 2 && st.vmm_bytes == 8 * MIB);
+	CHECK(hipFree(a) == hipSuccess && hipFree(b) == hipSuccess && hipFree(m) == hipSuccess &&
+	      hipFreeAsync(as, NULL) == hipSuccess && hipFree(pp) == hipSuccess);
 	CHECK(hipFree((void *)0x1000) != hipSuccess); /* unknown: the runtime's answer */
-	shim_hip_alloc_stats(&st);
-	CHECK(st.plain_bytes == 0 && st.plain_buffers == 0 && st.managed_bytes == 0 && st.async_buffers == 0);
+	shim_alloc_stats(&st);
+	CHECK(st.vmm_bytes == 0 && st.vmm_buffers == 0 && st.driver_bytes == 0 && st.driver_buffers == 0 &&
+	      st.managed_bytes == 0 && st.async_buffers == 0);
 
-	/* The application's own virtual memory: reserve, create, map, and back to nothing. */
+	/* The application's own virtual memory: reserve, create (a handle of the table's), map
+	 * twice, access recorded, and back to nothing. */
 	hipMemAllocationProp prop;
 	memset(&prop, 0, sizeof(prop));
 	prop.type = hipMemAllocationTypePinned;
@@ -137,16 +152,20 @@ int main(void)
 	hipMemGenericAllocationHandle_t h = NULL;
 	CHECK(hipMemAddressReserve(&va, 8 * MIB, 0, NULL, 0) == hipSuccess);
 	CHECK(hipMemCreate(&h, 4 * MIB, &prop, 0) == hipSuccess);
+	CHECK(((uint64_t)(uintptr_t)h >> 40) == 0x676372); /* "gcr": virtualised */
 	CHECK(hipMemMap(va, 4 * MIB, 0, h, 0) == hipSuccess);
 	CHECK(hipMemMap((char *)va + 4 * MIB, 4 * MIB, 0, h, 0) == hipSuccess); /* one handle, twice */
-	shim_hip_alloc_stats(&st);
-	CHECK(st.reserved_bytes == 8 * MIB && st.vmm_bytes == 4 * MIB && st.vmm_handles == 1);
-	CHECK(st.mapped_bytes == 8 * MIB && st.mappings == 2);
+	hipMemAccessDesc acc = { .location = prop.location, .flags = hipMemAccessFlagsProtReadWrite };
+	CHECK(hipMemSetAccess(va, 8 * MIB, &acc, 1) == hipSuccess);
+	shim_alloc_stats(&st);
+	CHECK(st.app_vmm_bytes == 4 * MIB && st.app_vmm_handles == 1);
+	CHECK(shim_alloc_nmaps() == 2 && shim_alloc_map_at(0)->ndesc == 1 && shim_alloc_map_at(1)->ndesc == 1);
 	CHECK(hipMemUnmap(va, 8 * MIB) == hipSuccess);
 	CHECK(hipMemRelease(h) == hipSuccess);
+	CHECK(hipMemRelease(h) != hipSuccess); /* gone from the table: the runtime refuses the value */
 	CHECK(hipMemAddressFree(va, 8 * MIB) == hipSuccess);
-	shim_hip_alloc_stats(&st);
-	CHECK(st.reserved_bytes == 0 && st.vmm_bytes == 0 && st.mapped_bytes == 0 && st.mappings == 0);
+	shim_alloc_stats(&st);
+	CHECK(st.app_vmm_bytes == 0 && st.app_vmm_handles == 0 && shim_alloc_nmaps() == 0);
 	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipMemMap, 0) == 2);
 
 	unlink(shim_ctl_path());

@@ -39,9 +39,9 @@ int main(void)
 	shim_gpu_va va = 0;
 	shim_gpu_handle h = 0;
 	shim_gpu_stream s = NULL;
-	struct shim_gpu_access acc = { .device = 0, .prot = SHIM_GPU_PROT_READWRITE };
+	struct shim_gpu_access acc = { .type = SHIM_GPU_LOC_DEVICE, .id = 0, .flags = SHIM_GPU_PROT_READWRITE };
 	CHECK(o->reserve(&va, size, 0, &err) == 0 && va != 0);
-	CHECK(o->create(&h, size, 0, &err) == 0 && h != 0);
+	CHECK(o->create(&h, size, 0, NULL, &err) == 0 && h != 0);
 	CHECK(o->map(va, size, 0, h, &err) == 0);
 	CHECK(o->set_access(va, size, &acc, 1, &err) == 0);
 	CHECK(o->set_access(va, size, &acc, 0, &err) == -EINVAL);
@@ -70,7 +70,7 @@ int main(void)
 
 	/* Back at the same address, bit-exact. */
 	shim_gpu_handle h2 = 0;
-	CHECK(o->create(&h2, size, 0, &err) == 0);
+	CHECK(o->create(&h2, size, 0, NULL, &err) == 0);
 	CHECK(o->map(va, size, 0, h2, &err) == 0);
 	/* Mapped without access: copies are refused until access is set again. */
 	CHECK(o->copy_htod_async(va, out, size, s, &err) == -EIO);
@@ -86,7 +86,8 @@ int main(void)
 
 	/* Out of memory is -ENOMEM, as resume needs to tell the user. */
 	shim_gpu_handle big = 0;
-	CHECK(o->create(&big, (total / gran + 1) * gran, 0, &err) == -ENOMEM);
+	CHECK(o->create(&big, (total / gran + 1) * gran, 0, NULL, &err) == -ENOMEM);
+	CHECK(shim_gpu_last_code() == SHIM_GPU_OUT_OF_MEMORY);
 	CHECK(strstr(err.msg, "hipErrorOutOfMemory") != NULL);
 	CHECK(strcmp(o->error_string(2), "hipErrorOutOfMemory") == 0);
 

@@ -1,0 +1,322 @@
+/* shim_cuda: struct shim_gpu_ops on the CUDA driver: exactly the driver calls the data path made
+ * before the operations table existed (SHIM_REAL for interposed entry points, shim_cu for the
+ * rest), with the same arguments, so the CUDA path behaves as it did. */
+#include "shim_gpu.h"
+
+#include <cuda.h>
+#include <errno.h>
+#include <stddef.h>
+
+#include "shim_alloc.h"
+#include "shim_hook.h"
+#include "shim_real.h"
+
+/* The table records CUmemAccessDesc as struct shim_gpu_access and passes it back as is. */
+_Static_assert(sizeof(struct shim_gpu_access) == sizeof(CUmemAccessDesc), "access layout");
+_Static_assert(offsetof(CUmemAccessDesc, location.type) == offsetof(struct shim_gpu_access, type), "type");
+_Static_assert(offsetof(CUmemAccessDesc, location.id) == offsetof(struct shim_gpu_access, id), "id");
+_Static_assert(offsetof(CUmemAccessDesc, flags) == offsetof(struct shim_gpu_access, flags), "flags");
+_Static_assert(CU_MEM_LOCATION_TYPE_DEVICE == SHIM_GPU_LOC_DEVICE, "device location");
+_Static_assert(CU_MEM_ACCESS_FLAGS_PROT_READ == SHIM_GPU_PROT_READ, "read");
+_Static_assert(CU_MEM_ACCESS_FLAGS_PROT_READWRITE == SHIM_GPU_PROT_READWRITE, "read-write");
+_Static_assert(CUDA_ERROR_OUT_OF_MEMORY == SHIM_GPU_OUT_OF_MEMORY, "out of memory");
+_Static_assert(CUDA_ERROR_NOT_SUPPORTED == SHIM_GPU_NOT_SUPPORTED, "not supported");
+
+static __thread int last_code __attribute__((tls_model("initial-exec")));
+
+int shim_gpu_last_code(void)
+{
+	return last_code;
+}
+
+void shim_gpu_set_last_code(int code)
+{
+	last_code = code;
+}
+
+static const char *cuda_error_string(int code)
+{
+	const char *name = NULL;
+	if (shim_cu.cuGetErrorName == NULL || shim_cu.cuGetErrorName((CUresult)code, &name) != CUDA_SUCCESS)
+		name = NULL;
+	return name ? name : "CUDA error";
+}
+
+/* One driver result as 0 / -errno with the message shim_cr and shim_staging always gave. */
+static int cu_rc(CUresult r, const char *what, struct gcr_err *err)
+{
+	if (r == CUDA_SUCCESS)
+		return 0;
+	last_code = (int)r;
+	int code = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : r == CUDA_ERROR_NOT_SUPPORTED ? -ENOTSUP : -EIO;
+	return gcr_err_set(err, code, "%s failed: %s (%d)", what, cuda_error_string((int)r), (int)r);
+}
+
+/* A driver entry point the driver lacks is an error, never a NULL call. */
+#define CU_NEED(fn, name)                                                                  \
+	do {                                                                               \
+		if ((fn) == NULL) {                                                        \
+			last_code = CUDA_ERROR_NOT_FOUND;                                  \
+			return gcr_err_set(err, -ENOSYS, "the driver lacks %s", name);     \
+		}                                                                          \
+	} while (0)
+
+static int cuda_load(struct gcr_err *err)
+{
+	if (shim_real_cuda_handle() == NULL && shim_real_load_cuda(NULL) < 0)
+		return gcr_err_set(err, -ENODEV, "the process has no CUDA driver");
+	if (SHIM_REAL(cuMemcpyDtoHAsync_v2, 0) == NULL || SHIM_REAL(cuMemcpyHtoDAsync_v2, 0) == NULL ||
+	    SHIM_REAL(cuMemsetD8Async, 0) == NULL || SHIM_REAL(cuEventRecord, 0) == NULL)
+		return gcr_err_set(err, -ENOSYS, "the driver lacks async copies");
+	return 0;
+}
+
+static int cuda_device_count(int *count, struct gcr_err *err)
+{
+	CU_NEED(shim_cu.cuDeviceGetCount, "cuDeviceGetCount");
+	return cu_rc(shim_cu.cuDeviceGetCount(count), "cuDeviceGetCount", err);
+}
+
+static int cuda_current_device(int *device, void **ctx_out, struct gcr_err *err)
+{
+	CUcontext ctx = NULL;
+	CUdevice dev = 0;
+	CU_NEED(shim_cu.cuCtxGetCurrent, "cuCtxGetCurrent");
+	int rc = cu_rc(shim_cu.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent", err);
+	if (rc == 0 && ctx == NULL)
+		rc = gcr_err_set(err, -ENODEV, "no current CUDA context");
+	if (rc == 0)
+		rc = cu_rc(shim_cu.cuCtxGetDevice(&dev), "cuCtxGetDevice", err);
+	if (rc == 0) {
+		*device = dev;
+		*ctx_out = ctx;
+	}
+	return rc;
+}
+
+static int cuda_granularity(int device, size_t *bytes, struct gcr_err *err)
+{
+	CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				     .location = { CU_MEM_LOCATION_TYPE_DEVICE, device } };
+	return cu_rc(shim_cu.cuMemGetAllocationGranularity(bytes, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+		     "cuMemGetAllocationGranularity", err);
+}
+
+static int cuda_can_access_peer(int device, int peer, int *can, struct gcr_err *err)
+{
+	return cu_rc(shim_cu.cuDeviceCanAccessPeer(can, peer, device), "cuDeviceCanAccessPeer", err);
+}
+
+static int cuda_reserve(shim_gpu_va *va, size_t size, size_t align, struct gcr_err *err)
+{
+	CUdeviceptr p = 0;
+	int rc = cu_rc(shim_cu.cuMemAddressReserve(&p, size, align, 0, 0), "cuMemAddressReserve", err);
+	if (rc == 0)
+		*va = p;
+	return rc;
+}
+
+static int cuda_free_va(shim_gpu_va va, size_t size, struct gcr_err *err)
+{
+	return cu_rc(shim_cu.cuMemAddressFree(va, size), "cuMemAddressFree", err);
+}
+
+static int cuda_create(shim_gpu_handle *h, size_t size, int device, const void *prop, struct gcr_err *err)
+{
+	CUmemAllocationProp own = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				    .location = { CU_MEM_LOCATION_TYPE_DEVICE, device } };
+	CUmemGenericAllocationHandle out = 0;
+	int rc = cu_rc(SHIM_REAL(cuMemCreate, 0)(&out, size, prop ? prop : &own, 0), "cuMemCreate", err);
+	if (rc == 0)
+		*h = out;
+	return rc;
+}
+
+static int cuda_release(shim_gpu_handle h, struct gcr_err *err)
+{
+	return cu_rc(SHIM_REAL(cuMemRelease, 0)(h), "cuMemRelease", err);
+}
+
+static int cuda_map(shim_gpu_va va, size_t size, size_t offset, shim_gpu_handle h, struct gcr_err *err)
+{
+	return cu_rc(SHIM_REAL(cuMemMap, 0)(va, size, offset, h, 0), "cuMemMap", err);
+}
+
+static int cuda_unmap(shim_gpu_va va, size_t size, struct gcr_err *err)
+{
+	return cu_rc(SHIM_REAL(cuMemUnmap, 0)(va, size), "cuMemUnmap", err);
+}
+
+static int cuda_set_access(shim_gpu_va va, size_t size, const struct shim_gpu_access *acc, size_t n,
+			   struct gcr_err *err)
+{
+	return cu_rc(SHIM_REAL(cuMemSetAccess, 0)(va, size, (const CUmemAccessDesc *)(const void *)acc, n),
+		     "cuMemSetAccess", err);
+}
+
+static int cuda_set_device(int device, struct gcr_err *err)
+{
+	CUcontext ctx = shim_alloc_device_ctx(device);
+	return cu_rc(ctx != NULL ? shim_cu.cuCtxSetCurrent(ctx) : CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent", err);
+}
+
+static int cuda_ctx_get(void **ctx, struct gcr_err *err)
+{
+	CU_NEED(shim_cu.cuCtxGetCurrent, "cuCtxGetCurrent");
+	CUcontext c = NULL;
+	int rc = cu_rc(shim_cu.cuCtxGetCurrent(&c), "cuCtxGetCurrent", err);
+	*ctx = c;
+	return rc;
+}
+
+static int cuda_ctx_set(void *ctx, struct gcr_err *err)
+{
+	CU_NEED(shim_cu.cuCtxSetCurrent, "cuCtxSetCurrent");
+	return cu_rc(shim_cu.cuCtxSetCurrent((CUcontext)ctx), "cuCtxSetCurrent", err);
+}
+
+static int cuda_stream_create(int device, shim_gpu_stream *s, struct gcr_err *err)
+{
+	(void)device; /* the current context's: set_device chose it */
+	CUstream st = NULL;
+	int rc = cu_rc(shim_cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), "cuStreamCreate", err);
+	if (rc == 0)
+		*s = st;
+	return rc;
+}
+
+static int cuda_stream_destroy(shim_gpu_stream s, struct gcr_err *err)
+{
+	CU_NEED(shim_cu.cuStreamDestroy_v2, "cuStreamDestroy");
+	return cu_rc(shim_cu.cuStreamDestroy_v2((CUstream)s), "cuStreamDestroy", err);
+}
+
+static int cuda_stream_sync(shim_gpu_stream s, struct gcr_err *err)
+{
+	return cu_rc(shim_cu.cuStreamSynchronize((CUstream)s), "cuStreamSynchronize", err);
+}
+
+static int cuda_event_create(shim_gpu_event *e, struct gcr_err *err)
+{
+	CUevent ev = NULL;
+	int rc = cu_rc(shim_cu.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), "cuEventCreate", err);
+	if (rc == 0)
+		*e = ev;
+	return rc;
+}
+
+static int cuda_event_record(shim_gpu_event e, shim_gpu_stream s, struct gcr_err *err)
+{
+	return cu_rc(SHIM_REAL(cuEventRecord, 0)((CUevent)e, (CUstream)s), "cuEventRecord", err);
+}
+
+static int cuda_event_sync(shim_gpu_event e, struct gcr_err *err)
+{
+	return cu_rc(shim_cu.cuEventSynchronize((CUevent)e), "cuEventSynchronize", err);
+}
+
+static int cuda_device_sync(int device, struct gcr_err *err)
+{
+	int rc = cuda_set_device(device, err);
+	return rc < 0 ? rc : cu_rc(shim_cu.cuCtxSynchronize(), "cuCtxSynchronize", err);
+}
+
+/* Every context the application allocated in (work in a context that never allocated is not
+ * waited for: docs/design.md, known limits). */
+static int cuda_sync_all(struct gcr_err *err)
+{
+	CUcontext ctxs[64];
+	size_t nctx = shim_alloc_contexts(ctxs, 64);
+	for (size_t i = 0; i < nctx; i++) {
+		CUresult r = shim_cu.cuCtxSetCurrent(ctxs[i]);
+		if (r == CUDA_SUCCESS)
+			r = shim_cu.cuCtxSynchronize();
+		if (r != CUDA_SUCCESS)
+			return cu_rc(r, "cuCtxSynchronize (application work failed?)", err);
+	}
+	return 0;
+}
+
+static int cuda_copy_dtoh_async(void *dst, shim_gpu_va src, size_t n, shim_gpu_stream s, struct gcr_err *err)
+{
+	return cu_rc(SHIM_REAL(cuMemcpyDtoHAsync_v2, 0)(dst, src, n, (CUstream)s), "cuMemcpyDtoHAsync", err);
+}
+
+static int cuda_copy_htod_async(shim_gpu_va dst, const void *src, size_t n, shim_gpu_stream s,
+				struct gcr_err *err)
+{
+	return cu_rc(SHIM_REAL(cuMemcpyHtoDAsync_v2, 0)(dst, src, n, (CUstream)s), "cuMemcpyHtoDAsync", err);
+}
+
+static int cuda_memset_async(shim_gpu_va dst, size_t n, shim_gpu_stream s, struct gcr_err *err)
+{
+	return cu_rc(SHIM_REAL(cuMemsetD8Async, 0)(dst, 0, n, (CUstream)s), "cuMemsetD8Async", err);
+}
+
+static int cuda_host_register(void *p, size_t n, struct gcr_err *err)
+{
+	CU_NEED(shim_cu.cuMemHostRegister_v2, "cuMemHostRegister");
+	return cu_rc(shim_cu.cuMemHostRegister_v2(p, n, CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister", err);
+}
+
+static int cuda_host_unregister(void *p, struct gcr_err *err)
+{
+	CU_NEED(shim_cu.cuMemHostUnregister, "cuMemHostUnregister");
+	return cu_rc(shim_cu.cuMemHostUnregister(p), "cuMemHostUnregister", err);
+}
+
+static int cuda_host_alloc(void **p, size_t n, struct gcr_err *err)
+{
+	CU_NEED(shim_cu.cuMemHostAlloc, "cuMemHostAlloc");
+	return cu_rc(shim_cu.cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc (copy slot)", err);
+}
+
+static void cuda_host_free(void *p, size_t n)
+{
+	(void)n;
+	if (shim_cu.cuMemFreeHost != NULL)
+		shim_cu.cuMemFreeHost(p);
+}
+
+static int cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, struct gcr_err *err)
+{
+	(void)device; /* the current context's device, as resume asked before the table existed */
+	CU_NEED(shim_cu.cuMemGetInfo_v2, "cuMemGetInfo");
+	return cu_rc(shim_cu.cuMemGetInfo_v2(free_bytes, total_bytes), "cuMemGetInfo", err);
+}
+
+const struct shim_gpu_ops shim_cuda_ops = {
+	.name = "cuda",
+	.load = cuda_load,
+	.device_count = cuda_device_count,
+	.current_device = cuda_current_device,
+	.granularity = cuda_granularity,
+	.can_access_peer = cuda_can_access_peer,
+	.reserve = cuda_reserve,
+	.free_va = cuda_free_va,
+	.create = cuda_create,
+	.release = cuda_release,
+	.map = cuda_map,
+	.unmap = cuda_unmap,
+	.set_access = cuda_set_access,
+	.set_device = cuda_set_device,
+	.ctx_get = cuda_ctx_get,
+	.ctx_set = cuda_ctx_set,
+	.stream_create = cuda_stream_create,
+	.stream_destroy = cuda_stream_destroy,
+	.stream_sync = cuda_stream_sync,
+	.event_create = cuda_event_create,
+	.event_record = cuda_event_record,
+	.event_sync = cuda_event_sync,
+	.device_sync = cuda_device_sync,
+	.sync_all = cuda_sync_all,
+	.copy_dtoh_async = cuda_copy_dtoh_async,
+	.copy_htod_async = cuda_copy_htod_async,
+	.memset_async = cuda_memset_async,
+	.host_register = cuda_host_register,
+	.host_unregister = cuda_host_unregister,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.mem_info = cuda_mem_info,
+	.error_string = cuda_error_string,
+};
