@@ -119,28 +119,13 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 	}
 }
 
-static int obj_key(json_t *obj, char *key, size_t len)
-{
-	const char *ns = md_str(obj, "namespace"), *name = md_str(obj, "name");
-	if (ns == NULL || name == NULL)
-		return -EINVAL;
-	snprintf(key, len, "%s/%s", ns, name);
-	return 0;
-}
-
 static void on_list(json_t *items, void *data)
 {
 	struct watch *w = data;
 	struct agent_controller *c = w->c;
-	json_t *m = json_object();
+	json_t *m = agent_kube_index(items);
 	size_t i;
 	json_t *it;
-	char key[600];
-	json_array_foreach(items, i, it)
-	{
-		if (obj_key(it, key, sizeof(key)) == 0)
-			json_object_set(m, key, it);
-	}
 	pthread_mutex_lock(&c->lock);
 	json_decref(c->cache[w->kind]);
 	c->cache[w->kind] = m;
@@ -158,7 +143,7 @@ static void on_event(const struct agent_watch_event *ev, void *data)
 	struct watch *w = data;
 	struct agent_controller *c = w->c;
 	char key[600];
-	if (obj_key(ev->object, key, sizeof(key)) < 0)
+	if (agent_kube_obj_key(ev->object, key, sizeof(key)) < 0)
 		return;
 	pthread_mutex_lock(&c->lock);
 	if (ev->type == AGENT_WATCH_DELETED && md_str(ev->object, "uid") != NULL)

@@ -357,6 +357,31 @@ static int do_list(struct agent_kube *k, const char *path, const char *query,
 	return rc;
 }
 
+int agent_kube_obj_key(json_t *obj, char *key, size_t len)
+{
+	json_t *md = json_object_get(obj, "metadata");
+	const char *ns = json_string_value(json_object_get(md, "namespace"));
+	const char *name = json_string_value(json_object_get(md, "name"));
+	if (ns == NULL || name == NULL)
+		return -EINVAL;
+	snprintf(key, len, "%s/%s", ns, name);
+	return 0;
+}
+
+json_t *agent_kube_index(json_t *items)
+{
+	json_t *m = json_object();
+	size_t i;
+	json_t *it;
+	char key[600];
+	json_array_foreach(items, i, it)
+	{
+		if (m != NULL && agent_kube_obj_key(it, key, sizeof(key)) == 0)
+			json_object_set(m, key, it);
+	}
+	return m;
+}
+
 int agent_kube_watch_loop(struct agent_kube *k, const char *path, const char *query,
 			  const struct agent_kube_watch_ops *ops, atomic_int *stop)
 {

@@ -49,6 +49,11 @@ struct agent_kube_watch_ops {
 	void *data;
 };
 
+/* "namespace/name" of a namespaced object into key; -EINVAL without them. */
+int agent_kube_obj_key(json_t *obj, char *key, size_t len);
+/* A new object mapping "namespace/name" to each of items (a list's "items"). */
+json_t *agent_kube_index(json_t *items);
+
 /* Runs list + watch on path (e.g. "/api/v1/pods") with an optional extra query
  * ("fieldSelector=..."), until *stop becomes non-zero. Relists on 410 (HTTP or
  * in-stream), reconnects with backoff and jitter. Returns 0 when stopped. */

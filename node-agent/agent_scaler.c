@@ -108,27 +108,10 @@ static int api(struct agent_scaler *s, const char *method, const char *path, con
 
 /* ---- watch of GPUResidency objects (every agent; cheap: few objects) ---- */
 
-static int obj_key(json_t *obj, char *key, size_t len)
-{
-	const char *ns = str_at(obj, "metadata", "namespace"), *name = str_at(obj, "metadata", "name");
-	if (ns == NULL || name == NULL)
-		return -EINVAL;
-	snprintf(key, len, "%s/%s", ns, name);
-	return 0;
-}
-
 static void on_list(json_t *items, void *data)
 {
 	struct agent_scaler *s = data;
-	json_t *m = json_object();
-	size_t i;
-	json_t *it;
-	char key[600];
-	json_array_foreach(items, i, it)
-	{
-		if (obj_key(it, key, sizeof(key)) == 0)
-			json_object_set(m, key, it);
-	}
+	json_t *m = agent_kube_index(items);
 	pthread_mutex_lock(&s->lock);
 	json_decref(s->cache);
 	s->cache = m;
@@ -141,7 +124,7 @@ static void on_event(const struct agent_watch_event *ev, void *data)
 {
 	struct agent_scaler *s = data;
 	char key[600];
-	if (obj_key(ev->object, key, sizeof(key)) < 0)
+	if (agent_kube_obj_key(ev->object, key, sizeof(key)) < 0)
 		return;
 	pthread_mutex_lock(&s->lock);
 	if (ev->type == AGENT_WATCH_DELETED)

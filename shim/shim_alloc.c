@@ -662,27 +662,33 @@ SHIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	return r;
 }
 
+/* The application unmapped [va, va + size): its mappings there leave the table
+ * (the shim's own mappings of converted buffers stay). Lock held. */
+static void unmapped_locked(uint64_t va, size_t size)
+{
+	size_t i = vec_lower(&maps, va);
+	while (i < maps.n && key_of(maps.v[i]) < va + size) {
+		struct shim_map *m = maps.v[i];
+		if (m->phys->shim_owned) {
+			i++;
+			continue;
+		}
+		memmove(&maps.v[i], &maps.v[i + 1], (maps.n - i - 1) * sizeof(*maps.v));
+		maps.n--;
+		m->phys->nmaps--;
+		phys_maybe_drop(m->phys);
+		free(m);
+	}
+}
+
 SHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
 	REAL_OR_FAIL(real, cuMemUnmap, 0);
 	ENTER(cuMemUnmap, 0);
-	pthread_mutex_lock(&shim_alloc_lock);
+	pthread_mutex_lock(&shim_alloc_lock); /* the unmap and the table change as one */
 	CUresult r = real(ptr, size);
-	if (r == CUDA_SUCCESS) {
-		size_t i = vec_lower(&maps, ptr);
-		while (i < maps.n && key_of(maps.v[i]) < ptr + size) {
-			struct shim_map *m = maps.v[i];
-			if (m->phys->shim_owned) { /* not the application's: leave it */
-				i++;
-				continue;
-			}
-			memmove(&maps.v[i], &maps.v[i + 1], (maps.n - i - 1) * sizeof(*maps.v));
-			maps.n--;
-			m->phys->nmaps--;
-			phys_maybe_drop(m->phys);
-			free(m);
-		}
-	}
+	if (r == CUDA_SUCCESS)
+		unmapped_locked(ptr, size);
 	pthread_mutex_unlock(&shim_alloc_lock);
 	LEAVE();
 	return r;
@@ -977,19 +983,7 @@ int shim_alloc_handle_map(const struct shim_gpu_ops *gpu, uint64_t va, size_t si
 void shim_alloc_unmapped(uint64_t va, size_t size)
 {
 	pthread_mutex_lock(&shim_alloc_lock);
-	size_t i = vec_lower(&maps, va);
-	while (i < maps.n && key_of(maps.v[i]) < va + size) {
-		struct shim_map *m = maps.v[i];
-		if (m->phys->shim_owned) { /* not the application's: leave it */
-			i++;
-			continue;
-		}
-		memmove(&maps.v[i], &maps.v[i + 1], (maps.n - i - 1) * sizeof(*maps.v));
-		maps.n--;
-		m->phys->nmaps--;
-		phys_maybe_drop(m->phys);
-		free(m);
-	}
+	unmapped_locked(va, size);
 	pthread_mutex_unlock(&shim_alloc_lock);
 }
 
