@@ -1,6 +1,6 @@
 # bench/bench_overhead.py: steady-state cost of running under the shim: PyTorch step time and a
 # launch-bound microbenchmark, each alternately with and without LD_PRELOAD; JSON lines + table.
-"""Usage: python3 bench/bench_overhead.py [--reps 3] [--steps 200] [--torch-modes eager,graphs]
+"""Usage: python3 bench/bench_overhead.py [--reps 3] [--steps 1000] [--warmup-s 3] [--torch-modes eager,graphs]
                                         [--launch-n 200000] [--no-torch] [--no-launch] [--log FILE]
 
 torch:  tests/gpu/torch_serve.py --bench-steps N [--graphs] -> "STEPTIME_MS mean p50 p90"
@@ -20,9 +20,10 @@ import harness as H  # noqa: E402
 import report  # noqa: E402
 
 
-def run_torch(S, mode, shim, rep, steps):
-    rec = {"kind": "overhead", "bench": "torch-%s" % mode, "shim": shim, "rep": rep, "steps": steps, "ok": False}
-    argv = [S.cfg.python, S.cfg.torch_serve, "--bench-steps", steps]
+def run_torch(S, mode, shim, rep, steps, warmup_s):
+    rec = {"kind": "overhead", "bench": "torch-%s" % mode, "shim": shim, "rep": rep, "steps": steps, "ok": False,
+           "warmup_s": warmup_s}
+    argv = [S.cfg.python, S.cfg.torch_serve, "--bench-steps", steps, "--warmup-s", warmup_s]
     if mode == "graphs":
         argv.append("--graphs")
     p = None
@@ -78,7 +79,11 @@ def run_launch(S, shim, rep, n):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--warmup-s", type=float, default=3.0,
+                    help="torch: warm up this long first, with and without the shim alike, so one-time "
+                         "start-up work (the shim faults its staging pool in, the driver JIT-compiles its "
+                         "digest kernel) is over: this measures the steady state")
     ap.add_argument("--torch-modes", default="eager,graphs")
     ap.add_argument("--launch-n", type=int, default=200000)
     ap.add_argument("--no-torch", action="store_true")
@@ -94,7 +99,7 @@ def main(argv=None):
             for mode in [m for m in a.torch_modes.split(",") if m]:
                 for shim in order:
                     plan.append(("torch-%s" % mode, shim, rep, 25.0 + a.steps * 0.02,
-                                 lambda mode=mode, shim=shim, rep=rep: run_torch(S, mode, shim, rep, a.steps),
+                                 lambda mode=mode, shim=shim, rep=rep: run_torch(S, mode, shim, rep, a.steps, a.warmup_s),
                                  ["torch_serve"] + (["shim"] if shim else [])))
         if not a.no_launch:
             for shim in order:

@@ -40,6 +40,9 @@ def parse_args(argv=None):
     ap.add_argument("--state-update", choices=["all", "ring"], default="all")
     ap.add_argument("--bench-steps", type=int, default=0, help="time this many steps instead (no digest)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps before --bench-steps")
+    ap.add_argument("--warmup-s", type=float, default=0.0,
+                    help="keep warming up until this many seconds passed (start-up work of the process, "
+                         "e.g. the shim's background staging, is then over before timing)")
     ap.add_argument("--pace-ms", type=float, default=0.0,
                     help="sleep after each step (ms) so a run lasts long enough to be suspended mid-way")
     ap.add_argument("--seed", type=int, default=1234)
@@ -255,8 +258,11 @@ def bench(a, runner, dev):
         out = runner.step(inputs[s % len(inputs)])
         return out[:, -1, :].argmax(dim=-1).cpu()  # D2H, synchronises the stream
 
-    for s in range(a.warmup):
+    t_warm = time.perf_counter()
+    s = 0
+    while s < a.warmup or time.perf_counter() - t_warm < a.warmup_s:
         one(s)
+        s += 1
     if dev.type == "cuda":
         torch.cuda.synchronize()
     times = []
