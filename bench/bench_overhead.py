@@ -45,15 +45,15 @@ def run_torch(S, mode, shim, rep, steps, warmup_s):
     return [rec]
 
 
-def run_launch(S, shim, rep, n):
+def run_launch(S, shim, rep, n, warmup_s):
     base = {"kind": "overhead", "shim": shim, "rep": rep, "n": n}
     p = None
     recs = []
     try:
         p = S.start("overhead-launch-%s-r%d" % ("shim" if shim else "noshim", rep),
-                    [S.cfg.launch_bench, "--n", n, "--reps", 3], shim=shim)
+                    [S.cfg.launch_bench, "--n", n, "--reps", 3, "--warmup-s", warmup_s], shim=shim)
         p.expect(r"READY\b", 120, what="READY")
-        p.expect(r"RESULT (.*)", 60 + n / 5000.0, since=0, what="RESULT")
+        p.expect(r"RESULT (.*)", 60 + warmup_s + n / 5000.0, since=0, what="RESULT")
         rc = p.wait_exit(30)
         per = {}
         with p.cond:
@@ -104,7 +104,7 @@ def main(argv=None):
         if not a.no_launch:
             for shim in order:
                 plan.append(("launch-kernel", shim, rep, 10.0 + a.launch_n * 6 * 5e-6,
-                             lambda shim=shim, rep=rep: run_launch(S, shim, rep, a.launch_n),
+                             lambda shim=shim, rep=rep: run_launch(S, shim, rep, a.launch_n, a.warmup_s),
                              ["launch_bench"] + (["shim"] if shim else [])))
     records = []
     try:

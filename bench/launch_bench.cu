@@ -43,13 +43,16 @@ int main(int argc, char **argv)
 {
 	long n = 200000;
 	int reps = 3;
+	double warmup_s = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--n") && i + 1 < argc)
 			n = atol(argv[++i]);
 		else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
 			reps = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--warmup-s") && i + 1 < argc)
+			warmup_s = atof(argv[++i]);
 		else {
-			printf("ERROR usage: %s [--n LAUNCHES] [--reps R]\n", argv[0]);
+			printf("ERROR usage: %s [--n LAUNCHES] [--reps R] [--warmup-s S]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -66,7 +69,12 @@ int main(int argc, char **argv)
 	CK(cudaMemset(d_word, 0, sizeof(int)));
 	printf("READY pid=%d\n", (int)getpid());
 	fflush(stdout);
-	run(s, n / 10 + 1, true, d_word, h_word); // warm-up: module load, first-launch costs
+	// Warm-up: module load, first-launch costs, and (--warmup-s) time for one-time start-up
+	// work of the process (under the shim: its staging pool, its kernel JIT) to finish.
+	auto w0 = std::chrono::steady_clock::now();
+	do
+		run(s, n / 10 + 1, true, d_word, h_word);
+	while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < warmup_s);
 	for (int r = 0; r < reps; r++) {
 		for (int v = 0; v < 2; v++) {
 			double sec = run(s, n, v == 1, d_word, h_word);
