@@ -614,7 +614,7 @@ out:
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
 	agent_scaler_free(scaler);  /* stops creating work for the nodes */
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
-	agent_controller_free(ctl); /* stops taking work, lets the operation in flight finish */
+	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
 	if (metrics != NULL)
 		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp goes: /readyz stops asking it */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
