@@ -1,5 +1,6 @@
 /* agent_controller: reconciles Checkpoint and Restore objects for pods on this
- * node: caches from three watches, one worker that runs C/R through gcr_cr. */
+ * node: caches from three watches, workers that run C/R through gcr_cr (different
+ * pods in parallel, one operation per pod at a time). */
 #include "agent_controller.h"
 
 #include <errno.h>
@@ -25,6 +26,9 @@
 /* Waiting work (a Restore whose Checkpoint is not finished, transient API
  * errors) is retried this often, in ms. */
 #define RETRY_MS 2000
+/* Operations run at once by default, and at most (different pods only). */
+#define DEFAULT_PARALLEL 4
+#define MAX_PARALLEL 64
 
 enum kind { K_POD, K_CK, K_RS, NK };
 static const char *const watch_paths[NK] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
@@ -52,10 +56,15 @@ struct agent_controller {
 	json_t *queue;   /* array of "c:ns/name" / "r:ns/name" / "p:ns/name" (a pod's readiness gate) */
 	json_t *queued;  /* the same keys as a set */
 	json_t *retry;   /* keys to retry after RETRY_MS */
+	struct timespec last_retry; /* CLOCK_MONOTONIC: when retry was last queued */
 	json_t *done;    /* metadata.uid of objects finished by this process */
+	/* "ns/pod" of each pod a worker is acting on -> keys deferred until it is done, so
+	 * that operations on one pod never overlap (its processes' state machine is one). */
+	json_t *busy;
 	struct watch w[NK];
-	pthread_t worker;
-	int worker_started;
+	int nworkers;
+	pthread_t workers[MAX_PARALLEL];
+	int workers_started;
 };
 
 /* ---- queue and caches ---- */
@@ -66,7 +75,7 @@ static void enqueue_locked(struct agent_controller *c, const char *key)
 		return;
 	json_object_set_new(c->queued, key, json_true());
 	json_array_append_new(c->queue, json_string(key));
-	pthread_cond_signal(&c->cond);
+	pthread_cond_signal(&c->cond); /* one idle worker takes it */
 }
 
 static const char *md_str(json_t *obj, const char *field)
@@ -871,6 +880,7 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 	struct gcr_cr_result sum = { 0 };
 	struct gcr_err err;
 	double t0 = now_ms();
+	test_pause(c, "before-rs");
 	int rc = resume_all(c, p, n, timeout_ms_of(o->obj), &sum, &err);
 	double ms = now_ms() - t0;
 	if (rc < 0) {
@@ -896,10 +906,57 @@ out:
 
 /* ---- worker ---- */
 
+/* The pod an operation acts on, as "ns/pod" in out: a Checkpoint's spec.podName, a
+ * Restore's Checkpoint's. A Restore whose Checkpoint cannot be read touches no process
+ * (it fails or is retried): it gets a key of its own. */
+static void pod_key(struct agent_controller *c, enum kind k, json_t *obj, const char *ns, const char *name,
+		    char *out, size_t len)
+{
+	const char *pod = k == K_CK ? spec_str(obj, "podName") : NULL;
+	json_t *ck = NULL;
+	if (k == K_RS && spec_str(obj, "checkpointName") != NULL) {
+		int transient = 0;
+		ck = find_checkpoint(c, ns, spec_str(obj, "checkpointName"), &transient);
+		pod = spec_str(ck, "podName");
+	}
+	if (pod != NULL)
+		snprintf(out, len, "%s/%s", ns, pod);
+	else
+		snprintf(out, len, "%s/%c:%s", ns, k == K_CK ? 'c' : 'r', name); /* no pod is named so */
+	json_decref(ck);
+}
+
+/* Takes pod for this worker; 0 when another worker has it: key is then deferred and
+ * queued again once that worker is done with the pod. */
+static int claim(struct agent_controller *c, const char *pod, const char *key)
+{
+	pthread_mutex_lock(&c->lock);
+	json_t *waiting = json_object_get(c->busy, pod);
+	int got = waiting == NULL;
+	if (got) {
+		json_object_set_new(c->busy, pod, json_object());
+	} else {
+		json_object_set_new(waiting, key, json_true());
+		GCR_LOG(GCR_LOG_INFO, "controller", "%s waits: pod %s has an operation in flight", key, pod);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return got;
+}
+
+static void release(struct agent_controller *c, const char *pod)
+{
+	pthread_mutex_lock(&c->lock);
+	const char *k;
+	json_t *v;
+	json_object_foreach(json_object_get(c->busy, pod), k, v) enqueue_locked(c, k);
+	json_object_del(c->busy, pod);
+	pthread_mutex_unlock(&c->lock);
+}
+
 static void process(struct agent_controller *c, const char *key)
 {
 	enum kind k = key[0] == 'c' ? K_CK : K_RS;
-	char ns[300], name[300];
+	char ns[300], name[300], pod[620];
 	const char *slash = strchr(key + 2, '/');
 	if (slash == NULL)
 		return;
@@ -912,39 +969,50 @@ static void process(struct agent_controller *c, const char *key)
 	struct op o = { .kind = k, .obj = cache_get(c, k, ns, name) };
 	if (o.obj == NULL)
 		return; /* deleted */
+	pod_key(c, k, o.obj, ns, name, pod, sizeof(pod));
+	if (!claim(c, pod, key)) {
+		json_decref(o.obj);
+		return;
+	}
+	/* Read again under the claim: a worker that held the pod may have finished this very
+	 * object meanwhile (is_done below), so it is never redone. */
+	json_decref(o.obj);
+	o.obj = cache_get(c, k, ns, name);
+	if (o.obj == NULL) {
+		release(c, pod);
+		return;
+	}
 	o.ns = ns;
 	o.name = name;
 	snprintf(o.path, sizeof(o.path), API "/namespaces/%s/%s/%s", ns, k == K_CK ? "checkpoints" : "restores",
 		 name);
 	const char *phase = status_str(o.obj, "phase");
-	if (is_done(c, o.obj) ||
-	    (phase != NULL && (strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0))) {
-		json_decref(o.obj); /* a finished resource is never redone */
-		return;
+	if (!is_done(c, o.obj) &&
+	    (phase == NULL || (strcmp(phase, "Succeeded") != 0 && strcmp(phase, "Failed") != 0))) {
+		if (k == K_CK) /* (a finished resource is never redone) */
+			reconcile_checkpoint(c, &o, key);
+		else
+			reconcile_restore(c, &o, key);
 	}
-	if (k == K_CK)
-		reconcile_checkpoint(c, &o, key);
-	else
-		reconcile_restore(c, &o, key);
 	json_decref(o.obj);
+	release(c, pod);
 }
 
 static void *worker_main(void *data)
 {
 	struct agent_controller *c = data;
-	struct timespec last_retry;
-	clock_gettime(CLOCK_MONOTONIC, &last_retry);
 	pthread_mutex_lock(&c->lock);
 	while (!atomic_load(&c->stop)) {
 		int ready = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
 		struct timespec now;
 		clock_gettime(CLOCK_MONOTONIC, &now);
-		if ((now.tv_sec - last_retry.tv_sec) * 1000 + (now.tv_nsec - last_retry.tv_nsec) / 1000000 >= RETRY_MS) {
+		if ((now.tv_sec - c->last_retry.tv_sec) * 1000 + (now.tv_nsec - c->last_retry.tv_nsec) / 1000000 >=
+		    RETRY_MS) {
 			const char *k;
 			json_t *v;
 			json_object_foreach(c->retry, k, v) enqueue_locked(c, k);
 			json_object_clear(c->retry);
-			last_retry = now;
+			c->last_retry = now;
 		}
 		if (!ready || json_array_size(c->queue) == 0) {
 			struct timespec dl;
@@ -998,7 +1066,12 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->queued = json_object();
 	c->retry = json_object();
 	c->done = json_object();
-	if (c->node == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->pod_query == NULL || c->instance == NULL ||
+	c->busy = json_object();
+	clock_gettime(CLOCK_MONOTONIC, &c->last_retry);
+	c->nworkers = cfg->max_parallel > 0 ? cfg->max_parallel : DEFAULT_PARALLEL;
+	if (c->nworkers > MAX_PARALLEL)
+		c->nworkers = MAX_PARALLEL;
+	if (c->node == NULL || c->busy == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->pod_query == NULL || c->instance == NULL ||
 	    c->queue == NULL || c->queued == NULL || c->retry == NULL || c->done == NULL ||
 	    (cfg->test_pause && c->pause == NULL)) {
 		agent_controller_free(c);
@@ -1019,10 +1092,14 @@ int agent_controller_start(struct agent_controller *c, struct gcr_err *err)
 			return gcr_err_set(err, -rc, "cannot start a watch thread: %s", strerror(rc));
 		c->w[k].started = 1;
 	}
-	int rc = pthread_create(&c->worker, NULL, worker_main, c);
-	if (rc != 0)
-		return gcr_err_set(err, -rc, "cannot start the worker: %s", strerror(rc));
-	c->worker_started = 1;
+	for (int i = 0; i < c->nworkers; i++) {
+		int rc = pthread_create(&c->workers[i], NULL, worker_main, c);
+		if (rc != 0)
+			return gcr_err_set(err, -rc, "cannot start a worker: %s", strerror(rc));
+		c->workers_started++;
+	}
+	GCR_LOG(GCR_LOG_INFO, "controller", "%d workers: operations on different pods run in parallel",
+		c->nworkers);
 	return 0;
 }
 
@@ -1032,10 +1109,9 @@ void agent_controller_stop(struct agent_controller *c)
 	pthread_mutex_lock(&c->lock);
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
-	if (c->worker_started) {
-		pthread_join(c->worker, NULL);
-		c->worker_started = 0;
-	}
+	for (int i = 0; i < c->workers_started; i++) /* each finishes its operation in flight */
+		pthread_join(c->workers[i], NULL);
+	c->workers_started = 0;
 	for (int k = 0; k < NK; k++) {
 		if (c->w[k].started) {
 			pthread_join(c->w[k].th, NULL);
@@ -1055,6 +1131,7 @@ void agent_controller_free(struct agent_controller *c)
 	json_decref(c->queued);
 	json_decref(c->retry);
 	json_decref(c->done);
+	json_decref(c->busy);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
 	free(c->node);

@@ -1,5 +1,6 @@
 /* agent_controller: reconciles Checkpoint and Restore objects for pods on this
- * node: caches from three watches, one worker that runs C/R through gcr_cr. */
+ * node: caches from three watches, workers that run C/R through gcr_cr (different
+ * pods in parallel, one operation per pod at a time). */
 #ifndef AGENT_CONTROLLER_H
 #define AGENT_CONTROLLER_H
 
@@ -13,9 +14,12 @@ struct agent_controller_cfg {
 	const char *lease_namespace; /* where other nodes' heartbeat Leases are read */
 	const char *socket_dir; /* shims' control sockets */
 	/* Test hook (GCR_AGENT_TEST_PAUSE): "before-cr" or "after-cr" makes the
-	 * worker sleep pause_s seconds at that point of a Checkpoint; NULL: none. */
+	 * worker sleep pause_s seconds at that point of a Checkpoint, "before-rs" before
+	 * a Restore's resume; NULL: none. */
 	const char *test_pause;
 	int pause_s;
+	/* Operations run at once, on different pods (one pod's are serialised); 0: 4. */
+	int max_parallel;
 };
 
 struct agent_controller;
@@ -28,7 +32,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 /* Starts the watch threads and the worker. */
 int agent_controller_start(struct agent_controller *c, struct gcr_err *err);
 
-/* Stops taking new work; the worker finishes its operation in flight (an
+/* Stops taking new work; each worker finishes its operation in flight (an
  * operation is bounded by its timeout), then the threads are joined. */
 void agent_controller_stop(struct agent_controller *c);
 

@@ -111,11 +111,12 @@ static int round_once(struct agent_leader *l, struct gcr_err *err)
 	 * racing another agent's conflicts (409) instead of both winning. */
 	if (!mine) {
 		json_int_t tr = json_integer_value(json_object_get(spec, "leaseTransitions"));
+		/* Logged first: holder is borrowed from the holderIdentity replaced below. */
+		GCR_LOG(GCR_LOG_INFO, "leader", "lease %s/%s: taking over from '%s'", l->ns, l->name,
+			holder ? holder : "");
 		json_object_set_new(spec, "holderIdentity", json_string(l->identity));
 		json_object_set_new(spec, "acquireTime", json_string(now));
 		json_object_set_new(spec, "leaseTransitions", json_integer(tr + 1));
-		GCR_LOG(GCR_LOG_INFO, "leader", "lease %s/%s: taking over from '%s'", l->ns, l->name,
-			holder ? holder : "");
 	}
 	json_object_set_new(spec, "leaseDurationSeconds", json_integer(lease_s));
 	json_object_set_new(spec, "renewTime", json_string(now));

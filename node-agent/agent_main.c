@@ -28,6 +28,8 @@
 #define CONFIG_MAX (64 * 1024)
 /* Seconds the test hook pauses unless GCR_AGENT_TEST_PAUSE_S says otherwise. */
 #define TEST_PAUSE_S_DEFAULT 60
+/* Most operations one agent runs at once (agent_controller's bound). */
+#define MAX_PARALLEL_MAX 64
 
 /* The lease namespace when neither leaseNamespace nor POD_NAMESPACE says otherwise. */
 #define LEASE_NS_DEFAULT "gcr-system"
@@ -45,7 +47,7 @@ struct dp_cfg {
 
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
-		*context, *lease_namespace, *heartbeat_s, *leader_lease_s;
+		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel;
 	struct dp_cfg dp;
 };
 
@@ -76,6 +78,8 @@ static const struct opt_row opts_table[] = {
 	  "node heartbeat period; pods' activity is sampled at the same pace (1..39)" },
 	{ "leader-lease-seconds", "leaderLeaseSeconds", SLOT(leader_lease_s), "15",
 	  "term of the scaler's leader Lease: another agent takes over this long after the leader stops (1..300)" },
+	{ "max-parallel", "maxParallel", SLOT(max_parallel), "4",
+	  "Checkpoints and Restores run at once on this node, each on a different pod (1..64)" },
 };
 
 /* The devicePlugin section: strings; enabled, slots and pollMs are parsed in dp_opt. */
@@ -357,8 +361,9 @@ static void usage(FILE *f)
 		   "  %-20s shimContainerDir, socketRoot, socketContainerDir, agentContainerDir, cdiDevice, pollMs,\n"
 		   "  %-20s shimEnv (a map: extra environment for the shim)\n",
 		"config", "", "", "");
-	fprintf(f, "Environment: NODE_NAME; POD_NAMESPACE; GCR_LOG_LEVEL; test hook GCR_AGENT_TEST_PAUSE=before-cr|after-cr\n"
-		   "(pause GCR_AGENT_TEST_PAUSE_S seconds, default 60, at that point of each Checkpoint).\n");
+	fprintf(f, "Environment: NODE_NAME; POD_NAMESPACE; GCR_LOG_LEVEL; test hook\n"
+		   "GCR_AGENT_TEST_PAUSE=before-cr|after-cr|before-rs (pause GCR_AGENT_TEST_PAUSE_S seconds, default 60,\n"
+		   "at that point of each Checkpoint, or before each Restore's resume).\n");
 }
 
 static void cfg_free(struct cfg *c)
@@ -443,7 +448,8 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	if (c->node_name == NULL || c->node_name[0] == '\0')
 		return gcr_err_set(err, -EINVAL, "no node name: pass --node-name or set NODE_NAME");
 	if (seconds_opt("heartbeat-seconds", c->heartbeat_s, AGENT_LEASE_DURATION_S - 1, NULL, err) < 0 ||
-	    seconds_opt("leader-lease-seconds", c->leader_lease_s, 300, NULL, err) < 0)
+	    seconds_opt("leader-lease-seconds", c->leader_lease_s, 300, NULL, err) < 0 ||
+	    seconds_opt("max-parallel", c->max_parallel, MAX_PARALLEL_MAX, NULL, err) < 0)
 		return -EINVAL;
 	return 0;
 }
@@ -558,6 +564,7 @@ int main(int argc, char **argv)
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};
 	int heartbeat_s = 10, leader_lease_s = AGENT_LEADER_LEASE_S;
+	seconds_opt("max-parallel", cfg.max_parallel, MAX_PARALLEL_MAX, &ccfg.max_parallel, &err);
 	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
 	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
 	/* The heartbeat carries this node's pods' activity, read from the shims' counters. */
@@ -600,14 +607,14 @@ int main(int argc, char **argv)
 
 	int sig = 0;
 	sigwait(&sigs, &sig);
-	GCR_LOG(GCR_LOG_INFO, "agent", "signal %d: finishing the operation in flight, then exiting", sig);
+	GCR_LOG(GCR_LOG_INFO, "agent", "signal %d: finishing the operations in flight, then exiting", sig);
 	status = 0;
 out:
 	if (status != 0)
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
 	agent_scaler_free(scaler);  /* stops creating work for the nodes */
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
-	agent_controller_free(ctl); /* stops taking work, lets the operation in flight finish */
+	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
 	if (metrics != NULL)
 		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp goes: /readyz stops asking it */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */

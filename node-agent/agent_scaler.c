@@ -27,6 +27,11 @@
 #define COOLDOWN_S 10
 /* Selected pods handled per GPUResidency at most (the CRD's status.pods maxItems). */
 #define MAX_PODS 10000
+/* Deleting a GPUResidency: Restores made per pod at most (failures counted from the API),
+ * and the bound of the whole resume in s from metadata.deletionTimestamp; a pod still not
+ * back then is given up on, so that a deletion never hangs. */
+#define DELETE_ATTEMPTS 3
+#define DELETE_BOUND_S 600
 
 struct agent_scaler {
 	struct agent_kube *kube;
@@ -152,6 +157,7 @@ struct opr {
 	json_t *obj; /* borrowed from the pass's lists */
 	enum okind kind;
 	long seq;
+	int on_delete; /* a Restore made by the finalizer */
 	const char *name, *pod_uid, *pod_name, *phase, *reason, *message;
 	double completed; /* completionTime, 0 if none */
 };
@@ -160,6 +166,8 @@ struct podr {
 	const char *name, *uid, *node; /* borrowed */
 	int selected;                  /* picked by the selector (else: leaving, or gone) */
 	int gone;                      /* deleted: its operations are removed */
+	int given_up;                  /* deleting: left suspended, its operations kept */
+	const char *phase;             /* the pod's phase, once read (borrowed) */
 	enum gcr_scale_state state;
 	int pinned;
 	double last_active;
@@ -175,6 +183,8 @@ struct pass {
 	json_t *res; /* the GPUResidency (owned copy) */
 	const char *ns, *name, *uid;
 	json_t *pods_list, *ck_list, *rs_list, *nodes; /* owned */
+	json_t *keep;                                  /* pods read one by one (owned): r->node, r->phase */
+	int deleting;                                  /* deletionTimestamp set: the finalizer's pass */
 	struct opr *ops;
 	size_t nops;
 	struct podr *pods;
@@ -245,6 +255,7 @@ static void add_ops(struct pass *p, json_t *items, enum okind kind)
 		o->reason = str_at(json_array_get(conds, 0), "reason", NULL);
 		const char *ct = str_at(it, "status", "completionTime");
 		o->completed = ct ? parse_time(ct) : 0;
+		o->on_delete = str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_ON_DELETE, NULL) != NULL;
 	}
 }
 
@@ -372,6 +383,9 @@ static int create_op(struct pass *p, struct podr *r, enum okind kind, const char
 				AGENT_SCALER_LABEL_POD, r->uid, "annotations", AGENT_SCALER_ANN_POD, r->name,
 				AGENT_SCALER_ANN_SEQ, seq, AGENT_SCALER_ANN_RESIDENCY, p->name, "ownerReferences",
 				"apiVersion", "v1", "kind", "Pod", "name", r->name, "uid", r->uid, "spec", spec);
+	if (p->deleting)
+		json_object_set_new(json_object_get(json_object_get(obj, "metadata"), "annotations"),
+				    AGENT_SCALER_ANN_ON_DELETE, json_string("true"));
 	snprintf(path, sizeof(path), API "/namespaces/%s/%s", p->ns, kind == O_CK ? "checkpoints" : "restores");
 	long st = 0;
 	struct gcr_err err;
@@ -430,10 +444,10 @@ static void prune(struct pass *p, const struct podr *r)
 	}
 }
 
-/* A pod with operations that the selector no longer picks: deleted (its operations
- * go; its staging memory went with its process) or relabelled (resumed if suspended,
- * then let go). Fills r. */
-static void not_selected(struct pass *p, struct podr *r)
+/* A pod with operations that the selector no longer picks (or any, while deleting):
+ * deleted (its operations go; its staging memory went with its process) or
+ * relabelled (with resume: resumed if suspended, then let go). Fills r. */
+static void not_selected(struct pass *p, struct podr *r, int resume)
 {
 	char path[700];
 	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", p->ns, r->name);
@@ -449,6 +463,11 @@ static void not_selected(struct pass *p, struct podr *r)
 	const char *uid = str_at(pod, "metadata", "uid");
 	r->gone = st == 404 || uid == NULL || strcmp(uid, r->uid) != 0 ||
 		  json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp") != NULL;
+	if (!r->gone && json_array_append(p->keep, pod) == 0) {
+		if (r->node == NULL)
+			r->node = str_at(pod, "spec", "nodeName");
+		r->phase = str_at(pod, "status", "phase");
+	}
 	json_decref(pod);
 	if (r->gone) {
 		int was_suspended = r->state == GCR_SCALE_SUSPENDED || r->state == GCR_SCALE_SUSPENDING;
@@ -462,6 +481,8 @@ static void not_selected(struct pass *p, struct podr *r)
 		      r->name, r->uid, was_suspended ? " while suspended" : "");
 		return;
 	}
+	if (!resume)
+		return;
 	snprintf(r->msg, sizeof(r->msg), "no longer selected%s",
 		 r->state == GCR_SCALE_SUSPENDED ? ": resuming it before letting go" : "");
 	if (r->state == GCR_SCALE_SUSPENDED && !r->pinned) {
@@ -609,8 +630,8 @@ static void write_status(struct pass *p, int replicas, const struct gcr_scale_pl
 		      n[GCR_SCALE_SUSPENDED], replicas, (long long)took_ms);
 }
 
-/* Writes only the Ready condition (with the selector) when nothing else can be known. */
-static void write_invalid(struct pass *p, const char *reason, const char *msg)
+/* Writes only the Ready condition when nothing else can be known (or while deleting). */
+static void write_ready(struct pass *p, const char *status, const char *reason, const char *msg)
 {
 	char path[700];
 	json_int_t gen = json_integer_value(json_object_get(json_object_get(p->res, "metadata"), "generation"));
@@ -620,11 +641,157 @@ static void write_invalid(struct pass *p, const char *reason, const char *msg)
 		return;
 	snprintf(path, sizeof(path), API "/namespaces/%s/gpuresidencies/%s", p->ns, p->name);
 	json_t *patch = json_pack("{s:{s:I, s:o}}", "status", "observedGeneration", gen, "conditions",
-				  cond_json("False", reason, msg, old, gen));
+				  cond_json(status, reason, msg, old, gen));
 	struct gcr_err err;
 	if (agent_leader_is_leader(p->s->leader) && agent_kube_patch_status(p->s->kube, path, patch, &err) < 0)
 		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: status: %s", p->ns, p->name, err.msg);
 	json_decref(patch);
+}
+
+/* ---- deletion: the finalizer ---- */
+
+static int has_finalizer(json_t *res)
+{
+	size_t i;
+	json_t *f;
+	json_array_foreach(json_object_get(json_object_get(res, "metadata"), "finalizers"), i, f)
+	{
+		if (json_is_string(f) && strcmp(json_string_value(f), AGENT_SCALER_FINALIZER) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* Adds or removes our finalizer: a JSON merge patch (verb patch) of the whole
+ * metadata.finalizers list carrying the resourceVersion read, so that a concurrent change
+ * of the list by someone else fails (409) and is redone next pass instead of lost. */
+static int set_finalizer(struct pass *p, int add)
+{
+	json_t *md = json_object_get(p->res, "metadata");
+	json_t *list = json_array();
+	size_t i;
+	json_t *f;
+	json_array_foreach(json_object_get(md, "finalizers"), i, f)
+	{
+		if (!json_is_string(f) || strcmp(json_string_value(f), AGENT_SCALER_FINALIZER) != 0)
+			json_array_append(list, f);
+	}
+	if (add)
+		json_array_append_new(list, json_string(AGENT_SCALER_FINALIZER));
+	json_t *patch = json_pack("{s:{s:o, s:s*}}", "metadata", "finalizers", list, "resourceVersion",
+				  str_at(md, "resourceVersion", NULL));
+	char path[700];
+	snprintf(path, sizeof(path), API "/namespaces/%s/gpuresidencies/%s", p->ns, p->name);
+	long st = 0;
+	struct gcr_err err;
+	int rc = patch ? api(p->s, "PATCH", path, "application/merge-patch+json", patch, &st, NULL, &err)
+		       : gcr_err_set(&err, -ENOMEM, "out of memory");
+	if (rc == 0 && st != 200)
+		rc = gcr_err_set(&err, st == 409 ? -EAGAIN : -EIO, "HTTP %ld", st);
+	if (rc < 0)
+		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: %s finalizer %s: %s", p->ns, p->name, add ? "add" : "remove",
+			AGENT_SCALER_FINALIZER, err.msg);
+	else
+		GCR_LOG(GCR_LOG_INFO, "scaler", "%s/%s: finalizer %s %s", p->ns, p->name, AGENT_SCALER_FINALIZER,
+			add ? "added" : "removed");
+	return rc;
+}
+
+/* Failed Restores the finalizer made for r: its attempts so far. */
+static int delete_attempts(const struct pass *p, const struct podr *r)
+{
+	int n = 0;
+	for (size_t i = 0; i < p->nops; i++) {
+		const struct opr *o = &p->ops[i];
+		n += o->kind == O_RS && o->on_delete && phase_is(o, "Failed") && strcmp(o->pod_uid, r->uid) == 0;
+	}
+	return n;
+}
+
+/* One pass over a GPUResidency being deleted. Every pod it suspended that still exists is
+ * resumed (Restores as for a scale-up); pods gone, not Running or never suspended are
+ * skipped. A pod is given up on (left suspended, its operations kept so that a Restore of
+ * its Checkpoint can still be made by hand; they go with the pod) after DELETE_ATTEMPTS
+ * failed Restores, when its node has no live agent, or DELETE_BOUND_S after the deletion
+ * began; then a Warning Event and the Ready condition say so. Once nothing is in flight
+ * the other operations are removed, then the finalizer. Returns 1 while work is left. */
+static int finalize(struct pass *p, double now)
+{
+	int pending = 0, given_up = 0, resumed = 0;
+	char names[600] = "";
+	double since = parse_time(str_at(json_object_get(p->res, "metadata"), "deletionTimestamp", NULL));
+	int overdue = since > 0 && now - since > DELETE_BOUND_S;
+	for (size_t i = 0; i < p->npods; i++) {
+		struct podr *r = &p->pods[i];
+		if (r->latest != NULL)
+			state_from_op(r, r->latest, now);
+		not_selected(p, r, 0);
+		if (r->gone || p->errors > 0)
+			continue; /* gone: its operations removed; an API error: next pass */
+		if (r->latest != NULL && r->latest->on_delete && phase_is(r->latest, "Succeeded"))
+			resumed++;
+		if (r->state == GCR_SCALE_RESIDENT || r->phase == NULL || strcmp(r->phase, "Running") != 0)
+			continue; /* nothing to resume, or no process to resume */
+		const char *note = NULL;
+		int attempts = delete_attempts(p, r);
+		if (r->state == GCR_SCALE_SUSPENDING || r->state == GCR_SCALE_RESUMING) {
+			if (!overdue) {
+				pending++;
+				continue;
+			}
+			note = "still in flight when the deletion's time ran out";
+		} else if (attempts >= DELETE_ATTEMPTS) {
+			note = "its Restores failed";
+		} else if (overdue) {
+			note = "the deletion's time ran out";
+		} else if (r->node == NULL || node_info(p, r->node, &note) == 0) {
+			note = "no live GCR agent on its node";
+		} else if (r->pinned) {
+			note = NULL; /* the cool-down after a failed Restore */
+			pending++;
+			continue;
+		} else {
+			note = NULL;
+			const struct opr *ck = last_checkpoint(p, r->uid);
+			if (ck == NULL) {
+				note = "no Succeeded Checkpoint to restore";
+			} else {
+				create_op(p, r, O_RS, ck->name);
+				pending++; /* an API error is retried next pass */
+				continue;
+			}
+		}
+		r->given_up = 1;
+		given_up++;
+		size_t len = strlen(names);
+		snprintf(names + len, sizeof(names) - len, "%s%s (%s%s%s)", len ? ", " : "", r->name, note,
+			 r->latest ? "; last: " : "", r->latest ? r->op : "");
+	}
+	char msg[800];
+	if (pending > 0 || p->errors > 0) {
+		snprintf(msg, sizeof(msg), "being deleted: resuming the pods it suspended (%d in flight)", pending);
+		write_ready(p, "False", "Deleting", msg);
+		return 1;
+	}
+	if (given_up > 0) {
+		snprintf(msg, sizeof(msg), "being deleted: %d pod(s) left suspended: %.600s", given_up, names);
+		write_ready(p, "False", "ResumeOnDeleteFailed", msg);
+	}
+	for (size_t i = 0; i < p->nops; i++) {
+		const struct podr *r = pod_of(p, p->ops[i].pod_uid);
+		if (r == NULL || (!r->gone && !r->given_up))
+			delete_op(p, &p->ops[i]); /* a gone pod's went in not_selected */
+	}
+	if (p->errors > 0 || set_finalizer(p, 0) < 0)
+		return 1;
+	if (given_up > 0)
+		event(p, "Warning", "ResumeOnDeleteFailed",
+		      "deleted with %d pod(s) left suspended: %s; their Checkpoints are kept (create a Restore of "
+		      "one to resume its pod)", given_up, names);
+	else
+		event(p, "Normal", "ResumedOnDelete",
+		      "deleted: %d pod(s) resumed first; the Checkpoints and Restores it made were removed", resumed);
+	return 0;
 }
 
 /* One pass over one GPUResidency. Returns 1 when work is in flight (come back soon). */
@@ -635,25 +802,35 @@ static int reconcile(struct agent_scaler *s, json_t *res)
 	int busy = 0;
 	if (p.ns == NULL || p.name == NULL || p.uid == NULL)
 		return 0;
+	p.deleting = json_object_get(json_object_get(res, "metadata"), "deletionTimestamp") != NULL;
+	if (p.deleting && !has_finalizer(res))
+		return 0; /* released already (or never held) */
+	/* Nothing is suspended before the finalizer is on, so a deletion always finds its pods. */
+	if (!p.deleting && !has_finalizer(res) && set_finalizer(&p, 1) < 0)
+		return 1;
 	json_t *spec = json_object_get(res, "spec");
 	json_t *rj = json_object_get(spec, "replicas");
 	int replicas = json_is_integer(rj) ? (int)json_integer_value(rj) : -1;
 	struct gcr_err err;
-	if (agent_scalemsg_selector(json_object_get(spec, "selector"), p.selector, sizeof(p.selector), &err) < 0) {
-		write_invalid(&p, "InvalidSelector", err.msg);
-		return 0;
+	char q[3 * AGENT_SCALEMSG_SELECTOR_MAX], path[4 * AGENT_SCALEMSG_SELECTOR_MAX], own[200], ownq[400];
+	if (!p.deleting) { /* deleting: only the pods of its operations matter, whatever the spec */
+		if (agent_scalemsg_selector(json_object_get(spec, "selector"), p.selector, sizeof(p.selector),
+					    &err) < 0) {
+			write_ready(&p, "False", "InvalidSelector", err.msg);
+			return 0;
+		}
+		if (replicas < 0) {
+			write_ready(&p, "False", "InvalidSpec", "spec.replicas is missing or negative");
+			return 0;
+		}
+		if (agent_scalemsg_query_escape(p.selector, q, sizeof(q)) < 0)
+			return 0;
+		snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods?labelSelector=%s", p.ns, q);
+		if (list(&p, path, &p.pods_list) < 0)
+			goto out;
 	}
-	if (replicas < 0) {
-		write_invalid(&p, "InvalidSpec", "spec.replicas is missing or negative");
-		return 0;
-	}
-	char q[3 * AGENT_SCALEMSG_SELECTOR_MAX], path[4 * AGENT_SCALEMSG_SELECTOR_MAX], own[200];
-	if (agent_scalemsg_query_escape(p.selector, q, sizeof(q)) < 0)
-		return 0;
-	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods?labelSelector=%s", p.ns, q);
 	snprintf(own, sizeof(own), AGENT_SCALER_LABEL_OWNER "=%s", p.uid);
-	char ownq[400];
-	if (agent_scalemsg_query_escape(own, ownq, sizeof(ownq)) < 0 || list(&p, path, &p.pods_list) < 0)
+	if (agent_scalemsg_query_escape(own, ownq, sizeof(ownq)) < 0)
 		goto out;
 	snprintf(path, sizeof(path), API "/namespaces/%s/checkpoints?labelSelector=%s", p.ns, ownq);
 	if (list(&p, path, &p.ck_list) < 0)
@@ -670,7 +847,8 @@ static int reconcile(struct agent_scaler *s, json_t *res)
 	p.ops = calloc(nops ? nops : 1, sizeof(*p.ops));
 	p.pods = calloc(npods ? npods : 1, sizeof(*p.pods));
 	p.nodes = json_object();
-	if (p.ops == NULL || p.pods == NULL || p.nodes == NULL)
+	p.keep = json_array();
+	if (p.ops == NULL || p.pods == NULL || p.nodes == NULL || p.keep == NULL)
 		goto out;
 	add_ops(&p, citems, O_CK);
 	add_ops(&p, ritems, O_RS);
@@ -705,6 +883,10 @@ static int reconcile(struct agent_scaler *s, json_t *res)
 		if (r->latest == NULL || p.ops[i].seq > r->latest->seq)
 			r->latest = &p.ops[i];
 	}
+	if (p.deleting) {
+		busy = finalize(&p, now);
+		goto out;
+	}
 	/* States from the latest operation, then who is manageable. */
 	struct gcr_scale_member *m = calloc(p.npods ? p.npods : 1, sizeof(*m));
 	struct podr **mp = calloc(p.npods ? p.npods : 1, sizeof(*mp));
@@ -719,7 +901,7 @@ static int reconcile(struct agent_scaler *s, json_t *res)
 		if (r->latest != NULL && r->state != GCR_SCALE_UNMANAGED)
 			state_from_op(r, r->latest, now);
 		if (!r->selected) {
-			not_selected(&p, r);
+			not_selected(&p, r, 1);
 			busy |= !r->gone && (r->state == GCR_SCALE_SUSPENDING || r->state == GCR_SCALE_RESUMING ||
 					     r->state == GCR_SCALE_SUSPENDED);
 			continue;
@@ -765,6 +947,7 @@ out:
 	json_decref(p.ck_list);
 	json_decref(p.rs_list);
 	json_decref(p.nodes);
+	json_decref(p.keep);
 	return busy;
 }
 

@@ -16,6 +16,11 @@
 #define AGENT_SCALER_ANN_POD "gpucr.dev/pod"
 #define AGENT_SCALER_ANN_SEQ "gpucr.dev/seq"
 #define AGENT_SCALER_ANN_RESIDENCY "gpucr.dev/residency"
+/* Finalizer the leader puts on every GPUResidency: deleting one resumes the pods it
+ * suspended before it goes (docs/scale-to-zero.md, "Deleting a GPUResidency"). */
+#define AGENT_SCALER_FINALIZER "gpucr.dev/resume-on-delete"
+/* Annotation on the Restores made for that: their failures are the attempts counted. */
+#define AGENT_SCALER_ANN_ON_DELETE "gpucr.dev/on-delete"
 
 struct agent_scaler_cfg {
 	const char *lease_namespace; /* where the nodes' heartbeat Leases (with activity) are */

@@ -229,14 +229,14 @@ class Env:
         logp = os.path.join(self.dir, "agent.%d.log" % self.agent_runs)
         self.agent_log = logp
         env = self.fake_env()
-        env["GCR_LOG_LEVEL"] = "info"
+        env["GCR_LOG_LEVEL"] = "debug"  # other_node_served waits for a debug line
         env.update(extra_env or {})
         # Half the options in a config file shaped like the Helm chart's (camelCase keys,
         # sections the agent does not read), half as flags, as the DaemonSet passes them.
         cfg = os.path.join(self.dir, "config.yaml")
         with open(cfg, "w") as f:
             f.write('logLevel: "info"\nleaseNamespace: "%s"\ndevicePlugin:\n  enabled: false\n'
-                    '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\n' % (LEASE_NS, NODE, self.proc_root))
+                    '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\nmaxParallel: 3\n' % (LEASE_NS, NODE, self.proc_root))
         argv = [AGENT, "--config=%s" % cfg, "--kubeconfig", self.kubeconfig, "--socket-dir", self.sock_dir,
                 "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port]
         if os.environ.get("GCR_E2E_VALGRIND") == "1":
@@ -514,8 +514,7 @@ def main():
     def other_node_served():
         # The pod's node has a live agent (its Lease renewed now): that agent owns
         # the Checkpoint, this one must not race it. The marker applied after it is
-        # handled after it (one ordered queue), so once the marker is final the
-        # first one has been looked at.
+        # looked at too; the agent's debug line says when the first one was.
         now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
         E.apply({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                  "metadata": {"name": "gcr-agent-" + NODE_B, "namespace": LEASE_NS},
@@ -524,6 +523,9 @@ def main():
             E.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in (
                 checkpoint("ck-served", "other-pod"), checkpoint("ck-marker", "plain-pod"))))
             E.wait_phase("checkpoint", "ck-marker", ("Failed",))
+            # Workers run in parallel: the marker may end first; the debug line says ck-served was seen.
+            E.wait("the agent leaving ck-served to node-b's agent", lambda: "ck-served: pod %s/other-pod on node %s, "
+                   "whose agent is live; left to it" % (NS, NODE_B) in open(E.agent_log).read())
             o = E.get("checkpoint", "ck-served")
             check("phase" not in (o.get("status") or {}), "pod on %s: status %s" % (NODE_B, o.get("status")))
             check(not E.events_for("ck-served"), "events about ck-served: %s" % E.events_for("ck-served"))

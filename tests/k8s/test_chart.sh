@@ -366,7 +366,6 @@ patch restores.gpucr.dev $NS_OTHER
 get gpuresidencies.gpucr.dev $NS_OTHER
 create gpuresidencies.gpucr.dev $NS_OTHER
 update gpuresidencies.gpucr.dev $NS_OTHER
-patch gpuresidencies.gpucr.dev $NS_OTHER
 delete gpuresidencies.gpucr.dev $NS_OTHER
 update gpuresidencies.gpucr.dev/scale $NS_OTHER
 patch gpuresidencies.gpucr.dev/scale $NS_OTHER

@@ -27,6 +27,7 @@ NODES = ("scale-a", "scale-b")
 GATE = "gpucr.dev/resident"
 PODS = {"llm-0": NODES[0], "llm-1": NODES[0], "llm-2": NODES[1]}
 RES = "llm"
+FINALIZER = "gpucr.dev/resume-on-delete"
 
 
 class Node:
@@ -278,6 +279,31 @@ def scale_cases(E, case):
         E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=3")
         agree(wait_resident(3))
 
+    def parallel():
+        # Each Checkpoint paused 3 s on its node (the test hook): llm-0 and llm-1 share node
+        # scale-a, and its agent must run theirs at once (the recorded intervals overlap).
+        slow = {"GCR_AGENT_TEST_PAUSE": "before-cr", "GCR_AGENT_TEST_PAUSE_S": "3"}
+        for n in st["nodes"].values():
+            check(n.stop() == 0, "agent %s: exit status on SIGTERM" % n.name)
+            n.start(slow)
+        agree(wait_resident(3))  # every process listed again by the restarted agents
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=0")
+        s = wait_resident(0, timeout=90)
+        check(s["suspended"] == 3, "status %s" % s)
+        agree(s)
+        a, b = (ops("checkpoints", pod)[0]["status"] for pod in ("llm-0", "llm-1"))
+        check(a["nodeName"] == b["nodeName"] == NODES[0], "nodes %s %s" % (a["nodeName"], b["nodeName"]))
+        check(a["startTime"] < b["completionTime"] and b["startTime"] < a["completionTime"],
+              "not in parallel: llm-0 %s..%s, llm-1 %s..%s" % (a["startTime"], a["completionTime"],
+                                                             b["startTime"], b["completionTime"]))
+        log("llm-0 %s..%s, llm-1 %s..%s on %s" % (a["startTime"], a["completionTime"], b["startTime"],
+                                                  b["completionTime"], NODES[0]))
+        body = st["nodes"][NODES[0]].http("/metrics")[1]
+        check('gcr_agent_operations_total{kind="checkpoint",result="succeeded"} 2' in body,
+              "scale-a's metrics: %s" % [l for l in body.splitlines() if "operations_total" in l])
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=3")
+        agree(wait_resident(3))
+
     def failover():
         # Each Checkpoint takes 2 s on its node (the test hook), so the scale is surely
         # in flight when the leader dies; the SIGTERMed agents release their terms.
@@ -362,9 +388,9 @@ def scale_cases(E, case):
         check(out.stdout.strip() == "", "Checkpoints made for a pod without the shim: %s" % out.stdout)
 
     def programs_ok():
-        # Everything back on the GPU first (a suspended program waits at the gate).
-        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=%d" % len(st["pods"]))
-        agree(wait_resident(len(st["pods"])))
+        # The deletions before left every pod resident (a suspended program waits at the gate).
+        for pod in st["pods"]:
+            check(is_resident(pod), "%s is %s" % (pod, E.drv_state(pid(pod))))
         for pod, v in st["pods"].items():
             if pod == "llm-0":
                 v["prog"].expect(r"ITER \d+", 60)  # still computing
@@ -372,6 +398,89 @@ def scale_cases(E, case):
             v["prog"].send("check")
             m = v["prog"].expect(r"RESULT (.*)", 120)
             check(m.group(1) == "ok", "%s's program reports RESULT %s" % (pod, m.group(1)))
+
+    def ops_of(kind, uid):
+        out = E.k("get", kind, "-n", ns, "-l", "gpucr.dev/residency-uid=%s" % uid, "-o", "json")
+        return json.loads(out.stdout)["items"]
+
+    def delete_resumes():
+        # All suspended, then the GPUResidency deleted with each Restore paused 2 s on its node,
+        # and the leader SIGKILLed while they run: the next one finishes, then lets it go.
+        slow = {"GCR_AGENT_TEST_PAUSE": "before-rs", "GCR_AGENT_TEST_PAUSE_S": "2"}
+        for n in st["nodes"].values():
+            check(n.stop() == 0, "agent %s: exit status on SIGTERM" % n.name)
+            n.start(slow)
+        # The restarted agents list every pod's process again (else a pod is Unmanaged).
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=%d" % len(st["pods"]))
+        agree(wait_resident(len(st["pods"])))
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=0")
+        s = wait_resident(0)
+        check(s["suspended"] == len(st["pods"]), "status %s" % s)
+        agree(s)
+        r = res()
+        check(FINALIZER in r["metadata"].get("finalizers", []), "finalizers %s" % r["metadata"].get("finalizers"))
+        uid = r["metadata"]["uid"]
+        E.k("delete", "gpuresidency", RES, "-n", ns, "--wait=false")
+        E.wait("a Restore of the deletion Running", lambda: [
+            o for o in ops_of("restores", uid) if o.get("status", {}).get("phase") == "Running"
+            and o["metadata"].get("annotations", {}).get("gpucr.dev/on-delete")])
+        before = leader()
+        victim = [n for n in st["nodes"].values() if before.startswith(n.name + "-")]
+        check(len(victim) == 1, "leader %r is none of the agents" % before)
+        victim[0].stop(signal.SIGKILL)
+        check(E.get("gpuresidency", RES) is not None, "gone before its pods were resumed")
+        E.wait("another agent leads", lambda: leader() and leader() != before, timeout=30)
+        victim[0].start(slow)  # its node's Restores are finished by the restarted agent
+        E.wait("GPUResidency %s deleted" % RES, lambda: E.get("gpuresidency", RES) is None, timeout=90)
+        for pod in st["pods"]:
+            check(is_resident(pod), "%s not resident after the deletion: driver %s" % (pod, E.drv_state(pid(pod))))
+            if pod != "llm-2":
+                check(gate(pod) == "True", "%s: %s=%s after the deletion" % (pod, GATE, gate(pod)))
+        for kind in ("checkpoints", "restores"):
+            check(not ops_of(kind, uid), "%s left: %s" % (kind, [o["metadata"]["name"] for o in ops_of(kind, uid)]))
+        ev = E.wait_event(RES, "Normal", "ResumedOnDelete")
+        log("leader %s SIGKILLed mid-deletion; %s" % (before, ev[0].get("note")))
+
+    def delete_gives_up():
+        # A pod whose node has no live agent cannot be resumed: the deletion gives it up at
+        # once (never hangs), resumes the others, says so, and keeps that pod's Checkpoint,
+        # which a Restore made by hand later brings back.
+        E.apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "GPUResidency",
+                 "metadata": {"name": "llm-b", "namespace": ns},
+                 "spec": {"selector": {"matchLabels": {"app": "llm"}}, "replicas": 0}})
+        s = wait_resident(0, name="llm-b")
+        check(s["suspended"] == len(st["pods"]), "status %s" % s)
+        uid = E.get("gpuresidency", "llm-b")["metadata"]["uid"]
+        lost = [p for p, v in st["pods"].items() if v["node"] == NODES[1]]
+        kept = [p for p in st["pods"] if p not in lost]
+        check(lost and kept, "pods %s" % st["pods"])
+        node_b = st["nodes"][NODES[1]]
+        check(node_b.stop() == 0, "agent %s: exit status on SIGTERM" % NODES[1])
+        E.k("delete", "lease", "gcr-agent-" + NODES[1], "-n", base.LEASE_NS)  # as if its term ran out
+        E.k("delete", "gpuresidency", "llm-b", "-n", ns, "--wait=false")
+        E.wait("GPUResidency llm-b deleted", lambda: E.get("gpuresidency", "llm-b") is None)
+        ev = E.wait_event("llm-b", "Warning", "ResumeOnDeleteFailed")
+        note = ev[0].get("note", "")
+        check(all(p in note for p in lost) and "no live GCR agent" in note and not any(p in note for p in kept),
+              "event note: %s" % note)
+        for pod in kept:
+            check(is_resident(pod), "%s not resumed: driver %s" % (pod, E.drv_state(pid(pod))))
+        for pod in lost:
+            check(is_suspended(pod), "%s is not suspended any more" % pod)
+        left = ops_of("checkpoints", uid)
+        check(sorted(o["metadata"]["annotations"]["gpucr.dev/pod"] for o in left) == sorted(lost),
+              "Checkpoints left: %s" % [o["metadata"]["name"] for o in left])
+        check(not ops_of("restores", uid), "Restores left: %s" % ops_of("restores", uid))
+        node_b.start()
+        E.wait("agent %s lists its process again" % NODES[1],
+               lambda: "gcr_agent_registered_processes %d" % len(lost) in node_b.http("/metrics")[1])
+        for o in left:
+            E.apply(base.restore("by-hand-" + o["metadata"]["annotations"]["gpucr.dev/pod"], o["metadata"]["name"]))
+        for o in left:
+            pod = o["metadata"]["annotations"]["gpucr.dev/pod"]
+            r = E.wait_phase("restore", "by-hand-" + pod, ("Succeeded", "Failed"))["status"]
+            check(r["phase"] == "Succeeded", "Restore by hand: %s" % r.get("message"))
+            check(is_resident(pod), "%s not resident after the Restore by hand" % pod)
 
     def wrapped(fn):
         def run():
@@ -389,12 +498,18 @@ def scale_cases(E, case):
             case("scale: kubectl scale 3 -> 0: all suspended, gates False, one Checkpoint per pod", wrapped(to_zero))
             case("scale: PUT /scale (as HPA/KEDA) 0 -> 2: most active first, gates True", wrapped(to_two_by_put))
             case("scale: 2 -> 3, 3 -> 2 (least active first), -> 3", wrapped(to_three))
+            case("scale: two pods of one node suspended at once (max-parallel): operations overlap",
+                 wrapped(parallel))
             case("scale: leader SIGKILLed mid-scale to 0: another takes over, done once", wrapped(failover))
             case("scale: replicas changed mid-scale (0 -> 3, then 1): nothing half-done", wrapped(changed_mid_scale))
             case("scale: pod deleted while suspended: its objects removed, status truthful",
                  wrapped(pod_deleted_suspended))
             case("scale: selector matching nothing: Ready False NoPodsSelected", wrapped(nothing_selected))
             case("scale: pod without the shim: Unmanaged, never a Checkpoint", wrapped(no_shim))
+            case("scale: GPUResidency deleted while all suspended, leader SIGKILLed mid-way: pods resumed, "
+                 "objects removed, then it goes", wrapped(delete_resumes))
+            case("scale: GPUResidency deleted with a pod on a node without agent: given up at once, Warning, "
+                 "its Checkpoint kept and restorable by hand", wrapped(delete_gives_up))
             case("scale: programs' own data checks after every cycle", wrapped(programs_ok))
     finally:
         for n in st["nodes"].values():
