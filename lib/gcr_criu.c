@@ -16,11 +16,40 @@
 
 #define OUT_MAX 4096 /* bytes of a run's output kept for messages */
 
+/* One decimal component, 0..99999, at *p; advances *p. -1 when there is none. */
+static int version_part(const char **p)
+{
+	if (**p < '0' || **p > '9')
+		return -1;
+	long v = 0;
+	while (**p >= '0' && **p <= '9') {
+		v = v * 10 + (**p - '0');
+		if (v > 99999)
+			return -1; /* no real version is this long: refuse rather than overflow */
+		(*p)++;
+	}
+	return (int)v;
+}
+
 int gcr_criu_parse_version(const char *out, int *major, int *minor, int *patch, struct gcr_err *err)
 {
 	const char *v = out ? strstr(out, "Version:") : NULL;
-	int ma = 0, mi = 0, pa = 0;
-	if (v == NULL || sscanf(v, "Version: %d.%d.%d", &ma, &mi, &pa) < 2 || ma < 0 || mi < 0 || pa < 0)
+	int ma = -1, mi = -1, pa = 0;
+	if (v != NULL) {
+		v += strlen("Version:");
+		while (*v == ' ' || *v == '\t')
+			v++;
+		ma = version_part(&v);
+		if (ma >= 0 && *v == '.') {
+			v++;
+			mi = version_part(&v);
+			if (mi >= 0 && *v == '.') {
+				v++;
+				pa = version_part(&v);
+			}
+		}
+	}
+	if (ma < 0 || mi < 0 || pa < 0)
 		return gcr_err_set(err, -EINVAL, "no \"Version: X.Y\" line in criu --version output");
 	*major = ma;
 	*minor = mi;

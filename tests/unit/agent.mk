@@ -56,7 +56,8 @@ EXTRA_DIST += \
 	tests/fuzz/dict/fuzz_watch.dict \
 	tests/fuzz/corpus/fuzz_cgroup tests/fuzz/corpus/fuzz_kubeconfig tests/fuzz/corpus/fuzz_watch \
 	tests/fuzz/fuzz_dpmsg.c tests/fuzz/dict/fuzz_dpmsg.dict tests/fuzz/corpus/fuzz_dpmsg \
-	tests/fuzz/fuzz_scalemsg.c tests/fuzz/dict/fuzz_scalemsg.dict tests/fuzz/corpus/fuzz_scalemsg
+	tests/fuzz/fuzz_scalemsg.c tests/fuzz/dict/fuzz_scalemsg.dict tests/fuzz/corpus/fuzz_scalemsg \
+	tests/fuzz/fuzz_criu.c tests/fuzz/corpus/fuzz_criu
 
 # The device plugin's messages (node-agent/libgcrdp.la); the plugin itself is tested
 # against the Go kubelet stand-in by tests/dp/test_deviceplugin.sh.
