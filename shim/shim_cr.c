@@ -277,8 +277,13 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 		if (rc == 0) {
 			rc = shim_digest_run(backend, req, n, dig, err);
 			have_dig = rc == 0;
-			if (rc == -ENOSYS)
-				rc = 0; /* no kernel here: copy every chunk */
+			if (rc == -ENOMEM)
+				GCR_LOG(GCR_LOG_WARN, "shim", "no digests this time (%s): copying every chunk", err->msg);
+			/* No kernel here, or no GPU memory left for the digests (a full GPU
+			 * must still be suspendable): copy every chunk. Other failures
+			 * (the GPU itself failing) stop the suspend. */
+			if (rc == -ENOSYS || rc == -ENOMEM)
+				rc = 0;
 		}
 	}
 	rep->ms_digest = now_ms() - t0;

@@ -394,6 +394,23 @@ def case_copy_fails_after_release(f):
     c.finish()
 
 
+def case_digest_oom(f):
+    """No GPU memory left for the digests (a full GPU): the suspend still succeeds and copies
+    every chunk, zero ones included; the resume is bit-exact."""
+    c = Chunks(f, ["--mib", "32", "--write-mib", "16"])
+    f.inject(c.p.pid, "cuMemAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY)
+    r = f.ctl("suspend", c.p.pid)
+    fired = f.disarm(c.p.pid) == 0
+    check(fired, "the digest buffer's cuMemAlloc was not reached")
+    check(r.ok, "suspend with no memory for digests: %s" % r.describe())
+    check(shim_bytes(r, "zero") == 0 and shim_bytes(r, "copied") == shim_bytes(r, "bytes"),
+          "without digests every chunk is copied: %s" % r.stdout.strip())
+    check(f.ctl("resume", c.p.pid).ok, "resume")
+    c.verify("after a suspend without digests")
+    cr_cycle(f, c, "a later cycle, digests back")
+    c.finish()
+
+
 def case_driver_fails(f):
     """The driver's checkpoint fails after the data step: the data comes back, process runs."""
     p = f.start(["--mib", "32", "--iters", "100", "--wait"])
@@ -557,6 +574,7 @@ CASES = [
     ("resume-oom", case_resume_oom),
     ("suspend-copy-fails", case_suspend_copy_fails),
     ("copy-fails-after-release", case_copy_fails_after_release),
+    ("digest-oom", case_digest_oom),
     ("driver-checkpoint-fails", case_driver_fails),
     ("driver-restore-fails", case_restore_fails),
     ("modes", case_modes),
