@@ -386,10 +386,36 @@ static int procs_from_status(json_t *obj, struct proc *out, int max)
 	return n;
 }
 
+/* ---- modes ---- */
+
+/* A Checkpoint's spec.keepContext asks for GCR_CR_DATA_ONLY: the shim moves the data and
+ * releases the buffers, the CUDA context stays resident (no driver checkpoint). The mode is
+ * chosen from the spec once, recorded in status.mode (with the processes, before anything is
+ * touched), and from then on read back from there: by a recovery and by every Restore, so a
+ * resume always matches its suspend. */
+static enum gcr_cr_mode mode_of_spec(json_t *ck)
+{
+	return json_is_true(json_object_get(json_object_get(ck, "spec"), "keepContext")) ? GCR_CR_DATA_ONLY
+											 : GCR_CR_FULL;
+}
+
+/* status.mode; a Checkpoint without one was suspended by an agent that knew only Full. */
+static enum gcr_cr_mode mode_recorded(json_t *ck)
+{
+	const char *m = status_str(ck, "mode");
+	return m != NULL && strcmp(m, "KeepContext") == 0 ? GCR_CR_DATA_ONLY : GCR_CR_FULL;
+}
+
+static const char *mode_api_name(enum gcr_cr_mode m)
+{
+	return m == GCR_CR_DATA_ONLY ? "KeepContext" : "Full";
+}
+
 enum pstate { P_RUNNING, P_SUSPENDED, P_PARTIAL, P_GONE };
 
-/* The process's real state, from its shim and the driver. */
-static enum pstate real_state(struct agent_controller *c, pid_t pid)
+/* The process's real state, from its shim and the driver. Suspended in mode DATA_ONLY means
+ * the shim suspended with the driver still running (the context stayed resident). */
+static enum pstate real_state(struct agent_controller *c, pid_t pid, enum gcr_cr_mode mode)
 {
 	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = 10000 };
 	json_t *st = NULL;
@@ -406,7 +432,8 @@ static enum pstate real_state(struct agent_controller *c, pid_t pid)
 		r = json_object_get(st, "criu") != NULL ? P_SUSPENDED : P_GONE;
 	else if (strcmp(shim, "running") == 0 && drv != NULL && (strcmp(drv, "running") == 0 || no_driver))
 		r = P_RUNNING;
-	else if (strcmp(shim, "suspended") == 0 && drv != NULL && (strcmp(drv, "checkpointed") == 0 || no_driver))
+	else if (strcmp(shim, "suspended") == 0 && drv != NULL &&
+		 (strcmp(drv, mode == GCR_CR_DATA_ONLY ? "running" : "checkpointed") == 0 || no_driver))
 		r = P_SUSPENDED;
 	GCR_LOG(GCR_LOG_INFO, "controller", "pid %d: shim %s, driver %s", (int)pid, shim ? shim : "-",
 		drv ? drv : "-");
@@ -420,17 +447,17 @@ static int timeout_ms_of(json_t *obj)
 	return t > 0 ? (int)(t * 1000) : DEFAULT_TIMEOUT_MS;
 }
 
-/* Resumes every process of p that is not running (undo, or a Restore), all at once
- * (gcr_scale_run: one thread per process). Returns 0 or the first error, with its
- * message in err. */
-static int resume_all(struct agent_controller *c, const struct proc *p, int n, int timeout_ms,
-		      struct gcr_cr_result *sum, struct gcr_err *err)
+/* Resumes every process of p that is not running (undo, or a Restore) in the mode they
+ * were suspended in, all at once (gcr_scale_run: one thread per process). Returns 0 or
+ * the first error, with its message in err. */
+static int resume_all(struct agent_controller *c, const struct proc *p, int n, enum gcr_cr_mode mode,
+		      int timeout_ms, struct gcr_cr_result *sum, struct gcr_err *err)
 {
-	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms };
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = timeout_ms };
 	struct gcr_scale_proc sp[MAX_PROCS];
 	int k = 0;
 	for (int i = 0; i < n && k < MAX_PROCS; i++)
-		if (real_state(c, p[i].pid) != P_RUNNING)
+		if (real_state(c, p[i].pid, mode) != P_RUNNING)
 			sp[k++] = (struct gcr_scale_proc){ .pid = p[i].pid, .action = GCR_SCALE_RESUME };
 	int rc = gcr_scale_run(sp, (size_t)k, &opts, NULL), told = 0;
 	for (int i = 0; i < k; i++) {
@@ -534,11 +561,12 @@ static void init_gate(struct agent_controller *c, const char *ns, const char *na
 /* ---- Checkpoint ---- */
 
 static void finish_checkpoint(struct agent_controller *c, struct op *o, const struct proc *p, int n,
-			      const struct gcr_cr_result *sum, double ms_total, const char *note)
+			      enum gcr_cr_mode mode, const struct gcr_cr_result *sum, double ms_total,
+			      const char *note)
 {
-	json_t *extra = json_pack("{s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
-				  procs_json(p, n, "Checkpointed"), "bytes", "vmm", (json_int_t)sum->bytes_moved,
-				  "total", (json_int_t)sum->bytes_moved, "durations", "data",
+	json_t *extra = json_pack("{s:o, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
+				  procs_json(p, n, "Checkpointed"), "mode", mode_api_name(mode), "bytes", "vmm",
+				  (json_int_t)sum->bytes_moved, "total", (json_int_t)sum->bytes_moved, "durations", "data",
 				  (json_int_t)sum->ms_data, "lock", (json_int_t)sum->ms_lock, "checkpoint",
 				  (json_int_t)sum->ms_checkpoint, "total", (json_int_t)ms_total);
 	set_status(c, o, "Succeeded", "Checkpointed", note, extra);
@@ -555,11 +583,12 @@ static double now_ms(void)
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Suspends p[0..n) all at once (gcr_scale_run, as gcrctl scale does); on a failure
- * resumes those this run suspended. */
-static void run_checkpoint(struct agent_controller *c, struct op *o, const struct proc *p, int n)
+/* Suspends p[0..n) all at once (gcr_scale_run, as gcrctl scale does) in mode (the one
+ * recorded in status.mode); on a failure resumes those this run suspended. */
+static void run_checkpoint(struct agent_controller *c, struct op *o, const struct proc *p, int n,
+			   enum gcr_cr_mode mode)
 {
-	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL,
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode,
 				    .timeout_ms = timeout_ms_of(o->obj) };
 	struct gcr_cr_result sum = { 0 };
 	const char *pod = spec_str(o->obj, "podName");
@@ -579,7 +608,7 @@ static void run_checkpoint(struct agent_controller *c, struct op *o, const struc
 				bad = i;
 		}
 		struct gcr_err e2;
-		int urc = nu > 0 ? resume_all(c, undo, nu, opts.timeout_ms, NULL, &e2) : 0;
+		int urc = nu > 0 ? resume_all(c, undo, nu, mode, opts.timeout_ms, NULL, &e2) : 0;
 		fail(c, o, rc == -EALREADY ? "AlreadySuspended" : "CheckpointFailed", "suspend of pid %d failed: %s%s%s",
 		     (int)sp[bad].pid, sp[bad].err.msg,
 		     nu == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
@@ -598,8 +627,9 @@ static void run_checkpoint(struct agent_controller *c, struct op *o, const struc
 	gcr_scale_procs_clear(sp, (size_t)n);
 	test_pause(c, "after-cr");
 	char note[256];
-	snprintf(note, sizeof(note), "%d process(es) suspended, %lld bytes to host memory", n, sum.bytes_moved);
-	finish_checkpoint(c, o, p, n, &sum, now_ms() - t0, note);
+	snprintf(note, sizeof(note), "%d process(es) suspended, %lld bytes to host memory%s", n, sum.bytes_moved,
+		 mode == GCR_CR_DATA_ONLY ? "; CUDA context kept on the GPU" : "");
+	finish_checkpoint(c, o, p, n, mode, &sum, now_ms() - t0, note);
 }
 
 /* A Checkpoint this node's agent left Running (it was killed or restarted):
@@ -608,9 +638,10 @@ static void recover_checkpoint(struct agent_controller *c, struct op *o)
 {
 	struct proc p[MAX_PROCS];
 	int n = procs_from_status(o->obj, p, MAX_PROCS);
+	enum gcr_cr_mode mode = mode_recorded(o->obj);
 	int running = 0, suspended = 0, other = 0;
 	for (int i = 0; i < n; i++) {
-		enum pstate s = real_state(c, p[i].pid);
+		enum pstate s = real_state(c, p[i].pid, mode);
 		running += s == P_RUNNING;
 		suspended += s == P_SUSPENDED;
 		other += s != P_RUNNING && s != P_SUSPENDED;
@@ -621,15 +652,15 @@ static void recover_checkpoint(struct agent_controller *c, struct op *o)
 		fail(c, o, "Interrupted", "the agent restarted before recording the processes; nothing was done");
 	} else if (suspended == n) {
 		struct gcr_cr_result sum = { 0 };
-		finish_checkpoint(c, o, p, n, &sum, 0,
+		finish_checkpoint(c, o, p, n, mode, &sum, 0,
 				  "all processes were already suspended when the agent restarted; not redone");
 	} else if (running == n) {
 		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: not started before the restart; running it",
 			o->ns, o->name);
-		run_checkpoint(c, o, p, n);
+		run_checkpoint(c, o, p, n, mode);
 	} else {
 		struct gcr_err err;
-		int rc = resume_all(c, p, n, timeout_ms_of(o->obj), NULL, &err);
+		int rc = resume_all(c, p, n, mode, timeout_ms_of(o->obj), NULL, &err);
 		if (rc == 0) {
 			fail(c, o, "Interrupted",
 			     "the agent restarted mid-checkpoint; partly suspended processes were resumed");
@@ -764,17 +795,20 @@ static void reconcile_checkpoint(struct agent_controller *c, struct op *o, const
 	}
 	json_decref(pod);
 	char msg[256];
-	snprintf(msg, sizeof(msg), "suspending %d process(es)", n);
-	/* Running with the processes is recorded before anything is touched, so
-	 * that an agent restarted mid-way knows what to look at. */
+	enum gcr_cr_mode mode = mode_of_spec(o->obj);
+	snprintf(msg, sizeof(msg), "suspending %d process(es)%s", n,
+		 mode == GCR_CR_DATA_ONLY ? ", keeping the CUDA context" : "");
+	/* Running with the processes and the mode is recorded before anything is touched,
+	 * so that an agent restarted mid-way knows what to look at, and how. */
 	if (set_status(c, o, "Running", "InProgress", msg,
-		       json_pack("{s:o}", "processes", procs_json(p, n, "Running"))) < 0) {
+		       json_pack("{s:o, s:s}", "processes", procs_json(p, n, "Running"), "mode",
+				 mode_api_name(mode))) < 0) {
 		retry_later(c, key);
 		return;
 	}
 	set_gate(c, o->ns, pod_name, NULL, "False", "Suspending",
 		 "GPU state being suspended by GCR: not ready, so traffic goes elsewhere");
-	run_checkpoint(c, o, p, n);
+	run_checkpoint(c, o, p, n, mode);
 }
 
 /* ---- Restore ---- */
@@ -846,6 +880,7 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 	}
 	struct proc p[MAX_PROCS];
 	int n = procs_from_status(ck, p, MAX_PROCS);
+	enum gcr_cr_mode mode = mode_recorded(ck); /* never a Restore's own choice */
 	if (!recovering) {
 		/* Every process must still be the one the Checkpoint suspended. */
 		for (int i = 0; i < n; i++) {
@@ -862,7 +897,7 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 		}
 		int running = 0;
 		for (int i = 0; i < n; i++)
-			running += real_state(c, p[i].pid) == P_RUNNING;
+			running += real_state(c, p[i].pid, mode) == P_RUNNING;
 		if (running == n) {
 			fail(c, o, "NotSuspended",
 			     "the processes of Checkpoint %s are running (restored already?); nothing was done", ckname);
@@ -871,8 +906,8 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 		char msg[256];
 		snprintf(msg, sizeof(msg), "resuming %d process(es)", n);
 		if (set_status(c, o, "Running", "InProgress", msg,
-			       json_pack("{s:s*, s:o}", "podName", spec_str(ck, "podName"), "processes",
-					 procs_json(p, n, "Checkpointed"))) < 0) {
+			       json_pack("{s:s*, s:s, s:o}", "podName", spec_str(ck, "podName"), "mode",
+					 mode_api_name(mode), "processes", procs_json(p, n, "Checkpointed"))) < 0) {
 			retry_later(c, key);
 			goto out;
 		}
@@ -881,7 +916,7 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 	struct gcr_err err;
 	double t0 = now_ms();
 	test_pause(c, "before-rs");
-	int rc = resume_all(c, p, n, timeout_ms_of(o->obj), &sum, &err);
+	int rc = resume_all(c, p, n, mode, timeout_ms_of(o->obj), &sum, &err);
 	double ms = now_ms() - t0;
 	if (rc < 0) {
 		fail(c, o, "RestoreFailed", "%s", err.msg);
@@ -890,11 +925,11 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 	char note[256];
 	snprintf(note, sizeof(note), "%d process(es) resumed, %lld bytes back to GPU memory%s", n, sum.bytes_moved,
 		 recovering ? " (finished after an agent restart)" : "");
-	json_t *extra = json_pack("{s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
-				  procs_json(p, n, "Running"), "bytes", "vmm", (json_int_t)sum.bytes_moved, "total",
-				  (json_int_t)sum.bytes_moved, "durations", "data", (json_int_t)sum.ms_data,
-				  "restore", (json_int_t)sum.ms_restore, "unlock", (json_int_t)sum.ms_unlock, "total",
-				  (json_int_t)ms);
+	json_t *extra = json_pack("{s:o, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
+				  procs_json(p, n, "Running"), "mode", mode_api_name(mode), "bytes", "vmm",
+				  (json_int_t)sum.bytes_moved, "total", (json_int_t)sum.bytes_moved, "durations", "data",
+				  (json_int_t)sum.ms_data, "restore", (json_int_t)sum.ms_restore, "unlock",
+				  (json_int_t)sum.ms_unlock, "total", (json_int_t)ms);
 	set_status(c, o, "Succeeded", "Restored", note, extra);
 	set_gate(c, o->ns, spec_str(ck, "podName"), NULL, "True", "Resident", "GPU state resumed by GCR");
 	event(c, o, "Normal", "Restored", note);

@@ -39,6 +39,7 @@ SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("top_builddir", os.path.join(SRC, "build")))
 FAKE_DIR = os.path.join(BUILD, "tests", "fakecuda")
 FAKESMI = os.path.join(FAKE_DIR, "fakesmi")
+GCRCTL = os.path.join(BUILD, "node-agent", "gcrctl")
 AGENT = os.environ.get("GCR_E2E_AGENT") or os.path.join(BUILD, "node-agent", "gcr-agent")
 SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
 TESTPROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
@@ -218,6 +219,13 @@ class Env:
                              env=self.fake_env())
         return out.stdout.strip()
 
+    def shim(self, pid):
+        """The shim's own status of pid (gcrctl status --json: state, bytes), as the agent sees it."""
+        out = subprocess.run([GCRCTL, "--socket-dir", self.sock_dir, "--json", "status", str(pid)],
+                             capture_output=True, text=True, timeout=30, env=self.fake_env())
+        check(out.returncode == 0, "gcrctl status %d: %s" % (pid, out.stderr.strip()))
+        return json.loads(out.stdout).get("shim") or {}
+
     def fake_env(self):
         env = dict(self.env)
         env.update({"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir})
@@ -391,7 +399,7 @@ def restore(name, ck):
 
 
 def main():
-    for f in (AGENT, SHIM, TESTPROG, FAKESMI):
+    for f in (AGENT, SHIM, TESTPROG, FAKESMI, GCRCTL):
         if not os.path.exists(f):
             print("missing %s (build first)" % f)
             print("0 passed, 1 failed")
@@ -474,6 +482,58 @@ def main():
               % (r["phase"], r.get("message")))
         E.wait_event("rs-1b", "Warning", "NotSuspended")
         untouched(st["pid"])
+
+    def keep_context():
+        # spec.keepContext: the shim's data step alone (GCR_CR_DATA_ONLY). The buffers' bytes
+        # leave the GPU, the driver never checkpoints the process (its context stays resident),
+        # and the Restore resumes in the mode the Checkpoint recorded, not one of its own.
+        before = E.mem(st["pid"])
+        # The buffers the shim moves: converted cuMemAlloc and the program's own cuMemCreate. What
+        # else the process holds (small buffers left to the driver, modules) is the context's.
+        sb = E.shim(st["pid"]).get("bytes", {})
+        buffers = sb.get("vmm", 0) + sb.get("app_vmm", 0)
+        check(0 < buffers <= before, "shim bytes %s, %d bytes on the GPU" % (sb, before))
+        E.apply(checkpoint("ck-keep", "gpu-pod", keepContext=True))
+        s = E.wait_phase("checkpoint", "ck-keep", ("Succeeded", "Failed"))["status"]
+        check(s["phase"] == "Succeeded", "phase %s: %s" % (s["phase"], s.get("message")))
+        check(s.get("mode") == "KeepContext", "status.mode %s" % s.get("mode"))
+        check(E.drv_state(st["pid"]) == "running", "driver state %s: the driver checkpointed a "
+              "keep-context process" % E.drv_state(st["pid"]))
+        shim = E.shim(st["pid"])
+        check(shim.get("state") == "suspended", "shim state %s" % shim.get("state"))
+        left = E.mem(st["pid"])
+        log("keepContext: %d bytes on the GPU before, %d in the shim's buffers, %d left while suspended"
+            % (before, buffers, left))
+        check(left == before - buffers, "%d bytes of GPU memory left while suspended: not the %d of %d outside "
+              "the shim's buffers" % (left, before - buffers, before))
+        d, b = s.get("durations", {}), s.get("bytes", {})
+        check(d.get("lock") == 0 and d.get("checkpoint") == 0 and "data" in d and "total" in d,
+              "durations %s: a driver step ran" % d)
+        # Only what changed since the last suspend is copied (incremental): 0 is truthful too.
+        check(0 <= b.get("total", -1) <= before and b.get("vmm") == b.get("total") and "driver" not in b,
+              "bytes %s (the buffers held %d)" % (b, before))
+        check("context kept" in s.get("message", ""), "message %s" % s.get("message"))
+        E.wait_event("ck-keep", "Normal", "Checkpointed")
+        # A default Checkpoint now finds the process suspended already: Failed, nothing touched.
+        E.apply(checkpoint("ck-keep-full", "gpu-pod"))
+        f = E.wait_phase("checkpoint", "ck-keep-full", ("Succeeded", "Failed"))["status"]
+        check(f["phase"] == "Failed" and "already suspended" in f.get("message", ""),
+              "Checkpoint of a keep-context-suspended pod: %s: %s" % (f["phase"], f.get("message")))
+        check(E.drv_state(st["pid"]) == "running" and E.shim(st["pid"]).get("state") == "suspended",
+              "the failed Checkpoint touched the process")
+        r = do_restore("rs-keep", "ck-keep")["status"]
+        check(r.get("mode") == "KeepContext", "Restore status.mode %s" % r.get("mode"))
+        check(r.get("durations", {}).get("restore") == 0 and r["durations"].get("unlock") == 0,
+              "Restore durations %s: a driver step ran" % r.get("durations"))
+        check(r.get("bytes", {}).get("total", 0) > 0, "Restore bytes %s" % r.get("bytes"))
+        check(E.mem(st["pid"]) == before, "%d bytes of GPU memory after the Restore, %d before"
+              % (E.mem(st["pid"]), before))
+        check(E.shim(st["pid"]).get("state") == "running", "shim state %s" % E.shim(st["pid"]).get("state"))
+        E.wait_event("rs-keep", "Normal", "Restored")
+        # The spec is immutable: the mode of a Checkpoint cannot be changed after the fact.
+        out = E.k("patch", "checkpoint", "ck-keep", "-n", NS, "--type=merge", "-p",
+                  json.dumps({"spec": {"keepContext": False}}), ok=False)
+        check(out.returncode != 0 and "immutable" in out.stderr, "keepContext changed: %s" % out.stderr)
 
     def bad(name, obj, kind, want):
         E.apply(obj)
@@ -558,13 +618,16 @@ def main():
         suspended(st["pid"])
         do_restore("rs-ab", "ck-a" if a["phase"] == "Succeeded" else "ck-b")
 
-    def kill_mid(hook, ck, rs):
+    def kill_mid(hook, ck, rs, keep=False):
         def run():
             E.stop_agent()
             E.start_agent({"GCR_AGENT_TEST_PAUSE": hook, "GCR_AGENT_TEST_PAUSE_S": "120"})
-            E.apply(checkpoint(ck, "gpu-pod"))
+            E.apply(checkpoint(ck, "gpu-pod", **({"keepContext": True} if keep else {})))
             E.wait_phase("checkpoint", ck, ("Running",))
-            if hook == "after-cr":
+            if hook == "after-cr" and keep:
+                E.wait("process suspended", lambda: E.shim(st["pid"]).get("state") == "suspended")
+                check(E.drv_state(st["pid"]) == "running", "driver state %s" % E.drv_state(st["pid"]))
+            elif hook == "after-cr":
                 E.wait("process suspended", lambda: E.mem(st["pid"]) == 0)
             else:
                 untouched(st["pid"])
@@ -574,6 +637,12 @@ def main():
             check(c["phase"] == "Succeeded", "after restart: %s: %s" % (c["phase"], c.get("message")))
             if hook == "after-cr":
                 check("not redone" in c.get("message", ""), "message: %s" % c.get("message"))
+            if keep:  # recognised as suspended in its recorded mode: the driver still not involved
+                check(c.get("mode") == "KeepContext", "status.mode %s" % c.get("mode"))
+                check(E.shim(st["pid"]).get("state") == "suspended" and E.drv_state(st["pid"]) == "running",
+                      "shim %s, driver %s" % (E.shim(st["pid"]).get("state"), E.drv_state(st["pid"])))
+                check(do_restore(rs, ck)["status"].get("mode") == "KeepContext", "Restore mode")
+                return
             suspended(st["pid"])
             do_restore(rs, ck)
         return run
@@ -662,6 +731,8 @@ def main():
         if results[-1]:
             case("checkpoint: Succeeded, process suspended, bytes, durations, Event", checkpoint_ok)
             case("restore: Succeeded, process running; a second Restore fails", restore_ok)
+            case("keepContext: data moved, buffers released, driver never checkpoints; Restore in the "
+                 "recorded mode", keep_context)
             case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
             case("bad input: pod without a GCR process -> Failed + Event", no_shim)
             case("heartbeat: the agent's Lease is held by its node and renewed", own_lease)
@@ -673,6 +744,8 @@ def main():
             case("two Checkpoints of one pod at once are serialised", serialised)
             case("agent SIGKILLed before the suspend, restarted: done once", kill_mid("before-cr", "ck-k1", "rs-k1"))
             case("agent SIGKILLed after the suspend, restarted: not redone", kill_mid("after-cr", "ck-k2", "rs-k2"))
+            case("keepContext, agent SIGKILLed after the suspend: seen as suspended in its mode, not redone",
+                 kill_mid("after-cr", "ck-k3", "rs-k3", keep=True))
             case("SIGTERM mid-Checkpoint: it finishes, agent exits 0", sigterm)
             case("kube-apiserver restarted mid-watch: agent recovers", apiserver_restart)
             case("expired watch (410) after the restart: relisted", expired_watch)

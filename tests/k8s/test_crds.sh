@@ -102,6 +102,10 @@ done
 ((n_valid >= 2)) || fail "at least 2 valid examples (found $n_valid)"
 expect_eq "action defaults to Suspend" "Suspend" \
 	k get checkpoint trainer-0-suspend -o 'jsonpath={.spec.action}'
+expect_eq "keepContext defaults to false" "false" \
+	k get checkpoint trainer-0-suspend -o 'jsonpath={.spec.keepContext}'
+expect_eq "keepContext: true accepted and kept" "true" \
+	k get checkpoint trainer-0-switch -o 'jsonpath={.spec.keepContext}'
 
 n_invalid=0
 for f in "$CRD"/examples/invalid/*.yaml; do
@@ -127,6 +131,10 @@ reject "Checkpoint spec is immutable" "spec is immutable" \
 	k patch checkpoint trainer-0-suspend --type=merge -p '{"spec":{"podName":"other-pod"}}'
 reject "Checkpoint spec.timeoutSeconds cannot be added" "spec is immutable" \
 	k patch checkpoint trainer-0-suspend --type=merge -p '{"spec":{"timeoutSeconds":5}}'
+reject "Checkpoint spec.keepContext is immutable" "spec is immutable" \
+	k patch checkpoint trainer-0-switch --type=merge -p '{"spec":{"keepContext":false}}'
+reject "Checkpoint spec.keepContext cannot be turned on" "spec is immutable" \
+	k patch checkpoint trainer-0-suspend --type=merge -p '{"spec":{"keepContext":true}}'
 reject "Restore spec is immutable" "spec is immutable" \
 	k patch restore trainer-0-resume --type=merge -p '{"spec":{"checkpointName":"other"}}'
 run "metadata stays mutable" \
@@ -160,10 +168,12 @@ reject "status: unknown phase rejected" "Unsupported value" \
 	k patch checkpoint trainer-0-suspend --subresource=status --type=merge -p '{"status":{"phase":"Done"}}'
 reject "status: negative bytes rejected" "status.bytes.total" \
 	k patch checkpoint trainer-0-suspend --subresource=status --type=merge -p '{"status":{"bytes":{"total":-1}}}'
+reject "status: unknown mode rejected" "Unsupported value" \
+	k patch checkpoint trainer-0-suspend --subresource=status --type=merge -p '{"status":{"mode":"DataOnly"}}'
 reject "status: Succeeded needs completionTime" "completionTime is required" \
 	k patch checkpoint trainer-0-suspend --subresource=status --type=merge -p '{"status":{"phase":"Succeeded"}}'
 done_patch=$(cat <<EOF
-{"status":{"phase":"Succeeded","completionTime":"$now","message":"suspended 1 process",
+{"status":{"phase":"Succeeded","completionTime":"$now","message":"suspended 1 process","mode":"Full",
  "bytes":{"vmm":1073741824,"driver":4294967296,"total":5368709120},
  "durations":{"gate":3,"data":120,"lock":40,"checkpoint":1021,"total":1184}}}
 EOF
@@ -178,11 +188,11 @@ run "status subresource: Restore Succeeded" \
 	k patch restore trainer-0-resume --subresource=status --type=merge -p "{\"status\":{
 	 \"phase\":\"Succeeded\",\"nodeName\":\"node-a\",\"podName\":\"trainer-0\",
 	 \"startTime\":\"$now\",\"completionTime\":\"$now\",
-	 \"durations\":{\"restore\":900,\"unlock\":5,\"data\":30,\"total\":935}}}"
+	 \"mode\":\"Full\",\"durations\":{\"restore\":900,\"unlock\":5,\"data\":30,\"total\":935}}}"
 run "Restore status: unknown fields are pruned" \
 	k patch restore trainer-0-resume --subresource=status --type=merge -p '{"status":{"durations":{"gate":1}}}'
-expect_eq "... and not stored" "935 ." \
-	k get restore trainer-0-resume -o 'jsonpath={.status.durations.total} {.status.durations.gate}.'
+expect_eq "... and not stored; status.mode kept" "935 . Full" \
+	k get restore trainer-0-resume -o 'jsonpath={.status.durations.total} {.status.durations.gate}. {.status.mode}'
 if k get restore trainer-0-resume -o yaml >"$TMP/restore.yaml" 2>&1 &&
 	sed -i 's/^status:$/status:\n  bogus: 1/' "$TMP/restore.yaml" &&
 	grep -q '^  bogus: 1$' "$TMP/restore.yaml"; then
@@ -208,10 +218,10 @@ else
 	fail "Checkpoint printer column values" "$OUT"
 fi
 if OUT=$(columns k get checkpoints trainer-0-suspend -o wide --no-headers) &&
-	[[ $OUT == *" 1184 5368709120 suspended 1 process" ]]; then
-	pass "Checkpoint wide columns (bytes, message)"
+	[[ $OUT =~ ^trainer-0-suspend\ Succeeded\ trainer-0\ node-a\ Full\ [0-9][0-9smhdy]*\ 1184\ 5368709120\ suspended\ 1\ process$ ]]; then
+	pass "Checkpoint wide columns (mode, bytes, message)"
 else
-	fail "Checkpoint wide columns (bytes, message)" "$OUT"
+	fail "Checkpoint wide columns (mode, bytes, message)" "$OUT"
 fi
 if OUT=$(columns k get restores trainer-0-resume) &&
 	[[ $OUT =~ NAME\ PHASE\ CHECKPOINT\ POD\ NODE\ AGE\ DURATION\(MS\) ]] &&
