@@ -193,15 +193,26 @@ static void pool_compact_if_wasteful(void)
 		images_reset();
 }
 
-static double bytes_of_chunk(const struct shim_phys *p, size_t c)
-{
-	uint64_t lo = (uint64_t)c * GCR_DIGEST_CHUNK;
-	return (double)(p->size - lo < GCR_DIGEST_CHUNK ? p->size - lo : GCR_DIGEST_CHUNK);
-}
-
 static uint32_t chunk_size(const struct shim_phys *p, size_t c)
 {
-	return (uint32_t)bytes_of_chunk(p, c);
+	uint64_t lo = (uint64_t)c * GCR_DIGEST_CHUNK;
+	return (uint32_t)(p->size - lo < GCR_DIGEST_CHUNK ? p->size - lo : GCR_DIGEST_CHUNK);
+}
+
+enum chunk_plan { CHUNK_COPY, CHUNK_ZERO, CHUNK_SAME };
+
+/* What a suspend does with chunk c of img, whose digest now is d (NULL: no digests):
+ * record it as zero, keep the copy already held (incremental), or copy it. */
+static enum chunk_plan plan_chunk(const struct shim_image *img, size_t c, const struct shim_digest *d, int keep)
+{
+	if (d == NULL)
+		return CHUNK_COPY;
+	if (shim_cfg.zero_skip && d->any == 0)
+		return CHUNK_ZERO;
+	if (keep && img->complete && img->have_digests && !img->zero[c] && img->off[c] != SHIM_IMAGE_NONE &&
+	    memcmp(&img->dig[c], d, sizeof(*d)) == 0)
+		return CHUNK_SAME;
+	return CHUNK_COPY;
 }
 
 /* Releases one staged allocation as soon as its data is off the GPU, while the
@@ -291,15 +302,10 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 	uint64_t need = 0;
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		struct shim_image *img = st[i].p->img;
-		for (size_t c = 0; c < img->nchunks; c++) {
-			const struct shim_digest *d = have_dig ? &dig[st[i].first + c] : NULL;
-			int zero = d != NULL && shim_cfg.zero_skip && d->any == 0;
-			int same = d != NULL && keep && img->complete && img->have_digests &&
-				   !img->zero[c] && img->off[c] != SHIM_IMAGE_NONE &&
-				   img->dig[c].h1 == d->h1 && img->dig[c].h2 == d->h2 && img->dig[c].any == d->any;
-			if (!zero && !same && img->off[c] == SHIM_IMAGE_NONE)
+		for (size_t c = 0; c < img->nchunks; c++)
+			if (img->off[c] == SHIM_IMAGE_NONE &&
+			    plan_chunk(img, c, have_dig ? &dig[st[i].first + c] : NULL, keep) == CHUNK_COPY)
 				need += GCR_DIGEST_CHUNK;
-		}
 	}
 	if (rc == 0)
 		rc = shim_staging_prepare(backend, need, err);
@@ -309,18 +315,15 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		struct shim_phys *p = st[i].p;
 		struct shim_image *img = p->img;
-		int complete_before = img->complete && img->have_digests;
 		for (size_t c = 0; c < img->nchunks && rc == 0; c++) {
-			const struct shim_digest *d = have_dig ? &dig[st[i].first + c] : NULL;
+			enum chunk_plan what = plan_chunk(img, c, have_dig ? &dig[st[i].first + c] : NULL, keep);
 			rep->bytes += chunk_size(p, c);
-			if (d != NULL && shim_cfg.zero_skip && d->any == 0) {
+			if (what == CHUNK_ZERO) {
 				img->zero[c] = 1;
 				rep->zero += chunk_size(p, c);
 				continue;
 			}
-			if (d != NULL && keep && complete_before && !img->zero[c] &&
-			    img->off[c] != SHIM_IMAGE_NONE && img->dig[c].h1 == d->h1 && img->dig[c].h2 == d->h2 &&
-			    img->dig[c].any == d->any) {
+			if (what == CHUNK_SAME) {
 				rep->unchanged += chunk_size(p, c);
 				continue;
 			}

@@ -9,6 +9,7 @@
 #include "gcr_log.h"
 #include "shim_alloc.h"
 #include "shim_digest_ptx.h"
+#include "shim_gpu.h"
 #include "shim_hook.h"
 #include "shim_real.h"
 
@@ -20,10 +21,7 @@ static int failed[SHIM_MAX_DEVICES]; /* the load failed once: do not retry */
 
 static int cu_fail(struct gcr_err *err, int code, CUresult r, const char *what)
 {
-	const char *name = NULL;
-	if (shim_cu.cuGetErrorName == NULL || shim_cu.cuGetErrorName(r, &name) != CUDA_SUCCESS)
-		name = NULL;
-	return gcr_err_set(err, code, "%s failed: %s (%d)", what, name ? name : "CUDA error", (int)r);
+	return gcr_err_set(err, code, "%s failed: %s (%d)", what, shim_cuda_ops.error_string((int)r), (int)r);
 }
 
 /* With digest_lock held and dev's context current. */

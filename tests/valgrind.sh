@@ -11,6 +11,21 @@ vg=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=de
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "PASS $1"; }
 ko() { fail=$((fail + 1)); echo "FAIL $1"; }
+# The program's pid from its READY line (prog_out), or "".
+read_ready() {
+	pid=""
+	while read -r -t 120 line <&"$prog_out"; do
+		case $line in READY*) pid=${line#READY pid=}; pid=${pid%% *}; break ;; esac
+	done
+}
+# Asks the program to check its data; flow_ok=1 when it answers "RESULT ok".
+check_result() {
+	echo check >&"$prog_in"
+	while read -r -t 120 line <&"$prog_out"; do
+		case $line in "RESULT ok") flow_ok=1 ;; esac
+		case $line in RESULT*) break ;; esac
+	done
+}
 
 for t in "$b"/tests/unit/test_*; do
 	[ -x "$t" ] && [ -f "$t" ] && [[ "$t" != *.sh ]] || continue
@@ -29,10 +44,7 @@ coproc PROG { exec "${vg[@]}" env LD_PRELOAD="$b/shim/.libs/libgcr.so" \
 	--module "$src/tests/progs/gcr_kernels.h" 2>&1; }
 # Bash unsets PROG once the program exits: keep copies of its handles and pid.
 prog_out=${PROG[0]} prog_in=${PROG[1]} prog_pid=$PROG_PID
-pid=""
-while read -r -t 120 line <&"$prog_out"; do
-	case $line in READY*) pid=${line#READY pid=}; pid=${pid%% *}; break ;; esac
-done
+read_ready
 flow_ok=0
 if [ -n "$pid" ]; then
 	echo go >&"$prog_in"
@@ -41,11 +53,7 @@ if [ -n "$pid" ]; then
 	if "${vg[@]}" "$b/node-agent/gcrctl" suspend "$pid" && "${vg[@]}" "$b/node-agent/gcrctl" resume "$pid" &&
 		"${vg[@]}" "$b/node-agent/gcrctl" --json scale --replicas 0 "$pid" >/dev/null &&
 		"${vg[@]}" "$b/node-agent/gcrctl" --json scale --replicas 1 --sample-ms 10 "$pid" >/dev/null; then
-		echo check >&"$prog_in"
-		while read -r -t 120 line <&"$prog_out"; do
-			case $line in "RESULT ok") flow_ok=1 ;; esac
-			case $line in RESULT*) break ;; esac
-		done
+		check_result
 	fi
 fi
 exec {prog_in}>&-
@@ -61,10 +69,8 @@ export GCR_SOCKET_DIR=$sock FAKEHIP_DIR=$sock LD_LIBRARY_PATH=$b/tests/fakehip
 coproc HPROG { exec "${vg[@]}" env LD_PRELOAD="$b/shim/.libs/libgcr.so" \
 	"$b/tests/progs/gcr-hipprog" --mib 4 --buffers 2 --threads 2 --wait 2>&1; }
 prog_out=${HPROG[0]} prog_in=${HPROG[1]} prog_pid=$HPROG_PID
-pid="" flow_ok=0
-while read -r -t 120 line <&"$prog_out"; do
-	case $line in READY*) pid=${line#READY pid=}; pid=${pid%% *}; break ;; esac
-done
+flow_ok=0
+read_ready
 if [ -n "$pid" ] && "${vg[@]}" "$b/node-agent/gcrctl" suspend --no-driver "$pid" &&
 	"${vg[@]}" "$b/node-agent/gcrctl" resume --no-driver "$pid" &&
 	GCR_CRIU=$src/tests/unit/fake-criu.sh CRIU_LIBS_DIR=$sock/plugins FAKE_CRIU_VERSION_OUT="Version: 4.1" \
@@ -73,11 +79,7 @@ if [ -n "$pid" ] && "${vg[@]}" "$b/node-agent/gcrctl" suspend --no-driver "$pid"
 	GCR_CRIU=$src/tests/unit/fake-criu.sh CRIU_LIBS_DIR=$sock/plugins FAKE_CRIU_VERSION_OUT="Version: 4.1" \
 	FAKE_CRIU_LOG=$sock/criu.log FAKE_CRIU_PID=$pid \
 	"${vg[@]}" "$b/node-agent/gcrctl" --images-dir "$sock/images" resume "$pid"; then
-	echo check >&"$prog_in"
-	while read -r -t 120 line <&"$prog_out"; do
-		case $line in "RESULT ok") flow_ok=1 ;; esac
-		case $line in RESULT*) break ;; esac
-	done
+	check_result
 fi
 exec {prog_in}>&-
 wait "$prog_pid" 2>/dev/null; rc=$?

@@ -59,6 +59,26 @@ LEASE_NS = NS
 WAIT_S = 60  # bound of one wait on the API, in seconds
 
 
+
+def http_get(port, path):
+    """(status, body) of GET http://127.0.0.1:port/path; (0, "") when nothing answers."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except OSError:
+        return 0, ""
+
+
+def file_tail(path, n):
+    """The last n lines of a log file, or "" when there is none (yet)."""
+    try:
+        with open(path) as f:
+            return "".join(f.readlines()[-n:])
+    except (OSError, TypeError):
+        return ""
+
 class Fail(Exception):
     pass
 
@@ -270,20 +290,10 @@ class Env:
         return rc
 
     def http(self, path):
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.metrics_port, path), timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, ""
-        except OSError:
-            return 0, ""
+        return http_get(self.metrics_port, path)
 
     def agent_tail(self, n=40):
-        try:
-            with open(self.agent_log) as f:
-                return "".join(f.readlines()[-n:])
-        except (OSError, TypeError):
-            return ""
+        return file_tail(self.agent_log, n)
 
     def close(self):
         self.stop_agent()

@@ -76,20 +76,10 @@ class Node:
         return rc
 
     def http(self, path):
-        try:
-            with base.urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=5) as r:
-                return r.status, r.read().decode()
-        except base.urllib.error.HTTPError as e:
-            return e.code, ""
-        except OSError:
-            return 0, ""
+        return base.http_get(self.port, path)
 
     def tail(self, n=30):
-        try:
-            with open(self.log_path) as f:
-                return "".join(f.readlines()[-n:])
-        except (OSError, TypeError):
-            return ""
+        return base.file_tail(self.log_path, n)
 
     def start_prog(self, pod_uid, cid, iters):
         """gcr-testprog under the shim, registered with this node's agent (cgroup names the pod)."""

@@ -16,6 +16,7 @@
 #include "shim_gate.h"
 #include "shim_hip_alloc.h"
 #include "shim_hip_hook.h"
+#include "gate_util.h"
 #include "util.h"
 
 #define MIB ((size_t)1 << 20)
@@ -98,12 +99,7 @@ int main(void)
 	uint64_t waits = shim_gate_waits();
 	pthread_t th;
 	pthread_create(&th, NULL, sync_once, NULL);
-	int waited = 0;
-	for (long i = 0; i < 200000000L && !waited; i++) {
-		waited = shim_gate_waits() > waits;
-		sched_yield();
-	}
-	CHECK(waited);
+	CHECK(test_gate_wait_seen(waits));
 	CHECK(atomic_load(&passed) == 0);
 	shim_gate_open();
 	pthread_join(th, NULL);
