@@ -1,11 +1,14 @@
 # bench/bench_overhead.py: steady-state cost of running under the shim: PyTorch step time and a
 # launch-bound microbenchmark, each alternately with and without LD_PRELOAD; JSON lines + table.
 """Usage: python3 bench/bench_overhead.py [--reps 3] [--steps 1000] [--warmup-s 3] [--torch-modes eager,graphs]
-                                        [--launch-n 200000] [--no-torch] [--no-launch] [--log FILE]
+                                        [--launch-reps 2xREPS] [--launch-batches 300] [--no-torch] [--no-launch]
+                                        [--log FILE]
 
 torch:  tests/gpu/torch_serve.py --bench-steps N [--graphs] -> "STEPTIME_MS mean p50 p90"
-launch: bench/launch_bench (LAUNCH_BENCH) --n N --reps 3 -> "LAUNCH_RATE variant rep per_s ns"
-Overhead = with / without - 1 on the medians. Runs alternate which goes first, to spread drift.
+launch: bench/launch_bench (LAUNCH_BENCH) --batches B --pin -> "LAUNCH_STATS variant batches median p10 p90"
+        (variants submit, kernel, kernel+memcpy; median ns per launch over the process's batches)
+Overhead = with / without - 1 on the medians over processes; also the median of the ratios of the
+pairs run back to back. Pairs alternate which goes first, to spread drift.
 """
 
 import argparse
@@ -45,29 +48,28 @@ def run_torch(S, mode, shim, rep, steps, warmup_s):
     return [rec]
 
 
-def run_launch(S, shim, rep, n, warmup_s):
-    base = {"kind": "overhead", "shim": shim, "rep": rep, "n": n}
+def run_launch(S, shim, rep, batches, warmup_s):
+    base = {"kind": "overhead", "shim": shim, "rep": rep, "batches": batches, "warmup_s": warmup_s}
     p = None
     recs = []
     try:
         p = S.start("overhead-launch-%s-r%d" % ("shim" if shim else "noshim", rep),
-                    [S.cfg.launch_bench, "--n", n, "--reps", 3, "--warmup-s", warmup_s], shim=shim)
+                    [S.cfg.launch_bench, "--batches", batches, "--warmup-s", warmup_s, "--pin"], shim=shim)
         p.expect(r"READY\b", 120, what="READY")
-        p.expect(r"RESULT (.*)", 60 + warmup_s + n / 5000.0, since=0, what="RESULT")
+        # A batch round is ~15 ms on the H100 (1000 + 1000 x 2 calls + 64 submits).
+        p.expect(r"RESULT (.*)", 60 + warmup_s + batches * 0.05, since=0, what="RESULT")
         rc = p.wait_exit(30)
-        per = {}
         with p.cond:
             lines = list(p.lines)
         for l in lines:
-            m = re.match(r"LAUNCH_RATE\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)", l)
+            m = re.match(r"LAUNCH_STATS\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", l)
             if m:
-                per.setdefault(m.group(1), []).append((float(m.group(3)), float(m.group(4))))
-        for variant, vals in sorted(per.items()):
-            recs.append(dict(base, bench="launch-%s" % variant, ok=rc == 0,
-                             per_s=report.median([v[0] for v in vals]),
-                             ns_per_launch=report.median([v[1] for v in vals]), samples=vals))
+                ns = float(m.group(3))
+                recs.append(dict(base, bench="launch-%s" % m.group(1), ok=rc == 0, ns_per_launch=ns,
+                                 per_s=1e9 / ns if ns > 0 else None, p10_ns=float(m.group(4)),
+                                 p90_ns=float(m.group(5))))
         if not recs:
-            recs.append(dict(base, bench="launch-kernel", ok=False, error="no LAUNCH_RATE lines (exit %s)" % rc))
+            recs.append(dict(base, bench="launch-kernel", ok=False, error="no LAUNCH_STATS lines (exit %s)" % rc))
     except (H.HarnessError, ValueError) as e:
         recs.append(dict(base, bench="launch-kernel", ok=False, error=str(e)))
     finally:
@@ -85,7 +87,10 @@ def main(argv=None):
                          "start-up work (the shim faults its staging pool in, the driver JIT-compiles its "
                          "digest kernel) is over: this measures the steady state")
     ap.add_argument("--torch-modes", default="eager,graphs")
-    ap.add_argument("--launch-n", type=int, default=200000)
+    ap.add_argument("--launch-reps", type=int, default=None,
+                    help="launch_bench processes with and without the shim (default: 2 x --reps; they are short)")
+    ap.add_argument("--launch-batches", type=int, default=300,
+                    help="batches per variant in each launch_bench process (median taken over them)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-launch", action="store_true")
     ap.add_argument("--log", default=os.environ.get("GCR_BENCH_LOG", "/tmp/gcr-bench.jsonl"))
@@ -93,6 +98,14 @@ def main(argv=None):
     cfg = H.Config()
     S = H.Session(cfg, a.log)
     plan = []  # (name, estimate s, callable returning records)
+    # Launch first: it is short, and the figure most sensitive to the shim.
+    for rep in range(a.reps * 2 if a.launch_reps is None else a.launch_reps):
+        order = [False, True] if rep % 2 == 0 else [True, False]
+        if not a.no_launch:
+            for shim in order:
+                plan.append(("launch-kernel", shim, rep, 15.0 + a.warmup_s + a.launch_batches * 0.02,
+                             lambda shim=shim, rep=rep: run_launch(S, shim, rep, a.launch_batches, a.warmup_s),
+                             ["launch_bench"] + (["shim"] if shim else [])))
     for rep in range(a.reps):
         order = [False, True] if rep % 2 == 0 else [True, False]
         if not a.no_torch:
@@ -101,11 +114,6 @@ def main(argv=None):
                     plan.append(("torch-%s" % mode, shim, rep, 25.0 + a.steps * 0.02,
                                  lambda mode=mode, shim=shim, rep=rep: run_torch(S, mode, shim, rep, a.steps, a.warmup_s),
                                  ["torch_serve"] + (["shim"] if shim else [])))
-        if not a.no_launch:
-            for shim in order:
-                plan.append(("launch-kernel", shim, rep, 10.0 + a.launch_n * 6 * 5e-6,
-                             lambda shim=shim, rep=rep: run_launch(S, shim, rep, a.launch_n, a.warmup_s),
-                             ["launch_bench"] + (["shim"] if shim else [])))
     records = []
     try:
         S.log.write(kind="bench-start", bench="overhead", argv=sys.argv)

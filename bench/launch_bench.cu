@@ -1,16 +1,27 @@
-// bench/launch_bench.cu: a launch-bound microbenchmark for the shim's per-call overhead: an
-// empty kernel launched N times on one stream, alone and paired with a 4-byte cudaMemcpyAsync.
+// bench/launch_bench.cu: a launch-bound microbenchmark for the shim's per-call overhead.
 //
-// Prints "READY pid=<pid>", then per repetition and variant
-//   "LAUNCH_RATE <variant> <rep> <launches_per_s> <ns_per_launch>"
-// and finally "RESULT ok" (exit 0), or "ERROR ..." (exit 2). Variants: kernel, kernel+memcpy.
+// Three variants, measured in short batches that alternate between variants so slow drift
+// (clocks, other tenants) lands on all of them alike; each variant's figure is the median
+// over its batches, which a stray interrupt or page fault cannot move:
+//   submit         host time to submit SUBMIT_BATCH empty kernels (few enough that the
+//                  queue never fills, so the figure is the CPU cost of one launch call,
+//                  which is where an interposer's cost lives); the drain is not timed
+//   kernel         BATCH empty kernels, first launch to stream idle
+//   kernel+memcpy  BATCH x (empty kernel + 4-byte cudaMemcpyAsync), first launch to idle
+//
+// Prints "READY pid=<pid>", then per variant
+//   "LAUNCH_STATS <variant> <batches> <median_ns_per_launch> <p10> <p90>"
+// and finally "RESULT ok" (exit 0), or "ERROR ..." (exit 2).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <vector>
 
 #define CK(call)                                                                                     \
 	do {                                                                                         \
@@ -24,40 +35,81 @@
 
 __global__ void k_empty(void) {}
 
-// Runs n iterations of the variant on s and returns seconds from first launch to stream idle.
-static double run(cudaStream_t s, long n, bool with_memcpy, int *d_word, int *h_word)
+enum variant { V_SUBMIT, V_KERNEL, V_KERNEL_MEMCPY, V_COUNT };
+static const char *const variant_name[V_COUNT] = { "submit", "kernel", "kernel+memcpy" };
+
+typedef std::chrono::steady_clock clk;
+
+static double secs(clk::time_point a, clk::time_point b)
 {
-	auto t0 = std::chrono::steady_clock::now();
+	return std::chrono::duration<double>(b - a).count();
+}
+
+// One batch of variant v; returns nanoseconds per launch.
+static double batch(enum variant v, cudaStream_t s, long n, int *d_word, int *h_word)
+{
+	auto t0 = clk::now();
 	for (long i = 0; i < n; i++) {
 		k_empty<<<1, 1, 0, s>>>();
-		if (with_memcpy)
+		if (v == V_KERNEL_MEMCPY)
 			CK(cudaMemcpyAsync(h_word, d_word, sizeof(int), cudaMemcpyDeviceToHost, s));
 	}
+	auto t1 = clk::now();
 	CK(cudaGetLastError());
 	CK(cudaStreamSynchronize(s));
-	auto t1 = std::chrono::steady_clock::now();
-	return std::chrono::duration<double>(t1 - t0).count();
+	auto t2 = clk::now();
+	return (v == V_SUBMIT ? secs(t0, t1) : secs(t0, t2)) * 1e9 / (double)n;
+}
+
+static double quantile(std::vector<double> v, double q)
+{
+	std::sort(v.begin(), v.end());
+	size_t i = (size_t)(q * (double)(v.size() - 1) + 0.5);
+	return v[std::min(i, v.size() - 1)];
+}
+
+// Pins the calling (launching) thread to the first CPU it may run on: a launch loop that
+// migrates between cores measures the migrations. The driver's own threads keep the rest.
+static int pin_self(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof(set), &set) != 0)
+		return -1;
+	for (int c = 0; c < CPU_SETSIZE; c++) {
+		if (CPU_ISSET(c, &set)) {
+			cpu_set_t one;
+			CPU_ZERO(&one);
+			CPU_SET(c, &one);
+			return sched_setaffinity(0, sizeof(one), &one) == 0 ? c : -1;
+		}
+	}
+	return -1;
 }
 
 int main(int argc, char **argv)
 {
-	long n = 200000;
-	int reps = 3;
+	long n = 1000, submit_n = 64;
+	int batches = 300, pin = 0;
 	double warmup_s = 0;
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--n") && i + 1 < argc)
+		if (!strcmp(argv[i], "--batch") && i + 1 < argc)
 			n = atol(argv[++i]);
-		else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-			reps = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--submit-batch") && i + 1 < argc)
+			submit_n = atol(argv[++i]);
+		else if (!strcmp(argv[i], "--batches") && i + 1 < argc)
+			batches = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--warmup-s") && i + 1 < argc)
 			warmup_s = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--pin"))
+			pin = 1;
 		else {
-			printf("ERROR usage: %s [--n LAUNCHES] [--reps R] [--warmup-s S]\n", argv[0]);
+			printf("ERROR usage: %s [--batch N] [--submit-batch N] [--batches B] [--warmup-s S] [--pin]\n",
+			       argv[0]);
 			return 2;
 		}
 	}
-	if (n < 1 || reps < 1) {
-		printf("ERROR --n and --reps must be positive\n");
+	if (n < 1 || submit_n < 1 || batches < 1 || warmup_s < 0) {
+		printf("ERROR --batch, --submit-batch and --batches must be positive, --warmup-s not negative\n");
 		return 2;
 	}
 	cudaStream_t s;
@@ -67,24 +119,39 @@ int main(int argc, char **argv)
 	CK(cudaMalloc(&d_word, sizeof(int)));
 	CK(cudaMallocHost(&h_word, sizeof(int)));
 	CK(cudaMemset(d_word, 0, sizeof(int)));
+	// Pinned after CUDA is up, so the driver's (and the shim's) threads, created during
+	// initialisation, keep the whole CPU set.
+	if (pin) {
+		int cpu = pin_self();
+		if (cpu < 0) {
+			printf("ERROR --pin: cannot pin the launching thread\n");
+			return 2;
+		}
+		printf("PINNED cpu=%d\n", cpu);
+	}
 	printf("READY pid=%d\n", (int)getpid());
 	fflush(stdout);
 	// Warm-up: module load, first-launch costs, and (--warmup-s) time for one-time start-up
-	// work of the process (under the shim: its staging pool, its kernel JIT) to finish.
-	auto w0 = std::chrono::steady_clock::now();
+	// work of the process (under the shim: its staging threads, its kernel JIT) to finish.
+	auto w0 = clk::now();
 	do
-		run(s, n / 10 + 1, true, d_word, h_word);
-	while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < warmup_s);
-	for (int r = 0; r < reps; r++) {
-		for (int v = 0; v < 2; v++) {
-			double sec = run(s, n, v == 1, d_word, h_word);
-			printf("LAUNCH_RATE %s %d %.1f %.1f\n", v ? "kernel+memcpy" : "kernel", r, n / sec, sec * 1e9 / n);
-			fflush(stdout);
+		for (int v = 0; v < V_COUNT; v++)
+			batch((enum variant)v, s, v == V_SUBMIT ? submit_n : n, d_word, h_word);
+	while (secs(w0, clk::now()) < warmup_s);
+	std::vector<double> ns[V_COUNT];
+	for (int b = 0; b < batches; b++)
+		for (int k = 0; k < V_COUNT; k++) {
+			// Rotate which variant goes first so none always follows the same one.
+			int v = (b + k) % V_COUNT;
+			ns[v].push_back(batch((enum variant)v, s, v == V_SUBMIT ? submit_n : n, d_word, h_word));
 		}
-	}
+	for (int v = 0; v < V_COUNT; v++)
+		printf("LAUNCH_STATS %s %d %.2f %.2f %.2f\n", variant_name[v], batches, quantile(ns[v], 0.5),
+		       quantile(ns[v], 0.1), quantile(ns[v], 0.9));
 	CK(cudaFreeHost(h_word));
 	CK(cudaFree(d_word));
 	CK(cudaStreamDestroy(s));
 	printf("RESULT ok\n");
+	fflush(stdout);
 	return 0;
 }

@@ -7,7 +7,7 @@
 #        [--bench] [--no-cr] [--no-overhead] [--bench-sizes "1 4 16 64"] [--bench-reps 3]
 #        [--bench-cases sizes,keep,serving,reserved] [--bench-keep "1 16"] [--bench-reserved 60:4]
 #        [--bench-serving 16:1] [--bench-serving-cycles 4] [--driver-reps-big 1]
-#        [--bench-torch] [--overhead-reps 3]
+#        [--bench-torch] [--overhead-reps 3] [--overhead-args "ARGS for bench_overhead.py"]
 # (bench/bench_cr.py --help says what each case runs; "none" turns --bench-reserved/--bench-serving off.)
 # Env: GCR_BUILD_DONE=1 skips the autotools build; GCR_TIME_BUDGET_S (540) bounds the whole run and
 #      later phases are reported NOT RUN when it is near; NVCC (/usr/local/cuda/bin/nvcc);
@@ -29,7 +29,7 @@ LOGS=$(mktemp -d /tmp/gcr-run-logs.XXXXXX)
 exec > >(tee -a "$OUT/run.log") 2>&1
 
 RUN_TESTS=1 RUN_BENCH=0 RUN_CR=1 RUN_OVERHEAD=1 BENCH_TORCH=0
-BENCH_SIZES="1 4 16 64" BENCH_REPS=3 OVERHEAD_REPS=3
+BENCH_SIZES="1 4 16 64" BENCH_REPS=3 OVERHEAD_REPS=3 OVERHEAD_ARGS=
 BENCH_CASES=sizes,keep,serving,reserved BENCH_KEEP="1 16" BENCH_RESERVED=60:4 BENCH_SERVING=16:1
 BENCH_SERVING_CYCLES=4 DRIVER_REPS_BIG=1
 TEST_ARGS=()
@@ -50,6 +50,7 @@ while [ $# -gt 0 ]; do
 	--bench-serving-cycles) BENCH_SERVING_CYCLES=$2; shift ;;
 	--driver-reps-big) DRIVER_REPS_BIG=$2; shift ;;
 	--overhead-reps) OVERHEAD_REPS=$2; shift ;;
+	--overhead-args) OVERHEAD_ARGS=$2; shift ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -195,7 +196,7 @@ if [ "$RUN_BENCH" = 1 ] && [ "$RUN_CR" = 1 ]; then
 fi
 if [ "$RUN_BENCH" = 1 ] && [ "$RUN_OVERHEAD" = 1 ]; then
 	section "bench: steady-state overhead"
-	bounded bench_overhead $PYTHON bench/bench_overhead.py --reps "$OVERHEAD_REPS"
+	bounded bench_overhead $PYTHON bench/bench_overhead.py --reps "$OVERHEAD_REPS" $OVERHEAD_ARGS
 	rc=$?
 	[ $rc -eq 0 ] && note "bench_overhead: ok" || { [ $rc -ne 125 ] && note "bench_overhead: some runs FAILED or NOT RUN (exit $rc)"; }
 fi
