@@ -26,7 +26,7 @@ import report  # noqa: E402
 def run_torch(S, mode, shim, rep, steps, warmup_s):
     rec = {"kind": "overhead", "bench": "torch-%s" % mode, "shim": shim, "rep": rep, "steps": steps, "ok": False,
            "warmup_s": warmup_s}
-    argv = [S.cfg.python, S.cfg.torch_serve, "--bench-steps", steps, "--warmup-s", warmup_s]
+    argv = [S.cfg.python, S.cfg.torch_serve, "--bench-steps", steps, "--warmup-s", warmup_s, "--pin"]
     if mode == "graphs":
         argv.append("--graphs")
     p = None

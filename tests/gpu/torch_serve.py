@@ -18,6 +18,7 @@ same steps as one without. The DIGEST then also covers the state; the weights ar
 
 import argparse
 import ctypes
+import gc
 import hashlib
 import math
 import os
@@ -43,6 +44,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup-s", type=float, default=0.0,
                     help="keep warming up until this many seconds passed (start-up work of the process, "
                          "e.g. the shim's background staging, is then over before timing)")
+    ap.add_argument("--pin", action="store_true",
+                    help="--bench-steps: run the steps on one CPU (the first this process may use): a Python "
+                         "loop that migrates between cores measures the migrations, not the step")
     ap.add_argument("--pace-ms", type=float, default=0.0,
                     help="sleep after each step (ms) so a run lasts long enough to be suspended mid-way")
     ap.add_argument("--seed", type=int, default=1234)
@@ -258,6 +262,9 @@ def bench(a, runner, dev):
         out = runner.step(inputs[s % len(inputs)])
         return out[:, -1, :].argmax(dim=-1).cpu()  # D2H, synchronises the stream
 
+    if a.pin:
+        # Pins this (the main) thread only; the driver's threads, started already, keep the rest.
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     t_warm = time.perf_counter()
     s = 0
     while s < a.warmup or time.perf_counter() - t_warm < a.warmup_s:
@@ -265,6 +272,10 @@ def bench(a, runner, dev):
         s += 1
     if dev.type == "cuda":
         torch.cuda.synchronize()
+    # The collector would run at points that differ from process to process; with it off the
+    # spread between processes is the steps' own.
+    gc.collect()
+    gc.disable()
     times = []
     for s in range(a.bench_steps):
         t0 = time.perf_counter()
@@ -272,6 +283,7 @@ def bench(a, runner, dev):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000.0)
+    gc.enable()
     v = sorted(times)
     say("STEPTIME_MS %.4f %.4f %.4f" % (sum(v) / len(v), percentile(v, 0.5), percentile(v, 0.9)))
     say("DONE")
