@@ -1,14 +1,18 @@
 # bench/bench_overhead.py: steady-state cost of running under the shim: PyTorch step time and a
 # launch-bound microbenchmark, each alternately with and without LD_PRELOAD; JSON lines + table.
-"""Usage: python3 bench/bench_overhead.py [--reps 3] [--steps 1000] [--warmup-s 3] [--torch-modes eager,graphs]
+"""Usage: python3 bench/bench_overhead.py [--reps 3] [--blocks 30] [--block-steps-eager 40]
+                                        [--block-steps-graphs 400] [--warmup-s 3] [--torch-modes eager,graphs]
                                         [--launch-reps 2xREPS] [--launch-batches 300] [--no-torch] [--no-launch]
                                         [--log FILE]
 
-torch:  tests/gpu/torch_serve.py --bench-steps N [--graphs] -> "STEPTIME_MS mean p50 p90"
+torch:  per rep, tests/gpu/torch_serve.py --bench-blocks [--graphs] with and without the shim, both
+        resident, take turns (ABBA) running blocks of steps ("block N" -> "BLOCK_MS mean p50 p90"):
+        a process pair sees the same machine, second by second. Without this the spread between
+        separate processes (5-12 ms per eager step on the H100 machine) hid a 1 % effect.
 launch: bench/launch_bench (LAUNCH_BENCH) --batches B --pin -> "LAUNCH_STATS variant batches median p10 p90"
         (variants submit, kernel, kernel+memcpy; median ns per launch over the process's batches)
 Overhead = with / without - 1 on the medians over processes; also the median of the ratios of the
-pairs run back to back. Pairs alternate which goes first, to spread drift.
+pairs (run back to back, or for torch interleaved). Pairs alternate which goes first.
 """
 
 import argparse
@@ -23,29 +27,48 @@ import harness as H  # noqa: E402
 import report  # noqa: E402
 
 
-def run_torch(S, mode, shim, rep, steps, warmup_s):
-    rec = {"kind": "overhead", "bench": "torch-%s" % mode, "shim": shim, "rep": rep, "steps": steps, "ok": False,
-           "warmup_s": warmup_s}
-    argv = [S.cfg.python, S.cfg.torch_serve, "--bench-steps", steps, "--warmup-s", warmup_s, "--pin"]
+def run_torch_pair(S, mode, rep, block_steps, blocks, warmup_s):
+    """One process with the shim and one without, resident together, take turns running
+    block_steps steps (ABBA order), so drift of the machine lands on both alike."""
+    base = {"kind": "overhead", "bench": "torch-%s" % mode, "rep": rep, "block_steps": block_steps,
+            "warmup_s": warmup_s, "interleaved": True}
+    argv = [S.cfg.python, S.cfg.torch_serve, "--bench-blocks", "--warmup-s", warmup_s, "--pin"]
     if mode == "graphs":
         argv.append("--graphs")
-    p = None
+    procs = {}
+    blk = {False: [], True: []}
+    recs = []
     try:
-        p = S.start("overhead-torch-%s-%s-r%d" % (mode, "shim" if shim else "noshim", rep), argv, shim=shim)
-        p.expect(r"READY\b", 240, what="READY")
-        m = p.expect(r"STEPTIME_MS\s+(\S+)\s+(\S+)\s+(\S+)", 120 + steps, what="STEPTIME_MS")
-        rec.update(mean_ms=float(m.group(1)), p50_ms=float(m.group(2)), p90_ms=float(m.group(3)))
-        res = p.expect(r"RESULT (.*)", 60, since=0, what="RESULT").group(1).strip()
-        rc = p.wait_exit(60)
-        rec["ok"] = res == "ok" and rc == 0
-        if not rec["ok"]:
-            rec["error"] = "RESULT %s, exit status %s" % (res, rc)
-    except (H.HarnessError, ValueError) as e:
-        rec["error"] = str(e)
+        # Alternate which starts first too: both warm up at once, each on its first allowed CPU.
+        for shim in ([False, True] if rep % 2 == 0 else [True, False]):
+            procs[shim] = S.start("overhead-torch-%s-%s-r%d" % (mode, "shim" if shim else "noshim", rep),
+                                  argv, shim=shim)
+        for shim, p in procs.items():
+            p.expect(r"READY\b", 240, what="READY")
+            p.expect(r"BENCH_READY\b", 120 + warmup_s, what="BENCH_READY")
+        for b in range(blocks):
+            for shim in ([False, True] if b % 2 == 0 else [True, False]):
+                p = procs[shim]
+                p.send("block %d" % block_steps)
+                m = p.expect(r"BLOCK_MS\s+(\S+)\s+(\S+)\s+(\S+)", 60 + block_steps, what="BLOCK_MS")
+                blk[shim].append((float(m.group(1)), float(m.group(2)), float(m.group(3))))
+        for shim, p in procs.items():
+            p.send("end")
+            res = p.expect(r"RESULT (.*)", 60, what="RESULT").group(1).strip()
+            rc = p.wait_exit(60)
+            means = [x[0] for x in blk[shim]]
+            rec = dict(base, shim=shim, ok=res == "ok" and rc == 0, blocks=len(means),
+                       mean_ms=sum(means) / len(means), p50_ms=report.median([x[1] for x in blk[shim]]),
+                       p90_ms=report.median([x[2] for x in blk[shim]]), block_means=means)
+            if not rec["ok"]:
+                rec["error"] = "RESULT %s, exit status %s" % (res, rc)
+            recs.append(rec)
+    except (H.HarnessError, ValueError, ZeroDivisionError) as e:
+        recs = [dict(base, shim=shim, ok=False, error=str(e)) for shim in (False, True)]
     finally:
-        if p is not None:
+        for p in procs.values():
             S.finish(p)
-    return [rec]
+    return recs
 
 
 def run_launch(S, shim, rep, batches, warmup_s):
@@ -81,7 +104,9 @@ def run_launch(S, shim, rep, batches, warmup_s):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--blocks", type=int, default=30, help="torch: blocks each process runs, taking turns")
+    ap.add_argument("--block-steps-eager", type=int, default=40)
+    ap.add_argument("--block-steps-graphs", type=int, default=400)
     ap.add_argument("--warmup-s", type=float, default=3.0,
                     help="torch: warm up this long first, with and without the shim alike, so one-time "
                          "start-up work (the shim faults its staging pool in, the driver JIT-compiles its "
@@ -107,13 +132,13 @@ def main(argv=None):
                              lambda shim=shim, rep=rep: run_launch(S, shim, rep, a.launch_batches, a.warmup_s),
                              ["launch_bench"] + (["shim"] if shim else [])))
     for rep in range(a.reps):
-        order = [False, True] if rep % 2 == 0 else [True, False]
         if not a.no_torch:
             for mode in [m for m in a.torch_modes.split(",") if m]:
-                for shim in order:
-                    plan.append(("torch-%s" % mode, shim, rep, 25.0 + a.steps * 0.02,
-                                 lambda mode=mode, shim=shim, rep=rep: run_torch(S, mode, shim, rep, a.steps, a.warmup_s),
-                                 ["torch_serve"] + (["shim"] if shim else [])))
+                steps = a.block_steps_graphs if mode == "graphs" else a.block_steps_eager
+                plan.append(("torch-%s" % mode, None, rep, 40.0 + a.warmup_s + a.blocks * steps * 0.025,
+                             lambda mode=mode, rep=rep, steps=steps: run_torch_pair(S, mode, rep, steps, a.blocks,
+                                                                                   a.warmup_s),
+                             ["torch_serve", "shim"]))
     records = []
     try:
         S.log.write(kind="bench-start", bench="overhead", argv=sys.argv)
@@ -128,7 +153,7 @@ def main(argv=None):
             for r in recs:
                 S.log.write(**r)
                 records.append(r)
-                tag = "with shim   " if shim else "without shim"
+                tag = {True: "with shim   ", False: "without shim"}.get(r.get("shim"), "both")
                 if r.get("skipped"):
                     print("NOT RUN %s %s rep %d: %s" % (r["bench"], tag, rep, r["error"]), flush=True)
                 elif not r.get("ok"):

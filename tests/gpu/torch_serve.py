@@ -6,7 +6,9 @@ line "go"; "STEP <n>" per step; "DONE"; with --wait a stdin line "check"; then
 "RESULT FAIL ..." (exit 1) or "ERROR ..." (exit 2).
 
 --bench-steps N instead times N steady-state steps after a warm-up and prints
-"STEPTIME_MS <mean> <p50> <p90>" (each step: input H2D, forward, next-token D2H).
+"STEPTIME_MS <mean> <p50> <p90>" (each step: input H2D, forward, next-token D2H); --bench-blocks
+prints BENCH_READY after the warm-up and times blocks of steps on request (stdin "block N" ->
+"BLOCK_MS <mean> <p50> <p90>", "end" to finish), for two processes that take turns.
 
 Serving with state (incremental suspend, issue 5): --weights-gib W holds W GiB of read-only
 patterned "weights", --state-gib S an int32 state every step updates in place (--state-update
@@ -40,6 +42,9 @@ def parse_args(argv=None):
     ap.add_argument("--state-gib", type=float, default=0.0, help="int32 state updated in place each step (GiB)")
     ap.add_argument("--state-update", choices=["all", "ring"], default="all")
     ap.add_argument("--bench-steps", type=int, default=0, help="time this many steps instead (no digest)")
+    ap.add_argument("--bench-blocks", action="store_true",
+                    help="after the warm-up print BENCH_READY, then time the steps stdin asks for: "
+                         "'block N' -> 'BLOCK_MS mean p50 p90', until 'end'")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps before --bench-steps")
     ap.add_argument("--warmup-s", type=float, default=0.0,
                     help="keep warming up until this many seconds passed (start-up work of the process, "
@@ -276,16 +281,36 @@ def bench(a, runner, dev):
     # spread between processes is the steps' own.
     gc.collect()
     gc.disable()
-    times = []
-    for s in range(a.bench_steps):
-        t0 = time.perf_counter()
-        one(s)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1000.0)
+
+    def timed(n, first):
+        times = []
+        for s in range(first, first + n):
+            t0 = time.perf_counter()
+            one(s)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1000.0)
+        v = sorted(times)
+        return sum(v) / len(v), percentile(v, 0.5), percentile(v, 0.9)
+
+    if a.bench_blocks:
+        # Two processes (with and without the shim) take turns, block by block, so drift of the
+        # machine over seconds lands on both alike: the caller sends "block N" or "end".
+        say("BENCH_READY")
+        done = 0
+        while True:
+            line = sys.stdin.readline()
+            words = line.split()
+            if not line or words == ["end"]:
+                break
+            if len(words) != 2 or words[0] != "block" or not words[1].isdigit() or int(words[1]) < 1:
+                say("ERROR unknown command %r" % line.strip())
+                return 2
+            say("BLOCK_MS %.4f %.4f %.4f" % timed(int(words[1]), done))
+            done += int(words[1])
+    else:
+        say("STEPTIME_MS %.4f %.4f %.4f" % timed(a.bench_steps, 0))
     gc.enable()
-    v = sorted(times)
-    say("STEPTIME_MS %.4f %.4f %.4f" % (sum(v) / len(v), percentile(v, 0.5), percentile(v, 0.9)))
     say("DONE")
     say("RESULT ok")
     return 0
@@ -373,7 +398,7 @@ def main(a):
             held = sum(p.numel() * p.element_size() for p in model.parameters())
         say("READY pid=%d bytes=%d weights=%d state=%d" % (
             os.getpid(), held, sum(c.numel() * 4 for c in extra.chunks), state.bytes()))
-        if a.bench_steps > 0:
+        if a.bench_steps > 0 or a.bench_blocks:
             return bench(a, runner, dev)
         return serve(a, runner, dev, extra, state)
 
