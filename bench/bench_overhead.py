@@ -1,7 +1,7 @@
 # bench/bench_overhead.py: steady-state cost of running under the shim: PyTorch step time and a
 # launch-bound microbenchmark, each alternately with and without LD_PRELOAD; JSON lines + table.
-"""Usage: python3 bench/bench_overhead.py [--reps 3] [--blocks 30] [--block-steps-eager 40]
-                                        [--block-steps-graphs 400] [--warmup-s 3] [--torch-modes eager,graphs]
+"""Usage: python3 bench/bench_overhead.py [--reps 3] [--blocks-eager 50] [--blocks-graphs 30]
+                                        [--block-steps-eager 40] [--block-steps-graphs 400] [--warmup-s 3] [--torch-modes eager,graphs]
                                         [--launch-reps 2xREPS] [--launch-batches 300] [--no-torch] [--no-launch]
                                         [--log FILE]
 
@@ -104,7 +104,9 @@ def run_launch(S, shim, rep, batches, warmup_s):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--blocks", type=int, default=30, help="torch: blocks each process runs, taking turns")
+    ap.add_argument("--blocks-eager", type=int, default=50,
+                    help="torch: blocks each process of an eager pair runs, taking turns")
+    ap.add_argument("--blocks-graphs", type=int, default=30)
     ap.add_argument("--block-steps-eager", type=int, default=40)
     ap.add_argument("--block-steps-graphs", type=int, default=400)
     ap.add_argument("--warmup-s", type=float, default=3.0,
@@ -134,10 +136,14 @@ def main(argv=None):
     for rep in range(a.reps):
         if not a.no_torch:
             for mode in [m for m in a.torch_modes.split(",") if m]:
-                steps = a.block_steps_graphs if mode == "graphs" else a.block_steps_eager
-                plan.append(("torch-%s" % mode, None, rep, 40.0 + a.warmup_s + a.blocks * steps * 0.025,
-                             lambda mode=mode, rep=rep, steps=steps: run_torch_pair(S, mode, rep, steps, a.blocks,
-                                                                                   a.warmup_s),
+                graphs = mode == "graphs"
+                steps = a.block_steps_graphs if graphs else a.block_steps_eager
+                blocks = a.blocks_graphs if graphs else a.blocks_eager
+                # H100 machine: ~8 ms per eager step, ~0.8 ms per graph replay, ~15 s to start.
+                est = 30.0 + a.warmup_s + blocks * steps * 2 * (0.001 if graphs else 0.01)
+                plan.append(("torch-%s" % mode, None, rep, est,
+                             lambda mode=mode, rep=rep, steps=steps, blocks=blocks: run_torch_pair(
+                                 S, mode, rep, steps, blocks, a.warmup_s),
                              ["torch_serve", "shim"]))
     records = []
     try:
