@@ -8,6 +8,7 @@
 // "check" runs a kernel that uses local memory and prints "RESULT ok" (or "ERROR ...", exit 2).
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,12 +35,14 @@ __global__ void k_local(int *out, int k)
 
 int main(int argc, char **argv)
 {
-	long stack = -1;
+	long stack = -1, shrink = -1;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--stack") && i + 1 < argc)
 			stack = atol(argv[++i]);
+		else if (!strcmp(argv[i], "--shrink-after") && i + 1 < argc)
+			shrink = atol(argv[++i]);
 		else {
-			printf("ERROR usage: %s [--stack BYTES]\n", argv[0]);
+			printf("ERROR usage: %s [--stack BYTES] [--shrink-after BYTES]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -50,7 +53,20 @@ int main(int argc, char **argv)
 		CK(cudaDeviceSetLimit(cudaLimitStackSize, (size_t)stack));
 	k_local<<<1, 256>>>(d_out, 3);
 	CK(cudaDeviceSynchronize());
-	size_t lim = 0, free_b = 0, total_b = 0;
+	size_t lim = 0, free_b = 0, total_b = 0, orig = 0;
+	CK(cudaDeviceGetLimit(&orig, cudaLimitStackSize));
+	if (shrink >= 0) {
+		// As the shim would before the driver's checkpoint: after kernels ran, lower the
+		// limit, and (at "check") put it back, timing both.
+		CK(cudaMemGetInfo(&free_b, &total_b));
+		size_t before = free_b;
+		auto t0 = std::chrono::steady_clock::now();
+		CK(cudaDeviceSetLimit(cudaLimitStackSize, (size_t)shrink));
+		auto t1 = std::chrono::steady_clock::now();
+		CK(cudaMemGetInfo(&free_b, &total_b));
+		printf("SHRINK ms=%.3f freed_mib=%lld\n", std::chrono::duration<double, std::milli>(t1 - t0).count(),
+		       ((long long)free_b - (long long)before) >> 20);
+	}
 	CK(cudaDeviceGetLimit(&lim, cudaLimitStackSize));
 	CK(cudaMemGetInfo(&free_b, &total_b));
 	printf("READY pid=%d stack=%zu free_mib=%zu\n", (int)getpid(), lim, free_b >> 20);
@@ -59,6 +75,12 @@ int main(int argc, char **argv)
 	while (fgets(line, sizeof(line), stdin) != NULL) {
 		if (strncmp(line, "check", 5) == 0) {
 			int h[256];
+			if (shrink >= 0) {
+				auto t0 = std::chrono::steady_clock::now();
+				CK(cudaDeviceSetLimit(cudaLimitStackSize, orig));
+				auto t1 = std::chrono::steady_clock::now();
+				printf("GROW ms=%.3f\n", std::chrono::duration<double, std::milli>(t1 - t0).count());
+			}
 			k_local<<<1, 256>>>(d_out, 5);
 			CK(cudaMemcpy(h, d_out, sizeof(h), cudaMemcpyDeviceToHost));
 			for (int t = 0; t < 256; t++)
