@@ -55,6 +55,7 @@ static const struct {
 	{ "GCR_STAGING_THREADS", parse_int, &shim_cfg.staging_threads },
 	{ "GCR_ZERO_SKIP", parse_int, &shim_cfg.zero_skip },
 	{ "GCR_INCREMENTAL", parse_int, &shim_cfg.incremental },
+	{ "GCR_CTX_SHRINK", parse_int, &shim_cfg.ctx_shrink },
 	{ "GCR_GATE_TIMEOUT_MS", parse_int, &shim_cfg.gate_timeout_ms },
 };
 
@@ -66,6 +67,7 @@ void shim_config_load(void)
 	shim_cfg.staging_prepare = 1;
 	shim_cfg.staging_threads = 12; /* ~49 GB/s each way on the H100: docs/design.md */
 	shim_cfg.zero_skip = 1;
+	shim_cfg.ctx_shrink = 1;
 	shim_cfg.gate_timeout_ms = 30000;
 	for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++) {
 		const char *v = getenv(options[i].env);

@@ -575,6 +575,19 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 		images_reset(); /* the pool may be half-written */
 		goto unwind_gate;
 	}
+	if (shim_cfg.ctx_shrink && backend->ctx_shrink != NULL) {
+		/* An optimisation only: on failure the driver checkpoints the scratch as before. */
+		struct gcr_err e2 = { 0 };
+		t0 = now_ms();
+		if (backend->ctx_shrink(&rep->ctx_freed, &e2) < 0) {
+			GCR_LOG(GCR_LOG_WARN, "shim", "context local memory stays (the driver will checkpoint it): %s",
+				e2.msg);
+			rep->ctx_freed = 0;
+			if (backend->ctx_unshrink(&e2) < 0)
+				GCR_LOG(GCR_LOG_WARN, "shim", "stack limit not yet restored, retried at resume: %s", e2.msg);
+		}
+		rep->ms_ctx = now_ms() - t0;
+	}
 	rep->ms_total = now_ms() - t_start;
 	{
 		/* What stays in host memory once the unused pool is given back (shim_cr_trim). */
@@ -618,6 +631,16 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	}
 	state = SHIM_CR_RESUMING;
 	shim_real_relax_capture();
+	if (backend != NULL && backend->ctx_unshrink != NULL) {
+		/* First, so a failure leaves everything as suspended and the resume can be retried. */
+		double t0 = now_ms();
+		rc = backend->ctx_unshrink(err);
+		rep->ms_ctx = now_ms() - t0;
+		if (rc < 0) {
+			state = SHIM_CR_SUSPENDED;
+			goto out;
+		}
+	}
 	shim_staging_quiesce();
 	pthread_mutex_lock(&shim_alloc_lock);
 	rc = remap_all(rep, err);

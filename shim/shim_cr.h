@@ -11,7 +11,7 @@ enum shim_cr_state { SHIM_CR_RUNNING = 0, SHIM_CR_SUSPENDING, SHIM_CR_SUSPENDED,
 
 struct shim_cr_report {
 	double ms_gate, ms_sync, ms_digest, ms_copy_prep, ms_copy, ms_release;
-	double ms_map, ms_total;
+	double ms_map, ms_ctx, ms_total;
 	uint64_t bytes;     /* bytes of the allocations staged */
 	uint64_t copied;    /* of which moved over PCIe */
 	uint64_t zero;      /* of which all zero: recorded, not copied */
@@ -19,6 +19,7 @@ struct shim_cr_report {
 	uint64_t host;      /* host bytes the staging holds (pool + pinned slots) */
 	uint64_t handles;   /* physical allocations staged */
 	uint64_t mappings;
+	uint64_t ctx_freed; /* device bytes of context scratch given back while suspended */
 };
 
 enum shim_cr_state shim_cr_state(void);

@@ -221,6 +221,65 @@ static int cuda_device_sync(int device, struct gcr_err *err)
 	return rc < 0 ? rc : cu_rc(shim_cu.cuCtxSynchronize(), "cuCtxSynchronize", err);
 }
 
+/* Local memory: the driver reserves stack limit x resident threads of every SM in each context
+ * (264 MiB of the ~520 MiB a context holds on the H100 at the default 1 KiB) and its checkpoint
+ * copies that like data, though nothing lives there between kernels. With the limit at 0 while
+ * suspended the driver's checkpoint took ~150 ms less and its restore ~50 ms less; lowering and
+ * raising it took 0.3-0.5 ms (bench/ctx_probe, docs/results/2026-11-21-h100-ctx-probe). Kernels
+ * whose frames need more still get it at launch; resume restores the application's limit
+ * before any of its work runs. Saved limits: cr_lock (shim_cr) serialises the callers. */
+#define LMEM_MAX_CTX 64
+static struct {
+	CUcontext ctx;
+	size_t stack;
+} lmem_saved[LMEM_MAX_CTX];
+static size_t lmem_nsaved;
+
+static int cuda_ctx_shrink(uint64_t *freed, struct gcr_err *err)
+{
+	*freed = 0;
+	if (shim_cu.cuCtxGetLimit == NULL || shim_cu.cuCtxSetLimit == NULL)
+		return 0; /* a driver without limits: nothing to give back */
+	if (lmem_nsaved > 0)
+		return gcr_err_set(err, -EALREADY, "context limits from an earlier suspend not yet restored");
+	CUcontext ctxs[LMEM_MAX_CTX];
+	size_t n = shim_alloc_contexts(ctxs, LMEM_MAX_CTX);
+	for (size_t i = 0; i < n; i++) {
+		size_t stack = 0, free0 = 0, free1 = 0, total = 0;
+		CUresult r = shim_cu.cuCtxSetCurrent(ctxs[i]);
+		if (r == CUDA_SUCCESS)
+			r = shim_cu.cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE);
+		if (r != CUDA_SUCCESS)
+			return cu_rc(r, "cuCtxGetLimit(CU_LIMIT_STACK_SIZE)", err);
+		if (stack == 0)
+			continue;
+		(void)shim_cu.cuMemGetInfo_v2(&free0, &total);
+		/* Saved first: a limit changed by a call that then fails is still put back. */
+		lmem_saved[lmem_nsaved].ctx = ctxs[i];
+		lmem_saved[lmem_nsaved++].stack = stack;
+		r = shim_cu.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 0);
+		if (r != CUDA_SUCCESS)
+			return cu_rc(r, "cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 0)", err);
+		if (shim_cu.cuMemGetInfo_v2(&free1, &total) == CUDA_SUCCESS && free1 > free0)
+			*freed += free1 - free0;
+	}
+	return 0;
+}
+
+static int cuda_ctx_unshrink(struct gcr_err *err)
+{
+	while (lmem_nsaved > 0) {
+		size_t i = lmem_nsaved - 1;
+		CUresult r = shim_cu.cuCtxSetCurrent(lmem_saved[i].ctx);
+		if (r == CUDA_SUCCESS)
+			r = shim_cu.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, lmem_saved[i].stack);
+		if (r != CUDA_SUCCESS)
+			return cu_rc(r, "cuCtxSetLimit(CU_LIMIT_STACK_SIZE) back to the application's value", err);
+		lmem_nsaved = i;
+	}
+	return 0;
+}
+
 /* Every context the application allocated in (work in a context that never allocated is not
  * waited for: docs/design.md, known limits). */
 static int cuda_sync_all(struct gcr_err *err)
@@ -310,6 +369,8 @@ const struct shim_gpu_ops shim_cuda_ops = {
 	.event_sync = cuda_event_sync,
 	.device_sync = cuda_device_sync,
 	.sync_all = cuda_sync_all,
+	.ctx_shrink = cuda_ctx_shrink,
+	.ctx_unshrink = cuda_ctx_unshrink,
 	.copy_dtoh_async = cuda_copy_dtoh_async,
 	.copy_htod_async = cuda_copy_htod_async,
 	.memset_async = cuda_memset_async,

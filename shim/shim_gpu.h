@@ -71,6 +71,12 @@ struct shim_gpu_ops {
 	 * HIP has none: NULL and 0. */
 	int (*ctx_get)(void **ctx, struct gcr_err *err);
 	int (*ctx_set)(void *ctx, struct gcr_err *err);
+	/* While suspended, the contexts' scratch that holds nothing between kernels (CUDA: local
+	 * memory, sized from the stack limit) is given back so the driver does not checkpoint it;
+	 * freed: device bytes it returned. unshrink puts every application setting back (and can
+	 * be called again after a failure). NULL where the vendor has nothing to give. */
+	int (*ctx_shrink)(uint64_t *freed, struct gcr_err *err);
+	int (*ctx_unshrink)(struct gcr_err *err);
 	/* A non-blocking stream on device for the shim's own copies (CUDA: in the current
 	 * context, which set_device chose). */
 	int (*stream_create)(int device, shim_gpu_stream *s, struct gcr_err *err);

@@ -14,7 +14,7 @@
 	X(cuDevicePrimaryCtxRetain) X(cuGetErrorName) X(cuMemGetInfo_v2) \
 	X(cuEventCreate) X(cuEventSynchronize) X(cuEventDestroy_v2) \
 	X(cuThreadExchangeStreamCaptureMode) X(cuModuleLoadData) X(cuModuleGetFunction) \
-	X(cuMemHostAlloc) X(cuMemFreeHost) X(cuStreamDestroy_v2)
+	X(cuMemHostAlloc) X(cuMemFreeHost) X(cuStreamDestroy_v2) X(cuCtxGetLimit) X(cuCtxSetLimit)
 
 struct shim_cu {
 #define X(f) __typeof__(&f) f;

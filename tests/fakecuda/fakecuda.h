@@ -126,7 +126,15 @@ struct fake_ctx {
 	bool primary;
 	unsigned int refs; /* primary only: retain count */
 	bool destroyed;    /* handles stay readable: other threads may still hold them */
+	bool stack_set;    /* stack: CU_LIMIT_STACK_SIZE once set (FAKE_STACK_DEFAULT before) */
+	size_t stack;
 };
+/* Local memory as the real driver sizes it: the stack limit x this many threads, counted in
+ * cuMemGetInfo's free bytes (the H100 has 2048 x 132; a 4 GiB stand-in a thousand). */
+#define FAKE_STACK_DEFAULT 1024
+#define FAKE_LMEM_THREADS 1024
+/* Local-memory bytes of the contexts on dev. */
+size_t fake_ctx_lmem(int dev);
 /* The calling thread's current context, or CUDA_ERROR_INVALID_CONTEXT. */
 CUresult fake_ctx_current(struct fake_ctx **ctx);
 

@@ -407,6 +407,26 @@ static bool fake_ctx_valid(CUcontext handle)
 	return found;
 }
 
+static size_t fake_ctx_stack_of(const struct fake_ctx *c)
+{
+	return c->stack_set ? c->stack : FAKE_STACK_DEFAULT;
+}
+
+size_t fake_ctx_lmem(int dev)
+{
+	size_t n = 0;
+	struct fake_ctx *c;
+
+	fake_lock();
+	if (dev >= 0 && dev < fake_ndevices && fake_primary[dev].refs > 0)
+		n += fake_ctx_stack_of(&fake_primary[dev]) * FAKE_LMEM_THREADS;
+	for (c = fake_ctxs; c != NULL; c = c->next)
+		if (c->dev == dev && !c->destroyed)
+			n += fake_ctx_stack_of(c) * FAKE_LMEM_THREADS;
+	fake_unlock();
+	return n;
+}
+
 CUresult fake_ctx_current(struct fake_ctx **ctx)
 {
 	struct fake_ctx *c = fake_ctx_depth > 0 ? fake_ctx_stack[fake_ctx_depth - 1] : NULL;
@@ -633,6 +653,44 @@ FAKE_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 {
 	FAKE_ENTER("cuCtxGetDevice");
 	return fake_leave(fake_ctx_device(device, ctx));
+}
+
+/* Only the stack limit is kept (the shim lowers it while suspended); the others read 0. */
+FAKE_EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit)
+{
+	struct fake_ctx *ctx;
+	CUresult rc;
+
+	FAKE_ENTER("cuCtxGetLimit");
+	rc = fake_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return fake_leave(rc);
+	if (value == NULL || limit < CU_LIMIT_STACK_SIZE || limit >= CU_LIMIT_MAX)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	fake_lock();
+	*value = limit == CU_LIMIT_STACK_SIZE ? fake_ctx_stack_of(ctx) : 0;
+	fake_unlock();
+	return fake_leave(CUDA_SUCCESS);
+}
+
+FAKE_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+	struct fake_ctx *ctx;
+	CUresult rc;
+
+	FAKE_ENTER("cuCtxSetLimit");
+	rc = fake_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return fake_leave(rc);
+	if (limit != CU_LIMIT_STACK_SIZE)
+		return fake_leave(limit < CU_LIMIT_MAX ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+	if (value > ((size_t)1 << 20))
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	fake_lock();
+	ctx->stack = value;
+	ctx->stack_set = true;
+	fake_unlock();
+	return fake_leave(CUDA_SUCCESS);
 }
 
 /* Work runs at submission, so there is never anything to wait for. */

@@ -528,6 +528,7 @@ FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 	fake_lock();
 	used = fake_used[ctx->dev] + fake_pool_others(ctx->dev);
 	fake_unlock();
+	used += fake_ctx_lmem(ctx->dev);
 	*total = t;
 	*free_bytes = used < t ? t - used : 0;
 	return fake_leave(CUDA_SUCCESS);

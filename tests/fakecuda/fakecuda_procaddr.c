@@ -43,6 +43,8 @@ static const struct fake_proc fake_procs[] = {
 	FAKE_P("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
 	FAKE_P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
 	FAKE_P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+	FAKE_P("cuCtxGetLimit", 3010, cuCtxGetLimit),
+	FAKE_P("cuCtxSetLimit", 3010, cuCtxSetLimit),
 	FAKE_P("cuCtxSynchronize", 2000, cuCtxSynchronize),
 	FAKE_P("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
 	FAKE_P("cuMemAlloc", 3020, cuMemAlloc_v2),

@@ -363,6 +363,49 @@ def case_resume_oom(f):
     f.finish(p)
 
 
+def case_ctx_shrink(f):
+    """While suspended the context's local memory (sized from the stack limit) is given back,
+    in both modes, and the application's own limit is back before it runs again; a failure to
+    lower it costs nothing but the saving, a failure to restore it fails the resume, which a
+    retry finishes. The fake counts stack x 1024 bytes of local memory per context."""
+    stack = 3072
+    p = f.start(["--mib", "16", "--iters", "5", "--wait", "--stack", str(stack)])
+    for flags in ((), ("--keep-context",)):
+        r = f.ctl("suspend", p.pid, *flags)
+        check(r.ok and shim_bytes(r, "ctx_freed") == stack * 1024,
+              "suspend %s: ctx_freed %s, want %d: %s" % (flags, shim_bytes(r, "ctx_freed"), stack * 1024, r.describe()))
+        check(isinstance(H.dig(r.data, "shim", "ms", "ctx"), float), "no shim.ms.ctx: %s" % r.stdout.strip())
+        check(f.ctl("resume", p.pid, *flags).ok, "resume %s" % (flags,))
+    # Lowering fails: the suspend goes on without the saving.
+    f.inject(p.pid, "cuCtxSetLimit", 1, CUDA_ERROR_UNKNOWN)
+    r = f.ctl("suspend", p.pid)
+    check(f.disarm(p.pid) == 0, "the shim's cuCtxSetLimit was not reached")
+    check(r.ok and shim_bytes(r, "ctx_freed") == 0, "suspend with the limit unchangeable: %s" % r.describe())
+    check(f.mem(p.pid) == 0, "GPU memory left while suspended")
+    check(f.ctl("resume", p.pid).ok, "resume after an unchanged limit")
+    # Restoring fails: still suspended, and a retry puts the limit back.
+    check(f.ctl("suspend", p.pid).ok, "suspend before the failing restore")
+    f.inject(p.pid, "cuCtxSetLimit", 1, CUDA_ERROR_OUT_OF_MEMORY)
+    r = f.ctl("resume", p.pid)
+    check(f.disarm(p.pid) == 0 and not r.ok and "stack" in (r.error or "").lower(),
+          "resume with the limit unrestorable should fail clearly: %s" % r.describe())
+    st = f.ctl("status", p.pid)
+    check(H.dig(st.data, "shim", "state") == "suspended", "after the failed resume: %s" % st.describe())
+    check(f.ctl("resume", p.pid).ok, "retry")
+    p.send("go")
+    f.finish(p)  # the program's final check wants its stack limit unchanged
+
+
+def case_ctx_shrink_off(f):
+    """GCR_CTX_SHRINK=0: the context is left as it is."""
+    p = f.start(["--mib", "16", "--iters", "5", "--wait"], env={"GCR_CTX_SHRINK": "0"})
+    r = f.ctl("suspend", p.pid)
+    check(r.ok and shim_bytes(r, "ctx_freed") == 0, "suspend: %s" % r.describe())
+    check(f.ctl("resume", p.pid).ok, "resume")
+    p.send("go")
+    f.finish(p)
+
+
 def case_suspend_copy_fails(f):
     """A copy fails half-way through the data step: the process keeps running, data intact."""
     p = f.start(["--mib", "32", "--buffers", "4", "--iters", "100", "--wait"])
@@ -572,6 +615,8 @@ CASES = [
     ("managed-refused", case_managed),
     ("errors", case_errors),
     ("resume-oom", case_resume_oom),
+    ("ctx-shrink", case_ctx_shrink),
+    ("ctx-shrink-off", case_ctx_shrink_off),
     ("suspend-copy-fails", case_suspend_copy_fails),
     ("copy-fails-after-release", case_copy_fails_after_release),
     ("digest-oom", case_digest_oom),

@@ -55,6 +55,8 @@ extern __typeof__(cuGraphLaunch) cuGraphLaunch_ptsz;
 	X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)     \
 	X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease_v2) \
 	X(cuCtxSetCurrent, cuCtxSetCurrent, cuCtxSetCurrent)                                \
+	X(cuCtxGetLimit, cuCtxGetLimit, cuCtxGetLimit)                                      \
+	X(cuCtxSetLimit, cuCtxSetLimit, cuCtxSetLimit)                                      \
 	X(cuMemAlloc, cuMemAlloc_v2, cuMemAlloc_v2)                                         \
 	X(cuMemAllocPitch, cuMemAllocPitch_v2, cuMemAllocPitch_v2)                          \
 	X(cuMemFree, cuMemFree_v2, cuMemFree_v2)                                            \
@@ -125,7 +127,7 @@ static struct {
 	enum gcr_api_mode api;
 	bool ptds, pitch, small, async, vmm, managed, graph, wait, hold_after, chunks;
 	const char *module;
-	unsigned long mib, buffers, threads, iters, write_mib;
+	unsigned long mib, buffers, threads, iters, write_mib, stack;
 	int device;
 } opt = {.api = GCR_API_LINK, .mib = 64, .buffers = 4, .threads = 2, .iters = 20, .write_mib = ~0UL};
 
@@ -134,7 +136,9 @@ static void gcr_usage(FILE *f)
 	fputs("usage: gcr-testprog [--api link|dlsym|procaddr] [--ptds] [--module PATH]\n"
 	      "         [--mib N] [--buffers K] [--pitch] [--small] [--async] [--vmm] [--managed]\n"
 	      "         [--device N] [--threads T] [--iters I] [--graph] [--wait] [--hold-after]\n"
-	      "         [--chunks] [--write-mib W]\n"
+	      "         [--chunks] [--write-mib W] [--stack BYTES]\n"
+	      "--stack: set the context's stack limit; the final check wants it unchanged (the shim\n"
+	      "  lowers it while suspended and must put it back)\n"
 	      "--chunks: the --mib buffers are 2 MiB chunks of known content; after DONE, stdin\n"
 	      "  'mutate KIND COUNT SEED' (KIND: random indirect graph streams memset memcpy) and\n"
 	      "  'verify' until 'check'. --write-mib W (implies --chunks): only the first W MiB are\n"
@@ -184,6 +188,8 @@ static void gcr_options(int argc, char **argv)
 			opt.threads = gcr_number(v, 1, GCR_MAX_THREADS), i++;
 		} else if (strcmp(a, "--iters") == 0) {
 			opt.iters = gcr_number(v, 0, 1000000), i++;
+		} else if (strcmp(a, "--stack") == 0) {
+			opt.stack = gcr_number(v, 1, 1UL << 20), i++;
 		} else if (strcmp(a, "--device") == 0) {
 			opt.device = (int)gcr_number(v, 0, 1023), i++;
 		} else if (strcmp(a, "--ptds") == 0) {
@@ -316,6 +322,7 @@ struct gcr_thread {
 };
 
 static CUcontext gcr_ctx;
+static size_t gcr_stack; /* the context's stack limit after set-up: checked at the end */
 static CUfunction k_fill, k_step, k_check, k_indirect, k_check_const, k_step_table;
 static struct gcr_buf *bufs;
 static size_t nbufs;
@@ -1395,6 +1402,10 @@ static void gcr_verify(void)
 	size_t i;
 	int j;
 
+	size_t stack = 0;
+	CU(cuCtxGetLimit, &stack, CU_LIMIT_STACK_SIZE);
+	if (stack != gcr_stack)
+		gcr_fail("stack limit %zu at the end, %zu at the start", stack, gcr_stack);
 	CU(cuMemAlloc, &counter, sizeof(unsigned long long));
 	for (i = 0; i < nbufs; i++) {
 		if (bufs[i].chunked)
@@ -1502,6 +1513,9 @@ int main(int argc, char **argv)
 		opt.ptds ? " (per-thread default stream)" : "");
 	CU(cuDevicePrimaryCtxRetain, &gcr_ctx, dev);
 	CU(cuCtxSetCurrent, gcr_ctx);
+	if (opt.stack > 0)
+		CU(cuCtxSetLimit, CU_LIMIT_STACK_SIZE, opt.stack);
+	CU(cuCtxGetLimit, &gcr_stack, CU_LIMIT_STACK_SIZE);
 	CU(cuModuleLoad, &module, opt.module);
 	CU(cuModuleGetFunction, &k_fill, module, "gcr_fill");
 	CU(cuModuleGetFunction, &k_step, module, "gcr_step");
