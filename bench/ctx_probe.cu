@@ -6,23 +6,13 @@
 // the ~0.5 GiB context and of the checkpoint's ~0.3 s that reservation is.
 // Prints "READY pid=<pid> stack=<limit> free_mib=<free device memory>", then on stdin
 // "check" runs a kernel that uses local memory and prints "RESULT ok" (or "ERROR ...", exit 2).
-#include <cuda_runtime.h>
+#include "bench_cuda.h"
 
 #include <chrono>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define CK(call)                                                                                     \
-	do {                                                                                         \
-		cudaError_t e_ = (call);                                                             \
-		if (e_ != cudaSuccess) {                                                             \
-			printf("ERROR %s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-			fflush(stdout);                                                              \
-			exit(2);                                                                     \
-		}                                                                                    \
-	} while (0)
 
 // Indexes a local array with a runtime value so it lives in local memory.
 __global__ void k_local(int *out, int k)

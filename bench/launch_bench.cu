@@ -12,7 +12,7 @@
 // Prints "READY pid=<pid>", then per variant
 //   "LAUNCH_STATS <variant> <batches> <median_ns_per_launch> <p10> <p90>"
 // and finally "RESULT ok" (exit 0), or "ERROR ..." (exit 2).
-#include <cuda_runtime.h>
+#include "bench_cuda.h"
 
 #include <algorithm>
 #include <chrono>
@@ -22,16 +22,6 @@
 #include <string.h>
 #include <unistd.h>
 #include <vector>
-
-#define CK(call)                                                                                     \
-	do {                                                                                         \
-		cudaError_t e_ = (call);                                                             \
-		if (e_ != cudaSuccess) {                                                             \
-			printf("ERROR %s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-			fflush(stdout);                                                              \
-			exit(2);                                                                     \
-		}                                                                                    \
-	} while (0)
 
 __global__ void k_empty(void) {}
 
