@@ -111,7 +111,8 @@ static json_t *report_json(const struct shim_cr_report *r)
 			 " s:I, s:s}",
 			 "ms", "gate", r->ms_gate, "sync", r->ms_sync, "digest", r->ms_digest, "plan",
 			 r->ms_copy_prep, "copy", r->ms_copy, "release", r->ms_release, "map", r->ms_map,
-			 "ctx", r->ms_ctx, "total", r->ms_total, "ctx_freed", (json_int_t)r->ctx_freed, "bytes", (json_int_t)r->bytes, "copied", (json_int_t)r->copied,
+			 "ctx", r->ms_ctx, "total", r->ms_total, "ctx_freed", (json_int_t)r->ctx_freed, "bytes",
+			 (json_int_t)r->bytes, "copied", (json_int_t)r->copied,
 			 "zero", (json_int_t)r->zero, "unchanged", (json_int_t)r->unchanged, "host",
 			 (json_int_t)r->host, "handles", (json_int_t)r->handles, "mappings",
 			 (json_int_t)r->mappings, "state", shim_cr_state_name(shim_cr_state()));
