@@ -83,6 +83,21 @@ class Fail(Exception):
     pass
 
 
+def run_case(results, name, fn, on_fail=None):
+    """Runs one case: a PASS or FAIL line (with on_fail()'s text after a FAIL), then goes on."""
+    t0 = time.time()
+    try:
+        fn()
+        results.append(True)
+        print("PASS %s (%.1f s)" % (name, time.time() - t0), flush=True)
+    except Exception as e:  # noqa: BLE001 - every failure is a FAIL line, then go on
+        results.append(False)
+        print("FAIL %s: %s" % (name, e), flush=True)
+        extra = on_fail() if on_fail is not None else ""
+        if extra:
+            print(extra, flush=True)
+
+
 def check(cond, msg):
     if not cond:
         raise Fail(msg)
@@ -418,18 +433,12 @@ def main():
     results = []
     st = {}
 
+    def agent_tail():
+        tail = E.agent_tail()
+        return "  agent log tail:\n" + "\n".join("    " + l for l in tail.splitlines()) if tail else ""
+
     def case(name, fn):
-        t0 = time.time()
-        try:
-            fn()
-            results.append(True)
-            print("PASS %s (%.1f s)" % (name, time.time() - t0), flush=True)
-        except Exception as e:  # noqa: BLE001 - every failure is a FAIL line, then go on
-            results.append(False)
-            print("FAIL %s: %s" % (name, e), flush=True)
-            tail = E.agent_tail()
-            if tail:
-                print("  agent log tail:\n" + "\n".join("    " + l for l in tail.splitlines()), flush=True)
+        run_case(results, name, fn, agent_tail)
 
     def untouched(pid):
         check(E.mem(pid) > 0, "process %d lost its GPU memory" % pid)

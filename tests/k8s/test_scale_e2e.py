@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -519,14 +518,7 @@ def main():
     results = []
 
     def case(name, fn):
-        t0 = time.time()
-        try:
-            fn()
-            results.append(True)
-            print("PASS %s (%.1f s)" % (name, time.time() - t0), flush=True)
-        except Exception as e:  # noqa: BLE001 - every failure is a FAIL line, then go on
-            results.append(False)
-            print("FAIL %s: %s" % (name, e), flush=True)
+        base.run_case(results, name, fn)
 
     def setup():
         E.testbed_up()
