@@ -298,7 +298,7 @@ def targets(recs):
                                 ("launch-submit", 3.0, "launch-bound: host time per launch call"),
                                 ("launch-kernel", 3.0, "launch-bound: empty kernels, launch to idle")):
         rs = [r for r in recs if r.get("kind") == "overhead" and r.get("bench") == bench and r.get("ok")]
-        pct, paired, _ = overhead_pct(rs)
+        pct, paired, _ = overhead_pct(rs, overhead_metric(bench))
         name = "overhead ≤ %g%%: %s" % (limit, label)
         if pct is None:
             rows.append([name, "not measured", "—"])
@@ -425,10 +425,14 @@ def plots(recs, outdir):
 
 # ---- steady-state overhead (bench_overhead.py, kind "overhead") -----------------------------
 
-def overhead_pct(rs):
+def overhead_metric(bench):
+    """The field an overhead record of bench is compared on (time per launch or per step)."""
+    return "ns_per_launch" if bench.startswith("launch") else "mean_ms"
+
+
+def overhead_pct(rs, metric):
     """(with/without - 1 on the medians over processes, median of the back-to-back pairs' ratios,
     number of pairs), in percent; None where not measured. rs: ok overhead records of one bench."""
-    metric = "ns_per_launch" if any(str(r.get("bench", "")).startswith("launch") for r in rs) else "mean_ms"
     wo = median([num(r.get(metric)) for r in rs if not r.get("shim")])
     wi = median([num(r.get(metric)) for r in rs if r.get("shim")])
     pct = (wi / wo - 1.0) * 100.0 if wo is not None and wi is not None and wo > 0 else None
@@ -451,13 +455,13 @@ def overhead_tables(recs):
     for bench in sorted(groups):
         rs = groups[bench]
         launch = bench.startswith("launch")
-        metric = "ns_per_launch" if launch else "mean_ms"
+        metric = overhead_metric(bench)
 
         def vals(shim):
             return [num(r.get(metric)) for r in rs if bool(r.get("shim")) == shim and r.get("ok")]
 
         ok = [r for r in rs if r.get("ok")]
-        p, paired, npairs = overhead_pct(ok)
+        p, paired, npairs = overhead_pct(ok, metric)
         pct = "n/a" if p is None else "%+.2f%%" % p
         if paired is not None:
             pct += " (%d pairs: median %+.2f%%)" % (npairs, paired)
