@@ -50,7 +50,7 @@ def parse_args(argv=None):
                     help="keep warming up until this many seconds passed (start-up work of the process, "
                          "e.g. the shim's background staging, is then over before timing)")
     ap.add_argument("--pin", action="store_true",
-                    help="--bench-steps: run the steps on one CPU (the first this process may use): a Python "
+                    help="--bench-steps/--bench-blocks: run the steps on one CPU (the first this process may use): a Python "
                          "loop that migrates between cores measures the migrations, not the step")
     ap.add_argument("--pace-ms", type=float, default=0.0,
                     help="sleep after each step (ms) so a run lasts long enough to be suspended mid-way")
