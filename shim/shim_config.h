@@ -13,7 +13,7 @@ struct shim_config {
 	int staging_threads;    /* GCR_STAGING_THREADS: copy workers (each two pinned 2 MiB slots) */
 	int zero_skip;          /* GCR_ZERO_SKIP: all-zero chunks are recorded, not copied */
 	int incremental;        /* GCR_INCREMENTAL: keep the host copy after resume; copy only changes */
-	int ctx_shrink;         /* GCR_CTX_SHRINK=1: give the contexts' local memory back while suspended */
+	int ctx_shrink;         /* GCR_CTX_SHRINK (1): give the contexts' local memory back while suspended */
 	int gate_timeout_ms;    /* GCR_GATE_TIMEOUT_MS */
 	int agent_register;     /* reserved for the node agent's registry */
 };

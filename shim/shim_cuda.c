@@ -227,8 +227,8 @@ static int cuda_device_sync(int device, struct gcr_err *err)
  * suspended the driver's checkpoint took ~150 ms less and its restore ~50 ms less; lowering and
  * raising it took 0.3-0.5 ms (bench/ctx_probe, docs/results/2026-11-21-h100-ctx-probe). Kernels
  * whose frames need more still get it at launch; resume restores the application's limit
- * before any of its work runs. Off by default (GCR_CTX_SHRINK=1) until this path has run on a
- * GPU. Saved limits: cr_lock (shim_cr) serialises the callers. */
+ * before any of its work runs. On by default; GCR_CTX_SHRINK=0 turns it off. Saved limits:
+ * cr_lock (shim_cr) serialises the callers. */
 #define LMEM_MAX_CTX 64
 static struct {
 	CUcontext ctx;

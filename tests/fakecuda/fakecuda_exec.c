@@ -175,6 +175,7 @@ static CUresult fake_k_digest_check(const uint64_t *a, const struct fake_dims *d
 static const struct fake_kernel fake_kernels[] = {
 	{"gcr_fill", 3, {8, 8, 4}, fake_k_fill, NULL},
 	{"gcr_step", 3, {8, 8, 4}, fake_k_step, NULL},
+	{"gcr_step_local", 3, {8, 8, 4}, fake_k_step, NULL}, /* same result; no local memory here */
 	{"gcr_check", 6, {8, 8, 4, 4, 4, 8}, fake_k_check, NULL},
 	{"gcr_check_const", 4, {8, 8, 4, 8}, fake_k_check_const, NULL},
 	{"gcr_indirect", 3, {8, 4, 4}, fake_k_indirect, NULL},

@@ -369,7 +369,7 @@ def case_ctx_shrink(f):
     lower it costs nothing but the saving, a failure to restore it fails the resume, which a
     retry finishes. The fake counts stack x 1024 bytes of local memory per context."""
     stack = 3072
-    p = f.start(["--mib", "16", "--iters", "5", "--wait", "--stack", str(stack)], env={"GCR_CTX_SHRINK": "1"})
+    p = f.start(["--mib", "16", "--iters", "5", "--wait", "--stack", str(stack)])  # on by default
     for flags in ((), ("--keep-context",)):
         r = f.ctl("suspend", p.pid, *flags)
         check(r.ok and shim_bytes(r, "ctx_freed") == stack * 1024,
@@ -397,8 +397,8 @@ def case_ctx_shrink(f):
 
 
 def case_ctx_shrink_off(f):
-    """Without GCR_CTX_SHRINK=1 (the default until it has run on a GPU) the context is left as it is."""
-    p = f.start(["--mib", "16", "--iters", "5", "--wait"])
+    """GCR_CTX_SHRINK=0 leaves the context as it is."""
+    p = f.start(["--mib", "16", "--iters", "5", "--wait", "--stack", "2048"], env={"GCR_CTX_SHRINK": "0"})
     r = f.ctl("suspend", p.pid)
     check(r.ok and shim_bytes(r, "ctx_freed") == 0, "suspend: %s" % r.describe())
     check(f.ctl("resume", p.pid).ok, "resume")

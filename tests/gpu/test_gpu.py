@@ -470,6 +470,22 @@ test("testprog-incremental-keep-context", 50, TP_NEEDS)(incr_test(("--keep-conte
 test("testprog-zero-skip", 40, TP_NEEDS)(incr_test(incremental=False))
 
 
+@test("testprog-ctx-shrink", 45, TP_NEEDS)
+def t_ctx_shrink(T):
+    """GCR_CTX_SHRINK=1: every suspend gives the context's local memory back to the driver
+    (ctx_freed > 0), every resume puts the stack limit back; the steps use local memory
+    (--stack) and the final check wants the program's own limit and every word right."""
+    p, pid, _ = T.start("prog", tp_argv(T.cfg, "--api", "link", "--async", "--vmm", "--stack", 2048),
+                        env={"GCR_CTX_SHRINK": "1"})
+    p.send("go")
+    recs = cycles(T, p, pid)
+    freed = [H.dig(r["suspend"]["json"], "shim", "ctx_freed") for r in recs]
+    for i, v in enumerate(freed, 1):
+        check(isinstance(v, int) and v > 0, "suspend #%d freed %r bytes of context local memory" % (i, v))
+    T.note("context local memory freed per suspend: %s MiB" % ", ".join("%.0f" % (v / 2**20) for v in freed))
+    finish(T, p)
+
+
 @test("torch-incremental-state", 150, ("gcrctl", "shim", "torch_serve"))
 def t_torch_incremental(T):
     """Serving with weights and a state that changes every step, GCR_INCREMENTAL=1: later

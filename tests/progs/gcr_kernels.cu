@@ -21,6 +21,21 @@ extern "C" __global__ void gcr_step(uint32_t *buf, uint64_t n, uint32_t k)
 		buf[i] = gcr_step_value(buf[i], k);
 }
 
+/* gcr_step through a per-thread array indexed at run time, which the compiler must place in
+ * local memory: with gcr-testprog --stack every step needs the local memory the shim gives
+ * back to the driver while suspended (GCR_CTX_SHRINK) and must find again after resume. */
+extern "C" __global__ void gcr_step_local(uint32_t *buf, uint64_t n, uint32_t k)
+{
+	volatile uint32_t scratch[64];
+
+	GCR_FOR_EACH(i, n) {
+		uint32_t slot = (uint32_t)(i % 64);
+
+		scratch[slot] = buf[i];
+		buf[i] = gcr_step_value(scratch[slot], k);
+	}
+}
+
 extern "C" __global__ void gcr_check(const uint32_t *buf, uint64_t n, uint32_t seed, uint32_t kfirst,
 				     uint32_t nsteps, unsigned long long *mismatches)
 {

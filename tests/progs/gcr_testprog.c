@@ -137,8 +137,9 @@ static void gcr_usage(FILE *f)
 	      "         [--mib N] [--buffers K] [--pitch] [--small] [--async] [--vmm] [--managed]\n"
 	      "         [--device N] [--threads T] [--iters I] [--graph] [--wait] [--hold-after]\n"
 	      "         [--chunks] [--write-mib W] [--stack BYTES]\n"
-	      "--stack: set the context's stack limit; the final check wants it unchanged (the shim\n"
-	      "  lowers it while suspended and must put it back)\n"
+	      "--stack: set the context's stack limit and step with a kernel that uses local memory;\n"
+	      "  the final check wants the limit unchanged (the shim lowers it while suspended and\n"
+	      "  must put it back)\n"
 	      "--chunks: the --mib buffers are 2 MiB chunks of known content; after DONE, stdin\n"
 	      "  'mutate KIND COUNT SEED' (KIND: random indirect graph streams memset memcpy) and\n"
 	      "  'verify' until 'check'. --write-mib W (implies --chunks): only the first W MiB are\n"
@@ -1518,7 +1519,8 @@ int main(int argc, char **argv)
 	CU(cuCtxGetLimit, &gcr_stack, CU_LIMIT_STACK_SIZE);
 	CU(cuModuleLoad, &module, opt.module);
 	CU(cuModuleGetFunction, &k_fill, module, "gcr_fill");
-	CU(cuModuleGetFunction, &k_step, module, "gcr_step");
+	/* With --stack the steps use local memory, so they depend on the stack the shim restores. */
+	CU(cuModuleGetFunction, &k_step, module, opt.stack > 0 ? "gcr_step_local" : "gcr_step");
 	CU(cuModuleGetFunction, &k_check, module, "gcr_check");
 	CU(cuModuleGetFunction, &k_indirect, module, "gcr_indirect");
 	if (opt.chunks) {
