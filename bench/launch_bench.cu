@@ -12,6 +12,11 @@
 // Prints "READY pid=<pid>", then per variant
 //   "LAUNCH_STATS <variant> <batches> <median_ns_per_launch> <p10> <p90>"
 // and finally "RESULT ok" (exit 0), or "ERROR ..." (exit 2).
+//
+// --turns: for two processes (with and without the shim) that take turns, so drift of the
+// machine lands on both: after the warm-up it prints "BENCH_READY" and runs what stdin asks,
+// "block R" -> R rounds of batches -> "BLOCK_NS <submit> <kernel> <kernel+memcpy>" (medians
+// over the block), until "end"; LAUNCH_STATS then cover every batch of every block.
 #include "bench_cuda.h"
 
 #include <algorithm>
@@ -34,6 +39,8 @@ static double secs(clk::time_point a, clk::time_point b)
 {
 	return std::chrono::duration<double>(b - a).count();
 }
+
+static long n = 1000, submit_n = 64;
 
 // One batch of variant v; returns nanoseconds per launch.
 static double batch(enum variant v, cudaStream_t s, long n, int *d_word, int *h_word)
@@ -76,10 +83,23 @@ static int pin_self(void)
 	return -1;
 }
 
+// Round b: one batch of each variant, rotating which goes first so none always follows the
+// same one; appends ns per launch to all[v] and, where given, to block[v].
+static void round_of_batches(int b, cudaStream_t s, int *d_word, int *h_word, std::vector<double> *all,
+			     std::vector<double> *block)
+{
+	for (int k = 0; k < V_COUNT; k++) {
+		int v = (b + k) % V_COUNT;
+		double ns = batch((enum variant)v, s, v == V_SUBMIT ? submit_n : n, d_word, h_word);
+		all[v].push_back(ns);
+		if (block != NULL)
+			block[v].push_back(ns);
+	}
+}
+
 int main(int argc, char **argv)
 {
-	long n = 1000, submit_n = 64;
-	int batches = 300, pin = 0;
+	int batches = 300, pin = 0, turns = 0;
 	double warmup_s = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--batch") && i + 1 < argc)
@@ -92,8 +112,11 @@ int main(int argc, char **argv)
 			warmup_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--pin"))
 			pin = 1;
+		else if (!strcmp(argv[i], "--turns"))
+			turns = 1;
 		else {
-			printf("ERROR usage: %s [--batch N] [--submit-batch N] [--batches B] [--warmup-s S] [--pin]\n",
+			printf("ERROR usage: %s [--batch N] [--submit-batch N] [--batches B] [--warmup-s S] [--pin] "
+			       "[--turns]\n",
 			       argv[0]);
 			return 2;
 		}
@@ -129,14 +152,34 @@ int main(int argc, char **argv)
 			batch((enum variant)v, s, v == V_SUBMIT ? submit_n : n, d_word, h_word);
 	while (secs(w0, clk::now()) < warmup_s);
 	std::vector<double> ns[V_COUNT];
-	for (int b = 0; b < batches; b++)
-		for (int k = 0; k < V_COUNT; k++) {
-			// Rotate which variant goes first so none always follows the same one.
-			int v = (b + k) % V_COUNT;
-			ns[v].push_back(batch((enum variant)v, s, v == V_SUBMIT ? submit_n : n, d_word, h_word));
+	int b = 0;
+	if (!turns) {
+		for (; b < batches; b++)
+			round_of_batches(b, s, d_word, h_word, ns, NULL);
+	} else {
+		char line[64];
+		printf("BENCH_READY\n");
+		fflush(stdout);
+		while (fgets(line, sizeof(line), stdin) != NULL && strncmp(line, "end", 3) != 0) {
+			int rounds = 0;
+			if (sscanf(line, "block %d", &rounds) != 1 || rounds < 1 || rounds > 100000) {
+				printf("ERROR expected 'block R' (1..100000) or 'end', got: %s", line);
+				return 2;
+			}
+			std::vector<double> blk[V_COUNT];
+			for (int r = 0; r < rounds; r++, b++)
+				round_of_batches(b, s, d_word, h_word, ns, blk);
+			printf("BLOCK_NS %.2f %.2f %.2f\n", quantile(blk[V_SUBMIT], 0.5), quantile(blk[V_KERNEL], 0.5),
+			       quantile(blk[V_KERNEL_MEMCPY], 0.5));
+			fflush(stdout);
 		}
+		if (b == 0) {
+			printf("ERROR --turns: no block was run\n");
+			return 2;
+		}
+	}
 	for (int v = 0; v < V_COUNT; v++)
-		printf("LAUNCH_STATS %s %d %.2f %.2f %.2f\n", variant_name[v], batches, quantile(ns[v], 0.5),
+		printf("LAUNCH_STATS %s %d %.2f %.2f %.2f\n", variant_name[v], b, quantile(ns[v], 0.5),
 		       quantile(ns[v], 0.1), quantile(ns[v], 0.9));
 	CK(cudaFreeHost(h_word));
 	CK(cudaFree(d_word));
