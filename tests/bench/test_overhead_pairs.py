@@ -30,17 +30,10 @@ sys.path.insert(0, os.path.join(SRC, "tests", "gpu"))
 import bench_overhead as B  # noqa: E402
 import harness as H  # noqa: E402
 import report  # noqa: E402
+from tally import Tally  # noqa: E402
 
-passed = failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL %s" % msg, flush=True)
+T = Tally("overhead pairs")
+check = T.check
 
 
 def session(tmp):
@@ -88,8 +81,7 @@ def main():
                   "failed records must not make a figure")
         finally:
             S.close()
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return T.done()
 
 
 if __name__ == "__main__":

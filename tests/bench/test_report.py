@@ -14,18 +14,11 @@ import tempfile
 SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(SRC, "bench"))
 import report  # noqa: E402
+from tally import Tally  # noqa: E402
 
 GIB = 1 << 30
-passed = failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL %s" % msg, flush=True)
+T = Tally("report")
+check = T.check
 
 
 def step(ms, total, copied, zero=0, unchanged=0, host=None, ok=True):
@@ -161,8 +154,7 @@ def main():
         print("note: matplotlib not installed: plots not checked", flush=True)
     if not keep:
         shutil.rmtree(d, ignore_errors=True)
-    print("report: %d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 else 1
+    return T.done()
 
 
 if __name__ == "__main__":
