@@ -40,7 +40,12 @@ static double secs(clk::time_point a, clk::time_point b)
 	return std::chrono::duration<double>(b - a).count();
 }
 
-static long n = 1000, submit_n = 64;
+static long kernel_n = 1000, submit_n = 64; // launches per batch: --batch, --submit-batch
+
+static long batch_size(enum variant v)
+{
+	return v == V_SUBMIT ? submit_n : kernel_n;
+}
 
 // One batch of variant v; returns nanoseconds per launch.
 static double batch(enum variant v, cudaStream_t s, long n, int *d_word, int *h_word)
@@ -90,7 +95,7 @@ static void round_of_batches(int b, cudaStream_t s, int *d_word, int *h_word, st
 {
 	for (int k = 0; k < V_COUNT; k++) {
 		int v = (b + k) % V_COUNT;
-		double ns = batch((enum variant)v, s, v == V_SUBMIT ? submit_n : n, d_word, h_word);
+		double ns = batch((enum variant)v, s, batch_size((enum variant)v), d_word, h_word);
 		all[v].push_back(ns);
 		if (block != NULL)
 			block[v].push_back(ns);
@@ -103,7 +108,7 @@ int main(int argc, char **argv)
 	double warmup_s = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-			n = atol(argv[++i]);
+			kernel_n = atol(argv[++i]);
 		else if (!strcmp(argv[i], "--submit-batch") && i + 1 < argc)
 			submit_n = atol(argv[++i]);
 		else if (!strcmp(argv[i], "--batches") && i + 1 < argc)
@@ -121,7 +126,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (n < 1 || submit_n < 1 || batches < 1 || warmup_s < 0) {
+	if (kernel_n < 1 || submit_n < 1 || batches < 1 || warmup_s < 0) {
 		printf("ERROR --batch, --submit-batch and --batches must be positive, --warmup-s not negative\n");
 		return 2;
 	}
@@ -149,7 +154,7 @@ int main(int argc, char **argv)
 	auto w0 = clk::now();
 	do
 		for (int v = 0; v < V_COUNT; v++)
-			batch((enum variant)v, s, v == V_SUBMIT ? submit_n : n, d_word, h_word);
+			batch((enum variant)v, s, batch_size((enum variant)v), d_word, h_word);
 	while (secs(w0, clk::now()) < warmup_s);
 	std::vector<double> ns[V_COUNT];
 	int b = 0;
