@@ -35,11 +35,6 @@ sys.path.insert(0, HERE)
 import harness as H  # noqa: E402
 import report  # noqa: E402
 
-# The shim's settings (shim/shim_config.c) a bench run inherits from its environment: recorded
-# with the run, since they change what is measured.
-SHIM_KNOBS = ("GCR_VMM", "GCR_VMM_MIN_BYTES", "GCR_STAGING_PREPARE", "GCR_STAGING_THREADS", "GCR_ZERO_SKIP",
-              "GCR_INCREMENTAL", "GCR_CTX_SHRINK", "GCR_GATE_TIMEOUT_MS")
-
 
 def estimate_s(prog, path, gib):
     """Rough wall time of one run (s), from the H100 numbers in docs: driver checkpoint about
@@ -261,7 +256,8 @@ def main(argv=None):
         S.log.write(kind="bench-start", bench="cr", argv=sys.argv, sizes=a.sizes, reps=a.reps, paths=paths,
                     prog=a.prog, cases=a.cases, keep_context=a.keep_context, reserved=a.reserved,
                     serving=a.serving, serving_cycles=a.serving_cycles, gcr_env=gcr_env,
-                    inherited_env={k: v for k, v in os.environ.items() if k.startswith("GCR_") and k in SHIM_KNOBS})
+                    # The GCR_* settings the run inherits (the shim's among them) change what is measured.
+                    inherited_env={k: v for k, v in os.environ.items() if k.startswith("GCR_")})
         for case, path, gib, rep, extra in plan(a, paths):
             shim = path != "driver"
             prog = "torch" if case == "serving" or a.prog == "torch" else "testprog"

@@ -431,7 +431,8 @@ def overhead_metric(bench):
 
 
 def overhead_pct(rs, metric):
-    """(with/without - 1 on the medians over processes, median of the back-to-back pairs' ratios,
+    """(with/without - 1 on the medians over processes, median of the pairs' ratios (a pair: the
+    process with and the one without the shim of one rep, resident side by side, taking turns),
     number of pairs), in percent; None where not measured. rs: ok overhead records of one bench."""
     wo = median([num(r.get(metric)) for r in rs if not r.get("shim")])
     wi = median([num(r.get(metric)) for r in rs if r.get("shim")])
@@ -485,7 +486,7 @@ def overhead_tables(recs):
                      ("launches/s without / with: " if launch else "p90 ms without / with: ") + extra, runs])
     out = [table(["benchmark", "unit", "without shim", "with shim", "overhead", "detail", "runs"], rows)]
     out.append("\nOverhead = with / without − 1 on the medians over processes (time per step or per launch; lower "
-               "is better); “pairs”: the median of that ratio over the with/without pairs run back to back.")
+               "is better); “pairs”: the median of that ratio over the with/without pairs, which run side by side and take turns.")
     return "\n".join(out)
 
 

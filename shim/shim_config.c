@@ -67,8 +67,8 @@ void shim_config_load(void)
 	shim_cfg.staging_prepare = 1;
 	shim_cfg.staging_threads = 12; /* ~49 GB/s each way on the H100: docs/design.md */
 	shim_cfg.zero_skip = 1;
-	/* ~190 ms off a 16 GiB suspend on the H100 (docs/results/2026-11-22-h100-run19);
-	 * GCR_CTX_SHRINK=0 leaves the context's local memory in the checkpoint. */
+	/* ~175 ms off a 16 GiB suspend on the H100 (medians of 11: 735 -> 559 ms; docs/benchmarks.md,
+	 * runs 19-23); GCR_CTX_SHRINK=0 leaves the context's local memory in the checkpoint. */
 	shim_cfg.ctx_shrink = 1;
 	shim_cfg.gate_timeout_ms = 30000;
 	for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++) {
