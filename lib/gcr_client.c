@@ -4,11 +4,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gcr_sock.h"
@@ -26,10 +28,11 @@ static int process_owner(pid_t pid, uid_t *uid)
 	return 0;
 }
 
-/* Connects to path; returns the fd if the server's credentials show pid. */
-static int try_socket(const char *path, pid_t pid, uid_t owner, struct gcr_err *err)
+/* Connects to path (waiting up to connect_ms when its backlog is full); returns the fd
+ * if the server's credentials show pid. */
+static int try_socket(const char *path, pid_t pid, uid_t owner, int connect_ms, struct gcr_err *err)
 {
-	int fd = gcr_sock_connect(path, CONNECT_MS, err);
+	int fd = gcr_sock_connect(path, connect_ms, err);
 	if (fd < 0)
 		return fd;
 	struct gcr_peer peer;
@@ -58,7 +61,7 @@ int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr
 	struct gcr_err e2;
 	if (snprintf(c->path, sizeof(c->path), "%.200s/gcr-%d.sock", dir, (int)pid) >= (int)sizeof(c->path))
 		return gcr_err_set(err, -ENAMETOOLONG, "socket directory path too long: %s", dir);
-	int fd = try_socket(c->path, pid, owner, &e2);
+	int fd = try_socket(c->path, pid, owner, CONNECT_MS, &e2);
 	if (fd == -EPERM)
 		return gcr_err_set(err, -EPERM, "%s", e2.msg);
 	if (fd < 0) {
@@ -69,7 +72,7 @@ int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr
 				continue;
 			if (snprintf(c->path, sizeof(c->path), "%s/%.100s", dir, de->d_name) >= (int)sizeof(c->path))
 				continue;
-			fd = try_socket(c->path, pid, owner, &e2);
+			fd = try_socket(c->path, pid, owner, CONNECT_MS, &e2);
 		}
 		if (d != NULL)
 			closedir(d);
@@ -91,6 +94,28 @@ void gcr_client_close(struct gcr_client *c)
 	}
 }
 
+/* The result of the reply line to request id of pid's shim, or its error. */
+static int take_reply(const char *line, long long id, pid_t pid, json_t **result, struct gcr_err *err)
+{
+	struct gcr_reply rep;
+	*result = NULL;
+	if (gcr_proto_parse_reply(line, &rep, err) < 0)
+		return gcr_err_wrap(err, "talking to the shim of pid %d", (int)pid);
+	if (rep.id != id && rep.id != 0) {
+		gcr_reply_clear(&rep);
+		return gcr_err_set(err, -EPROTO, "reply for request %lld, expected %lld", rep.id, id);
+	}
+	if (!rep.ok) {
+		int rc = gcr_err_set(err, rep.code, "%s", rep.message);
+		gcr_reply_clear(&rep);
+		return rc;
+	}
+	*result = rep.result;
+	rep.result = NULL;
+	gcr_reply_clear(&rep);
+	return 0;
+}
+
 int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int timeout_ms,
 		    json_t **result, struct gcr_err *err)
 {
@@ -107,25 +132,161 @@ int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int time
 	gcr_linebuf_init(&lb, GCR_PROTO_MAX_LINE);
 	char *reply;
 	rc = gcr_linebuf_read(&lb, c->fd, timeout_ms, &reply, err);
-	struct gcr_reply rep;
-	if (rc == 0)
-		rc = gcr_proto_parse_reply(reply, &rep, err);
-	gcr_linebuf_free(&lb);
 	if (rc < 0)
-		return gcr_err_wrap(err, "talking to the shim of pid %d", (int)c->pid);
-	if (rep.id != id && rep.id != 0) {
-		gcr_reply_clear(&rep);
-		return gcr_err_set(err, -EPROTO, "reply for request %lld, expected %lld", rep.id, id);
+		rc = gcr_err_wrap(err, "talking to the shim of pid %d", (int)c->pid);
+	else
+		rc = take_reply(reply, id, c->pid, result, err);
+	gcr_linebuf_free(&lb);
+	return rc;
+}
+
+static long long mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Finds the shims of the pids still without a socket (fds[i] < 0, rcs[i] not final) in
+ * one pass over dir: a container's shim names its socket with its own namespace's pid. */
+static void scan_dir(const char *dir, const pid_t *pids, const uid_t *owner, size_t n, int *fds, int *rcs)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		char path[512];
+		if (strncmp(de->d_name, "gcr-", 4) != 0 || strstr(de->d_name, ".sock") == NULL ||
+		    snprintf(path, sizeof(path), "%.200s/%.200s", dir, de->d_name) >= (int)sizeof(path))
+			continue;
+		struct gcr_err e2;
+		int fd = gcr_sock_connect(path, 0, &e2);
+		struct gcr_peer peer;
+		if (fd < 0)
+			continue;
+		size_t j = n;
+		if (gcr_sock_peer(fd, &peer, &e2) == 0)
+			for (j = 0; j < n; j++)
+				if (pids[j] == peer.pid && fds[j] < 0 && rcs[j] != -ESRCH && rcs[j] != -EPERM)
+					break;
+		if (j == n || (peer.uid != owner[j] && peer.uid != 0)) {
+			close(fd);
+			continue;
+		}
+		fds[j] = fd;
 	}
-	if (!rep.ok) {
-		rc = gcr_err_set(err, rep.code, "%s", rep.message);
-		gcr_reply_clear(&rep);
-		return rc;
+	if (d != NULL)
+		closedir(d);
+}
+
+int gcr_client_call_all(const char *dir, const pid_t *pids, size_t n, enum gcr_op op, json_t *args,
+			int timeout_ms, json_t **results, int *rcs, struct gcr_err *err)
+{
+	long long deadline = mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+	size_t cnt = n ? n : 1;
+	int *fds = malloc(cnt * sizeof(*fds));
+	uid_t *owner = calloc(cnt, sizeof(*owner));
+	struct gcr_linebuf *lbs = calloc(cnt, sizeof(*lbs));
+	struct pollfd *pfd = calloc(cnt, sizeof(*pfd));
+	size_t *who = calloc(cnt, sizeof(*who)); /* pfd[k] is the connection of pids[who[k]] */
+	int rc = 0, unmatched = 0;
+	for (size_t i = 0; i < n; i++) {
+		results[i] = NULL;
+		rcs[i] = -ENOENT;
+		if (fds != NULL)
+			fds[i] = -1;
 	}
-	*result = rep.result;
-	rep.result = NULL;
-	gcr_reply_clear(&rep);
-	return 0;
+	if (fds == NULL || owner == NULL || lbs == NULL || pfd == NULL || who == NULL) {
+		rc = gcr_err_set(err, -ENOMEM, "out of memory asking %zu shims", n);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char path[256];
+		struct gcr_err e2;
+		gcr_linebuf_init(&lbs[i], GCR_PROTO_MAX_LINE);
+		if (pids[i] <= 0 || process_owner(pids[i], &owner[i]) < 0) {
+			rcs[i] = -ESRCH;
+			continue;
+		}
+		if (snprintf(path, sizeof(path), "%.200s/gcr-%d.sock", dir, (int)pids[i]) >= (int)sizeof(path))
+			continue;
+		int fd = try_socket(path, pids[i], owner[i], 0, &e2);
+		if (fd >= 0) {
+			fds[i] = fd;
+		} else {
+			/* Its own name is not accepting (-ETIMEDOUT) or not its shim: kept unless the
+			 * scan finds the shim under another name. */
+			rcs[i] = fd == -EPERM || fd == -ETIMEDOUT ? fd : -ENOENT;
+			unmatched += fd != -EPERM;
+		}
+	}
+	if (unmatched > 0)
+		scan_dir(dir, pids, owner, n, fds, rcs);
+	size_t np = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (fds[i] < 0)
+			continue;
+		struct gcr_err e2;
+		char *line = gcr_proto_request_line((long long)i + 1, op, json_incref(args));
+		if (line == NULL) {
+			rc = gcr_err_set(err, -ENOMEM, "out of memory");
+			goto out;
+		}
+		/* No wait: a request line fits in a fresh connection's socket buffer. */
+		rcs[i] = gcr_sock_write_all(fds[i], line, strlen(line), 0, &e2);
+		free(line);
+		if (rcs[i] < 0) {
+			close(fds[i]);
+			fds[i] = -1;
+			continue;
+		}
+		rcs[i] = -ETIMEDOUT; /* until its reply comes */
+		pfd[np] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
+		who[np++] = i;
+	}
+	while (np > 0) {
+		long long left = deadline - mono_ms();
+		if (left <= 0)
+			break;
+		int pr = poll(pfd, np, (int)left);
+		if (pr < 0 && errno == EINTR)
+			continue;
+		if (pr <= 0)
+			break;
+		for (size_t k = 0; k < np;) {
+			if (pfd[k].revents == 0) {
+				k++;
+				continue;
+			}
+			size_t i = who[k];
+			char *line;
+			struct gcr_err e2;
+			int r = gcr_linebuf_read(&lbs[i], fds[i], 0, &line, &e2);
+			if (r == -ETIMEDOUT) { /* part of the line so far */
+				k++;
+				continue;
+			}
+			if (r == 0)
+				r = take_reply(line, (long long)i + 1, pids[i], &results[i], &e2);
+			rcs[i] = r;
+			rc += r == 0;
+			close(fds[i]);
+			fds[i] = -1;
+			pfd[k] = pfd[--np]; /* k now holds another connection: look at it next */
+			who[k] = who[np];
+		}
+	}
+out:
+	for (size_t i = 0; fds != NULL && i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]); /* still -ETIMEDOUT: the shim reads EOF when it wakes */
+	for (size_t i = 0; lbs != NULL && i < n; i++)
+		gcr_linebuf_free(&lbs[i]);
+	free(fds);
+	free(owner);
+	free(lbs);
+	free(pfd);
+	free(who);
+	return rc;
 }
 
 int gcr_client_list(const char *dir, void (*fn)(pid_t pid, const char *path, void *data),

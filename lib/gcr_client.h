@@ -29,6 +29,19 @@ void gcr_client_close(struct gcr_client *c);
 int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int timeout_ms,
 		    json_t **result, struct gcr_err *err);
 
+/* Sends op (args borrowed, may be NULL) to the shim of every pids[i] at once and waits
+ * for the replies with one deadline, timeout_ms from the call, shared by them all: a
+ * stopped process (SIGSTOP, or frozen by its cgroup) costs that deadline once however
+ * many there are, where one gcr_client_call each would cost its timeout each. Connects
+ * never wait: a shim whose listen backlog is full has not accepted for a while and counts
+ * as not answering. Sockets are found as gcr_client_open finds them, the directory read
+ * at most once. results[i] gets pid i's result object (caller decrefs) with rcs[i] 0, or
+ * NULL with rcs[i] its -errno: -ETIMEDOUT no reply in time, -ENOENT no shim, -ESRCH no
+ * process. Returns how many answered, or -ENOMEM with the message in err. */
+int gcr_client_call_all(const char *dir, const pid_t *pids, size_t n, enum gcr_op op, json_t *args,
+			int timeout_ms, json_t **results, int *rcs, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
 /* Calls fn for each live shim socket in dir with the pid its peer credentials show. */
 int gcr_client_list(const char *dir, void (*fn)(pid_t pid, const char *path, void *data),
 		    void *data, struct gcr_err *err);

@@ -177,6 +177,20 @@ void gcr_scale_procs_clear(struct gcr_scale_proc *p, size_t n)
 		gcr_cr_result_clear(&p[i].r);
 }
 
+/* The sum of a stats reply's "calls" map. */
+static long long calls_sum(json_t *stats)
+{
+	const char *k;
+	json_t *v;
+	long long sum = 0;
+	json_object_foreach(json_object_get(stats, "calls"), k, v)
+	{
+		if (json_is_integer(v) && json_integer_value(v) > 0)
+			sum += (long long)json_integer_value(v);
+	}
+	return sum;
+}
+
 int gcr_scale_calls(pid_t pid, const char *socket_dir, long long *calls, struct gcr_err *err)
 {
 	struct gcr_client c = { .fd = -1 };
@@ -188,15 +202,22 @@ int gcr_scale_calls(pid_t pid, const char *socket_dir, long long *calls, struct 
 	gcr_client_close(&c);
 	if (rc < 0)
 		return rc;
-	const char *k;
-	json_t *v;
-	long long sum = 0;
-	json_object_foreach(json_object_get(res, "calls"), k, v)
-	{
-		if (json_is_integer(v) && json_integer_value(v) > 0)
-			sum += (long long)json_integer_value(v);
-	}
+	*calls = calls_sum(res);
 	json_decref(res);
-	*calls = sum;
 	return 0;
+}
+
+int gcr_scale_calls_all(const pid_t *pids, size_t n, const char *socket_dir, int timeout_ms, long long *calls,
+			int *rcs, struct gcr_err *err)
+{
+	json_t **res = calloc(n ? n : 1, sizeof(*res));
+	if (res == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory asking %zu shims", n);
+	int rc = gcr_client_call_all(socket_dir, pids, n, GCR_OP_STATS_ID, NULL, timeout_ms, res, rcs, err);
+	for (size_t i = 0; i < n; i++) {
+		calls[i] = rc >= 0 && rcs[i] == 0 ? calls_sum(res[i]) : 0;
+		json_decref(res[i]);
+	}
+	free(res);
+	return rc;
 }

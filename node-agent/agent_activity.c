@@ -2,6 +2,7 @@
  * shims' existing call counters read at heartbeat time (nothing added to the hot path). */
 #include "agent_activity.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 struct agent_activity {
 	struct agent_registry *reg;
 	char *socket_dir;
+	int stats_ms; /* how long one sample waits for the shims' replies, all together */
 	pthread_mutex_t lock;
 	json_t *seen; /* "pid" -> [calls, last_active]: the previous sample */
 };
@@ -25,6 +27,7 @@ struct agent_activity *agent_activity_new(struct agent_registry *reg, const char
 	if (a == NULL)
 		return NULL;
 	a->reg = reg;
+	a->stats_ms = AGENT_ACTIVITY_STATS_MS;
 	a->socket_dir = strdup(socket_dir);
 	a->seen = json_object();
 	pthread_mutex_init(&a->lock, NULL);
@@ -45,6 +48,12 @@ void agent_activity_free(struct agent_activity *a)
 	free(a);
 }
 
+void agent_activity_set_stats_ms(struct agent_activity *a, int ms)
+{
+	if (ms > 0)
+		a->stats_ms = ms;
+}
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -55,21 +64,34 @@ static double now_s(void)
 char *agent_activity_note(void *data)
 {
 	struct agent_activity *a = data;
-	static struct agent_registry_proc procs[AGENT_REGISTRY_MAX]; /* only the heartbeat thread samples */
+	/* Only the heartbeat thread samples, under a->lock. */
+	static struct agent_registry_proc procs[AGENT_REGISTRY_MAX];
+	static pid_t pids[AGENT_REGISTRY_MAX];
+	static long long calls_of[AGENT_REGISTRY_MAX];
+	static int rcs[AGENT_REGISTRY_MAX];
 	pthread_mutex_lock(&a->lock);
 	int n = agent_registry_find(a->reg, NULL, NULL, procs, AGENT_REGISTRY_MAX);
 	json_t *seen = json_object(), *per_pod = json_object(), *note = json_object();
-	double now = now_s();
 	char *text = NULL;
 	if (seen == NULL || per_pod == NULL || note == NULL)
 		goto out;
+	for (int i = 0; i < n; i++)
+		pids[i] = procs[i].pid;
+	/* Every shim at once with one deadline: the Lease renewal waits for this, and a
+	 * stopped process answers nothing, so one after the other with gcr_scale_calls' 10 s
+	 * each, a few of them let the Lease expire (40 s). */
+	struct gcr_err err;
+	if (n > 0 && gcr_scale_calls_all(pids, (size_t)n, a->socket_dir, a->stats_ms, calls_of, rcs, &err) < 0)
+		for (int i = 0; i < n; i++)
+			rcs[i] = -ENOMEM; /* nobody asked: all keep their last counters */
+	double now = now_s();
 	for (int i = 0; i < n; i++) {
 		char key[16];
 		snprintf(key, sizeof(key), "%d", (int)procs[i].pid);
-		long long calls = 0;
-		struct gcr_err err;
-		/* A process that does not answer (suspended ones do) counts as idle. */
-		int ok = gcr_scale_calls(procs[i].pid, a->socket_dir, &calls, &err) == 0;
+		long long calls = calls_of[i];
+		/* A process that did not answer in time (a stopped or suspended one) keeps its last
+		 * known counter, so it counts as idle this round: no recent calls, last activity unchanged. */
+		int ok = rcs[i] == 0;
 		json_t *prev = json_object_get(a->seen, key);
 		long long prev_calls = prev ? (long long)json_integer_value(json_array_get(prev, 0)) : -1;
 		double last = prev ? json_real_value(json_array_get(prev, 1)) : now; /* first seen: active now */

@@ -5,13 +5,23 @@
 
 #include "agent_registry.h"
 
+/* How long one sample waits for all the shims' replies together, in ms. A shim answers
+ * stats from its control thread in well under 1 ms; 500 ms leaves room for a loaded node
+ * and keeps the heartbeat (renewed every 10 s, expiring after 40 s) on time whatever the
+ * number of stopped processes. */
+#define AGENT_ACTIVITY_STATS_MS 500
+
 struct agent_activity;
 
 /* Borrows reg; copies socket_dir. NULL when out of memory. */
 struct agent_activity *agent_activity_new(struct agent_registry *reg, const char *socket_dir);
 void agent_activity_free(struct agent_activity *a);
 
-/* Samples every registered process now and returns the activity note
+/* Before the first sample: wait ms (> 0) for the replies instead of AGENT_ACTIVITY_STATS_MS. */
+void agent_activity_set_stats_ms(struct agent_activity *a, int ms);
+
+/* Samples every registered process now (all at once, waiting at most the stats bound
+ * for their replies; one that does not answer keeps its last counter) and returns the activity note
  * (agent_scalemsg.h) for this node's Lease, malloc'd, or NULL. Each pod with a
  * registered process is listed (so the leader knows it has the shim); a process's
  * counter that grew since the last sample makes now its last activity. Takes

@@ -116,8 +116,14 @@ static void *lease_main(void *data)
 	int failing = 0;
 	pthread_mutex_lock(&l->lock);
 	while (!atomic_load(&l->stop)) {
+		/* The next renewal is due a period after this one starts, whatever this one takes. */
+		struct timespec dl;
+		clock_gettime(CLOCK_REALTIME, &dl);
+		dl.tv_sec += l->period_s;
 		pthread_mutex_unlock(&l->lock);
 		struct gcr_err err;
+		/* The note waits for no shim past its own bound (agent_activity: all at once, 500 ms
+		 * in all), so stopped processes cannot delay the renewal past its Lease's expiry. */
 		char *note = l->note ? l->note(l->note_data) : NULL;
 		int rc = renew(l, note, &err);
 		free(note);
@@ -129,9 +135,6 @@ static void *lease_main(void *data)
 			failing = 0;
 		}
 		pthread_mutex_lock(&l->lock);
-		struct timespec dl;
-		clock_gettime(CLOCK_REALTIME, &dl);
-		dl.tv_sec += l->period_s;
 		while (!atomic_load(&l->stop) && pthread_cond_timedwait(&l->cond, &l->lock, &dl) != ETIMEDOUT)
 			;
 	}

@@ -1,16 +1,24 @@
 /* agent_metrics: the agent's counters and its HTTP endpoints (/healthz, /readyz,
- * Prometheus /metrics) served by libmicrohttpd on a local address. */
+ * Prometheus /metrics) served by libmicrohttpd on a local address.
+ * The server waits with epoll (poll where epoll is missing), never select(): select()
+ * cannot watch a descriptor numbered 1024 or more (FD_SETSIZE), so about 1,100 idle
+ * connections made /healthz fail. Its connections are capped and idle ones closed, so a
+ * flood cannot take the descriptors the registry, device plugin and kube client need. */
 #include "agent_metrics.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include "gcr_log.h"
 
@@ -22,6 +30,9 @@ static const char *const kind_names[NKINDS] = { "checkpoint", "restore" };
 
 struct agent_metrics {
 	struct MHD_Daemon *d;
+	unsigned int max_connections;
+	atomic_llong log_second;    /* CLOCK_MONOTONIC second of the last libmicrohttpd line logged */
+	atomic_uint log_suppressed; /* lines dropped since */
 	agent_metrics_gauge_fn registered;
 	void *data;
 	atomic_int ready;
@@ -97,6 +108,14 @@ static char *render(struct agent_metrics *m)
 	for (int k = 0; k < NKINDS; k++)
 		fprintf(f, "gcr_agent_bytes_moved_total{kind=\"%s\"} %llu\n", kind_names[k], m->bytes[k]);
 	pthread_mutex_unlock(&m->lock);
+	const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+	fprintf(f, "# HELP gcr_agent_http_connections Connections the metrics server holds, this one included.\n"
+		   "# TYPE gcr_agent_http_connections gauge\n"
+		   "gcr_agent_http_connections %u\n"
+		   "# HELP gcr_agent_http_connection_limit Connections the metrics server holds at most.\n"
+		   "# TYPE gcr_agent_http_connection_limit gauge\n"
+		   "gcr_agent_http_connection_limit %u\n",
+		info ? info->num_connections : 0, m->max_connections);
 	fprintf(f, "# HELP gcr_agent_registered_processes Processes registered by their shim.\n"
 		   "# TYPE gcr_agent_registered_processes gauge\n"
 		   "gcr_agent_registered_processes %d\n",
@@ -139,10 +158,70 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
 	return ret;
 }
 
+/* libmicrohttpd's messages, one line each at WARN; at most one a second, since a flood
+ * past the connection cap makes one per refused connection. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	struct agent_metrics *m = cls;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	long long last = atomic_load(&m->log_second);
+	if (ts.tv_sec == last || !atomic_compare_exchange_strong(&m->log_second, &last, (long long)ts.tv_sec)) {
+		atomic_fetch_add(&m->log_suppressed, 1);
+		return;
+	}
+	char line[512];
+	vsnprintf(line, sizeof(line), fmt, ap);
+	line[strcspn(line, "\r\n")] = '\0';
+	unsigned int dropped = atomic_exchange(&m->log_suppressed, 0);
+	GCR_LOG(GCR_LOG_WARN, "metrics", "http server: %s (%u similar lines dropped)", line, dropped);
+}
+
+unsigned long agent_metrics_raise_nofile(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 1024;
+	rlim_t was = rl.rlim_cur;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+			GCR_LOG(GCR_LOG_WARN, "metrics", "cannot raise the open files limit from %llu to %llu: %s",
+				(unsigned long long)was, (unsigned long long)rl.rlim_max, strerror(errno));
+			rl.rlim_cur = was;
+		} else {
+			GCR_LOG(GCR_LOG_INFO, "metrics", "open files limit raised from %llu to the hard limit %llu",
+				(unsigned long long)was, (unsigned long long)rl.rlim_cur);
+		}
+	}
+	return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)ULONG_MAX ? ULONG_MAX : (unsigned long)rl.rlim_cur;
+}
+
+/* The default cap for a process allowed nofile descriptors: AGENT_METRICS_MAX_CONNECTIONS,
+ * less when the descriptors kept for the rest of the agent would not be left; where the
+ * limit is very low, a quarter of it, so that probes still get through. */
+static unsigned int default_cap(unsigned long nofile)
+{
+	unsigned long cap = nofile > AGENT_METRICS_FD_RESERVE ? nofile - AGENT_METRICS_FD_RESERVE : 0;
+	if (cap < nofile / 4)
+		cap = nofile / 4;
+	return cap < AGENT_METRICS_MAX_CONNECTIONS ? (unsigned int)cap : AGENT_METRICS_MAX_CONNECTIONS;
+}
+
 int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, void *data,
 		      struct agent_metrics **out, struct gcr_err *err)
 {
+	struct agent_metrics_limits lim = { .max_connections = default_cap(agent_metrics_raise_nofile()),
+					    .idle_timeout_s = AGENT_METRICS_IDLE_TIMEOUT_S };
+	return agent_metrics_new_limited(address, registered, data, &lim, out, err);
+}
+
+int agent_metrics_new_limited(const char *address, agent_metrics_gauge_fn registered, void *data,
+			      const struct agent_metrics_limits *lim, struct agent_metrics **out, struct gcr_err *err)
+{
 	*out = NULL;
+	if (lim->max_connections == 0 || lim->idle_timeout_s == 0)
+		return gcr_err_set(err, -EINVAL, "metrics server: connection limit and idle timeout must be > 0");
 	char host[64];
 	const char *colon = strrchr(address, ':');
 	if (colon == NULL || (size_t)(colon - address) >= sizeof(host))
@@ -156,7 +235,10 @@ int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, vo
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	struct sockaddr_in6 sa6 = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port) };
 	struct sockaddr *bind_sa = (struct sockaddr *)&sa;
-	unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+	/* epoll, else poll: never select() (see the top of this file). */
+	unsigned int flags = MHD_USE_ERROR_LOG | (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES
+							  ? MHD_USE_EPOLL_INTERNAL_THREAD
+							  : MHD_USE_POLL_INTERNAL_THREAD);
 	size_t hl = strlen(host);
 	if (strcmp(host, "localhost") == 0)
 		strcpy(host, "127.0.0.1");
@@ -175,14 +257,25 @@ int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, vo
 	pthread_mutex_init(&m->lock, NULL);
 	m->registered = registered;
 	m->data = data;
-	m->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, answer, m, MHD_OPTION_SOCK_ADDR, bind_sa,
-				MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+	m->max_connections = lim->max_connections;
+	/* The logger first: libmicrohttpd uses it only for what follows it. */
+	m->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, answer, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, m,
+				MHD_OPTION_SOCK_ADDR, bind_sa, MHD_OPTION_CONNECTION_LIMIT, lim->max_connections,
+				MHD_OPTION_CONNECTION_TIMEOUT, lim->idle_timeout_s, MHD_OPTION_END);
 	if (m->d == NULL) {
 		agent_metrics_free(m);
 		return gcr_err_set(err, -EADDRINUSE, "cannot serve metrics on %s", address);
 	}
+	GCR_LOG(GCR_LOG_INFO, "metrics", "serving http://%s with %s, at most %u connections, idle ones closed after %u s",
+		address, (flags & MHD_USE_EPOLL) ? "epoll" : "poll", lim->max_connections, lim->idle_timeout_s);
 	*out = m;
 	return 0;
+}
+
+unsigned int agent_metrics_connections(struct agent_metrics *m)
+{
+	const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+	return info ? info->num_connections : 0;
 }
 
 void agent_metrics_free(struct agent_metrics *m)

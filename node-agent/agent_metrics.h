@@ -10,9 +10,38 @@ struct agent_metrics;
 /* Counts registered processes on each scrape. */
 typedef int (*agent_metrics_gauge_fn)(void *data);
 
-/* address "HOST:PORT": an IPv4 literal, "localhost", or "[IPv6]". */
+/* The HTTP server's connections at most, by default: Prometheus and the kubelet's probes
+ * need a handful; 2,000 idle ones must leave them answered. */
+#define AGENT_METRICS_MAX_CONNECTIONS 4096u
+/* Descriptors the default cap leaves to the rest of the agent: the registry's
+ * AGENT_REGISTRY_MAX shims, the device plugin, the kube client, shim stats, files. */
+#define AGENT_METRICS_FD_RESERVE 2048ul
+/* A connection with no request for this long, in seconds, is closed. */
+#define AGENT_METRICS_IDLE_TIMEOUT_S 10u
+
+struct agent_metrics_limits {
+	unsigned int max_connections; /* > 0; past it new connections wait in the backlog or are closed */
+	unsigned int idle_timeout_s;  /* > 0 */
+};
+
+/* address "HOST:PORT": an IPv4 literal, "localhost", or "[IPv6]". Raises this process's
+ * open files limit to its hard limit first (agent_metrics_raise_nofile) and caps the
+ * connections at AGENT_METRICS_MAX_CONNECTIONS, or lower where that limit is too low to
+ * keep AGENT_METRICS_FD_RESERVE descriptors for the rest of the agent. */
 int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, void *data,
 		      struct agent_metrics **out, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* As agent_metrics_new with the limits given (tests; the process's limit is left as is). */
+int agent_metrics_new_limited(const char *address, agent_metrics_gauge_fn registered, void *data,
+			      const struct agent_metrics_limits *lim, struct agent_metrics **out,
+			      struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Raises RLIMIT_NOFILE's soft limit to the hard limit (process-wide), logging the change
+ * or why it failed; returns the soft limit now in force. */
+unsigned long agent_metrics_raise_nofile(void);
+
+/* Connections the HTTP server holds now. */
+unsigned int agent_metrics_connections(struct agent_metrics *m);
 void agent_metrics_free(struct agent_metrics *m);
 
 /* The watches have listed once: /readyz answers 200 from now on. */

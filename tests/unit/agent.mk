@@ -4,7 +4,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_kubeconfig \
 	tests/unit/test_agent_watch \
 	tests/unit/test_agent_registry \
-	tests/unit/test_agent_metrics
+	tests/unit/test_agent_metrics \
+	tests/unit/test_agent_activity
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -32,6 +33,12 @@ tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-a
 tests_unit_test_agent_registry_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_registry_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_registry_LDADD = $(AGENT_TEST_LDADD) lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
+
+tests_unit_test_agent_activity_SOURCES = tests/unit/test_agent_activity.c node-agent/agent_activity.c \
+	node-agent/agent_registry.c
+tests_unit_test_agent_activity_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_activity_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_activity_LDADD = $(AGENT_TEST_LDADD) lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl -lm
 
 tests_unit_test_agent_metrics_SOURCES = tests/unit/test_agent_metrics.c node-agent/agent_metrics.c
 tests_unit_test_agent_metrics_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
