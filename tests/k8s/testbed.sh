@@ -1,23 +1,33 @@
 #!/usr/bin/env bash
 # GCR Kubernetes test bed (test tooling only, not part of the product).
 #
-# A control plane without nodes, the way controller-runtime's envtest runs one:
-# etcd and kube-apiserver on 127.0.0.1, generated CA, serving and client certs,
-# RBAC authorization, a service-account key pair for issuing tokens, an admin
-# kubeconfig, and an audit log of every request at Metadata level (DIR/audit.log,
-# policy DIR/audit-policy.yaml) so tests can see which calls a client made.
-# No kubelet, controller-manager or scheduler.
+# Two shapes. `up`: a control plane without nodes, the way controller-runtime's
+# envtest runs one: etcd and kube-apiserver on 127.0.0.1, generated CA, serving and
+# client certs, RBAC authorization, a service-account key pair for issuing tokens,
+# an admin kubeconfig, and an audit log of every request at Metadata level
+# (DIR/audit.log, policy DIR/audit-policy.yaml) so tests can see which calls a
+# client made. `up-node` (root): a real single-node cluster: the same plus the
+# controller manager, the scheduler, containerd and runc (Debian's packages), a
+# real kubelet, kube-proxy and a bridge CNI network (tests/k8s/node/README.md).
 #
 #   tests/k8s/testbed.sh build        build (or reuse) etcd, kube-apiserver,
-#                                     kubectl and helm; prints the bin dir
+#                                     kubectl, helm, kubelet, kube-scheduler,
+#                                     kube-controller-manager, kube-proxy;
+#                                     prints the bin dir
 #   eval "$(tests/k8s/testbed.sh up)" start; exports KUBECONFIG,
 #                                     GCR_TESTBED_DIR and GCR_TESTBED_BIN
+#   eval "$(tests/k8s/testbed.sh up-node)"
+#                                     start a real node (root); imports the OCI
+#                                     archives in $GCR_TESTBED_IMAGES into
+#                                     containerd; also exports GCR_TESTBED_NODE
 #   tests/k8s/testbed.sh down [DIR]   stop and remove (DIR defaults to
 #                                     $GCR_TESTBED_DIR, then the last one started)
 #   tests/k8s/testbed.sh status [DIR] say whether it is up
 #   tests/k8s/testbed.sh restart-apiserver [DIR]
 #                                     stop kube-apiserver and start it again
 #                                     (same port and state), for watch tests
+#   tests/k8s/testbed.sh restart-etcd [DIR]
+#                                     the same for etcd
 #
 # Binaries are built from the Go module proxy with the go.mod/go.sum files under
 # tests/k8s/tools/ and cached in $GCR_TESTBED_CACHE (default
@@ -31,6 +41,12 @@
 #   GCR_TESTBED_APISERVER_ARGS  extra kube-apiserver arguments (word-split)
 #   GCR_TESTBED_TIMEOUT         seconds to wait for readiness (default 120)
 #   GCR_TESTBED_KEEP=1          down keeps the state directory (logs)
+#   GCR_TESTBED_IMAGES          up-node: directory of OCI image archives (*.tar)
+#                               to import; must hold the sandbox image
+#   GCR_TESTBED_PAUSE_IMAGE     up-node: the sandbox image's name
+#                               (default gcr-test.invalid/pause:1)
+#   GCR_TESTBED_DRIVER_DIR      up-node: the stand-in driver (libcuda.so.1,
+#                               fakesmi) the "nvidia" runtime class injects
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -38,9 +54,9 @@ TOOLS=$HERE/tools
 CACHE=${GCR_TESTBED_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gcr-testbed}
 TIMEOUT=${GCR_TESTBED_TIMEOUT:-120}
 # Bump when the build recipe below changes in a way the key does not see.
-RECIPE=2
+RECIPE=3
 MODULES=(etcd kube helm)
-BINARIES=(etcd kube-apiserver kubectl helm)
+BINARIES=(etcd kube-apiserver kubectl helm kubelet kube-controller-manager kube-scheduler kube-proxy)
 
 log() { printf 'testbed: %s\n' "$*" >&2; }
 die() { printf 'testbed: error: %s\n' "$*" >&2; exit 1; }
@@ -127,10 +143,12 @@ cmd_build() {
 	log "building etcd"
 	(cd "$TOOLS/etcd" && "$GO" build "${flags[@]}" -o "$tmp/etcd" go.etcd.io/etcd/server/v3) ||
 		die "building etcd failed"
-	log "building kube-apiserver and kubectl"
+	log "building kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy"
 	(cd "$TOOLS/kube" && "$GO" build -trimpath "-ldflags=$kld" -o "$tmp/" \
-		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl) ||
-		die "building kube-apiserver/kubectl failed"
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl \
+		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager \
+		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy) ||
+		die "building the Kubernetes binaries failed"
 	log "building helm"
 	(cd "$TOOLS/helm" && "$GO" build -trimpath "-ldflags=$hld" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm) ||
 		die "building helm failed"
@@ -140,6 +158,7 @@ cmd_build() {
 	"$tmp/etcd" --version >"$tmp/versions.txt"
 	"$tmp/kube-apiserver" --version >>"$tmp/versions.txt"
 	"$tmp/kubectl" version --client >>"$tmp/versions.txt"
+	"$tmp/kubelet" --version >>"$tmp/versions.txt"
 	"$tmp/helm" version --short >>"$tmp/versions.txt"
 	sed 's/^/testbed:   /' "$tmp/versions.txt" >&2
 	touch "$tmp/.complete"
@@ -174,30 +193,35 @@ free_port() {
 	die "no free TCP port found on 127.0.0.1"
 }
 
-gen_certs() {
-	local pki=$1 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+# sign NAME SUBJECT EXTENSIONS: a key pair and a certificate from the CA (in the cwd).
+sign() {
+	openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+		-keyout "$1.key" -out "$1.csr" -subj "$2"
+	printf '%s\n' "$3" >"$1.ext"
+	openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key \
+		-set_serial "0x$(openssl rand -hex 16)" -days 7 \
+		-extfile "$1.ext" -out "$1.crt"
+	rm -f "$1.csr" "$1.ext"
+}
+
+CLIENT_EXT=$(printf '%s\n' "keyUsage=critical,digitalSignature" "extendedKeyUsage=clientAuth")
+
+gen_certs() { # pki-dir [extra apiserver SANs]
+	local pki=$1 sans="IP:127.0.0.1,DNS:localhost${2:+,$2}"
 	mkdir -p "$pki"
 	(
 		cd "$pki"
 		umask 077
-		openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.crt -days 7 \
+		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+			-keyout ca.key -out ca.crt -days 7 \
 			-subj "/CN=gcr-testbed-ca" \
 			-addext "basicConstraints=critical,CA:TRUE" \
 			-addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"
-		sign() { # name subject extensions
-			openssl req -new "${ec[@]}" -keyout "$1.key" -out "$1.csr" -subj "$2"
-			printf '%s\n' "$3" >"$1.ext"
-			openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key \
-				-set_serial "0x$(openssl rand -hex 16)" -days 7 \
-				-extfile "$1.ext" -out "$1.crt"
-			rm -f "$1.csr" "$1.ext"
-		}
 		sign apiserver "/CN=kube-apiserver" \
-			"$(printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+			"$(printf '%s\n' "subjectAltName=$sans" \
 				"keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth")"
 		# Admin user, like envtest's: member of system:masters.
-		sign admin "/O=system:masters/CN=admin" \
-			"$(printf '%s\n' "keyUsage=critical,digitalSignature" "extendedKeyUsage=clientAuth")"
+		sign admin "/O=system:masters/CN=admin" "$CLIENT_EXT"
 		# Service-account token signing key pair.
 		openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:prime256v1 -out sa.key
 		openssl pkey -in sa.key -pubout -out sa.pub
@@ -235,10 +259,21 @@ wait_for() { # what pidname cmd...
 	done
 }
 
-cmd_up() {
-	need openssl curl setsid
-	local bin etcd_port peer_port api_port
-	bin=$(cmd_build)
+# The real node's addresses. Pods live on the bridge NODE_BRIDGE (NODE_POD_CIDR); the
+# node's own address on it (NODE_IP) is where the API server and the kubelet listen, so
+# pods reach both without any address outside this machine. Services get
+# NODE_SERVICE_CIDR, translated by kube-proxy; a blackhole route keeps anything
+# kube-proxy did not translate from leaving the machine, and the FORWARD rules below
+# keep pods from reaching anything but this host.
+NODE_BRIDGE=gcrbr0
+NODE_IP=10.88.0.1
+NODE_POD_CIDR=10.88.0.0/24
+NODE_SERVICE_CIDR=10.96.0.0/24
+NODE_SERVICE_IP=10.96.0.1
+NODE_NAME=gcr-node
+KUBELET_ROOT=/var/lib/kubelet # the chart's default devicePlugin.kubeletDir lives here
+
+new_state() {
 	if [[ -n ${GCR_TESTBED_DIR:-} ]]; then
 		STATE=$GCR_TESTBED_DIR
 		[[ -e $STATE/apiserver.pid ]] && die "$STATE already holds a test bed; run down first"
@@ -250,17 +285,44 @@ cmd_up() {
 	touch "$STATE/.gcr-testbed"
 	mkdir -p "$CACHE"
 	printf '%s\n' "$STATE" >"$CACHE/current"
+}
 
-	# From here on, a failure tears down what was started.
-	trap 'rc=$?; if ((rc != 0)); then log "up failed; tearing down"; GCR_TESTBED_KEEP=1 stop_all "$STATE"; fi' EXIT
+# kubeconfig FILE SERVER USER-CERT-NAME: a kubeconfig authenticating with pki/NAME.{crt,key}.
+kubeconfig() {
+	cat >"$1" <<-EOF
+	apiVersion: v1
+	kind: Config
+	clusters:
+	- name: gcr-testbed
+	  cluster:
+	    server: $2
+	    certificate-authority: $STATE/pki/ca.crt
+	users:
+	- name: $3
+	  user:
+	    client-certificate: $STATE/pki/$3.crt
+	    client-key: $STATE/pki/$3.key
+	contexts:
+	- name: gcr-testbed
+	  context:
+	    cluster: gcr-testbed
+	    user: $3
+	    namespace: default
+	current-context: gcr-testbed
+	EOF
+	chmod 600 "$1"
+}
 
-	gen_certs "$STATE/pki"
+# start_control_plane MODE (api | node): etcd and kube-apiserver; sets API_URL.
+start_control_plane() {
+	local mode=$1 etcd_port peer_port api_port addr=127.0.0.1
+	[[ $mode == node ]] && addr=$NODE_IP
 	etcd_port=${GCR_TESTBED_ETCD_PORT:-$(free_port)}
 	peer_port=$(free_port "$etcd_port")
 	api_port=${GCR_TESTBED_APISERVER_PORT:-$(free_port "$etcd_port" "$peer_port")}
 
 	log "starting etcd on 127.0.0.1:$etcd_port (state $STATE)"
-	start_proc etcd "$STATE/etcd.log" "$bin/etcd" \
+	local etcd_args=("$BIN/etcd" \
 		--name=default \
 		--data-dir="$STATE/etcd" \
 		--listen-client-urls="http://127.0.0.1:$etcd_port" \
@@ -269,7 +331,9 @@ cmd_up() {
 		--initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
 		--initial-cluster="default=http://127.0.0.1:$peer_port" \
 		--unsafe-no-fsync=true \
-		--log-level=warn
+		--log-level=warn)
+	printf '%s\0' "${etcd_args[@]}" >"$STATE/etcd.args"
+	start_proc etcd "$STATE/etcd.log" "${etcd_args[@]}"
 	wait_for "etcd /health" etcd curl -fsS --max-time 2 "http://127.0.0.1:$etcd_port/health"
 
 	# Every request at Metadata level (who, verb, resource, decision; no bodies):
@@ -282,77 +346,372 @@ cmd_up() {
 	- level: Metadata
 	EOF
 
-	log "starting kube-apiserver on https://127.0.0.1:$api_port"
+	log "starting kube-apiserver on https://$addr:$api_port"
 	local extra=()
 	# shellcheck disable=SC2206
 	[[ -n ${GCR_TESTBED_APISERVER_ARGS:-} ]] && extra=($GCR_TESTBED_APISERVER_ARGS)
-	# ServiceAccount admission is off, as in envtest: nothing creates the
-	# "default" service accounts without a controller-manager.
-	local api_args=("$bin/kube-apiserver" \
+	local mode_args
+	if [[ $mode == api ]]; then
+		# ServiceAccount admission is off, as in envtest: nothing creates the
+		# "default" service accounts without a controller-manager.
+		mode_args=(--bind-address=127.0.0.1 --advertise-address=127.0.0.1
+			--endpoint-reconciler-type=none
+			--service-cluster-ip-range=10.0.0.0/24
+			--authorization-mode=RBAC
+			--disable-admission-plugins=ServiceAccount)
+	else
+		# As a cluster runs it: the Node authorizer and NodeRestriction for the
+		# kubelet, service accounts, the "kubernetes" Service's endpoints, and
+		# verified TLS to the kubelet (exec, logs).
+		mode_args=(--bind-address="$NODE_IP" --advertise-address="$NODE_IP"
+			--service-cluster-ip-range="$NODE_SERVICE_CIDR"
+			--authorization-mode=Node,RBAC
+			--enable-admission-plugins=NodeRestriction
+			--kubelet-client-certificate="$STATE/pki/apiserver-kubelet-client.crt"
+			--kubelet-client-key="$STATE/pki/apiserver-kubelet-client.key"
+			--kubelet-certificate-authority="$STATE/pki/ca.crt"
+			--kubelet-preferred-address-types=InternalIP)
+	fi
+	local api_args=("$BIN/kube-apiserver" \
 		--etcd-servers="http://127.0.0.1:$etcd_port" \
-		--bind-address=127.0.0.1 \
-		--advertise-address=127.0.0.1 \
-		--endpoint-reconciler-type=none \
 		--secure-port="$api_port" \
 		--cert-dir="$STATE/apiserver-certs" \
 		--tls-cert-file="$STATE/pki/apiserver.crt" \
 		--tls-private-key-file="$STATE/pki/apiserver.key" \
 		--client-ca-file="$STATE/pki/ca.crt" \
-		--authorization-mode=RBAC \
-		--service-account-issuer="https://127.0.0.1:$api_port" \
+		--service-account-issuer="https://$addr:$api_port" \
 		--service-account-key-file="$STATE/pki/sa.pub" \
 		--service-account-signing-key-file="$STATE/pki/sa.key" \
-		--service-cluster-ip-range=10.0.0.0/24 \
 		--allow-privileged=true \
-		--disable-admission-plugins=ServiceAccount \
 		--profiling=false \
 		--audit-policy-file="$STATE/audit-policy.yaml" \
 		--audit-log-path="$STATE/audit.log" \
 		--audit-log-format=json \
 		--audit-log-mode=blocking \
+		"${mode_args[@]}" \
 		"${extra[@]}")
 	# Kept so that restart-apiserver starts the same command line again.
 	printf '%s\0' "${api_args[@]}" >"$STATE/apiserver.args"
 	start_proc apiserver "$STATE/apiserver.log" "${api_args[@]}"
-
-	cat >"$STATE/kubeconfig" <<-EOF
-	apiVersion: v1
-	kind: Config
-	clusters:
-	- name: gcr-testbed
-	  cluster:
-	    server: https://127.0.0.1:$api_port
-	    certificate-authority: $STATE/pki/ca.crt
-	users:
-	- name: admin
-	  user:
-	    client-certificate: $STATE/pki/admin.crt
-	    client-key: $STATE/pki/admin.key
-	contexts:
-	- name: gcr-testbed
-	  context:
-	    cluster: gcr-testbed
-	    user: admin
-	    namespace: default
-	current-context: gcr-testbed
-	EOF
-	chmod 600 "$STATE/kubeconfig"
-
+	API_URL=https://$addr:$api_port
+	kubeconfig "$STATE/kubeconfig" "$API_URL" admin
 	wait_for "kube-apiserver /readyz" apiserver \
 		curl -fsS --max-time 5 --cacert "$STATE/pki/ca.crt" \
 		--cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" \
-		"https://127.0.0.1:$api_port/readyz"
+		"$API_URL/readyz"
 	# RBAC bootstrap policy is part of readyz (poststarthook/rbac/bootstrap-roles).
+}
 
+write_env() {
 	cat >"$STATE/env" <<-EOF
 	export KUBECONFIG='$STATE/kubeconfig'
 	export GCR_TESTBED_DIR='$STATE'
-	export GCR_TESTBED_BIN='$bin'
+	export GCR_TESTBED_BIN='$BIN'
 	EOF
+	[[ ${1:-} == node ]] && printf "export GCR_TESTBED_NODE='%s'\n" "$NODE_NAME" >>"$STATE/env"
+	return 0
+}
+
+cmd_up() {
+	need openssl curl setsid
+	BIN=$(cmd_build)
+	new_state
+	# From here on, a failure tears down what was started.
+	trap 'rc=$?; if ((rc != 0)); then log "up failed; tearing down"; GCR_TESTBED_KEEP=1 stop_all "$STATE"; fi' EXIT
+	gen_certs "$STATE/pki"
+	start_control_plane api
+	write_env
 	trap - EXIT
-	log "ready: https://127.0.0.1:$api_port (etcd 127.0.0.1:$etcd_port)"
+	log "ready: $API_URL"
 	log "KUBECONFIG=$STATE/kubeconfig; stop with: $0 down $STATE"
 	cat "$STATE/env"
+}
+
+# ---- the real node (up-node) ----
+
+node_certs() {
+	(
+		cd "$STATE/pki"
+		umask 077
+		sign controller-manager "/CN=system:kube-controller-manager" "$CLIENT_EXT"
+		sign scheduler "/CN=system:kube-scheduler" "$CLIENT_EXT"
+		sign kube-proxy "/CN=system:kube-proxy" "$CLIENT_EXT"
+		sign node "/O=system:nodes/CN=system:node:$NODE_NAME" "$CLIENT_EXT"
+		sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$CLIENT_EXT"
+		sign kubelet "/CN=$NODE_NAME" \
+			"$(printf '%s\n' "subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME" \
+				"keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth")"
+	) 2>>"$STATE/pki/openssl.log" || { cat "$STATE/pki/openssl.log" >&2; die "certificate generation failed"; }
+}
+
+# The bridge first: the API server listens on its address. The bridge CNI plugin
+# takes it over as it is. Pods may talk to this host only: forwarding to or from the
+# bridge is dropped, and the service range is a blackhole unless kube-proxy's rules
+# translate it first.
+node_network() {
+	ip link show "$NODE_BRIDGE" >/dev/null 2>&1 && die "$NODE_BRIDGE exists: another test bed runs (down it first)"
+	ip link add "$NODE_BRIDGE" type bridge
+	ip addr add "$NODE_IP/${NODE_POD_CIDR#*/}" dev "$NODE_BRIDGE"
+	ip link set "$NODE_BRIDGE" up
+	ip route add blackhole "$NODE_SERVICE_CIDR"
+	iptables -w -I FORWARD -i "$NODE_BRIDGE" ! -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed
+	iptables -w -I FORWARD ! -i "$NODE_BRIDGE" -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed
+	mkdir -p "$STATE/cni/net.d" "$STATE/cni/ipam"
+	cat >"$STATE/cni/net.d/10-gcr-testbed.conflist" <<-EOF
+	{
+	  "cniVersion": "1.0.0",
+	  "name": "gcr-testbed",
+	  "plugins": [{
+	    "type": "bridge", "bridge": "$NODE_BRIDGE", "isGateway": true, "ipMasq": false,
+	    "hairpinMode": true,
+	    "ipam": {"type": "host-local", "dataDir": "$STATE/cni/ipam",
+	             "ranges": [[{"subnet": "$NODE_POD_CIDR", "gateway": "$NODE_IP"}]],
+	             "routes": [{"dst": "0.0.0.0/0"}]}
+	  }]
+	}
+	EOF
+}
+
+node_containerd() {
+	local driver=${GCR_TESTBED_DRIVER_DIR:-}
+	mkdir -p "$STATE/containerd" "$STATE/bin"
+	# The "nvidia" handler: runc behind the stand-in of NVIDIA's runtime, which adds
+	# the stand-in driver to containers that ask for GPUs (node/nvidia-runtime-standin.py).
+	cat >"$STATE/bin/nvidia-container-runtime" <<-EOF
+	#!/bin/sh
+	exec python3 '$HERE/node/nvidia-runtime-standin.py' --driver-dir '$driver' -- "\$@"
+	EOF
+	chmod 755 "$STATE/bin/nvidia-container-runtime"
+	cat >"$STATE/containerd/config.toml" <<-EOF
+	version = 2
+	root = "$STATE/containerd/root"
+	state = "$STATE/containerd/state"
+	disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+	  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+	  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
+	[grpc]
+	  address = "$STATE/containerd/containerd.sock"
+	[plugins."io.containerd.grpc.v1.cri"]
+	  sandbox_image = "$PAUSE_IMAGE"
+	  enable_selinux = false
+	  disable_apparmor = true
+	  restrict_oom_score_adj = false
+	  [plugins."io.containerd.grpc.v1.cri".containerd]
+	    snapshotter = "overlayfs"
+	    default_runtime_name = "runc"
+	    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+	      runtime_type = "io.containerd.runc.v2"
+	      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+	        SystemdCgroup = false
+	    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+	      runtime_type = "io.containerd.runc.v2"
+	      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+	        BinaryName = "$STATE/bin/nvidia-container-runtime"
+	        SystemdCgroup = false
+	  [plugins."io.containerd.grpc.v1.cri".cni]
+	    bin_dir = "/usr/lib/cni"
+	    conf_dir = "$STATE/cni/net.d"
+	EOF
+	log "starting containerd ($(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'))"
+	start_proc containerd "$STATE/containerd.log" containerd --config "$STATE/containerd/config.toml"
+	wait_for "containerd" containerd ctr --address "$STATE/containerd/containerd.sock" version
+	local img n=0
+	for img in "${GCR_TESTBED_IMAGES:-/nonexistent}"/*.tar; do
+		[[ -f $img ]] || continue
+		ctr --address "$STATE/containerd/containerd.sock" -n k8s.io images import --no-unpack "$img" >>"$STATE/images.log" 2>&1 ||
+			{ cat "$STATE/images.log" >&2; die "importing $img into containerd failed"; }
+		n=$((n + 1))
+	done
+	ctr --address "$STATE/containerd/containerd.sock" -n k8s.io images ls -q | grep -qxF "$PAUSE_IMAGE" ||
+		die "the sandbox image $PAUSE_IMAGE is not among the images in ${GCR_TESTBED_IMAGES:-(GCR_TESTBED_IMAGES unset)}"
+	log "imported $n image archive(s)"
+}
+
+node_kubelet() {
+	local port hport
+	port=$(free_port)
+	hport=$(free_port "$port")
+	kubeconfig "$STATE/kubelet.kubeconfig" "$API_URL" node
+	# cgroupfs: no systemd on these machines. failCgroupV1 false: they have a cgroup v1
+	# hierarchy, which kubelet 1.37 still runs on but refuses by default.
+	cat >"$STATE/kubelet.yaml" <<-EOF
+	apiVersion: kubelet.config.k8s.io/v1beta1
+	kind: KubeletConfiguration
+	containerRuntimeEndpoint: unix://$STATE/containerd/containerd.sock
+	cgroupDriver: cgroupfs
+	failCgroupV1: false
+	failSwapOn: false
+	address: $NODE_IP
+	port: $port
+	readOnlyPort: 0
+	healthzBindAddress: 127.0.0.1
+	healthzPort: $hport
+	tlsCertFile: $STATE/pki/kubelet.crt
+	tlsPrivateKeyFile: $STATE/pki/kubelet.key
+	authentication:
+	  anonymous: {enabled: false}
+	  webhook: {enabled: true}
+	  x509: {clientCAFile: $STATE/pki/ca.crt}
+	authorization: {mode: Webhook}
+	resolvConf: /etc/resolv.conf
+	# A CI disk may be fuller than a node's: no eviction or image GC unless it is full.
+	evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+	imageGCHighThresholdPercent: 100
+	imageGCLowThresholdPercent: 99
+	serializeImagePulls: false
+	maxPods: 40
+	EOF
+	echo "$port" >"$STATE/kubelet.port"
+	log "starting kubelet (node $NODE_NAME, $KUBELET_ROOT, https://$NODE_IP:$port)"
+	# The label GPU feature discovery puts on a GPU node: the chart's default nodeSelector.
+	start_proc kubelet "$STATE/kubelet.log" "$BIN/kubelet" \
+		--config="$STATE/kubelet.yaml" \
+		--kubeconfig="$STATE/kubelet.kubeconfig" \
+		--hostname-override="$NODE_NAME" \
+		--node-ip="$NODE_IP" \
+		--node-labels=nvidia.com/gpu.present=true \
+		--root-dir="$KUBELET_ROOT" \
+		--v=2
+}
+
+node_controllers() {
+	local p1 p2 p3 p4
+	p1=$(free_port); p2=$(free_port "$p1"); p3=$(free_port "$p1" "$p2"); p4=$(free_port "$p1" "$p2" "$p3")
+	kubeconfig "$STATE/controller-manager.kubeconfig" "$API_URL" controller-manager
+	kubeconfig "$STATE/scheduler.kubeconfig" "$API_URL" scheduler
+	kubeconfig "$STATE/kube-proxy.kubeconfig" "$API_URL" kube-proxy
+	log "starting kube-controller-manager, kube-scheduler"
+	start_proc controller-manager "$STATE/controller-manager.log" "$BIN/kube-controller-manager" \
+		--kubeconfig="$STATE/controller-manager.kubeconfig" \
+		--authentication-kubeconfig="$STATE/controller-manager.kubeconfig" \
+		--authorization-kubeconfig="$STATE/controller-manager.kubeconfig" \
+		--bind-address=127.0.0.1 --secure-port="$p1" \
+		--leader-elect=false \
+		--use-service-account-credentials=true \
+		--service-account-private-key-file="$STATE/pki/sa.key" \
+		--root-ca-file="$STATE/pki/ca.crt" \
+		--cluster-signing-cert-file="$STATE/pki/ca.crt" \
+		--cluster-signing-key-file="$STATE/pki/ca.key" \
+		--service-cluster-ip-range="$NODE_SERVICE_CIDR" \
+		--allocate-node-cidrs=false \
+		--controllers='*'
+	start_proc scheduler "$STATE/scheduler.log" "$BIN/kube-scheduler" \
+		--kubeconfig="$STATE/scheduler.kubeconfig" \
+		--authentication-kubeconfig="$STATE/scheduler.kubeconfig" \
+		--authorization-kubeconfig="$STATE/scheduler.kubeconfig" \
+		--bind-address=127.0.0.1 --secure-port="$p2" \
+		--leader-elect=false
+	# conntrack maxPerCore 0: leave the host's conntrack sysctls as they are.
+	cat >"$STATE/kube-proxy.yaml" <<-EOF
+	apiVersion: kubeproxy.config.k8s.io/v1alpha1
+	kind: KubeProxyConfiguration
+	clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
+	mode: iptables
+	clusterCIDR: $NODE_POD_CIDR
+	hostnameOverride: $NODE_NAME
+	bindAddress: $NODE_IP
+	healthzBindAddress: 127.0.0.1:$p3
+	metricsBindAddress: 127.0.0.1:$p4
+	conntrack: {maxPerCore: 0, min: 0}
+	nodePortAddresses: ["$NODE_IP/32"]
+	EOF
+	log "starting kube-proxy (iptables)"
+	start_proc kube-proxy "$STATE/kube-proxy.log" "$BIN/kube-proxy" --config="$STATE/kube-proxy.yaml"
+}
+
+kubectl_bed() { "$BIN/kubectl" --kubeconfig="$STATE/kubeconfig" "$@"; }
+
+node_ready() {
+	[[ $(kubectl_bed get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]] &&
+		kubectl_bed get serviceaccount default -n default &&
+		kubectl_bed get configmap kube-root-ca.crt -n default &&
+		[[ -n $(kubectl_bed get endpointslices -n default -l kubernetes.io/service-name=kubernetes -o jsonpath='{.items[0].endpoints[0].addresses[0]}') ]]
+}
+
+cmd_up_node() {
+	need openssl curl setsid ip iptables containerd ctr runc python3
+	[[ $(id -u) == 0 ]] || die "up-node needs root (containerd, kubelet, network)"
+	local t0=$SECONDS
+	PAUSE_IMAGE=${GCR_TESTBED_PAUSE_IMAGE:-gcr-test.invalid/pause:1}
+	BIN=$(cmd_build)
+	[[ -e $KUBELET_ROOT/.gcr-testbed ]] && die "$KUBELET_ROOT belongs to another test bed; run down first"
+	new_state
+	touch "$STATE/.gcr-testbed-node"
+	trap 'rc=$?; if ((rc != 0)); then log "up-node failed; tearing down"; GCR_TESTBED_KEEP=1 stop_all "$STATE"; fi' EXIT
+	gen_certs "$STATE/pki" "IP:$NODE_IP,IP:$NODE_SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+	node_certs
+	node_network
+	start_control_plane node
+	node_containerd
+	mkdir -p "$KUBELET_ROOT"
+	touch "$KUBELET_ROOT/.gcr-testbed"
+	node_controllers
+	node_kubelet
+	wait_for "node $NODE_NAME Ready, default ServiceAccount, kubernetes endpoints" kubelet node_ready
+	# What the GPU operator creates on a GPU cluster; served by the stand-in runtime above.
+	kubectl_bed apply -f - >/dev/null <<-EOF
+	apiVersion: node.k8s.io/v1
+	kind: RuntimeClass
+	metadata: {name: nvidia}
+	handler: nvidia
+	EOF
+	write_env node
+	trap - EXIT
+	log "node $NODE_NAME ready in $((SECONDS - t0)) s: $API_URL (kubelet $(cat "$STATE/kubelet.port"))"
+	log "KUBECONFIG=$STATE/kubeconfig; stop with: $0 down $STATE"
+	cat "$STATE/env"
+}
+
+# Kills what is left in the node's pod cgroups, unmounts what the kubelet and
+# containerd left, removes pod network namespaces, the bridge and the rules. Safe to
+# run twice and after a failed start.
+node_cleanup() {
+	local dir=$1 c m ns
+	for c in /sys/fs/cgroup/*/kubepods; do
+		[[ -d $c ]] || continue
+		find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+	done
+	# Mounts under the kubelet's root and the state dir, deepest first.
+	for m in $(awk -v a="$KUBELET_ROOT/" -v b="$dir/" '$2 ~ "^"a || $2 ~ "^"b {print $2}' /proc/self/mounts | sort -r); do
+		umount -l "$m" 2>/dev/null || true
+	done
+	for c in /sys/fs/cgroup/*/kubepods; do
+		[[ -d $c ]] || continue
+		find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+	done
+	for ns in /var/run/netns/cni-*; do
+		[[ -e $ns ]] || continue
+		umount "$ns" 2>/dev/null || true
+		rm -f "$ns"
+	done
+	if [[ -x ${BIN:-}/kube-proxy ]]; then
+		"$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+	fi
+	while iptables -w -D FORWARD -i "$NODE_BRIDGE" ! -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed 2>/dev/null; do :; done
+	while iptables -w -D FORWARD ! -i "$NODE_BRIDGE" -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed 2>/dev/null; do :; done
+	ip route del blackhole "$NODE_SERVICE_CIDR" 2>/dev/null || true
+	ip link del "$NODE_BRIDGE" 2>/dev/null || true
+	[[ -e $KUBELET_ROOT/.gcr-testbed ]] && rm -rf "$KUBELET_ROOT"
+	rm -rf /var/log/pods /var/log/containers
+}
+
+# Containers first, through containerd while it runs (their shims unmount and
+# clean up), so little is left for node_cleanup.
+node_stop() {
+	local dir=$1 sock=$1/containerd/containerd.sock ids
+	[[ -n ${BIN:-} ]] || BIN=$(sed -n "s/^export GCR_TESTBED_BIN='\(.*\)'$/\1/p" "$dir/env" 2>/dev/null)
+	stop_one "$dir" kubelet
+	if [[ -S $sock ]]; then
+		ids=$(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null || true)
+		for c in $ids; do ctr --address "$sock" -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true; done
+		for c in $ids; do timeout 10 ctr --address "$sock" -n k8s.io tasks delete -f "$c" >/dev/null 2>&1 || true; done
+	fi
+	stop_one "$dir" kube-proxy
+	stop_one "$dir" scheduler
+	stop_one "$dir" controller-manager
+	stop_one "$dir" containerd
+	pkill -KILL -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null || true
+	node_cleanup "$dir"
 }
 
 stop_one() { # dir name
@@ -376,6 +735,7 @@ stop_one() { # dir name
 stop_all() { # dir
 	local dir=$1
 	[[ -d $dir ]] || return 0
+	[[ -f $dir/.gcr-testbed-node ]] && node_stop "$dir"
 	stop_one "$dir" apiserver
 	stop_one "$dir" etcd
 	if [[ ${GCR_TESTBED_KEEP:-0} == 1 ]]; then
@@ -410,29 +770,48 @@ cmd_down() {
 
 # Stops and starts kube-apiserver with the same arguments (same port, same
 # certificates, same etcd): clients see their connections drop and come back.
-cmd_restart_apiserver() {
-	local dir api_args
+# restart NAME READINESS-CMD...: stops NAME and starts it again with the same command
+# line (same port, certificates and data): clients see their connections drop and
+# come back.
+restart_one() {
+	local name=$1 args
+	shift
+	mapfile -d '' args <"$STATE/$name.args"
+	stop_one "$STATE" "$name"
+	log "restarting $name"
+	start_proc "$name" "$STATE/$name.log.restart" "${args[@]}"
+	wait_for "$name ready" "$name" "$@"
+	log "$name back"
+}
+
+bed_dir() {
+	local dir
 	dir=$(state_arg "${1:-}")
 	[[ -n $dir && -f $dir/.gcr-testbed && -f $dir/apiserver.args ]] || die "no test bed to restart"
 	STATE=$dir
-	mapfile -d '' api_args <"$STATE/apiserver.args"
-	stop_one "$STATE" apiserver
-	log "restarting kube-apiserver"
-	start_proc apiserver "$STATE/apiserver.log.restart" "${api_args[@]}"
-	local port
-	port=$(sed -n 's/^--secure-port=//p' < <(tr '\0' '\n' <"$STATE/apiserver.args"))
-	wait_for "kube-apiserver /readyz" apiserver \
-		curl -fsS --max-time 5 --cacert "$STATE/pki/ca.crt" \
-		--cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" \
-		"https://127.0.0.1:$port/readyz"
-	log "kube-apiserver back on https://127.0.0.1:$port"
+}
+
+api_url() { sed -n 's/^ *server: //p' "$STATE/kubeconfig" | head -n 1; }
+
+cmd_restart_apiserver() {
+	bed_dir "${1:-}"
+	restart_one apiserver curl -fsS --max-time 5 --cacert "$STATE/pki/ca.crt" \
+		--cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" "$(api_url)/readyz"
+}
+
+cmd_restart_etcd() {
+	bed_dir "${1:-}"
+	local url
+	url=$(tr '\0' '\n' <"$STATE/etcd.args" | sed -n 's/^--advertise-client-urls=//p')
+	restart_one etcd curl -fsS --max-time 2 "$url/health"
 }
 
 cmd_status() {
-	local dir up=0 n
+	local dir up=0 want=(etcd apiserver) n
 	dir=$(state_arg "${1:-}")
 	[[ -n $dir && -f $dir/.gcr-testbed ]] || { log "down"; return 1; }
-	for n in etcd apiserver; do
+	[[ -f $dir/.gcr-testbed-node ]] && want+=(containerd controller-manager scheduler kube-proxy kubelet)
+	for n in "${want[@]}"; do
 		if ours "$(cat "$dir/$n.pid" 2>/dev/null || true)" "$dir"; then
 			log "$n running"
 			up=$((up + 1))
@@ -440,16 +819,18 @@ cmd_status() {
 			log "$n not running"
 		fi
 	done
-	((up == 2)) && cat "$dir/env"
-	((up == 2))
+	((up == ${#want[@]})) && cat "$dir/env"
+	((up == ${#want[@]}))
 }
 
 case ${1:-} in
 build) cmd_build ;;
 up) cmd_up ;;
+up-node) cmd_up_node ;;
 down) cmd_down "${2:-}" ;;
 status) cmd_status "${2:-}" ;;
 restart-apiserver) cmd_restart_apiserver "${2:-}" ;;
+restart-etcd) cmd_restart_etcd "${2:-}" ;;
 *)
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
 	exit 2

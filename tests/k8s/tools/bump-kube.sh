@@ -15,8 +15,9 @@ gomod=$(cd /tmp && go mod download -json "k8s.io/kubernetes@$ver" | sed -n 's/^\
 [[ -r $gomod ]] || { echo "error: cannot fetch k8s.io/kubernetes@$ver" >&2; exit 1; }
 mods=$(grep -E '^\s+k8s\.io/\S+ => \./staging/' "$gomod" | awk '{print $1}')
 {
-	echo "// Test tooling only (not part of the product): builds kube-apiserver and kubectl"
-	echo "// for the GCR test bed. k8s.io/kubernetes replaces its staging modules with local"
+	echo "// Test tooling only (not part of the product): builds kube-apiserver, kubectl"
+	echo "// and the node's parts (kubelet, scheduler, controller manager, kube-proxy) for the"
+	echo "// GCR test bed. k8s.io/kubernetes replaces its staging modules with local"
 	echo "// paths, so every staging module is pinned here to the matching v0 version."
 	echo "// Regenerate with tests/k8s/tools/bump-kube.sh."
 	echo "module gcr.test/k8s/tools/kube"
@@ -26,6 +27,7 @@ mods=$(grep -E '^\s+k8s\.io/\S+ => \./staging/' "$gomod" | awk '{print $1}')
 	echo "tool ("
 	echo "	k8s.io/kubernetes/cmd/kube-apiserver"
 	echo "	k8s.io/kubernetes/cmd/kubectl"
+	for c in kubelet kube-controller-manager kube-scheduler kube-proxy; do echo "	k8s.io/kubernetes/cmd/$c"; done
 	echo ")"
 	echo
 	echo "require k8s.io/kubernetes $ver"
