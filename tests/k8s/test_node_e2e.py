@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""GCR on a real node, used as a user would: the real-node tier (k8s-node).
+
+    python3 tests/k8s/test_node_e2e.py [BUILD_DIR]
+
+Starts a single-node cluster (tests/k8s/testbed.sh up-node: etcd, kube-apiserver, the
+controller manager and scheduler, containerd and runc, a real kubelet, kube-proxy, a
+bridge network), imports the images built without Docker (tests/k8s/images/build.sh:
+the sandbox image, GCR's image by the Dockerfile's recipe, a workload image holding the
+test program), `helm install`s the chart with its default values (only the image set),
+and then drives everything through kubectl alone: workload pods run as non-root users,
+ask for gpucr.dev/shim and get the shim from the device plugin; the GPU driver is the
+stand-in (tests/fakecuda), injected by the "nvidia" runtime class as NVIDIA's runtime
+injects the real one. Each case has pods of its own, so one failure does not cascade.
+Ends with "N passed, N failed". GCR_E2E_KEEP=1 keeps the state directory.
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(TOP, "build"))
+TESTBED = os.path.join(HERE, "testbed.sh")
+CHART = os.path.join(TOP, "helm", "gcr")
+RELEASE, SYSTEM_NS = "gcr", "gcr-system"
+IMAGE_REPO, IMAGE_TAG = "gcr-test.invalid/gcr", "dev"
+WORKLOAD_IMAGE = "gcr-test.invalid/workload:dev"
+KERNELS = "/opt/gcr-test/gcr_kernels.h"  # any file: the stand-in driver loads no code
+ENV = dict(os.environ)
+RESULTS = []
+
+
+def log(msg):
+    print(f"node-e2e: {msg}", flush=True)
+
+
+def run(argv, check=True, timeout=120, input=None):
+    p = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=timeout, input=input)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{shlex.join(argv)} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
+    return p
+
+
+def kubectl(*args, check=True, timeout=120, input=None):
+    return run([os.path.join(ENV["GCR_TESTBED_BIN"], "kubectl")] + list(args), check, timeout, input)
+
+
+def kjson(*args):
+    return json.loads(kubectl(*args, "-o", "json").stdout)
+
+
+def apply(obj):
+    kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+
+def wait_until(what, fn, timeout=90, interval=0.5):
+    """Polls fn (bounded) until it returns a true value, which it returns."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            v = fn()
+            if v:
+                return v
+        except (AssertionError, subprocess.SubprocessError, KeyError, IndexError, ValueError) as e:
+            last = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f" (last: {last})" if last else ""))
+        time.sleep(interval)
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+# ---- workload pods ----
+
+def workload_pod(ns, name, uid, labels=None, gate=False):
+    """A non-root pod running gcr-testprog under the injected shim on the stand-in driver.
+    Its stdin is /tmp/ctl (tail -f), so `ctl(ns, name, "go")` steers it; its stdout is the log."""
+    script = ("touch /tmp/ctl && tail -f /tmp/ctl | "
+              f"gcr-testprog --module {KERNELS} --mib 48 --buffers 3 --threads 2 --iters 20 --wait")
+    spec = {
+        "runtimeClassName": "nvidia",
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True},
+        "containers": [{
+            "name": "main", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", script],
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    {"name": "FAKECUDA_MEM_MIB", "value": "1024"}],
+            "resources": {"limits": {"gpucr.dev/shim": "1"}},
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        }],
+    }
+    if gate:
+        spec["readinessGates"] = [{"conditionType": "gpucr.dev/resident"}]
+    apply({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": ns, "labels": labels or {"case": name}}, "spec": spec})
+    line = wait_until(f"pod {ns}/{name} READY line", lambda: next(
+        (l for l in kubectl("logs", "-n", ns, name, check=False).stdout.splitlines() if l.startswith("READY ")), None), 120)
+    fields = dict(kv.split("=", 1) for kv in line.split()[1:])
+    return int(fields["pid"]), int(fields["bytes"])
+
+
+def ctl(ns, pod, word):
+    kubectl("exec", "-n", ns, pod, "--", "sh", "-c", f"echo {word} >> /tmp/ctl")
+
+
+def smi(ns, pod, what, pid):
+    return kubectl("exec", "-n", ns, pod, "--", "fakesmi", what, str(pid)).stdout.strip()
+
+
+def finish(ns, pod):
+    """Runs the program's steps and its own bit-exact check; wants RESULT ok."""
+    ctl(ns, pod, "go")
+    wait_until(f"{pod} DONE", lambda: "DONE" in kubectl("logs", "-n", ns, pod).stdout.split("\n"), 60)
+    ctl(ns, pod, "check")
+    out = wait_until(f"{pod} RESULT", lambda: [l for l in kubectl("logs", "-n", ns, pod).stdout.splitlines()
+                                               if l.startswith("RESULT")], 60)
+    check(out == ["RESULT ok"], f"{pod}: the program's own check says {out}")
+
+
+def phase(kind, ns, name):
+    return kjson("get", kind, "-n", ns, name).get("status", {}).get("phase")
+
+
+def wait_phase(kind, ns, name, want=("Succeeded",), timeout=90):
+    return wait_until(f"{kind} {ns}/{name} in {want}", lambda: phase(kind, ns, name) if phase(kind, ns, name) in want else None,
+                      timeout)
+
+
+def events_for(ns, name):
+    items = kjson("get", "events.events.k8s.io", "-n", ns)["items"]
+    return [e for e in items if e.get("regarding", {}).get("name") == name]
+
+
+def namespace(ns):
+    apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+
+def agent_pod():
+    """The node agents' pods (the DaemonSet's, by its selector)."""
+    sel = kjson("get", "daemonsets", "-n", SYSTEM_NS)["items"][0]["spec"]["selector"]["matchLabels"]
+    return kjson("get", "pods", "-n", SYSTEM_NS, "-l", ",".join(f"{k}={v}" for k, v in sel.items()))["items"]
+
+
+def agent_ready():
+    pods = [p for p in agent_pod() if not p["metadata"].get("deletionTimestamp")]
+    if len(pods) != 1:
+        return None
+    conds = {c["type"]: c["status"] for c in pods[0].get("status", {}).get("conditions", [])}
+    return pods[0] if conds.get("Ready") == "True" else None
+
+
+# ---- cases ----
+
+def case_chart_defaults():
+    """helm install with the chart's defaults (only the image set): a Ready DaemonSet, the
+    plugin registered with the kubelet, the node advertising gpucr.dev/shim."""
+    helm = os.path.join(ENV["GCR_TESTBED_BIN"], "helm")
+    run([helm, "install", RELEASE, CHART, "-n", SYSTEM_NS, "--create-namespace",
+         "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={IMAGE_TAG}",
+         "--wait", "--timeout", "180s"], timeout=200)
+    ds = [d for d in kjson("get", "daemonsets", "-n", SYSTEM_NS)["items"]]
+    check(len(ds) == 1, f"one DaemonSet expected, got {[d['metadata']['name'] for d in ds]}")
+    st = ds[0]["status"]
+    check(st.get("numberReady") == 1 == st.get("desiredNumberScheduled"), f"DaemonSet not ready: {st}")
+    node = ENV["GCR_TESTBED_NODE"]
+    alloc = wait_until("gpucr.dev/shim on the node", lambda: kjson("get", "node", node)["status"]
+                       .get("allocatable", {}).get("gpucr.dev/shim"), 60)
+    check(int(alloc) > 0, f"node advertises gpucr.dev/shim={alloc}")
+    log(f"chart installed with defaults: DaemonSet ready, node allocatable gpucr.dev/shim={alloc}")
+
+
+def case_injection_and_checkpoint_restore():
+    """A non-root pod gets LD_PRELOAD, its socket dir and the shim's mounts; a Checkpoint
+    takes its stand-in GPU memory to 0 with Events; a Restore brings it back bit-exact."""
+    ns = "team-a"
+    namespace(ns)
+    pid, nbytes = workload_pod(ns, "cr", 1000)
+    env = kubectl("exec", "-n", ns, "cr", "--", "env").stdout
+    check("LD_PRELOAD=/opt/gcr/lib/libgcr.so" in env, f"no LD_PRELOAD from Allocate in the pod's env: {env}")
+    check("GCR_AGENT_SOCKET=" in env and "GCR_SOCKET_DIR=" in env, "no GCR_AGENT_SOCKET / GCR_SOCKET_DIR")
+    maps = kubectl("exec", "-n", ns, "cr", "--", "cat", f"/proc/{pid}/maps").stdout
+    check("libgcr.so" in maps, "the shim is not loaded in the program")
+    check(kubectl("exec", "-n", ns, "cr", "--", "id", "-u").stdout.strip() == "1000", "the pod does not run as uid 1000")
+    check(int(smi(ns, "cr", "mem", pid)) >= nbytes, "the program holds less stand-in GPU memory than it allocated")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "cr", "namespace": ns},
+           "spec": {"podName": "cr"}})
+    wait_phase("checkpoint", ns, "cr")
+    check(smi(ns, "cr", "mem", pid) == "0", "the stand-in GPU still holds memory of the suspended program")
+    check(smi(ns, "cr", "state", pid) == "checkpointed", "the driver state is not checkpointed")
+    check(events_for(ns, "cr"), "no Event recorded for the Checkpoint")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "cr", "namespace": ns},
+           "spec": {"checkpointName": "cr"}})
+    wait_phase("restore", ns, "cr")
+    check(smi(ns, "cr", "state", pid) == "running", "the driver state is not running after the Restore")
+    check(int(smi(ns, "cr", "mem", pid)) >= nbytes, "the memory did not come back")
+    finish(ns, "cr")
+
+
+def case_residency_scale():
+    """A GPUResidency: kubectl scale --replicas=0 and back; the readiness gate follows."""
+    ns = "team-r"
+    namespace(ns)
+    pid, nbytes = workload_pod(ns, "llm", 1001, labels={"app": "llm"}, gate=True)
+
+    def cond(pod, t):
+        return {c["type"]: c["status"] for c in kjson("get", "pod", "-n", ns, pod)["status"].get("conditions", [])}.get(t)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "GPUResidency", "metadata": {"name": "llm", "namespace": ns},
+           "spec": {"selector": {"matchLabels": {"app": "llm"}}, "replicas": 1}})
+    wait_until("pod resident and Ready", lambda: cond("llm", "gpucr.dev/resident") == "True" and cond("llm", "Ready") == "True", 90)
+    kubectl("scale", "-n", ns, "gpuresidency/llm", "--replicas=0")
+    wait_until("pod suspended, not Ready", lambda: cond("llm", "gpucr.dev/resident") == "False" and cond("llm", "Ready") == "False", 90)
+    wait_until("GPU memory 0", lambda: smi(ns, "llm", "mem", pid) == "0", 60)
+    kubectl("scale", "-n", ns, "gpuresidency/llm", "--replicas=1")
+    wait_until("pod resident and Ready again", lambda: cond("llm", "gpucr.dev/resident") == "True" and cond("llm", "Ready") == "True", 90)
+    check(int(smi(ns, "llm", "mem", pid)) >= nbytes, "the memory did not come back")
+    kubectl("delete", "-n", ns, "gpuresidency/llm", "--wait=true", timeout=120)
+    finish(ns, "llm")
+
+
+def case_agent_deleted_mid_operation():
+    """The agent pod deleted while a Checkpoint runs: the DaemonSet restarts it, the
+    Checkpoint ends Succeeded or Failed, and the workload keeps running or is resumable."""
+    helm = os.path.join(ENV["GCR_TESTBED_BIN"], "helm")
+    base = ["--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={IMAGE_TAG}"]
+    # The test hook pauses each Checkpoint after its suspend, so the deletion lands there.
+    run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS] + base +
+        ["--set", "agent.extraEnv[0].name=GCR_AGENT_TEST_PAUSE", "--set", "agent.extraEnv[0].value=after-cr",
+         "--set", "agent.extraEnv[1].name=GCR_AGENT_TEST_PAUSE_S", "--set-string", "agent.extraEnv[1].value=60",
+         "--wait", "--timeout", "180s"], timeout=200)
+    old = wait_until("the paused agent Ready", agent_ready, 120)
+    ns = "team-k"
+    namespace(ns)
+    pid, nbytes = workload_pod(ns, "kill", 1002)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "kill", "namespace": ns},
+           "spec": {"podName": "kill"}})
+    wait_until("the suspend done, agent paused", lambda: smi(ns, "kill", "state", pid) == "checkpointed", 60)
+    check(phase("checkpoint", ns, "kill") not in ("Succeeded", "Failed"), "the Checkpoint ended before the agent was deleted")
+    kubectl("delete", "pod", "-n", SYSTEM_NS, old["metadata"]["name"], "--wait=false")
+    # Back to the defaults: the restarted agents must not pause again.
+    run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS, "--reset-values"] + base +
+        ["--wait", "--timeout", "180s"], timeout=200)
+    new = wait_until("a new agent Ready", lambda: (p := agent_ready()) and p["metadata"]["uid"] != old["metadata"]["uid"] and p, 120)
+    final = wait_phase("checkpoint", ns, "kill", ("Succeeded", "Failed"), 120)
+    log(f"agent {old['metadata']['name']} deleted mid-Checkpoint; {new['metadata']['name']} took over; Checkpoint {final}")
+    if final == "Succeeded":
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "kill", "namespace": ns},
+               "spec": {"checkpointName": "kill"}})
+        wait_phase("restore", ns, "kill")
+    check(smi(ns, "kill", "state", pid) == "running", "the workload is not running after the agent restart")
+    finish(ns, "kill")
+
+
+def case_pod_deleted_while_suspended():
+    """The workload pod deleted while suspended: it goes away; its Restore fails cleanly
+    with a reason and an Event; the agent keeps running."""
+    ns = "team-d"
+    namespace(ns)
+    before = agent_ready()
+    restarts = before["status"]["containerStatuses"][0]["restartCount"]
+    workload_pod(ns, "gone", 1003)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "gone", "namespace": ns},
+           "spec": {"podName": "gone"}})
+    wait_phase("checkpoint", ns, "gone")
+    kubectl("delete", "pod", "-n", ns, "gone", "--wait=true", timeout=90)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "gone", "namespace": ns},
+           "spec": {"checkpointName": "gone"}})
+    wait_phase("restore", ns, "gone", ("Failed",))
+    st = kjson("get", "restore", "-n", ns, "gone")["status"]
+    check(st.get("message") or st.get("conditions"), f"the failed Restore says nothing: {st}")
+    check(any(e.get("type") == "Warning" for e in events_for(ns, "gone")), "no Warning Event for the failed Restore")
+    after = agent_ready()
+    check(after and after["metadata"]["uid"] == before["metadata"]["uid"] and
+          after["status"]["containerStatuses"][0]["restartCount"] == restarts, "the agent restarted")
+
+
+def case_tenant_isolation():
+    """A second workload in another namespace, as another uid, cannot reach the first
+    one's control socket: it sees only its own socket directory and its own processes."""
+    a_ns, b_ns = "tenant-a", "tenant-b"
+    namespace(a_ns)
+    namespace(b_ns)
+    a_pid, _ = workload_pod(a_ns, "a", 1004)
+    b_pid, _ = workload_pod(b_ns, "b", 2000)
+    sock_dir = next(l.split("=", 1)[1] for l in kubectl("exec", "-n", a_ns, "a", "--", "env").stdout.splitlines()
+                    if l.startswith("GCR_SOCKET_DIR="))
+
+    def mount_root(ns, pod):
+        """The host directory behind the pod's socket dir (mountinfo's root field)."""
+        for line in kubectl("exec", "-n", ns, pod, "--", "cat", "/proc/self/mountinfo").stdout.splitlines():
+            f = line.split()
+            if f[4] == sock_dir:
+                return f[3]
+        raise AssertionError(f"{ns}/{pod}: {sock_dir} is not a mount")
+    ra, rb = mount_root(a_ns, "a"), mount_root(b_ns, "b")
+    check(ra != rb, f"both pods' socket dirs are the same host directory {ra}")
+    # Neither sees the root of all allocations, nor the other's processes.
+    alloc_root = os.path.dirname(rb.rstrip("/"))
+    for ns, pod in ((a_ns, "a"), (b_ns, "b")):
+        mounts = kubectl("exec", "-n", ns, pod, "--", "cat", "/proc/self/mountinfo").stdout.split("\n")
+        check(not any(l.split()[3] == alloc_root for l in mounts if l), f"{pod} has the allocation root mounted")
+    procs = kubectl("exec", "-n", b_ns, "b", "--", "sh", "-c", "ls /proc | grep -c '^[0-9]'").stdout.strip()
+    check(int(procs) < 10, f"b sees {procs} processes: not its own pid namespace?")
+    # b's view of its socket dir: its own shim answers there, as uid 2000; the socket is
+    # b's own process (peer credentials), never a's.
+    r = kubectl("exec", "-n", b_ns, "b", "--", "gcrctl", "--socket-dir", sock_dir, "status", str(b_pid), check=False)
+    check(r.returncode == 0, f"b's own shim does not answer in its socket dir: {r.stderr}")
+    finish(a_ns, "a")
+    finish(b_ns, "b")
+
+
+CASES = [case_chart_defaults, case_injection_and_checkpoint_restore, case_residency_scale,
+         case_tenant_isolation, case_pod_deleted_while_suspended, case_agent_deleted_mid_operation]
+
+
+def dump_logs():
+    for cmd in (["get", "pods", "-A", "-o", "wide"], ["get", "events", "-A", "--sort-by=.lastTimestamp"]):
+        print(kubectl(*cmd, check=False).stdout[-6000:])
+    for p in agent_pod():
+        for c in ("agent", "install-shim"):
+            print(f"--- {p['metadata']['name']} {c}")
+            print(kubectl("logs", "-n", SYSTEM_NS, p["metadata"]["name"], "-c", c, "--tail=80", check=False).stdout)
+    for p in kjson("get", "pods", "-n", SYSTEM_NS)["items"]:
+        if "scaler" in p["metadata"]["name"]:
+            print(f"--- {p['metadata']['name']}")
+            print(kubectl("logs", "-n", SYSTEM_NS, p["metadata"]["name"], "--tail=60", check=False).stdout)
+    print("--- kubelet log (tail)")
+    print(run(["tail", "-n", "60", os.path.join(ENV["GCR_TESTBED_DIR"], "kubelet.log")], check=False).stdout)
+
+
+def main():
+    t0 = time.monotonic()
+    img_dir = tempfile.mkdtemp(prefix="gcr-node-images.")
+    log("building images")
+    r = run([os.path.join(HERE, "images", "build.sh"), BUILD, img_dir], check=False, timeout=1800)
+    if r.returncode != 0:
+        print(r.stdout[-4000:], r.stderr[-4000:])
+        print("0 passed, 1 failed")
+        return 1
+    log(f"images ready in {time.monotonic() - t0:.0f} s: {', '.join(sorted(os.listdir(img_dir)))}")
+    ENV["GCR_TESTBED_IMAGES"] = img_dir
+    ENV["GCR_TESTBED_DRIVER_DIR"] = os.path.join(BUILD, "tests", "fakecuda")
+    t1 = time.monotonic()
+    r = run(["bash", TESTBED, "up-node"], check=False, timeout=900)
+    sys.stderr.write(r.stderr[-3000:])
+    if r.returncode != 0:
+        print("0 passed, 1 failed")
+        return 1
+    for line in r.stdout.splitlines():
+        if line.startswith("export "):
+            k, v = line[len("export "):].split("=", 1)
+            ENV[k] = v.strip("'")
+    log(f"cluster up in {time.monotonic() - t1:.0f} s (node {ENV['GCR_TESTBED_NODE']})")
+    failed = 0
+    try:
+        for case in CASES:
+            t = time.monotonic()
+            try:
+                case()
+                RESULTS.append((case.__name__, True))
+                log(f"PASS {case.__name__} ({time.monotonic() - t:.1f} s)")
+            except Exception as e:  # one case's failure is reported, the next case runs
+                RESULTS.append((case.__name__, False))
+                failed += 1
+                log(f"FAIL {case.__name__} ({time.monotonic() - t:.1f} s): {e}")
+                traceback.print_exc()
+                if case is case_chart_defaults:
+                    break  # nothing else can run without the agent
+        if failed:
+            dump_logs()
+    finally:
+        down_env = dict(ENV)
+        if os.environ.get("GCR_E2E_KEEP") == "1":
+            down_env["GCR_TESTBED_KEEP"] = "1"
+        subprocess.run(["bash", TESTBED, "down", ENV["GCR_TESTBED_DIR"]], env=down_env, timeout=300)
+        subprocess.run(["rm", "-rf", img_dir])
+    passed = sum(1 for _, ok in RESULTS if ok)
+    not_run = len(CASES) - len(RESULTS)
+    log(f"total {time.monotonic() - t0:.0f} s")
+    print(f"{passed} passed, {failed + not_run} failed")
+    return 0 if failed + not_run == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
