@@ -40,8 +40,8 @@ static int left_ms(long long deadline)
 	return left < 0 ? 0 : (int)left;
 }
 
-/* Makes dir (mode dir_mode) if missing, its missing parents too when parents (mode 0755,
- * less the umask: nothing of ours lives there). An existing dir we own gets the search
+/* Makes dir (mode dir_mode) if missing, its missing parents too when parents (mode 0755:
+ * the way to a shared socket must be open). An existing dir we own gets the search
  * bits dir_mode asks for, so a shared socket is reachable; nothing else of it changes
  * (the device plugin's 01733 socket dirs stay as they are). mkdir's mode passes through
  * the umask, hence the fchmod. */
