@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gcr/protocol.h"
+#include "gcr_procns.h"
 #include "gcr_sock.h"
 
 #define CONNECT_MS 2000
@@ -28,9 +30,11 @@ static int process_owner(pid_t pid, uid_t *uid)
 	return 0;
 }
 
-/* Connects to path (waiting up to connect_ms when its backlog is full); returns the fd
- * if the server's credentials show pid. */
-static int try_socket(const char *path, pid_t pid, uid_t owner, int connect_ms, struct gcr_err *err)
+/* Connects to path (waiting up to connect_ms when its backlog is full); returns the fd if
+ * the server's credentials show pid. A socket served by another process is -ESRCH with the
+ * server's pid in err; shown is the path as messages name it. */
+static int try_socket(const char *path, const char *shown, pid_t pid, uid_t owner, int connect_ms,
+		      struct gcr_err *err)
 {
 	int fd = gcr_sock_connect(path, connect_ms, err);
 	if (fd < 0)
@@ -38,14 +42,48 @@ static int try_socket(const char *path, pid_t pid, uid_t owner, int connect_ms, 
 	struct gcr_peer peer;
 	int rc = gcr_sock_peer(fd, &peer, err);
 	if (rc == 0 && peer.pid != pid)
-		rc = -ESRCH;
+		rc = gcr_err_set(err, -ESRCH, "the socket %s is served by pid %d, not by it", shown,
+				 (int)peer.pid);
 	if (rc == 0 && peer.uid != owner && peer.uid != 0)
 		rc = gcr_err_set(err, -EPERM, "socket %s is served by uid %d, not the owner of pid %d",
-				 path, (int)peer.uid, (int)pid);
+				 shown, (int)peer.uid, (int)pid);
 	if (rc < 0) {
 		close(fd);
 		return rc;
 	}
+	return fd;
+}
+
+/* The socket as the process itself names it: "<its GCR_SOCKET_DIR>/gcr-<its own pid>.sock"
+ * inside its own root. This is how the agent reaches a shim its device plugin injected: the
+ * container has its own PID and mount namespaces, so neither the name nor the directory is
+ * the host's. Read from /proc rather than taken from what the shim says when it registers:
+ * gcrctl on a host has no registry to ask, a registry line is the process's word (nothing in
+ * it is believed), and the path it would give is still in the container's mount namespace.
+ * Symlinks in the last component resolve in OUR root, and a container controls its own
+ * files, so a socket found here is trusted only through try_socket's peer credentials. */
+static int try_own_view(char *shown, size_t shown_len, pid_t pid, uid_t owner, int connect_ms,
+			struct gcr_err *err)
+{
+	char dir[256], path[64];
+	pid_t nspid;
+	int rc = gcr_procns_env(pid, GCR_SOCKET_DIR_ENV, dir, sizeof(dir), err);
+	/* The shim's own rule (shim_config.c): an unset or non-absolute value means the default. */
+	if (rc == -ENOENT || (rc == 0 && dir[0] != '/'))
+		snprintf(dir, sizeof(dir), "%s", GCR_DEFAULT_SOCKET_DIR);
+	else if (rc < 0)
+		return rc;
+	rc = gcr_procns_nspid(pid, &nspid, err);
+	if (rc < 0)
+		return rc;
+	int dfd = gcr_procns_open_dir(pid, dir, err);
+	if (dfd < 0)
+		return dfd;
+	/* Through the descriptor: "/proc/<pid>/root<dir>/..." may pass the 108 bytes of sun_path. */
+	snprintf(path, sizeof(path), "/proc/self/fd/%d/gcr-%d.sock", dfd, (int)nspid);
+	snprintf(shown, shown_len, "/proc/%d/root%.180s/gcr-%d.sock", (int)pid, dir, (int)nspid);
+	int fd = try_socket(path, shown, pid, owner, connect_ms, err);
+	close(dfd);
 	return fd;
 }
 
@@ -58,12 +96,23 @@ int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr
 	uid_t owner = 0;
 	if (pid <= 0 || process_owner(pid, &owner) < 0)
 		return gcr_err_set(err, -ESRCH, "no such process: %d", (int)pid);
-	struct gcr_err e2;
+	/* why: the last socket that answered for another process, named in the final error. */
+	struct gcr_err e2, why = { 0 };
 	if (snprintf(c->path, sizeof(c->path), "%.200s/gcr-%d.sock", dir, (int)pid) >= (int)sizeof(c->path))
 		return gcr_err_set(err, -ENAMETOOLONG, "socket directory path too long: %s", dir);
-	int fd = try_socket(c->path, pid, owner, CONNECT_MS, &e2);
+	/* 1: the host's view (a process on the host, or a container sharing our namespaces). */
+	int fd = try_socket(c->path, c->path, pid, owner, CONNECT_MS, &e2);
+	if (fd == -ESRCH)
+		why = e2;
+	/* 2: the process's own view (a container: its socket dir, its pid). */
+	if (fd < 0 && fd != -EPERM) {
+		fd = try_own_view(c->path, sizeof(c->path), pid, owner, CONNECT_MS, &e2);
+		if (fd == -ESRCH)
+			why = e2;
+	}
 	if (fd == -EPERM)
 		return gcr_err_set(err, -EPERM, "%s", e2.msg);
+	/* 3: every socket in dir (a shim whose sockets the host sees under another pid). */
 	if (fd < 0) {
 		DIR *d = opendir(dir);
 		struct dirent *de;
@@ -72,15 +121,18 @@ int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr
 				continue;
 			if (snprintf(c->path, sizeof(c->path), "%s/%.100s", dir, de->d_name) >= (int)sizeof(c->path))
 				continue;
-			fd = try_socket(c->path, pid, owner, CONNECT_MS, &e2);
+			fd = try_socket(c->path, c->path, pid, owner, CONNECT_MS, &e2);
 		}
 		if (d != NULL)
 			closedir(d);
 	}
+	if (fd < 0 && why.msg[0] != '\0')
+		return gcr_err_set(err, -ENOENT, "process %d is not a GCR process: %s", (int)pid, why.msg);
 	if (fd < 0)
 		return gcr_err_set(err, -ENOENT,
 				   "process %d is not a GCR process: no shim control socket answers for it in %s "
-				   "(was it started with LD_PRELOAD=libgcr.so and has it initialised CUDA?)",
+				   "or in its own socket dir (was it started with LD_PRELOAD=libgcr.so and has it "
+				   "initialised CUDA?)",
 				   (int)pid, dir);
 	c->fd = fd;
 	return 0;
@@ -209,7 +261,10 @@ int gcr_client_call_all(const char *dir, const pid_t *pids, size_t n, enum gcr_o
 		}
 		if (snprintf(path, sizeof(path), "%.200s/gcr-%d.sock", dir, (int)pids[i]) >= (int)sizeof(path))
 			continue;
-		int fd = try_socket(path, pids[i], owner[i], 0, &e2);
+		int fd = try_socket(path, path, pids[i], owner[i], 0, &e2);
+		/* A shim in a container: its own socket dir and pid (see try_own_view). */
+		if (fd < 0 && fd != -EPERM && fd != -ETIMEDOUT)
+			fd = try_own_view(path, sizeof(path), pids[i], owner[i], 0, &e2);
 		if (fd >= 0) {
 			fds[i] = fd;
 		} else {

@@ -16,10 +16,11 @@ struct gcr_client {
 	char path[256];
 };
 
-/* Connects to the shim of pid: first "<dir>/gcr-<pid>.sock", else every socket in
- * dir, keeping the one whose peer credentials carry pid (a container's shim names
- * its socket with its own namespace's pid). -ESRCH: no such process; -ENOENT: no
- * shim answers for it. The peer must run as root or as the process's owner. */
+/* Connects to the shim of pid: first "<dir>/gcr-<pid>.sock"; then the socket as the
+ * process names it in its own namespaces ("/proc/<pid>/root<its GCR_SOCKET_DIR>/gcr-<its
+ * own pid>.sock": a container); else every socket in dir. A socket counts only when its
+ * peer credentials carry pid and run as root or the process's owner. -ESRCH: no such
+ * process; -EPERM: its socket is served by another user; -ENOENT: no shim answers for it. */
 int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr_err *err);
 void gcr_client_close(struct gcr_client *c);
 

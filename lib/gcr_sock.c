@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -39,7 +40,50 @@ static int left_ms(long long deadline)
 	return left < 0 ? 0 : (int)left;
 }
 
-int gcr_sock_listen(const char *path, struct gcr_err *err)
+/* Makes dir (mode dir_mode) if missing, its missing parents too when parents (mode 0755:
+ * the way to a shared socket must be open). An existing dir we own gets the search
+ * bits dir_mode asks for, so a shared socket is reachable; nothing else of it changes
+ * (the device plugin's 01733 socket dirs stay as they are). mkdir's mode passes through
+ * the umask, hence the fchmod. */
+static int make_dir(char *dir, mode_t dir_mode, bool parents, struct gcr_err *err)
+{
+	int created = mkdir(dir, dir_mode) == 0;
+	if (!created && errno == ENOENT && parents) {
+		char *slash = strrchr(dir, '/');
+		if (slash != NULL && slash != dir) {
+			*slash = '\0';
+			int rc = make_dir(dir, 0755, true, err);
+			*slash = '/';
+			if (rc < 0)
+				return rc;
+			created = mkdir(dir, dir_mode) == 0;
+		}
+	}
+	if (!created && errno != EEXIST)
+		return gcr_err_set(err, -errno, "cannot create %s: %s", dir, strerror(errno));
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		return gcr_err_set(err, -e, "cannot open %s: %s", dir, strerror(e));
+	}
+	mode_t want = created ? dir_mode : (st.st_mode & 07777) | (dir_mode & 0111);
+	int rc = 0;
+	if (st.st_uid == geteuid() && (st.st_mode & 07777) != want && fchmod(fd, want) < 0)
+		rc = gcr_err_set(err, -errno, "cannot chmod %s to %04o: %s", dir, (unsigned)want, strerror(errno));
+	close(fd);
+	return rc;
+}
+
+/* bind, chmod, then listen: the file's mode is final before anyone can connect (a socket
+ * that does not listen yet refuses every connection), without the umask, which is the
+ * whole process's (the shim's host application, the agent's other threads) and racy to
+ * change. fchmod on the socket's fd would not reach the file. The directory is ours (or
+ * sticky), so nobody swaps the name between bind and chmod. */
+static int listen_mode(const char *path, mode_t dir_mode, mode_t sock_mode, bool parents,
+		       struct gcr_err *err)
 {
 	struct sockaddr_un sa;
 	int rc = fill_addr(&sa, path, err);
@@ -50,24 +94,39 @@ int gcr_sock_listen(const char *path, struct gcr_err *err)
 	char *slash = strrchr(dir, '/');
 	if (slash != NULL && slash != dir) {
 		*slash = '\0';
-		if (mkdir(dir, 0700) < 0 && errno != EEXIST)
-			return gcr_err_set(err, -errno, "cannot create %s: %s", dir, strerror(errno));
+		rc = make_dir(dir, dir_mode, parents, err);
+		if (rc < 0)
+			return rc;
 	}
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return gcr_err_set(err, -errno, "socket: %s", strerror(errno));
 	unlink(path); /* a stale file from a dead process with our pid */
-	mode_t old = umask(0177);
-	int b = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	int e = errno;
-	umask(old);
-	if (b < 0 || listen(fd, 16) < 0) {
-		if (b == 0)
-			e = errno;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		rc = gcr_err_set(err, -errno, "cannot listen on %s: %s", path, strerror(errno));
+	} else if (chmod(path, sock_mode) < 0) {
+		rc = gcr_err_set(err, -errno, "cannot chmod %s to %04o: %s; nothing listens there", path,
+				 (unsigned)sock_mode, strerror(errno));
+		unlink(path);
+	} else if (listen(fd, 16) < 0) {
+		rc = gcr_err_set(err, -errno, "cannot listen on %s: %s", path, strerror(errno));
+		unlink(path);
+	}
+	if (rc < 0) {
 		close(fd);
-		return gcr_err_set(err, -e, "cannot listen on %s: %s", path, strerror(e));
+		return rc;
 	}
 	return fd;
+}
+
+int gcr_sock_listen(const char *path, struct gcr_err *err)
+{
+	return listen_mode(path, 0700, 0600, false, err);
+}
+
+int gcr_sock_listen_shared(const char *path, struct gcr_err *err)
+{
+	return listen_mode(path, 0711, 0666, true, err);
 }
 
 int gcr_sock_connect(const char *path, int timeout_ms, struct gcr_err *err)

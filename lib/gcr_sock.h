@@ -17,6 +17,10 @@ struct gcr_peer {
 /* Creates the directory (mode 0700 if new) and a listening socket at path,
  * replacing a stale socket file; the socket file gets mode 0600. */
 int gcr_sock_listen(const char *path, struct gcr_err *err);
+/* The same for a socket any local process may connect to, whose server trusts only the
+ * peer credentials (the agent's registry): directory and missing parents created, the
+ * directory searchable by all (0711, made so if it exists and is ours), the socket 0666. */
+int gcr_sock_listen_shared(const char *path, struct gcr_err *err);
 /* Connects with a timeout; returns the fd or a negative errno. */
 int gcr_sock_connect(const char *path, int timeout_ms, struct gcr_err *err);
 int gcr_sock_peer(int fd, struct gcr_peer *peer, struct gcr_err *err);

@@ -15,6 +15,7 @@ lib_libgcrcommon_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden $(JANSSON_CFLAGS)
 noinst_LTLIBRARIES += lib/libgcrcontrol.la
 lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_client.c lib/gcr_client.h \
+	lib/gcr_procns.c lib/gcr_procns.h \
 	lib/gcr_driver.c lib/gcr_driver.h \
 	lib/gcr_criu.c lib/gcr_criu.h \
 	lib/gcr_cr.c lib/gcr_cr.h \

@@ -158,8 +158,7 @@ static int check_path(const char *what, const char *p, struct gcr_err *err)
 	return 0;
 }
 
-/* Is path inside dir (or dir itself)? */
-static bool path_under(const char *path, const char *dir)
+bool agent_dp_path_under(const char *path, const char *dir)
 {
 	size_t n = strlen(dir);
 
@@ -302,7 +301,7 @@ struct agent_dp *agent_dp_new(const struct agent_dp_config *cfg, struct gcr_err 
 	    check_path("agent container dir", dp->agent_container_dir, err) < 0)
 		goto fail;
 	/* Every container sees the agent socket's directory: other pods' dirs must not be in it. */
-	if (path_under(dp->socket_root, dp->agent_host_dir)) {
+	if (agent_dp_path_under(dp->socket_root, dp->agent_host_dir)) {
 		gcr_err_set(err, -EINVAL,
 			    "device plugin: socket root %s lies in the agent socket's dir %s, which every pod sees",
 			    dp->socket_root, dp->agent_host_dir);

@@ -40,6 +40,9 @@ struct agent_dp_config {
 int agent_dp_env_check(const char *name, const char *value, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
+/* Is path inside dir, or dir itself (textually: both absolute, no "..")? */
+bool agent_dp_path_under(const char *path, const char *dir);
+
 struct agent_dp;
 
 /* Validates and copies cfg (socket_root must not lie in the agent socket's directory,

@@ -31,6 +31,12 @@
 /* Most operations one agent runs at once (agent_controller's bound). */
 #define MAX_PARALLEL_MAX 64
 
+/* Where the registry socket and the device plugin's per-container socket dirs go when not
+ * given, under socketDir: changing only --socket-dir moves them all. The registry gets a
+ * directory of its own because the device plugin mounts that directory into every opted-in pod. */
+#define REGISTRY_IN_SOCKET_DIR "/agent/agent.sock"
+#define SOCKET_ROOT_IN_SOCKET_DIR "/alloc"
+
 /* The lease namespace when neither leaseNamespace nor POD_NAMESPACE says otherwise. */
 #define LEASE_NS_DEFAULT "gcr-system"
 
@@ -66,8 +72,8 @@ static const struct opt_row opts_table[] = {
 	{ "context", "context", SLOT(context), NULL, "kubeconfig context (default: current-context)" },
 	{ "node-name", "nodeName", SLOT(node_name), NULL, "this node's name (default: $NODE_NAME)" },
 	{ "socket-dir", "socketDir", SLOT(socket_dir), GCR_DEFAULT_SOCKET_DIR, "directory of the shims' control sockets" },
-	{ "registry-socket", "registrySocket", SLOT(registry_socket), GCR_DEFAULT_SOCKET_DIR "/agent.sock",
-	  "Unix socket the shims register on" },
+	{ "registry-socket", "registrySocket", SLOT(registry_socket), NULL,
+	  "Unix socket the shims register on, in a directory of its own (default: <socket-dir>" REGISTRY_IN_SOCKET_DIR ")" },
 	{ "metrics-address", "metricsAddress", SLOT(metrics_address), "127.0.0.1:9464",
 	  "HOST:PORT of /metrics, /healthz, /readyz" },
 	{ "proc-root", "procRoot", SLOT(proc_root), "/proc", "where <pid>/cgroup files are read" },
@@ -358,8 +364,8 @@ static void usage(FILE *f)
 			opts_table[i].def ? "]" : "");
 	fprintf(f, "  --%-18s YAML file with the options above as keys (flags win), and a devicePlugin\n"
 		   "  %-20s section: enabled [false], resourceName, slots, kubeletDir, endpoint, shimHostDir,\n"
-		   "  %-20s shimContainerDir, socketRoot, socketContainerDir, agentContainerDir, cdiDevice, pollMs,\n"
-		   "  %-20s shimEnv (a map: extra environment for the shim)\n",
+		   "  %-20s shimContainerDir, socketRoot [<socket-dir>" SOCKET_ROOT_IN_SOCKET_DIR "], socketContainerDir,\n"
+		   "  %-20s agentContainerDir, cdiDevice, pollMs, shimEnv (a map: extra environment for the shim)\n",
 		"config", "", "", "");
 	fprintf(f, "Environment: NODE_NAME; POD_NAMESPACE; GCR_LOG_LEVEL; test hook\n"
 		   "GCR_AGENT_TEST_PAUSE=before-cr|after-cr|before-rs (pause GCR_AGENT_TEST_PAUSE_S seconds, default 60,\n"
@@ -392,6 +398,45 @@ static int seconds_opt(const char *name, const char *v, int max, int *out, struc
 		return gcr_err_set(err, -EINVAL, "--%s: '%s' is not an integer in 1..%d", name, v ? v : "", max);
 	if (out != NULL)
 		*out = (int)n;
+	return 0;
+}
+
+/* registrySocket and devicePlugin.socketRoot from socketDir when not given; then refuses a
+ * socketRoot inside the registry socket's directory (every opted-in pod would see the other
+ * pods' socket dirs), naming the keys to change. */
+static int derive_paths(struct cfg *c, struct gcr_err *err)
+{
+	size_t n = strlen(c->socket_dir);
+	while (n > 0 && c->socket_dir[n - 1] == '/')
+		n--; /* "/run/gcr/" and "/" join without a double slash */
+	char buf[512];
+	if (c->registry_socket == NULL) {
+		snprintf(buf, sizeof(buf), "%.*s%s", (int)n, c->socket_dir, REGISTRY_IN_SOCKET_DIR);
+		if (set_opt(c, "registry-socket", buf, err) < 0)
+			return -ENOMEM;
+	}
+	if (c->dp.socket_root == NULL) {
+		snprintf(buf, sizeof(buf), "%.*s%s", (int)n, c->socket_dir, SOCKET_ROOT_IN_SOCKET_DIR);
+		if ((c->dp.socket_root = strdup(buf)) == NULL)
+			return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	if (!c->dp.enabled)
+		return 0; /* nothing is mounted into pods */
+	snprintf(buf, sizeof(buf), "%s", c->registry_socket);
+	char *slash = strrchr(buf, '/');
+	if (slash == NULL)
+		return gcr_err_set(err, -EINVAL, "registrySocket %s: want an absolute path", c->registry_socket);
+	slash[slash == buf] = '\0'; /* its directory; "/" stays "/" */
+	if (agent_dp_path_under(c->dp.socket_root, buf))
+		return gcr_err_set(err, -EINVAL,
+				   "%s.socketRoot %.80s lies in %.80s, registrySocket's dir, which every opted-in pod "
+				   "sees: give registrySocket (--registry-socket) a dir of its own (default "
+				   "<socket-dir>%s) or move %s.socketRoot",
+				   DP_SECTION, c->dp.socket_root, buf, REGISTRY_IN_SOCKET_DIR, DP_SECTION);
+	if (agent_dp_path_under(c->socket_dir, buf))
+		GCR_LOG(GCR_LOG_WARN, "agent",
+			"socketDir %s lies in registrySocket's directory %s, which the device plugin mounts into "
+			"every opted-in pod: give registrySocket a directory of its own", c->socket_dir, buf);
 	return 0;
 }
 
@@ -445,6 +490,8 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 		if (*slot(c, &opts_table[i]) == NULL && opts_table[i].def != NULL &&
 		    set_opt(c, opts_table[i].name, opts_table[i].def, err) < 0)
 			return -ENOMEM;
+	if (derive_paths(c, err) < 0)
+		return err->code;
 	if (c->node_name == NULL || c->node_name[0] == '\0')
 		return gcr_err_set(err, -EINVAL, "no node name: pass --node-name or set NODE_NAME");
 	if (seconds_opt("heartbeat-seconds", c->heartbeat_s, AGENT_LEASE_DURATION_S - 1, NULL, err) < 0 ||

@@ -114,7 +114,9 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 		agent_registry_free(r);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	}
-	int fd = gcr_sock_listen(socket_path, err);
+	/* Open to every local user: a shim in a non-root container must be able to register, and
+	 * a connection can only register its own process (the pid comes from its credentials). */
+	int fd = gcr_sock_listen_shared(socket_path, err);
 	if (fd < 0) {
 		agent_registry_free(r);
 		return fd;
@@ -136,14 +138,17 @@ static void accept_one(struct agent_registry *r)
 	struct gcr_peer peer;
 	struct gcr_err err;
 	struct agent_registry_proc p = { 0 };
-	if (gcr_sock_peer(fd, &peer, &err) < 0 || peer.pid <= 0) {
+	int prc = gcr_sock_peer(fd, &peer, &err);
+	if (prc < 0 || peer.pid <= 0) {
+		GCR_LOG(GCR_LOG_WARN, "registry", "registration refused: %s",
+			prc < 0 ? err.msg : "the peer's pid is outside our PID namespace");
 		close(fd);
 		return;
 	}
 	int rc = identify(r, peer.pid, &p, &err);
 	if (rc < 0) {
-		GCR_LOG(GCR_LOG_INFO, "registry", "pid %d registered but is not in a pod: %s", (int)peer.pid,
-			err.msg);
+		GCR_LOG(GCR_LOG_WARN, "registry", "registration of pid %d (uid %d) refused, it is not in a pod: %s",
+			(int)peer.pid, (int)peer.uid, err.msg);
 		close(fd);
 		return;
 	}

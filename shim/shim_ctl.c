@@ -255,13 +255,15 @@ static void register_with_agent(void)
 	struct gcr_err err;
 	int fd = gcr_sock_connect(path, 1000, &err);
 	if (fd < 0) {
-		GCR_LOG(GCR_LOG_INFO, "shim", "not registered with the node agent: %s", err.msg);
+		GCR_LOG(GCR_LOG_WARN, "shim", "not registered with the node agent at %s: %s; it will not find "
+			"this process for Checkpoints", path, err.msg);
 		return;
 	}
 	char *line = gcr_proto_request_line(0, GCR_OP_REGISTER_ID,
 					    json_pack("{s:s, s:s}", "socket", sock_path, "version", PACKAGE_VERSION));
 	if (line == NULL || gcr_sock_write_all(fd, line, strlen(line), 1000, &err) < 0) {
-		GCR_LOG(GCR_LOG_INFO, "shim", "not registered with the node agent");
+		GCR_LOG(GCR_LOG_WARN, "shim", "not registered with the node agent at %s: %s; it will not find "
+			"this process for Checkpoints", path, line == NULL ? "out of memory" : err.msg);
 		close(fd);
 	} else {
 		agent_fd = fd; /* kept open: the agent sees EOF when the process exits */

@@ -1,5 +1,5 @@
-/* fakecuda_ckpt: the checkpoint API across processes: each initialised process serves its
- * state machine (RUNNING, LOCKED, CHECKPOINTED) on $FAKECUDA_DIR/fakecuda-<pid>.sock. */
+/* fakecuda_ckpt: the checkpoint API across processes: each initialised process serves its state
+ * machine on $FAKECUDA_DIR/fakecuda-<pid>.sock; callers reach it by their pid, even in a container. */
 #include "fakecuda.h"
 
 #include <errno.h>
@@ -12,6 +12,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include "gcr_procns.h"
 
 /* Protocol, one exchange per connection: the client sends one line, the service answers
  * "<CUresult> [value]\n" and closes. Requests: state, mem, tid, lock <timeoutMs>, checkpoint,
@@ -228,6 +230,38 @@ CUresult fake_service_start(void)
 
 /* ---- the client side ---- */
 
+/* Connects to the service of a process in another PID or mount namespace (a container), as
+ * the real driver reaches it with the pid our namespace gives it: its socket is named by its
+ * own pid (NSpid) in its own FAKECUDA_DIR (from its environment, "/tmp" when unset) inside
+ * its own root (gcr_procns). Only a socket whose peer credentials carry pid counts: the
+ * container owns those files. Returns the fd, or -1. */
+static int fake_connect_own_view(int pid)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct ucred peer;
+	socklen_t plen = sizeof(peer);
+	char dir[sizeof(sa.sun_path)];
+	pid_t nspid;
+	int dfd, fd, rc;
+
+	rc = gcr_procns_env(pid, "FAKECUDA_DIR", dir, sizeof(dir), NULL);
+	if (rc == -ENOENT || (rc == 0 && dir[0] == '\0'))
+		snprintf(dir, sizeof(dir), "/tmp");
+	else if (rc < 0)
+		return -1;
+	if (gcr_procns_nspid(pid, &nspid, NULL) < 0 || (dfd = gcr_procns_open_dir(pid, dir, NULL)) < 0)
+		return -1;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "/proc/self/fd/%d/fakecuda-%d.sock", dfd, (int)nspid);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+			getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0 || peer.pid != pid)) {
+		close(fd);
+		fd = -1;
+	}
+	close(dfd);
+	return fd;
+}
+
 CUresult fake_service_request(int pid, const char *request, char *reply, size_t len)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -236,16 +270,22 @@ CUresult fake_service_request(int pid, const char *request, char *reply, size_t 
 
 	if (pid <= 0 || fake_sock_name(pid, sa.sun_path, sizeof(sa.sun_path)) != 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return CUDA_ERROR_OPERATING_SYSTEM;
 	/* The driver's answers, measured with driver 580: a process that exists but never called
 	 * cuInit is NOT_INITIALIZED, a pid that does not exist is OPERATING_SYSTEM. */
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		close(fd);
+	if (gcr_procns_same(pid, NULL) == 0) {
+		fd = fake_connect_own_view(pid);
+	} else { /* our namespaces (or unknown): our FAKECUDA_DIR, as before */
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return CUDA_ERROR_OPERATING_SYSTEM;
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+			close(fd);
+			fd = -1;
+		}
+	}
+	if (fd < 0)
 		return kill(pid, 0) == 0 || errno == EPERM ? CUDA_ERROR_NOT_INITIALIZED
 							    : CUDA_ERROR_OPERATING_SYSTEM;
-	}
 	snprintf(line, sizeof(line), "%s\n", request);
 	fake_write_all(fd, line, strlen(line));
 	if (fake_read_line(fd, line, sizeof(line)) != 0 || sscanf(line, "%d %n", &rc, &n) != 1) {

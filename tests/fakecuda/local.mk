@@ -10,8 +10,10 @@ fakecuda_sources = \
 	tests/fakecuda/fakecuda_ckpt.c \
 	tests/fakecuda/fakecuda_procaddr.c
 fakecuda_headers = tests/fakecuda/fakecuda.h tests/progs/gcr_kernels.h
-# The digest math the stand-in's gcr_chunk_digest shares with the shim (distributed with shim/).
-fakecuda_deps = shim/shim_digest_math.h
+# The digest math the stand-in's gcr_chunk_digest shares with the shim (distributed with shim/),
+# and lib/'s way into another namespace's files, which the checkpoint client shares with gcrctl.
+fakecuda_deps = shim/shim_digest_math.h lib/gcr_procns.h lib/gcr_error.h
+fakecuda_lib_sources = lib/gcr_procns.c lib/gcr_error.c
 
 # A plain rule, not libtool: the file must be named exactly libcuda.so.1 (the soname the
 # runtime and the shim dlopen). -Bsymbolic keeps the cuGetProcAddress table pointing at our
@@ -21,12 +23,12 @@ CLEANFILES += $(FAKECUDA_LIB)
 EXTRA_DIST += $(fakecuda_sources) $(fakecuda_headers) tests/fakecuda/test_fakecuda.sh
 
 $(FAKECUDA_LIB): $(fakecuda_sources:%=$(srcdir)/%) $(fakecuda_headers:%=$(srcdir)/%) \
-		$(fakecuda_deps:%=$(srcdir)/%)
+		$(fakecuda_deps:%=$(srcdir)/%) $(fakecuda_lib_sources:%=$(srcdir)/%)
 	@$(MKDIR_P) tests/fakecuda
 	$(AM_V_CCLD)$(CC) $(DEFS) $(AM_CPPFLAGS) $(CPPFLAGS) $(CUDA_CPPFLAGS) \
-		-I$(srcdir)/tests/progs -I$(srcdir)/shim $(AM_CFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden \
+		-I$(srcdir)/tests/progs -I$(srcdir)/shim -I$(srcdir)/lib $(AM_CFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden \
 		-shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -Wl,-z,defs -o $@ \
-		$(fakecuda_sources:%=$(srcdir)/%) $(AM_LDFLAGS) $(LDFLAGS) -pthread
+		$(fakecuda_sources:%=$(srcdir)/%) $(fakecuda_lib_sources:%=$(srcdir)/%) $(AM_LDFLAGS) $(LDFLAGS) -pthread
 
 noinst_PROGRAMS += tests/fakecuda/fakesmi
 tests_fakecuda_fakesmi_SOURCES = tests/fakecuda/fakesmi.c

@@ -4,3 +4,6 @@ EXTRA_DIST += tests/flow/test_flow.sh tests/flow/test_flow.py
 # The HIP backend on the stand-in runtime (tests/fakehip).
 TESTS += tests/flow/test_hip_flow.sh
 EXTRA_DIST += tests/flow/test_hip_flow.sh tests/flow/test_hip_flow.py
+# gcr-agent on a bare node: paths derived from --socket-dir, a non-root shim registering.
+TESTS += tests/flow/test_agent_paths.sh
+EXTRA_DIST += tests/flow/test_agent_paths.sh tests/flow/test_agent_paths.py

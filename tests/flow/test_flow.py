@@ -519,6 +519,94 @@ def case_peer_credentials(f):
     f.finish(p)
 
 
+def host_pid(session, nspid):
+    """The pid our namespace gives the process of session `session` (its unshare) that its own,
+    nested PID namespace calls nspid; None when there is none."""
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % d) as fh:
+                stat = fh.read()
+            with open("/proc/%s/status" % d) as fh:
+                ns = re.search(r"^NSpid:\s+(.*)$", fh.read(), re.M)
+        except OSError:
+            continue  # gone meanwhile
+        sid = int(stat.rsplit(")", 1)[1].split()[3])  # after comm: state ppid pgrp session
+        pids = ns.group(1).split() if ns else []
+        if sid == session and len(pids) > 1 and int(pids[-1]) == nspid:
+            return int(d)
+    return None
+
+
+def start_in_ns(f, args, shim=True, name="ns-testprog"):
+    """gcr-testprog as in a container: its own PID and mount namespaces (unshare), its socket and
+    fake-driver directory a tmpfs mounted only there (the host sees that directory empty).
+    Returns (Proc, host pid, pid in its namespace, the directory)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        raise Fail("needs root and unshare to make PID and mount namespaces")
+    inner = os.path.join(f.dir, "ns")
+    os.makedirs(inner, exist_ok=True)
+    env = ["GCR_SOCKET_DIR=" + inner, "FAKECUDA_DIR=" + inner]
+    if shim:
+        env += ["LD_PRELOAD=" + f.S.cfg.shim, "GCR_LOG_LEVEL=" + f.S.cfg.shim_log_level]
+    # sh stays as the namespace's pid 1, so the program's own pid differs from 1 and from ours.
+    argv = ["unshare", "--pid", "--fork", "--mount", "--mount-proc", "sh", "-c",
+            'mount -t tmpfs gcr-ns "$0" || exit 9; env "$@"', inner] + env + \
+           [f.S.cfg.testprog, "--module", os.path.join(SRC, "tests", "progs", "gcr_kernels.h")] + args
+    p = f.S.start(name, argv, extra_env=f.env)
+    nspid = int(p.expect(r"READY pid=(\d+)", 60, what="READY").group(1))
+    hp = host_pid(p.pid, nspid)
+    check(hp is not None and hp != nspid, "no host pid for pid %d of the namespace (found %s)" % (nspid, hp))
+    check(os.listdir(inner) == [], "the namespace's tmpfs shows on the host: %s" % os.listdir(inner))
+    return p, hp, nspid, inner
+
+
+def case_container(f):
+    """A shim in its own PID and mount namespaces (what the device plugin injects): gcrctl and the
+    driver's checkpoint API reach it by the host pid, through /proc/<pid>/root and its NSpid."""
+    p, hp, _, _ = start_in_ns(f, ["--mib", "32", "--buffers", "2", "--iters", "5", "--wait"])
+    for i in range(2):
+        r = f.ctl("suspend", hp)
+        check(r.ok, "suspend %d by host pid: %s" % (i, r.describe()))
+        check(f.mem(hp) == 0, "cycle %d: %d bytes of device memory while suspended" % (i, f.mem(hp)))
+        check(f.state(hp) == "checkpointed", "driver state %s" % f.state(hp))
+        st = f.ctl("status", hp)
+        check(H.dig(st.data, "shim", "state") == "suspended", "status: %s" % st.describe())
+        r = f.ctl("resume", hp)
+        check(r.ok, "resume %d by host pid: %s" % (i, r.describe()))
+        check(f.state(hp) == "running" and f.mem(hp) > 0, "driver state after resume %s" % f.state(hp))
+    p.send("go")
+    f.finish(p)  # the program's own check: every buffer bit-exact
+
+
+def case_container_planted(f):
+    """The path a container's process would serve on is the container's to write: a socket planted
+    there, served by another process, is refused by its peer credentials, whether a listener bound
+    there or an absolute symlink (which resolves in the caller's root) to a real shim's socket."""
+    other = f.start(["--iters", "5", "--wait"], name="other")  # a real shim, on the host
+    p, hp, nspid, inner = start_in_ns(f, ["--iters", "5", "--wait"], shim=False, name="ns-plain")
+    planted = "/proc/%d/root%s/gcr-%d.sock" % (hp, inner, nspid)
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(planted)
+        s.listen(4)
+        r = f.ctl("suspend", hp)
+        check(not r.ok and "not a GCR process" in (r.error or "") and
+              "served by pid %d" % os.getpid() in (r.error or ""), "planted listener: %s" % r.describe())
+    finally:
+        s.close()
+    os.unlink(planted)
+    os.symlink(os.path.join(f.dir, "gcr-%d.sock" % other.pid), planted)
+    r = f.ctl("suspend", hp)
+    check(not r.ok and "served by pid %d" % other.pid in (r.error or ""), "planted symlink: %s" % r.describe())
+    st = f.ctl("status", other.pid)
+    check(H.dig(st.data, "shim", "state") == "running", "the other process was touched: %s" % st.describe())
+    check(f.state(hp) == "running" and f.state(other.pid) == "running", "a driver state changed")
+    for q in (p, other):
+        q.send("go")
+        f.finish(q)
+
+
 def case_bad_requests(f):
     """Garbage on the control socket gets an error reply, never a crash."""
     p = f.start(["--iters", "5", "--wait"])
@@ -630,6 +718,8 @@ CASES = [
     ("not-incremental", case_not_incremental),
     ("incremental-faults", case_incremental_faults),
     ("bad-requests", case_bad_requests),
+    ("container", case_container),
+    ("container-planted", case_container_planted),
     ("scale", case_scale),
 ]
 

@@ -47,6 +47,10 @@ int main(void)
 	CHECK(agent_registry_new(sock, run, path, &r, &err) == 0);
 	CHECK(agent_registry_start(r, &err) == 0);
 	CHECK(agent_registry_count(r) == 0);
+	/* Any local user may connect (a shim in a non-root container); only credentials count. */
+	struct stat ss;
+	CHECK(stat(sock, &ss) == 0 && S_ISSOCK(ss.st_mode) && (ss.st_mode & 07777) == 0666);
+	CHECK(stat(run, &ss) == 0 && (ss.st_mode & 07777) == 0711);
 
 	/* Register: the pid comes from the credentials, not from what is sent. */
 	int fd = gcr_sock_connect(sock, 1000, &err);
