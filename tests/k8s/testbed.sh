@@ -495,7 +495,10 @@ node_containerd() {
 	  sandbox_image = "$PAUSE_IMAGE"
 	  enable_selinux = false
 	  disable_apparmor = true
-	  restrict_oom_score_adj = false
+	  # These machines withhold CAP_SYS_RESOURCE even from root, so no process may lower its
+	  # oom_score_adj: runc's "failed to update /proc/self/oom_score_adj: Permission denied"
+	  # (the kubelet asks -998 for sandboxes). Clamp to our own value, as rootless setups do.
+	  restrict_oom_score_adj = true
 	  [plugins."io.containerd.grpc.v1.cri".containerd]
 	    snapshotter = "overlayfs"
 	    default_runtime_name = "runc"
@@ -672,7 +675,8 @@ node_cleanup() {
 		find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
 	done
 	# Mounts under the kubelet's root and the state dir, deepest first.
-	for m in $(awk -v a="$KUBELET_ROOT/" -v b="$dir/" '$2 ~ "^"a || $2 ~ "^"b {print $2}' /proc/self/mounts | sort -r); do
+	# (The kubelet bind-mounts its root onto itself, to make it a shared mount.)
+	for m in $(awk -v a="$KUBELET_ROOT" -v b="$dir/" '$2 == a || index($2, a "/") == 1 || index($2, b) == 1 {print $2}' /proc/self/mounts | sort -r); do
 		umount -l "$m" 2>/dev/null || true
 	done
 	for c in /sys/fs/cgroup/*/kubepods; do
