@@ -10,7 +10,8 @@ struct agent_metrics;
 /* Counts registered processes on each scrape. */
 typedef int (*agent_metrics_gauge_fn)(void *data);
 
-/* address "HOST:PORT": an IPv4 literal, "localhost", or "[IPv6]". */
+/* address "HOST:PORT": an IPv4 literal, "localhost", or either family in brackets ("[::1]",
+ * "[10.0.0.7]": the chart passes the pod IP so, not knowing its family). */
 int agent_metrics_new(const char *address, agent_metrics_gauge_fn registered, void *data,
 		      struct agent_metrics **out, struct gcr_err *err) __attribute__((warn_unused_result));
 void agent_metrics_free(struct agent_metrics *m);
