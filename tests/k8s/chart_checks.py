@@ -103,11 +103,15 @@ def cmd_rbac(render, expected_path):
     check("leases only through the namespaced Role",
           all(k == "Role" for i, k, g, r, v in got if r == "leases")
           and all(r == "leases" for i, k, g, r, v in got if k == "Role"))
-    # The split: a node agent creates nothing but Events, deletes nothing, writes no pod.
+    # The split: a node agent creates nothing but Events and (in the release's namespace
+    # only) its heartbeat Lease, deletes nothing, writes no pod.
+    heartbeat = ("node", "Role", "coordination.k8s.io", "leases")
     node_writes = sorted(" ".join(t) for t in got if t[0] == "node" and (
-        (t[4] in ("create", "delete", "deletecollection") and t[3] != "events")
+        t[4] in ("delete", "deletecollection")
+        or (t[4] == "create" and t[3] != "events" and t[:4] != heartbeat)
         or (t[3].split("/")[0] == "pods" and t[4] not in ("get", "list", "watch"))))
-    check("node identity: no create/delete but Events, no write to pods or pods/status",
+    check("node identity: no create but Events and its namespace's heartbeat Lease, no delete, "
+          "no write to pods or pods/status",
           not node_writes, "\n".join(node_writes))
     check("only the scaler identity patches pods/status or creates Checkpoints/Restores",
           {t[0] for t in got if (t[3], t[4]) in (("pods/status", "patch"), ("checkpoints", "create"),
@@ -242,9 +246,9 @@ def cmd_default(render, ns):
     check("default nodeSelector nvidia.com/gpu.present=true",
           spec.get("nodeSelector") == {"nvidia.com/gpu.present": "true"}, spec.get("nodeSelector"))
     hp = host_paths(spec)
-    want = {"sockets": "/run/gcr", "shim": "/opt/gcr/lib",
+    want = {"sockets": "/run/gcr", "registry": "/run/gcr/agent", "shim": "/opt/gcr/lib",
             "device-plugins": "/var/lib/kubelet/device-plugins"}
-    check("hostPath volumes: exactly sockets, shim dir, device-plugin dir", hp == want, hp)
+    check("hostPath volumes: exactly sockets, registry dir, shim dir, device-plugin dir", hp == want, hp)
     mounts = {m["name"]: m for m in agent.get("volumeMounts") or []}
     check("agent does not mount the shim dir (the kubelet does, for workloads)",
           "shim" not in mounts, sorted(mounts))
@@ -296,7 +300,7 @@ def cmd_test(render, ns):
           == "/usr/local/nvidia/lib64/libcuda.so.1", sc)
     hp = host_paths(spec)
     check("hostPath volumes: sockets, shim, device plugins, driver libs (no CDI spec dir: the agent writes none)",
-          set(hp) == {"sockets", "shim", "device-plugins", "driver-libs"}
+          set(hp) == {"sockets", "registry", "shim", "device-plugins", "driver-libs"}
           and "cdiSpecDir" not in cfg["devicePlugin"], hp)
     check("metrics on port 9500, IPv6 bind address bracketed",
           "--metrics-address=[::]:9500" in agent["args"]

@@ -155,7 +155,9 @@ metrics_override() {
 }
 run "metrics.bindAddress override used as given by both workloads" metrics_override
 refuse "serviceAccount.create=false needs a name" "serviceAccount.name is required" \
-	h template x "$CHART" --set serviceAccount.create=false
+	h template x "$CHART" --set serviceAccount.create=false --set serviceAccount.scalerName=s
+refuse "serviceAccount.create=false needs the scaler's name too" "serviceAccount.scalerName is required" \
+	h template x "$CHART" --set serviceAccount.create=false --set serviceAccount.name=n
 no_kubelet_dir() {
 	local r
 	r=$(h template x "$CHART" --set devicePlugin.enabled=false) && [[ $r != *"path: /var/lib/kubelet"* ]]
