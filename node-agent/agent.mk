@@ -22,6 +22,7 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/agent_lease.c node-agent/agent_lease.h \
 	node-agent/agent_leader.c node-agent/agent_leader.h \
 	node-agent/agent_scaler.c node-agent/agent_scaler.h \
+	node-agent/agent_gate.c node-agent/agent_gate.h \
 	node-agent/agent_activity.c node-agent/agent_activity.h \
 	node-agent/agent_metrics.c node-agent/agent_metrics.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent_gate.h"
 #include "agent_lease.h"
 #include "gcr_cr.h"
 #include "gcr_log.h"
@@ -26,6 +27,9 @@
 /* Waiting work (a Restore whose Checkpoint is not finished, transient API
  * errors) is retried this often, in ms. */
 #define RETRY_MS 2000
+/* Longest wait for the scaler's process to mark a gated pod not ready before its suspend,
+ * in ms: traffic should leave first, but a missing scaler must not stop the suspend. */
+#define GATE_WAIT_MS 10000
 /* Operations run at once by default, and at most (different pods only). */
 #define DEFAULT_PARALLEL 4
 #define MAX_PARALLEL 64
@@ -51,9 +55,13 @@ struct agent_controller {
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;
-	json_t *cache[NK]; /* "ns/name" -> object */
+	pthread_cond_t pod_changed; /* a pod event arrived (wait_gate) */
+	/* "ns/name" -> object: this node's pods (field selector); the Checkpoints and Restores
+	 * not yet taken by a node, or taken by this one, whole; those another node took only as
+	 * far as needed to recognise them (slim_locked). */
+	json_t *cache[NK];
 	int listed[NK];
-	json_t *queue;   /* array of "c:ns/name" / "r:ns/name" / "p:ns/name" (a pod's readiness gate) */
+	json_t *queue;   /* array of "c:ns/name" / "r:ns/name" */
 	json_t *queued;  /* the same keys as a set */
 	json_t *retry;   /* keys to retry after RETRY_MS */
 	struct timespec last_retry; /* CLOCK_MONOTONIC: when retry was last queued */
@@ -93,12 +101,8 @@ static const char *spec_str(json_t *obj, const char *field)
 	return json_string_value(json_object_get(json_object_get(obj, "spec"), field));
 }
 
-static int has_gate(json_t *pod);
-static const char *gate_status(json_t *pod);
-
 /* Enqueues the work an object's change calls for: a Checkpoint or Restore, the
- * Restores waiting on a Checkpoint, a pod whose readiness gate has no condition
- * yet. Caller holds the lock. */
+ * Restores waiting on a Checkpoint. Caller holds the lock. */
 static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 {
 	const char *ns = md_str(obj, "namespace"), *name = md_str(obj, "name");
@@ -106,10 +110,7 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 	if (ns == NULL || name == NULL)
 		return;
 	if (k == K_POD) {
-		if (has_gate(obj) && gate_status(obj) == NULL) {
-			snprintf(key, sizeof(key), "p:%s/%s", ns, name);
-			enqueue_locked(c, key);
-		}
+		pthread_cond_broadcast(&c->pod_changed);
 		return;
 	}
 	snprintf(key, sizeof(key), "%c:%s/%s", k == K_CK ? 'c' : 'r', ns, name);
@@ -128,6 +129,30 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 	}
 }
 
+/* A Checkpoint or Restore another node's agent took (status.nodeName): this agent never acts
+ * on it, it only has to recognise it (phase, node, the pod or Checkpoint it names, the
+ * message a waiting Restore quotes), so the rest (processes, conditions, managed fields)
+ * is not kept: a node's memory does not grow with the whole cluster's requests. Stolen. */
+static json_t *slim(struct agent_controller *c, enum kind k, json_t *obj)
+{
+	const char *node = status_str(obj, "nodeName");
+	if (k == K_POD || node == NULL || strcmp(node, c->node) == 0)
+		return obj;
+	json_t *md = json_object_get(obj, "metadata"), *spec = json_object_get(obj, "spec"),
+	       *st = json_object_get(obj, "status");
+	json_t *s = json_pack("{s:{s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}", "metadata",
+			      "namespace", json_object_get(md, "namespace"), "name", json_object_get(md, "name"), "uid",
+			      json_object_get(md, "uid"), "resourceVersion", json_object_get(md, "resourceVersion"),
+			      "spec", "podName", json_object_get(spec, "podName"), "checkpointName",
+			      json_object_get(spec, "checkpointName"), "status", "phase", json_object_get(st, "phase"),
+			      "nodeName", json_object_get(st, "nodeName"), "podName", json_object_get(st, "podName"),
+			      "message", json_object_get(st, "message"));
+	if (s == NULL)
+		return obj; /* out of memory: keep it whole rather than lose it */
+	json_decref(obj);
+	return s;
+}
+
 static void on_list(json_t *items, void *data)
 {
 	struct watch *w = data;
@@ -135,6 +160,9 @@ static void on_list(json_t *items, void *data)
 	json_t *m = agent_kube_index(items);
 	size_t i;
 	json_t *it;
+	const char *k;
+	json_t *v;
+	json_object_foreach(m, k, v) json_object_set_new(m, k, slim(c, w->kind, json_incref(v)));
 	pthread_mutex_lock(&c->lock);
 	json_decref(c->cache[w->kind]);
 	c->cache[w->kind] = m;
@@ -160,7 +188,7 @@ static void on_event(const struct agent_watch_event *ev, void *data)
 	if (ev->type == AGENT_WATCH_DELETED)
 		json_object_del(c->cache[w->kind], key);
 	else
-		json_object_set_new(c->cache[w->kind], key, json_deep_copy(ev->object));
+		json_object_set_new(c->cache[w->kind], key, slim(c, w->kind, json_deep_copy(ev->object)));
 	touch_locked(c, w->kind, ev->object);
 	pthread_mutex_unlock(&c->lock);
 }
@@ -476,86 +504,30 @@ static int resume_all(struct agent_controller *c, const struct proc *p, int n, e
 
 /* ---- readiness gate ---- */
 
-/* Pods that list this condition type in spec.readinessGates are marked not ready
- * while suspended, so Services send their traffic elsewhere; other pods are left alone. */
-#define GATE_TYPE "gpucr.dev/resident"
-
-static int has_gate(json_t *pod)
+/* A pod declaring the readiness gate is marked not ready by the scaler's process (agent_gate:
+ * node agents may not write pods) as soon as its Checkpoint exists; the suspend waits for
+ * that to reach this node's pod watch, bounded, so traffic leaves before the threads stop. */
+static void wait_gate(struct agent_controller *c, const char *ns, const char *name)
 {
-	size_t i;
-	json_t *g;
-	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "readinessGates"), i, g)
-	{
-		const char *t = json_string_value(json_object_get(g, "conditionType"));
-		if (t != NULL && strcmp(t, GATE_TYPE) == 0)
-			return 1;
+	char key[600];
+	snprintf(key, sizeof(key), "%s/%s", ns, name ? name : "");
+	struct timespec dl;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += GATE_WAIT_MS / 1000;
+	pthread_mutex_lock(&c->lock);
+	json_t *pod = json_object_get(c->cache[K_POD], key);
+	int declared = agent_gate_declared(pod), rc = 0;
+	while (declared && rc == 0 && !atomic_load(&c->stop)) {
+		const char *st = agent_gate_status(json_object_get(c->cache[K_POD], key));
+		if (st != NULL && strcmp(st, "False") == 0)
+			break;
+		rc = pthread_cond_timedwait(&c->pod_changed, &c->lock, &dl);
 	}
-	return 0;
-}
-
-/* Our condition's status on pod ("True", "False"), or NULL when it has none. */
-static const char *gate_status(json_t *pod)
-{
-	size_t i;
-	json_t *cnd;
-	json_array_foreach(json_object_get(json_object_get(pod, "status"), "conditions"), i, cnd)
-	{
-		const char *t = json_string_value(json_object_get(cnd, "type"));
-		if (t != NULL && strcmp(t, GATE_TYPE) == 0)
-			return json_string_value(json_object_get(cnd, "status"));
-	}
-	return NULL;
-}
-
-/* Sets our condition on pod ns/name (pods/status, strategic merge by type) when it
- * declares the gate. pod: the pod if the caller has it, else the cache's is used. */
-static void set_gate(struct agent_controller *c, const char *ns, const char *name, json_t *pod, const char *status,
-		     const char *reason, const char *msg)
-{
-	json_t *own = pod ? NULL : cache_get(c, K_POD, ns, name ? name : "");
-	if (pod == NULL)
-		pod = own;
-	if (ns == NULL || name == NULL || pod == NULL || !has_gate(pod)) {
-		json_decref(own);
-		return;
-	}
-	char now[40], path[700];
-	agent_kube_time(now, sizeof(now), 0);
-	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s/status", ns, name);
-	json_t *patch = json_pack("{s:{s:[{s:s, s:s, s:s, s:s, s:s}]}}", "status", "conditions", "type", GATE_TYPE,
-				  "status", status, "reason", reason, "message", msg, "lastTransitionTime", now);
-	char *body = patch ? json_dumps(patch, JSON_COMPACT) : NULL;
-	json_decref(patch);
-	long st = 0;
-	struct gcr_err err;
-	int rc = body ? agent_kube_request(c->kube, "PATCH", path, "application/strategic-merge-patch+json", body, &st,
-					   NULL, &err)
-		      : gcr_err_set(&err, -ENOMEM, "out of memory");
-	free(body);
-	if (rc == 0 && st >= 300)
-		rc = -EIO;
-	if (rc < 0)
-		GCR_LOG(GCR_LOG_WARN, "controller", "pod %s/%s: readiness gate %s=%s: %s", ns, name, GATE_TYPE, status,
-			err.msg);
-	else
-		GCR_LOG(GCR_LOG_INFO, "controller", "pod %s/%s: %s=%s (%s)", ns, name, GATE_TYPE, status, reason);
-	json_decref(own);
-}
-
-/* A pod of this node declaring the gate with no condition yet: it is not suspended
- * (a suspend sets the condition first), so it is marked resident. Read fresh from
- * the API, not the cache, so a suspend that just set False is never overwritten. */
-static void init_gate(struct agent_controller *c, const char *ns, const char *name)
-{
-	char path[700];
-	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
-	long st = 0;
-	json_t *pod = NULL;
-	struct gcr_err err;
-	if (agent_kube_request(c->kube, "GET", path, NULL, NULL, &st, &pod, &err) == 0 && st == 200 &&
-	    has_gate(pod) && gate_status(pod) == NULL)
-		set_gate(c, ns, name, pod, "True", "Resident", "GPU state resident (not suspended by GCR)");
-	json_decref(pod);
+	pthread_mutex_unlock(&c->lock);
+	if (declared && rc != 0)
+		GCR_LOG(GCR_LOG_WARN, "controller",
+			"pod %s: %s still not False after %d ms (is the scaler running?); suspending anyway", key,
+			AGENT_GATE_TYPE, GATE_WAIT_MS);
 }
 
 /* ---- Checkpoint ---- */
@@ -570,7 +542,6 @@ static void finish_checkpoint(struct agent_controller *c, struct op *o, const st
 				  (json_int_t)sum->ms_data, "lock", (json_int_t)sum->ms_lock, "checkpoint",
 				  (json_int_t)sum->ms_checkpoint, "total", (json_int_t)ms_total);
 	set_status(c, o, "Succeeded", "Checkpointed", note, extra);
-	set_gate(c, o->ns, spec_str(o->obj, "podName"), NULL, "False", "Suspended", "GPU state suspended by GCR");
 	event(c, o, "Normal", "Checkpointed", note);
 	agent_metrics_op(c->metrics, "checkpoint", 1, ms_total, sum->bytes_moved);
 	mark_done(c, o->obj);
@@ -591,7 +562,6 @@ static void run_checkpoint(struct agent_controller *c, struct op *o, const struc
 	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode,
 				    .timeout_ms = timeout_ms_of(o->obj) };
 	struct gcr_cr_result sum = { 0 };
-	const char *pod = spec_str(o->obj, "podName");
 	double t0 = now_ms();
 	test_pause(c, "before-cr");
 	struct gcr_scale_proc sp[MAX_PROCS];
@@ -613,8 +583,6 @@ static void run_checkpoint(struct agent_controller *c, struct op *o, const struc
 		     (int)sp[bad].pid, sp[bad].err.msg,
 		     nu == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
 		     nu > 0 && urc < 0 ? e2.msg : "");
-		if (rc != -EALREADY && (nu == 0 || urc == 0))
-			set_gate(c, o->ns, pod, NULL, "True", "Resident", "the suspend failed; the process kept running");
 		gcr_scale_procs_clear(sp, (size_t)n);
 		return;
 	}
@@ -661,12 +629,9 @@ static void recover_checkpoint(struct agent_controller *c, struct op *o)
 	} else {
 		struct gcr_err err;
 		int rc = resume_all(c, p, n, mode, timeout_ms_of(o->obj), NULL, &err);
-		if (rc == 0) {
+		if (rc == 0)
 			fail(c, o, "Interrupted",
 			     "the agent restarted mid-checkpoint; partly suspended processes were resumed");
-			set_gate(c, o->ns, spec_str(o->obj, "podName"), NULL, "True", "Resident",
-				 "the suspend was interrupted and undone");
-		}
 		else
 			fail(c, o, "Interrupted", "the agent restarted mid-checkpoint; undo failed: %s", err.msg);
 	}
@@ -806,8 +771,7 @@ static void reconcile_checkpoint(struct agent_controller *c, struct op *o, const
 		retry_later(c, key);
 		return;
 	}
-	set_gate(c, o->ns, pod_name, NULL, "False", "Suspending",
-		 "GPU state being suspended by GCR: not ready, so traffic goes elsewhere");
+	wait_gate(c, o->ns, pod_name);
 	run_checkpoint(c, o, p, n, mode);
 }
 
@@ -931,7 +895,6 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 				  (json_int_t)sum.ms_data, "restore", (json_int_t)sum.ms_restore, "unlock",
 				  (json_int_t)sum.ms_unlock, "total", (json_int_t)ms);
 	set_status(c, o, "Succeeded", "Restored", note, extra);
-	set_gate(c, o->ns, spec_str(ck, "podName"), NULL, "True", "Resident", "GPU state resumed by GCR");
 	event(c, o, "Normal", "Restored", note);
 	agent_metrics_op(c->metrics, "restore", 1, ms, sum.bytes_moved);
 	mark_done(c, o->obj);
@@ -997,10 +960,6 @@ static void process(struct agent_controller *c, const char *key)
 		return;
 	snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key - 2), key + 2);
 	snprintf(name, sizeof(name), "%s", slash + 1);
-	if (key[0] == 'p') {
-		init_gate(c, ns, name);
-		return;
-	}
 	struct op o = { .kind = k, .obj = cache_get(c, k, ns, name) };
 	if (o.obj == NULL)
 		return; /* deleted */
@@ -1084,6 +1043,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
+	pthread_cond_init(&c->pod_changed, NULL);
 	c->kube = kube;
 	c->reg = reg;
 	c->metrics = m;
@@ -1143,6 +1103,7 @@ void agent_controller_stop(struct agent_controller *c)
 	atomic_store(&c->stop, 1);
 	pthread_mutex_lock(&c->lock);
 	pthread_cond_broadcast(&c->cond);
+	pthread_cond_broadcast(&c->pod_changed);
 	pthread_mutex_unlock(&c->lock);
 	for (int i = 0; i < c->workers_started; i++) /* each finishes its operation in flight */
 		pthread_join(c->workers[i], NULL);
@@ -1169,6 +1130,7 @@ void agent_controller_free(struct agent_controller *c)
 	json_decref(c->busy);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
+	pthread_cond_destroy(&c->pod_changed);
 	free(c->node);
 	free(c->lease_ns);
 	free(c->socket_dir);

@@ -13,6 +13,7 @@
 
 #include "agent_controller.h"
 #include "agent_deviceplugin.h"
+#include "agent_gate.h"
 #include "agent_kube.h"
 #include "agent_kubeconfig.h"
 #include "agent_lease.h"
@@ -53,7 +54,7 @@ struct dp_cfg {
 
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
-		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel;
+		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role;
 	struct dp_cfg dp;
 };
 
@@ -86,6 +87,9 @@ static const struct opt_row opts_table[] = {
 	  "term of the scaler's leader Lease: another agent takes over this long after the leader stops (1..300)" },
 	{ "max-parallel", "maxParallel", SLOT(max_parallel), "4",
 	  "Checkpoints and Restores run at once on this node, each on a different pod (1..64)" },
+	{ "role", "role", SLOT(role), "all",
+	  "node (controller, device plugin, registry, heartbeat), scaler (leader election, GPUResidency scaler, "
+	  "readiness gates) or all (both: one machine)" },
 };
 
 /* The devicePlugin section: strings; enabled, slots and pollMs are parsed in dp_opt. */
@@ -492,7 +496,9 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 			return -ENOMEM;
 	if (derive_paths(c, err) < 0)
 		return err->code;
-	if (c->node_name == NULL || c->node_name[0] == '\0')
+	if (strcmp(c->role, "node") != 0 && strcmp(c->role, "scaler") != 0 && strcmp(c->role, "all") != 0)
+		return gcr_err_set(err, -EINVAL, "--role: '%s' is not node, scaler or all", c->role);
+	if (strcmp(c->role, "scaler") != 0 && (c->node_name == NULL || c->node_name[0] == '\0'))
 		return gcr_err_set(err, -EINVAL, "no node name: pass --node-name or set NODE_NAME");
 	if (seconds_opt("heartbeat-seconds", c->heartbeat_s, AGENT_LEASE_DURATION_S - 1, NULL, err) < 0 ||
 	    seconds_opt("leader-lease-seconds", c->leader_lease_s, 300, NULL, err) < 0 ||
@@ -503,7 +509,7 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 
 static int registered_gauge(void *data)
 {
-	return agent_registry_count(data);
+	return data ? agent_registry_count(data) : 0; /* role scaler: no registry */
 }
 
 /* /readyz with the device plugin on: it registered with the kubelet at least once. */
@@ -551,6 +557,27 @@ static int dp_start(const struct cfg *c, struct agent_dp **out, struct gcr_err *
 	return 0;
 }
 
+/* A unique leader-election identity: a restarted agent is a new candidate, not the old holder. */
+static void leader_identity(const struct cfg *c, char *out, size_t len)
+{
+	char host[256] = "";
+	const char *who = c->node_name && c->node_name[0] ? c->node_name : getenv("POD_NAME");
+	if ((who == NULL || who[0] == '\0') && gethostname(host, sizeof(host) - 1) == 0)
+		who = host;
+	unsigned rnd = 0;
+	FILE *ur = fopen("/dev/urandom", "rb");
+	if (ur == NULL || fread(&rnd, sizeof(rnd), 1, ur) != 1)
+		rnd = (unsigned)getpid() ^ (unsigned)time(NULL);
+	if (ur != NULL)
+		fclose(ur);
+	snprintf(out, len, "%.240s-%08x", who && who[0] ? who : "gcr-scaler", rnd);
+}
+
+static int gate_synced(void *data)
+{
+	return agent_gate_synced(data);
+}
+
 int main(int argc, char **argv)
 {
 	struct cfg cfg = { 0 };
@@ -563,6 +590,7 @@ int main(int argc, char **argv)
 	struct agent_lease *lease = NULL;
 	struct agent_leader *leader = NULL;
 	struct agent_scaler *scaler = NULL;
+	struct agent_gate *gate = NULL;
 	struct agent_activity *activity = NULL;
 	struct agent_dp *dp = NULL;
 	int rc, status = 1;
@@ -574,6 +602,9 @@ int main(int argc, char **argv)
 		cfg_free(&cfg);
 		return 2;
 	}
+	/* Role node: what needs the node (host pids, sockets, kubelet) and only its RBAC; role
+	 * scaler: the cluster-level writers (Checkpoints, Restores, readiness gates); all: both. */
+	const bool node = strcmp(cfg.role, "scaler") != 0, scale = strcmp(cfg.role, "node") != 0;
 	/* SIGTERM/SIGINT are taken by sigwait below, in this thread only. */
 	sigset_t sigs;
 	sigemptyset(&sigs);
@@ -592,12 +623,12 @@ int main(int argc, char **argv)
 		gcr_err_set(&err, -ENOMEM, "out of memory");
 		goto out;
 	}
-	if (agent_registry_new(cfg.registry_socket, cfg.socket_dir, cfg.proc_root, &reg, &err) < 0 ||
-	    agent_registry_start(reg, &err) < 0)
+	if (node && (agent_registry_new(cfg.registry_socket, cfg.socket_dir, cfg.proc_root, &reg, &err) < 0 ||
+		     agent_registry_start(reg, &err) < 0))
 		goto out;
 	if (agent_metrics_new(cfg.metrics_address, registered_gauge, reg, &metrics, &err) < 0)
 		goto out;
-	if (cfg.dp.enabled) {
+	if (node && cfg.dp.enabled) {
 		if (dp_start(&cfg, &dp, &err) < 0)
 			goto out;
 		agent_metrics_set_ready_check(metrics, "device plugin registered with the kubelet", dp_registered, dp);
@@ -614,43 +645,50 @@ int main(int argc, char **argv)
 	seconds_opt("max-parallel", cfg.max_parallel, MAX_PARALLEL_MAX, &ccfg.max_parallel, &err);
 	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
 	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
-	/* The heartbeat carries this node's pods' activity, read from the shims' counters. */
-	activity = agent_activity_new(reg, cfg.socket_dir);
-	if (activity == NULL) {
-		gcr_err_set(&err, -ENOMEM, "out of memory");
-		goto out;
+	if (node) {
+		/* The heartbeat carries this node's pods' activity, read from the shims' counters. */
+		activity = agent_activity_new(reg, cfg.socket_dir);
+		if (activity == NULL) {
+			gcr_err_set(&err, -ENOMEM, "out of memory");
+			goto out;
+		}
+		if (agent_lease_new(kube, cfg.lease_namespace, cfg.node_name, &lease, &err) < 0)
+			goto out;
+		agent_lease_set_period(lease, heartbeat_s);
+		agent_lease_set_note(lease, agent_activity_note, activity);
+		if (agent_lease_start(lease, &err) < 0)
+			goto out;
 	}
-	if (agent_lease_new(kube, cfg.lease_namespace, cfg.node_name, &lease, &err) < 0)
-		goto out;
-	agent_lease_set_period(lease, heartbeat_s);
-	agent_lease_set_note(lease, agent_activity_note, activity);
-	if (agent_lease_start(lease, &err) < 0)
-		goto out;
-	/* Every agent stands for the scaler's leadership; the identity is unique per
-	 * process, so a restarted agent is a new candidate, not the old holder. */
-	char identity[300];
-	unsigned rnd = 0;
-	FILE *ur = fopen("/dev/urandom", "rb");
-	if (ur == NULL || fread(&rnd, sizeof(rnd), 1, ur) != 1)
-		rnd = (unsigned)getpid() ^ (unsigned)time(NULL);
-	if (ur != NULL)
-		fclose(ur);
-	snprintf(identity, sizeof(identity), "%.240s-%08x", cfg.node_name, rnd);
-	struct agent_scaler_cfg scfg = { .lease_namespace = cfg.lease_namespace };
-	if (agent_leader_new(kube, cfg.lease_namespace, "gcr-scaler-leader", identity, leader_lease_s, &leader,
-			     &err) < 0 ||
-	    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, leader, &scfg, &scaler, &err) < 0 ||
-	    agent_scaler_start(scaler, &err) < 0)
-		goto out;
-	if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
-	    agent_controller_start(ctl, &err) < 0)
-		goto out;
-	GCR_LOG(GCR_LOG_INFO, "agent",
-		"node %s: registry %s, shim sockets %s, metrics http://%s, proc %s, lease %s/gcr-agent-%s",
-		cfg.node_name, cfg.registry_socket, cfg.socket_dir, cfg.metrics_address, cfg.proc_root,
-		cfg.lease_namespace, cfg.node_name);
-	GCR_LOG(GCR_LOG_INFO, "agent", "device plugin: %s (shims reach the registry as GCR_AGENT_SOCKET)",
-		dp != NULL ? "on" : "off: devicePlugin.enabled is not true");
+	if (scale) {
+		char identity[300];
+		leader_identity(&cfg, identity, sizeof(identity));
+		struct agent_scaler_cfg scfg = { .lease_namespace = cfg.lease_namespace };
+		if (agent_leader_new(kube, cfg.lease_namespace, "gcr-scaler-leader", identity, leader_lease_s,
+				     &leader, &err) < 0 ||
+		    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, leader, &scfg, &scaler, &err) < 0 ||
+		    agent_scaler_start(scaler, &err) < 0 || agent_gate_new(kube, leader, &gate, &err) < 0 ||
+		    agent_gate_start(gate, &err) < 0)
+			goto out;
+		GCR_LOG(GCR_LOG_INFO, "agent", "scaler: candidate %s for lease %s/gcr-scaler-leader", identity,
+			cfg.lease_namespace);
+	}
+	if (node) {
+		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
+		    agent_controller_start(ctl, &err) < 0)
+			goto out;
+		GCR_LOG(GCR_LOG_INFO, "agent",
+			"node %s: registry %s, shim sockets %s, metrics http://%s, proc %s, lease %s/gcr-agent-%s",
+			cfg.node_name, cfg.registry_socket, cfg.socket_dir, cfg.metrics_address, cfg.proc_root,
+			cfg.lease_namespace, cfg.node_name);
+		GCR_LOG(GCR_LOG_INFO, "agent", "device plugin: %s (shims reach the registry as GCR_AGENT_SOCKET)",
+			dp != NULL ? "on" : "off: devicePlugin.enabled is not true");
+	} else {
+		/* Ready once the gate's watches have listed (nothing node-side to wait for). */
+		agent_metrics_set_ready(metrics);
+		agent_metrics_set_ready_check(metrics, "the readiness-gate watches' first lists", gate_synced, gate);
+		GCR_LOG(GCR_LOG_INFO, "agent", "role scaler: metrics http://%s; no node controller, registry or device plugin",
+			cfg.metrics_address);
+	}
 
 	int sig = 0;
 	sigwait(&sigs, &sig);
@@ -659,11 +697,12 @@ int main(int argc, char **argv)
 out:
 	if (status != 0)
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
+	if (metrics != NULL)
+		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp, gate go: /readyz stops asking */
 	agent_scaler_free(scaler);  /* stops creating work for the nodes */
+	agent_gate_free(gate);
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
 	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
-	if (metrics != NULL)
-		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp goes: /readyz stops asking it */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
 	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */
 	agent_activity_free(activity);

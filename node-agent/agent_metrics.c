@@ -242,15 +242,21 @@ int agent_metrics_new_limited(const char *address, agent_metrics_gauge_fn regist
 	size_t hl = strlen(host);
 	if (strcmp(host, "localhost") == 0)
 		strcpy(host, "127.0.0.1");
-	if (hl > 2 && host[0] == '[' && host[hl - 1] == ']') { /* "[::1]:9464" */
+	/* "[::1]:9464", and "[10.0.0.7]:9464" too: the chart writes "[$(POD_IP)]:PORT" without
+	 * knowing the pod IP's family, so brackets may hold either. */
+	if (hl > 2 && host[0] == '[' && host[hl - 1] == ']') {
 		host[hl - 1] = '\0';
-		if (inet_pton(AF_INET6, host + 1, &sa6.sin6_addr) != 1)
-			return gcr_err_set(err, -EINVAL, "metrics address '%s': bad IPv6 address", address);
+		memmove(host, host + 1, hl - 1);
+		if (inet_pton(AF_INET, host, &sa.sin_addr) == 1)
+			goto bind_ok;
+		if (inet_pton(AF_INET6, host, &sa6.sin6_addr) != 1)
+			return gcr_err_set(err, -EINVAL, "metrics address '%s': bad IP address", address);
 		bind_sa = (struct sockaddr *)&sa6;
 		flags |= MHD_USE_IPv6;
 	} else if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
 		return gcr_err_set(err, -EINVAL, "metrics address '%s': host must be an IP address", address);
 	}
+bind_ok:;
 	struct agent_metrics *m = calloc(1, sizeof(*m));
 	if (m == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");

@@ -24,7 +24,8 @@ struct agent_metrics_limits {
 	unsigned int idle_timeout_s;  /* > 0 */
 };
 
-/* address "HOST:PORT": an IPv4 literal, "localhost", or "[IPv6]". Raises this process's
+/* address "HOST:PORT": an IPv4 literal, "localhost", or either family in brackets ("[::1]",
+ * "[10.0.0.7]": the chart passes the pod IP so, not knowing its family). Raises this process's
  * open files limit to its hard limit first (agent_metrics_raise_nofile) and caps the
  * connections at AGENT_METRICS_MAX_CONNECTIONS, or lower where that limit is too low to
  * keep AGENT_METRICS_FD_RESERVE descriptors for the rest of the agent. */

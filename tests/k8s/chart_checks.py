@@ -4,10 +4,14 @@
     chart_checks.py rbac RENDER EXPECTED      RBAC rules == EXPECTED, no wildcards, no secrets
     chart_checks.py default RENDER NAMESPACE  default values: least host access, probes, ...
     chart_checks.py test RENDER NAMESPACE     tests/k8s/values-test.yaml took effect
-    chart_checks.py rules RENDER              print "KIND GROUP RESOURCE VERB" of the render
+    chart_checks.py rules RENDER              print "IDENTITY KIND GROUP RESOURCE VERB" of the render
+
+Identities: "node" (the DaemonSet's ServiceAccount, component label agent) and
+"scaler" (the Deployment's, component label scaler).
 
 Prints one "ok     NAME" or "FAIL   NAME" line per check; exits 1 if any failed.
 """
+import os
 import sys
 
 import yaml
@@ -43,8 +47,14 @@ def one(docs, kind):
     return found[0]
 
 
+def identity(obj):
+    """"node" or "scaler": whose object this is, by its component label."""
+    comp = (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+    return {"agent": "node", "scaler": "scaler"}.get(comp, "unknown:%s" % comp)
+
+
 def rule_set(docs):
-    """(kind, group, resource, verb) of every ClusterRole and Role rule."""
+    """(identity, kind, group, resource, verb) of every ClusterRole and Role rule."""
     out = set()
     for kind in ("ClusterRole", "Role"):
         for role in objs(docs, kind):
@@ -52,7 +62,7 @@ def rule_set(docs):
                 for g in r.get("apiGroups") or []:
                     for res in r.get("resources") or []:
                         for v in r.get("verbs") or []:
-                            out.add((kind, g or "core", res, v))
+                            out.add((identity(role), kind, g or "core", res, v))
     return out
 
 
@@ -63,7 +73,7 @@ def read_expected(path):
             line = line.split("#", 1)[0].strip()
             if line:
                 parts = line.split()
-                if len(parts) != 4:
+                if len(parts) != 5:
                     raise SystemExit(f"chart_checks: bad line in {path}: {line}")
                 out.add(tuple(parts))
     return out
@@ -87,23 +97,42 @@ def cmd_rbac(render, expected_path):
                 if "nonResourceURLs" in r:
                     wild.append(f"{kind}: nonResourceURLs {r['nonResourceURLs']}")
     check("RBAC has no wildcards and no non-resource URLs", not wild, "\n".join(wild))
-    secrets = [t for t in got if t[2].split("/")[0] in ("secrets", "serviceaccounts", "configmaps")
-               or t[2] in ("pods/exec", "pods/attach", "pods/portforward", "nodes/proxy")]
+    secrets = [t for t in got if t[3].split("/")[0] in ("secrets", "serviceaccounts", "configmaps")
+               or t[3] in ("pods/exec", "pods/attach", "pods/portforward", "nodes/proxy")]
     check("RBAC has no access to secrets, tokens, exec or proxies", not secrets, secrets)
     check("leases only through the namespaced Role",
-          all(k == "Role" for k, g, r, v in got if r == "leases")
-          and all(r == "leases" for k, g, r, v in got if k == "Role"))
+          all(k == "Role" for i, k, g, r, v in got if r == "leases")
+          and all(r == "leases" for i, k, g, r, v in got if k == "Role"))
+    # The split: a node agent creates nothing but Events and (in the release's namespace
+    # only) its heartbeat Lease, deletes nothing, writes no pod.
+    heartbeat = ("node", "Role", "coordination.k8s.io", "leases")
+    node_writes = sorted(" ".join(t) for t in got if t[0] == "node" and (
+        t[4] in ("delete", "deletecollection")
+        or (t[4] == "create" and t[3] != "events" and t[:4] != heartbeat)
+        or (t[3].split("/")[0] == "pods" and t[4] not in ("get", "list", "watch"))))
+    check("node identity: no create but Events and its namespace's heartbeat Lease, no delete, "
+          "no write to pods or pods/status",
+          not node_writes, "\n".join(node_writes))
+    check("only the scaler identity patches pods/status or creates Checkpoints/Restores",
+          {t[0] for t in got if (t[3], t[4]) in (("pods/status", "patch"), ("checkpoints", "create"),
+                                                 ("restores", "create"))} == {"scaler"})
     aggr = [d["metadata"]["name"] for d in objs(docs, "ClusterRole") if d.get("aggregationRule")
             or any(k.startswith("rbac.authorization.k8s.io/aggregate")
                    for k in (d["metadata"].get("labels") or {}))]
     check("ClusterRole neither aggregates nor is aggregated", not aggr, aggr)
-    sa = one(docs, "ServiceAccount")
+    sas = {identity(sa): sa for sa in objs(docs, "ServiceAccount")}
+    check("two ServiceAccounts: node and scaler", sorted(sas) == ["node", "scaler"], sorted(sas))
     for kind in ("ClusterRoleBinding", "RoleBinding"):
-        b = one(docs, kind)
-        subj = b.get("subjects") or []
-        check(f"{kind} binds only the chart's ServiceAccount",
-              subj == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                        "namespace": sa["metadata"]["namespace"]}], subj)
+        bs = objs(docs, kind)
+        check(f"{kind}: one per identity", sorted(identity(b) for b in bs) == ["node", "scaler"])
+        for b in bs:
+            sa = sas.get(identity(b))
+            subj = b.get("subjects") or []
+            role = [r for r in objs(docs, kind.replace("Binding", "")) if identity(r) == identity(b)]
+            check(f"{kind} {b['metadata']['name']} binds only its identity's ServiceAccount to its role",
+                  sa is not None and subj == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                               "namespace": sa["metadata"]["namespace"]}]
+                  and len(role) == 1 and b["roleRef"]["name"] == role[0]["metadata"]["name"], subj)
     return 0
 
 
@@ -129,8 +158,8 @@ def common(docs, ns):
     init = container(spec, "install-shim", init=True)
     check("hostPID, no hostNetwork, no hostIPC",
           spec.get("hostPID") is True and not spec.get("hostNetwork") and not spec.get("hostIPC"))
-    check("pods use the chart's ServiceAccount",
-          spec.get("serviceAccountName") == one(docs, "ServiceAccount")["metadata"]["name"])
+    sas = {identity(sa): sa["metadata"]["name"] for sa in objs(docs, "ServiceAccount")}
+    check("node agents use the node ServiceAccount", spec.get("serviceAccountName") == sas.get("node"))
     for c in (agent, init):
         sc = c.get("securityContext") or {}
         check(f"{c['name']}: read-only root filesystem, ALL capabilities dropped",
@@ -165,7 +194,43 @@ def common(docs, ns):
           == "spec.nodeName")
     cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
     check("config.yaml parses and names the lease namespace", cfg.get("leaseNamespace") == ns, cfg)
+    check("node agents run --role=node", "--role=node" in args, args)
+    check("POD_IP from status.podIP (the metrics address)",
+          env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP")
+    reg = [a.split("=", 1)[1] for a in args if a.startswith("--registry-socket=")]
+    sroot = cfg["devicePlugin"].get("socketRoot", "")
+    check("registry socket in a directory of its own; socketRoot set, elsewhere in socketDir",
+          len(reg) == 1 and sroot and os.path.dirname(reg[0]) != sroot.rstrip("/")
+          and not sroot.startswith(os.path.dirname(reg[0]) + "/"), (reg, sroot))
+    scaler_checks(docs, sas.get("scaler"))
     return spec, agent, cfg
+
+
+def scaler_checks(docs, sa):
+    """The scaler Deployment: role scaler, its own identity, no host access at all."""
+    deps = objs(docs, "Deployment")
+    check("one scaler Deployment", len(deps) == 1, [d["metadata"]["name"] for d in deps])
+    if len(deps) != 1:
+        return
+    spec = deps[0]["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    args = c.get("args") or []
+    check("scaler: --role=scaler, its own ServiceAccount",
+          "--role=scaler" in args and spec.get("serviceAccountName") == sa and sa is not None, args)
+    check("scaler: no hostPID/hostNetwork/hostIPC, no hostPath, no runtimeClass",
+          not spec.get("hostPID") and not spec.get("hostNetwork") and not spec.get("hostIPC")
+          and not any("hostPath" in v for v in spec.get("volumes") or []) and "runtimeClassName" not in spec)
+    sc, psc = c.get("securityContext") or {}, spec.get("securityContext") or {}
+    check("scaler: non-root, nothing privileged, ALL capabilities dropped, read-only root",
+          psc.get("runAsNonRoot") is True and psc.get("runAsUser") not in (None, 0)
+          and sc.get("privileged") is False and sc.get("allowPrivilegeEscalation") is False
+          and sc.get("readOnlyRootFilesystem") is True
+          and (sc.get("capabilities") or {}).get("drop") == ["ALL"]
+          and not (sc.get("capabilities") or {}).get("add"), (psc, sc))
+    probes = (c.get("livenessProbe", {}).get("httpGet", {}).get("path"),
+              c.get("readinessProbe", {}).get("httpGet", {}).get("path"))
+    check("scaler: probes /healthz, /readyz on the metrics port", probes == ("/healthz", "/readyz")
+          and c.get("livenessProbe", {}).get("httpGet", {}).get("port") == "metrics", probes)
 
 
 def host_paths(spec):
@@ -181,9 +246,9 @@ def cmd_default(render, ns):
     check("default nodeSelector nvidia.com/gpu.present=true",
           spec.get("nodeSelector") == {"nvidia.com/gpu.present": "true"}, spec.get("nodeSelector"))
     hp = host_paths(spec)
-    want = {"sockets": "/run/gcr", "shim": "/opt/gcr/lib",
+    want = {"sockets": "/run/gcr", "registry": "/run/gcr/agent", "shim": "/opt/gcr/lib",
             "device-plugins": "/var/lib/kubelet/device-plugins"}
-    check("hostPath volumes: exactly sockets, shim dir, device-plugin dir", hp == want, hp)
+    check("hostPath volumes: exactly sockets, registry dir, shim dir, device-plugin dir", hp == want, hp)
     mounts = {m["name"]: m for m in agent.get("volumeMounts") or []}
     check("agent does not mount the shim dir (the kubelet does, for workloads)",
           "shim" not in mounts, sorted(mounts))
@@ -191,8 +256,14 @@ def cmd_default(render, ns):
           spec.get("runtimeClassName") == "nvidia"
           and {"NVIDIA_VISIBLE_DEVICES": "all"}.items()
           <= {e["name"]: e.get("value") for e in agent["env"]}.items())
-    check("metrics on 0.0.0.0:9464 of the pod", "--metrics-address=0.0.0.0:9464" in agent["args"],
-          agent["args"])
+    check("metrics on the pod's own IP, port 9464 (not the wildcard)",
+          "--metrics-address=[$(POD_IP)]:9464" in agent["args"], agent["args"])
+    dep = objs(docs, "Deployment")
+    check("scaler metrics on its pod's own IP too",
+          dep and "--metrics-address=[$(POD_IP)]:9464" in dep[0]["spec"]["template"]["spec"]["containers"][0]["args"])
+    check("registry socket /run/gcr/agent/agent.sock, device plugin socketRoot /run/gcr/alloc",
+          "--registry-socket=/run/gcr/agent/agent.sock" in agent["args"]
+          and cfg["devicePlugin"].get("socketRoot") == "/run/gcr/alloc", (agent["args"], cfg["devicePlugin"]))
     check("no ServiceMonitor or metrics Service by default",
           not objs(docs, "ServiceMonitor") and not objs(docs, "Service"))
     check("config: device plugin on, 32 slots of gpucr.dev/shim",
@@ -229,13 +300,16 @@ def cmd_test(render, ns):
           == "/usr/local/nvidia/lib64/libcuda.so.1", sc)
     hp = host_paths(spec)
     check("hostPath volumes: sockets, shim, device plugins, driver libs (no CDI spec dir: the agent writes none)",
-          set(hp) == {"sockets", "shim", "device-plugins", "driver-libs"}
+          set(hp) == {"sockets", "registry", "shim", "device-plugins", "driver-libs"}
           and "cdiSpecDir" not in cfg["devicePlugin"], hp)
     check("metrics on port 9500, IPv6 bind address bracketed",
           "--metrics-address=[::]:9500" in agent["args"]
           and agent["ports"][0]["containerPort"] == 9500, agent["args"])
-    check("ServiceAccount name from values",
-          one(docs, "ServiceAccount")["metadata"]["name"] == "gcr-agent-test")
+    check("ServiceAccount names from values",
+          sorted(sa["metadata"]["name"] for sa in objs(docs, "ServiceAccount")) == ["gcr-agent-test", "gcr-scaler-test"])
+    dep = one(docs, "Deployment")
+    check("scaler: 2 replicas, leader term 20 s in the config",
+          dep["spec"]["replicas"] == 2 and cfg.get("leaderLeaseSeconds") == 20, dep["spec"]["replicas"])
     return 0
 
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Puts the Helm chart's own RBAC on a running test bed and writes a kubeconfig
-# that authenticates as the chart's ServiceAccount, so the agent's end-to-end
-# tests run with exactly the permissions the chart grants (a missing rule fails
-# them, as it would fail the agent in a cluster).
+# that authenticates as one of the chart's two ServiceAccounts, so the agent's
+# end-to-end tests run with exactly the permissions the chart grants (a missing
+# rule fails them, as it would fail the agent in a cluster).
 #
 #   eval "$(tests/k8s/testbed.sh up)"
-#   tests/k8s/chart_sa_kubeconfig.sh NAMESPACE OUT
-#   KUBECONFIG=OUT gcr-agent ...        # lease namespace: NAMESPACE
+#   tests/k8s/chart_sa_kubeconfig.sh NAMESPACE OUT [node|scaler]
+#   KUBECONFIG=OUT gcr-agent --role=node ...    # lease namespace: NAMESPACE
 #
+# IDENTITY (default node): node is the DaemonSet's ServiceAccount (gcr-agent
+# --role=node), scaler the scaler Deployment's (--role=scaler).
 # Applies (server-side, as the test bed's admin: $KUBECONFIG) the namespace, the
 # chart's CRDs and its ServiceAccount, ClusterRole(Binding) and Role(Binding),
 # rendered with release name $GCR_RELEASE (default gcr-NAMESPACE, so two
@@ -22,9 +24,15 @@ ROOT=$(cd "$HERE/../.." && pwd)
 
 die() { printf 'chart_sa_kubeconfig: %s\n' "$*" >&2; exit 1; }
 
-[[ $# -eq 2 ]] || { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
+[[ $# -eq 2 || $# -eq 3 ]] || { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 NS=$1
 OUT=$2
+IDENTITY=${3:-node}
+case $IDENTITY in
+node) COMPONENT=agent ;;
+scaler) COMPONENT=scaler ;;
+*) die "identity must be node or scaler (got $IDENTITY)" ;;
+esac
 RELEASE=${GCR_RELEASE:-gcr-$NS}
 [[ -n ${KUBECONFIG:-} ]] || die "KUBECONFIG is not set (eval \"\$(tests/k8s/testbed.sh up)\" first)"
 
@@ -51,8 +59,11 @@ kc apply --server-side --field-manager=gcr-chart -f "$ROOT/helm/gcr/crds/" >/dev
 	die "helm template failed"
 kc apply --server-side --field-manager=gcr-chart -f "$TMP/rbac.yaml" >/dev/null ||
 	die "applying the chart's RBAC failed"
-SA=$(awk '/^kind: ServiceAccount$/ {f=1} f && /^  name: / {print $2; exit}' "$TMP/rbac.yaml")
-[[ -n $SA ]] || die "no ServiceAccount in the chart's render"
+SA=$(python3 -c 'import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d["kind"] == "ServiceAccount" and d["metadata"]["labels"].get("app.kubernetes.io/component") == sys.argv[2]:
+        print(d["metadata"]["name"])' "$TMP/rbac.yaml" "$COMPONENT")
+[[ -n $SA ]] || die "no $IDENTITY ServiceAccount in the chart's render"
 kc wait --for=condition=Established --timeout=60s crd/checkpoints.gpucr.dev crd/restores.gpucr.dev >/dev/null
 
 TOKEN=$(kc -n "$NS" create token "$SA" --duration="${GCR_TOKEN_DURATION:-1h}") ||

@@ -126,7 +126,10 @@ class Env:
         self.metrics_port = free_port()
         self.kubectl = "kubectl"
         self.env = dict(os.environ)
-        self.sa_user = None  # the chart's ServiceAccount's user name, once agent_identity() ran
+        # The chart's ServiceAccounts' user names by identity ("node", "scaler"), once
+        # agent_identity() ran, and the scaler's kubeconfig (the node one is self.kubeconfig).
+        self.sa_users = {}
+        self.scaler_kubeconfig = None
 
     def testbed_up(self):
         # A running test bed is used only when its whole environment is there
@@ -145,23 +148,29 @@ class Env:
         self.kubeconfig = self.env["KUBECONFIG"]
 
     def agent_identity(self):
-        """The chart's own ServiceAccount, ClusterRole(Binding) and lease Role(Binding), rendered
-        into NS by tests/k8s/chart_sa_kubeconfig.sh, and a kubeconfig holding its token: the agent
-        runs with exactly what the chart grants, so a missing rule fails a case (GCR_E2E_ADMIN=1:
-        admin certs)."""
+        """The chart's own ServiceAccounts, ClusterRoles(Bindings) and lease Roles(Bindings), rendered
+        into NS by tests/k8s/chart_sa_kubeconfig.sh, and a kubeconfig per identity holding its token:
+        node agents run as the DaemonSet's identity, the scaler as the Deployment's, each with exactly
+        what the chart grants it, so a missing rule fails a case (GCR_E2E_ADMIN=1: admin certs)."""
         if os.environ.get("GCR_E2E_ADMIN") == "1":
+            self.scaler_kubeconfig = self.kubeconfig
             return
-        path = os.path.join(self.dir, "agent.kubeconfig")
         env = dict(self.env)
         env.setdefault("GCR_TOKEN_DURATION", "2h")
         if os.path.exists(os.path.join(os.path.dirname(self.kubectl), "kubectl")):
             env["GCR_TESTBED_BIN"] = os.path.dirname(self.kubectl)
-        out = subprocess.run([CHART_SA, NS, path], capture_output=True, text=True, timeout=300, env=env)
-        if out.returncode != 0:
-            raise Fail("chart_sa_kubeconfig.sh: %s" % (out.stderr.strip()[-2000:] or out.stdout.strip()[-2000:]))
-        log("agent identity: %s (the chart's RBAC, release %s)" % (out.stdout.strip(), CHART_RELEASE))
-        self.sa_user = out.stdout.strip().splitlines()[-1]
-        self.kubeconfig = path
+        paths = {}
+        for who in ("node", "scaler"):
+            paths[who] = os.path.join(self.dir, "%s.kubeconfig" % who)
+            out = subprocess.run([CHART_SA, NS, paths[who], who], capture_output=True, text=True, timeout=300,
+                                 env=env)
+            if out.returncode != 0:
+                raise Fail("chart_sa_kubeconfig.sh %s: %s" % (who, out.stderr.strip()[-2000:] or
+                                                              out.stdout.strip()[-2000:]))
+            self.sa_users[who] = out.stdout.strip().splitlines()[-1]
+            log("%s identity: %s (the chart's RBAC, release %s)" % (who, self.sa_users[who], CHART_RELEASE))
+        self.kubeconfig = paths["node"]
+        self.scaler_kubeconfig = paths["scaler"]
 
     def k(self, *args, stdin=None, ok=True):
         out = subprocess.run([self.kubectl, *args], input=stdin, capture_output=True, text=True,
@@ -280,7 +289,8 @@ class Env:
         with open(cfg, "w") as f:
             f.write('logLevel: "info"\nleaseNamespace: "%s"\ndevicePlugin:\n  enabled: false\n'
                     '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\nmaxParallel: 3\n' % (LEASE_NS, NODE, self.proc_root))
-        argv = [AGENT, "--config=%s" % cfg, "--kubeconfig", self.kubeconfig, "--socket-dir", self.sock_dir,
+        argv = [AGENT, "--config=%s" % cfg, "--role", "node", "--kubeconfig", self.kubeconfig,
+                "--socket-dir", self.sock_dir,
                 "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port]
         if os.environ.get("GCR_E2E_VALGRIND") == "1":
             argv = ["valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
@@ -326,13 +336,13 @@ class Env:
 
 
 def rbac_lines(path):
-    """(kind, group, resource, verb) of each non-comment line of an RBAC list file."""
+    """(identity, kind, group, resource, verb) of each non-comment line of an RBAC list file."""
     rules = []
     with open(path) as f:
         for line in f:
             line = line.split("#", 1)[0].split()
             if line:
-                rules.append(tuple(line[:4]))
+                rules.append(tuple(line[:5]))
     return rules
 
 
@@ -728,22 +738,25 @@ def main():
         check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
 
     def rbac_all_used():
-        """Every permission tests/k8s/rbac-expected.txt (so the chart) grants was used by the agent
-        in this run, per the API server's audit log, or is in rbac-unused-allowed.txt with why."""
-        if E.sa_user is None:
-            log("GCR_E2E_ADMIN=1: the agent ran as admin; nothing to compare")
+        """Every permission tests/k8s/rbac-expected.txt (so the chart) grants an identity was used by
+        the processes running as it in this run (node agents; the scaler), per the API server's audit
+        log, or is in rbac-unused-allowed.txt with why."""
+        if not E.sa_users:
+            log("GCR_E2E_ADMIN=1: the agents ran as admin; nothing to compare")
             return
         audit = os.path.join(E.env.get("GCR_TESTBED_DIR", ""), "audit.log")
         check(os.path.exists(audit), "no audit log %s (test bed started before it had one? restart it)" % audit)
-        used = audit_used(audit, E.sa_user)
-        allowed = {r[:4] for r in rbac_lines(RBAC_UNUSED_OK)}
-        unused = [r for r in rbac_lines(RBAC_EXPECTED) if r[1:] not in used and r not in allowed]
-        log("used by %s: %s" % (E.sa_user, " ".join(sorted("%s:%s:%s" % u for u in used))))
-        check(not unused, "granted but never used by the agent (remove from the chart and rbac-expected.txt, "
+        allowed = {r[:5] for r in rbac_lines(RBAC_UNUSED_OK)}
+        unused = []
+        for who, user in sorted(E.sa_users.items()):
+            used = audit_used(audit, user)
+            unused += [r for r in rbac_lines(RBAC_EXPECTED) if r[0] == who and r[2:] not in used and r not in allowed]
+            log("used by %s (%s): %s" % (who, user, " ".join(sorted("%s:%s:%s" % u for u in used))))
+            # Not a failure: an allow-listed path (a race) may be taken in some runs.
+            for r in sorted(r for r in allowed if r[0] == who and r[2:] in used):
+                log("allow-listed but used in this run: %s" % " ".join(r))
+        check(not unused, "granted but never used by its identity (remove from the chart and rbac-expected.txt, "
               "or list in rbac-unused-allowed.txt with the reason): %s" % "; ".join(" ".join(r) for r in unused))
-        # Not a failure: an allow-listed path (a race) may be taken in some runs.
-        for r in sorted(r for r in allowed if r[1:] in used):
-            log("allow-listed but used in this run: %s" % " ".join(r))
 
     try:
         case("setup: test bed, CRDs, the chart's ServiceAccount and RBAC, pods, agent, shimmed process registered", setup)
@@ -784,7 +797,8 @@ def main():
             print("FAIL agent exit status %s at the end" % rc)
             print(E.agent_tail())
         if results and results[0]:
-            case("RBAC: every permission the chart grants was used by the agent (audit log)", rbac_all_used)
+            case("RBAC: every permission the chart grants each identity (node, scaler) was used by it (audit log)",
+                 rbac_all_used)
         E.close()
     passed = sum(1 for r in results if r)
     failed = len(results) - passed

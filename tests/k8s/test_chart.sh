@@ -138,8 +138,26 @@ refuse "registry socket outside the socket dir refused" "must be inside agent.so
 	h template x "$CHART" --set agent.registrySocket=/tmp/agent.sock
 refuse "zero slots refused" "slots must be at least 1" \
 	h template x "$CHART" --set devicePlugin.slots=0
+refuse "socketRoot in the registry socket's directory refused" "must not be the registry socket's directory" \
+	h template x "$CHART" --set devicePlugin.socketRoot=/run/gcr/agent/alloc
+refuse "socketRoot outside the socket dir refused" "socketRoot must be inside agent.socketDir" \
+	h template x "$CHART" --set devicePlugin.socketRoot=/var/run/alloc
+no_scaler() {
+	local r
+	r=$(h template x "$CHART" --set scaler.enabled=false) && [[ $r != *"kind: Deployment"* ]] &&
+		[[ $r != *"pods/status"* ]] && [[ $r == *"kind: DaemonSet"* ]]
+}
+run "scaler.enabled=false: no Deployment, no scaler RBAC, DaemonSet kept" no_scaler
+metrics_override() {
+	local r
+	r=$(h template x "$CHART" --set metrics.bindAddress=0.0.0.0) &&
+		[[ $(grep -c -- '--metrics-address=0.0.0.0:9464' <<<"$r") == 2 ]] && [[ $r != *'$(POD_IP)'* ]]
+}
+run "metrics.bindAddress override used as given by both workloads" metrics_override
 refuse "serviceAccount.create=false needs a name" "serviceAccount.name is required" \
-	h template x "$CHART" --set serviceAccount.create=false
+	h template x "$CHART" --set serviceAccount.create=false --set serviceAccount.scalerName=s
+refuse "serviceAccount.create=false needs the scaler's name too" "serviceAccount.scalerName is required" \
+	h template x "$CHART" --set serviceAccount.create=false --set serviceAccount.name=n
 no_kubelet_dir() {
 	local r
 	r=$(h template x "$CHART" --set devicePlugin.enabled=false) && [[ $r != *"path: /var/lib/kubelet"* ]]
@@ -225,19 +243,23 @@ run "chart CRDs Established" kc wait --for=condition=Established --timeout=60s \
 
 # Default values: dry run of everything, then for real into a fresh namespace.
 newns "$NS"
-CREATED_CLUSTER+=("clusterrole/$REL" "clusterrolebinding/$REL")
+CREATED_CLUSTER+=("clusterrole/$REL" "clusterrolebinding/$REL" "clusterrole/$REL-scaler" "clusterrolebinding/$REL-scaler")
 run "default render: server-side apply, dry run" apply --dry-run=server -f "$TMP/default.yaml"
 run "default render: server-side apply into $NS" apply -f "$TMP/default.yaml"
+expect_eq "scaler Deployment stored: role scaler, no hostPID, its ServiceAccount" "--role=scaler  $REL-scaler" \
+	kc -n "$NS" get deployment "$REL-scaler" -o \
+	'jsonpath={.spec.template.spec.containers[0].args[1]} {.spec.template.spec.hostPID} {.spec.template.spec.serviceAccountName}'
 expect_eq "DaemonSet stored: hostPID, nodeSelector, 2 probes" "true true /healthz /readyz" \
 	kc -n "$NS" get daemonset "$REL" -o \
 	'jsonpath={.spec.template.spec.hostPID} {.spec.template.spec.nodeSelector.nvidia\.com/gpu\.present} {.spec.template.spec.containers[0].livenessProbe.httpGet.path} {.spec.template.spec.containers[0].readinessProbe.httpGet.path}'
 names_in() { # namespace: the chart's namespaced objects there, on one line
-	kc -n "$1" get configmap,daemonset,role,rolebinding,serviceaccount -o name | sort | tr '\n' ' ' | sed 's/ $//'
+	kc -n "$1" get configmap,daemonset,deployment,role,rolebinding,serviceaccount -o name | sort | tr '\n' ' ' | sed 's/ $//'
 }
 expect_eq "all objects of the default render exist" \
-	"configmap/$REL daemonset.apps/$REL role.rbac.authorization.k8s.io/$REL rolebinding.rbac.authorization.k8s.io/$REL serviceaccount/$REL" \
+	"configmap/$REL daemonset.apps/$REL deployment.apps/$REL-scaler role.rbac.authorization.k8s.io/$REL role.rbac.authorization.k8s.io/$REL-scaler rolebinding.rbac.authorization.k8s.io/$REL rolebinding.rbac.authorization.k8s.io/$REL-scaler serviceaccount/$REL serviceaccount/$REL-scaler" \
 	names_in "$NS"
-run "ClusterRole and ClusterRoleBinding exist" kc get "clusterrole/$REL" "clusterrolebinding/$REL"
+run "ClusterRoles and ClusterRoleBindings of both identities exist" kc get "clusterrole/$REL" "clusterrolebinding/$REL" \
+	"clusterrole/$REL-scaler" "clusterrolebinding/$REL-scaler"
 run "re-apply is a no-op (idempotent)" apply -f "$TMP/default.yaml"
 
 # deploy/gcr.yaml as a user applies it (its own Namespace, release "gcr"): only on
@@ -294,9 +316,12 @@ refuse "an unknown field in the render is refused (strict validation)" 'hostPidz
 
 # --- the chart's ServiceAccount: what it may and may not do ------------------------
 
-TOKEN=$(kc -n "$NS" create token "$REL" --duration=10m 2>"$TMP/token.err") || TOKEN=
-if [[ -n $TOKEN ]]; then pass "token for the chart's ServiceAccount"; else
-	fail "token for the chart's ServiceAccount" "$(cat "$TMP/token.err")"; fi
+# Two identities: node (ServiceAccount $REL, the DaemonSet's) and scaler ($REL-scaler).
+TOKEN_node=$(kc -n "$NS" create token "$REL" --duration=10m 2>"$TMP/token.err") || TOKEN_node=
+TOKEN_scaler=$(kc -n "$NS" create token "$REL-scaler" --duration=10m 2>>"$TMP/token.err") || TOKEN_scaler=
+if [[ -n $TOKEN_node && -n $TOKEN_scaler ]]; then pass "tokens for the chart's two ServiceAccounts"; else
+	fail "tokens for the chart's two ServiceAccounts" "$(cat "$TMP/token.err")"; fi
+TOKEN=$TOKEN_node
 CA=$(kc config view --minify --raw -o 'jsonpath={.clusters[0].cluster.certificate-authority}')
 if [[ -z $CA ]]; then
 	kc config view --minify --raw -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}' |
@@ -307,9 +332,11 @@ sa() { # kubectl as the chart's ServiceAccount (token only)
 	"$KUBECTL" --kubeconfig /dev/null --cache-dir "$TMP/kcache-sa" --request-timeout=30s \
 		--server "$SERVER" --certificate-authority "$CA" --token "$TOKEN" "$@"
 }
-for _ in $(seq 60); do # RBAC changes reach the authorizer through a watch
-	[[ $(sa auth can-i list checkpoints.gpucr.dev -A 2>/dev/null) == yes ]] && break
-	sleep 0.25
+for TOKEN in "$TOKEN_scaler" "$TOKEN_node"; do # RBAC changes reach the authorizer through a watch
+	for _ in $(seq 60); do
+		[[ $(sa auth can-i list checkpoints.gpucr.dev -A 2>/dev/null) == yes ]] && break
+		sleep 0.25
+	done
 done
 
 # can VERB RESOURCE NAMESPACE-ARGS...: kubectl auth can-i as the ServiceAccount.
@@ -325,26 +352,47 @@ sa_patch() {
 	curl -sS --fail-with-body --max-time 30 --cacert "$CA" -H "Authorization: Bearer $TOKEN" \
 		-X PATCH -H 'Content-Type: application/merge-patch+json' --data "$2" "$SERVER$1"
 }
-while read -r kind group res verb; do
+while read -r who kind group res verb; do
+	tok=TOKEN_$who
+	TOKEN=${!tok:-}
 	r=${res%%/*}
 	[[ $group != core ]] && r=$r.$group
 	[[ $res == */* ]] && r=$r/${res#*/}
 	if [[ $kind == ClusterRole ]]; then
-		expect_eq "SA may $verb $res ($group) in another namespace" yes can "$verb" "$r" -n "$NS_OTHER"
+		expect_eq "$who SA may $verb $res ($group) in another namespace" yes can "$verb" "$r" -n "$NS_OTHER"
 		if [[ $verb == list || $verb == watch ]]; then
-			expect_eq "SA may $verb $res ($group) in all namespaces" yes can "$verb" "$r" -A
+			expect_eq "$who SA may $verb $res ($group) in all namespaces" yes can "$verb" "$r" -A
 		fi
 	else
-		expect_eq "SA may $verb $res ($group) in its namespace" yes can "$verb" "$r" -n "$NS"
-		expect_eq "SA may not $verb $res ($group) in another namespace" no can "$verb" "$r" -n "$NS_OTHER"
+		expect_eq "$who SA may $verb $res ($group) in its namespace" yes can "$verb" "$r" -n "$NS"
+		expect_eq "$who SA may not $verb $res ($group) in another namespace" no can "$verb" "$r" -n "$NS_OTHER"
 	fi
 done < <(sed 's/#.*//; /^[[:space:]]*$/d' "$HERE/rbac-expected.txt")
-# Calls it must not be able to make.
+# What only the scaler may do: the node identity is refused it (the split's point).
+TOKEN=$TOKEN_node
+while read -r verb res; do
+	expect_eq "node SA may not $verb $res" no can "$verb" "$res" -n "$NS_OTHER"
+done <<EOF
+create checkpoints.gpucr.dev
+delete checkpoints.gpucr.dev
+create restores.gpucr.dev
+delete restores.gpucr.dev
+patch pods/status
+update pods/status
+patch gpuresidencies.gpucr.dev
+list gpuresidencies.gpucr.dev
+patch gpuresidencies.gpucr.dev/status
+EOF
+# Calls neither identity may make.
 while read -r verb res ns; do
 	nsarg=(-n "$ns")
 	[[ $ns == all ]] && nsarg=(-A)
 	[[ $ns == cluster ]] && nsarg=()
-	expect_eq "SA may not $verb $res ($ns)" no can "$verb" "$res" "${nsarg[@]}"
+	for who in node scaler; do
+		tok=TOKEN_$who
+		TOKEN=${!tok}
+		expect_eq "$who SA may not $verb $res ($ns)" no can "$verb" "$res" "${nsarg[@]}"
+	done
 done <<EOF
 get secrets $NS
 list secrets all
@@ -386,7 +434,8 @@ create clusterrolebindings cluster
 escalate clusterroles cluster
 EOF
 
-# The agent's real calls, made with the token.
+# The node agent's real calls, made with its token.
+TOKEN=$TOKEN_node
 now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 kc -n "$NS_OTHER" apply --server-side --field-manager=gcr-chart-test -f "$ROOT/crd/examples/checkpoint.yaml" >/dev/null ||
 	die "cannot create the example Checkpoint"
@@ -451,7 +500,8 @@ refuse "SA cannot read secrets" "forbidden" sa -n "$NS" get secrets
 # --- chart_sa_kubeconfig.sh: the agent's end-to-end tests run as this SA ----------
 
 CREATED_NS+=("$NS_SA")
-CREATED_CLUSTER+=("clusterrole/gcr-$NS_SA" "clusterrolebinding/gcr-$NS_SA")
+CREATED_CLUSTER+=("clusterrole/gcr-$NS_SA" "clusterrolebinding/gcr-$NS_SA" "clusterrole/gcr-$NS_SA-scaler"
+	"clusterrolebinding/gcr-$NS_SA-scaler")
 run "chart_sa_kubeconfig.sh writes a ServiceAccount kubeconfig" \
 	env KUBECTL="$KUBECTL" HELM="$HELM" "$HERE/chart_sa_kubeconfig.sh" "$NS_SA" "$TMP/sa.kubeconfig"
 expect_eq "... authenticating as the chart's ServiceAccount" "system:serviceaccount:$NS_SA:gcr-$NS_SA" \
@@ -461,17 +511,30 @@ run "... which may list checkpoints in all namespaces" ksa get checkpoints -A
 ksa_lease() { sed "s/NAMESPACE/$NS_SA/" "$TMP/lease.yaml" | ksa create -f -; }
 run "... and create a lease in its namespace" ksa_lease
 refuse "... but not read secrets" "forbidden" ksa get secrets
-stored_rules() { # the ClusterRole the script applied, as "group resource verb;..."
-	kc get clusterrole "gcr-$NS_SA" -o yaml | python3 -c 'import sys, yaml
+stored_rules() { # ClusterRole $1 as the script applied it, as "group resource verb;..."
+	kc get clusterrole "$1" -o yaml | python3 -c 'import sys, yaml
 for r in yaml.safe_load(sys.stdin)["rules"]:
     for g in r["apiGroups"]:
         for res in r["resources"]:
             for v in r["verbs"]:
                 print(g or "core", res, v)' | sort | tr '\n' ';'
 }
-expect_eq "... its ClusterRole is the chart's" \
-	"$(python3 "$CHECKS" rules "$TMP/default-nocrds.yaml" | sed -n 's/^ClusterRole //p' | sort | tr '\n' ';')" \
-	stored_rules
+expect_eq "... its ClusterRole is the chart's node ClusterRole" \
+	"$(python3 "$CHECKS" rules "$TMP/default-nocrds.yaml" | sed -n 's/^node ClusterRole //p' | sort | tr '\n' ';')" \
+	stored_rules "gcr-$NS_SA"
+run "chart_sa_kubeconfig.sh ... scaler: a kubeconfig of the scaler's ServiceAccount" \
+	env KUBECTL="$KUBECTL" HELM="$HELM" "$HERE/chart_sa_kubeconfig.sh" "$NS_SA" "$TMP/sa-scaler.kubeconfig" scaler
+expect_eq "... authenticating as the scaler's ServiceAccount" "system:serviceaccount:$NS_SA:gcr-$NS_SA-scaler" \
+	printf '%s' "$OUT"
+expect_eq "... whose ClusterRole is the chart's scaler ClusterRole" \
+	"$(python3 "$CHECKS" rules "$TMP/default-nocrds.yaml" | sed -n 's/^scaler ClusterRole //p' | sort | tr '\n' ';')" \
+	stored_rules "gcr-$NS_SA-scaler"
+ksc() { "$KUBECTL" --kubeconfig "$TMP/sa-scaler.kubeconfig" --cache-dir "$TMP/kcache-sa3" --request-timeout=30s "$@"; }
+both_can_create() { # the scaler's answer, then the node identity's
+	printf '%s %s' "$(ksc auth can-i create checkpoints.gpucr.dev -n default || true)" \
+		"$(ksa auth can-i create checkpoints.gpucr.dev -n default || true)"
+}
+expect_eq "... which may create Checkpoints, where the node identity may not" "yes no" both_can_create
 if [[ $(stat -c %a "$TMP/sa.kubeconfig" 2>/dev/null) == 600 ]]; then
 	pass "... and the kubeconfig is mode 0600"
 else

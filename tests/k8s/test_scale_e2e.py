@@ -6,9 +6,11 @@
 
 Runs alone (its own test bed and namespace, as test_agent_e2e.py) or as part of
 test_agent_e2e.py, which calls scale_cases() so that the chart's RBAC audit covers the
-permissions only the scaler uses. Agents: nodes scale-a (pods llm-0, llm-1) and scale-b
-(llm-2), heartbeat 1 s (the activity note), leader Lease term 3 s. llm-0's program keeps
-computing (the most active); llm-1 and llm-2 go idle; llm-2 declares no readiness gate.
+scaler's identity too. Node agents (gcr-agent --role=node, the chart's node identity): nodes
+scale-a (pods llm-0, llm-1) and scale-b (llm-2), heartbeat 1 s (the activity note). Two
+scalers (--role=scaler, the chart's scaler identity, as the Deployment with 2 replicas):
+scaler-1 and scaler-2, leader Lease term 3 s. llm-0's program keeps computing (the most
+active); llm-1 and llm-2 go idle; llm-2 declares no readiness gate.
 Every wait polls the API or fakesmi with a bound; the last line is "N passed, N failed".
 """
 
@@ -23,6 +25,7 @@ import test_agent_e2e as base  # noqa: E402
 
 Fail, check, log = base.Fail, base.check, base.log
 NODES = ("scale-a", "scale-b")
+SCALERS = ("scaler-1", "scaler-2")
 GATE = "gpucr.dev/resident"
 PODS = {"llm-0": NODES[0], "llm-1": NODES[0], "llm-2": NODES[1]}
 RES = "llm"
@@ -30,10 +33,11 @@ FINALIZER = "gpucr.dev/resume-on-delete"
 
 
 class Node:
-    """One gcr-agent acting as one node: its own shim socket dir, registry socket and metrics port."""
+    """One gcr-agent acting as one node (role node: its own shim socket dir, registry socket and
+    metrics port), or as one replica of the scaler Deployment (role scaler: metrics port only)."""
 
-    def __init__(self, E, name):
-        self.E, self.name = E, name
+    def __init__(self, E, name, role="node"):
+        self.E, self.name, self.role = E, name, role
         self.sock_dir = os.path.join(E.dir, "run-" + name)
         os.makedirs(self.sock_dir, mode=0o700, exist_ok=True)
         self.registry = os.path.join(self.sock_dir, "agent.sock")
@@ -49,10 +53,15 @@ class Node:
         env = E.fake_env()
         env["GCR_LOG_LEVEL"] = "info"
         env.update(extra_env or {})
-        argv = [base.AGENT, "--kubeconfig", E.kubeconfig, "--node-name", self.name, "--socket-dir", self.sock_dir,
-                "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.port,
-                "--proc-root", E.proc_root, "--lease-namespace", base.LEASE_NS, "--heartbeat-seconds", "1",
-                "--leader-lease-seconds", "3"]
+        if self.role == "scaler":  # as the chart's Deployment: no node, its pod name in POD_NAME
+            env["POD_NAME"] = self.name
+            argv = [base.AGENT, "--role", "scaler", "--kubeconfig", E.scaler_kubeconfig, "--metrics-address",
+                    "[127.0.0.1]:%d" % self.port, "--lease-namespace", base.LEASE_NS, "--leader-lease-seconds", "3"]
+        else:
+            argv = [base.AGENT, "--role", "node", "--kubeconfig", E.kubeconfig, "--node-name", self.name,
+                    "--socket-dir", self.sock_dir, "--registry-socket", self.registry, "--metrics-address",
+                    "127.0.0.1:%d" % self.port, "--proc-root", E.proc_root, "--lease-namespace", base.LEASE_NS,
+                    "--heartbeat-seconds", "1"]
         if os.environ.get("GCR_E2E_VALGRIND") == "1":
             argv = ["valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
                     "--errors-for-leak-kinds=definite",
@@ -103,7 +112,8 @@ class Node:
 
 def scale_cases(E, case):
     """The scale-to-zero cases, on a test bed E already set up (test bed, CRDs, namespace, identity)."""
-    st = {"nodes": {n: Node(E, n) for n in NODES}, "pods": {}}
+    st = {"nodes": {n: Node(E, n) for n in NODES}, "scalers": {n: Node(E, n, "scaler") for n in SCALERS},
+          "pods": {}}
     ns = base.NS
 
     def res():
@@ -161,8 +171,11 @@ def scale_cases(E, case):
                 want = "True"
             if pod == "llm-2":
                 check(gate(pod) is None, "llm-2 declares no gate, yet has condition %s" % gate(pod))
-            else:
-                check(gate(pod) == want, "%s: %s=%s, want %s" % (pod, GATE, gate(pod), want))
+            else:  # the gate writer follows the same events as the status: bounded wait, not a race
+                try:
+                    E.wait("%s: %s=%s" % (pod, GATE, want), lambda: gate(pod) == want, timeout=10)
+                except Fail:
+                    raise Fail("%s: %s=%s, want %s" % (pod, GATE, gate(pod), want))
         check(s["replicas"] == sum(1 for v in states.values() if v == "Resident"), "replicas %s" % s)
         check(s["suspended"] == sum(1 for v in states.values() if v == "Suspended"), "suspended %s" % s)
 
@@ -188,7 +201,7 @@ def scale_cases(E, case):
 
     def setup():
         E.k("wait", "--for=condition=Established", "--timeout=60s", "crd/gpuresidencies.gpucr.dev")
-        for n in st["nodes"].values():
+        for n in list(st["scalers"].values()) + list(st["nodes"].values()):
             n.start()
         for i, (pod, node) in enumerate(sorted(PODS.items())):
             cid = uuid.uuid4().hex + uuid.uuid4().hex
@@ -228,7 +241,7 @@ def scale_cases(E, case):
         check(s.get("selector") == "app=llm" and s.get("suspended") == 0, "status %s" % s)
         E.wait("readiness gates True on llm-0 and llm-1", lambda: gate("llm-0") == "True" and gate("llm-1") == "True")
         agree(status())
-        check(any(leader().startswith(n + "-") for n in NODES), "leader Lease holder %r" % leader())
+        check(any(leader().startswith(n + "-") for n in SCALERS), "leader Lease holder %r" % leader())
 
     def to_zero():
         E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=0")
@@ -295,25 +308,25 @@ def scale_cases(E, case):
 
     def failover():
         # Each Checkpoint takes 2 s on its node (the test hook), so the scale is surely
-        # in flight when the leader dies; the SIGTERMed agents release their terms.
+        # in flight when the leading scaler dies; the node agents go on with theirs.
         slow = {"GCR_AGENT_TEST_PAUSE": "before-cr", "GCR_AGENT_TEST_PAUSE_S": "2"}
         for n in st["nodes"].values():
             check(n.stop() == 0, "agent %s: exit status on SIGTERM" % n.name)
             n.start(slow)
-        E.wait("a leader", lambda: any(leader().startswith(n + "-") for n in NODES), timeout=30)
+        E.wait("a leader", lambda: any(leader().startswith(n + "-") for n in SCALERS), timeout=30)
         before = leader()
         E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=0")
         E.wait("a Checkpoint of the new scale Running", lambda: any(
             c.get("status", {}).get("phase") == "Running" for c in ops("checkpoints")))
-        victim = [n for n in st["nodes"].values() if before.startswith(n.name + "-")]
-        check(len(victim) == 1, "leader %r is none of the agents" % before)
+        victim = [n for n in st["scalers"].values() if before.startswith(n.name + "-")]
+        check(len(victim) == 1, "leader %r is none of the scalers" % before)
         victim = victim[0]
         victim.stop(signal.SIGKILL)
         done = [c for c in ops("checkpoints") if c.get("status", {}).get("phase") == "Succeeded"]
         log("SIGKILLed the leader %s mid-scale (%d of 3 Checkpoints done)" % (before, len(done)))
         check(len(done) < 3, "the scale had ended before the kill")
         E.wait("another agent leads", lambda: leader() and leader() != before, timeout=30)
-        victim.start(slow)  # its node's Checkpoints are finished by the restarted agent
+        victim.start()  # back as a candidate
         s = wait_resident(0, timeout=90)
         check(s["suspended"] == 3 and s.get("leader") != before, "status %s" % s)
         agree(s)
@@ -414,12 +427,12 @@ def scale_cases(E, case):
             o for o in ops_of("restores", uid) if o.get("status", {}).get("phase") == "Running"
             and o["metadata"].get("annotations", {}).get("gpucr.dev/on-delete")])
         before = leader()
-        victim = [n for n in st["nodes"].values() if before.startswith(n.name + "-")]
-        check(len(victim) == 1, "leader %r is none of the agents" % before)
+        victim = [n for n in st["scalers"].values() if before.startswith(n.name + "-")]
+        check(len(victim) == 1, "leader %r is none of the scalers" % before)
         victim[0].stop(signal.SIGKILL)
         check(E.get("gpuresidency", RES) is not None, "gone before its pods were resumed")
         E.wait("another agent leads", lambda: leader() and leader() != before, timeout=30)
-        victim[0].start(slow)  # its node's Restores are finished by the restarted agent
+        victim[0].start()  # back as a candidate
         E.wait("GPUResidency %s deleted" % RES, lambda: E.get("gpuresidency", RES) is None, timeout=90)
         for pod in st["pods"]:
             check(is_resident(pod), "%s not resident after the deletion: driver %s" % (pod, E.drv_state(pid(pod))))
@@ -476,7 +489,7 @@ def scale_cases(E, case):
             try:
                 fn()
             except Exception:
-                for n in st["nodes"].values():
+                for n in list(st["nodes"].values()) + list(st["scalers"].values()):
                     print("  agent %s log tail:\n%s" % (n.name, "\n".join("    " + l for l in n.tail().splitlines())))
                 raise
         return run
@@ -501,7 +514,7 @@ def scale_cases(E, case):
                  "its Checkpoint kept and restorable by hand", wrapped(delete_gives_up))
             case("scale: programs' own data checks after every cycle", wrapped(programs_ok))
     finally:
-        for n in st["nodes"].values():
+        for n in list(st["nodes"].values()) + list(st["scalers"].values()):
             rc = n.stop()
             if rc not in (None, 0):
                 case("scale: agent %s exits 0 on SIGTERM" % n.name, lambda: (_ for _ in ()).throw(

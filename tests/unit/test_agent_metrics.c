@@ -274,6 +274,15 @@ int main(void)
 	agent_metrics_free(m);
 	CHECK(get(port, "/healthz", b) == 0); /* stopped */
 
+	/* An IPv4 pod IP in brackets: the chart's "[$(POD_IP)]:PORT" on an IPv4 cluster. */
+	snprintf(addr, sizeof(addr), "[127.0.0.1]:%d", port);
+	m = NULL;
+	CHECK(agent_metrics_new(addr, gauge, &registered, &m, &err) == 0);
+	CHECK(get(port, "/healthz", b) == 200);
+	agent_metrics_free(m);
+	CHECK(agent_metrics_new("[127.0.0.300]:80", gauge, &registered, &m, &err) == -EINVAL);
+	CHECK(agent_metrics_new("[]:80", gauge, &registered, &m, &err) == -EINVAL);
+
 	/* IPv6 literal in brackets (the chart's form); skipped where there is no ::1. */
 	snprintf(addr, sizeof(addr), "[::1]:%d", port);
 	m = NULL;

@@ -1,0 +1,401 @@
+/* agent_gate: the readiness gate gpucr.dev/resident. Node agents may not write pods (their
+ * RBAC has no pods/status), so the scaler's process derives each gated pod's condition from
+ * the Checkpoints and Restores naming it and writes it; node agents wait for it (controller). */
+#include "agent_gate.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gcr_log.h"
+
+#define API "/apis/gpucr.dev/v1alpha1"
+/* Every gated pod is compared again this often, in ms: covers a newly elected leader and a
+ * write that failed, without a retry queue of its own. */
+#define RESYNC_MS 2000
+
+enum gkind { G_POD, G_CK, G_RS, GN };
+static const char *const paths[GN] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
+
+struct gate_watch {
+	struct agent_gate *g;
+	enum gkind kind;
+	pthread_t th;
+	int started;
+};
+
+struct agent_gate {
+	struct agent_kube *kube;
+	struct agent_leader *leader;
+	atomic_int stop;
+	pthread_mutex_t lock; /* guards everything below */
+	pthread_cond_t cond;
+	/* Only what the gate needs, not the objects: pods declaring the gate ("ns/name" ->
+	 * {status, reason} of its condition), Checkpoints ({ns, pod, phase}), Restores
+	 * ({ns, ck, phase}). */
+	json_t *map[GN];
+	int listed[GN];
+	json_t *dirty; /* "ns/pod" whose condition is to be compared */
+	int all_dirty;
+	struct gate_watch w[GN];
+	pthread_t writer;
+	int writer_started;
+};
+
+/* The gate's three values: a requested or running suspend, a finished one not restored, none. */
+static const struct {
+	const char *status, *reason, *msg;
+} states[] = {
+	{ "False", "Suspending", "GPU state being suspended by GCR: not ready, so traffic goes elsewhere" },
+	{ "False", "Suspended", "GPU state suspended by GCR" },
+	{ "True", "Resident", "GPU state resident (not suspended by GCR)" },
+};
+enum gstate { S_SUSPENDING, S_SUSPENDED, S_RESIDENT };
+
+static const char *at(json_t *o, const char *a, const char *b)
+{
+	return json_string_value(json_object_get(json_object_get(o, a), b));
+}
+
+int agent_gate_declared(json_t *pod)
+{
+	size_t i;
+	json_t *g;
+	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "readinessGates"), i, g)
+	{
+		const char *t = json_string_value(json_object_get(g, "conditionType"));
+		if (t != NULL && strcmp(t, AGENT_GATE_TYPE) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+static json_t *condition(json_t *pod)
+{
+	size_t i;
+	json_t *cnd;
+	json_array_foreach(json_object_get(json_object_get(pod, "status"), "conditions"), i, cnd)
+	{
+		const char *t = json_string_value(json_object_get(cnd, "type"));
+		if (t != NULL && strcmp(t, AGENT_GATE_TYPE) == 0)
+			return cnd;
+	}
+	return NULL;
+}
+
+const char *agent_gate_status(json_t *pod)
+{
+	return json_string_value(json_object_get(condition(pod), "status"));
+}
+
+static void mark_locked(struct agent_gate *g, const char *ns, const char *pod)
+{
+	char key[600];
+	if (ns == NULL || pod == NULL)
+		return;
+	snprintf(key, sizeof(key), "%s/%s", ns, pod);
+	json_object_set_new(g->dirty, key, json_true());
+	pthread_cond_signal(&g->cond);
+}
+
+/* What the gate keeps of obj, NULL for a pod without the gate (not kept at all). */
+static json_t *slim(enum gkind k, json_t *obj)
+{
+	const char *ns = at(obj, "metadata", "namespace"), *ph = at(obj, "status", "phase");
+	if (k == G_POD) {
+		if (!agent_gate_declared(obj))
+			return NULL;
+		json_t *c = condition(obj);
+		return json_pack("{s:s?, s:s?}", "status", json_string_value(json_object_get(c, "status")), "reason",
+				 json_string_value(json_object_get(c, "reason")));
+	}
+	if (k == G_CK)
+		return json_pack("{s:s?, s:s?, s:s?}", "ns", ns, "pod", at(obj, "spec", "podName"), "phase", ph);
+	return json_pack("{s:s?, s:s?, s:s?}", "ns", ns, "ck", at(obj, "spec", "checkpointName"), "phase", ph);
+}
+
+/* The pod an entry of map k concerns (a Restore's through its Checkpoint), marked dirty. */
+static void touch_locked(struct agent_gate *g, enum gkind k, const char *key, json_t *e)
+{
+	if (k == G_POD) {
+		json_object_set_new(g->dirty, key, json_true());
+		pthread_cond_signal(&g->cond);
+	} else if (k == G_CK) {
+		mark_locked(g, json_string_value(json_object_get(e, "ns")), json_string_value(json_object_get(e, "pod")));
+	} else {
+		const char *ns = json_string_value(json_object_get(e, "ns")), *ck = json_string_value(json_object_get(e, "ck"));
+		char ckey[600];
+		snprintf(ckey, sizeof(ckey), "%s/%s", ns ? ns : "", ck ? ck : "");
+		mark_locked(g, ns, json_string_value(json_object_get(json_object_get(g->map[G_CK], ckey), "pod")));
+	}
+}
+
+static void on_list(json_t *items, void *data)
+{
+	struct gate_watch *w = data;
+	struct agent_gate *g = w->g;
+	json_t *m = json_object();
+	size_t i;
+	json_t *it;
+	char key[600];
+	json_array_foreach(items, i, it)
+	{
+		json_t *e = slim(w->kind, it);
+		if (e != NULL && agent_kube_obj_key(it, key, sizeof(key)) == 0)
+			json_object_set_new(m, key, e);
+		else
+			json_decref(e);
+	}
+	pthread_mutex_lock(&g->lock);
+	json_decref(g->map[w->kind]);
+	g->map[w->kind] = m;
+	g->listed[w->kind] = 1;
+	g->all_dirty = 1;
+	pthread_cond_signal(&g->cond);
+	pthread_mutex_unlock(&g->lock);
+}
+
+static void on_event(const struct agent_watch_event *ev, void *data)
+{
+	struct gate_watch *w = data;
+	struct agent_gate *g = w->g;
+	char key[600];
+	if (agent_kube_obj_key(ev->object, key, sizeof(key)) < 0)
+		return;
+	json_t *e = ev->type == AGENT_WATCH_DELETED ? NULL : slim(w->kind, ev->object);
+	pthread_mutex_lock(&g->lock);
+	json_t *old = json_incref(json_object_get(g->map[w->kind], key));
+	if (old != NULL) /* a deleted Checkpoint or Restore changes its pod's state too */
+		touch_locked(g, w->kind, key, old);
+	if (e != NULL) {
+		touch_locked(g, w->kind, key, e);
+		json_object_set_new(g->map[w->kind], key, e);
+	} else {
+		json_object_del(g->map[w->kind], key);
+	}
+	pthread_mutex_unlock(&g->lock);
+	json_decref(old);
+}
+
+static void *watch_main(void *data)
+{
+	struct gate_watch *w = data;
+	struct agent_kube_watch_ops ops = { .on_list = on_list, .on_event = on_event, .data = w };
+	agent_kube_watch_loop(w->g->kube, paths[w->kind], NULL, &ops, &w->g->stop);
+	return NULL;
+}
+
+/* The pod's state from the objects naming it: a Checkpoint not yet final (requested or
+ * running) means suspending, so traffic leaves before the node agent suspends (it waits for
+ * this); a Succeeded one without a Succeeded Restore of it means suspended. */
+static enum gstate want_locked(struct agent_gate *g, const char *ns, const char *pod)
+{
+	enum gstate s = S_RESIDENT;
+	const char *ck;
+	json_t *c;
+	json_object_foreach(g->map[G_CK], ck, c)
+	{
+		const char *cns = json_string_value(json_object_get(c, "ns")),
+			   *cpod = json_string_value(json_object_get(c, "pod")),
+			   *ph = json_string_value(json_object_get(c, "phase"));
+		if (cns == NULL || cpod == NULL || strcmp(cns, ns) != 0 || strcmp(cpod, pod) != 0)
+			continue;
+		if (ph == NULL || strcmp(ph, "Pending") == 0 || strcmp(ph, "Running") == 0)
+			return S_SUSPENDING;
+		if (strcmp(ph, "Succeeded") != 0)
+			continue;
+		const char *name = strchr(ck, '/') + 1, *rk;
+		json_t *r;
+		int restored = 0;
+		json_object_foreach(g->map[G_RS], rk, r)
+		{
+			const char *rns = json_string_value(json_object_get(r, "ns")),
+				   *rck = json_string_value(json_object_get(r, "ck")),
+				   *rph = json_string_value(json_object_get(r, "phase"));
+			restored |= rns && rck && rph && strcmp(rns, ns) == 0 && strcmp(rck, name) == 0 &&
+				    strcmp(rph, "Succeeded") == 0;
+		}
+		if (!restored)
+			s = S_SUSPENDED;
+	}
+	return s;
+}
+
+/* Strategic merge of the one condition (merged by type): nothing else of the pod is written. */
+static int write_gate(struct agent_gate *g, const char *key, enum gstate s)
+{
+	char now[40], path[700], ns[300];
+	const char *slash = strchr(key, '/');
+	if (slash == NULL)
+		return -EINVAL;
+	snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key), key);
+	agent_kube_time(now, sizeof(now), 0);
+	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s/status", ns, slash + 1);
+	json_t *patch = json_pack("{s:{s:[{s:s, s:s, s:s, s:s, s:s}]}}", "status", "conditions", "type",
+				  AGENT_GATE_TYPE, "status", states[s].status, "reason", states[s].reason, "message",
+				  states[s].msg, "lastTransitionTime", now);
+	char *body = patch ? json_dumps(patch, JSON_COMPACT) : NULL;
+	json_decref(patch);
+	long st = 0;
+	struct gcr_err err;
+	int rc = body ? agent_kube_request(g->kube, "PATCH", path, "application/strategic-merge-patch+json", body, &st,
+					   NULL, &err)
+		      : gcr_err_set(&err, -ENOMEM, "out of memory");
+	free(body);
+	if (rc == 0 && st >= 300)
+		rc = gcr_err_set(&err, st == 404 ? -ENOENT : -EIO, "HTTP %ld", st);
+	if (rc < 0)
+		GCR_LOG(GCR_LOG_WARN, "gate", "pod %s: %s=%s not written (%s); compared again in %d ms", key,
+			AGENT_GATE_TYPE, states[s].status, err.msg, RESYNC_MS);
+	else
+		GCR_LOG(GCR_LOG_INFO, "gate", "pod %s: %s=%s (%s)", key, AGENT_GATE_TYPE, states[s].status,
+			states[s].reason);
+	return rc;
+}
+
+static void *writer_main(void *data)
+{
+	struct agent_gate *g = data;
+	struct timespec last;
+	clock_gettime(CLOCK_MONOTONIC, &last);
+	pthread_mutex_lock(&g->lock);
+	while (!atomic_load(&g->stop)) {
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((now.tv_sec - last.tv_sec) * 1000 + (now.tv_nsec - last.tv_nsec) / 1000000 >= RESYNC_MS) {
+			g->all_dirty = 1;
+			last = now;
+		}
+		int synced = g->listed[G_POD] && g->listed[G_CK] && g->listed[G_RS];
+		if (!synced || (!g->all_dirty && json_object_size(g->dirty) == 0)) {
+			struct timespec dl;
+			clock_gettime(CLOCK_REALTIME, &dl);
+			dl.tv_nsec += 200 * 1000000L;
+			if (dl.tv_nsec >= 1000000000L) {
+				dl.tv_sec++;
+				dl.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&g->cond, &g->lock, &dl);
+			continue;
+		}
+		/* Before the lists, a pod would look resident while its Checkpoint is unseen. */
+		json_t *todo = g->all_dirty ? json_object() : g->dirty;
+		const char *k;
+		json_t *v;
+		if (g->all_dirty) {
+			json_object_foreach(g->map[G_POD], k, v) json_object_set_new(todo, k, json_true());
+			json_object_clear(g->dirty);
+			g->all_dirty = 0;
+		} else {
+			g->dirty = json_object();
+		}
+		json_t *writes = json_object(); /* "ns/pod" -> state to write */
+		json_object_foreach(todo, k, v)
+		{
+			json_t *p = json_object_get(g->map[G_POD], k);
+			const char *slash = strchr(k, '/');
+			if (p == NULL || slash == NULL)
+				continue; /* not (or no longer) a pod declaring the gate */
+			char ns[300];
+			snprintf(ns, sizeof(ns), "%.*s", (int)(slash - k), k);
+			enum gstate s = want_locked(g, ns, slash + 1);
+			const char *cs = json_string_value(json_object_get(p, "status")),
+				   *cr = json_string_value(json_object_get(p, "reason"));
+			if (cs == NULL || strcmp(cs, states[s].status) != 0 ||
+			    (s != S_RESIDENT && (cr == NULL || strcmp(cr, states[s].reason) != 0)))
+				json_object_set_new(writes, k, json_integer(s));
+		}
+		json_decref(todo);
+		pthread_mutex_unlock(&g->lock);
+		/* Only the leader writes, so two scaler replicas never alternate a condition. */
+		int lead = g->leader == NULL || agent_leader_is_leader(g->leader);
+		json_object_foreach(writes, k, v)
+		{
+			enum gstate s = (enum gstate)json_integer_value(v);
+			if (!lead || atomic_load(&g->stop) || write_gate(g, k, s) < 0)
+				continue;
+			pthread_mutex_lock(&g->lock); /* as written, until the pod's own event says so */
+			json_t *p = json_object_get(g->map[G_POD], k);
+			if (p != NULL) {
+				json_object_set_new(p, "status", json_string(states[s].status));
+				json_object_set_new(p, "reason", json_string(states[s].reason));
+			}
+			pthread_mutex_unlock(&g->lock);
+		}
+		json_decref(writes);
+		pthread_mutex_lock(&g->lock);
+	}
+	pthread_mutex_unlock(&g->lock);
+	return NULL;
+}
+
+int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct agent_gate **out,
+		   struct gcr_err *err)
+{
+	*out = NULL;
+	struct agent_gate *g = calloc(1, sizeof(*g));
+	if (g == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	g->kube = kube;
+	g->leader = leader;
+	pthread_mutex_init(&g->lock, NULL);
+	pthread_cond_init(&g->cond, NULL);
+	int ok = (g->dirty = json_object()) != NULL;
+	for (int k = 0; k < GN; k++)
+		ok &= (g->map[k] = json_object()) != NULL;
+	if (!ok) {
+		agent_gate_free(g);
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	*out = g;
+	return 0;
+}
+
+int agent_gate_start(struct agent_gate *g, struct gcr_err *err)
+{
+	for (int k = 0; k < GN; k++) {
+		g->w[k] = (struct gate_watch){ .g = g, .kind = (enum gkind)k };
+		int rc = pthread_create(&g->w[k].th, NULL, watch_main, &g->w[k]);
+		if (rc != 0)
+			return gcr_err_set(err, -rc, "cannot start the gate's watch: %s", strerror(rc));
+		g->w[k].started = 1;
+	}
+	int rc = pthread_create(&g->writer, NULL, writer_main, g);
+	if (rc != 0)
+		return gcr_err_set(err, -rc, "cannot start the gate writer: %s", strerror(rc));
+	g->writer_started = 1;
+	return 0;
+}
+
+int agent_gate_synced(struct agent_gate *g)
+{
+	pthread_mutex_lock(&g->lock);
+	int s = g->listed[G_POD] && g->listed[G_CK] && g->listed[G_RS];
+	pthread_mutex_unlock(&g->lock);
+	return s;
+}
+
+void agent_gate_free(struct agent_gate *g)
+{
+	if (g == NULL)
+		return;
+	atomic_store(&g->stop, 1);
+	pthread_mutex_lock(&g->lock);
+	pthread_cond_broadcast(&g->cond);
+	pthread_mutex_unlock(&g->lock);
+	if (g->writer_started)
+		pthread_join(g->writer, NULL);
+	for (int k = 0; k < GN; k++) {
+		if (g->w[k].started)
+			pthread_join(g->w[k].th, NULL);
+		json_decref(g->map[k]);
+	}
+	json_decref(g->dirty);
+	pthread_mutex_destroy(&g->lock);
+	pthread_cond_destroy(&g->cond);
+	free(g);
+}

@@ -1,0 +1,37 @@
+/* agent_gate: the readiness gate gpucr.dev/resident, written by the scaler's process (the one
+ * identity allowed to patch pods/status) from the Checkpoints and Restores naming each pod. */
+#ifndef AGENT_GATE_H
+#define AGENT_GATE_H
+
+#include <jansson.h>
+
+#include "agent_kube.h"
+#include "agent_leader.h"
+#include "gcr_error.h"
+
+/* The condition type a pod lists in spec.readinessGates to have its readiness follow
+ * its GPU state (docs/scale-to-zero.md, "Traffic follows state"). */
+#define AGENT_GATE_TYPE "gpucr.dev/resident"
+
+/* 1 when pod lists AGENT_GATE_TYPE in spec.readinessGates. */
+int agent_gate_declared(json_t *pod);
+
+/* The gate condition's status on pod ("True", "False"), NULL when it has none. Borrowed. */
+const char *agent_gate_status(json_t *pod);
+
+struct agent_gate;
+
+/* Borrows kube and leader (only the leader writes; NULL: always write). */
+int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct agent_gate **out,
+		   struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Starts the watches (pods, checkpoints, restores) and the writer. */
+int agent_gate_start(struct agent_gate *g, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* 1 once all three watches have listed. */
+int agent_gate_synced(struct agent_gate *g);
+
+/* NULL-safe; stops and joins. */
+void agent_gate_free(struct agent_gate *g);
+
+#endif
