@@ -61,7 +61,9 @@ static int make_dir(char *dir, mode_t dir_mode, bool parents, struct gcr_err *er
 	}
 	if (!created && errno != EEXIST)
 		return gcr_err_set(err, -errno, "cannot create %s: %s", dir, strerror(errno));
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	/* O_PATH: a device plugin's 01733 dir is searchable and writable for a non-root shim,
+	 * not readable, and opening it for reading would fail (found on a real node). */
+	int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	struct stat st;
 	if (fd < 0 || fstat(fd, &st) < 0) {
 		int e = errno;
@@ -69,11 +71,12 @@ static int make_dir(char *dir, mode_t dir_mode, bool parents, struct gcr_err *er
 			close(fd);
 		return gcr_err_set(err, -e, "cannot open %s: %s", dir, strerror(e));
 	}
+	close(fd);
 	mode_t want = created ? dir_mode : (st.st_mode & 07777) | (dir_mode & 0111);
 	int rc = 0;
-	if (st.st_uid == geteuid() && (st.st_mode & 07777) != want && fchmod(fd, want) < 0)
+	/* Only a dir we own changes (a path, not the fd: fchmod does not take an O_PATH fd). */
+	if (st.st_uid == geteuid() && (st.st_mode & 07777) != want && chmod(dir, want) < 0)
 		rc = gcr_err_set(err, -errno, "cannot chmod %s to %04o: %s", dir, (unsigned)want, strerror(errno));
-	close(fd);
 	return rc;
 }
 

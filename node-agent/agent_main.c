@@ -623,7 +623,8 @@ int main(int argc, char **argv)
 		gcr_err_set(&err, -ENOMEM, "out of memory");
 		goto out;
 	}
-	if (node && (agent_registry_new(cfg.registry_socket, cfg.socket_dir, cfg.proc_root, &reg, &err) < 0 ||
+	if (node && (agent_registry_new(cfg.registry_socket, cfg.socket_dir, cfg.dp.enabled ? cfg.dp.socket_root : NULL,
+				       cfg.proc_root, &reg, &err) < 0 ||
 		     agent_registry_start(reg, &err) < 0))
 		goto out;
 	if (agent_metrics_new(cfg.metrics_address, registered_gauge, reg, &metrics, &err) < 0)

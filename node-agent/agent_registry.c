@@ -2,6 +2,7 @@
  * credentials), which pod and container (from <procRoot>/<pid>/cgroup). */
 #include "agent_registry.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -99,8 +100,31 @@ static void scan_cb(pid_t pid, const char *path, void *data)
 		p.pod_uid, p.container_id);
 }
 
-int agent_registry_new(const char *socket_path, const char *socket_dir, const char *proc_root,
-		       struct agent_registry **out, struct gcr_err *err)
+/* The device plugin's per-allocation dirs (<alloc_root>/<id>/) hold the sockets of shims in
+ * containers, named by their own pids; their peer credentials give the host pids. */
+static void scan_alloc_root(struct agent_registry *r, const char *alloc_root)
+{
+	DIR *d = opendir(alloc_root);
+	if (d == NULL) {
+		if (errno != ENOENT)
+			GCR_LOG(GCR_LOG_WARN, "registry", "scan of %s: %s", alloc_root, strerror(errno));
+		return;
+	}
+	struct dirent *de;
+	while ((de = readdir(d)) != NULL) {
+		char dir[512];
+		struct gcr_err e2;
+		if (de->d_name[0] == '.' ||
+		    snprintf(dir, sizeof(dir), "%s/%s", alloc_root, de->d_name) >= (int)sizeof(dir))
+			continue;
+		if (gcr_client_list(dir, scan_cb, r, &e2) < 0)
+			GCR_LOG(GCR_LOG_DEBUG, "registry", "scan of %s: %s", dir, e2.msg);
+	}
+	closedir(d);
+}
+
+int agent_registry_new(const char *socket_path, const char *socket_dir, const char *alloc_root,
+		       const char *proc_root, struct agent_registry **out, struct gcr_err *err)
 {
 	*out = NULL;
 	struct agent_registry *r = calloc(1, sizeof(*r));
@@ -126,6 +150,11 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 	struct gcr_err e2;
 	if (gcr_client_list(socket_dir, scan_cb, r, &e2) < 0)
 		GCR_LOG(GCR_LOG_INFO, "registry", "scan of %s: %s", socket_dir, e2.msg);
+	/* A restarted agent must find the shims in containers too: they registered with the
+	 * agent before it and do not register again (found on a real node: a Restore after the
+	 * agent pod was replaced said "no longer registered"). */
+	if (alloc_root != NULL)
+		scan_alloc_root(r, alloc_root);
 	*out = r;
 	return 0;
 }

@@ -19,10 +19,12 @@ struct agent_registry_proc {
 
 struct agent_registry;
 
-/* Listens on socket_path; proc_root is "/proc" or a test tree. Then scans
- * socket_dir for shims that registered with an earlier agent (gcr_client_list). */
-int agent_registry_new(const char *socket_path, const char *socket_dir, const char *proc_root,
-		       struct agent_registry **out, struct gcr_err *err) __attribute__((warn_unused_result));
+/* Listens on socket_path; proc_root is "/proc" or a test tree. Then scans socket_dir, and
+ * each directory in alloc_root (the device plugin's socket root; NULL: none), for shims
+ * that registered with an earlier agent (gcr_client_list). */
+int agent_registry_new(const char *socket_path, const char *socket_dir, const char *alloc_root,
+		       const char *proc_root, struct agent_registry **out, struct gcr_err *err)
+	__attribute__((warn_unused_result));
 
 /* Starts the server thread. */
 int agent_registry_start(struct agent_registry *r, struct gcr_err *err);
