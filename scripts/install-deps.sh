@@ -1,6 +1,7 @@
 #!/bin/bash
 # Installs what building and testing GCR needs, from Debian's packages and PyPI
-# only: toolchain, libraries, test tools, and the CUDA 13.0 headers (headers only:
+# only: toolchain, libraries, test tools (the real node's containerd, runc, CNI plugins,
+# iptables and mmdebstrap for its images: tests/k8s/node/README.md), and the CUDA 13.0 headers (headers only:
 # libcuda is opened at run time, never linked) and the HIP headers (libamdhip64-dev;
 # libamdhip64 is likewise opened at run time).
 set -euo pipefail
@@ -10,7 +11,9 @@ pkgs=(build-essential autoconf automake libtool pkg-config
       libjansson-dev libyaml-dev libcurl4-openssl-dev libmicrohttpd-dev
       clang-14 libclang-rt-14-dev valgrind python3 unzip
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
-      libamdhip64-dev)
+      libamdhip64-dev
+      containerd runc containernetworking-plugins iptables conntrack mmdebstrap
+      openssl curl iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

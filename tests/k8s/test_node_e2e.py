@@ -29,9 +29,9 @@ BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(TOP, 
 TESTBED = os.path.join(HERE, "testbed.sh")
 CHART = os.path.join(TOP, "helm", "gcr")
 RELEASE, SYSTEM_NS = "gcr", "gcr-system"
-IMAGE_REPO, IMAGE_TAG = "gcr-test.invalid/gcr", "dev"
-WORKLOAD_IMAGE = "gcr-test.invalid/workload:dev"
-KERNELS = "/opt/gcr-test/gcr_kernels.h"  # any file: the stand-in driver loads no code
+IMAGE_REPO, IMAGE_TAG = "docker.io/gcr-test/gcr", "dev"
+WORKLOAD_IMAGE = "docker.io/gcr-test/workload:dev"
+KERNELS = "/usr/local/share/gcr-test/gcr_kernels.h"  # any file: the stand-in driver loads no code
 ENV = dict(os.environ)
 RESULTS = []
 
@@ -134,8 +134,17 @@ def phase(kind, ns, name):
 
 
 def wait_phase(kind, ns, name, want=("Succeeded",), timeout=90):
-    return wait_until(f"{kind} {ns}/{name} in {want}", lambda: phase(kind, ns, name) if phase(kind, ns, name) in want else None,
-                      timeout)
+    """Waits for a final phase; a final phase not wanted fails at once, with the message."""
+    def done():
+        st = kjson("get", kind, "-n", ns, name).get("status", {})
+        p = st.get("phase")
+        if p in ("Succeeded", "Failed") and p not in want:
+            raise StopIteration(f"{kind} {ns}/{name} is {p}: {st.get('message')}")
+        return p if p in want else None
+    try:
+        return wait_until(f"{kind} {ns}/{name} in {want}", done, timeout)
+    except StopIteration as e:
+        raise AssertionError(str(e)) from None
 
 
 def events_for(ns, name):
@@ -172,8 +181,13 @@ def case_chart_defaults():
          "--wait", "--timeout", "180s"], timeout=200)
     ds = [d for d in kjson("get", "daemonsets", "-n", SYSTEM_NS)["items"]]
     check(len(ds) == 1, f"one DaemonSet expected, got {[d['metadata']['name'] for d in ds]}")
-    st = ds[0]["status"]
-    check(st.get("numberReady") == 1 == st.get("desiredNumberScheduled"), f"DaemonSet not ready: {st}")
+    wait_until("DaemonSet ready", lambda: (lambda st: st.get("numberReady") == 1 == st.get("desiredNumberScheduled"))(
+        kjson("get", "daemonset", "-n", SYSTEM_NS, ds[0]["metadata"]["name"])["status"]), 120)
+    wait_until("the DaemonSet's agent Ready", agent_ready, 120)
+    deps = kjson("get", "deployments", "-n", SYSTEM_NS)["items"]
+    check(len(deps) == 1 and "scaler" in deps[0]["metadata"]["name"], f"one scaler Deployment expected: {deps}")
+    wait_until("the scaler Deployment available", lambda: kjson("get", "deployment", "-n", SYSTEM_NS, deps[0]["metadata"]["name"])
+               ["status"].get("availableReplicas", 0) >= 1, 120)
     node = ENV["GCR_TESTBED_NODE"]
     alloc = wait_until("gpucr.dev/shim on the node", lambda: kjson("get", "node", node)["status"]
                        .get("allocatable", {}).get("gpucr.dev/shim"), 60)

@@ -44,7 +44,7 @@
 #   GCR_TESTBED_IMAGES          up-node: directory of OCI image archives (*.tar)
 #                               to import; must hold the sandbox image
 #   GCR_TESTBED_PAUSE_IMAGE     up-node: the sandbox image's name
-#                               (default gcr-test.invalid/pause:1)
+#                               (default docker.io/gcr-test/pause:1, tests/k8s/images/build.sh's)
 #   GCR_TESTBED_DRIVER_DIR      up-node: the stand-in driver (libcuda.so.1,
 #                               fakesmi) the "nvidia" runtime class injects
 set -euo pipefail
@@ -635,7 +635,7 @@ cmd_up_node() {
 	need openssl curl setsid ip iptables containerd ctr runc python3
 	[[ $(id -u) == 0 ]] || die "up-node needs root (containerd, kubelet, network)"
 	local t0=$SECONDS
-	PAUSE_IMAGE=${GCR_TESTBED_PAUSE_IMAGE:-gcr-test.invalid/pause:1}
+	PAUSE_IMAGE=${GCR_TESTBED_PAUSE_IMAGE:-docker.io/gcr-test/pause:1}
 	BIN=$(cmd_build)
 	[[ -e $KUBELET_ROOT/.gcr-testbed ]] && die "$KUBELET_ROOT belongs to another test bed; run down first"
 	new_state
