@@ -1,5 +1,6 @@
 /* agent_lease: the node heartbeat, a coordination.k8s.io/v1 Lease "gcr-agent-<node>"
- * renewed by this node's agent (carrying its pods' activity), and whether another node's agent is alive. */
+ * renewed by this node's agent (carrying its pods' activity), and whether another node's agent is alive.
+ * The scaler creates the Lease (agent_lease_create_idle), so the node identity needs no create. */
 #include "agent_lease.h"
 
 #include <errno.h>
@@ -23,6 +24,7 @@ struct agent_lease {
 	char *ns, *node;
 	atomic_int stop;
 	int period_s;
+	int create; /* 404: create the Lease (role all) instead of waiting for the scaler to */
 	char *(*note)(void *data); /* the activity annotation's text, or NULL */
 	void *note_data;
 	pthread_mutex_t lock;
@@ -50,9 +52,9 @@ static void set_note(json_t *obj, const char *text)
 	json_object_set_new(an, AGENT_SCALEMSG_ACTIVITY_KEY, json_string(text));
 }
 
-/* One renewal: GET; 404 -> POST a new Lease; else PUT with the resourceVersion
- * read (409 -> read again). note: the activity annotation (NULL: left as it is).
- * 0 or negative errno with the message in err. */
+/* One renewal: GET; 404 -> POST a new Lease when l->create, else -ENOENT (the scaler
+ * creates it); else PUT with the resourceVersion read (409 -> read again). note: the
+ * activity annotation (NULL: left as it is). 0 or negative errno with the message in err. */
 static int renew(struct agent_lease *l, const char *note, struct gcr_err *err)
 {
 	char path[600], coll[600], now[40], name[300];
@@ -72,6 +74,14 @@ static int renew(struct agent_lease *l, const char *note, struct gcr_err *err)
 		agent_kube_time(now, sizeof(now), 1);
 		json_t *obj;
 		const char *method = "PUT", *where = path;
+		if (st == 404 && !l->create) {
+			/* A PUT would be authorized as a create, which the node identity lacks. */
+			json_decref(cur);
+			return gcr_err_set(err, -ENOENT,
+					   "waiting for the scaler to create lease %s/%s (it does for every node running "
+					   "an agent pod); retrying every %d s",
+					   l->ns, name, l->period_s);
+		}
 		if (st == 404) {
 			obj = json_pack("{s:s, s:s, s:{s:s, s:s}, s:{s:s, s:i, s:s, s:s}}", "apiVersion",
 					"coordination.k8s.io/v1", "kind", "Lease", "metadata", "name", name, "namespace",
@@ -113,7 +123,7 @@ static int renew(struct agent_lease *l, const char *note, struct gcr_err *err)
 static void *lease_main(void *data)
 {
 	struct agent_lease *l = data;
-	int failing = 0;
+	int failing = 0; /* 1: a renewal failed; 2: the Lease is missing (said once) */
 	pthread_mutex_lock(&l->lock);
 	while (!atomic_load(&l->stop)) {
 		/* The next renewal is due a period after this one starts, whatever this one takes. */
@@ -127,7 +137,11 @@ static void *lease_main(void *data)
 		char *note = l->note ? l->note(l->note_data) : NULL;
 		int rc = renew(l, note, &err);
 		free(note);
-		if (rc < 0) {
+		if (rc == -ENOENT) {
+			if (failing != 2) /* once, not every period: the scaler may take a while */
+				GCR_LOG(GCR_LOG_WARN, "lease", "node heartbeat: %s", err.msg);
+			failing = 2;
+		} else if (rc < 0) {
 			GCR_LOG(GCR_LOG_WARN, "lease", "node heartbeat: %s", err.msg);
 			failing = 1;
 		} else if (failing) {
@@ -169,6 +183,11 @@ void agent_lease_set_period(struct agent_lease *l, int seconds)
 		l->period_s = seconds;
 }
 
+void agent_lease_set_create(struct agent_lease *l, int create)
+{
+	l->create = create;
+}
+
 void agent_lease_set_note(struct agent_lease *l, char *(*note)(void *data), void *data)
 {
 	l->note = note;
@@ -200,6 +219,32 @@ void agent_lease_free(struct agent_lease *l)
 	free(l->ns);
 	free(l->node);
 	free(l);
+}
+
+int agent_lease_create_idle(struct agent_kube *kube, const char *ns, const char *node, struct gcr_err *err)
+{
+	char coll[600], name[300];
+	snprintf(coll, sizeof(coll), LEASES, ns);
+	snprintf(name, sizeof(name), "gcr-agent-%s", node);
+	/* No holder and no renewTime: read as not live until the node's agent renews it. */
+	json_t *obj = json_pack("{s:s, s:s, s:{s:s, s:s}, s:{s:i}}", "apiVersion", "coordination.k8s.io/v1", "kind",
+				"Lease", "metadata", "name", name, "namespace", ns, "spec", "leaseDurationSeconds",
+				AGENT_LEASE_DURATION_S);
+	char *body = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+	json_decref(obj);
+	if (body == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	long st = 0;
+	int rc = agent_kube_request(kube, "POST", coll, "application/json", body, &st, NULL, err);
+	free(body);
+	if (rc < 0)
+		return -EIO;
+	if (st == 201)
+		return 1;
+	if (st == 409)
+		return 0; /* created meanwhile (by the node's agent in role all, or a previous leader) */
+	return gcr_err_set(err, -EIO, "POST lease %s/%s: HTTP %ld; node %s's agent keeps waiting for it", ns, name,
+			   st, node);
 }
 
 /* Seconds since the epoch of an RFC 3339 UTC time ("...T..:..:..[.ffffff]Z"), -1 when malformed. */

@@ -21,6 +21,11 @@ int agent_lease_new(struct agent_kube *kube, const char *ns, const char *node, s
  * AGENT_LEASE_RENEW_S. The activity note is sampled at the same pace. */
 void agent_lease_set_period(struct agent_lease *l, int seconds);
 
+/* Before start: create (non-zero) the Lease when it is missing, as role all does (no
+ * scaler Deployment). Default 0: the scaler creates it (agent_lease_create_idle) and
+ * this node's agent only reads and updates it, logging once while it waits. */
+void agent_lease_set_create(struct agent_lease *l, int create);
+
 /* Before start: at each renewal note(data) gives the text (malloc'd, or NULL) of the
  * Lease's activity annotation (agent_scalemsg.h), which the leader's scaler reads. */
 void agent_lease_set_note(struct agent_lease *l, char *(*note)(void *data), void *data);
@@ -30,6 +35,11 @@ int agent_lease_start(struct agent_lease *l, struct gcr_err *err) __attribute__(
 
 /* NULL-safe; stops and joins the thread. The Lease is left to expire. */
 void agent_lease_free(struct agent_lease *l);
+
+/* The scaler's part: creates node's heartbeat Lease in ns with no holder (not live until
+ * that node's agent renews it). 1 created, 0 it existed, -EIO (message in err). */
+int agent_lease_create_idle(struct agent_kube *kube, const char *ns, const char *node, struct gcr_err *err)
+	__attribute__((warn_unused_result));
 
 /* Whether node's Lease in ns is live now (renewTime + leaseDurationSeconds in
  * the future): 1 live, 0 missing or expired, -EIO (message in err) when it

@@ -54,7 +54,7 @@ struct dp_cfg {
 
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
-		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role;
+		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector;
 	struct dp_cfg dp;
 };
 
@@ -87,6 +87,9 @@ static const struct opt_row opts_table[] = {
 	  "term of the scaler's leader Lease: another agent takes over this long after the leader stops (1..300)" },
 	{ "max-parallel", "maxParallel", SLOT(max_parallel), "4",
 	  "Checkpoints and Restores run at once on this node, each on a different pod (1..64)" },
+	{ "agent-selector", "agentSelector", SLOT(agent_selector), NULL,
+	  "label selector of the node agents' pods in the lease namespace: the scaler creates the heartbeat "
+	  "Lease of each node they run on (role node cannot create Leases)" },
 	{ "role", "role", SLOT(role), "all",
 	  "node (controller, device plugin, registry, heartbeat), scaler (leader election, GPUResidency scaler, "
 	  "readiness gates) or all (both: one machine)" },
@@ -656,6 +659,8 @@ int main(int argc, char **argv)
 		if (agent_lease_new(kube, cfg.lease_namespace, cfg.node_name, &lease, &err) < 0)
 			goto out;
 		agent_lease_set_period(lease, heartbeat_s);
+		/* Role all has no scaler Deployment to create it; role node's identity cannot. */
+		agent_lease_set_create(lease, scale);
 		agent_lease_set_note(lease, agent_activity_note, activity);
 		if (agent_lease_start(lease, &err) < 0)
 			goto out;
@@ -663,15 +668,17 @@ int main(int argc, char **argv)
 	if (scale) {
 		char identity[300];
 		leader_identity(&cfg, identity, sizeof(identity));
-		struct agent_scaler_cfg scfg = { .lease_namespace = cfg.lease_namespace };
+		struct agent_scaler_cfg scfg = { .lease_namespace = cfg.lease_namespace,
+						 .agent_selector = cfg.agent_selector };
 		if (agent_leader_new(kube, cfg.lease_namespace, "gcr-scaler-leader", identity, leader_lease_s,
 				     &leader, &err) < 0 ||
 		    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, leader, &scfg, &scaler, &err) < 0 ||
 		    agent_scaler_start(scaler, &err) < 0 || agent_gate_new(kube, leader, &gate, &err) < 0 ||
 		    agent_gate_start(gate, &err) < 0)
 			goto out;
-		GCR_LOG(GCR_LOG_INFO, "agent", "scaler: candidate %s for lease %s/gcr-scaler-leader", identity,
-			cfg.lease_namespace);
+		GCR_LOG(GCR_LOG_INFO, "agent", "scaler: candidate %s for lease %s/gcr-scaler-leader; %s%s", identity,
+			cfg.lease_namespace, cfg.agent_selector ? "creates the heartbeat Leases of nodes with pods " : "",
+			cfg.agent_selector ? cfg.agent_selector : "no --agent-selector: creates no node heartbeat Lease");
 	}
 	if (node) {
 		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||

@@ -32,11 +32,16 @@
  * back then is given up on, so that a deletion never hangs. */
 #define DELETE_ATTEMPTS 3
 #define DELETE_BOUND_S 600
+/* How often (s) the leader makes sure every node running an agent pod has its heartbeat
+ * Lease: a new node's agent waits at most this (plus one heartbeat) to be seen as live. */
+#define KEEP_LEASES_S 5
 
 struct agent_scaler {
 	struct agent_kube *kube;
 	struct agent_leader *leader;
 	char *lease_ns;
+	char *agent_selq; /* the node agents' pods' label selector, query-escaped; NULL: none */
+	double leases_kept; /* when keep_leases last ran (s since the epoch) */
 	int resync_ms;
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards cache and kick */
@@ -951,6 +956,67 @@ out:
 	return busy;
 }
 
+/* ---- the nodes' heartbeat Leases ---- */
+
+/* Creates the missing heartbeat Lease of every node where an agent pod (agent_selq) is
+ * scheduled. The node identity may only get and update Leases (the API server authorizes a
+ * PUT on a missing object as a create), so the first one comes from here. A Lease whose
+ * node's agent pod is gone is left: expired, it reads as "no agent" just as a missing one
+ * does, and deleting it would race a re-created agent pod for no gain. */
+static void keep_leases(struct agent_scaler *s)
+{
+	char path[AGENT_SCALEMSG_SELECTOR_MAX + 200];
+	long st = 0;
+	struct gcr_err err;
+	json_t *pods = NULL, *leases = NULL, *have = json_object();
+	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods?labelSelector=%s&resourceVersion=0", s->lease_ns,
+		 s->agent_selq);
+	if (have == NULL || api(s, "GET", path, NULL, NULL, &st, &pods, &err) < 0 || st != 200) {
+		GCR_LOG(GCR_LOG_WARN, "scaler", "agent pods in %s: %s", s->lease_ns,
+			st ? "unexpected answer to the list" : err.msg);
+		goto out;
+	}
+	snprintf(path, sizeof(path), "/apis/coordination.k8s.io/v1/namespaces/%s/leases?resourceVersion=0",
+		 s->lease_ns);
+	st = 0;
+	if (api(s, "GET", path, NULL, NULL, &st, &leases, &err) < 0 || st != 200) {
+		GCR_LOG(GCR_LOG_WARN, "scaler", "leases in %s: %s", s->lease_ns,
+			st ? "unexpected answer to the list" : err.msg);
+		goto out;
+	}
+	size_t i;
+	json_t *it;
+	json_array_foreach(json_object_get(leases, "items"), i, it)
+	{
+		const char *n = str_at(json_object_get(it, "metadata"), "name", NULL);
+		if (n != NULL)
+			json_object_set_new(have, n, json_true());
+	}
+	json_array_foreach(json_object_get(pods, "items"), i, it)
+	{
+		const char *node = str_at(json_object_get(it, "spec"), "nodeName", NULL);
+		char name[300];
+		if (node == NULL || node[0] == '\0')
+			continue; /* not scheduled yet */
+		snprintf(name, sizeof(name), "gcr-agent-%s", node);
+		if (json_object_get(have, name) != NULL)
+			continue;
+		if (!agent_leader_is_leader(s->leader) || atomic_load(&s->stop))
+			break;
+		int rc = agent_lease_create_idle(s->kube, s->lease_ns, node, &err);
+		if (rc < 0)
+			GCR_LOG(GCR_LOG_WARN, "scaler", "%s; retrying in %d s", err.msg, KEEP_LEASES_S);
+		else if (rc == 1)
+			GCR_LOG(GCR_LOG_INFO, "scaler", "created heartbeat lease %s/%s for agent pod %s", s->lease_ns,
+				name, str_at(it, "metadata", "name"));
+		json_object_set_new(have, name, json_true()); /* one attempt per node per round */
+	}
+out:
+	json_decref(pods);
+	json_decref(leases);
+	json_decref(have);
+}
+
 /* ---- worker ---- */
 
 static void *worker_main(void *data)
@@ -977,6 +1043,11 @@ static void *worker_main(void *data)
 		json_t *all = json_deep_copy(s->cache);
 		pthread_mutex_unlock(&s->lock);
 		busy = 0;
+		if (s->agent_selq != NULL && agent_leader_is_leader(s->leader) &&
+		    now_s() - s->leases_kept >= KEEP_LEASES_S) {
+			s->leases_kept = now_s();
+			keep_leases(s);
+		}
 		if (agent_leader_is_leader(s->leader)) {
 			const char *k;
 			json_t *res;
@@ -1014,6 +1085,14 @@ int agent_scaler_new(struct agent_kube *kube, struct agent_leader *leader, const
 		agent_scaler_free(s);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	}
+	if (cfg->agent_selector != NULL && cfg->agent_selector[0] != '\0') {
+		char q[AGENT_SCALEMSG_SELECTOR_MAX];
+		if (agent_scalemsg_query_escape(cfg->agent_selector, q, sizeof(q)) < 0 ||
+		    (s->agent_selq = strdup(q)) == NULL) {
+			agent_scaler_free(s);
+			return gcr_err_set(err, -EINVAL, "--agent-selector: too long or out of memory");
+		}
+	}
 	*out = s;
 	return 0;
 }
@@ -1047,5 +1126,6 @@ void agent_scaler_free(struct agent_scaler *s)
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);
 	free(s->lease_ns);
+	free(s->agent_selq);
 	free(s);
 }

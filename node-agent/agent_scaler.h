@@ -24,6 +24,9 @@
 
 struct agent_scaler_cfg {
 	const char *lease_namespace; /* where the nodes' heartbeat Leases (with activity) are */
+	/* Label selector of the node agents' pods in lease_namespace: the leader creates the
+	 * heartbeat Lease of each node they run on (the node identity cannot). NULL: none. */
+	const char *agent_selector;
 	int resync_ms;               /* full pass this often when idle (default 2000) */
 };
 

@@ -103,16 +103,16 @@ def cmd_rbac(render, expected_path):
     check("leases only through the namespaced Role",
           all(k == "Role" for i, k, g, r, v in got if r == "leases")
           and all(r == "leases" for i, k, g, r, v in got if k == "Role"))
-    # The split: a node agent creates nothing but Events and (in the release's namespace
-    # only) its heartbeat Lease, deletes nothing, writes no pod.
-    heartbeat = ("node", "Role", "coordination.k8s.io", "leases")
+    # The split: a node agent creates nothing but Events (its heartbeat Lease is created
+    # by the scaler), deletes nothing, writes no pod.
     node_writes = sorted(" ".join(t) for t in got if t[0] == "node" and (
         t[4] in ("delete", "deletecollection")
-        or (t[4] == "create" and t[3] != "events" and t[:4] != heartbeat)
+        or (t[4] == "create" and t[3] != "events")
         or (t[3].split("/")[0] == "pods" and t[4] not in ("get", "list", "watch"))))
-    check("node identity: no create but Events and its namespace's heartbeat Lease, no delete, "
-          "no write to pods or pods/status",
+    check("node identity: no create but Events, no delete, no write to pods or pods/status",
           not node_writes, "\n".join(node_writes))
+    check("only the scaler identity creates Leases (the nodes' heartbeats, its leader Lease)",
+          {t[0] for t in got if (t[3], t[4]) == ("leases", "create")} == {"scaler"})
     check("only the scaler identity patches pods/status or creates Checkpoints/Restores",
           {t[0] for t in got if (t[3], t[4]) in (("pods/status", "patch"), ("checkpoints", "create"),
                                                  ("restores", "create"))} == {"scaler"})
@@ -195,6 +195,10 @@ def common(docs, ns):
     cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
     check("config.yaml parses and names the lease namespace", cfg.get("leaseNamespace") == ns, cfg)
     check("node agents run --role=node", "--role=node" in args, args)
+    ds = one(docs, "DaemonSet")
+    sel = ",".join("%s=%s" % kv for kv in sorted(ds["spec"]["selector"]["matchLabels"].items()))
+    check("config.yaml agentSelector is the DaemonSet's selector (the scaler creates those nodes' Leases)",
+          cfg.get("agentSelector") == sel, (cfg.get("agentSelector"), sel))
     check("POD_IP from status.podIP (the metrics address)",
           env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP")
     reg = [a.split("=", 1)[1] for a in args if a.startswith("--registry-socket=")]

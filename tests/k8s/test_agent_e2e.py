@@ -56,6 +56,12 @@ CHART_RELEASE = "gcr-" + NS
 # The agents' heartbeat Leases live in the chart's namespace, as the chart's config.yaml
 # says (leaseNamespace: .Release.Namespace) and its lease Role allows.
 LEASE_NS = NS
+# The DaemonSet's pods' labels (its selector), which the chart passes to the scaler as
+# agentSelector: the scaler creates the heartbeat Lease of each node one of them runs on
+# (the node identity cannot create Leases). Here such pods are API objects only.
+AGENT_LABELS = {"app.kubernetes.io/name": "gcr", "app.kubernetes.io/instance": CHART_RELEASE,
+                "app.kubernetes.io/component": "agent"}
+AGENT_SELECTOR = ",".join("%s=%s" % kv for kv in sorted(AGENT_LABELS.items()))
 WAIT_S = 60  # bound of one wait on the API, in seconds
 
 
@@ -122,6 +128,8 @@ class Env:
         self.agent = None
         self.agent_log = None
         self.agent_runs = 0
+        self.scaler = None
+        self.scaler_log = None
         self.progs = []
         self.metrics_port = free_port()
         self.kubectl = "kubectl"
@@ -231,6 +239,17 @@ class Env:
             self.k("patch", "pod", name, "-n", NS, "--subresource=status", "--type=merge", "-p", json.dumps(st))
         return pod["metadata"]["uid"]
 
+    def make_agent_pod(self, node):
+        """What the DaemonSet would schedule on node (an API object only): the scaler finds it by
+        AGENT_SELECTOR and creates that node's heartbeat Lease."""
+        self.apply({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "gcr-agent-" + node, "namespace": LEASE_NS, "labels": AGENT_LABELS},
+                    "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "example.invalid/gcr:1"}]}})
+
+    def lease(self, node):
+        out = self.k("get", "lease", "gcr-agent-" + node, "-n", LEASE_NS, "-o", "json", ok=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
     # --- processes ---
     def start_prog(self, pod_uid, cid):
         """gcr-testprog under the shim, its cgroup file written under its own pid before exec."""
@@ -301,6 +320,30 @@ class Env:
         self.wait("agent /readyz", lambda: self.http("/readyz")[0] == 200, timeout=120)
         return self.agent
 
+    def start_scaler(self):
+        """gcr-agent --role=scaler as the chart's scaler identity, as the Deployment runs it."""
+        self.scaler_log = os.path.join(self.dir, "scaler.log")
+        env = dict(self.env)
+        env.update({"GCR_LOG_LEVEL": "info", "POD_NAME": "scaler-e2e"})
+        self.scaler = subprocess.Popen(
+            [AGENT, "--role", "scaler", "--kubeconfig", self.scaler_kubeconfig, "--lease-namespace", LEASE_NS,
+             "--metrics-address", "127.0.0.1:%d" % free_port(), "--leader-lease-seconds", "3",
+             "--agent-selector", AGENT_SELECTOR],
+            stdout=open(self.scaler_log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def stop_scaler(self):
+        if self.scaler is None:
+            return None
+        if self.scaler.poll() is None:
+            self.scaler.send_signal(signal.SIGTERM)
+        try:
+            rc = self.scaler.wait(60)
+        except subprocess.TimeoutExpired:
+            self.scaler.kill()
+            rc = self.scaler.wait(30)
+        self.scaler = None
+        return rc
+
     def stop_agent(self, sig=signal.SIGTERM):
         if self.agent is None:
             return None
@@ -322,6 +365,7 @@ class Env:
 
     def close(self):
         self.stop_agent()
+        self.stop_scaler()
         for p in self.progs:
             p.kill()
         if not self.started_testbed and os.environ.get("GCR_E2E_KEEP") != "1":
@@ -478,91 +522,19 @@ def main():
         # node-b has no agent: no Lease of it left by an earlier run on a reused test bed.
         E.k("delete", "lease", "gcr-agent-" + NODE_B, "-n", LEASE_NS, "--ignore-not-found")
         E.make_pod("other-pod", uuid.uuid4().hex + uuid.uuid4().hex, node=NODE_B)
+        # The node agent starts before anything created its Lease: it gets ready all the same
+        # (start_agent waits for /readyz) and waits for the scaler, which then starts.
         E.start_agent()
+        E.wait("the agent waiting for its Lease", lambda: "waiting for the scaler to create lease %s/gcr-agent-%s"
+               % (LEASE_NS, NODE) in open(E.agent_log).read())
+        E.start_scaler()
+        E.make_agent_pod(NODE)
         p = E.start_prog(st["uid"], st["cid"])
         st["prog"], st["pid"] = p, p.p.pid
         p.send("go")  # the program computes; the checkpoint gates it wherever it is
         E.wait("agent registers pid %d" % st["pid"],
                lambda: "gcr_agent_registered_processes 1" in E.http("/metrics")[1])
         untouched(st["pid"])
-
-    def checkpoint_ok():
-        E.apply(checkpoint("ck-1", "gpu-pod"))
-        c = E.wait_phase("checkpoint", "ck-1", ("Succeeded", "Failed"))
-        s = c["status"]
-        check(s["phase"] == "Succeeded", "phase %s: %s" % (s["phase"], s.get("message")))
-        suspended(st["pid"])
-        check(s.get("nodeName") == NODE, "nodeName %s" % s.get("nodeName"))
-        check([p["pid"] for p in s.get("processes", [])] == [st["pid"]], "processes %s" % s.get("processes"))
-        check(s.get("bytes", {}).get("total", 0) > 0, "bytes %s" % s.get("bytes"))
-        check("total" in s.get("durations", {}) and "data" in s["durations"], "durations %s" % s.get("durations"))
-        check(s.get("startTime") and s.get("completionTime"), "times missing")
-        check(s.get("processes")[0].get("containerName") == "main", "containerName %s" % s["processes"])
-        E.wait_event("ck-1", "Normal", "Checkpointed")
-
-    def restore_ok():
-        r = do_restore("rs-1", "ck-1")
-        check(r["status"].get("durations", {}).get("total") is not None, "durations %s" % r["status"])
-        E.wait_event("rs-1", "Normal", "Restored")
-        # A second Restore of the same Checkpoint has nothing to do: Failed, nothing touched.
-        E.apply(restore("rs-1b", "ck-1"))
-        r = E.wait_phase("restore", "rs-1b", ("Succeeded", "Failed"))["status"]
-        check(r["phase"] == "Failed" and "running" in r.get("message", ""), "second Restore: %s: %s"
-              % (r["phase"], r.get("message")))
-        E.wait_event("rs-1b", "Warning", "NotSuspended")
-        untouched(st["pid"])
-
-    def keep_context():
-        # spec.keepContext: the shim's data step alone (GCR_CR_DATA_ONLY). The buffers' bytes
-        # leave the GPU, the driver never checkpoints the process (its context stays resident),
-        # and the Restore resumes in the mode the Checkpoint recorded, not one of its own.
-        before = E.mem(st["pid"])
-        # The buffers the shim moves: converted cuMemAlloc and the program's own cuMemCreate. What
-        # else the process holds (small buffers left to the driver, modules) is the context's.
-        sb = E.shim(st["pid"]).get("bytes", {})
-        buffers = sb.get("vmm", 0) + sb.get("app_vmm", 0)
-        check(0 < buffers <= before, "shim bytes %s, %d bytes on the GPU" % (sb, before))
-        E.apply(checkpoint("ck-keep", "gpu-pod", keepContext=True))
-        s = E.wait_phase("checkpoint", "ck-keep", ("Succeeded", "Failed"))["status"]
-        check(s["phase"] == "Succeeded", "phase %s: %s" % (s["phase"], s.get("message")))
-        check(s.get("mode") == "KeepContext", "status.mode %s" % s.get("mode"))
-        check(E.drv_state(st["pid"]) == "running", "driver state %s: the driver checkpointed a "
-              "keep-context process" % E.drv_state(st["pid"]))
-        shim = E.shim(st["pid"])
-        check(shim.get("state") == "suspended", "shim state %s" % shim.get("state"))
-        left = E.mem(st["pid"])
-        log("keepContext: %d bytes on the GPU before, %d in the shim's buffers, %d left while suspended"
-            % (before, buffers, left))
-        check(left == before - buffers, "%d bytes of GPU memory left while suspended: not the %d of %d outside "
-              "the shim's buffers" % (left, before - buffers, before))
-        d, b = s.get("durations", {}), s.get("bytes", {})
-        check(d.get("lock") == 0 and d.get("checkpoint") == 0 and "data" in d and "total" in d,
-              "durations %s: a driver step ran" % d)
-        # Only what changed since the last suspend is copied (incremental): 0 is truthful too.
-        check(0 <= b.get("total", -1) <= before and b.get("vmm") == b.get("total") and "driver" not in b,
-              "bytes %s (the buffers held %d)" % (b, before))
-        check("context kept" in s.get("message", ""), "message %s" % s.get("message"))
-        E.wait_event("ck-keep", "Normal", "Checkpointed")
-        # A default Checkpoint now finds the process suspended already: Failed, nothing touched.
-        E.apply(checkpoint("ck-keep-full", "gpu-pod"))
-        f = E.wait_phase("checkpoint", "ck-keep-full", ("Succeeded", "Failed"))["status"]
-        check(f["phase"] == "Failed" and "already suspended" in f.get("message", ""),
-              "Checkpoint of a keep-context-suspended pod: %s: %s" % (f["phase"], f.get("message")))
-        check(E.drv_state(st["pid"]) == "running" and E.shim(st["pid"]).get("state") == "suspended",
-              "the failed Checkpoint touched the process")
-        r = do_restore("rs-keep", "ck-keep")["status"]
-        check(r.get("mode") == "KeepContext", "Restore status.mode %s" % r.get("mode"))
-        check(r.get("durations", {}).get("restore") == 0 and r["durations"].get("unlock") == 0,
-              "Restore durations %s: a driver step ran" % r.get("durations"))
-        check(r.get("bytes", {}).get("total", 0) > 0, "Restore bytes %s" % r.get("bytes"))
-        check(E.mem(st["pid"]) == before, "%d bytes of GPU memory after the Restore, %d before"
-              % (E.mem(st["pid"]), before))
-        check(E.shim(st["pid"]).get("state") == "running", "shim state %s" % E.shim(st["pid"]).get("state"))
-        E.wait_event("rs-keep", "Normal", "Restored")
-        # The spec is immutable: the mode of a Checkpoint cannot be changed after the fact.
-        out = E.k("patch", "checkpoint", "ck-keep", "-n", NS, "--type=merge", "-p",
-                  json.dumps({"spec": {"keepContext": False}}), ok=False)
-        check(out.returncode != 0 and "immutable" in out.stderr, "keepContext changed: %s" % out.stderr)
 
     def bad(name, obj, kind, want):
         E.apply(obj)
@@ -581,16 +553,22 @@ def main():
         bad("ck-plain", checkpoint("ck-plain", "plain-pod"), "checkpoint", "no process running under the GCR shim")
 
     def own_lease():
-        # The agent's own heartbeat: a Lease in LEASE_NS held by its node, renewed.
-        def renewed():
-            out = E.k("get", "lease", "gcr-agent-" + NODE, "-n", LEASE_NS, "-o", "json", ok=False)
-            return json.loads(out.stdout) if out.returncode == 0 else None
-        spec = E.wait("Lease %s/gcr-agent-%s" % (LEASE_NS, NODE), renewed)["spec"]
-        check(spec.get("holderIdentity") == NODE, "holderIdentity %s" % spec.get("holderIdentity"))
+        # The node identity cannot create Leases: the scaler creates the Lease of each node
+        # running an agent pod (none held), and the node's agent, which logged once that it
+        # was waiting, holds and renews it from then on.
+        E.wait("the scaler creating Lease %s/gcr-agent-%s" % (LEASE_NS, NODE),
+               lambda: "created heartbeat lease %s/gcr-agent-%s for agent pod gcr-agent-%s" % (LEASE_NS, NODE, NODE)
+               in open(E.scaler_log).read())
+        spec = E.wait("Lease %s/gcr-agent-%s held by %s" % (LEASE_NS, NODE, NODE),
+                      lambda: (E.lease(NODE) or {}).get("spec", {}).get("holderIdentity") == NODE and E.lease(NODE))["spec"]
         check(spec.get("leaseDurationSeconds") == 40, "leaseDurationSeconds %s" % spec.get("leaseDurationSeconds"))
         first = spec.get("renewTime")
-        E.wait("renewTime after %s" % first, lambda: (renewed() or {}).get("spec", {}).get("renewTime", "") > first,
+        E.wait("renewTime after %s" % first, lambda: (E.lease(NODE) or {}).get("spec", {}).get("renewTime", "") > first,
                timeout=30)
+        waits = open(E.agent_log).read().count("waiting for the scaler to create lease")
+        check(waits == 1, "the agent logged its wait %d times, not once" % waits)
+        # node-b runs no agent pod: no Lease for it, so it still reads as unserved.
+        check(E.lease(NODE_B) is None, "a Lease for %s, where no agent pod runs: %s" % (NODE_B, E.lease(NODE_B)))
 
     def other_node_no_agent():
         # No GCR agent serves the pod's node (no Lease): nobody else would ever
@@ -631,21 +609,6 @@ def main():
         out = E.k("apply", "-f", "-", stdin=json.dumps(checkpoint("ck-bad", "Bad_Name!")), ok=False)
         check(out.returncode != 0, "API server accepted a bad podName")
         check(E.get("checkpoint", "ck-bad") is None, "bad object exists")
-
-    def serialised():
-        E.k("apply", "-f", "-", stdin="\n---\n".join(json.dumps(checkpoint(n, "gpu-pod")) for n in ("ck-a", "ck-b")))
-        a = E.wait_phase("checkpoint", "ck-a", ("Succeeded", "Failed"))["status"]
-        b = E.wait_phase("checkpoint", "ck-b", ("Succeeded", "Failed"))["status"]
-        phases = sorted([a["phase"], b["phase"]])
-        check(phases == ["Failed", "Succeeded"], "phases %s / %s: %s / %s" % (a["phase"], b["phase"],
-              a.get("message"), b.get("message")))
-        loser, winner = (a, b) if a["phase"] == "Failed" else (b, a)
-        check("already suspended" in loser.get("message", ""), "loser's message: %s" % loser.get("message"))
-        # Never interleaved: the loser started after the winner had finished.
-        check(loser["startTime"] >= winner["completionTime"], "loser started %s before the winner finished %s"
-              % (loser["startTime"], winner["completionTime"]))
-        suspended(st["pid"])
-        do_restore("rs-ab", "ck-a" if a["phase"] == "Succeeded" else "ck-b")
 
     def kill_mid(hook, ck, rs, keep=False):
         def run():
@@ -716,7 +679,7 @@ def main():
 
     def nothing_twice():
         # Every finished object kept its one result across the restarts above.
-        for n in ("ck-1", "ck-missing", "ck-plain"):
+        for n in ("ck-missing", "ck-plain", "ck-other"):
             ev = [e for e in E.events_for(n) if e.get("reportingController") == "gpucr.dev/gcr-agent"]
             check(len(ev) == 1 or all(e.get("series") for e in ev[1:]), "%s has %d events" % (n, len(ev)))
 
@@ -761,19 +724,15 @@ def main():
     try:
         case("setup: test bed, CRDs, the chart's ServiceAccount and RBAC, pods, agent, shimmed process registered", setup)
         if results[-1]:
-            case("checkpoint: Succeeded, process suspended, bytes, durations, Event", checkpoint_ok)
-            case("restore: Succeeded, process running; a second Restore fails", restore_ok)
-            case("keepContext: data moved, buffers released, driver never checkpoints; Restore in the "
-                 "recorded mode", keep_context)
+            case("heartbeat: the scaler creates the node's Lease (the node identity cannot), the agent, "
+                 "having waited, holds and renews it; none for a node without agent pod", own_lease)
             case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
             case("bad input: pod without a GCR process -> Failed + Event", no_shim)
-            case("heartbeat: the agent's Lease is held by its node and renewed", own_lease)
             case("bad input: pod on a node without an agent -> Failed + Event, process untouched",
                  other_node_no_agent)
             case("pod on another node with a live agent: left to that node's agent", other_node_served)
             case("bad input: Restore of a Failed Checkpoint -> Failed + Event", restore_of_failed)
             case("schema: the API server rejects a bad spec", schema)
-            case("two Checkpoints of one pod at once are serialised", serialised)
             case("agent SIGKILLed before the suspend, restarted: done once", kill_mid("before-cr", "ck-k1", "rs-k1"))
             case("agent SIGKILLed after the suspend, restarted: not redone", kill_mid("after-cr", "ck-k2", "rs-k2"))
             case("keepContext, agent SIGKILLed after the suspend: seen as suspended in its mode, not redone",
@@ -787,6 +746,10 @@ def main():
             # Scale to zero (test_scale_e2e.py) on the same bed and namespace, with agents of
             # its own: so the RBAC audit below also covers what only the scaler uses.
             E.stop_agent()
+            rc = E.stop_scaler()  # the scale cases run scalers of their own
+            if rc != 0:
+                results.append(False)
+                print("FAIL scaler exit status %s on SIGTERM\n%s" % (rc, file_tail(E.scaler_log, 30)))
             import test_scale_e2e
             test_scale_e2e.base = sys.modules[__name__]
             test_scale_e2e.scale_cases(E, case)

@@ -142,12 +142,8 @@ refuse "socketRoot in the registry socket's directory refused" "must not be the 
 	h template x "$CHART" --set devicePlugin.socketRoot=/run/gcr/agent/alloc
 refuse "socketRoot outside the socket dir refused" "socketRoot must be inside agent.socketDir" \
 	h template x "$CHART" --set devicePlugin.socketRoot=/var/run/alloc
-no_scaler() {
-	local r
-	r=$(h template x "$CHART" --set scaler.enabled=false) && [[ $r != *"kind: Deployment"* ]] &&
-		[[ $r != *"pods/status"* ]] && [[ $r == *"kind: DaemonSet"* ]]
-}
-run "scaler.enabled=false: no Deployment, no scaler RBAC, DaemonSet kept" no_scaler
+refuse "scaler.enabled=false refused (the scaler creates the node heartbeat Leases)" \
+	"the scaler creates the node agents' heartbeat Leases" h template x "$CHART" --set scaler.enabled=false
 metrics_override() {
 	local r
 	r=$(h template x "$CHART" --set metrics.bindAddress=0.0.0.0) &&
@@ -372,11 +368,15 @@ done < <(sed 's/#.*//; /^[[:space:]]*$/d' "$HERE/rbac-expected.txt")
 TOKEN=$TOKEN_node
 while read -r verb res; do
 	expect_eq "node SA may not $verb $res" no can "$verb" "$res" -n "$NS_OTHER"
+	# Leases: not in its own namespace either, where it gets and updates its heartbeat.
+	[[ $res == leases.* ]] && expect_eq "node SA may not $verb $res in its namespace" no can "$verb" "$res" -n "$NS"
 done <<EOF
 create checkpoints.gpucr.dev
 delete checkpoints.gpucr.dev
 create restores.gpucr.dev
 delete restores.gpucr.dev
+create leases.coordination.k8s.io
+list leases.coordination.k8s.io
 patch pods/status
 update pods/status
 patch gpuresidencies.gpucr.dev
@@ -486,13 +486,24 @@ spec:
   leaseDurationSeconds: 40
 EOF
 sa_lease() { sed "s/NAMESPACE/$1/" "$TMP/lease.yaml" | sa create -f -; } # namespace
-run "SA creates its node lease in its namespace" sa_lease "$NS"
-run "SA reads it back" sa -n "$NS" get lease gcr-agent-node-a -o yaml
-if [[ $OUT == *"holderIdentity: node-a"* ]]; then
-	printf '%s\n' "${OUT/leaseDurationSeconds: 40/leaseDurationSeconds: 41}" >"$TMP/lease-get.yaml"
-	run "SA updates it (PUT)" sa replace -f "$TMP/lease-get.yaml"
+refuse "node SA cannot create its node lease, even in its namespace (the scaler does)" "forbidden" \
+	sa_lease "$NS"
+sed "s/NAMESPACE/$NS/" "$TMP/lease.yaml" >"$TMP/lease-ns.yaml"
+sed "/holderIdentity/d" "$TMP/lease-ns.yaml" >"$TMP/lease-idle.yaml"
+refuse "node SA cannot renew a missing lease into existence (PUT authorized as create)" "forbidden" \
+	sa replace -f "$TMP/lease-ns.yaml"
+TOKEN=$TOKEN_scaler
+run "scaler SA creates the node lease in its namespace, with no holder" sa create -f "$TMP/lease-idle.yaml"
+run "scaler SA lists the leases of its namespace" sa -n "$NS" get leases
+TOKEN=$TOKEN_node
+run "node SA reads it back" sa -n "$NS" get lease gcr-agent-node-a -o yaml
+if [[ $OUT == *"leaseDurationSeconds: 40"* && $OUT != *holderIdentity* ]]; then
+	printf '%s\n' "${OUT/leaseDurationSeconds: 40/holderIdentity: node-a
+  leaseDurationSeconds: 40}" >"$TMP/lease-get.yaml"
+	run "node SA renews it (PUT, holder set)" sa replace -f "$TMP/lease-get.yaml"
+	expect_eq "... and it is stored" "node-a" kc -n "$NS" get lease gcr-agent-node-a -o 'jsonpath={.spec.holderIdentity}'
 else
-	fail "SA updates it (PUT)" "no lease read back"
+	fail "node SA renews it (PUT, holder set)" "no holder-less lease read back: $OUT"
 fi
 refuse "SA cannot create a lease in another namespace" "forbidden" sa_lease "$NS_OTHER"
 refuse "SA cannot read secrets" "forbidden" sa -n "$NS" get secrets
@@ -509,7 +520,7 @@ expect_eq "... authenticating as the chart's ServiceAccount" "system:serviceacco
 ksa() { "$KUBECTL" --kubeconfig "$TMP/sa.kubeconfig" --cache-dir "$TMP/kcache-sa2" --request-timeout=30s "$@"; }
 run "... which may list checkpoints in all namespaces" ksa get checkpoints -A
 ksa_lease() { sed "s/NAMESPACE/$NS_SA/" "$TMP/lease.yaml" | ksa create -f -; }
-run "... and create a lease in its namespace" ksa_lease
+refuse "... but not create a lease, even in its namespace" "forbidden" ksa_lease
 refuse "... but not read secrets" "forbidden" ksa get secrets
 stored_rules() { # ClusterRole $1 as the script applied it, as "group resource verb;..."
 	kc get clusterrole "$1" -o yaml | python3 -c 'import sys, yaml

@@ -213,13 +213,130 @@ def case_injection_and_checkpoint_restore():
     wait_phase("checkpoint", ns, "cr")
     check(smi(ns, "cr", "mem", pid) == "0", "the stand-in GPU still holds memory of the suspended program")
     check(smi(ns, "cr", "state", pid) == "checkpointed", "the driver state is not checkpointed")
-    check(events_for(ns, "cr"), "no Event recorded for the Checkpoint")
+    s = kjson("get", "checkpoint", "-n", ns, "cr")["status"]
+    procs = s.get("processes", [])
+    check(s.get("nodeName") == ENV["GCR_TESTBED_NODE"], f"status.nodeName {s.get('nodeName')}")
+    check(len(procs) == 1 and procs[0].get("containerName") == "main", f"status.processes {procs}")
+    # The program's 48 MiB of buffers move; the rest of what it holds is the driver's context.
+    check(48 << 20 <= s.get("bytes", {}).get("total", 0) <= nbytes, f"status.bytes {s.get('bytes')}, {nbytes} held")
+    check({"total", "data"} <= set(s.get("durations", {})) and s.get("startTime") and s.get("completionTime"),
+          f"durations / times missing: {s}")
+    wait_until("a Checkpointed Event", lambda: any(e.get("reason") == "Checkpointed" for e in events_for(ns, "cr")), 30)
     apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "cr", "namespace": ns},
            "spec": {"checkpointName": "cr"}})
     wait_phase("restore", ns, "cr")
     check(smi(ns, "cr", "state", pid) == "running", "the driver state is not running after the Restore")
     check(int(smi(ns, "cr", "mem", pid)) >= nbytes, "the memory did not come back")
+    check(kjson("get", "restore", "-n", ns, "cr")["status"].get("durations", {}).get("total") is not None,
+          "the Restore has no durations")
+    wait_until("a Restored Event", lambda: any(e.get("reason") == "Restored" for e in events_for(ns, "cr")), 30)
+    # A second Restore of the same Checkpoint has nothing to resume: Failed, process untouched.
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "cr-again", "namespace": ns},
+           "spec": {"checkpointName": "cr"}})
+    wait_phase("restore", ns, "cr-again", ("Failed",))
+    msg = kjson("get", "restore", "-n", ns, "cr-again")["status"].get("message", "")
+    check("running" in msg, f"second Restore's message: {msg}")
+    wait_until("a NotSuspended Warning", lambda: any(e.get("reason") == "NotSuspended" and e.get("type") == "Warning"
+                                                     for e in events_for(ns, "cr-again")), 30)
+    check(smi(ns, "cr", "state", pid) == "running", "the second Restore touched the process")
     finish(ns, "cr")
+
+
+def shim_status(ns, pod, pid):
+    """The shim's own view of pid (gcrctl status in the pod, on its socket dir)."""
+    sock_dir = next(l.split("=", 1)[1] for l in kubectl("exec", "-n", ns, pod, "--", "env").stdout.splitlines()
+                    if l.startswith("GCR_SOCKET_DIR="))
+    out = kubectl("exec", "-n", ns, pod, "--", "gcrctl", "--socket-dir", sock_dir, "--json", "status",
+                  str(pid)).stdout
+    return json.loads(out).get("shim") or {}
+
+
+def case_keep_context():
+    """spec.keepContext: the shim moves its buffers' bytes off the GPU, the driver never
+    checkpoints (the context stays), and the Restore resumes in the recorded mode."""
+    ns = "team-kc"
+    namespace(ns)
+    pid, _ = workload_pod(ns, "keep", 1005)
+    before = int(smi(ns, "keep", "mem", pid))
+    sb = shim_status(ns, "keep", pid).get("bytes", {})
+    buffers = sb.get("vmm", 0) + sb.get("app_vmm", 0)
+    check(0 < buffers <= before, f"shim bytes {sb}, {before} bytes on the GPU")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "keep", "namespace": ns},
+           "spec": {"podName": "keep", "keepContext": True}})
+    wait_phase("checkpoint", ns, "keep")
+    s = kjson("get", "checkpoint", "-n", ns, "keep")["status"]
+    check(s.get("mode") == "KeepContext", f"status.mode {s.get('mode')}")
+    check(smi(ns, "keep", "state", pid) == "running", "the driver checkpointed a keep-context process")
+    check(shim_status(ns, "keep", pid).get("state") == "suspended", "the shim is not suspended")
+    left = int(smi(ns, "keep", "mem", pid))
+    check(left == before - buffers, f"{left} bytes left while suspended, not the {before - buffers} outside the "
+          f"shim's buffers of {before}")
+    d = s.get("durations", {})
+    check(d.get("lock") == 0 and d.get("checkpoint") == 0 and "data" in d, f"durations {d}: a driver step ran")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "keep", "namespace": ns},
+           "spec": {"checkpointName": "keep"}})
+    wait_phase("restore", ns, "keep")
+    r = kjson("get", "restore", "-n", ns, "keep")["status"]
+    check(r.get("mode") == "KeepContext", f"Restore status.mode {r.get('mode')}")
+    check(r.get("durations", {}).get("restore") == 0, f"Restore durations {r.get('durations')}: a driver step ran")
+    check(int(smi(ns, "keep", "mem", pid)) == before, "the buffers did not come back")
+    check(shim_status(ns, "keep", pid).get("state") == "running", "the shim is not running after the Restore")
+    finish(ns, "keep")
+
+
+def case_checkpoints_at_once():
+    """Three Checkpoints applied at once: two of one pod (serialised: one Succeeded, the
+    other Failed "already suspended", started after the first ended) and one of another pod
+    (Succeeded, its own work). Both pods are then restored and pass their own checks."""
+    ns = "team-p"
+    namespace(ns)
+    pids = {p: workload_pod(ns, p, 1006 + i)[0] for i, p in enumerate(("one", "two"))}
+    objs = [{"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": n, "namespace": ns},
+             "spec": {"podName": pod}} for n, pod in (("one-a", "one"), ("one-b", "one"), ("two", "two"))]
+    kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in objs))
+    got = {n: wait_phase("checkpoint", ns, n, ("Succeeded", "Failed")) for n in ("one-a", "one-b", "two")}
+    check(got["two"] == "Succeeded", f"the other pod's Checkpoint: {got['two']}")
+    check(sorted((got["one-a"], got["one-b"])) == ["Failed", "Succeeded"], f"one pod's two Checkpoints: {got}")
+    win, lose = ("one-a", "one-b") if got["one-a"] == "Succeeded" else ("one-b", "one-a")
+    w = kjson("get", "checkpoint", "-n", ns, win)["status"]
+    lo = kjson("get", "checkpoint", "-n", ns, lose)["status"]
+    check("already suspended" in lo.get("message", ""), f"the loser's message: {lo.get('message')}")
+    check(lo["startTime"] >= w["completionTime"], f"the loser started {lo['startTime']} before the winner "
+          f"ended {w['completionTime']}")
+    for pod, ck in (("one", win), ("two", "two")):
+        check(smi(ns, pod, "mem", pids[pod]) == "0", f"{pod} holds GPU memory while suspended")
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": pod, "namespace": ns},
+               "spec": {"checkpointName": ck}})
+    for pod in pids:
+        wait_phase("restore", ns, pod)
+        check(smi(ns, pod, "state", pids[pod]) == "running", f"{pod} not running after its Restore")
+        finish(ns, pod)
+
+
+def case_heartbeat_lease():
+    """The node's heartbeat Lease: created by the scaler (the node identity may not create
+    Leases, even in its namespace), held by the node and renewed by its agent."""
+    node = ENV["GCR_TESTBED_NODE"]
+    ds = kjson("get", "daemonsets", "-n", SYSTEM_NS)["items"][0]
+    sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
+    who = f"system:serviceaccount:{SYSTEM_NS}:{sa}"
+    for verb in ("create", "delete"):
+        ans = kubectl("auth", "can-i", verb, "leases.coordination.k8s.io", "-n", SYSTEM_NS, "--as", who,
+                      check=False).stdout.strip()
+        check(ans == "no", f"the node identity {who} may {verb} leases: {ans}")
+    check(kubectl("auth", "can-i", "update", "leases.coordination.k8s.io", "-n", SYSTEM_NS, "--as", who,
+                  check=False).stdout.strip() == "yes", "the node identity may not update its Lease")
+    name = f"gcr-agent-{node}"
+    lease = wait_until(f"Lease {SYSTEM_NS}/{name} held by {node}", lambda: (lambda l: l if l["spec"].get(
+        "holderIdentity") == node else None)(kjson("get", "lease", "-n", SYSTEM_NS, name)), 60)
+    check(lease["spec"].get("leaseDurationSeconds") == 40, f"leaseDurationSeconds {lease['spec']}")
+    first = lease["spec"]["renewTime"]
+    wait_until(f"renewTime after {first}", lambda: kjson("get", "lease", "-n", SYSTEM_NS, name)["spec"]
+               .get("renewTime", "") > first, 30)
+    scaler = [p for p in kjson("get", "pods", "-n", SYSTEM_NS)["items"] if "scaler" in p["metadata"]["name"]]
+    logs = "".join(kubectl("logs", "-n", SYSTEM_NS, p["metadata"]["name"], check=False).stdout for p in scaler)
+    # A restarted scaler (none planned) would find it and say nothing; the Lease's state above is what counts.
+    log("scaler: " + (next((l for l in logs.splitlines() if "created heartbeat lease" in l), "no creation line")))
 
 
 def case_residency_scale():
@@ -334,8 +451,9 @@ def case_tenant_isolation():
     finish(b_ns, "b")
 
 
-CASES = [case_chart_defaults, case_injection_and_checkpoint_restore, case_residency_scale,
-         case_tenant_isolation, case_pod_deleted_while_suspended, case_agent_deleted_mid_operation]
+CASES = [case_chart_defaults, case_heartbeat_lease, case_injection_and_checkpoint_restore, case_keep_context,
+         case_checkpoints_at_once, case_residency_scale, case_tenant_isolation, case_pod_deleted_while_suspended,
+         case_agent_deleted_mid_operation]
 
 
 def dump_logs():

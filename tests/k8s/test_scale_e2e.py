@@ -56,7 +56,8 @@ class Node:
         if self.role == "scaler":  # as the chart's Deployment: no node, its pod name in POD_NAME
             env["POD_NAME"] = self.name
             argv = [base.AGENT, "--role", "scaler", "--kubeconfig", E.scaler_kubeconfig, "--metrics-address",
-                    "[127.0.0.1]:%d" % self.port, "--lease-namespace", base.LEASE_NS, "--leader-lease-seconds", "3"]
+                    "[127.0.0.1]:%d" % self.port, "--lease-namespace", base.LEASE_NS, "--leader-lease-seconds", "3",
+                    "--agent-selector", base.AGENT_SELECTOR]
         else:
             argv = [base.AGENT, "--role", "node", "--kubeconfig", E.kubeconfig, "--node-name", self.name,
                     "--socket-dir", self.sock_dir, "--registry-socket", self.registry, "--metrics-address",
@@ -203,6 +204,8 @@ def scale_cases(E, case):
         E.k("wait", "--for=condition=Established", "--timeout=60s", "crd/gpuresidencies.gpucr.dev")
         for n in list(st["scalers"].values()) + list(st["nodes"].values()):
             n.start()
+        for n in NODES:  # the DaemonSet's pods: the leader creates these nodes' heartbeat Leases
+            E.make_agent_pod(n)
         for i, (pod, node) in enumerate(sorted(PODS.items())):
             cid = uuid.uuid4().hex + uuid.uuid4().hex
             spec = {"nodeName": node, "containers": [{"name": "main", "image": "example.invalid/gpu:1"}]}
@@ -474,6 +477,11 @@ def scale_cases(E, case):
               "Checkpoints left: %s" % [o["metadata"]["name"] for o in left])
         check(not ops_of("restores", uid), "Restores left: %s" % ops_of("restores", uid))
         node_b.start()
+        # Its Lease is gone and it may not create one: the leader re-creates it (the agent
+        # pod is still there), then the agent renews it. Until then the other node's agent
+        # would fail a Restore for its pods with NoAgentOnNode.
+        E.wait("Lease gcr-agent-%s re-created by the scaler and renewed by its agent" % NODES[1],
+               lambda: (E.lease(NODES[1]) or {}).get("spec", {}).get("holderIdentity") == NODES[1])
         E.wait("agent %s lists its process again" % NODES[1],
                lambda: "gcr_agent_registered_processes %d" % len(lost) in node_b.http("/metrics")[1])
         for o in left:
