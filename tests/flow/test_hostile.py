@@ -272,8 +272,12 @@ def case_abandoned_suspend(f):
         s = connect(sock_path(f, p.pid))
         s.sendall(SUSPEND)
         s.close()
-        expect_err(p, r"control request suspend from a client that has gone: not run|suspend undone because",
-                   30, "the abandoned suspend %d handled" % i)
+        try:
+            expect_err(p, r"control request suspend from a client that has gone: not run|suspend undone because",
+                       30, "the abandoned suspend %d handled" % i)
+        except Fail as e:
+            st = f.ctl("status", p.pid)
+            raise Fail("%s; the shim's state now: %s" % (e, H.dig(st.data, "shim", "state")))
         with p.cond:
             p.err_tail.clear()
         st = f.ctl("status", p.pid)
