@@ -54,8 +54,9 @@ static int try_socket(const char *path, const char *shown, pid_t pid, uid_t owne
 	return fd;
 }
 
-/* The socket as the process itself names it: "<its GCR_SOCKET_DIR>/gcr-<its own pid>.sock"
- * inside its own root. This is how the agent reaches a shim its device plugin injected: the
+/* The socket as the process itself names it: "<its GCR_SOCKET_DIR>/gcr-<its own pid>-<its
+ * start time>.sock" inside its own root (a shim that found that name taken chose a random
+ * one, which only a scan finds). This is how the agent reaches a shim its device plugin injected: the
  * container has its own PID and mount namespaces, so neither the name nor the directory is
  * the host's. Read from /proc rather than taken from what the shim says when it registers:
  * gcrctl on a host has no registry to ask, a registry line is the process's word (nothing in
@@ -65,7 +66,7 @@ static int try_socket(const char *path, const char *shown, pid_t pid, uid_t owne
 static int try_own_view(char *shown, size_t shown_len, pid_t pid, uid_t owner, int connect_ms,
 			struct gcr_err *err)
 {
-	char dir[256], path[64];
+	char dir[256], path[96];
 	pid_t nspid;
 	int rc = gcr_procns_env(pid, GCR_SOCKET_DIR_ENV, dir, sizeof(dir), err);
 	/* The shim's own rule (shim_config.c): an unset or non-absolute value means the default. */
@@ -74,14 +75,17 @@ static int try_own_view(char *shown, size_t shown_len, pid_t pid, uid_t owner, i
 	else if (rc < 0)
 		return rc;
 	rc = gcr_procns_nspid(pid, &nspid, err);
+	char stem[64];
+	if (rc == 0)
+		rc = gcr_sock_shim_stem(pid, nspid, stem, sizeof(stem), err);
 	if (rc < 0)
 		return rc;
 	int dfd = gcr_procns_open_dir(pid, dir, err);
 	if (dfd < 0)
 		return dfd;
 	/* Through the descriptor: "/proc/<pid>/root<dir>/..." may pass the 108 bytes of sun_path. */
-	snprintf(path, sizeof(path), "/proc/self/fd/%d/gcr-%d.sock", dfd, (int)nspid);
-	snprintf(shown, shown_len, "/proc/%d/root%.180s/gcr-%d.sock", (int)pid, dir, (int)nspid);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s.sock", dfd, stem);
+	snprintf(shown, shown_len, "/proc/%d/root%.180s/%.50s.sock", (int)pid, dir, stem);
 	int fd = try_socket(path, shown, pid, owner, connect_ms, err);
 	close(dfd);
 	return fd;
@@ -98,10 +102,13 @@ int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr
 		return gcr_err_set(err, -ESRCH, "no such process: %d", (int)pid);
 	/* why: the last socket that answered for another process, named in the final error. */
 	struct gcr_err e2, why = { 0 };
-	if (snprintf(c->path, sizeof(c->path), "%.200s/gcr-%d.sock", dir, (int)pid) >= (int)sizeof(c->path))
+	char stem[64];
+	int fd = gcr_sock_shim_stem(pid, pid, stem, sizeof(stem), &e2);
+	if (fd == 0 && snprintf(c->path, sizeof(c->path), "%.180s/%.50s.sock", dir, stem) >= (int)sizeof(c->path))
 		return gcr_err_set(err, -ENAMETOOLONG, "socket directory path too long: %s", dir);
 	/* 1: the host's view (a process on the host, or a container sharing our namespaces). */
-	int fd = try_socket(c->path, c->path, pid, owner, CONNECT_MS, &e2);
+	if (fd == 0)
+		fd = try_socket(c->path, c->path, pid, owner, CONNECT_MS, &e2);
 	if (fd == -ESRCH)
 		why = e2;
 	/* 2: the process's own view (a container: its socket dir, its pid). */
@@ -259,7 +266,12 @@ int gcr_client_call_all(const char *dir, const pid_t *pids, size_t n, enum gcr_o
 			rcs[i] = -ESRCH;
 			continue;
 		}
-		if (snprintf(path, sizeof(path), "%.200s/gcr-%d.sock", dir, (int)pids[i]) >= (int)sizeof(path))
+		char stem[64];
+		if (gcr_sock_shim_stem(pids[i], pids[i], stem, sizeof(stem), &e2) < 0) {
+			rcs[i] = -ESRCH; /* gone since process_owner */
+			continue;
+		}
+		if (snprintf(path, sizeof(path), "%.180s/%.50s.sock", dir, stem) >= (int)sizeof(path))
 			continue;
 		int fd = try_socket(path, path, pids[i], owner[i], 0, &e2);
 		/* A shim in a container: its own socket dir and pid (see try_own_view). */

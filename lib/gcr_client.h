@@ -16,9 +16,10 @@ struct gcr_client {
 	char path[256];
 };
 
-/* Connects to the shim of pid: first "<dir>/gcr-<pid>.sock"; then the socket as the
- * process names it in its own namespaces ("/proc/<pid>/root<its GCR_SOCKET_DIR>/gcr-<its
- * own pid>.sock": a container); else every socket in dir. A socket counts only when its
+/* Connects to the shim of pid: first "<dir>/gcr-<pid>-<start>.sock" (start: the process's
+ * start time, gcr_sock_shim_stem); then the socket as the process names it in its own
+ * namespaces ("/proc/<pid>/root<its GCR_SOCKET_DIR>/gcr-<its own pid>-<start>.sock": a
+ * container); else every "gcr-*.sock" in dir (a shim whose name was taken chose a random one). A socket counts only when its
  * peer credentials carry pid and run as root or the process's owner. -ESRCH: no such
  * process; -EPERM: its socket is served by another user; -ENOENT: no shim answers for it. */
 int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr_err *err);

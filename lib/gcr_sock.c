@@ -2,17 +2,26 @@
  * Every read is bounded in size and time so a bad peer cannot wedge us. */
 #include "gcr_sock.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Connections the kernel queues before accept: a burst of clients (the agent's call_all,
+ * a flood) waits there instead of being refused while the server is busy with one request. */
+#define LISTEN_BACKLOG 128
+/* Names tried for a shim's socket before giving up: the plain stem, then random ones. */
+#define UNIQUE_TRIES 8
 
 static int fill_addr(struct sockaddr_un *sa, const char *path, struct gcr_err *err)
 {
@@ -104,14 +113,22 @@ static int listen_mode(const char *path, mode_t dir_mode, mode_t sock_mode, bool
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return gcr_err_set(err, -errno, "socket: %s", strerror(errno));
-	unlink(path); /* a stale file from a dead process with our pid */
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		rc = gcr_err_set(err, -errno, "cannot listen on %s: %s", path, strerror(errno));
+	int b = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	/* A file already there is replaced only when it is a dead socket of ours (never someone
+	 * else's file, never a live server's socket). */
+	struct gcr_err e2;
+	if (b < 0 && errno == EADDRINUSE && gcr_sock_remove_stale(path, &e2) == 1)
+		b = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	if (b < 0) {
+		rc = errno == EADDRINUSE
+			     ? gcr_err_set(err, -EADDRINUSE, "cannot listen on %s: the name is taken by a live "
+					   "socket or another user's file; left as it is", path)
+			     : gcr_err_set(err, -errno, "cannot listen on %s: %s", path, strerror(errno));
 	} else if (chmod(path, sock_mode) < 0) {
 		rc = gcr_err_set(err, -errno, "cannot chmod %s to %04o: %s; nothing listens there", path,
 				 (unsigned)sock_mode, strerror(errno));
 		unlink(path);
-	} else if (listen(fd, 16) < 0) {
+	} else if (listen(fd, LISTEN_BACKLOG) < 0) {
 		rc = gcr_err_set(err, -errno, "cannot listen on %s: %s", path, strerror(errno));
 		unlink(path);
 	}
@@ -130,6 +147,141 @@ int gcr_sock_listen(const char *path, struct gcr_err *err)
 int gcr_sock_listen_shared(const char *path, struct gcr_err *err)
 {
 	return listen_mode(path, 0711, 0666, true, err);
+}
+
+int gcr_sock_shim_stem(pid_t pid, pid_t name_pid, char *buf, size_t len, struct gcr_err *err)
+{
+	char p[64], stat[1024];
+	if (pid > 0)
+		snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+	else
+		snprintf(p, sizeof(p), "/proc/self/stat");
+	int fd = open(p, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return gcr_err_set(err, -errno, "cannot read %s: %s", p, strerror(errno));
+	ssize_t n = read(fd, stat, sizeof(stat) - 1);
+	int e = errno;
+	close(fd);
+	if (n <= 0)
+		return gcr_err_set(err, n < 0 ? -e : -EIO, "cannot read %s", p);
+	stat[n] = '\0';
+	/* comm (field 2) may hold spaces and ')': fields are counted after its last ')'. From
+	 * there, field 3 (state) is the first and starttime (field 22) the twentieth. */
+	char *f = strrchr(stat, ')');
+	unsigned long long start = 0;
+	int field = 2;
+	while (f != NULL && field < 22) {
+		f = strchr(f + 1, ' ');
+		field++;
+	}
+	if (f == NULL || sscanf(f + 1, "%llu", &start) != 1)
+		return gcr_err_set(err, -EPROTO, "no start time in %s", p);
+	if (snprintf(buf, len, "gcr-%d-%llu", (int)name_pid, start) >= (int)len)
+		return gcr_err_set(err, -ENAMETOOLONG, "socket name too long");
+	return 0;
+}
+
+int gcr_sock_remove_stale(const char *path, struct gcr_err *err)
+{
+	struct stat before, after;
+	if (lstat(path, &before) < 0)
+		return errno == ENOENT ? 0 : gcr_err_set(err, -errno, "cannot stat %s: %s", path, strerror(errno));
+	if (!S_ISSOCK(before.st_mode) || (before.st_uid != geteuid() && geteuid() != 0))
+		return 0; /* not a socket, or another user's: never ours to remove */
+	struct sockaddr_un sa;
+	int rc = fill_addr(&sa, path, err);
+	if (rc < 0)
+		return rc;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return gcr_err_set(err, -errno, "socket: %s", strerror(errno));
+	/* Only ECONNREFUSED means nobody listens: a live server answers, or is EAGAIN with a
+	 * full backlog (a stopped process), and keeps its socket. */
+	int c = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+	int e = errno;
+	close(fd);
+	if (c == 0 || e != ECONNREFUSED)
+		return 0;
+	/* The same file as the one checked: another cleaner may have removed it meanwhile and a
+	 * new server bound the name. */
+	if (lstat(path, &after) < 0 || after.st_ino != before.st_ino || after.st_dev != before.st_dev)
+		return 0;
+	if (unlink(path) < 0)
+		return errno == ENOENT ? 0 : gcr_err_set(err, -errno, "cannot remove %s: %s", path, strerror(errno));
+	return 1;
+}
+
+int gcr_sock_reap(const char *dir, struct gcr_err *err)
+{
+	DIR *d = opendir(dir);
+	if (d == NULL)
+		return gcr_err_set(err, -errno, "cannot open %s: %s", dir, strerror(errno));
+	struct dirent *de;
+	int removed = 0;
+	while ((de = readdir(d)) != NULL) {
+		size_t nl = strlen(de->d_name);
+		char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+		struct gcr_err e2;
+		if (strncmp(de->d_name, "gcr-", 4) != 0 || nl < 5 || strcmp(de->d_name + nl - 5, ".sock") != 0 ||
+		    snprintf(path, sizeof(path), "%s/%s", dir, de->d_name) >= (int)sizeof(path))
+			continue;
+		removed += gcr_sock_remove_stale(path, &e2) == 1;
+	}
+	closedir(d);
+	return removed;
+}
+
+int gcr_sock_listen_unique(const char *dir, const char *stem, char *path, size_t len, struct gcr_err *err)
+{
+	struct sockaddr_un sa;
+	char tmp[sizeof(sa.sun_path)];
+	int rc = 0, fd = -1;
+	unsigned long long r[UNIQUE_TRIES + 1];
+	path[0] = '\0';
+	/* Random parts make a name nobody can take first; without getrandom (old kernels, no
+	 * entropy yet) time and pid still make a squatter's guess unlikely. */
+	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r))
+		for (int i = 0; i <= UNIQUE_TRIES; i++)
+			r[i] = (unsigned long long)now_ms() * 2654435761u ^ ((unsigned long long)getpid() << 20) ^
+			       (unsigned long long)i * 0x9e3779b97f4a7c15ull;
+	/* Bound, listening and mode 0600 under a private temporary name first, then given its
+	 * public name with link(), which never replaces a file: under the public name the socket
+	 * is always a listening one, so a cleaner never takes it for a dead one (a bound but not
+	 * yet listening socket refuses connections, as a dead one does). */
+	if (snprintf(tmp, sizeof(tmp), "%s/.%s-%016llx.tmp", dir, stem, r[UNIQUE_TRIES]) >= (int)sizeof(tmp))
+		return gcr_err_set(err, -ENAMETOOLONG, "socket path too long in %s", dir);
+	fd = listen_mode(tmp, 0700, 0600, false, err);
+	if (fd < 0)
+		return fd;
+	for (int i = 0; i < UNIQUE_TRIES; i++) {
+		int n = i == 0 ? snprintf(path, len, "%s/%s.sock", dir, stem)
+			       : snprintf(path, len, "%s/%s-%016llx.sock", dir, stem, r[i]);
+		if (n < 0 || (size_t)n >= len || (size_t)n >= sizeof(sa.sun_path)) {
+			rc = gcr_err_set(err, -ENAMETOOLONG, "socket path too long in %s", dir);
+			break;
+		}
+		if (link(tmp, path) == 0) {
+			rc = 0;
+			break;
+		}
+		rc = gcr_err_set(err, -errno, "cannot name the socket %s: %s", path, strerror(errno));
+		if (errno != EEXIST)
+			break;
+		/* A dead socket of ours under the plain name (the same pid and start time after a
+		 * reboot, in a directory that outlived it) is replaced once. */
+		struct gcr_err e2;
+		if (i == 0 && gcr_sock_remove_stale(path, &e2) == 1 && link(tmp, path) == 0) {
+			rc = 0;
+			break;
+		}
+	}
+	unlink(tmp);
+	if (rc < 0) {
+		close(fd);
+		path[0] = '\0';
+		return gcr_err_wrap(err, "no control socket in %s after %d names", dir, UNIQUE_TRIES);
+	}
+	return fd;
 }
 
 int gcr_sock_connect(const char *path, int timeout_ms, struct gcr_err *err)
@@ -210,53 +362,106 @@ void gcr_linebuf_free(struct gcr_linebuf *lb)
 	memset(lb, 0, sizeof(*lb));
 }
 
+/* Drops the line handed out last: its '\n' became the buffer's only NUL (NULs from the
+ * peer are refused). */
+static void drop_taken(struct gcr_linebuf *lb)
+{
+	char *nul = lb->len ? memchr(lb->buf, '\0', lb->len) : NULL;
+	if (nul != NULL) {
+		size_t used = (size_t)(nul - lb->buf) + 1;
+		memmove(lb->buf, lb->buf + used, lb->len - used);
+		lb->len -= used;
+	}
+}
+
+/* Room for at least one more byte (lb->len < lb->max); returns how many bytes fit. */
+static int make_room(struct gcr_linebuf *lb, size_t *room, struct gcr_err *err)
+{
+	if (lb->cap - lb->len < 4096 && lb->cap < lb->max + 1) {
+		size_t ncap = lb->cap ? lb->cap * 2 : 8192;
+		if (ncap > lb->max + 1)
+			ncap = lb->max + 1;
+		char *nb = realloc(lb->buf, ncap);
+		if (nb == NULL)
+			return gcr_err_set(err, -ENOMEM, "out of memory reading a line");
+		lb->buf = nb;
+		lb->cap = ncap;
+	}
+	*room = lb->cap - lb->len;
+	if (*room > lb->max - lb->len)
+		*room = lb->max - lb->len;
+	return 0;
+}
+
+int gcr_linebuf_next(struct gcr_linebuf *lb, char **line, struct gcr_err *err)
+{
+	drop_taken(lb);
+	char *nl = lb->len ? memchr(lb->buf, '\n', lb->len) : NULL;
+	if (nl != NULL) {
+		*nl = '\0';
+		*line = lb->buf;
+		return 1;
+	}
+	if (lb->len >= lb->max)
+		return gcr_err_set(err, -EMSGSIZE, "line longer than %zu bytes", lb->max);
+	return 0;
+}
+
+long gcr_linebuf_push(struct gcr_linebuf *lb, const char *data, size_t n, struct gcr_err *err)
+{
+	drop_taken(lb);
+	if (lb->len >= lb->max)
+		return memchr(lb->buf, '\n', lb->len) != NULL ? 0 : gcr_err_set(err, -EMSGSIZE, "line longer than %zu bytes", lb->max);
+	size_t room;
+	int rc = make_room(lb, &room, err);
+	if (rc < 0)
+		return rc;
+	if (n > room)
+		n = room;
+	if (memchr(data, '\0', n) != NULL)
+		return gcr_err_set(err, -EBADMSG, "NUL byte in a protocol line");
+	memcpy(lb->buf + lb->len, data, n);
+	lb->len += n;
+	return (long)n;
+}
+
+long gcr_linebuf_fill(struct gcr_linebuf *lb, int fd, struct gcr_err *err)
+{
+	drop_taken(lb);
+	if (lb->len >= lb->max)
+		return memchr(lb->buf, '\n', lb->len) != NULL ? 0 : gcr_err_set(err, -EMSGSIZE, "line longer than %zu bytes", lb->max);
+	size_t room;
+	int rc = make_room(lb, &room, err);
+	if (rc < 0)
+		return rc;
+	ssize_t n;
+	do
+		n = recv(fd, lb->buf + lb->len, room, MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	if (n == 0)
+		return gcr_err_set(err, -ECONNRESET, "peer closed the connection");
+	if (n < 0)
+		return gcr_err_set(err, -errno, "recv: %s", strerror(errno));
+	/* A NUL inside a line would confuse the consumer: refuse it. */
+	if (memchr(lb->buf + lb->len, '\0', (size_t)n) != NULL)
+		return gcr_err_set(err, -EBADMSG, "NUL byte in a protocol line");
+	lb->len += (size_t)n;
+	return (long)n;
+}
+
 int gcr_linebuf_read(struct gcr_linebuf *lb, int fd, int timeout_ms, char **line,
 		     struct gcr_err *err)
 {
 	long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-	/* Drop the line handed out by the previous call. */
-	char *nl = lb->len ? memchr(lb->buf, '\0', lb->len) : NULL;
-	if (nl != NULL) {
-		size_t used = (size_t)(nl - lb->buf) + 1;
-		memmove(lb->buf, lb->buf + used, lb->len - used);
-		lb->len -= used;
-	}
 	for (;;) {
-		nl = lb->len ? memchr(lb->buf, '\n', lb->len) : NULL;
-		if (nl != NULL) {
-			*nl = '\0';
-			*line = lb->buf;
-			return 0;
-		}
-		if (lb->len >= lb->max)
-			return gcr_err_set(err, -EMSGSIZE, "line longer than %zu bytes", lb->max);
-		if (lb->cap - lb->len < 4096 && lb->cap < lb->max + 1) {
-			size_t ncap = lb->cap ? lb->cap * 2 : 8192;
-			if (ncap > lb->max + 1)
-				ncap = lb->max + 1;
-			char *nb = realloc(lb->buf, ncap);
-			if (nb == NULL)
-				return gcr_err_set(err, -ENOMEM, "out of memory reading a line");
-			lb->buf = nb;
-			lb->cap = ncap;
-		}
-		size_t room = lb->cap - lb->len;
-		if (room > lb->max - lb->len)
-			room = lb->max - lb->len;
-		ssize_t n = recv(fd, lb->buf + lb->len, room, MSG_DONTWAIT);
-		if (n > 0) {
-			/* A NUL inside a line would confuse the consumer: refuse it. */
-			if (memchr(lb->buf + lb->len, '\0', (size_t)n) != NULL)
-				return gcr_err_set(err, -EBADMSG, "NUL byte in a protocol line");
-			lb->len += (size_t)n;
+		int rc = gcr_linebuf_next(lb, line, err);
+		if (rc != 0)
+			return rc < 0 ? rc : 0;
+		long n = gcr_linebuf_fill(lb, fd, err);
+		if (n >= 0)
 			continue;
-		}
-		if (n == 0)
-			return gcr_err_set(err, -ECONNRESET, "peer closed the connection");
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN)
-			return gcr_err_set(err, -errno, "recv: %s", strerror(errno));
+		if (n != -EAGAIN && n != -EWOULDBLOCK)
+			return (int)n;
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		int pr = poll(&p, 1, left_ms(deadline));
 		if (pr == 0)

@@ -14,13 +14,31 @@ struct gcr_peer {
 	gid_t gid;
 };
 
-/* Creates the directory (mode 0700 if new) and a listening socket at path,
- * replacing a stale socket file; the socket file gets mode 0600. */
+/* Creates the directory (mode 0700 if new) and a listening socket at path; the socket
+ * file gets mode 0600. A file already at path is replaced only when it is a dead socket
+ * the caller may remove (gcr_sock_remove_stale); else -EADDRINUSE, the file untouched. */
 int gcr_sock_listen(const char *path, struct gcr_err *err);
 /* The same for a socket any local process may connect to, whose server trusts only the
  * peer credentials (the agent's registry): directory and missing parents created, the
  * directory searchable by all (0711, made so if it exists and is ours), the socket 0666. */
 int gcr_sock_listen_shared(const char *path, struct gcr_err *err);
+/* A shim's socket name without ".sock": "gcr-<name_pid>-<start>", start being the start
+ * time of process pid (0: this one) in clock ticks since boot (/proc/<pid>/stat field 22).
+ * The start time reads the same from every PID namespace, so the name is the same whether
+ * the shim computes it with its own pid or a client with the pid the shim has there. */
+int gcr_sock_shim_stem(pid_t pid, pid_t name_pid, char *buf, size_t len, struct gcr_err *err);
+/* Listens (as gcr_sock_listen, dir mode 0700 if new, socket 0600) at "<dir>/<stem>.sock";
+ * if that name is taken by anything but a dead socket of ours, at "<dir>/<stem>-<64 random
+ * bits>.sock", which nobody can take first. Never replaces another user's or a live file.
+ * The name chosen is in path (len bytes). Returns the fd. */
+int gcr_sock_listen_unique(const char *dir, const char *stem, char *path, size_t len, struct gcr_err *err);
+/* Removes path when it is a socket nobody listens on (connect: ECONNREFUSED) owned by the
+ * caller, or any such socket when the caller is root. 1: removed; 0: left (live, not a
+ * socket, another user's, gone); <0: error. */
+int gcr_sock_remove_stale(const char *path, struct gcr_err *err);
+/* gcr_sock_remove_stale on every "gcr-*.sock" in dir: the sockets of killed shims.
+ * Returns how many were removed. */
+int gcr_sock_reap(const char *dir, struct gcr_err *err);
 /* Connects with a timeout; returns the fd or a negative errno. */
 int gcr_sock_connect(const char *path, int timeout_ms, struct gcr_err *err);
 int gcr_sock_peer(int fd, struct gcr_peer *peer, struct gcr_err *err);
@@ -41,5 +59,13 @@ void gcr_linebuf_free(struct gcr_linebuf *lb);
  * waits forever. */
 int gcr_linebuf_read(struct gcr_linebuf *lb, int fd, int timeout_ms, char **line,
 		     struct gcr_err *err);
+/* The same in steps, for an event loop: gcr_linebuf_fill reads what fd has now without
+ * waiting (bytes read; 0 no room until buffered lines are taken; -EAGAIN nothing yet;
+ * -ECONNRESET EOF; -EMSGSIZE, -EBADMSG as above); gcr_linebuf_push appends bytes from
+ * memory (how many fitted, the same rules); gcr_linebuf_next hands out the next buffered line: 1 with *line set (valid
+ * until the next call on lb), 0 none complete yet, -EMSGSIZE. */
+long gcr_linebuf_fill(struct gcr_linebuf *lb, int fd, struct gcr_err *err);
+long gcr_linebuf_push(struct gcr_linebuf *lb, const char *data, size_t n, struct gcr_err *err);
+int gcr_linebuf_next(struct gcr_linebuf *lb, char **line, struct gcr_err *err);
 
 #endif

@@ -117,6 +117,7 @@ static void scan_alloc_root(struct agent_registry *r, const char *alloc_root)
 		if (de->d_name[0] == '.' ||
 		    snprintf(dir, sizeof(dir), "%s/%s", alloc_root, de->d_name) >= (int)sizeof(dir))
 			continue;
+		gcr_sock_reap(dir, &e2); /* the sockets of shims killed while we were away */
 		if (gcr_client_list(dir, scan_cb, r, &e2) < 0)
 			GCR_LOG(GCR_LOG_DEBUG, "registry", "scan of %s: %s", dir, e2.msg);
 	}
@@ -148,6 +149,9 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 	r->lfd = fd;
 	/* Shims accept only root or their owner; the registry is the same. */
 	struct gcr_err e2;
+	int reaped = gcr_sock_reap(socket_dir, &e2);
+	if (reaped > 0)
+		GCR_LOG(GCR_LOG_INFO, "registry", "removed %d dead shim sockets from %s", reaped, socket_dir);
 	if (gcr_client_list(socket_dir, scan_cb, r, &e2) < 0)
 		GCR_LOG(GCR_LOG_INFO, "registry", "scan of %s: %s", socket_dir, e2.msg);
 	/* A restarted agent must find the shims in containers too: they registered with the

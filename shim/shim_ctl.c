@@ -1,18 +1,21 @@
-/* shim_ctl: accepts one peer at a time (operations are serialised anyway), checks
- * its credentials, and maps each request to shim_cr or a status snapshot. */
+/* shim_ctl: the control socket: one thread serves many peers through poll(), checks
+ * their credentials, and maps each request to shim_cr or a status snapshot. */
 #include "config.h"
 #include "shim_ctl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gcr_log.h"
@@ -27,9 +30,25 @@
 #include "shim_real.h"
 #include "shim_staging.h"
 
-/* How long a peer may take to send a request line (ms): a stuck peer must not
- * block the next one forever. */
-#define PEER_IDLE_MS 60000
+/* The concurrency model: one thread, poll() over the listening socket and up to MAX_CONNS
+ * connections, one request executed at a time. Requests are serialised anyway (suspend and
+ * resume are one state machine), a status answers in microseconds, and a single thread adds
+ * no locks and no threads to the host application; a thread per connection would, and a
+ * short queue answering "busy" would still turn honest clients away while idle ones hold
+ * the slots. Here an idle or slow peer holds a slot, never anyone's turn. At MAX_CONNS the
+ * connection idle longest makes room for the new one. */
+#define MAX_CONNS 64
+/* A connection without a complete request line this long after it opened or after its last
+ * reply is closed (ms): honest clients send their line at once; trickled bytes do not count. */
+#define IDLE_MS 5000
+/* After accept fails for want of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
+ * listening socket is left alone this long (ms) while open connections are served: it stays
+ * readable, so retrying at once would spin. Other failures wait longer. */
+#define ACCEPT_BACKOFF_MS 100
+#define ACCEPT_ODD_BACKOFF_MS 1000
+/* How long a reply may take to leave (ms): a reply fits the peer's socket buffer unless the
+ * peer piles up requests without reading its replies. */
+#define REPLY_MS 1000
 
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 static char sock_path[256];
@@ -118,13 +137,46 @@ static json_t *report_json(const struct shim_cr_report *r)
 			 (json_int_t)r->mappings, "state", shim_cr_state_name(shim_cr_state()));
 }
 
-/* Returns the reply line for one request line (malloc'd), or NULL if out of memory. */
-static char *handle_line(const char *line)
+/* True once the peer has closed its end (or died): POLLHUP on a Unix stream socket means
+ * both directions are shut, so a client that only shut its writing side (half-close) still
+ * counts as present and gets its reply. */
+static bool peer_gone(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = 0 };
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* A suspend nobody will hear of would leave the process suspended with nobody to resume
+ * it: undone at once. */
+static void undo_suspend(const char *why)
+{
+	struct shim_cr_report rep;
+	struct gcr_err err;
+	if (shim_cr_resume(&rep, &err) < 0)
+		GCR_LOG(GCR_LOG_ERROR, "shim", "suspend undone because %s: resume failed: %s; process left "
+			"suspended, resume it with gcrctl resume", why, err.msg);
+	else
+		GCR_LOG(GCR_LOG_WARN, "shim", "suspend undone because %s; process running", why);
+}
+
+/* Returns the reply line for one request line of the peer on fd (malloc'd), or NULL when
+ * there is nobody to reply to or no memory (the caller closes the connection). The rule
+ * for abandoned requests: a request whose client has gone is not executed (checked right
+ * before executing it), and a suspend whose client goes while it runs is undone; *suspended
+ * says a suspend succeeded, so that the caller undoes it when its reply cannot be sent. */
+static char *handle_line(int fd, const char *line, bool *suspended)
 {
 	struct gcr_req req;
 	struct gcr_err err = { 0 };
+	*suspended = false;
 	if (gcr_proto_parse_request(line, &req, &err) < 0)
 		return gcr_proto_reply_err_line(0, err.code, err.msg);
+	if (peer_gone(fd)) {
+		GCR_LOG(GCR_LOG_WARN, "shim", "control request %s from a client that has gone: not run",
+			gcr_op_name(req.op));
+		gcr_req_clear(&req);
+		return NULL;
+	}
 	char *out = NULL;
 	struct shim_cr_report rep;
 	int rc = 0;
@@ -147,8 +199,15 @@ static char *handle_line(const char *line)
 			timeout = (int)json_integer_value(t);
 		}
 		rc = shim_cr_suspend(timeout, &rep, &err);
-		if (rc == 0)
+		if (rc == 0 && peer_gone(fd)) {
+			undo_suspend("the client that asked for it went away while it ran");
+			gcr_req_clear(&req);
+			return NULL;
+		}
+		if (rc == 0) {
+			*suspended = true;
 			result = report_json(&rep);
+		}
 		break;
 	}
 	case GCR_OP_TRIM_ID:
@@ -167,6 +226,10 @@ static char *handle_line(const char *line)
 		out = gcr_proto_reply_err_line(req.id, rc, err.msg);
 	else
 		out = gcr_proto_reply_ok_line(req.id, result);
+	if (out == NULL && *suspended) {
+		undo_suspend("its reply could not be made (out of memory)");
+		*suspended = false;
+	}
 	gcr_req_clear(&req);
 	return out;
 }
@@ -181,58 +244,158 @@ static int peer_allowed(int fd)
 	return peer.uid == 0 || peer.uid == geteuid();
 }
 
-static void serve_peer(int fd)
+/* Best effort: an error line the peer may or may not read before we close. */
+static void reply_error(int fd, int code, const char *msg)
 {
-	struct gcr_linebuf lb;
-	gcr_linebuf_init(&lb, GCR_PROTO_MAX_LINE);
 	struct gcr_err err;
-	if (!peer_allowed(fd)) {
-		char *line = gcr_proto_reply_err_line(0, -EACCES, "permission denied: peer is neither root nor the process owner");
-		if (line != NULL)
-			gcr_sock_write_all(fd, line, strlen(line), 1000, &err);
-		free(line);
-		goto out;
-	}
-	for (;;) {
-		char *line;
-		int rc = gcr_linebuf_read(&lb, fd, PEER_IDLE_MS, &line, &err);
-		if (rc < 0) {
-			if (rc == -EMSGSIZE || rc == -EBADMSG) {
-				char *reply = gcr_proto_reply_err_line(0, rc, err.msg);
-				if (reply != NULL)
-					gcr_sock_write_all(fd, reply, strlen(reply), 1000, &err);
-				free(reply);
-			}
-			break;
-		}
-		char *reply = handle_line(line);
-		if (reply == NULL)
-			break;
-		rc = gcr_sock_write_all(fd, reply, strlen(reply), 10000, &err);
-		free(reply);
-		if (rc < 0)
-			break;
-	}
-out:
-	gcr_linebuf_free(&lb);
-	close(fd);
+	char *line = gcr_proto_reply_err_line(0, code, msg);
+	if (line != NULL)
+		gcr_sock_write_all(fd, line, strlen(line), 0, &err);
+	free(line);
 }
 
+static long long mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+struct conn {
+	int fd; /* -1: free slot */
+	struct gcr_linebuf lb;
+	long long deadline; /* ms (CLOCK_MONOTONIC): closed unless a full line came by then */
+};
+
+static void conn_close(struct conn *c)
+{
+	close(c->fd);
+	gcr_linebuf_free(&c->lb);
+	c->fd = -1;
+}
+
+/* Reads what the peer sent and executes its complete lines in order; false when the
+ * connection is to be closed. */
+static bool conn_serve(struct conn *c)
+{
+	struct gcr_err err;
+	long n = gcr_linebuf_fill(&c->lb, c->fd, &err);
+	if (n == -EAGAIN || n == -EWOULDBLOCK)
+		return true;
+	for (;;) {
+		char *line;
+		int rc = gcr_linebuf_next(&c->lb, &line, &err);
+		if (rc == 0)
+			break;
+		if (rc < 0) {
+			reply_error(c->fd, rc, err.msg);
+			return false;
+		}
+		bool suspended;
+		char *reply = handle_line(c->fd, line, &suspended);
+		if (reply == NULL)
+			return false;
+		rc = gcr_sock_write_all(c->fd, reply, strlen(reply), REPLY_MS, &err);
+		free(reply);
+		if (rc < 0) {
+			if (suspended)
+				undo_suspend("its reply could not be sent (the client has gone)");
+			return false;
+		}
+		c->deadline = mono_ms() + IDLE_MS;
+	}
+	if (n == -EMSGSIZE || n == -EBADMSG)
+		reply_error(c->fd, (int)n, err.msg);
+	return n >= 0; /* EOF or a read error after the lines it completed: done */
+}
+
+/* Takes the queued connections; false when accept failed for want of resources and the
+ * listening socket should rest for a while (*rest_ms). */
+static bool accept_all(int lfd, struct conn *conns, int *failing, int *rest_ms)
+{
+	for (;;) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0) {
+			int e = errno;
+			if (e == EAGAIN || e == EWOULDBLOCK)
+				return true;
+			if (e == EINTR || e == ECONNABORTED || e == EPROTO || e == EPERM)
+				continue; /* that peer gave up or was refused; the next may be fine */
+			bool scarce = e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+			*rest_ms = scarce ? ACCEPT_BACKOFF_MS : ACCEPT_ODD_BACKOFF_MS;
+			if (*failing != e)
+				GCR_LOG(GCR_LOG_WARN, "shim", "control socket accept: %s; serving open connections, "
+					"retrying every %d ms", strerror(e), *rest_ms);
+			*failing = e;
+			return false;
+		}
+		if (*failing != 0) {
+			GCR_LOG(GCR_LOG_INFO, "shim", "control socket accepts again");
+			*failing = 0;
+		}
+		if (!peer_allowed(fd)) {
+			reply_error(fd, -EACCES, "permission denied: peer is neither root nor the process owner");
+			close(fd);
+			continue;
+		}
+		/* A free slot, else the connection idle longest (the earliest deadline). */
+		struct conn *slot = &conns[0];
+		for (int i = 0; i < MAX_CONNS && slot->fd >= 0; i++)
+			if (conns[i].fd < 0 || conns[i].deadline < slot->deadline)
+				slot = &conns[i];
+		if (slot->fd >= 0)
+			conn_close(slot);
+		slot->fd = fd;
+		gcr_linebuf_init(&slot->lb, GCR_PROTO_MAX_LINE);
+		slot->deadline = mono_ms() + IDLE_MS;
+	}
+}
+
+/* Never returns: whatever fails, the next honest client must still be served. */
 static void *ctl_thread(void *arg)
 {
 	int lfd = (int)(intptr_t)arg;
+	static struct conn conns[MAX_CONNS];
+	struct pollfd pfd[MAX_CONNS + 1];
+	int who[MAX_CONNS + 1]; /* pfd[k] is conns[who[k]] (k > 0) */
+	long long rest_until = 0;
+	int failing = 0; /* errno of the accept failures in a row, 0 when accepting */
 	shim_real_relax_capture();
+	for (int i = 0; i < MAX_CONNS; i++)
+		conns[i].fd = -1;
 	for (;;) {
-		int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-		if (fd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED)
+		long long now = mono_ms(), wake = now + IDLE_MS;
+		int np = 1;
+		pfd[0] = (struct pollfd){ .fd = now < rest_until ? -1 : lfd, .events = POLLIN };
+		if (now < rest_until)
+			wake = rest_until;
+		for (int i = 0; i < MAX_CONNS; i++) {
+			if (conns[i].fd < 0)
 				continue;
-			GCR_LOG(GCR_LOG_ERROR, "shim", "control socket accept: %s", strerror(errno));
-			break;
+			pfd[np] = (struct pollfd){ .fd = conns[i].fd, .events = POLLIN };
+			who[np++] = i;
+			if (conns[i].deadline < wake)
+				wake = conns[i].deadline;
 		}
-		serve_peer(fd);
+		int pr = poll(pfd, (nfds_t)np, wake > now ? (int)(wake - now) : 0);
+		if (pr < 0 && errno != EINTR) {
+			GCR_LOG(GCR_LOG_ERROR, "shim", "control socket poll: %s; retrying", strerror(errno));
+			rest_until = mono_ms() + ACCEPT_ODD_BACKOFF_MS;
+			continue;
+		}
+		for (int k = 1; pr > 0 && k < np; k++)
+			if (pfd[k].revents != 0 && !conn_serve(&conns[who[k]]))
+				conn_close(&conns[who[k]]);
+		int rest_ms = 0;
+		if (pr > 0 && pfd[0].revents != 0 && !accept_all(lfd, conns, &failing, &rest_ms))
+			rest_until = mono_ms() + rest_ms;
+		/* After the reads: a line that came while a long request ran is served, not dropped. */
+		now = mono_ms();
+		for (int i = 0; i < MAX_CONNS; i++)
+			if (conns[i].fd >= 0 && conns[i].deadline <= now &&
+			    (!conn_serve(&conns[i]) || conns[i].deadline <= now))
+				conn_close(&conns[i]);
 	}
-	close(lfd);
 	return NULL;
 }
 
@@ -275,11 +438,23 @@ static void start(void)
 {
 	owner_pid = getpid();
 	struct gcr_err err;
-	snprintf(sock_path, sizeof(sock_path), "%s/gcr-%d.sock", shim_cfg.socket_dir, (int)owner_pid);
-	int lfd = gcr_sock_listen(sock_path, &err);
+	char stem[64];
+	int lfd = gcr_sock_shim_stem(0, owner_pid, stem, sizeof(stem), &err);
+	if (lfd == 0)
+		lfd = gcr_sock_listen_unique(shim_cfg.socket_dir, stem, sock_path, sizeof(sock_path), &err);
 	if (lfd < 0) {
 		GCR_LOG(GCR_LOG_WARN, "shim", "no control socket (%s); this process cannot be suspended",
 			err.msg);
+		sock_path[0] = '\0';
+		return;
+	}
+	/* accept() in a loop until EAGAIN: the poll loop must never block in it. */
+	int fl = fcntl(lfd, F_GETFL);
+	if (fl < 0 || fcntl(lfd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		GCR_LOG(GCR_LOG_WARN, "shim", "no control socket (O_NONBLOCK: %s); this process cannot be "
+			"suspended", strerror(errno));
+		close(lfd);
+		unlink(sock_path);
 		sock_path[0] = '\0';
 		return;
 	}
@@ -300,6 +475,10 @@ static void start(void)
 	pthread_detach(th);
 	atexit(remove_socket);
 	GCR_LOG(GCR_LOG_INFO, "shim", "control socket %s", sock_path);
+	/* Sockets of killed processes (SIGKILL runs no atexit) go when the next shim starts. */
+	int reaped = gcr_sock_reap(shim_cfg.socket_dir, &err);
+	if (reaped > 0)
+		GCR_LOG(GCR_LOG_INFO, "shim", "removed %d dead control sockets from %s", reaped, shim_cfg.socket_dir);
 	register_with_agent();
 }
 

@@ -24,7 +24,8 @@
 #define GCR_OP_REGISTER "register"
 #define GCR_AGENT_SOCKET_ENV "GCR_AGENT_SOCKET"
 
-/* Default directory for the per-process sockets ("<dir>/gcr-<pid>.sock"). */
+/* Default directory for the per-process sockets ("<dir>/gcr-<pid>-<start time>.sock",
+ * docs/design.md). */
 #define GCR_DEFAULT_SOCKET_DIR "/run/gcr"
 #define GCR_SOCKET_DIR_ENV "GCR_SOCKET_DIR"
 

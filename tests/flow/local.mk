@@ -7,3 +7,6 @@ EXTRA_DIST += tests/flow/test_hip_flow.sh tests/flow/test_hip_flow.py
 # gcr-agent on a bare node: paths derived from --socket-dir, a non-root shim registering.
 TESTS += tests/flow/test_agent_paths.sh
 EXTRA_DIST += tests/flow/test_agent_paths.sh tests/flow/test_agent_paths.py
+# The control socket under hostile peers: idle, polling, flooding, vanishing clients, taken names.
+TESTS += tests/flow/test_hostile.sh
+EXTRA_DIST += tests/flow/test_hostile.sh tests/flow/test_hostile.py

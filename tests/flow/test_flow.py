@@ -505,7 +505,7 @@ def case_peer_credentials(f):
         raise Fail("needs root and setpriv to run as another user")
     p = f.start(["--iters", "5", "--wait"])
     os.chmod(f.dir, 0o755)
-    sock = os.path.join(f.dir, "gcr-%d.sock" % p.pid)
+    sock = os.path.join(f.dir, H.shim_socket_name(p.pid))
     os.chmod(sock, 0o666)  # even with the file open to all, the shim checks the peer
     cp = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                          sys.executable, "-c",
@@ -584,7 +584,7 @@ def case_container_planted(f):
     there or an absolute symlink (which resolves in the caller's root) to a real shim's socket."""
     other = f.start(["--iters", "5", "--wait"], name="other")  # a real shim, on the host
     p, hp, nspid, inner = start_in_ns(f, ["--iters", "5", "--wait"], shim=False, name="ns-plain")
-    planted = "/proc/%d/root%s/gcr-%d.sock" % (hp, inner, nspid)
+    planted = "/proc/%d/root%s/%s" % (hp, inner, H.shim_socket_name(hp, nspid))
     import socket
     s = socket.socket(socket.AF_UNIX)
     try:
@@ -596,7 +596,7 @@ def case_container_planted(f):
     finally:
         s.close()
     os.unlink(planted)
-    os.symlink(os.path.join(f.dir, "gcr-%d.sock" % other.pid), planted)
+    os.symlink(os.path.join(f.dir, H.shim_socket_name(other.pid)), planted)
     r = f.ctl("suspend", hp)
     check(not r.ok and "served by pid %d" % other.pid in (r.error or ""), "planted symlink: %s" % r.describe())
     st = f.ctl("status", other.pid)
@@ -611,7 +611,7 @@ def case_bad_requests(f):
     """Garbage on the control socket gets an error reply, never a crash."""
     p = f.start(["--iters", "5", "--wait"])
     import socket
-    sock = os.path.join(f.dir, "gcr-%d.sock" % p.pid)
+    sock = os.path.join(f.dir, H.shim_socket_name(p.pid))
     for payload in (b"not json\n", b"{\"v\":9,\"op\":\"status\"}\n", b"{\"v\":1,\"op\":\"rm -rf\"}\n",
                     b"{\"v\":1,\"op\":\"suspend\",\"args\":{\"timeout_ms\":-5}}\n", b"x" * 70000 + b"\n"):
         s = socket.socket(socket.AF_UNIX)

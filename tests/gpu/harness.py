@@ -438,10 +438,23 @@ def gpu_used_mib(cfg):
         return None
 
 
+def shim_socket_name(pid, name_pid=None):
+    """The name a shim gives its control socket (lib/gcr_sock.c gcr_sock_shim_stem):
+    gcr-<its pid>-<start time>.sock, the start time (clock ticks since boot, field 22 of
+    /proc/<pid>/stat) read through our pid for it; name_pid is its pid in its own PID
+    namespace when that differs. A shim that found the name taken chose a random one."""
+    with open("/proc/%d/stat" % pid) as fh:
+        start = fh.read().rsplit(")", 1)[1].split()[19]
+    return "gcr-%d-%s.sock" % (pid if name_pid is None else name_pid, start)
+
+
 def wait_socket(socket_dir, pid, timeout=15.0):
     """Waits (bounded) for the shim's control socket of pid to appear; True when it did.
     The shim creates it during start-up, so this is a condition wait, not a delay."""
-    path = os.path.join(socket_dir, "gcr-%d.sock" % pid)
+    try:
+        path = os.path.join(socket_dir, shim_socket_name(pid))
+    except OSError:
+        return False
     deadline = now() + timeout
     while True:
         if os.path.exists(path):

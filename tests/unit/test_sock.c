@@ -1,13 +1,115 @@
-/* test_sock: the line reader is bounded in size and time, and peer credentials
- * report this process. */
+/* test_sock: the line reader is bounded in size and time, peer credentials report this
+ * process, socket names are unique and never taken from others, dead sockets are cleaned. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "gcr_sock.h"
 #include "util.h"
+
+/* A socket bound at path and closed at once: a dead one, as a killed process leaves it. */
+static int dead_socket(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	close(fd);
+	return rc;
+}
+
+static void test_steps(void)
+{
+	struct gcr_err err;
+	struct gcr_linebuf lb;
+	char *line;
+	gcr_linebuf_init(&lb, 16);
+	CHECK(gcr_linebuf_push(&lb, "ab\ncd", 5, &err) == 5);
+	CHECK(gcr_linebuf_next(&lb, &line, &err) == 1);
+	CHECK_STR(line, "ab");
+	CHECK(gcr_linebuf_next(&lb, &line, &err) == 0);
+	CHECK(gcr_linebuf_push(&lb, "e\n", 2, &err) == 2);
+	CHECK(gcr_linebuf_next(&lb, &line, &err) == 1);
+	CHECK_STR(line, "cde");
+	/* 15 bytes without a newline fit; the 16th makes the line too long. */
+	CHECK(gcr_linebuf_push(&lb, "0123456789abcdefXYZ", 19, &err) == 16);
+	CHECK(gcr_linebuf_next(&lb, &line, &err) == -EMSGSIZE);
+	gcr_linebuf_free(&lb);
+	gcr_linebuf_init(&lb, 16);
+	CHECK(gcr_linebuf_push(&lb, "a\0\n", 3, &err) == -EBADMSG);
+	gcr_linebuf_free(&lb);
+}
+
+static void test_names(const char *dir)
+{
+	struct gcr_err err;
+	char stem[64], want[64], path[256], path2[256];
+	/* The same name from our pid as from /proc/self. */
+	CHECK(gcr_sock_shim_stem(0, getpid(), stem, sizeof(stem), &err) == 0);
+	CHECK(gcr_sock_shim_stem(getpid(), getpid(), want, sizeof(want), &err) == 0);
+	CHECK_STR(stem, want);
+	snprintf(want, sizeof(want), "gcr-%d-", (int)getpid());
+	CHECK(strncmp(stem, want, strlen(want)) == 0 && strlen(stem) > strlen(want));
+	CHECK(gcr_sock_shim_stem(999999999, 1, stem, sizeof(stem), &err) < 0);
+
+	/* The umask is the whole process's: making sockets leaves it alone, the modes are exact. */
+	mode_t old = umask(027);
+	int fd = gcr_sock_listen_unique(dir, "gcr-1-2", path, sizeof(path), &err);
+	CHECK(fd >= 0);
+	snprintf(want, sizeof(want), "%s/gcr-1-2.sock", dir);
+	CHECK_STR(path, want);
+	CHECK(umask(027) == 027);
+	struct stat st;
+	CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+	/* The name is taken by a live socket: another one, never that one replaced. */
+	int fd2 = gcr_sock_listen_unique(dir, "gcr-1-2", path2, sizeof(path2), &err);
+	CHECK(fd2 >= 0 && strcmp(path, path2) != 0 && strncmp(path2, want, strlen(want) - 5) == 0);
+	CHECK(gcr_sock_connect(path, 1000, &err) >= 0); /* still the first's */
+	/* A plain file at a name: left, another name taken. */
+	char plain[256];
+	snprintf(plain, sizeof(plain), "%s/gcr-3-4.sock", dir);
+	close(open(plain, O_CREAT | O_WRONLY, 0600));
+	int fd3 = gcr_sock_listen_unique(dir, "gcr-3-4", path2, sizeof(path2), &err);
+	CHECK(fd3 >= 0 && strcmp(path2, plain) != 0 && access(plain, F_OK) == 0);
+	/* Our own dead socket at the name is replaced. */
+	char dead[256];
+	snprintf(dead, sizeof(dead), "%s/gcr-5-6.sock", dir);
+	CHECK(dead_socket(dead) == 0);
+	int fd4 = gcr_sock_listen_unique(dir, "gcr-5-6", path2, sizeof(path2), &err);
+	CHECK(fd4 >= 0);
+	CHECK_STR(path2, dead);
+	/* gcr_sock_listen: a live socket at the path is -EADDRINUSE and stays. */
+	CHECK(gcr_sock_listen(path, &err) == -EADDRINUSE);
+	CHECK(gcr_sock_connect(path, 1000, &err) >= 0);
+	umask(old);
+
+	/* Reaping: dead sockets go; live ones, plain files and other names stay. */
+	char d1[256], d2[256];
+	snprintf(d1, sizeof(d1), "%s/gcr-7-8.sock", dir);
+	snprintf(d2, sizeof(d2), "%s/other-7-8.sock", dir);
+	CHECK(dead_socket(d1) == 0 && dead_socket(d2) == 0);
+	CHECK(gcr_sock_reap(dir, &err) == 1);
+	CHECK(access(d1, F_OK) < 0 && access(d2, F_OK) == 0 && access(plain, F_OK) == 0);
+	CHECK(access(path, F_OK) == 0 && access(dead, F_OK) == 0);
+	/* Another user's dead socket (root's, seen by nobody): only root removes it. */
+	if (geteuid() == 0) {
+		CHECK(dead_socket(d1) == 0);
+		CHECK(chmod(dir, 0777) == 0 && seteuid(65534) == 0);
+		CHECK(gcr_sock_remove_stale(d1, &err) == 0 && access(d1, F_OK) == 0);
+		CHECK(seteuid(0) == 0);
+		CHECK(gcr_sock_remove_stale(d1, &err) == 1 && access(d1, F_OK) < 0);
+	}
+	close(fd);
+	close(fd2);
+	close(fd3);
+	close(fd4);
+}
 
 int main(void)
 {
@@ -61,5 +163,13 @@ int main(void)
 	struct gcr_peer peer;
 	CHECK(gcr_sock_peer(sv[0], &peer, &err) == 0 && peer.pid == getpid() && peer.uid == getuid());
 	close(sv[0]);
+
+	test_steps();
+	char dir[] = "/tmp/gcr-test-sock-XXXXXX";
+	CHECK(mkdtemp(dir) != NULL);
+	test_names(dir);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
 	return test_summary("test_sock");
 }
