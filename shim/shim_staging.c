@@ -550,7 +550,7 @@ int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const st
 		if (j.left == NULL || j.doneq == NULL) {
 			free(j.left);
 			free(j.doneq);
-			return gcr_err_set(err, -ENOMEM, "out of memory");
+			return gcr_err_set(err, -ENOMEM, "out of host memory for the copy groups of %zu allocations", ng);
 		}
 		for (size_t i = 0; i < n; i++)
 			j.left[x[i].group]++;

@@ -7,3 +7,6 @@ EXTRA_DIST += tests/flow/test_hip_flow.sh tests/flow/test_hip_flow.py
 # gcr-agent on a bare node: paths derived from --socket-dir, a non-root shim registering.
 TESTS += tests/flow/test_agent_paths.sh
 EXTRA_DIST += tests/flow/test_agent_paths.sh tests/flow/test_agent_paths.py
+# Every host allocation of a suspend and of a resume failing in turn (tests/progs/libgcr-interposer.so).
+TESTS += tests/flow/test_alloc_sweep.sh
+EXTRA_DIST += tests/flow/test_alloc_sweep.sh tests/flow/test_alloc_sweep.py
