@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -595,6 +596,11 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 		memset(&r2, 0, sizeof(r2));
 		if (remap_all(&r2, &err2) < 0) {
 			GCR_LOG(GCR_LOG_ERROR, "shim", "suspend unwind failed: %s; process stays suspended", err2.msg);
+			/* The caller must learn the state too: a resume brings the process back. */
+			char first[GCR_ERR_MSG_MAX];
+			snprintf(first, sizeof(first), "%s", err->msg);
+			gcr_err_set(err, err->code, "%s; undoing it failed too (%s): process left suspended, a resume restores it",
+				    first, err2.msg);
 			pthread_mutex_unlock(&shim_alloc_lock);
 			state = SHIM_CR_SUSPENDED;
 			goto out;
