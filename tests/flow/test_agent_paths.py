@@ -62,6 +62,10 @@ class Node:
         self.cfg = H.Config()
         self.cfg.log_dir = os.path.join(self.dir, "logs")
         self.cfg.shim = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
+        # Sanitizer builds need the ASan runtime first in a preloaded process (tests/run.sh).
+        prefix = os.environ.get("GCR_TEST_PRELOAD_PREFIX", "")
+        if prefix:
+            self.cfg.shim = prefix + ":" + self.cfg.shim
         self.cfg.testprog = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
         self.procs = []
         for d in ("kubelet", "shim", "proc"):
