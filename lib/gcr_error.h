@@ -23,4 +23,8 @@ int gcr_err_wrap(struct gcr_err *err, const char *fmt, ...)
 
 void gcr_err_clear(struct gcr_err *err);
 
+/* Makes s valid UTF-8 in place, never longer: a sequence cut by the end of the string
+ * (a truncation) is dropped, any other invalid byte becomes '?'. Returns the new length. */
+size_t gcr_err_utf8_clean(char *s);
+
 #endif

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/types.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -22,16 +23,14 @@ void gcr_log_init(enum gcr_log_level default_level)
 			gcr_log_level = i;
 }
 
-void gcr_log_write(enum gcr_log_level level, const char *component, const char *fmt, ...)
+/* Formats "<prefix><message>\n" and writes it in one write(2). */
+__attribute__((format(printf, 2, 0))) static void write_line(const char *prefix, const char *fmt, va_list ap)
 {
 	char line[1024];
-	int n = snprintf(line, sizeof(line), "%s %s: ", level_names[level], component);
+	int n = snprintf(line, sizeof(line), "%s", prefix);
 	if (n < 0 || (size_t)n >= sizeof(line))
 		return;
-	va_list ap;
-	va_start(ap, fmt);
 	int m = vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
-	va_end(ap);
 	if (m < 0)
 		return;
 	size_t len = (size_t)n + (size_t)m;
@@ -41,4 +40,32 @@ void gcr_log_write(enum gcr_log_level level, const char *component, const char *
 	/* One write per line so lines from several threads never interleave. */
 	ssize_t w = write(STDERR_FILENO, line, len);
 	(void)w;
+}
+
+void gcr_log_write(enum gcr_log_level level, const char *component, const char *fmt, ...)
+{
+	char prefix[64];
+	snprintf(prefix, sizeof(prefix), "%s %s: ", level_names[level], component);
+	va_list ap;
+	va_start(ap, fmt);
+	write_line(prefix, fmt, ap);
+	va_end(ap);
+}
+
+/* The pid that printed its line: a forked child is another process, with its own line. */
+static pid_t problem_pid;
+
+void gcr_log_problem(const char *component, const char *fmt, ...)
+{
+	pid_t me = getpid();
+	va_list ap;
+	va_start(ap, fmt);
+	if (__atomic_exchange_n(&problem_pid, me, __ATOMIC_ACQ_REL) != me) {
+		write_line("gcr: ", fmt, ap);
+	} else if (GCR_LOG_WARN <= gcr_log_level) {
+		char prefix[64];
+		snprintf(prefix, sizeof(prefix), "%s %s: ", level_names[GCR_LOG_WARN], component);
+		write_line(prefix, fmt, ap);
+	}
+	va_end(ap);
 }

@@ -14,6 +14,11 @@ void gcr_log_init(enum gcr_log_level default_level);
 void gcr_log_write(enum gcr_log_level level, const char *component, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* For a library preloaded into someone else's process (the shim) that cannot do its job:
+ * the first problem of the process prints "gcr: <message>" on stderr whatever the level,
+ * so it is never silent; later ones are ordinary warnings. */
+void gcr_log_problem(const char *component, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* The level is checked before the arguments are evaluated. */
 #define GCR_LOG(level, component, ...)                                      \
 	do {                                                                \

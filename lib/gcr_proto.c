@@ -137,6 +137,7 @@ int gcr_proto_parse_reply(const char *line, struct gcr_reply *rep, struct gcr_er
 	}
 	rep->code = (int)json_integer_value(code);
 	snprintf(rep->message, sizeof(rep->message), "%s", json_string_value(msg));
+	gcr_err_utf8_clean(rep->message); /* the cut may have split a character */
 out:
 	json_decref(j);
 	return rc;
@@ -185,8 +186,12 @@ char *gcr_proto_reply_ok_line(long long id, json_t *result)
 
 char *gcr_proto_reply_err_line(long long id, int code, const char *message)
 {
+	/* jansson refuses invalid UTF-8, and a refused reply would leave the client with no
+	 * answer at all: the message is cleaned (and bounded) first. */
+	char clean[GCR_ERR_MSG_MAX];
+	snprintf(clean, sizeof(clean), "%s", message ? message : "");
+	gcr_err_utf8_clean(clean);
 	json_t *j = json_pack("{s:i, s:I, s:b, s:{s:i, s:s}}", "v", GCR_PROTO_VERSION, "id",
-			      (json_int_t)id, "ok", 0, "error", "code", code < 0 ? code : -EIO,
-			      "message", message ? message : "");
+			      (json_int_t)id, "ok", 0, "error", "code", code < 0 ? code : -EIO, "message", clean);
 	return dump_line(j);
 }

@@ -5,8 +5,11 @@
  * backend (CUDA or HIP) does the vendor calls, through struct shim_gpu_ops. */
 #include "shim_cr.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -35,6 +38,31 @@ enum shim_cr_state shim_cr_state(void)
 const char *shim_cr_state_name(enum shim_cr_state s)
 {
 	return (unsigned)s < 4 ? state_names[s] : "unknown";
+}
+
+/* Test hook: with GCR_TEST_ALLOC_WINDOW set, a preloaded test library's
+ * gcr_failmalloc_window(1) and (0) bracket each suspend and resume, so it can fail each
+ * allocation made inside one in turn (tests/flow/test_alloc_sweep.py). Otherwise one
+ * getenv per process. */
+static void (*alloc_window_fn)(int);
+static pthread_once_t alloc_window_once = PTHREAD_ONCE_INIT;
+
+static void alloc_window_find(void)
+{
+	if (getenv("GCR_TEST_ALLOC_WINDOW") == NULL)
+		return;
+	union {
+		void *ptr;
+		void (*fn)(int);
+	} u = { .ptr = shim_real_dlsym(RTLD_DEFAULT, "gcr_failmalloc_window") };
+	alloc_window_fn = u.fn;
+}
+
+static void alloc_window(int open)
+{
+	pthread_once(&alloc_window_once, alloc_window_find);
+	if (alloc_window_fn != NULL)
+		alloc_window_fn(open);
 }
 
 static double now_ms(void)
@@ -138,7 +166,7 @@ static struct staged *staged_list(size_t *n_out, size_t *nchunks_out, struct gcr
 	size_t nphys = shim_alloc_nphys(), n = 0, nch = 0;
 	struct staged *st = calloc(nphys + 1, sizeof(*st));
 	if (st == NULL) {
-		gcr_err_set(err, -ENOMEM, "out of memory");
+		gcr_err_set(err, -ENOMEM, "out of host memory for the list of allocations to stage");
 		return NULL;
 	}
 	for (size_t i = 0; i < nphys; i++) {
@@ -153,7 +181,7 @@ static struct staged *staged_list(size_t *n_out, size_t *nchunks_out, struct gcr
 			return NULL;
 		}
 		if (p->img == NULL && (p->img = shim_image_new(p->size)) == NULL) {
-			gcr_err_set(err, -ENOMEM, "out of memory");
+			gcr_err_set(err, -ENOMEM, "out of host memory for the image of a %zu-byte allocation", p->size);
 			free(st);
 			return NULL;
 		}
@@ -280,7 +308,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 		dig = calloc(nch + 1, sizeof(*dig));
 		req = calloc(n + 1, sizeof(*req));
 		if (dig == NULL || req == NULL)
-			rc = gcr_err_set(err, -ENOMEM, "out of memory");
+			rc = gcr_err_set(err, -ENOMEM, "out of host memory for the digests of %zu chunks", nch);
 		for (size_t i = 0; i < n && rc == 0; i++)
 			req[i] = (struct shim_digest_req){ .va = st[i].va, .size = st[i].p->size,
 							   .device = phys_device(st[i].p),
@@ -311,7 +339,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 		rc = shim_staging_prepare(backend, need, err);
 	size_t nx = 0;
 	if (rc == 0 && (x = calloc(nch + 1, sizeof(*x))) == NULL)
-		rc = gcr_err_set(err, -ENOMEM, "out of memory");
+		rc = gcr_err_set(err, -ENOMEM, "out of host memory for the copy list of %zu chunks", nch);
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		struct shim_phys *p = st[i].p;
 		struct shim_image *img = p->img;
@@ -380,7 +408,7 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 	}
 	struct staged *st = calloc(nphys + 1, sizeof(*st));
 	struct shim_xfer *x = calloc(nch + 1, sizeof(*x));
-	int rc = st && x ? 0 : gcr_err_set(err, -ENOMEM, "out of memory");
+	int rc = st && x ? 0 : gcr_err_set(err, -ENOMEM, "out of host memory for the copy-back list of %zu chunks", nch);
 	size_t nx = 0;
 	for (size_t i = 0; i < nphys && rc == 0; i++) {
 		struct shim_phys *p = shim_alloc_phys_at(i);
@@ -424,7 +452,7 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 	size_t nphys = shim_alloc_nphys(), nmaps = shim_alloc_nmaps();
 	uint8_t *made = calloc(nphys + 1, 1), *mapped = calloc(nmaps + 1, 1);
 	if (made == NULL || mapped == NULL)
-		rc = gcr_err_set(err, -ENOMEM, "out of memory");
+		rc = gcr_err_set(err, -ENOMEM, "out of host memory for the list of handles to re-create");
 	for (size_t i = 0; i < nphys && rc == 0; i++) {
 		struct shim_phys *p = shim_alloc_phys_at(i);
 		if (p == NULL || !p->staged || p->real != 0)
@@ -520,6 +548,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 {
 	memset(rep, 0, sizeof(*rep));
 	pthread_mutex_lock(&cr_lock);
+	alloc_window(1);
 	int rc = 0;
 	double t_start = now_ms(), t0 = t_start;
 	if (state != SHIM_CR_RUNNING) {
@@ -567,6 +596,11 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 		memset(&r2, 0, sizeof(r2));
 		if (remap_all(&r2, &err2) < 0) {
 			GCR_LOG(GCR_LOG_ERROR, "shim", "suspend unwind failed: %s; process stays suspended", err2.msg);
+			/* The caller must learn the state too: a resume brings the process back. */
+			char first[GCR_ERR_MSG_MAX];
+			snprintf(first, sizeof(first), "%s", err->msg);
+			gcr_err_set(err, err->code, "%s; undoing it failed too (%s): process left suspended, a resume restores it",
+				    first, err2.msg);
 			pthread_mutex_unlock(&shim_alloc_lock);
 			state = SHIM_CR_SUSPENDED;
 			goto out;
@@ -604,6 +638,7 @@ unwind_gate:
 	state = SHIM_CR_RUNNING;
 	shim_gate_open();
 out:
+	alloc_window(0);
 	pthread_mutex_unlock(&cr_lock);
 	return rc;
 }
@@ -623,6 +658,7 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 {
 	memset(rep, 0, sizeof(*rep));
 	pthread_mutex_lock(&cr_lock);
+	alloc_window(1);
 	int rc = 0;
 	double t_start = now_ms();
 	if (state != SHIM_CR_SUSPENDED) {
@@ -658,6 +694,7 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	shim_gate_open();
 	rep->ms_total = now_ms() - t_start;
 out:
+	alloc_window(0);
 	pthread_mutex_unlock(&cr_lock);
 	return rc;
 }

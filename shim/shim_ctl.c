@@ -418,15 +418,16 @@ static void register_with_agent(void)
 	struct gcr_err err;
 	int fd = gcr_sock_connect(path, 1000, &err);
 	if (fd < 0) {
-		GCR_LOG(GCR_LOG_WARN, "shim", "not registered with the node agent at %s: %s; it will not find "
-			"this process for Checkpoints", path, err.msg);
+		gcr_log_problem("shim", "pid %d not registered with the node agent at %s: %s; it will not find "
+				"this process for Checkpoints", (int)getpid(), path, err.msg);
 		return;
 	}
 	char *line = gcr_proto_request_line(0, GCR_OP_REGISTER_ID,
 					    json_pack("{s:s, s:s}", "socket", sock_path, "version", PACKAGE_VERSION));
 	if (line == NULL || gcr_sock_write_all(fd, line, strlen(line), 1000, &err) < 0) {
-		GCR_LOG(GCR_LOG_WARN, "shim", "not registered with the node agent at %s: %s; it will not find "
-			"this process for Checkpoints", path, line == NULL ? "out of memory" : err.msg);
+		gcr_log_problem("shim", "pid %d not registered with the node agent at %s: %s; it will not find "
+				"this process for Checkpoints", (int)getpid(), path,
+				line == NULL ? "out of memory for the request" : err.msg);
 		close(fd);
 	} else {
 		agent_fd = fd; /* kept open: the agent sees EOF when the process exits */
@@ -443,8 +444,8 @@ static void start(void)
 	if (lfd == 0)
 		lfd = gcr_sock_listen_unique(shim_cfg.socket_dir, stem, sock_path, sizeof(sock_path), &err);
 	if (lfd < 0) {
-		GCR_LOG(GCR_LOG_WARN, "shim", "no control socket (%s); this process cannot be suspended",
-			err.msg);
+		gcr_log_problem("shim", "pid %d has no control socket (%s); it cannot be suspended", (int)owner_pid,
+				err.msg);
 		sock_path[0] = '\0';
 		return;
 	}
@@ -466,7 +467,8 @@ static void start(void)
 	int prc = pthread_create(&th, NULL, ctl_thread, (void *)(intptr_t)lfd);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (prc != 0) {
-		GCR_LOG(GCR_LOG_WARN, "shim", "cannot start the control thread: %s", strerror(prc));
+		gcr_log_problem("shim", "pid %d cannot start its control thread (%s); it cannot be suspended",
+				(int)owner_pid, strerror(prc));
 		close(lfd);
 		unlink(sock_path);
 		sock_path[0] = '\0';

@@ -1,5 +1,7 @@
 /* shim_gate: per-thread in-flight flags instead of one shared counter, so an open
- * gate costs no cache-line traffic between launching threads. */
+ * gate costs no cache-line traffic between launching threads. A thread's record is
+ * freed when the thread exits (its counts folded into the retired totals): a process
+ * that starts 100k short-lived threads must not keep 100k records (~2.4 KB each). */
 #include "shim_gate.h"
 
 #include <errno.h>
@@ -12,19 +14,32 @@ static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
 static atomic_int gate_closed;
 static _Atomic uint64_t gate_waits;
 
+/* threads_lock guards the list, the retired totals and nthreads; a record is only
+ * read under it (or by its own thread), so freeing one under it is safe. */
 static pthread_mutex_t threads_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct shim_thread *threads; /* push-only list */
+static struct shim_thread *threads; /* live threads' records, doubly linked */
+static uint64_t retired[SHIM_GATE_ROWS][2]; /* counts of threads that have exited */
+static size_t nthreads;
 static __thread struct shim_thread *self __attribute__((tls_model("initial-exec")));
 
-/* Used when even a small allocation fails: counts are then shared, gate still works. */
+/* Used when even a small allocation fails (or no key could be made): counts are then
+ * shared, the gate still works, and it is never freed. */
 static struct shim_thread fallback_thread;
 static pthread_once_t fallback_once = PTHREAD_ONCE_INIT;
+
+static pthread_key_t exit_key;
+static int exit_key_ok;
+static pthread_once_t exit_key_once = PTHREAD_ONCE_INIT;
 
 static void push_thread(struct shim_thread *t)
 {
 	pthread_mutex_lock(&threads_lock);
+	t->prev = NULL;
 	t->next = threads;
+	if (threads != NULL)
+		threads->prev = t;
 	threads = t;
+	nthreads++;
 	pthread_mutex_unlock(&threads_lock);
 }
 
@@ -33,12 +48,47 @@ static void push_fallback(void)
 	push_thread(&fallback_thread);
 }
 
+/* The key's destructor, at thread exit: the record leaves the list, its counts stay. */
+static void thread_exit(void *arg)
+{
+	struct shim_thread *t = arg;
+	if (t == NULL || t == &fallback_thread)
+		return;
+	pthread_mutex_lock(&threads_lock);
+	for (unsigned r = 0; r < SHIM_GATE_ROWS; r++)
+		for (int v = 0; v < 2; v++)
+			retired[r][v] += atomic_load_explicit(&t->calls[r][v], memory_order_relaxed);
+	if (t->prev != NULL)
+		t->prev->next = t->next;
+	else
+		threads = t->next;
+	if (t->next != NULL)
+		t->next->prev = t->prev;
+	nthreads--;
+	pthread_mutex_unlock(&threads_lock);
+	/* A later destructor (another library's) calling CUDA gets a fresh record, which
+	 * pthread then hands to this destructor again. */
+	if (self == t)
+		self = NULL;
+	free(t);
+}
+
+static void make_exit_key(void)
+{
+	exit_key_ok = pthread_key_create(&exit_key, thread_exit) == 0;
+}
+
 struct shim_thread *shim_thread_self(void)
 {
 	struct shim_thread *t = self;
 	if (t != NULL)
 		return t;
-	t = calloc(1, sizeof(*t));
+	pthread_once(&exit_key_once, make_exit_key);
+	t = exit_key_ok ? calloc(1, sizeof(*t)) : NULL;
+	if (t != NULL && pthread_setspecific(exit_key, t) != 0) {
+		free(t);
+		t = NULL;
+	}
 	if (t == NULL) {
 		pthread_once(&fallback_once, push_fallback);
 		t = &fallback_thread;
@@ -47,6 +97,26 @@ struct shim_thread *shim_thread_self(void)
 	}
 	self = t;
 	return t;
+}
+
+size_t shim_gate_nthreads(void)
+{
+	pthread_mutex_lock(&threads_lock);
+	size_t n = nthreads;
+	pthread_mutex_unlock(&threads_lock);
+	return n;
+}
+
+/* 1 if some thread is inside a gated call. Under threads_lock, so no record is freed
+ * while it is read; never held while waiting, so threads can still start and exit. */
+static int any_active(void)
+{
+	int busy = 0;
+	pthread_mutex_lock(&threads_lock);
+	for (struct shim_thread *t = threads; t != NULL && !busy; t = t->next)
+		busy = atomic_load(&t->active) > 0;
+	pthread_mutex_unlock(&threads_lock);
+	return busy;
 }
 
 static struct shim_thread *enter_row(unsigned row, int variant)
@@ -94,24 +164,18 @@ int shim_gate_close(int timeout_ms, struct gcr_err *err)
 {
 	atomic_store(&gate_closed, 1);
 	long long deadline = now_us() + (long long)timeout_ms * 1000;
-	pthread_mutex_lock(&threads_lock);
-	struct shim_thread *list = threads;
-	pthread_mutex_unlock(&threads_lock);
-	/* Threads registered after the snapshot see gate_closed before they can run
-	 * a gated call, so the snapshot is enough. */
-	for (struct shim_thread *t = list; t != NULL; t = t->next) {
-		while (atomic_load(&t->active) > 0) {
-			if (now_us() > deadline) {
-				shim_gate_open();
-				return gcr_err_set(err, -EBUSY,
-						   "a thread stayed inside a CUDA call for %d ms; gate reopened",
-						   timeout_ms);
-			}
-			/* In-flight calls are submissions (microseconds) or synchronous
-			 * copies; a 50 us poll keeps the close cheap without spinning. */
-			struct timespec ts = { 0, 50000 };
-			nanosleep(&ts, NULL);
+	/* Threads registered after gate_closed was set see it before they can run a
+	 * gated call, so once a scan finds every thread outside, none can get in. */
+	while (any_active()) {
+		if (now_us() > deadline) {
+			shim_gate_open();
+			return gcr_err_set(err, -EBUSY, "a thread stayed inside a CUDA call for %d ms; gate reopened",
+					   timeout_ms);
 		}
+		/* In-flight calls are submissions (microseconds) or synchronous
+		 * copies; a 50 us poll keeps the close cheap without spinning. */
+		struct timespec ts = { 0, 50000 };
+		nanosleep(&ts, NULL);
 	}
 	return 0;
 }
@@ -131,8 +195,8 @@ int shim_gate_is_closed(void)
 
 static uint64_t total_row(unsigned row, int variant)
 {
-	uint64_t sum = 0;
 	pthread_mutex_lock(&threads_lock);
+	uint64_t sum = retired[row][variant];
 	for (struct shim_thread *t = threads; t != NULL; t = t->next)
 		sum += atomic_load_explicit(&t->calls[row][variant], memory_order_relaxed);
 	pthread_mutex_unlock(&threads_lock);

@@ -4,6 +4,7 @@
 #define SHIM_GATE_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gcr_error.h"
@@ -13,15 +14,17 @@
 /* Counter rows: the CUDA hooks, then the HIP hooks (one gate serves both vendors). */
 #define SHIM_GATE_ROWS (SHIM_HOOK_COUNT + SHIM_HIP_HOOK_COUNT)
 
-/* One per application thread that ever called a hook; never freed, so counts
- * survive the thread. Written by its owner only (plain relaxed stores). */
+/* One per live application thread that called a hook; freed at thread exit, its
+ * counts added to the totals. Counters written by the owner only (relaxed stores). */
 struct shim_thread {
 	atomic_int active; /* gated calls in progress in this thread (nesting depth) */
 	_Atomic uint64_t calls[SHIM_GATE_ROWS][2];
-	struct shim_thread *next;
+	struct shim_thread *next, *prev; /* the live list, under the gate's lock */
 };
 
 struct shim_thread *shim_thread_self(void);
+/* Records held now (live threads that called a hook, and the shared fallback). */
+size_t shim_gate_nthreads(void);
 
 static inline void shim_count_row(struct shim_thread *t, unsigned row, int variant)
 {

@@ -124,7 +124,7 @@ SHIM_EARLY int shim_real_init(void)
 		if (lm->l_name != NULL && early_contains(lm->l_name, "libc.so"))
 			find_in_object(lm, &f);
 	if (f.found[0] == NULL || f.found[1] == NULL) {
-		GCR_LOG(GCR_LOG_ERROR, "shim", "cannot find dlsym in libc; lookups by dlsym are not interposed");
+		gcr_log_problem("shim", "cannot find dlsym in libc; lookups by dlsym are not interposed");
 		return -ENOENT;
 	}
 	real_dlvsym = (dlvsym_fn)f.found[1];
@@ -145,6 +145,21 @@ SHIM_EARLY void *shim_real_dlvsym(void *handle, const char *name, const char *ve
 	if (real_dlvsym == NULL && shim_real_init() < 0)
 		return NULL;
 	return real_dlvsym(handle, name, version);
+}
+
+SHIM_EARLY void *shim_real_dlsym_ptr(void)
+{
+	dlsym_fn fn = __atomic_load_n(&real_dlsym, __ATOMIC_ACQUIRE);
+	if (fn == NULL && shim_real_init() == 0)
+		fn = real_dlsym;
+	return (void *)fn;
+}
+
+SHIM_EARLY void *shim_real_dlvsym_ptr(void)
+{
+	if (__atomic_load_n(&real_dlsym, __ATOMIC_ACQUIRE) == NULL && shim_real_init() < 0)
+		return NULL;
+	return (void *)real_dlvsym;
 }
 
 struct shim_cu shim_cu;

@@ -33,6 +33,10 @@ void shim_real_relax_capture(void);
 int shim_real_init(void);
 void *shim_real_dlsym(void *handle, const char *name);
 void *shim_real_dlvsym(void *handle, const char *name, const char *version);
+/* libc's dlsym and dlvsym themselves (NULL if not found), for shim_dlsym.c's RTLD_NEXT
+ * trampolines, which must jump into them rather than call them. */
+void *shim_real_dlsym_ptr(void);
+void *shim_real_dlvsym_ptr(void);
 
 /* Opens the driver (the object that holds hint, or "libcuda.so.1" when hint is
  * NULL) once and fills shim_hooks[].real. Returns 0 or -errno. */

@@ -197,11 +197,13 @@ static shim_gpu_stream worker_stream(struct worker *w, int dev, struct gcr_err *
 		return NULL;
 	}
 	int rc = gpu->set_device(dev, err);
-	if (rc == 0 && w->stream[dev] == NULL) {
+	/* Each piece is made only if missing: a set-up that failed half-way (no memory for an
+	 * event) is finished by the next operation instead of leaving a stream without events. */
+	if (rc == 0 && w->stream[dev] == NULL)
 		rc = gpu->stream_create(dev, &w->stream[dev], err);
-		for (int k = 0; k < 2 && rc == 0; k++)
+	for (int k = 0; k < 2 && rc == 0; k++)
+		if (w->ev[dev][k] == NULL)
 			rc = gpu->event_create(&w->ev[dev][k], err);
-	}
 	if (rc < 0) {
 		step_fail(err, "copy stream set-up");
 		return NULL;
@@ -550,7 +552,7 @@ int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const st
 		if (j.left == NULL || j.doneq == NULL) {
 			free(j.left);
 			free(j.doneq);
-			return gcr_err_set(err, -ENOMEM, "out of memory");
+			return gcr_err_set(err, -ENOMEM, "out of host memory for the copy groups of %zu allocations", ng);
 		}
 		for (size_t i = 0; i < n; i++)
 			j.left[x[i].group]++;

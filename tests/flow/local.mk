@@ -10,3 +10,6 @@ EXTRA_DIST += tests/flow/test_agent_paths.sh tests/flow/test_agent_paths.py
 # The control socket under hostile peers: idle, polling, flooding, vanishing clients, taken names.
 TESTS += tests/flow/test_hostile.sh
 EXTRA_DIST += tests/flow/test_hostile.sh tests/flow/test_hostile.py
+# Every host allocation of a suspend and of a resume failing in turn (tests/progs/libgcr-interposer.so).
+TESTS += tests/flow/test_alloc_sweep.sh
+EXTRA_DIST += tests/flow/test_alloc_sweep.sh tests/flow/test_alloc_sweep.py

@@ -18,3 +18,16 @@ tests_progs_gcr_hipprog_SOURCES = tests/progs/gcr_hipprog.c
 tests_progs_gcr_hipprog_CPPFLAGS = $(AM_CPPFLAGS) $(HIP_CPPFLAGS) -I$(srcdir)/tests/fakehip
 tests_progs_gcr_hipprog_LDADD = -L$(top_builddir)/tests/fakehip -l:libamdhip64.so.5
 EXTRA_tests_progs_gcr_hipprog_DEPENDENCIES = $(FAKEHIP_LIB)
+
+# libgcr-interposer.so: a second interposer using dlsym(RTLD_NEXT, ...), preloaded before and
+# after the shim (tests/unit/test_interpose.sh) and the allocation-failure sweep's injector
+# (tests/flow/test_alloc_sweep.py). A plain rule (no libtool: a check-only shared object), and
+# without the sanitizers: in a sanitizer build the ASan runtime comes first and owns malloc.
+INTERPOSER_LIB = tests/progs/libgcr-interposer.so
+check_DATA = $(INTERPOSER_LIB)
+CLEANFILES += $(INTERPOSER_LIB)
+EXTRA_DIST += tests/progs/gcr_interposer.c
+$(INTERPOSER_LIB): $(srcdir)/tests/progs/gcr_interposer.c
+	@$(MKDIR_P) tests/progs
+	$(AM_V_CCLD)$(CC) -std=c11 -pthread $(WARN_CFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden -shared \
+		-Wl,-z,defs -o $@ $(srcdir)/tests/progs/gcr_interposer.c -ldl

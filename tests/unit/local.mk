@@ -12,6 +12,16 @@ EXTRA_DIST += tests/unit/test_shim_exports.sh
 tests_unit_test_gate_SOURCES = tests/unit/test_gate.c $(SHIM_CORE_SOURCES)
 tests_unit_test_gate_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_gate_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+# The gate's per-thread records are freed at thread exit: 100k threads, bounded memory.
+check_PROGRAMS += tests/unit/test_thread_churn
+TESTS += tests/unit/test_thread_churn
+tests_unit_test_thread_churn_SOURCES = tests/unit/test_thread_churn.c $(SHIM_CORE_SOURCES)
+tests_unit_test_thread_churn_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_thread_churn_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+# Another dlsym(RTLD_NEXT) interposer beside the shim, in both preload orders; and the one
+# line a shim that cannot serve prints.
+TESTS += tests/unit/test_interpose.sh tests/unit/test_shim_notice.sh
+EXTRA_DIST += tests/unit/test_interpose.sh tests/unit/test_shim_notice.sh tests/unit/test_thread_churn.c
 # The scale-to-zero policy (lib/gcr_scale, in libgcrcontrol).
 tests_unit_test_scale_SOURCES = tests/unit/test_scale.c
 tests_unit_test_scale_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)

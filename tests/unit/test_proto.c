@@ -80,9 +80,67 @@ static void test_round_trip(void)
 	gcr_reply_clear(&rep);
 }
 
+/* 1 if s is valid UTF-8 (the check jansson makes, written independently). */
+static int valid_utf8(const char *s)
+{
+	json_t *j = json_string(s);
+	json_decref(j);
+	return j != NULL;
+}
+
+/* The error reply for msg encodes, parses back, and its message is valid UTF-8. */
+static int reply_encodes(const char *msg, char *back, size_t cap)
+{
+	char *line = gcr_proto_reply_err_line(7, -EIO, msg);
+	if (line == NULL)
+		return 0;
+	struct gcr_reply rep;
+	struct gcr_err err = { 0 };
+	int ok = gcr_proto_parse_reply(line, &rep, &err) == 0 && !rep.ok && rep.id == 7 && valid_utf8(rep.message);
+	snprintf(back, cap, "%s", rep.message);
+	gcr_reply_clear(&rep);
+	free(line);
+	return ok;
+}
+
+/* An error message cut inside a UTF-8 character, or holding bytes that are not UTF-8 (a
+ * driver's string), still makes a reply: the cut drops the partial character, bad bytes
+ * become '?'. Before the fix the first gave a NULL reply line and the client no answer. */
+static void test_utf8(void)
+{
+	char pad[GCR_ERR_MSG_MAX];
+	char back[GCR_ERR_MSG_MAX];
+	/* "€" is 3 bytes; with k bytes of padding before it the 255-byte cut lands inside it. */
+	for (size_t k = GCR_ERR_MSG_MAX - 4; k <= GCR_ERR_MSG_MAX - 1; k++) {
+		memset(pad, 'a', k);
+		pad[k] = '\0';
+		struct gcr_err err = { 0 };
+		gcr_err_set(&err, -EIO, "%s\xe2\x82\xac and more", pad);
+		CHECK(valid_utf8(err.msg));
+		CHECK(strlen(err.msg) >= k && strlen(err.msg) <= GCR_ERR_MSG_MAX - 1);
+		CHECK(reply_encodes(err.msg, back, sizeof(back)));
+		/* The same cut made by the wrapper's prefixing. */
+		gcr_err_set(&err, -EIO, "%s", "\xf0\x9f\x98\x80 the GPU said no");
+		gcr_err_wrap(&err, "%.*s\xe2\x82\xac", (int)(k - 2), pad);
+		CHECK(valid_utf8(err.msg));
+		CHECK(reply_encodes(err.msg, back, sizeof(back)));
+	}
+	/* The encoder itself cleans what it is given: a raw cut sequence and stray bytes. */
+	CHECK(reply_encodes("driver says \xff\xfe ok \xc3", back, sizeof(back)));
+	CHECK_STR(back, "driver says ?? ok ");
+	CHECK(reply_encodes("caf\xc3\xa9 \xed\xa0\x80 \xf0\x9f\x98\x80", back, sizeof(back)));
+	CHECK_STR(back, "caf\xc3\xa9 ??? \xf0\x9f\x98\x80"); /* a surrogate is not UTF-8 */
+	char s[] = "ok \xe2\x82";
+	CHECK(gcr_err_utf8_clean(s) == 3 && strcmp(s, "ok ") == 0);
+	char t[] = "\xc0\xaf overlong";
+	gcr_err_utf8_clean(t);
+	CHECK_STR(t, "?? overlong");
+}
+
 int main(void)
 {
 	test_requests();
 	test_round_trip();
+	test_utf8();
 	return test_summary("test_proto");
 }
