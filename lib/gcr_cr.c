@@ -17,6 +17,7 @@
 #include "gcr_criu.h"
 #include "gcr_driver.h"
 #include "gcr_log.h"
+#include "gcr_nvml.h"
 
 /* A suspend of 64 GiB copies for about 1.5 s; leave ample room. */
 #define SHIM_CALL_MS 600000
@@ -154,6 +155,71 @@ static int criu_restore(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_re
 	return 0;
 }
 
+/* ---- restore room: the driver's cuCheckpointProcessRestore that runs out of GPU memory
+ * leaves the process unrestorable for good (CUDA_ERROR_OPERATING_SYSTEM on every later try,
+ * seen on an H200, driver 580), so a resume must know there is room before it calls it. ---- */
+
+static unsigned long long room_margin(void)
+{
+	const char *e = getenv("GCR_RESTORE_MARGIN_MIB");
+	char *end;
+	unsigned long long mib = e != NULL ? strtoull(e, &end, 10) : GCR_CR_RESTORE_MARGIN_MIB;
+	if (e != NULL && (end == e || *end != '\0' || mib > (1ULL << 20)))
+		mib = GCR_CR_RESTORE_MARGIN_MIB;
+	return mib << 20;
+}
+
+/* What the driver's restore will need: pid's device memory per GPU as NVML sees it, taken
+ * with the application held at the shim's gate after the data step (nothing allocates), so
+ * it is exactly what the driver's checkpoint is about to take off the GPU. */
+static int room_need(pid_t pid, json_t **need, struct gcr_err *err)
+{
+	struct gcr_nvml_use use[GCR_NVML_MAX_DEVICES];
+	int n = 0;
+	*need = NULL;
+	int rc = gcr_nvml_proc_use(pid, use, GCR_NVML_MAX_DEVICES, &n, err);
+	if (rc < 0)
+		return rc;
+	if (n == 0)
+		return gcr_err_set(err, -ENODEV, "NVML lists pid %d on no GPU (another PID namespace?)", (int)pid);
+	json_t *devs = json_array();
+	for (int i = 0; i < n; i++)
+		json_array_append_new(devs, json_pack("{s:s, s:I}", "uuid", use[i].uuid, "bytes",
+						      (json_int_t)use[i].bytes));
+	*need = json_pack("{s:o}", "devices", devs);
+	return 0;
+}
+
+/* Whether every GPU in need has its bytes plus the margin free now; -ENOSPC if one has not. */
+static int room_check(pid_t pid, json_t *need, struct gcr_err *err)
+{
+	unsigned long long margin = room_margin();
+	json_t *devs = json_object_get(need, "devices"), *d;
+	size_t i;
+	if (!json_is_array(devs) || json_array_size(devs) == 0)
+		return gcr_err_set(err, -ENOTSUP, "the shim's record of the restore's GPU memory is malformed; "
+				   "process still suspended (driver checkpointed); resume --unchecked to restore anyway");
+	json_array_foreach(devs, i, d) {
+		const char *uuid = json_string_value(json_object_get(d, "uuid"));
+		unsigned long long bytes = (unsigned long long)json_integer_value(json_object_get(d, "bytes"));
+		unsigned long long fr = 0, total = 0;
+		int rc = uuid != NULL ? gcr_nvml_mem(uuid, &fr, &total, err)
+				      : gcr_err_set(err, -ENOTSUP, "no GPU named in the restore record");
+		if (rc < 0) {
+			gcr_err_wrap(err, "cannot check the GPU has room for the restore; process still suspended "
+				     "(driver checkpointed); resume --unchecked to restore anyway");
+			return err->code = -ENOTSUP;
+		}
+		GCR_LOG(GCR_LOG_DEBUG, "gcr_cr", "pid %d: restore room on %s: need %llu + margin %llu bytes, free %llu",
+			(int)pid, uuid, bytes, margin, fr);
+		if (fr < bytes + margin)
+			return gcr_err_set(err, -ENOSPC, "GPU %s: %llu bytes free, pid %d's restore needs %llu (%llu held "
+					   "+ %llu margin); process still suspended (driver checkpointed); retry when "
+					   "the GPU has room", uuid, fr, (int)pid, bytes + margin, bytes, margin);
+	}
+	return 0;
+}
+
 /* Asks the shim to undo its data step after a later step failed. */
 static void undo_data(struct gcr_client *c, struct gcr_err *err)
 {
@@ -221,7 +287,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 {
 	memset(r, 0, sizeof(*r));
 	struct gcr_client c = { .fd = -1 };
-	json_t *status = NULL;
+	json_t *status = NULL, *need = NULL;
 	double t0 = now_ms(), t;
 	int rc = 0, hip = 0;
 	r->control = o->mode == GCR_CR_DATA_ONLY ? "none" : "driver";
@@ -261,6 +327,16 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		shim_bytes(r);
 		r->ms_data = now_ms() - t0;
 	}
+	if (o->mode == GCR_CR_FULL && !o->unchecked) {
+		t = now_ms();
+		rc = room_need(pid, &need, err);
+		r->ms_room = now_ms() - t;
+		if (rc < 0) {
+			gcr_err_wrap(err, "cannot record the GPU memory a restore will need (--unchecked skips)");
+			undo_data(&c, err);
+			goto out;
+		}
+	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
 		t = now_ms();
 		rc = gcr_driver_lock(pid, (unsigned)o->timeout_ms, err);
@@ -285,14 +361,17 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 	r->ms_total = now_ms() - t0;
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		/* Off the clock: unused staging goes back only now, because giving memory
-		 * back while the driver checkpoints slows the checkpoint. */
-		json_t *res = NULL;
+		 * back while the driver checkpoints slows the checkpoint. The shim keeps the
+		 * restore's need for whichever resume comes (gcrctl or the agent). */
+		json_t *res = NULL, *args = need != NULL ? json_pack("{s:O}", "restore_need", need) : NULL;
 		struct gcr_err e2;
-		if (gcr_client_call(&c, GCR_OP_TRIM_ID, NULL, 10000, &res, &e2) < 0)
-			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed: %s", (int)pid, e2.msg);
+		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, 10000, &res, &e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed, restore need not kept (resume "
+				"will need --unchecked): %s", (int)pid, e2.msg);
 		json_decref(res);
 	}
 out:
+	json_decref(need);
 	json_decref(status);
 	gcr_client_close(&c);
 	return rc;
@@ -343,14 +422,36 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		rc = gcr_err_set(err, -EIO, "the driver reports process %d in the failed state", (int)pid);
 		goto out;
 	}
+	if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked && o->mode == GCR_CR_DRIVER_ONLY) {
+		GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore room not checked (driver-only: no shim keeps the "
+			"need); an out-of-memory restore would lose the process", (int)pid);
+	} else if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) {
+		t = now_ms();
+		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
+		json_t *need = rc == 0 ? json_object_get(status, "restore_need") : NULL;
+		if (rc == 0 && need == NULL)
+			rc = gcr_err_set(err, -ENOTSUP, "the shim kept no record of the GPU memory pid %d's restore needs "
+					 "(suspended by an older gcr?); process still suspended (driver checkpointed); "
+					 "resume --unchecked to restore anyway", (int)pid);
+		if (rc == 0)
+			rc = room_check(pid, need, err);
+		json_decref(status);
+		status = NULL;
+		r->ms_room = now_ms() - t;
+		if (rc < 0)
+			goto out;
+	}
 	if (ds == GCR_DRIVER_CHECKPOINTED) {
 		t = now_ms();
 		rc = gcr_driver_restore(pid, err);
 		r->ms_restore = now_ms() - t;
-		if (rc < 0) {
+		if (rc == -ENOMEM) /* past the room check: someone allocated meanwhile */
+			gcr_err_wrap(err, "the driver's restore ran out of GPU memory after the room check passed; "
+				     "drivers up to 580 cannot restore this process again (docs/design.md)");
+		else if (rc < 0)
 			gcr_err_wrap(err, "process still suspended; retry when the GPU has room");
+		if (rc < 0)
 			goto out;
-		}
 		ds = GCR_DRIVER_LOCKED;
 		did = 1;
 	}

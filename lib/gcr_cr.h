@@ -29,11 +29,19 @@ struct gcr_cr_opts {
 	enum gcr_cr_mode mode;
 	int timeout_ms;         /* for the gate and the driver lock */
 	const char *images_dir; /* CRIU images (HIP, full mode); NULL: see GCR_CR_IMAGES_DIR */
+	/* Skip the restore room check (suspend: record no need; resume: restore without knowing
+	 * there is room). An out-of-memory driver restore loses the process: the user's call. */
+	int unchecked;
 };
+
+/* Bytes the driver's restore gets beyond what NVML showed the process holding before its
+ * checkpoint: $GCR_RESTORE_MARGIN_MIB, else this (docs/design.md, "Restore room"). */
+#define GCR_CR_RESTORE_MARGIN_MIB 128
 
 struct gcr_cr_result {
 	/* ms_checkpoint / ms_restore: the driver's, or CRIU's dump / restore for HIP. */
 	double ms_data, ms_lock, ms_checkpoint, ms_restore, ms_unlock, ms_total;
+	double ms_room; /* resume: the restore room check (NVML); suspend: recording the need */
 	const char *control;    /* "driver", "criu", or "none" (data only) */
 	long long bytes_moved;  /* by the shim's data path, over PCIe */
 	long long bytes_total;  /* the buffers the shim staged (moved + zero + unchanged) */
@@ -44,7 +52,9 @@ const char *gcr_cr_mode_name(enum gcr_cr_mode m);
 void gcr_cr_result_clear(struct gcr_cr_result *r);
 
 /* 0 or -errno. After a failure the process is running (suspend) or still
- * suspended and resumable (resume); err says which step failed and why. */
+ * suspended and resumable (resume); err says which step failed and why. Resume answers
+ * -ENOSPC, before touching anything, when a GPU lacks the room the driver's restore needs
+ * (retry later), and -ENOTSUP when that cannot be checked (no NVML, no need recorded). */
 int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 

@@ -17,6 +17,7 @@ lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_client.c lib/gcr_client.h \
 	lib/gcr_procns.c lib/gcr_procns.h \
 	lib/gcr_driver.c lib/gcr_driver.h \
+	lib/gcr_nvml.c lib/gcr_nvml.h lib/gcr_nvml_abi.h \
 	lib/gcr_criu.c lib/gcr_criu.h \
 	lib/gcr_cr.c lib/gcr_cr.h \
 	lib/gcr_scale.c lib/gcr_scale.h

@@ -30,6 +30,12 @@
 /* Longest wait for the scaler's process to mark a gated pod not ready before its suspend,
  * in ms: traffic should leave first, but a missing scaler must not stop the suspend. */
 #define GATE_WAIT_MS 10000
+/* A Restore refused for want of GPU memory (gcr_cr_resume's -ENOSPC: nothing touched) is
+ * retried after 1 s, doubling to 30 s, for the Restore's timeoutSeconds or else this long
+ * (ms): room usually comes back when a neighbour's job or request ends, within minutes. */
+#define ROOM_RETRY_FIRST_MS 1000
+#define ROOM_RETRY_MAX_MS 30000
+#define ROOM_WAIT_DEFAULT_MS (15 * 60 * 1000)
 /* Operations run at once by default, and at most (different pods only). */
 #define DEFAULT_PARALLEL 4
 #define MAX_PARALLEL 64
@@ -798,6 +804,60 @@ static json_t *find_checkpoint(struct agent_controller *c, const char *ns, const
 	return ck;
 }
 
+/* Waits ms unless the agent is stopping; 1 if it is. */
+static int nap(struct agent_controller *c, int ms)
+{
+	struct timespec dl;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += ms / 1000;
+	dl.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&c->lock);
+	int rc = 0;
+	while (!atomic_load(&c->stop) && rc == 0)
+		rc = pthread_cond_timedwait(&c->cond, &c->lock, &dl);
+	pthread_mutex_unlock(&c->lock);
+	return atomic_load(&c->stop) ? 1 : 0;
+}
+
+/* A resume refused for want of GPU memory (-ENOSPC, the processes untouched and restorable):
+ * says so (phase stays Running, condition reason WaitingForGPUMemory, one Warning Event) and
+ * retries with backoff until room appears or the wait runs out. Returns the last resume's
+ * result; -ECANCELED when the agent stops (the Restore, Running on this node, is finished
+ * after its restart). */
+static int wait_for_room(struct agent_controller *c, struct op *o, const struct proc *p, int n,
+			 enum gcr_cr_mode mode, struct gcr_cr_result *sum, struct gcr_err *err)
+{
+	json_int_t ts = json_integer_value(json_object_get(json_object_get(o->obj, "spec"), "timeoutSeconds"));
+	double bound = ts > 0 ? (double)ts * 1000 : ROOM_WAIT_DEFAULT_MS, t0 = now_ms();
+	int delay = ROOM_RETRY_FIRST_MS, tries = 1, rc = -ENOSPC;
+	char msg[1024];
+	snprintf(msg, sizeof(msg), "waiting for GPU memory (retrying for up to %.0f s): %s", bound / 1000, err->msg);
+	set_status(c, o, "Running", "WaitingForGPUMemory", msg, NULL);
+	event(c, o, "Warning", "WaitingForGPUMemory", msg);
+	while (rc == -ENOSPC) {
+		double left = bound - (now_ms() - t0);
+		if (left <= 0)
+			break;
+		if (nap(c, delay < left ? delay : (int)left))
+			return gcr_err_set(err, -ECANCELED, "agent stopping while waiting for GPU memory");
+		delay = delay * 2 < ROOM_RETRY_MAX_MS ? delay * 2 : ROOM_RETRY_MAX_MS;
+		tries++;
+		rc = resume_all(c, p, n, mode, timeout_ms_of(o->obj), sum, err);
+		if (rc < 0 && err->code == -ENOSPC)
+			rc = -ENOSPC;
+		GCR_LOG(GCR_LOG_INFO, "controller", "Restore %s/%s: try %d after waiting for GPU memory: %s", o->ns,
+			o->name, tries, rc == 0 ? "resumed" : err->msg);
+	}
+	if (rc == -ENOSPC)
+		gcr_err_wrap(err, "no GPU memory after %.0f s (%d tries); still suspended, a new Restore retries",
+			     (now_ms() - t0) / 1000, tries);
+	return rc;
+}
+
 static void reconcile_restore(struct agent_controller *c, struct op *o, const char *key)
 {
 	const char *phase = status_str(o->obj, "phase");
@@ -881,9 +941,13 @@ static void reconcile_restore(struct agent_controller *c, struct op *o, const ch
 	double t0 = now_ms();
 	test_pause(c, "before-rs");
 	int rc = resume_all(c, p, n, mode, timeout_ms_of(o->obj), &sum, &err);
+	if (rc < 0 && err.code == -ENOSPC)
+		rc = wait_for_room(c, o, p, n, mode, &sum, &err);
 	double ms = now_ms() - t0;
+	if (rc == -ECANCELED)
+		goto out;
 	if (rc < 0) {
-		fail(c, o, "RestoreFailed", "%s", err.msg);
+		fail(c, o, err.code == -ENOSPC ? "NoGPUMemory" : "RestoreFailed", "%s", err.msg);
 		goto out;
 	}
 	char note[256];

@@ -35,6 +35,10 @@ static void usage(FILE *f)
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
 		"HIP (AMD) processes: the control step is CRIU (criu dump, which ends the process, and\n"
 		"criu restore), images in --images-dir/PID ($GCR_IMAGES_DIR or " GCR_CR_IMAGES_DIR ").\n"
+		"--unchecked: suspend without recording the GPU memory the restore needs / resume without\n"
+		"checking it is free (an out-of-memory driver restore loses the process; see docs/design.md).\n"
+		"A resume refused for want of GPU memory exits with status 3: the process is still\n"
+		"suspended; retry when the GPU has room.\n"
 		"scale ranks by the shim's call counters: their growth over --sample-ms (default 0: their totals).\n",
 		GCR_SOCKET_DIR_ENV, GCR_DEFAULT_SOCKET_DIR);
 }
@@ -67,7 +71,7 @@ static int fail(const char *op, pid_t pid, const struct gcr_err *err)
 		json_decref(j);
 	}
 	fprintf(stderr, "gcrctl: %s %d: %s\n", op, (int)pid, err->msg);
-	return 1;
+	return err->code == -ENOSPC ? 3 : 1; /* 3: no room on the GPU yet, still suspended: retry */
 }
 
 static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
@@ -80,7 +84,7 @@ static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 		gcr_cr_result_clear(&r);
 		return fail(op, pid, &err);
 	}
-	json_t *ms = json_pack("{s:f, s:f}", "total", r.ms_total, "data", r.ms_data);
+	json_t *ms = json_pack("{s:f, s:f, s:f}", "total", r.ms_total, "data", r.ms_data, "room", r.ms_room);
 	if (resume) {
 		json_object_set_new(ms, "restore", json_real(r.ms_restore));
 		json_object_set_new(ms, "unlock", json_real(r.ms_unlock));
@@ -348,11 +352,12 @@ int main(int argc, char **argv)
 		{ "no-driver", no_argument, NULL, 'N' },	 { "keep-context", no_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },	 { "replicas", required_argument, NULL, 'r' },
 		{ "sample-ms", required_argument, NULL, 'S' },	 { "images-dir", required_argument, NULL, 'I' },
-		{ "version", no_argument, NULL, 'V' },	 { NULL, 0, NULL, 0 },
+		{ "version", no_argument, NULL, 'V' },	 { "unchecked", no_argument, NULL, 'U' },
+		{ NULL, 0, NULL, 0 },
 	};
 	int ch, replicas = -1, sample_ms = 0;
 	/* GNU getopt permutes, so options may also follow the command. */
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:U", opts, NULL)) != -1) {
 		switch (ch) {
 		case 's': o.socket_dir = optarg; break;
 		case 'I': o.images_dir = optarg; break;
@@ -380,6 +385,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case 'D': o.mode = GCR_CR_DRIVER_ONLY; break;
+		case 'U': o.unchecked = 1; break;
 		case 'N': o.mode = GCR_CR_DATA_ONLY; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("gcrctl %s\n", PACKAGE_VERSION); return 0;

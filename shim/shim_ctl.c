@@ -65,6 +65,21 @@ static json_t *backends_json(void)
 	return json_pack("{s:b, s:b}", "cuda", shim_real_cuda_handle() != NULL, "hip", shim_hip_handle() != NULL);
 }
 
+/* The GPU memory the driver's restore of this process needs, as gcr_cr recorded it at the
+ * last suspend (sent with trim, once the driver's checkpoint succeeded): it lives here, in the
+ * process, so whichever tool resumes (gcrctl, the agent) finds it. Cleared by each suspend, so
+ * a stale record never outlives the checkpoint it was taken for. */
+static pthread_mutex_t need_lock = PTHREAD_MUTEX_INITIALIZER;
+static json_t *restore_need;
+
+static void need_set(json_t *need)
+{
+	pthread_mutex_lock(&need_lock);
+	json_decref(restore_need);
+	restore_need = need != NULL ? json_deep_copy(need) : NULL;
+	pthread_mutex_unlock(&need_lock);
+}
+
 static json_t *status_json(void)
 {
 	struct shim_alloc_stats st;
@@ -87,6 +102,10 @@ static json_t *status_json(void)
 		"grown_inline", (json_int_t)ss.grown_inline, "fault_ms", ss.fault_ms);
 	if (j != NULL) {
 		json_object_set_new(j, "backends", backends_json());
+		pthread_mutex_lock(&need_lock);
+		if (restore_need != NULL)
+			json_object_set_new(j, "restore_need", json_deep_copy(restore_need));
+		pthread_mutex_unlock(&need_lock);
 	}
 	return j;
 }
@@ -198,6 +217,7 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 			}
 			timeout = (int)json_integer_value(t);
 		}
+		need_set(NULL);
 		rc = shim_cr_suspend(timeout, &rep, &err);
 		if (rc == 0 && peer_gone(fd)) {
 			undo_suspend("the client that asked for it went away while it ran");
@@ -210,10 +230,18 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 		}
 		break;
 	}
-	case GCR_OP_TRIM_ID:
+	case GCR_OP_TRIM_ID: {
+		json_t *need = json_object_get(req.args, "restore_need");
+		if (need != NULL && !json_is_object(need)) {
+			rc = gcr_err_set(&err, -EINVAL, "\"restore_need\" must be an object");
+			break;
+		}
+		if (need != NULL)
+			need_set(need);
 		shim_cr_trim();
 		result = json_object();
 		break;
+	}
 	case GCR_OP_RESUME_ID:
 		rc = shim_cr_resume(&rep, &err);
 		if (rc == 0)

@@ -65,9 +65,25 @@ static CUresult fake_act_checkpoint(unsigned int unused)
 	return fake_mem_checkpoint();
 }
 
+/* The real driver's bug, modelled (seen on an H200, driver 580): a restore that runs out of
+ * device memory leaves the process unrestorable; every later restore answers
+ * CUDA_ERROR_OPERATING_SYSTEM, whatever room there is by then. An injected fault (fakesmi fail)
+ * stays transient: it stands for failures the driver recovers from. */
+static atomic_bool fake_restore_broken;
+
 static CUresult fake_act_restore(unsigned int unused)
 {
-	return fake_mem_restore();
+	CUresult rc;
+
+	if (atomic_load(&fake_restore_broken))
+		return CUDA_ERROR_OPERATING_SYSTEM;
+	rc = fake_mem_restore();
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+		atomic_store(&fake_restore_broken, true);
+		fprintf(stderr, "fakecuda: pid %d: restore ran out of device memory; this process can no "
+			"longer be restored (the driver's bug, modelled)\n", (int)getpid());
+	}
+	return rc;
 }
 
 static CUresult fake_act_unlock(unsigned int unused)

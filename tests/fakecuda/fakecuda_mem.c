@@ -13,9 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fakecuda_pool.h"
+
 #define FAKE_PAGE ((size_t)4096)
 #define FAKE_PITCH_ALIGN ((size_t)512) /* cuMemAllocPitch row alignment, bytes */
-#define FAKE_POOL_SLOTS 256
 
 enum fake_alloc_kind {
 	FAKE_ALLOC_DEVICE,  /* cuMemAlloc, cuMemAllocPitch */
@@ -83,11 +84,7 @@ static bool fake_is_device_kind(enum fake_alloc_kind kind)
 /* ---- accounting: a device's memory is shared by every fake process using one FAKECUDA_DIR,
  * as a GPU is shared, so a restore can find the memory taken by someone else ---- */
 
-struct fake_pool_slot {
-	int32_t pid;
-	int32_t pad;
-	uint64_t used[FAKE_MAX_DEVICES];
-};
+_Static_assert(FAKE_POOL_DEVICES == FAKE_MAX_DEVICES, "the pool has a column per device");
 
 static struct fake_pool_slot *fake_pool; /* NULL: the file could not be used; count locally */
 static int fake_pool_fd = -1;
@@ -95,14 +92,13 @@ static bool fake_pool_tried;
 
 static void fake_pool_open(void)
 {
-	const char *dir = getenv("FAKECUDA_DIR");
 	size_t len = FAKE_POOL_SLOTS * sizeof(struct fake_pool_slot);
 	char path[4096];
 	struct stat st;
 	void *p;
 
 	fake_pool_tried = true;
-	snprintf(path, sizeof(path), "%s/fakecuda-pool", dir != NULL && *dir ? dir : "/tmp");
+	fake_pool_path(path, sizeof(path));
 	fake_pool_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fake_pool_fd < 0)
 		return;
@@ -132,6 +128,7 @@ static CUresult fake_charge(int dev, size_t bytes)
 	uint64_t others = 0;
 	struct fake_pool_slot *mine = NULL;
 	CUresult rc = CUDA_SUCCESS;
+	struct stat ns;
 	int i;
 
 	if (!fake_pool_tried)
@@ -159,6 +156,8 @@ static CUresult fake_charge(int dev, size_t bytes)
 			mine = &fake_pool[i];
 			memset(mine, 0, sizeof(*mine));
 			mine->pid = me;
+			if (stat("/proc/self/ns/pid", &ns) == 0)
+				mine->pidns = (uint32_t)ns.st_ino;
 		}
 	}
 	if (others + fake_used[dev] + bytes > fake_device_total(dev)) {
@@ -1186,6 +1185,13 @@ CUresult fake_mem_checkpoint(void)
 	return CUDA_SUCCESS;
 }
 
+static size_t fake_restore_scratch(void)
+{
+	const char *e = getenv("FAKECUDA_RESTORE_SCRATCH_MIB");
+
+	return e != NULL ? (size_t)strtoul(e, NULL, 10) << 20 : 0;
+}
+
 CUresult fake_mem_restore(void)
 {
 	size_t need[FAKE_MAX_DEVICES] = {0};
@@ -1208,6 +1214,19 @@ CUresult fake_mem_restore(void)
 		if (rc != CUDA_SUCCESS)
 			while (dev-- > 0)
 				fake_discharge(dev, need[dev]);
+	}
+	/* The driver's restore needs room for its own work besides the footprint
+	 * (FAKECUDA_RESTORE_SCRATCH_MIB, per device restored; given back once done). */
+	for (dev = 0; dev < FAKE_MAX_DEVICES && rc == CUDA_SUCCESS; dev++) {
+		if (need[dev] == 0 || fake_restore_scratch() == 0)
+			continue;
+		rc = fake_charge(dev, fake_restore_scratch());
+		if (rc == CUDA_SUCCESS)
+			fake_discharge(dev, fake_restore_scratch());
+		else
+			for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+				if (need[d] != 0)
+					fake_discharge(d, need[d]);
 	}
 	charged = rc == CUDA_SUCCESS;
 	for (ph = fake_physs; rc == CUDA_SUCCESS && ph != NULL; ph = ph->next) {

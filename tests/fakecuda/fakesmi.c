@@ -1,11 +1,13 @@
 /* fakesmi: nvidia-smi for the stand-in driver: shows a fake CUDA process's device memory and
  * checkpoint state, arms fault injection, and drives the cuCheckpointProcess* calls on it. */
 #include "fakecuda.h"
+#include "gcr_nvml_abi.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char fake_usage[] =
 	"usage: fakesmi mem PID            device memory bytes PID holds\n"
@@ -15,7 +17,9 @@ static const char fake_usage[] =
 	"       fakesmi disarm PID         removes PID's armed faults; prints how many had not fired\n"
 	"       fakesmi lock PID [TIMEOUT_MS]\n"
 	"       fakesmi checkpoint|restore|unlock PID\n"
-	"       fakesmi tid PID            the restore thread id\n";
+	"       fakesmi tid PID            the restore thread id\n"
+	"       fakesmi hold FREE_MIB      another process on device 0: takes all but FREE_MIB of it (as\n"
+	"                                  NVML counts), prints HOLDING free=BYTES, holds until stdin ends\n";
 
 static const char *fake_err_name(CUresult rc)
 {
@@ -33,6 +37,49 @@ static int fake_fail(const char *what, int pid, CUresult rc)
 		: rc == CUDA_ERROR_OPERATING_SYSTEM ? ": no such process"
 						    : "");
 	return 1;
+}
+
+extern gcr_nvml_memory_fn nvmlDeviceGetMemoryInfo;
+extern gcr_nvml_by_index_fn nvmlDeviceGetHandleByIndex_v2;
+
+static unsigned long long fake_nvml_free(void)
+{
+	struct gcr_nvml_memory m = {0};
+	gcr_nvml_device d;
+
+	if (nvmlDeviceGetHandleByIndex_v2(0, &d) != GCR_NVML_SUCCESS || nvmlDeviceGetMemoryInfo(d, &m) != 0)
+		return 0;
+	return m.free;
+}
+
+/* Holds device memory so that FREE_MIB stay free, until stdin ends (the test's pipe closes). */
+static int fake_hold(long free_mib)
+{
+	unsigned long long want = (unsigned long long)free_mib << 20, fr;
+	CUdeviceptr p = 0;
+	CUcontext ctx;
+	CUdevice dev;
+	char line[64];
+	CUresult rc;
+
+	rc = cuInit(0);
+	if (rc == CUDA_SUCCESS)
+		rc = cuDeviceGet(&dev, 0);
+	if (rc == CUDA_SUCCESS)
+		rc = cuDevicePrimaryCtxRetain(&ctx, dev);
+	if (rc == CUDA_SUCCESS)
+		rc = cuCtxSetCurrent(ctx);
+	if (rc != CUDA_SUCCESS)
+		return fake_fail("hold", (int)getpid(), rc);
+	fr = fake_nvml_free();
+	/* Whole pages: the fake charges allocations page-rounded. */
+	if (fr > want && (rc = cuMemAlloc(&p, (size_t)((fr - want) & ~4095ULL))) != CUDA_SUCCESS)
+		return fake_fail("hold", (int)getpid(), rc);
+	printf("HOLDING free=%llu\n", fake_nvml_free());
+	fflush(stdout);
+	while (fgets(line, sizeof(line), stdin) != NULL)
+		;
+	return 0;
 }
 
 static int fake_parse_int(const char *s, long min, long max, long *out)
@@ -54,6 +101,13 @@ int main(int argc, char **argv)
 	long pid, nth, code, timeout = 0;
 	int tid;
 
+	if (argc == 3 && strcmp(argv[1], "hold") == 0) {
+		if (fake_parse_int(argv[2], 0, 1L << 30, &pid) != 0) {
+			fputs(fake_usage, stderr);
+			return 2;
+		}
+		return fake_hold(pid);
+	}
 	if (argc < 3 || fake_parse_int(argv[2], 1, 0x7fffffff, &pid) != 0) {
 		fputs(fake_usage, stderr);
 		return 2;

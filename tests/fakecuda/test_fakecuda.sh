@@ -181,7 +181,8 @@ say f check
 check "failed restore: data intact" equals "$(expect f RESULT)" "RESULT ok"
 finish f
 
-# ---- 6. device memory is shared between processes: a restore can find it taken ----
+# ---- 6. device memory is shared between processes: a restore can find it taken, and one that
+# runs out of memory breaks the process for good (the real driver's bug, modelled) ----
 export FAKECUDA_MEM_MIB=64
 start g --wait --mib 40 --iters 2 --threads 1
 pid=$(ready_pid g)
@@ -193,15 +194,34 @@ check "still checkpointed after OOM" equals "$("$SMI" state "$pid")" checkpointe
 say h go
 expect h DONE >/dev/null
 say h check
-expect h RESULT >/dev/null
+check "the other process finishes" equals "$(expect h RESULT)" "RESULT ok"
 finish h
-check "restore once the memory is free" "$SMI" restore "$pid"
+check "restore once the memory is free: OPERATING_SYSTEM, for good" \
+	equals "$("$SMI" restore "$pid" 2>&1)" "fakesmi: restore $pid: CUDA_ERROR_OPERATING_SYSTEM (304): no such process"
+check "and again" fails "$SMI" restore "$pid"
+kill -9 "$pid" # lost: nothing left to do with it
+finish g 2>/dev/null
+check "the lost process is ended" equals "$?" 137
+# A restore needs FAKECUDA_RESTORE_SCRATCH_MIB beyond the footprint (64 MiB < 40 + 30).
+export FAKECUDA_RESTORE_SCRATCH_MIB=30 # read by the target, whose service restores
+start i --wait --mib 40 --iters 2 --threads 1
+unset FAKECUDA_RESTORE_SCRATCH_MIB
+pid=$(ready_pid i)
+"$SMI" lock "$pid" && "$SMI" checkpoint "$pid"
+check "restore with room for the footprint but not the driver's scratch fails" fails "$SMI" restore "$pid"
+kill -9 "$pid"
+finish i 2>/dev/null
+check "ended" equals "$?" 137
+start j --wait --mib 40 --iters 2 --threads 1
+pid=$(ready_pid j)
+"$SMI" lock "$pid" && "$SMI" checkpoint "$pid"
+check "restore with room" "$SMI" restore "$pid"
 "$SMI" unlock "$pid"
-say g go
-expect g DONE >/dev/null
-say g check
-check "shared memory: data intact" equals "$(expect g RESULT)" "RESULT ok"
-finish g
+say j go
+expect j DONE >/dev/null
+say j check
+check "shared memory: data intact" equals "$(expect j RESULT)" "RESULT ok"
+finish j
 unset FAKECUDA_MEM_MIB
 check "socket removed at exit" test ! -e "$FAKECUDA_DIR/fakecuda-$pid.sock"
 

@@ -472,13 +472,134 @@ def case_restore_fails(f):
     """The driver's restore fails: still suspended, and a second resume finishes the job."""
     p = f.start(["--mib", "16", "--iters", "5", "--wait"])
     check(f.ctl("suspend", p.pid).ok, "suspend")
-    f.inject(p.pid, "cuCheckpointProcessRestore", 1, CUDA_ERROR_OUT_OF_MEMORY)
+    # A transient failure: an out-of-memory one the real driver never recovers from (restore-room).
+    f.inject(p.pid, "cuCheckpointProcessRestore", 1, CUDA_ERROR_UNKNOWN)
     r = f.ctl("resume", p.pid)
     check(not r.ok and "still suspended" in (r.error or ""), "resume: %s" % r.describe())
     check(f.state(p.pid) == "checkpointed", "driver state %s" % f.state(p.pid))
     check(f.ctl("resume", p.pid).ok, "second resume")
     p.send("go")
     f.finish(p)
+
+
+# ---- restore room ("never lose a process", part 1): the fake driver's restore that runs out of
+# memory breaks the process for good (CUDA_ERROR_OPERATING_SYSTEM after), as the real driver's
+# does; gcrctl must refuse before it while another process holds the GPU. ----
+
+ENOSPC = 28
+ROOM_MARGIN_MIB = 16   # GCR_RESTORE_MARGIN_MIB for these cases
+ROOM_SCRATCH_MIB = 8   # FAKECUDA_RESTORE_SCRATCH_MIB: the fake driver's own restore work
+
+
+class Hog:
+    """Another fake CUDA process taking all but free_mib of the (shared) fake GPU."""
+
+    def __init__(self, f, free_mib):
+        env = dict(os.environ, **f.env)
+        self.p = subprocess.Popen([FAKESMI, "hold", str(free_mib)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        line = self.p.stdout.readline()
+        m = re.match(r"HOLDING free=(\d+)", line)
+        if m is None:
+            self.leave()
+            raise Fail("fakesmi hold %d: %r %s" % (free_mib, line, self.p.stderr.read()))
+        self.free = int(m.group(1))
+
+    def leave(self):
+        self.p.stdin.close()
+        check(self.p.wait(30) == 0, "fakesmi hold exited non-zero")
+
+
+def room_env(f, pid):
+    """The need gcrctl recorded in the shim at suspend (bytes on the one fake GPU)."""
+    st = f.ctl("status", pid)
+    devs = H.dig(st.data, "shim", "restore_need", "devices") or []
+    check(len(devs) == 1 and devs[0].get("bytes", 0) > 0, "restore_need: %s" % st.describe())
+    return devs[0]["bytes"]
+
+
+def case_restore_room(f):
+    """Resume while another process leaves 0, need+4, need+12, 64 and 512 MiB free: every attempt
+    is refused cleanly (-ENOSPC before the driver, or the shim's own refusal after it) or succeeds;
+    once the other process leaves, the resume succeeds and the program's data is bit-exact."""
+    os.environ["GCR_RESTORE_MARGIN_MIB"] = str(ROOM_MARGIN_MIB)
+    try:
+        p = f.start(["--mib", "128", "--iters", "5", "--wait"],
+                    env={"FAKECUDA_RESTORE_SCRATCH_MIB": str(ROOM_SCRATCH_MIB)})
+        # The check's cost on the resume path, with room to spare (NVML opened, then two reads).
+        costs = []
+        for _ in range(3):
+            check(f.ctl("suspend", p.pid).ok, "suspend")
+            r = f.ctl("resume", p.pid)
+            check(r.ok and r.get("ms", "room") > 0, "resume with room: %s" % r.describe())
+            costs.append((r.get("ms", "room"), r.get("ms", "total")))
+        print("  room check with room to spare: %s ms (of resume totals %s ms)" %
+              (", ".join("%.3f" % c[0] for c in costs), ", ".join("%.1f" % c[1] for c in costs)), flush=True)
+        r = f.ctl("suspend", p.pid)
+        check(r.ok, "suspend: %s" % r.describe())
+        need = room_env(f, p.pid)
+        need_mib = (need + (1 << 20) - 1) >> 20
+        resumed = False
+        # need+4: the fake driver's restore (need + 8 MiB scratch) would run out and break the
+        # process; need+12: it would fit, but not the margin: refused, conservatively.
+        for free_mib, must_refuse in ((0, True), (need_mib + 4, True), (need_mib + 12, True), (64, False),
+                                      (512, False)):
+            hog = Hog(f, free_mib)
+            try:
+                check(abs(hog.free - (free_mib << 20)) < (1 << 20), "hog left %d bytes, not %d MiB"
+                      % (hog.free, free_mib))
+                r = f.ctl("resume", p.pid)
+                err = r.error or ""
+                if r.ok:
+                    check(not must_refuse, "resume with %d MiB free succeeded: the check let it by" % free_mib)
+                    print("  %d MiB free: resumed; room check %.3f ms of %.3f ms" %
+                          (free_mib, r.get("ms", "room"), r.get("ms", "total")), flush=True)
+                    resumed = True
+                elif r.get("code") == -ENOSPC:
+                    check(r.rc == 3 and "retry when the GPU has room" in err and "bytes free" in err,
+                          "refusal with %d MiB free: %s" % (free_mib, r.describe()))
+                    check(f.state(p.pid) == "checkpointed", "driver state %s after a refusal" % f.state(p.pid))
+                    print("  %d MiB free: refused before the driver (-ENOSPC)" % free_mib, flush=True)
+                else:
+                    # Past the driver: the shim's data step found no room for the 128 MiB.
+                    check(not must_refuse, "%d MiB free: not refused by the check: %s" % (free_mib, r.describe()))
+                    check("not enough GPU memory" in err and "retry resume" in err,
+                          "%d MiB free: %s" % (free_mib, r.describe()))
+                    print("  %d MiB free: driver restored, the shim's data step refused" % free_mib, flush=True)
+                st = f.ctl("status", p.pid)
+                check(H.dig(st.data, "shim", "state") == ("running" if resumed else "suspended"),
+                      "shim state with %d MiB free: %s" % (free_mib, st.describe()))
+                f.S.log.write(kind="room", test=f.name, free_mib=free_mib, need=need, ok=r.ok,
+                              ms_room=r.get("ms", "room"), error=err)
+            finally:
+                hog.leave()
+            if resumed:
+                break
+        check(resumed, "never resumed, even with 512 MiB free")
+        p.send("go")
+        f.finish(p)
+    finally:
+        del os.environ["GCR_RESTORE_MARGIN_MIB"]
+
+
+def case_restore_room_unchecked(f):
+    """The control: without the check (--unchecked) the same squeeze loses the process, as the
+    real driver does, so the check above is what keeps it."""
+    p = f.start(["--mib", "32", "--iters", "5", "--wait"],
+                env={"FAKECUDA_RESTORE_SCRATCH_MIB": str(ROOM_SCRATCH_MIB)})
+    check(f.ctl("suspend", p.pid).ok, "suspend")
+    need_mib = (room_env(f, p.pid) + (1 << 20) - 1) >> 20
+    hog = Hog(f, need_mib + 4)
+    try:
+        r = f.ctl("resume", p.pid, "--unchecked")
+        check(not r.ok and "CUDA_ERROR_OUT_OF_MEMORY" in (r.error or ""), "unchecked resume: %s" % r.describe())
+    finally:
+        hog.leave()
+    for flags in (("--unchecked",), ()):
+        r = f.ctl("resume", p.pid, *flags)
+        check(not r.ok and "CUDA_ERROR_OPERATING_SYSTEM" in (r.error or ""),
+              "resume %s after the out-of-memory restore, GPU empty: %s" % (flags, r.describe()))
+    p.kill()
 
 
 def case_modes(f):
@@ -545,7 +666,9 @@ def start_in_ns(f, args, shim=True, name="ns-testprog"):
         raise Fail("needs root and unshare to make PID and mount namespaces")
     inner = os.path.join(f.dir, "ns")
     os.makedirs(inner, exist_ok=True)
-    env = ["GCR_SOCKET_DIR=" + inner, "FAKECUDA_DIR=" + inner]
+    # The GPU is the node's: the fake's memory pool stays the host's (what NVML sees).
+    env = ["GCR_SOCKET_DIR=" + inner, "FAKECUDA_DIR=" + inner,
+           "FAKECUDA_POOL=" + os.path.join(f.dir, "fakecuda-pool")]
     if shim:
         env += ["LD_PRELOAD=" + f.S.cfg.shim, "GCR_LOG_LEVEL=" + f.S.cfg.shim_log_level]
     # sh stays as the namespace's pid 1, so the program's own pid differs from 1 and from ours.
@@ -710,6 +833,8 @@ CASES = [
     ("digest-oom", case_digest_oom),
     ("driver-checkpoint-fails", case_driver_fails),
     ("driver-restore-fails", case_restore_fails),
+    ("restore-room", case_restore_room),
+    ("restore-room-unchecked", case_restore_room_unchecked),
     ("modes", case_modes),
     ("peer-credentials", case_peer_credentials),
     ("zero-skip", case_zero_skip),

@@ -8,6 +8,8 @@ GCR_TESTPROG_THREADS (2), GCR_RT_ITERS (600), GCR_RT_PACE_US (5000), GCR_TORCH_S
 GCR_TORCH_PACE_MS (10), GCR_INCR_MIB (1024: gcr-testprog --chunks size in the incremental tests),
 GCR_INCR_EXACT (0; 1: copying more than what changed fails too, not only fewer),
 GCR_TORCH_WEIGHTS_GIB (2), GCR_TORCH_STATE_GIB (0.5) for torch-incremental-state,
+GCR_ROOM_REPEAT (3), GCR_ROOM_FREE_MIB ("0 64 512 2048"), GCR_ROOM_WEIGHTS_GIB (2), GCR_ROOM_STEPS (100),
+GCR_ROOM_SLOWDOWN (0.10) for restore-room,
 GCR_DEADLINE (epoch s: tests that would not fit are NOT RUN).
 Every measurement goes to the JSON lines file GCR_TEST_LOG (/tmp/gcr-gpu-tests.jsonl).
 Exit status: 0 all passed, 1 any failed, 3 none failed but some were not run.
@@ -535,6 +537,146 @@ def t_torch_incremental(T):
     got = run("incremental", {"GCR_INCREMENTAL": "1"}, True)
     print("  digest reference %s, with suspends %s" % (ref, got), flush=True)
     check(ref == got, "DIGEST differs after incremental suspend/resume: %s vs %s" % (ref, got))
+
+
+# ---- restore room ("never lose a process", part 1) -------------------------------------------
+# The driver's cuCheckpointProcessRestore that runs out of GPU memory leaves the process unable to
+# ever be restored (CUDA_ERROR_OPERATING_SYSTEM afterwards). gcrctl resume must refuse before it
+# (-ENOSPC, exit status 3) while another process holds the GPU, and succeed once it leaves.
+
+ROOM_REPEAT = env_int("GCR_ROOM_REPEAT", 3)            # whole squeeze-and-resume rounds
+ROOM_FREE_MIB = [int(x) for x in os.environ.get("GCR_ROOM_FREE_MIB", "0 64 512 2048").split()]
+ROOM_WEIGHTS_GIB = float(os.environ.get("GCR_ROOM_WEIGHTS_GIB", "2"))    # ~2.3 GiB with the model
+ROOM_STEPS = env_int("GCR_ROOM_STEPS", 100)             # timed steps before and after
+ROOM_SLOWDOWN = float(os.environ.get("GCR_ROOM_SLOWDOWN", "0.10"))       # allowed step-time growth
+ENOSPC = 28
+
+# Another process (driver API through ctypes, no shim): takes the GPU down to argv[1] bytes free
+# as NVML counts them, prints READY pid=<pid> free=<bytes>, holds until stdin ends.
+ROOM_FILLER = r"""
+import ctypes, os, sys
+cu = ctypes.CDLL("libcuda.so.1"); nv = ctypes.CDLL("libnvidia-ml.so.1")
+def ok(r, what):
+    if r != 0:
+        print("ERROR %s %d" % (what, r), flush=True); sys.exit(2)
+ok(cu.cuInit(0), "cuInit"); dev = ctypes.c_int(); ok(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+ctx = ctypes.c_void_p(); ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
+ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent"); ok(nv.nvmlInit_v2(), "nvmlInit")
+h = ctypes.c_void_p(); ok(nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)), "handle")
+class Mem(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+def free():
+    m = Mem(); ok(nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)), "memory"); return m.free
+want, gran, step, held = int(sys.argv[1]), 2 << 20, 8 << 30, []
+while free() > want + gran and step >= gran:  # chunks halve as the gap closes: a bounded loop
+    take = min(step, (free() - want) // gran * gran)
+    p = ctypes.c_uint64()
+    if take == 0 or cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(take)) != 0:
+        step //= 2
+    else:
+        held.append(p)
+print("READY pid=%d free=%d" % (os.getpid(), free()), flush=True)
+sys.stdin.read()
+"""
+
+
+def room_resume(T, pid, free_mib):
+    """One resume while another process leaves free_mib: returns 'ok', 'refused' (-ENOSPC before
+    the driver) or 'shim' (the driver restored, the shim's data step found no room); anything
+    else fails the test (a driver out-of-memory restore would have lost the process)."""
+    r = T.ctl("resume", pid, note="%d MiB free" % free_mib)
+    err = r.error or ""
+    st = T.ctl("status", pid)
+    T.log(event="room-resume", free_mib=free_mib, ok=r.ok, code=r.get("code"), error=err,
+          ms_room=r.get("ms", "room"), driver=H.driver_state_of(st))
+    if r.ok:
+        outcome = "ok"
+    elif r.get("code") == -ENOSPC:
+        check(r.rc == 3 and "retry when the GPU has room" in err and "bytes free" in err,
+              "%d MiB free: refusal without the retryable message: %s" % (free_mib, r.describe()))
+        check(H.driver_state_of(st) == "checkpointed", "%d MiB free: refused, but the driver says %r" % (
+            free_mib, H.driver_state_of(st)))
+        outcome = "refused"
+    else:
+        check("not enough GPU memory" in err and "retry resume" in err and "CUDA_ERROR" not in err,
+              "%d MiB free: not a clean refusal (the driver's restore may have run out): %s" % (
+                  free_mib, r.describe()))
+        outcome = "shim"
+    print("  %5d MiB free: %s%s" % (free_mib, outcome, "" if r.ok else " (%s)" % err), flush=True)
+    return outcome
+
+
+@test("restore-room", 300, ("gcrctl", "shim", "torch_serve"))
+def t_restore_room(T):
+    """ROOM_REPEAT rounds: a ~2.3 GiB PyTorch server suspended; another process leaves 0, 64,
+    512, 2048 MiB free; each resume fails cleanly or succeeds; once it leaves, the resume
+    succeeds, the output is bit-exact against an uninterrupted run and steps are as fast."""
+    argv = [T.cfg.python, T.cfg.torch_serve, "--commands", "--weights-gib", ROOM_WEIGHTS_GIB,
+            "--state-gib", 0.25, "--alloc", "default"]
+    blocks = [("warm", 40), ("before", ROOM_STEPS), ("warm-after", 10), ("after", ROOM_STEPS)]
+
+    def steps(p, n, total):
+        t0 = time.perf_counter()
+        p.send("steps %d" % n)
+        p.expect(r"STEPS total=%d$" % total, T.timeout(180), what="STEPS total=%d" % total)
+        return (time.perf_counter() - t0) * 1e3 / n
+
+    def finish_digest(p, tag):
+        p.send("check")
+        digest = p.expect(r"DIGEST ([0-9a-f]{64})", T.timeout(180), what="DIGEST").group(1)
+        res = p.expect(r"RESULT (.*)", T.timeout(120), what="RESULT").group(1).strip()
+        check(res == "ok", "%s: RESULT %s" % (tag, res))
+        return digest
+
+    p, pid, _ = T.start("reference", argv, ready_timeout=300)
+    p.send("go")
+    total = 0
+    for _, n in blocks:
+        total += n
+        steps(p, n, total)
+    ref = finish_digest(p, "reference")
+    for rnd in range(1, ROOM_REPEAT + 1):
+        p, pid, nbytes = T.start("round%d" % rnd, argv, ready_timeout=300)
+        p.send("go")
+        ms, total = {}, 0
+        for name, n in blocks[:2]:
+            total += n
+            ms[name] = steps(p, n, total)
+        s = T.ctl("suspend", pid)
+        check(s.ok, "round %d: suspend: %s" % (rnd, s.describe()))
+        outcomes = []
+        for free_mib in ROOM_FREE_MIB:
+            if outcomes and outcomes[-1] == "ok":
+                break
+            f, _, _ = T.start("filler%d-%d" % (rnd, free_mib), [T.cfg.python, "-c", ROOM_FILLER, free_mib << 20],
+                              shim=False, ready_timeout=120)
+            try:
+                left = int(f.expect(r"READY pid=\d+ free=(\d+)", 5, since=0, what="filler free").group(1))
+                # It never takes more than asked; 32 MiB over is what the last halved chunks may leave.
+                check(left <= (free_mib + 32) << 20, "the filler left %d bytes free, not %d MiB"
+                      % (left, free_mib))
+                outcomes.append(room_resume(T, pid, free_mib))
+            finally:
+                f.p.stdin.close()
+                check(f.wait_exit(T.timeout(60)) == 0, "the filler did not exit cleanly\n" + f.tail())
+        if not outcomes or outcomes[-1] != "ok":
+            r = T.ctl("resume", pid, note="GPU free again")
+            check(r.ok, "round %d: resume once the other process left: %s\n%s" % (rnd, r.describe(), p.tail()))
+        T.suspended.discard(pid)
+        for name, n in blocks[2:]:
+            total += n
+            ms[name] = steps(p, n, total)
+        got = finish_digest(p, "round %d" % rnd)
+        T.log(event="room-round", round=rnd, outcomes=dict(zip(ROOM_FREE_MIB, outcomes)), step_ms=ms,
+              reference=ref, digest=got, bytes=nbytes)
+        print("  round %d: outcomes %s; step ms before %.3f, first after %.3f, after %.3f; digest %s" % (
+            rnd, outcomes, ms["before"], ms["warm-after"], ms["after"], "same" if got == ref else "DIFFERS"),
+            flush=True)
+        check(got == ref, "round %d: DIGEST differs from the uninterrupted run: %s vs %s" % (rnd, got, ref))
+        check("refused" in outcomes[:1], "round %d: with 0 MiB free the resume was not refused: %s" % (
+            rnd, outcomes))
+        check(ms["after"] <= ms["before"] * (1 + ROOM_SLOWDOWN), "round %d: steps after resume %.3f ms, "
+              "before %.3f ms: more than %.0f%% slower" % (rnd, ms["after"], ms["before"], ROOM_SLOWDOWN * 100))
 
 
 # ---- runner ----------------------------------------------------------------------------------

@@ -291,7 +291,8 @@ class Env:
 
     def fake_env(self):
         env = dict(self.env)
-        env.update({"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir})
+        # FAKECUDA_MEM_MIB as the programs have it: the stand-in NVML the agent reads sizes the GPU so.
+        env.update({"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir, "FAKECUDA_MEM_MIB": "512"})
         return env
 
     # --- the agent ---
@@ -536,6 +537,39 @@ def main():
                lambda: "gcr_agent_registered_processes 1" in E.http("/metrics")[1])
         untouched(st["pid"])
 
+    def restore_waits_for_room():
+        """Another process holds the whole (fake) GPU: the Restore is refused without touching the
+        driver, waits (Running, condition WaitingForGPUMemory, a Warning Event) and succeeds once
+        that process leaves; the program's own check at the end covers its data."""
+        E.apply(checkpoint("ck-room", "gpu-pod"))
+        c = E.wait_phase("checkpoint", "ck-room", ("Succeeded", "Failed"))
+        check(c["status"]["phase"] == "Succeeded", "checkpoint: %s" % c["status"].get("message"))
+        suspended(st["pid"])
+        hog = subprocess.Popen([FAKESMI, "hold", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=E.fake_env())
+        try:
+            line = hog.stdout.readline()
+            check(line.startswith("HOLDING free="), "fakesmi hold: %r %s" % (line, hog.stderr.read() if
+                                                                               hog.poll() is not None else ""))
+            log("another process holds the GPU: %s" % line.strip())
+            E.apply(restore("rs-room", "ck-room"))
+            ev = E.wait_event("rs-room", "Warning", "WaitingForGPUMemory")
+            note = ev[0].get("note", "")
+            check("retry when the GPU has room" in note and "bytes free" in note, "Event note: %s" % note)
+            r = E.get("restore", "rs-room")["status"]
+            conds = r.get("conditions") or [{}]
+            check(r.get("phase") == "Running" and conds[0].get("reason") == "WaitingForGPUMemory",
+                  "status while waiting: %s" % json.dumps(r))
+            suspended(st["pid"])  # refused before the driver's restore: still whole, still checkpointed
+        finally:
+            hog.stdin.close()
+            hog.wait(30)
+        log("the other process left")
+        r = E.wait_phase("restore", "rs-room", ("Succeeded", "Failed"), timeout=WAIT_S)
+        check(r["status"]["phase"] == "Succeeded", "restore after room came back: %s" % r["status"].get("message"))
+        untouched(st["pid"])
+        E.wait_event("rs-room", "Normal", "Restored")
+
     def bad(name, obj, kind, want):
         E.apply(obj)
         o = E.wait_phase(kind, name, ("Succeeded", "Failed"))
@@ -726,6 +760,8 @@ def main():
         if results[-1]:
             case("heartbeat: the scaler creates the node's Lease (the node identity cannot), the agent, "
                  "having waited, holds and renews it; none for a node without agent pod", own_lease)
+            case("GPU full at restore: Restore waits (WaitingForGPUMemory, Warning Event), succeeds once "
+                 "room is back", restore_waits_for_room)
             case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
             case("bad input: pod without a GCR process -> Failed + Event", no_shim)
             case("bad input: pod on a node without an agent -> Failed + Event, process untouched",

@@ -1,0 +1,31 @@
+/* gcr_nvml: what GCR asks NVML (libnvidia-ml.so.1, opened at run time, never linked): a
+ * process's device memory per GPU, and a GPU's free memory. The restore room check uses both. */
+#ifndef GCR_NVML_H
+#define GCR_NVML_H
+
+#include <sys/types.h>
+
+#include "gcr_error.h"
+#include "gcr_nvml_abi.h"
+
+#define GCR_NVML_MAX_DEVICES 64
+
+struct gcr_nvml_use {
+	char uuid[GCR_NVML_UUID_LEN];
+	unsigned long long bytes; /* the process's usedGpuMemory on that GPU */
+};
+
+/* Opens NVML once: $GCR_LIBNVML, else libnvidia-ml.so.1 beside $GCR_LIBCUDA (the chart's
+ * hostPath mode names the driver's directory that way), else libnvidia-ml.so.1 on the
+ * loader's path; then nvmlInit_v2. -ENOENT when there is no NVML; err says why. */
+int gcr_nvml_open(struct gcr_err *err);
+
+/* The GPUs pid uses and its bytes on each (*n of them, at most max). 0 with *n == 0 when NVML
+ * lists pid on no GPU. */
+int gcr_nvml_proc_use(pid_t pid, struct gcr_nvml_use *out, int max, int *n, struct gcr_err *err);
+
+/* Free and total bytes of the GPU with this UUID; -ENODEV when no GPU has it. */
+int gcr_nvml_mem(const char *uuid, unsigned long long *free_bytes, unsigned long long *total,
+		 struct gcr_err *err);
+
+#endif
