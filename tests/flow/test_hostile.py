@@ -348,7 +348,9 @@ def case_same_pid_two_namespaces(f):
         os.makedirs(fake)
         argv = ["unshare", "--pid", "--fork", f.S.cfg.testprog, "--module",
                 os.path.join(T.SRC, "tests", "progs", "gcr_kernels.h"), "--iters", "5", "--wait"]
-        p = f.S.start("ns%d" % k, argv, shim=True, extra_env=dict(f.env, FAKECUDA_DIR=fake))
+        # Sockets of their own (FAKECUDA_DIR), one GPU with gcrctl's (the pool its NVML reads).
+        pool = os.path.join(f.env["FAKECUDA_DIR"], "fakecuda-pool")
+        p = f.S.start("ns%d" % k, argv, shim=True, extra_env=dict(f.env, FAKECUDA_DIR=fake, FAKECUDA_POOL=pool))
         check(p.expect(r"READY pid=(\d+)", 60, what="READY").group(1) == "1", "not pid 1 in its namespace")
         hp = T.host_pid(p.pid, 1)
         check(hp is not None, "no host pid for ns%d" % k)

@@ -96,7 +96,7 @@ def workload_pod(ns, name, uid, labels=None, gate=False):
             "name": "main", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
             "command": ["/bin/sh", "-c", script],
             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                    {"name": "FAKECUDA_MEM_MIB", "value": "1024"}],
+                    ],
             "resources": {"limits": {"gpucr.dev/shim": "1"}},
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         }],

@@ -46,7 +46,8 @@
 #   GCR_TESTBED_PAUSE_IMAGE     up-node: the sandbox image's name
 #                               (default docker.io/gcr-test/pause:1, tests/k8s/images/build.sh's)
 #   GCR_TESTBED_DRIVER_DIR      up-node: the stand-in driver (libcuda.so.1,
-#                               fakesmi) the "nvidia" runtime class injects
+#                               libnvidia-ml.so.1, fakesmi) the "nvidia" runtime class injects
+#   GCR_TESTBED_GPU_MIB         up-node: the stand-in GPU's memory (4096 MiB)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -477,9 +478,14 @@ node_containerd() {
 	mkdir -p "$STATE/containerd" "$STATE/bin"
 	# The "nvidia" handler: runc behind the stand-in of NVIDIA's runtime, which adds
 	# the stand-in driver to containers that ask for GPUs (node/nvidia-runtime-standin.py).
+	# The node's one stand-in GPU: a pool file all GPU containers share, any uid writing it.
+	mkdir -p "$STATE/gpu"
+	chmod 1777 "$STATE/gpu"
+	install -m 0666 /dev/null "$STATE/gpu/pool"
 	cat >"$STATE/bin/nvidia-container-runtime" <<-EOF
 	#!/bin/sh
-	exec python3 '$HERE/node/nvidia-runtime-standin.py' --driver-dir '$driver' -- "\$@"
+	exec python3 '$HERE/node/nvidia-runtime-standin.py' --driver-dir '$driver' --gpu-dir '$STATE/gpu' \\
+		--mem-mib '${GCR_TESTBED_GPU_MIB:-4096}' -- "\$@"
 	EOF
 	chmod 755 "$STATE/bin/nvidia-container-runtime"
 	cat >"$STATE/containerd/config.toml" <<-EOF

@@ -12,7 +12,7 @@
 #                                   scripts/image-stage.sh's /usr/local/bin and /opt/gcr/lib;
 #                                   ENTRYPOINT gcr-agent; ldd-checked like the Dockerfile
 #   docker.io/gcr-test/workload:dev the same Debian root file system + gcr-testprog, fakesmi and
-#                                   gcrctl in /usr/local/bin, the stand-in libcuda.so.1 in
+#                                   gcrctl in /usr/local/bin, the stand-in libcuda.so.1 and libnvidia-ml.so.1 in
 #                                   /usr/lib/x86_64-linux-gnu, the module file gcr-testprog
 #                                   loads at /usr/local/share/gcr-test/gcr_kernels.h; no shim;
 #                                   CMD sleep infinity
@@ -56,7 +56,7 @@ trap 'rm -rf "$work" ${tmp:+"$tmp"}' EXIT
 
 # ---- the build tree: what the images ship ----
 make -C "$BUILD" -s -j2 all tests/progs/gcr-testprog tests/fakecuda/fakesmi \
-	tests/fakecuda/libcuda.so.1 >/dev/null
+	tests/fakecuda/libcuda.so.1 tests/fakecuda/libnvidia-ml.so.1 >/dev/null
 "$TOP/scripts/image-stage.sh" "$BUILD" "$work/stage" >&2
 mapfile -t packages < <(cat "$work/stage/runtime-packages.txt"; echo ca-certificates)
 
@@ -174,14 +174,14 @@ app=$work/workload
 mkdir -p "$app/usr/local/bin" "$app/usr/lib/x86_64-linux-gnu" "$app/usr/local/share/gcr-test"
 cp "$BUILD/tests/progs/gcr-testprog" "$BUILD/tests/fakecuda/fakesmi" \
 	"$work/stage/usr/local/bin/gcrctl" "$app/usr/local/bin/"
-cp "$BUILD/tests/fakecuda/libcuda.so.1" "$app/usr/lib/x86_64-linux-gnu/"
+cp "$BUILD/tests/fakecuda/libcuda.so.1" "$BUILD/tests/fakecuda/libnvidia-ml.so.1" "$app/usr/lib/x86_64-linux-gnu/"
 # gcr-testprog --module: the stand-in driver loads any readable file (a GPU wants a fatbin).
 cp "$TOP/tests/progs/gcr_kernels.h" "$app/usr/local/share/gcr-test/"
-chmod 0755 "$app/usr/local/bin/"* && chmod 0644 "$app/usr/lib/x86_64-linux-gnu/libcuda.so.1" \
+chmod 0755 "$app/usr/local/bin/"* && chmod 0644 "$app/usr/lib/x86_64-linux-gnu/"lib*.so.1 \
 	"$app/usr/local/share/gcr-test/gcr_kernels.h"
 # shellcheck disable=SC2016 # runs in the image
 check_in_root "$rootfs" "$app" '
-	for f in /usr/local/bin/* /usr/lib/x86_64-linux-gnu/libcuda.so.1; do
+	for f in /usr/local/bin/* /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1; do
 		if ldd "$f" | grep "not found"; then echo "$f: missing libraries" >&2; exit 1; fi
 	done
 	ldd /usr/local/bin/gcr-testprog | grep -q "libcuda.so.1 => .*/x86_64-linux-gnu/libcuda.so.1"
