@@ -89,6 +89,7 @@ _Static_assert(FAKE_POOL_DEVICES == FAKE_MAX_DEVICES, "the pool has a column per
 static struct fake_pool_slot *fake_pool; /* NULL: the file could not be used; count locally */
 static int fake_pool_fd = -1;
 static bool fake_pool_tried;
+static pid_t fake_pool_opener; /* a forked child opens the pool anew: see fake_slot_alive */
 
 static void fake_pool_open(void)
 {
@@ -98,6 +99,7 @@ static void fake_pool_open(void)
 	void *p;
 
 	fake_pool_tried = true;
+	fake_pool_opener = getpid();
 	fake_pool_path(path, sizeof(path));
 	fake_pool_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fake_pool_fd < 0)
@@ -115,9 +117,45 @@ fail:
 	fake_pool_fd = -1;
 }
 
-static bool fake_pid_alive(pid_t pid)
+/* Liveness across PID namespaces: a process holds an open-file-description write lock on its
+ * slot's bytes for as long as it lives, and the kernel drops it when the process dies, even
+ * by SIGKILL. kill(pid, 0) could not tell: processes of several containers share the pool and
+ * each sees only its own namespace's pids (found on the real node: one pod's process reaped
+ * another's slot, and NVML then listed the other on no GPU). A lock held through our own open
+ * file description never conflicts with us, hence a new one in a forked child. */
+static struct flock fake_slot_range(int i, short type)
 {
-	return kill(pid, 0) == 0 || errno == EPERM;
+	return (struct flock){ .l_type = type, .l_whence = SEEK_SET,
+			       .l_start = (off_t)i * (off_t)sizeof(struct fake_pool_slot),
+			       .l_len = (off_t)sizeof(struct fake_pool_slot) };
+}
+
+static bool fake_slot_alive(int i)
+{
+	struct flock fl = fake_slot_range(i, F_WRLCK);
+
+	if (fcntl(fake_pool_fd, F_OFD_GETLK, &fl) != 0)
+		return true; /* cannot tell: never take a slot that may be someone's */
+	return fl.l_type != F_UNLCK;
+}
+
+static uint32_t fake_pidns(void)
+{
+	struct stat ns;
+
+	return stat("/proc/self/ns/pid", &ns) == 0 ? (uint32_t)ns.st_ino : 0;
+}
+
+/* A forked child must not use its parent's open file description (see fake_slot_alive). */
+static void fake_pool_reopen_after_fork(void)
+{
+	if (fake_pool_fd < 0 || fake_pool_opener == getpid())
+		return;
+	munmap(fake_pool, FAKE_POOL_SLOTS * sizeof(struct fake_pool_slot));
+	close(fake_pool_fd); /* the parent's lock stays: it holds the description too */
+	fake_pool = NULL;
+	fake_pool_fd = -1;
+	fake_pool_open();
 }
 
 /* Reserves bytes on dev for this process: CUDA_ERROR_OUT_OF_MEMORY when the device (all
@@ -125,14 +163,15 @@ static bool fake_pid_alive(pid_t pid)
 static CUresult fake_charge(int dev, size_t bytes)
 {
 	pid_t me = getpid();
+	uint32_t myns = fake_pidns();
 	uint64_t others = 0;
 	struct fake_pool_slot *mine = NULL;
 	CUresult rc = CUDA_SUCCESS;
-	struct stat ns;
 	int i;
 
 	if (!fake_pool_tried)
 		fake_pool_open();
+	fake_pool_reopen_after_fork();
 	if (fake_pool == NULL) {
 		if (fake_used[dev] + bytes > fake_device_total(dev))
 			return CUDA_ERROR_OUT_OF_MEMORY;
@@ -143,21 +182,22 @@ static CUresult fake_charge(int dev, size_t bytes)
 	for (i = 0; i < FAKE_POOL_SLOTS; i++) {
 		struct fake_pool_slot *s = &fake_pool[i];
 
-		if (s->pid == me) {
+		if (s->pid == me && s->pidns == myns) {
 			mine = s;
-		} else if (s->pid != 0 && !fake_pid_alive(s->pid)) {
+		} else if (s->pid != 0 && !fake_slot_alive(i)) {
 			memset(s, 0, sizeof(*s));
 		} else if (s->pid != 0) {
 			others += s->used[dev];
 		}
 	}
 	for (i = 0; i < FAKE_POOL_SLOTS && mine == NULL; i++) {
-		if (fake_pool[i].pid == 0) {
+		struct flock fl = fake_slot_range(i, F_WRLCK);
+
+		if (fake_pool[i].pid == 0 && fcntl(fake_pool_fd, F_OFD_SETLK, &fl) == 0) {
 			mine = &fake_pool[i];
 			memset(mine, 0, sizeof(*mine));
 			mine->pid = me;
-			if (stat("/proc/self/ns/pid", &ns) == 0)
-				mine->pidns = (uint32_t)ns.st_ino;
+			mine->pidns = myns;
 		}
 	}
 	if (others + fake_used[dev] + bytes > fake_device_total(dev)) {
@@ -174,14 +214,17 @@ static CUresult fake_charge(int dev, size_t bytes)
 static size_t fake_pool_others(int dev)
 {
 	pid_t me = getpid();
+	uint32_t myns = fake_pidns();
 	size_t others = 0;
 	int i;
 
+	fake_pool_reopen_after_fork();
 	if (fake_pool == NULL)
 		return 0;
 	flock(fake_pool_fd, LOCK_EX);
 	for (i = 0; i < FAKE_POOL_SLOTS; i++)
-		if (fake_pool[i].pid != 0 && fake_pool[i].pid != me && fake_pid_alive(fake_pool[i].pid))
+		if (fake_pool[i].pid != 0 && !(fake_pool[i].pid == me && fake_pool[i].pidns == myns) &&
+		    fake_slot_alive(i))
 			others += fake_pool[i].used[dev];
 	flock(fake_pool_fd, LOCK_UN);
 	return others;
@@ -190,14 +233,16 @@ static size_t fake_pool_others(int dev)
 static void fake_discharge(int dev, size_t bytes)
 {
 	pid_t me = getpid();
+	uint32_t myns = fake_pidns();
 	int i;
 
 	fake_used[dev] -= bytes;
+	fake_pool_reopen_after_fork();
 	if (fake_pool == NULL)
 		return;
 	flock(fake_pool_fd, LOCK_EX);
 	for (i = 0; i < FAKE_POOL_SLOTS; i++)
-		if (fake_pool[i].pid == me)
+		if (fake_pool[i].pid == me && fake_pool[i].pidns == myns)
 			memcpy(fake_pool[i].used, fake_used, sizeof(fake_used));
 	flock(fake_pool_fd, LOCK_UN);
 }
