@@ -18,6 +18,7 @@
 #include "gcr_driver.h"
 #include "gcr_log.h"
 #include "gcr_nvml.h"
+#include "gcr_shimreply.h"
 
 /* A suspend of 64 GiB copies for about 1.5 s; leave ample room. */
 #define SHIM_CALL_MS 600000
@@ -42,18 +43,25 @@ void gcr_cr_result_clear(struct gcr_cr_result *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* The shim's state name; "" when its status has none we can read, which no comparison
+ * below matches, so such a process is neither suspended nor resumed. */
 static const char *shim_state(json_t *status)
 {
-	const char *s = json_string_value(json_object_get(status, "state"));
-	return s ? s : "";
+	const char *s;
+	struct gcr_err e;
+	return gcr_shimreply_state(status, &s, &e) == 0 ? s : "";
 }
 
 /* Whether the shim says the process uses HIP and not CUDA (its control step is CRIU's). A
- * process using both is refused by the shim itself. */
-static int is_hip(json_t *status)
+ * process using both is refused by the shim itself; an unreadable answer is taken as CUDA,
+ * what a shim without the field means too. */
+static int is_hip(pid_t pid, json_t *status)
 {
-	json_t *b = json_object_get(status, "backends");
-	return json_is_true(json_object_get(b, "hip")) && !json_is_true(json_object_get(b, "cuda"));
+	int hip;
+	struct gcr_err e;
+	if (gcr_shimreply_is_hip(status, &hip, &e) < 0)
+		GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: %s; taken as a CUDA process", (int)pid, e.msg);
+	return hip;
 }
 
 /* The pid's CRIU images directory, and a file in it. */
@@ -190,21 +198,27 @@ static int room_need(pid_t pid, json_t **need, struct gcr_err *err)
 	return 0;
 }
 
-/* Whether every GPU in need has its bytes plus the margin free now; -ENOSPC if one has not. */
-static int room_check(pid_t pid, json_t *need, struct gcr_err *err)
+/* Whether every GPU in the shim status's restore record has its bytes plus the margin free
+ * now; -ENOSPC if one has not, -ENOTSUP if there is no record we can read. */
+static int room_check(pid_t pid, json_t *status, struct gcr_err *err)
 {
 	unsigned long long margin = room_margin();
-	json_t *devs = json_object_get(need, "devices"), *d;
-	size_t i;
-	if (!json_is_array(devs) || json_array_size(devs) == 0)
-		return gcr_err_set(err, -ENOTSUP, "the shim's record of the restore's GPU memory is malformed; "
-				   "process still suspended (driver checkpointed); resume --unchecked to restore anyway");
-	json_array_foreach(devs, i, d) {
-		const char *uuid = json_string_value(json_object_get(d, "uuid"));
-		unsigned long long bytes = (unsigned long long)json_integer_value(json_object_get(d, "bytes"));
+	struct gcr_shimreply_need need;
+	struct gcr_err e;
+	int rc = gcr_shimreply_restore_need(status, &need, &e);
+	if (rc == -ENOENT)
+		return gcr_err_set(err, -ENOTSUP, "the shim kept no record of the GPU memory pid %d's restore needs "
+				   "(suspended by an older gcr?); process still suspended (driver checkpointed); "
+				   "resume --unchecked to restore anyway", (int)pid);
+	if (rc < 0)
+		return gcr_err_set(err, -ENOTSUP, "the shim's record of the restore's GPU memory is malformed (%s); "
+				   "process still suspended (driver checkpointed); resume --unchecked to restore anyway",
+				   e.msg);
+	for (size_t i = 0; i < need.n; i++) {
+		const char *uuid = need.dev[i].uuid;
+		unsigned long long bytes = (unsigned long long)need.dev[i].bytes;
 		unsigned long long fr = 0, total = 0;
-		int rc = uuid != NULL ? gcr_nvml_mem(uuid, &fr, &total, err)
-				      : gcr_err_set(err, -ENOTSUP, "no GPU named in the restore record");
+		rc = gcr_nvml_mem(uuid, &fr, &total, err);
 		if (rc < 0) {
 			gcr_err_wrap(err, "cannot check the GPU has room for the restore; process still suspended "
 				     "(driver checkpointed); resume --unchecked to restore anyway");
@@ -232,12 +246,13 @@ static void undo_data(struct gcr_client *c, struct gcr_err *err)
 	json_decref(res);
 }
 
-/* The shim's byte counts: what crossed PCIe, and the size of the buffers. */
-static void shim_bytes(struct gcr_cr_result *r)
+/* The shim's byte counts: what crossed PCIe, and the size of the buffers. They only go into
+ * reports and metrics, so counts we cannot read are reported as 0 and the operation stands. */
+static void shim_bytes(pid_t pid, struct gcr_cr_result *r)
 {
-	json_t *copied = json_object_get(r->shim, "copied");
-	r->bytes_total = json_integer_value(json_object_get(r->shim, "bytes"));
-	r->bytes_moved = copied != NULL ? json_integer_value(copied) : r->bytes_total;
+	struct gcr_err e;
+	if (gcr_shimreply_bytes(r->shim, &r->bytes_total, &r->bytes_moved, &e) < 0)
+		GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: %s; byte counts reported as 0", (int)pid, e.msg);
 }
 
 /* A HIP process: CRIU is checked before anything is touched (full mode), then the shim's data
@@ -259,7 +274,7 @@ static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client
 	rc = gcr_client_call(c, GCR_OP_SUSPEND_ID, args, SHIM_CALL_MS, &r->shim, err);
 	if (rc < 0)
 		goto out; /* the shim unwound itself: still running */
-	shim_bytes(r);
+	shim_bytes(pid, r);
 	r->ms_data = now_ms() - t0;
 	if (o->mode == GCR_CR_FULL) {
 		/* Our connection to the shim is not part of what CRIU saves. */
@@ -303,7 +318,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 					 (int)pid, shim_state(status));
 			goto out;
 		}
-		hip = is_hip(status);
+		hip = is_hip(pid, status);
 	}
 	if (hip)
 		return hip_suspend(pid, o, &c, r, err, status);
@@ -324,7 +339,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args, SHIM_CALL_MS, &r->shim, err);
 		if (rc < 0)
 			goto out; /* the shim unwound itself: still running */
-		shim_bytes(r);
+		shim_bytes(pid, r);
 		r->ms_data = now_ms() - t0;
 	}
 	if (o->mode == GCR_CR_FULL && !o->unchecked) {
@@ -405,7 +420,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		if (rc < 0 && o->mode == GCR_CR_FULL) {
 			/* No CUDA driver here: a HIP process's control state was CRIU's (above). */
 			struct gcr_err e2;
-			if (gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, &e2) == 0 && is_hip(status)) {
+			if (gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, &e2) == 0 && is_hip(pid, status)) {
 				rc = 0;
 				ds = GCR_DRIVER_RUNNING;
 				if (!did)
@@ -428,13 +443,8 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	} else if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) {
 		t = now_ms();
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
-		json_t *need = rc == 0 ? json_object_get(status, "restore_need") : NULL;
-		if (rc == 0 && need == NULL)
-			rc = gcr_err_set(err, -ENOTSUP, "the shim kept no record of the GPU memory pid %d's restore needs "
-					 "(suspended by an older gcr?); process still suspended (driver checkpointed); "
-					 "resume --unchecked to restore anyway", (int)pid);
 		if (rc == 0)
-			rc = room_check(pid, need, err);
+			rc = room_check(pid, status, err);
 		json_decref(status);
 		status = NULL;
 		r->ms_room = now_ms() - t;
@@ -475,7 +485,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 				gcr_err_wrap(err, "GPU data still in host memory, process held at the gate; retry resume");
 				goto out;
 			}
-			shim_bytes(r);
+			shim_bytes(pid, r);
 			did = 1;
 		}
 	}
@@ -505,7 +515,7 @@ int gcr_cr_status(pid_t pid, const struct gcr_cr_opts *o, json_t **out, struct g
 	if (rc == 0)
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
 	gcr_client_close(&c);
-	int hip = status != NULL && is_hip(status);
+	int hip = status != NULL && is_hip(pid, status);
 	json_t *o_json = json_pack("{s:i, s:o*}", "pid", (int)pid, "shim", status);
 	enum gcr_driver_state ds;
 	struct gcr_err e2;

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "gcr_client.h"
+#include "gcr_shimreply.h"
 
 const char *gcr_scale_state_name(enum gcr_scale_state s)
 {
@@ -177,20 +178,6 @@ void gcr_scale_procs_clear(struct gcr_scale_proc *p, size_t n)
 		gcr_cr_result_clear(&p[i].r);
 }
 
-/* The sum of a stats reply's "calls" map. */
-static long long calls_sum(json_t *stats)
-{
-	const char *k;
-	json_t *v;
-	long long sum = 0;
-	json_object_foreach(json_object_get(stats, "calls"), k, v)
-	{
-		if (json_is_integer(v) && json_integer_value(v) > 0)
-			sum += (long long)json_integer_value(v);
-	}
-	return sum;
-}
-
 int gcr_scale_calls(pid_t pid, const char *socket_dir, long long *calls, struct gcr_err *err)
 {
 	struct gcr_client c = { .fd = -1 };
@@ -200,11 +187,10 @@ int gcr_scale_calls(pid_t pid, const char *socket_dir, long long *calls, struct 
 	if (rc == 0)
 		rc = gcr_client_call(&c, GCR_OP_STATS_ID, NULL, 10000, &res, err);
 	gcr_client_close(&c);
-	if (rc < 0)
-		return rc;
-	*calls = calls_sum(res);
+	if (rc == 0)
+		rc = gcr_shimreply_calls(res, calls, err);
 	json_decref(res);
-	return 0;
+	return rc;
 }
 
 int gcr_scale_calls_all(const pid_t *pids, size_t n, const char *socket_dir, int timeout_ms, long long *calls,
@@ -215,7 +201,11 @@ int gcr_scale_calls_all(const pid_t *pids, size_t n, const char *socket_dir, int
 		return gcr_err_set(err, -ENOMEM, "out of memory asking %zu shims", n);
 	int rc = gcr_client_call_all(socket_dir, pids, n, GCR_OP_STATS_ID, NULL, timeout_ms, res, rcs, err);
 	for (size_t i = 0; i < n; i++) {
-		calls[i] = rc >= 0 && rcs[i] == 0 ? calls_sum(res[i]) : 0;
+		struct gcr_err e;
+		calls[i] = 0;
+		/* Counters we cannot read count as no answer: the caller keeps the last ones it had. */
+		if (rc >= 0 && rcs[i] == 0)
+			rcs[i] = gcr_shimreply_calls(res[i], &calls[i], &e);
 		json_decref(res[i]);
 	}
 	free(res);

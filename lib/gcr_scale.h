@@ -68,13 +68,14 @@ void gcr_scale_procs_clear(struct gcr_scale_proc *p, size_t n);
 
 /* The shim's cumulative count of intercepted calls of pid (the sum of its stats
  * "calls" map): read at the caller's pace, it adds nothing to the shim's hot path.
- * 0, or -errno (no shim: -ENOENT / -ESRCH). */
+ * 0, or -errno (no shim: -ENOENT / -ESRCH; counters that are not 0 .. 2^50: -EPROTO). */
 int gcr_scale_calls(pid_t pid, const char *socket_dir, long long *calls, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
 /* gcr_scale_calls of every pids[i] at once (gcr_client_call_all): one deadline, timeout_ms
  * from the call, for them all, so stopped processes cost it once, not once each.
- * calls[i] and rcs[i] 0, or calls[i] 0 and rcs[i] -errno (-ETIMEDOUT: no reply in time).
+ * calls[i] and rcs[i] 0, or calls[i] 0 and rcs[i] -errno (-ETIMEDOUT: no reply in time;
+ * -EPROTO: a reply without readable counters, which counts as no answer).
  * Returns how many answered, or -ENOMEM with the message in err. */
 int gcr_scale_calls_all(const pid_t *pids, size_t n, const char *socket_dir, int timeout_ms, long long *calls,
 			int *rcs, struct gcr_err *err) __attribute__((warn_unused_result));

@@ -20,6 +20,7 @@ lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_nvml.c lib/gcr_nvml.h lib/gcr_nvml_abi.h \
 	lib/gcr_criu.c lib/gcr_criu.h \
 	lib/gcr_cr.c lib/gcr_cr.h \
-	lib/gcr_scale.c lib/gcr_scale.h
+	lib/gcr_scale.c lib/gcr_scale.h \
+	lib/gcr_shimreply.c lib/gcr_shimreply.h
 lib_libgcrcontrol_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)
 lib_libgcrcontrol_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl

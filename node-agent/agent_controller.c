@@ -18,6 +18,7 @@
 #include "gcr_cr.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
+#include "gcr_shimreply.h"
 
 #define API "/apis/gpucr.dev/v1alpha1"
 /* Processes of one pod acted on at most (the CRD's processes maxItems). */
@@ -456,7 +457,9 @@ static enum pstate real_state(struct agent_controller *c, pid_t pid, enum gcr_cr
 	struct gcr_err err;
 	if (gcr_cr_status(pid, &opts, &st, &err) < 0)
 		return P_GONE;
-	const char *shim = json_string_value(json_object_get(json_object_get(st, "shim"), "state"));
+	const char *shim;
+	if (gcr_shimreply_state(json_object_get(st, "shim"), &shim, &err) == -EPROTO)
+		GCR_LOG(GCR_LOG_WARN, "controller", "pid %d: %s", (int)pid, err.msg); /* then as no shim */
 	const char *drv = json_string_value(json_object_get(st, "driver"));
 	/* "none": a HIP process, whose control state is CRIU's (lib/gcr_cr.c); "criu": CRIU dumped
 	 * it (it is gone until restored). */

@@ -15,6 +15,7 @@
 #include "gcr_criu.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
+#include "gcr_shimreply.h"
 
 static int json_out;
 
@@ -112,18 +113,16 @@ static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 static void print_status_line(pid_t pid, json_t *st, int sizes)
 {
 	json_t *shim = json_object_get(st, "shim");
-	const char *driver = json_string_value(json_object_get(st, "driver"));
-	printf("pid %d: shim %s, driver %s", (int)pid,
-	       shim ? json_string_value(json_object_get(shim, "state")) : "absent",
-	       driver ? driver : "unavailable");
-	if (sizes && shim != NULL) {
-		json_t *b = json_object_get(shim, "bytes");
-		printf(", %.1f MiB on the fast path, %.1f MiB left to the driver",
-		       (double)(json_integer_value(json_object_get(b, "vmm")) +
-				json_integer_value(json_object_get(b, "app_vmm"))) / 1048576.0,
-		       (double)(json_integer_value(json_object_get(b, "driver")) +
-				json_integer_value(json_object_get(b, "async"))) / 1048576.0);
-	}
+	const char *driver = json_string_value(json_object_get(st, "driver")), *state;
+	long long fast, drv;
+	struct gcr_err e;
+	if (gcr_shimreply_state(shim, &state, &e) < 0)
+		state = shim != NULL ? "unreadable" : "absent";
+	printf("pid %d: shim %s, driver %s", (int)pid, state, driver ? driver : "unavailable");
+	/* Sizes the shim cannot give sensibly are left out rather than printed wrong. */
+	if (sizes && shim != NULL && gcr_shimreply_sizes(shim, &fast, &drv, &e) == 0)
+		printf(", %.1f MiB on the fast path, %.1f MiB left to the driver", (double)fast / 1048576.0,
+		       (double)drv / 1048576.0);
 	const char *sock = json_string_value(json_object_get(st, "socket"));
 	printf("%s%s\n", sock ? ", socket " : "", sock ? sock : "");
 }
@@ -191,8 +190,9 @@ static enum gcr_scale_state scale_state_of(pid_t pid, struct gcr_cr_opts *o)
 	struct gcr_err err;
 	if (gcr_cr_status(pid, o, &st, &err) < 0)
 		return GCR_SCALE_UNMANAGED;
-	const char *shim = json_string_value(json_object_get(json_object_get(st, "shim"), "state"));
-	const char *drv = json_string_value(json_object_get(st, "driver"));
+	const char *shim, *drv = json_string_value(json_object_get(st, "driver"));
+	if (gcr_shimreply_state(json_object_get(st, "shim"), &shim, &err) < 0)
+		shim = NULL; /* unreadable: as no shim, so scaling leaves the process alone */
 	enum gcr_scale_state s = GCR_SCALE_UNMANAGED;
 	if (shim != NULL && strcmp(shim, "running") == 0 &&
 	    (drv == NULL || strcmp(drv, "running") == 0 || strcmp(drv, "none") == 0 || o->mode == GCR_CR_DATA_ONLY))

@@ -22,6 +22,7 @@ fuzz_dpmsg|node-agent/agent_dpmsg.c node-agent/dp/api.pb-c.c|libprotobuf-c
 fuzz_scalemsg|node-agent/agent_scalemsg.c|jansson
 fuzz_criu|lib/gcr_criu.c|
 fuzz_linebuf|lib/gcr_sock.c|
+fuzz_shimreply|lib/gcr_shimreply.c|jansson
 '
 # Linked into every target.
 COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c'

@@ -26,6 +26,12 @@ EXTRA_DIST += tests/unit/test_interpose.sh tests/unit/test_shim_notice.sh tests/
 tests_unit_test_scale_SOURCES = tests/unit/test_scale.c
 tests_unit_test_scale_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
 tests_unit_test_scale_LDADD = lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
+# Checked reads of the shim's replies (lib/gcr_shimreply, in libgcrcontrol).
+check_PROGRAMS += tests/unit/test_shimreply
+TESTS += tests/unit/test_shimreply
+tests_unit_test_shimreply_SOURCES = tests/unit/test_shimreply.c
+tests_unit_test_shimreply_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
+tests_unit_test_shimreply_LDADD = lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
 
 # The HIP backend: its hook table, gate and allocation records, and its shim_gpu_ops, each
 # inside a program built from the shim's sources, on the stand-in runtime (tests/fakehip).

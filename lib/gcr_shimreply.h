@@ -1,0 +1,65 @@
+/* gcr_shimreply: reading the fields gcrctl and the agent act on out of a shim's replies.
+ * The workload owns the shim's socket, so every value is checked before it is used. */
+#ifndef GCR_SHIMREPLY_H
+#define GCR_SHIMREPLY_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "gcr_error.h"
+
+/* Any byte count a shim reports is below 2^50 (1 PiB): more than any host's GPUs hold, and
+ * a sum of a few thousand of them still fits a long long. */
+#define GCR_SHIMREPLY_BYTES_MAX (1LL << 50)
+/* A call counter is below the same bound: 10^15 calls, about 30 years at a million per second. */
+#define GCR_SHIMREPLY_CALLS_MAX (1LL << 50)
+/* The shim's state names ("running", "suspended", ...), with their NUL. */
+#define GCR_SHIMREPLY_STATE_LEN 32
+/* A GPU UUID with its NUL: NVML's buffer size (NVML_DEVICE_UUID_V2_BUFFER_SIZE). */
+#define GCR_SHIMREPLY_UUID_LEN 96
+/* GPUs in one restore record; gcr_nvml lists at most as many (GCR_NVML_MAX_DEVICES). */
+#define GCR_SHIMREPLY_MAX_DEVICES 64
+/* Entries in a stats reply's "calls" map: two per hook (plain and per-thread), a few
+ * hundred hooks today; the bound keeps the sum below LLONG_MAX. */
+#define GCR_SHIMREPLY_MAX_CALLS 4096
+
+/* The restore's GPU memory, as gcr_cr recorded it at suspend and the shim kept it. */
+struct gcr_shimreply_need {
+	size_t n; /* 1 .. GCR_SHIMREPLY_MAX_DEVICES when read */
+	struct {
+		char uuid[GCR_SHIMREPLY_UUID_LEN]; /* printable ASCII, no spaces, not empty */
+		long long bytes;                    /* 0 .. GCR_SHIMREPLY_BYTES_MAX - 1 */
+	} dev[GCR_SHIMREPLY_MAX_DEVICES];
+};
+
+/* Each function returns 0, -ENOENT when the field is absent (an older shim, or a reply of
+ * another kind), or -EPROTO when it is there but malformed; on any error the outputs hold
+ * their "nothing known" values (NULL, 0) and err says which field was wrong. */
+
+/* A status or report's "state": *state points into reply (lives as long as it), 1 ..
+ * GCR_SHIMREPLY_STATE_LEN - 1 printable ASCII characters without spaces. */
+int gcr_shimreply_state(json_t *reply, const char **state, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Whether a status says the process uses HIP and not CUDA (its control step is CRIU's).
+ * A status without "backends" (older shims) is CUDA: *hip = 0, returns 0. */
+int gcr_shimreply_is_hip(json_t *status, int *hip, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* A suspend or resume report's byte counts: "bytes" (the staged buffers) and "copied"
+ * (what crossed PCIe; the whole of bytes when absent, as older shims sent). */
+int gcr_shimreply_bytes(json_t *report, long long *total, long long *moved, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* A status's "bytes" object summed for display: the fast path (vmm + app_vmm) and what is
+ * left to the driver (driver + async); members an older shim lacks count 0. */
+int gcr_shimreply_sizes(json_t *status, long long *fast, long long *driver, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* A status's "restore_need": {"devices": [{"uuid": s, "bytes": n}, ...]}, at least one. */
+int gcr_shimreply_restore_need(json_t *status, struct gcr_shimreply_need *need, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* The sum of a stats reply's "calls" map of hook name to count: 0 .. LLONG_MAX. Every shim
+ * sends the map, so its absence is -EPROTO too (-ENOENT would read as "no shim" to callers). */
+int gcr_shimreply_calls(json_t *stats, long long *sum, struct gcr_err *err) __attribute__((warn_unused_result));
+
+#endif
