@@ -849,10 +849,12 @@ CASES = [
 ]
 
 
-def main():
-    only = re.compile(sys.argv[1]) if len(sys.argv) > 1 else None
+def run_cases(cases, label, argv):
+    """Runs each (name, fn) whose name matches argv[1] (all without it) on a Flow of its own;
+    one failure does not stop the rest. Prints "<label>: N passed, N failed"."""
+    only = re.compile(argv[1]) if len(argv) > 1 else None
     passed = failed = 0
-    for name, fn in CASES:
+    for name, fn in cases:
         if only and not only.search(name):
             continue
         f = Flow(name)
@@ -868,8 +870,12 @@ def main():
             print("FAIL %s: %s" % (name, traceback.format_exc()), flush=True)
         finally:
             f.close()
-    print("flow: %d passed, %d failed" % (passed, failed))
+    print("%s: %d passed, %d failed" % (label, passed, failed))
     return 0 if failed == 0 and passed > 0 else 1
+
+
+def main():
+    return run_cases(CASES, "flow", sys.argv)
 
 
 if __name__ == "__main__":

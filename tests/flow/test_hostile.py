@@ -13,11 +13,10 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_flow as T  # noqa: E402
-from test_flow import Fail, Flow, check  # noqa: E402
+from test_flow import Fail, check  # noqa: E402
 
 H = T.H
 STATUS = b'{"v":1,"id":1,"op":"status"}\n'
@@ -436,26 +435,7 @@ CASES = [
 
 
 def main():
-    only = re.compile(sys.argv[1]) if len(sys.argv) > 1 else None
-    passed = failed = 0
-    for name, fn in CASES:
-        if only and not only.search(name):
-            continue
-        f = Flow(name)
-        try:
-            fn(f)
-            passed += 1
-            print("PASS %s" % name, flush=True)
-        except (Fail, H.HarnessError) as e:
-            failed += 1
-            print("FAIL %s: %s" % (name, e), flush=True)
-        except Exception:  # a bug in the test itself is a failure too
-            failed += 1
-            print("FAIL %s: %s" % (name, traceback.format_exc()), flush=True)
-        finally:
-            f.close()
-    print("hostile: %d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 and passed > 0 else 1
+    return T.run_cases(CASES, "hostile", sys.argv)
 
 
 if __name__ == "__main__":
