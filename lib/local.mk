@@ -6,6 +6,7 @@ lib_libgcrcommon_la_SOURCES = \
 	lib/gcr_log.c lib/gcr_log.h \
 	lib/gcr_proto.c lib/gcr_proto.h \
 	lib/gcr_sock.c lib/gcr_sock.h \
+	lib/gcr_time.c lib/gcr_time.h \
 	include/gcr/protocol.h
 lib_libgcrcommon_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden $(JANSSON_CFLAGS)
 

@@ -17,6 +17,7 @@
 #include "agent_lease.h"
 #include "gcr_cr.h"
 #include "gcr_log.h"
+#include "gcr_time.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
 
@@ -811,13 +812,7 @@ static json_t *find_checkpoint(struct agent_controller *c, const char *ns, const
 static int nap(struct agent_controller *c, int ms)
 {
 	struct timespec dl;
-	clock_gettime(CLOCK_REALTIME, &dl);
-	dl.tv_sec += ms / 1000;
-	dl.tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (dl.tv_nsec >= 1000000000L) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000L;
-	}
+	gcr_time_deadline(&dl, ms);
 	pthread_mutex_lock(&c->lock);
 	int rc = 0;
 	while (!atomic_load(&c->stop) && rc == 0)
@@ -1077,12 +1072,7 @@ static void *worker_main(void *data)
 		}
 		if (!ready || json_array_size(c->queue) == 0) {
 			struct timespec dl;
-			clock_gettime(CLOCK_REALTIME, &dl);
-			dl.tv_nsec += 200 * 1000000L;
-			if (dl.tv_nsec >= 1000000000L) {
-				dl.tv_sec++;
-				dl.tv_nsec -= 1000000000L;
-			}
+			gcr_time_deadline(&dl, 200);
 			pthread_cond_timedwait(&c->cond, &c->lock, &dl);
 			continue;
 		}

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "gcr_log.h"
+#include "gcr_time.h"
 
 #define API "/apis/gpucr.dev/v1alpha1"
 /* Every gated pod is compared again this often, in ms: covers a newly elected leader and a
@@ -273,12 +274,7 @@ static void *writer_main(void *data)
 		int synced = g->listed[G_POD] && g->listed[G_CK] && g->listed[G_RS];
 		if (!synced || (!g->all_dirty && json_object_size(g->dirty) == 0)) {
 			struct timespec dl;
-			clock_gettime(CLOCK_REALTIME, &dl);
-			dl.tv_nsec += 200 * 1000000L;
-			if (dl.tv_nsec >= 1000000000L) {
-				dl.tv_sec++;
-				dl.tv_nsec -= 1000000000L;
-			}
+			gcr_time_deadline(&dl, 200);
 			pthread_cond_timedwait(&g->cond, &g->lock, &dl);
 			continue;
 		}

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "gcr_log.h"
+#include "gcr_time.h"
 
 #define LEASES "/apis/coordination.k8s.io/v1/namespaces/%s/leases"
 
@@ -154,13 +155,7 @@ static void *leader_main(void *data)
 		}
 		pthread_mutex_lock(&l->lock);
 		struct timespec dl;
-		clock_gettime(CLOCK_REALTIME, &dl);
-		dl.tv_sec += period_ms / 1000;
-		dl.tv_nsec += (long)(period_ms % 1000) * 1000000L;
-		if (dl.tv_nsec >= 1000000000L) {
-			dl.tv_sec++;
-			dl.tv_nsec -= 1000000000L;
-		}
+		gcr_time_deadline(&dl, period_ms);
 		while (!atomic_load(&l->stop) && pthread_cond_timedwait(&l->cond, &l->lock, &dl) != ETIMEDOUT)
 			;
 	}

@@ -16,6 +16,7 @@
 #include "agent_lease.h"
 #include "agent_scalemsg.h"
 #include "gcr_log.h"
+#include "gcr_time.h"
 #include "gcr_scale.h"
 
 #define API "/apis/gpucr.dev/v1alpha1"
@@ -1027,14 +1028,7 @@ static void *worker_main(void *data)
 	while (!atomic_load(&s->stop)) {
 		if (!s->kick) {
 			struct timespec dl;
-			clock_gettime(CLOCK_REALTIME, &dl);
-			long ms = busy ? BUSY_MS : s->resync_ms;
-			dl.tv_sec += ms / 1000;
-			dl.tv_nsec += (ms % 1000) * 1000000L;
-			if (dl.tv_nsec >= 1000000000L) {
-				dl.tv_sec++;
-				dl.tv_nsec -= 1000000000L;
-			}
+			gcr_time_deadline(&dl, busy ? BUSY_MS : s->resync_ms);
 			pthread_cond_timedwait(&s->cond, &s->lock, &dl);
 			if (atomic_load(&s->stop))
 				break;
