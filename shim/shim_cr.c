@@ -29,6 +29,15 @@ static _Atomic int state;
 static const struct shim_gpu_ops *backend; /* chosen at suspend, kept until resumed; cr_lock */
 
 static const char *const state_names[] = { "running", "suspending", "suspended", "resuming" };
+/* Suspend and resume requests that reached this process, refused ones included: what a test
+ * reads to show that a process outside an operation's pod was never touched. */
+static _Atomic unsigned long long n_suspend, n_resume;
+
+void shim_cr_requests(unsigned long long *suspends, unsigned long long *resumes)
+{
+	*suspends = n_suspend;
+	*resumes = n_resume;
+}
 
 enum shim_cr_state shim_cr_state(void)
 {
@@ -547,6 +556,7 @@ static uint64_t host_bytes(void)
 int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err)
 {
 	memset(rep, 0, sizeof(*rep));
+	n_suspend++;
 	pthread_mutex_lock(&cr_lock);
 	alloc_window(1);
 	int rc = 0;
@@ -657,6 +667,7 @@ void shim_cr_trim(void)
 int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 {
 	memset(rep, 0, sizeof(*rep));
+	n_resume++;
 	pthread_mutex_lock(&cr_lock);
 	alloc_window(1);
 	int rc = 0;

@@ -24,6 +24,8 @@ struct shim_cr_report {
 
 enum shim_cr_state shim_cr_state(void);
 const char *shim_cr_state_name(enum shim_cr_state s);
+/* Suspend and resume requests received so far (refused ones too). */
+void shim_cr_requests(unsigned long long *suspends, unsigned long long *resumes);
 
 /* Each returns 0 or -errno with err set; on failure the process is left running
  * (suspend) or suspended and resumable (resume). */

@@ -101,6 +101,10 @@ static json_t *status_json(void)
 		"target", (json_int_t)ss.target, "ready", ss.ready,
 		"grown_inline", (json_int_t)ss.grown_inline, "fault_ms", ss.fault_ms);
 	if (j != NULL) {
+		unsigned long long ns, nr;
+		shim_cr_requests(&ns, &nr);
+		json_object_set_new(j, "requests", json_pack("{s:I, s:I}", "suspend", (json_int_t)ns, "resume",
+							    (json_int_t)nr));
 		json_object_set_new(j, "backends", backends_json());
 		pthread_mutex_lock(&need_lock);
 		if (restore_need != NULL)
