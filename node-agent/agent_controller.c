@@ -1,6 +1,11 @@
-/* agent_controller: reconciles Checkpoint and Restore objects for pods on this
- * node: caches from three watches, workers that run C/R through gcr_cr (different
- * pods in parallel, one operation per pod at a time). */
+/* agent_controller: reconciles Checkpoint and Restore objects for pods on this node: caches
+ * from three watches, workers that run C/R through gcr_cr (different pods in parallel, one
+ * operation per pod at a time).
+ *
+ * Users write these objects, status included, so status is only an output. What a suspend,
+ * a recovery, a Restore or a deletion acts on comes from the node: the registry (peer
+ * credentials, the cgroup's pod UID, the start time) and the agent's own record of each
+ * Checkpoint (agent_record, root-only on the node), written before any process is touched. */
 #include "agent_controller.h"
 
 #include <errno.h>
@@ -13,22 +18,29 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent_crobj.h"
 #include "agent_gate.h"
 #include "agent_lease.h"
+#include "agent_record.h"
 #include "gcr_cr.h"
 #include "gcr_log.h"
-#include "gcr_time.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
+#include "gcr_time.h"
 
 #define API "/apis/gpucr.dev/v1alpha1"
-/* Processes of one pod acted on at most (the CRD's processes maxItems). */
-#define MAX_PROCS 64
+#define MAX_PROCS AGENT_RECORD_MAX_PROCS
 /* Default bound of one gate/driver-lock step in ms when the spec has no timeoutSeconds. */
 #define DEFAULT_TIMEOUT_MS 60000
-/* Waiting work (a Restore whose Checkpoint is not finished, transient API
- * errors) is retried this often, in ms. */
+/* Waiting work (a Restore whose Checkpoint is not finished, transient API errors) is retried
+ * after this many ms, doubling per key up to RETRY_MAX_MS. */
 #define RETRY_MS 2000
+#define RETRY_MAX_MS 60000
+/* A status write that did not land is tried again after 250 ms, doubling to 8 s, until it
+ * lands or the object is gone: an API server restart takes seconds, and the object must not
+ * stay Running once the process is suspended. */
+#define STATUS_RETRY_FIRST_MS 250
+#define STATUS_RETRY_MAX_MS 8000
 /* Longest wait for the scaler's process to mark a gated pod not ready before its suspend,
  * in ms: traffic should leave first, but a missing scaler must not stop the suspend. */
 #define GATE_WAIT_MS 10000
@@ -41,6 +53,8 @@
 /* Operations run at once by default, and at most (different pods only). */
 #define DEFAULT_PARALLEL 4
 #define MAX_PARALLEL 64
+/* Records whose Checkpoint is gone are looked for this often (ms). */
+#define SWEEP_MS 2000
 
 enum kind { K_POD, K_CK, K_RS, NK };
 static const char *const watch_paths[NK] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
@@ -58,22 +72,25 @@ struct agent_controller {
 	struct agent_kube *kube;
 	struct agent_registry *reg;
 	struct agent_metrics *metrics;
+	struct agent_record_store *rec;
 	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance;
-	int pause_s;
+	int pause_s, grace_ms;
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;
 	pthread_cond_t pod_changed; /* a pod event arrived (wait_gate) */
 	/* "ns/name" -> object: this node's pods (field selector); the Checkpoints and Restores
 	 * not yet taken by a node, or taken by this one, whole; those another node took only as
-	 * far as needed to recognise them (slim_locked). */
+	 * far as needed to recognise them (slim). */
 	json_t *cache[NK];
 	int listed[NK];
-	json_t *queue;   /* array of "c:ns/name" / "r:ns/name" */
-	json_t *queued;  /* the same keys as a set */
-	json_t *retry;   /* keys to retry after RETRY_MS */
-	struct timespec last_retry; /* CLOCK_MONOTONIC: when retry was last queued */
-	json_t *done;    /* metadata.uid of objects finished by this process */
+	json_t *queue;      /* array of "c:ns/name", "r:ns/name", "o:<record uid>" */
+	json_t *queued;     /* the same keys as a set */
+	json_t *retry;      /* key -> when to queue it again (CLOCK_MONOTONIC ms) */
+	json_t *backoff;    /* key -> its last retry delay (ms) */
+	json_t *done;       /* metadata.uid of objects finished by this process (no record) */
+	json_t *first_seen; /* Restore uid -> when it was first seen without its Checkpoint (ms) */
+	double last_sweep;
 	/* "ns/pod" of each pod a worker is acting on -> keys deferred until it is done, so
 	 * that operations on one pod never overlap (its processes' state machine is one). */
 	json_t *busy;
@@ -82,6 +99,13 @@ struct agent_controller {
 	pthread_t workers[MAX_PARALLEL];
 	int workers_started;
 };
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 /* ---- queue and caches ---- */
 
@@ -137,10 +161,12 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 	}
 }
 
-/* A Checkpoint or Restore another node's agent took (status.nodeName): this agent never acts
- * on it, it only has to recognise it (phase, node, the pod or Checkpoint it names, the
- * message a waiting Restore quotes), so the rest (processes, conditions, managed fields)
- * is not kept: a node's memory does not grow with the whole cluster's requests. Stolen. */
+/* A Checkpoint or Restore another node's agent took (status.nodeName): this agent only has
+ * to recognise it (phase, node, the pod or Checkpoint it names, the message a waiting
+ * Restore quotes, whether it is being deleted), so the rest (processes, conditions, managed
+ * fields) is not kept: a node's memory does not grow with the whole cluster's requests.
+ * Status is the user's to write too: whatever this agent did to an object is in its record,
+ * which never depends on what is kept here. Stolen. */
 static json_t *slim(struct agent_controller *c, enum kind k, json_t *obj)
 {
 	const char *node = status_str(obj, "nodeName");
@@ -148,9 +174,11 @@ static json_t *slim(struct agent_controller *c, enum kind k, json_t *obj)
 		return obj;
 	json_t *md = json_object_get(obj, "metadata"), *spec = json_object_get(obj, "spec"),
 	       *st = json_object_get(obj, "status");
-	json_t *s = json_pack("{s:{s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}", "metadata",
-			      "namespace", json_object_get(md, "namespace"), "name", json_object_get(md, "name"), "uid",
-			      json_object_get(md, "uid"), "resourceVersion", json_object_get(md, "resourceVersion"),
+	json_t *s = json_pack("{s:{s:O*, s:O*, s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}",
+			      "metadata", "namespace", json_object_get(md, "namespace"), "name",
+			      json_object_get(md, "name"), "uid", json_object_get(md, "uid"), "resourceVersion",
+			      json_object_get(md, "resourceVersion"), "deletionTimestamp",
+			      json_object_get(md, "deletionTimestamp"), "finalizers", json_object_get(md, "finalizers"),
 			      "spec", "podName", json_object_get(spec, "podName"), "checkpointName",
 			      json_object_get(spec, "checkpointName"), "status", "phase", json_object_get(st, "phase"),
 			      "nodeName", json_object_get(st, "nodeName"), "podName", json_object_get(st, "podName"),
@@ -176,6 +204,7 @@ static void on_list(json_t *items, void *data)
 	c->cache[w->kind] = m;
 	c->listed[w->kind] = 1;
 	json_array_foreach(items, i, it) touch_locked(c, w->kind, it);
+	c->last_sweep = 0; /* look for records whose Checkpoint is gone against the new list */
 	int all = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
 	pthread_cond_signal(&c->cond);
 	pthread_mutex_unlock(&c->lock);
@@ -191,8 +220,10 @@ static void on_event(const struct agent_watch_event *ev, void *data)
 	if (agent_kube_obj_key(ev->object, key, sizeof(key)) < 0)
 		return;
 	pthread_mutex_lock(&c->lock);
-	if (ev->type == AGENT_WATCH_DELETED && md_str(ev->object, "uid") != NULL)
+	if (ev->type == AGENT_WATCH_DELETED && md_str(ev->object, "uid") != NULL) {
 		json_object_del(c->done, md_str(ev->object, "uid")); /* a uid is never reused */
+		json_object_del(c->first_seen, md_str(ev->object, "uid"));
+	}
 	if (ev->type == AGENT_WATCH_DELETED)
 		json_object_del(c->cache[w->kind], key);
 	else
@@ -221,30 +252,64 @@ static json_t *cache_get(struct agent_controller *c, enum kind k, const char *ns
 	return o;
 }
 
-static void mark_done(struct agent_controller *c, json_t *obj)
+/* Whether the cache holds ns/name with this uid. */
+static int cache_has_uid(struct agent_controller *c, enum kind k, const char *ns, const char *name, const char *uid)
 {
-	const char *uid = md_str(obj, "uid");
-	if (uid == NULL)
-		return;
+	char key[600];
+	snprintf(key, sizeof(key), "%s/%s", ns, name);
+	pthread_mutex_lock(&c->lock);
+	const char *u = md_str(json_object_get(c->cache[k], key), "uid");
+	int has = u != NULL && strcmp(u, uid) == 0;
+	pthread_mutex_unlock(&c->lock);
+	return has;
+}
+
+static void mark_done(struct agent_controller *c, const char *uid)
+{
 	pthread_mutex_lock(&c->lock);
 	json_object_set_new(c->done, uid, json_true());
 	pthread_mutex_unlock(&c->lock);
 }
 
-static int is_done(struct agent_controller *c, json_t *obj)
+static int is_done(struct agent_controller *c, const char *uid)
 {
-	const char *uid = md_str(obj, "uid");
 	pthread_mutex_lock(&c->lock);
-	int d = uid != NULL && json_object_get(c->done, uid) != NULL;
+	int d = json_object_get(c->done, uid) != NULL;
 	pthread_mutex_unlock(&c->lock);
 	return d;
 }
 
-static void retry_later(struct agent_controller *c, const char *key)
+/* Queues key again after a delay: ms, or (ms 0) RETRY_MS doubling per key up to RETRY_MAX_MS. */
+static void retry_later(struct agent_controller *c, const char *key, int ms)
 {
 	pthread_mutex_lock(&c->lock);
-	json_object_set_new(c->retry, key, json_true());
+	if (ms == 0) {
+		json_int_t last = json_integer_value(json_object_get(c->backoff, key));
+		ms = last == 0 ? RETRY_MS : last * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : (int)last * 2;
+		json_object_set_new(c->backoff, key, json_integer(ms));
+	}
+	json_object_set_new(c->retry, key, json_integer((json_int_t)(now_ms() + ms)));
 	pthread_mutex_unlock(&c->lock);
+}
+
+static void retry_reset(struct agent_controller *c, const char *key)
+{
+	pthread_mutex_lock(&c->lock);
+	json_object_del(c->backoff, key);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Waits ms unless the agent is stopping; 1 if it is. */
+static int nap(struct agent_controller *c, int ms)
+{
+	struct timespec dl;
+	gcr_time_deadline(&dl, ms);
+	pthread_mutex_lock(&c->lock);
+	int rc = 0;
+	while (!atomic_load(&c->stop) && rc == 0)
+		rc = pthread_cond_timedwait(&c->cond, &c->lock, &dl);
+	pthread_mutex_unlock(&c->lock);
+	return atomic_load(&c->stop) ? 1 : 0;
 }
 
 /* ---- status and events ---- */
@@ -252,7 +317,8 @@ static void retry_later(struct agent_controller *c, const char *key)
 struct op {
 	enum kind kind;
 	json_t *obj; /* owned copy */
-	const char *ns, *name, *kind_name; /* borrowed from obj */
+	struct agent_crobj d; /* obj decoded */
+	const char *key;
 	char path[700];
 };
 
@@ -261,12 +327,16 @@ static const char *action_of(const struct op *o)
 	return o->kind == K_CK ? "Checkpoint" : "Restore";
 }
 
-/* Merge-patches status: phase, message, the Complete condition, nodeName and
- * the timestamps; extra (stolen, may be NULL) adds fields. Without a
- * resourceVersion a merge patch never conflicts: the last writer wins, and only
- * this node's agent writes these fields. */
-static int set_status(struct agent_controller *c, struct op *o, const char *phase, const char *reason,
-		      const char *message, json_t *extra)
+static void op_path(struct op *o, const char *ns, const char *name)
+{
+	snprintf(o->path, sizeof(o->path), API "/namespaces/%s/%s/%s", ns, o->kind == K_CK ? "checkpoints" : "restores",
+		 name);
+}
+
+/* A status: phase, message, the Complete condition, nodeName and the timestamps; extra
+ * (stolen, may be NULL) adds fields. A new reference. */
+static json_t *build_status(struct agent_controller *c, struct op *o, const char *phase, const char *reason,
+			    const char *message, json_t *extra)
 {
 	char now[40];
 	agent_kube_time(now, sizeof(now), 0);
@@ -279,46 +349,77 @@ static int set_status(struct agent_controller *c, struct op *o, const char *phas
 	json_t *gen = json_object_get(json_object_get(o->obj, "metadata"), "generation");
 	if (json_is_integer(gen))
 		json_object_set(st, "observedGeneration", gen);
-	if (status_str(o->obj, "startTime") == NULL)
-		json_object_set_new(st, "startTime", json_string(now));
+	const char *start = status_str(o->obj, "startTime");
+	json_object_set_new(st, "startTime", json_string(start != NULL && strlen(start) < 40 ? start : now));
 	if (final)
 		json_object_set_new(st, "completionTime", json_string(now));
 	json_object_set_new(st, "conditions",
 			    json_pack("[{s:s, s:s, s:s, s:s, s:s}]", "type", "Complete", "status", cs,
 				      "lastTransitionTime", now, "reason", reason, "message", message));
-	json_t *patch = json_pack("{s:o}", "status", st);
-	struct gcr_err err;
-	int rc = agent_kube_patch_status(c->kube, o->path, patch, &err);
+	return st;
+}
+
+/* Merge-patches status st (borrowed) until it lands, the object is gone (-ENOENT), the API
+ * server refuses it for good (-EINVAL: 422, e.g. a phase already final) or the agent stops
+ * (-ECANCELED). Without a resourceVersion a merge patch never conflicts: only this node's
+ * agent writes these fields (a user who writes them only misleads themself). */
+static int write_status(struct agent_controller *c, struct op *o, json_t *st)
+{
+	json_t *patch = json_pack("{s:O}", "status", st);
+	const char *phase = json_string_value(json_object_get(st, "phase"));
+	int delay = STATUS_RETRY_FIRST_MS, rc;
+	for (;;) {
+		struct gcr_err err;
+		rc = patch ? agent_kube_patch_status(c->kube, o->path, patch, &err) : -ENOMEM;
+		if (rc == 0 || rc == -ENOENT || rc == -EINVAL || rc == -ENOMEM) {
+			if (rc < 0)
+				GCR_LOG(GCR_LOG_WARN, "controller", "status write of %s %s/%s (%s) given up: %s",
+					action_of(o), o->d.ns, o->d.name, phase, rc == -ENOMEM ? "out of memory" : err.msg);
+			break;
+		}
+		GCR_LOG(GCR_LOG_WARN, "controller", "status write of %s %s/%s (%s) failed: %s; retrying in %d ms",
+			action_of(o), o->d.ns, o->d.name, phase, err.msg, delay);
+		if (nap(c, delay)) {
+			rc = -ECANCELED;
+			break;
+		}
+		delay = delay * 2 < STATUS_RETRY_MAX_MS ? delay * 2 : STATUS_RETRY_MAX_MS;
+	}
 	json_decref(patch);
-	if (rc < 0)
-		GCR_LOG(GCR_LOG_WARN, "controller", "%s %s/%s: status %s: %s", action_of(o), o->ns, o->name,
-			phase, err.msg);
-	else
-		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s/%s: %s (%s) %s", action_of(o), o->ns, o->name, phase,
-			reason, message);
-	/* Remember that phase locally too, so that a later event of the older
-	 * version does not look like work left over. */
+	/* Remember that phase locally too, so that a later event of the older version does
+	 * not look like work left over. */
 	json_t *s = json_object_get(o->obj, "status");
 	if (!json_is_object(s)) {
 		s = json_object();
 		json_object_set_new(o->obj, "status", s);
 	}
-	json_object_set_new(s, "phase", json_string(phase));
-	if (status_str(o->obj, "startTime") == NULL)
-		json_object_set_new(s, "startTime", json_string(now));
+	json_object_set(s, "phase", json_object_get(st, "phase"));
+	json_object_set(s, "startTime", json_object_get(st, "startTime"));
 	return rc;
 }
 
-static void event(struct agent_controller *c, struct op *o, const char *type, const char *reason,
+static int set_status(struct agent_controller *c, struct op *o, const char *phase, const char *reason,
+		      const char *message, json_t *extra)
+{
+	json_t *st = build_status(c, o, phase, reason, message, extra);
+	int rc = write_status(c, o, st);
+	if (rc == 0)
+		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s/%s: %s (%s) %s", action_of(o), o->d.ns, o->d.name, phase,
+			reason, message);
+	json_decref(st);
+	return rc;
+}
+
+static void event(struct agent_controller *c, json_t *obj, const char *action, const char *type, const char *reason,
 		  const char *note)
 {
 	struct gcr_err err;
-	if (agent_kube_event(c->kube, o->obj, type, reason, action_of(o), note, c->instance, &err) < 0)
-		GCR_LOG(GCR_LOG_WARN, "controller", "event for %s/%s: %s", o->ns, o->name, err.msg);
+	if (agent_kube_event(c->kube, obj, type, reason, action, note, c->instance, &err) < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "event %s: %s", reason, err.msg);
 }
 
-/* Final failure: phase Failed, a Warning Event, metrics; the process was not touched
- * (or was put back as it was). */
+/* Final failure of an object this agent touched nothing for: phase Failed, a Warning Event,
+ * metrics. */
 static void fail(struct agent_controller *c, struct op *o, const char *reason, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 static void fail(struct agent_controller *c, struct op *o, const char *reason, const char *fmt, ...)
@@ -329,9 +430,9 @@ static void fail(struct agent_controller *c, struct op *o, const char *reason, c
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	set_status(c, o, "Failed", reason, msg, NULL);
-	event(c, o, "Warning", reason, msg);
+	event(c, o->obj, action_of(o), "Warning", reason, msg);
 	agent_metrics_op(c->metrics, o->kind == K_CK ? "checkpoint" : "restore", 0, 0, 0);
-	mark_done(c, o->obj);
+	mark_done(c, o->d.uid);
 }
 
 static void test_pause(struct agent_controller *c, const char *where)
@@ -343,11 +444,49 @@ static void test_pause(struct agent_controller *c, const char *where)
 		usleep(100 * 1000);
 }
 
+/* Saves r; a failure is logged (the status says what happened; a restart then finds the
+ * record one step behind, which recovery handles). */
+static void save(struct agent_controller *c, const struct agent_record *r)
+{
+	struct gcr_err err;
+	if (agent_record_put(c->rec, r, &err) < 0)
+		GCR_LOG(GCR_LOG_ERROR, "controller", "record of Checkpoint %s/%s (%s): %s", r->ns, r->name,
+			agent_record_state_name(r->state), err.msg);
+}
+
+/* Adds or removes our finalizer on Checkpoint ns/name (uid): reads it fresh, then patches.
+ * 0; -ENOENT when it is gone or another object now has that name; else an error to retry. */
+static int ck_finalizer(struct agent_controller *c, const char *ns, const char *name, const char *uid, int add,
+			struct gcr_err *err)
+{
+	char path[700];
+	snprintf(path, sizeof(path), API "/namespaces/%s/checkpoints/%s", ns, name);
+	int rc = -EAGAIN;
+	for (int attempt = 0; attempt < 5 && rc == -EAGAIN; attempt++) {
+		long st = 0;
+		json_t *obj = NULL;
+		rc = agent_kube_request(c->kube, "GET", path, NULL, NULL, &st, &obj, err);
+		if (rc == 0 && st == 404)
+			rc = gcr_err_set(err, -ENOENT, "Checkpoint %s/%s is gone", ns, name);
+		else if (rc == 0 && st != 200)
+			rc = gcr_err_set(err, -EIO, "GET Checkpoint %s/%s: HTTP %ld", ns, name, st);
+		else if (rc == 0 && (md_str(obj, "uid") == NULL || strcmp(md_str(obj, "uid"), uid) != 0))
+			rc = gcr_err_set(err, -ENOENT, "Checkpoint %s/%s is another object now", ns, name);
+		else if (rc == 0)
+			rc = agent_kube_set_finalizer(c->kube, path, obj, AGENT_CROBJ_FINALIZER, add, err);
+		json_decref(obj);
+	}
+	if (rc == 0)
+		GCR_LOG(GCR_LOG_DEBUG, "controller", "Checkpoint %s/%s: finalizer %s %s", ns, name, AGENT_CROBJ_FINALIZER,
+			add ? "on" : "off");
+	return rc;
+}
+
 /* ---- processes ---- */
 
 struct proc {
 	pid_t pid;
-	char container[64];
+	char container[AGENT_CROBJ_NS_LEN];
 };
 
 /* A container status's ID without its "runtime://" scheme; NULL when absent. */
@@ -376,19 +515,12 @@ static json_t *container_status(json_t *pod, const char *cname, const char *cid)
 	return NULL;
 }
 
-/* The container ID of container cname ("" when the pod does not list it). */
-static void container_id_of(json_t *pod, const char *cname, char *out, size_t len)
-{
-	json_t *st = container_status(pod, cname, NULL);
-	snprintf(out, len, "%s", st ? status_container_id(st) : "");
-}
-
-/* The container name of a container ID ("" when the pod does not list it). */
+/* The container name of a container ID ("" when the pod does not list it or it is no name). */
 static void container_name_of(json_t *pod, const char *cid, char *out, size_t len)
 {
 	json_t *st = container_status(pod, NULL, cid);
 	const char *n = st ? json_string_value(json_object_get(st, "name")) : NULL;
-	snprintf(out, len, "%s", n ? n : "");
+	snprintf(out, len, "%s", n && agent_crobj_is_label(n) ? n : "");
 }
 
 static json_t *procs_json(const struct proc *p, int n, const char *state)
@@ -400,46 +532,30 @@ static json_t *procs_json(const struct proc *p, int n, const char *state)
 	return a;
 }
 
-/* Processes recorded in status.processes. */
-static int procs_from_status(json_t *obj, struct proc *out, int max)
+/* The processes of r that are still the ones recorded: registered with the registry, in the
+ * recorded pod (its cgroup's pod UID) and with the recorded start time. Others (exited, or
+ * a pid now someone else's) are never touched; *gone counts them. */
+static int verified_procs(struct agent_controller *c, const struct agent_record *r, struct proc *out, int *gone)
 {
-	json_t *a = json_object_get(json_object_get(obj, "status"), "processes");
-	size_t i;
-	json_t *e;
 	int n = 0;
-	json_array_foreach(a, i, e)
-	{
-		if (n >= max)
-			break;
-		json_int_t pid = json_integer_value(json_object_get(e, "pid"));
-		if (pid <= 0)
+	*gone = 0;
+	for (int i = 0; i < r->n; i++) {
+		struct agent_registry_proc rp;
+		if (agent_registry_get(c->reg, r->p[i].pid, &rp) < 0 || strcmp(rp.pod_uid, r->pod_uid) != 0 ||
+		    rp.start != r->p[i].start) {
+			(*gone)++;
 			continue;
-		out[n].pid = (pid_t)pid;
-		const char *cn = json_string_value(json_object_get(e, "containerName"));
-		snprintf(out[n].container, sizeof(out[n].container), "%s", cn ? cn : "");
+		}
+		out[n].pid = r->p[i].pid;
+		snprintf(out[n].container, sizeof(out[n].container), "%s", r->p[i].container);
 		n++;
 	}
 	return n;
 }
 
-/* ---- modes ---- */
-
-/* A Checkpoint's spec.keepContext asks for GCR_CR_DATA_ONLY: the shim moves the data and
- * releases the buffers, the CUDA context stays resident (no driver checkpoint). The mode is
- * chosen from the spec once, recorded in status.mode (with the processes, before anything is
- * touched), and from then on read back from there: by a recovery and by every Restore, so a
- * resume always matches its suspend. */
-static enum gcr_cr_mode mode_of_spec(json_t *ck)
+static enum gcr_cr_mode mode_of(int keep_context)
 {
-	return json_is_true(json_object_get(json_object_get(ck, "spec"), "keepContext")) ? GCR_CR_DATA_ONLY
-											 : GCR_CR_FULL;
-}
-
-/* status.mode; a Checkpoint without one was suspended by an agent that knew only Full. */
-static enum gcr_cr_mode mode_recorded(json_t *ck)
-{
-	const char *m = status_str(ck, "mode");
-	return m != NULL && strcmp(m, "KeepContext") == 0 ? GCR_CR_DATA_ONLY : GCR_CR_FULL;
+	return keep_context ? GCR_CR_DATA_ONLY : GCR_CR_FULL;
 }
 
 static const char *mode_api_name(enum gcr_cr_mode m)
@@ -479,14 +595,13 @@ static enum pstate real_state(struct agent_controller *c, pid_t pid, enum gcr_cr
 	return r;
 }
 
-static int timeout_ms_of(json_t *obj)
+static int timeout_ms_of(const struct agent_crobj *d)
 {
-	json_int_t t = json_integer_value(json_object_get(json_object_get(obj, "spec"), "timeoutSeconds"));
-	return t > 0 ? (int)(t * 1000) : DEFAULT_TIMEOUT_MS;
+	return d != NULL && d->timeout_s > 0 ? d->timeout_s * 1000 : DEFAULT_TIMEOUT_MS;
 }
 
-/* Resumes every process of p that is not running (undo, or a Restore) in the mode they
- * were suspended in, all at once (gcr_scale_run: one thread per process). Returns 0 or
+/* Resumes every process of p that is not running (undo, a Restore, a deletion) in the mode
+ * they were suspended in, all at once (gcr_scale_run: one thread per process). Returns 0 or
  * the first error, with its message in err. */
 static int resume_all(struct agent_controller *c, const struct proc *p, int n, enum gcr_cr_mode mode,
 		      int timeout_ms, struct gcr_cr_result *sum, struct gcr_err *err)
@@ -512,140 +627,7 @@ static int resume_all(struct agent_controller *c, const struct proc *p, int n, e
 	return rc;
 }
 
-/* ---- readiness gate ---- */
-
-/* A pod declaring the readiness gate is marked not ready by the scaler's process (agent_gate:
- * node agents may not write pods) as soon as its Checkpoint exists; the suspend waits for
- * that to reach this node's pod watch, bounded, so traffic leaves before the threads stop. */
-static void wait_gate(struct agent_controller *c, const char *ns, const char *name)
-{
-	char key[600];
-	snprintf(key, sizeof(key), "%s/%s", ns, name ? name : "");
-	struct timespec dl;
-	clock_gettime(CLOCK_REALTIME, &dl);
-	dl.tv_sec += GATE_WAIT_MS / 1000;
-	pthread_mutex_lock(&c->lock);
-	json_t *pod = json_object_get(c->cache[K_POD], key);
-	int declared = agent_gate_declared(pod), rc = 0;
-	while (declared && rc == 0 && !atomic_load(&c->stop)) {
-		const char *st = agent_gate_status(json_object_get(c->cache[K_POD], key));
-		if (st != NULL && strcmp(st, "False") == 0)
-			break;
-		rc = pthread_cond_timedwait(&c->pod_changed, &c->lock, &dl);
-	}
-	pthread_mutex_unlock(&c->lock);
-	if (declared && rc != 0)
-		GCR_LOG(GCR_LOG_WARN, "controller",
-			"pod %s: %s still not False after %d ms (is the scaler running?); suspending anyway", key,
-			AGENT_GATE_TYPE, GATE_WAIT_MS);
-}
-
-/* ---- Checkpoint ---- */
-
-static void finish_checkpoint(struct agent_controller *c, struct op *o, const struct proc *p, int n,
-			      enum gcr_cr_mode mode, const struct gcr_cr_result *sum, double ms_total,
-			      const char *note)
-{
-	json_t *extra = json_pack("{s:o, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
-				  procs_json(p, n, "Checkpointed"), "mode", mode_api_name(mode), "bytes", "vmm",
-				  (json_int_t)sum->bytes_moved, "total", (json_int_t)sum->bytes_moved, "durations", "data",
-				  (json_int_t)sum->ms_data, "lock", (json_int_t)sum->ms_lock, "checkpoint",
-				  (json_int_t)sum->ms_checkpoint, "total", (json_int_t)ms_total);
-	set_status(c, o, "Succeeded", "Checkpointed", note, extra);
-	event(c, o, "Normal", "Checkpointed", note);
-	agent_metrics_op(c->metrics, "checkpoint", 1, ms_total, sum->bytes_moved);
-	mark_done(c, o->obj);
-}
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* Suspends p[0..n) all at once (gcr_scale_run, as gcrctl scale does) in mode (the one
- * recorded in status.mode); on a failure resumes those this run suspended. */
-static void run_checkpoint(struct agent_controller *c, struct op *o, const struct proc *p, int n,
-			   enum gcr_cr_mode mode)
-{
-	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode,
-				    .timeout_ms = timeout_ms_of(o->obj) };
-	struct gcr_cr_result sum = { 0 };
-	double t0 = now_ms();
-	test_pause(c, "before-cr");
-	struct gcr_scale_proc sp[MAX_PROCS];
-	for (int i = 0; i < n; i++)
-		sp[i] = (struct gcr_scale_proc){ .pid = p[i].pid, .action = GCR_SCALE_SUSPEND };
-	int rc = gcr_scale_run(sp, (size_t)n, &opts, NULL);
-	if (rc < 0) {
-		struct proc undo[MAX_PROCS];
-		int nu = 0, bad = -1;
-		for (int i = 0; i < n; i++) {
-			if (sp[i].rc == 0)
-				undo[nu++] = p[i];
-			else if (bad < 0)
-				bad = i;
-		}
-		struct gcr_err e2;
-		int urc = nu > 0 ? resume_all(c, undo, nu, mode, opts.timeout_ms, NULL, &e2) : 0;
-		fail(c, o, rc == -EALREADY ? "AlreadySuspended" : "CheckpointFailed", "suspend of pid %d failed: %s%s%s",
-		     (int)sp[bad].pid, sp[bad].err.msg,
-		     nu == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
-		     nu > 0 && urc < 0 ? e2.msg : "");
-		gcr_scale_procs_clear(sp, (size_t)n);
-		return;
-	}
-	for (int i = 0; i < n; i++) {
-		sum.ms_data += sp[i].r.ms_data;
-		sum.ms_lock += sp[i].r.ms_lock;
-		sum.ms_checkpoint += sp[i].r.ms_checkpoint;
-		sum.bytes_moved += sp[i].r.bytes_moved;
-	}
-	gcr_scale_procs_clear(sp, (size_t)n);
-	test_pause(c, "after-cr");
-	char note[256];
-	snprintf(note, sizeof(note), "%d process(es) suspended, %lld bytes to host memory%s", n, sum.bytes_moved,
-		 mode == GCR_CR_DATA_ONLY ? "; CUDA context kept on the GPU" : "");
-	finish_checkpoint(c, o, p, n, mode, &sum, now_ms() - t0, note);
-}
-
-/* A Checkpoint this node's agent left Running (it was killed or restarted):
- * the processes' real state says how far it got. */
-static void recover_checkpoint(struct agent_controller *c, struct op *o)
-{
-	struct proc p[MAX_PROCS];
-	int n = procs_from_status(o->obj, p, MAX_PROCS);
-	enum gcr_cr_mode mode = mode_recorded(o->obj);
-	int running = 0, suspended = 0, other = 0;
-	for (int i = 0; i < n; i++) {
-		enum pstate s = real_state(c, p[i].pid, mode);
-		running += s == P_RUNNING;
-		suspended += s == P_SUSPENDED;
-		other += s != P_RUNNING && s != P_SUSPENDED;
-	}
-	GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s found Running: %d running, %d suspended, %d other",
-		o->ns, o->name, running, suspended, other);
-	if (n == 0) {
-		fail(c, o, "Interrupted", "the agent restarted before recording the processes; nothing was done");
-	} else if (suspended == n) {
-		struct gcr_cr_result sum = { 0 };
-		finish_checkpoint(c, o, p, n, mode, &sum, 0,
-				  "all processes were already suspended when the agent restarted; not redone");
-	} else if (running == n) {
-		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: not started before the restart; running it",
-			o->ns, o->name);
-		run_checkpoint(c, o, p, n, mode);
-	} else {
-		struct gcr_err err;
-		int rc = resume_all(c, p, n, mode, timeout_ms_of(o->obj), NULL, &err);
-		if (rc == 0)
-			fail(c, o, "Interrupted",
-			     "the agent restarted mid-checkpoint; partly suspended processes were resumed");
-		else
-			fail(c, o, "Interrupted", "the agent restarted mid-checkpoint; undo failed: %s", err.msg);
-	}
-}
+/* ---- pods ---- */
 
 enum pod_where { POD_HERE, POD_MISSING, POD_OTHER_NODE, POD_UNSCHEDULED, POD_UNKNOWN };
 
@@ -693,18 +675,17 @@ static json_t *find_pod(struct agent_controller *c, const char *ns, const char *
 /* A request for another node: that node's agent owns it while its heartbeat
  * Lease is live (this agent must not race it); with no live Lease nobody would
  * ever answer, so it fails here, touching nothing. Retried on API errors. */
-static void other_node(struct agent_controller *c, struct op *o, const char *key, const char *node,
-		       const char *what)
+static void other_node(struct agent_controller *c, struct op *o, const char *node, const char *what)
 {
 	struct gcr_err err;
 	int live = agent_lease_node_live(c->kube, c->lease_ns, node, &err);
 	if (live < 0) {
-		GCR_LOG(GCR_LOG_WARN, "controller", "%s %s/%s: node %s: %s; retrying", action_of(o), o->ns,
-			o->name, node, err.msg);
-		retry_later(c, key);
+		GCR_LOG(GCR_LOG_WARN, "controller", "%s %s/%s: node %s: %s; retrying", action_of(o), o->d.ns,
+			o->d.name, node, err.msg);
+		retry_later(c, o->key, 0);
 	} else if (live) {
 		GCR_LOG(GCR_LOG_DEBUG, "controller", "%s %s/%s: %s on node %s, whose agent is live; left to it",
-			action_of(o), o->ns, o->name, what, node);
+			action_of(o), o->d.ns, o->d.name, what, node);
 	} else {
 		fail(c, o, "NoAgentOnNode",
 		     "%s is on node %s, where no GCR agent is running (no live Lease %s/gcr-agent-%s); nothing was done",
@@ -712,77 +693,363 @@ static void other_node(struct agent_controller *c, struct op *o, const char *key
 	}
 }
 
-static void reconcile_checkpoint(struct agent_controller *c, struct op *o, const char *key)
+/* ---- readiness gate ---- */
+
+/* A pod declaring the readiness gate is marked not ready by the scaler's process (agent_gate:
+ * node agents may not write pods) as soon as its Checkpoint exists; the suspend waits for
+ * that to reach this node's pod watch, bounded, so traffic leaves before the threads stop. */
+static void wait_gate(struct agent_controller *c, const char *ns, const char *name)
 {
-	const char *phase = status_str(o->obj, "phase");
-	const char *snode = status_str(o->obj, "nodeName");
-	if (phase != NULL && strcmp(phase, "Running") == 0) {
-		if (snode != NULL && strcmp(snode, c->node) == 0)
-			recover_checkpoint(c, o);
+	char key[600];
+	snprintf(key, sizeof(key), "%s/%s", ns, name);
+	struct timespec dl;
+	gcr_time_deadline(&dl, GATE_WAIT_MS);
+	pthread_mutex_lock(&c->lock);
+	json_t *pod = json_object_get(c->cache[K_POD], key);
+	int declared = agent_gate_declared(pod), rc = 0;
+	while (declared && rc == 0 && !atomic_load(&c->stop)) {
+		const char *st = agent_gate_status(json_object_get(c->cache[K_POD], key));
+		if (st != NULL && strcmp(st, "False") == 0)
+			break;
+		rc = pthread_cond_timedwait(&c->pod_changed, &c->lock, &dl);
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (declared && rc != 0)
+		GCR_LOG(GCR_LOG_WARN, "controller",
+			"pod %s: %s still not False after %d ms (is the scaler running?); suspending anyway", key,
+			AGENT_GATE_TYPE, GATE_WAIT_MS);
+}
+
+/* ---- Checkpoint ---- */
+
+/* The Checkpoint's final status goes into its record first, then to the API: a write lost to
+ * an API fault or a restart is made again from the record (sync_checkpoint). */
+static void finish_checkpoint(struct agent_controller *c, struct op *o, struct agent_record *r, int ok,
+			      const char *reason, const char *note, json_t *extra, double ms_total,
+			      long long bytes)
+{
+	json_t *st = build_status(c, o, ok ? "Succeeded" : "Failed", reason, note, extra);
+	agent_record_set_status(&r->ck_status, st);
+	r->state = ok ? AGENT_REC_SUSPENDED : AGENT_REC_FAILED;
+	save(c, r);
+	if (write_status(c, o, st) == 0)
+		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: %s (%s) %s", o->d.ns, o->d.name,
+			ok ? "Succeeded" : "Failed", reason, note);
+	json_decref(st);
+	event(c, o->obj, "Checkpoint", ok ? "Normal" : "Warning", reason, note);
+	agent_metrics_op(c->metrics, "checkpoint", ok, ms_total, bytes);
+	struct gcr_err err;
+	if (!ok && ck_finalizer(c, r->ns, r->name, r->uid, 0, &err) < 0 && err.code != -ENOENT)
+		retry_later(c, o->key, 0); /* sync_checkpoint takes it off */
+}
+
+/* Suspends the recorded processes all at once (gcr_scale_run, as gcrctl scale does) in the
+ * recorded mode; on a failure resumes those this run suspended. */
+static void run_checkpoint(struct agent_controller *c, struct op *o, struct agent_record *r, const struct proc *p,
+			   int n)
+{
+	enum gcr_cr_mode mode = mode_of(r->keep_context);
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = timeout_ms_of(&o->d) };
+	struct gcr_cr_result sum = { 0 };
+	double t0 = now_ms();
+	test_pause(c, "before-cr");
+	struct gcr_scale_proc sp[MAX_PROCS];
+	for (int i = 0; i < n; i++)
+		sp[i] = (struct gcr_scale_proc){ .pid = p[i].pid, .action = GCR_SCALE_SUSPEND };
+	int rc = gcr_scale_run(sp, (size_t)n, &opts, NULL);
+	char note[1024];
+	if (rc < 0) {
+		struct proc undo[MAX_PROCS];
+		int nu = 0, bad = -1;
+		for (int i = 0; i < n; i++) {
+			if (sp[i].rc == 0)
+				undo[nu++] = p[i];
+			else if (bad < 0)
+				bad = i;
+		}
+		struct gcr_err e2;
+		int urc = nu > 0 ? resume_all(c, undo, nu, mode, opts.timeout_ms, NULL, &e2) : 0;
+		snprintf(note, sizeof(note), "suspend of pid %d failed: %s%s%s", (int)sp[bad].pid, sp[bad].err.msg,
+			 nu == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
+			 nu > 0 && urc < 0 ? e2.msg : "");
+		finish_checkpoint(c, o, r, 0, rc == -EALREADY ? "AlreadySuspended" : "CheckpointFailed", note, NULL,
+				  now_ms() - t0, 0);
+		gcr_scale_procs_clear(sp, (size_t)n);
 		return;
 	}
-	const char *pod_name = spec_str(o->obj, "podName");
-	const char *cname = spec_str(o->obj, "containerName");
-	if (pod_name == NULL) {
-		fail(c, o, "InvalidSpec", "spec.podName is missing");
+	for (int i = 0; i < n; i++) {
+		sum.ms_data += sp[i].r.ms_data;
+		sum.ms_lock += sp[i].r.ms_lock;
+		sum.ms_checkpoint += sp[i].r.ms_checkpoint;
+		sum.bytes_moved += sp[i].r.bytes_moved;
+	}
+	gcr_scale_procs_clear(sp, (size_t)n);
+	test_pause(c, "after-cr");
+	double ms = now_ms() - t0;
+	snprintf(note, sizeof(note), "%d process(es) suspended, %lld bytes to host memory%s", n, sum.bytes_moved,
+		 mode == GCR_CR_DATA_ONLY ? "; CUDA context kept on the GPU" : "");
+	json_t *extra = json_pack("{s:o, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
+				  procs_json(p, n, "Checkpointed"), "mode", mode_api_name(mode), "bytes", "vmm",
+				  (json_int_t)sum.bytes_moved, "total", (json_int_t)sum.bytes_moved, "durations", "data",
+				  (json_int_t)sum.ms_data, "lock", (json_int_t)sum.ms_lock, "checkpoint",
+				  (json_int_t)sum.ms_checkpoint, "total", (json_int_t)ms);
+	finish_checkpoint(c, o, r, 1, "Checkpointed", note, extra, ms, sum.bytes_moved);
+}
+
+/* The record says suspending: the finalizer, then status Running, then the suspend. */
+static void start_checkpoint(struct agent_controller *c, struct op *o, struct agent_record *r, const struct proc *p,
+			     int n)
+{
+	struct gcr_err err;
+	int rc = ck_finalizer(c, r->ns, r->name, r->uid, 1, &err);
+	if (rc == -ENOENT || rc == -EINVAL) { /* gone, or being deleted: never started */
+		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: %s; nothing was done", r->ns, r->name, err.msg);
+		agent_record_del(c->rec, r->uid, &err);
 		return;
 	}
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: finalizer: %s; retrying", r->ns, r->name, err.msg);
+		retry_later(c, o->key, 0);
+		return;
+	}
+	char msg[256];
+	enum gcr_cr_mode mode = mode_of(r->keep_context);
+	snprintf(msg, sizeof(msg), "suspending %d process(es)%s", n,
+		 mode == GCR_CR_DATA_ONLY ? ", keeping the CUDA context" : "");
+	rc = set_status(c, o, "Running", "InProgress", msg,
+			json_pack("{s:o, s:s}", "processes", procs_json(p, n, "Running"), "mode", mode_api_name(mode)));
+	if (rc == -ECANCELED)
+		return; /* stopping: the record brings it back after the restart */
+	if (rc < 0) { /* gone, or someone wrote a final phase: it is not run */
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: not run (its status cannot be written)", r->ns,
+			r->name);
+		if (ck_finalizer(c, r->ns, r->name, r->uid, 0, &err) == 0 || err.code == -ENOENT)
+			agent_record_del(c->rec, r->uid, &err);
+		return;
+	}
+	wait_gate(c, r->ns, r->pod);
+	run_checkpoint(c, o, r, p, n);
+}
+
+/* A new Checkpoint: the pod named in this namespace, its processes from the registry (by the
+ * pod's UID), recorded before anything is touched. */
+static void new_checkpoint(struct agent_controller *c, struct op *o)
+{
+	const struct agent_crobj *d = &o->d;
 	enum pod_where where;
 	char node[256], what[600];
-	json_t *pod = find_pod(c, o->ns, pod_name, &where, node, sizeof(node));
+	json_t *pod = find_pod(c, d->ns, d->target, &where, node, sizeof(node));
 	if (pod == NULL) {
-		snprintf(what, sizeof(what), "pod %s/%s", o->ns, pod_name);
+		snprintf(what, sizeof(what), "pod %s/%s", d->ns, d->target);
 		if (where == POD_UNKNOWN)
-			retry_later(c, key);
+			retry_later(c, o->key, 0);
 		else if (where == POD_MISSING)
-			fail(c, o, "PodNotFound", "pod %s/%s not found; nothing was done", o->ns, pod_name);
+			fail(c, o, "PodNotFound", "pod %s/%s not found; nothing was done", d->ns, d->target);
 		else if (where == POD_UNSCHEDULED)
-			fail(c, o, "PodNotScheduled", "pod %s/%s is not scheduled to a node; nothing was done",
-			     o->ns, pod_name);
+			fail(c, o, "PodNotScheduled", "pod %s/%s is not scheduled to a node; nothing was done", d->ns,
+			     d->target);
 		else
-			other_node(c, o, key, node, what);
+			other_node(c, o, node, what);
 		return;
 	}
 	const char *uid = md_str(pod, "uid");
 	char cid[AGENT_CGROUP_CID_LEN + 8] = "";
-	if (cname != NULL) {
-		container_id_of(pod, cname, cid, sizeof(cid));
+	if (d->container[0] != '\0') {
+		json_t *cst = container_status(pod, d->container, NULL);
+		snprintf(cid, sizeof(cid), "%s", cst ? status_container_id(cst) : "");
 		if (cid[0] == '\0') {
-			fail(c, o, "ContainerNotFound", "pod %s/%s has no running container %s; nothing was done",
-			     o->ns, pod_name, cname);
+			fail(c, o, "ContainerNotFound", "pod %s/%s has no running container %s; nothing was done", d->ns,
+			     d->target, d->container);
 			json_decref(pod);
 			return;
 		}
 	}
 	struct agent_registry_proc rp[MAX_PROCS];
-	int n = uid ? agent_registry_find(c->reg, uid, cid, rp, MAX_PROCS) : 0;
+	int n = uid && strlen(uid) < AGENT_CROBJ_UID_LEN ? agent_registry_find(c->reg, uid, cid, rp, MAX_PROCS) : 0;
 	if (n == 0) {
-		fail(c, o, "NoGCRProcess",
-		     "pod %s/%s has no process running under the GCR shim on node %s; nothing was done", o->ns,
-		     pod_name, c->node);
+		fail(c, o, "NoGCRProcess", "pod %s/%s has no process running under the GCR shim on node %s; nothing was done",
+		     d->ns, d->target, c->node);
 		json_decref(pod);
 		return;
 	}
+	struct agent_record r = { .keep_context = d->keep_context, .state = AGENT_REC_SUSPENDING, .n = n };
+	snprintf(r.uid, sizeof(r.uid), "%s", d->uid);
+	snprintf(r.ns, sizeof(r.ns), "%s", d->ns);
+	snprintf(r.name, sizeof(r.name), "%s", d->name);
+	snprintf(r.pod, sizeof(r.pod), "%s", d->target);
+	snprintf(r.pod_uid, sizeof(r.pod_uid), "%s", uid);
 	struct proc p[MAX_PROCS];
 	for (int i = 0; i < n; i++) {
-		p[i].pid = rp[i].pid;
+		p[i].pid = r.p[i].pid = rp[i].pid;
+		r.p[i].start = rp[i].start;
 		container_name_of(pod, rp[i].container_id, p[i].container, sizeof(p[i].container));
+		snprintf(r.p[i].container, sizeof(r.p[i].container), "%s", p[i].container);
 	}
 	json_decref(pod);
-	char msg[256];
-	enum gcr_cr_mode mode = mode_of_spec(o->obj);
-	snprintf(msg, sizeof(msg), "suspending %d process(es)%s", n,
-		 mode == GCR_CR_DATA_ONLY ? ", keeping the CUDA context" : "");
-	/* Running with the processes and the mode is recorded before anything is touched,
-	 * so that an agent restarted mid-way knows what to look at, and how. */
-	if (set_status(c, o, "Running", "InProgress", msg,
-		       json_pack("{s:o, s:s}", "processes", procs_json(p, n, "Running"), "mode",
-				 mode_api_name(mode))) < 0) {
-		retry_later(c, key);
+	struct gcr_err err;
+	if (agent_record_put(c->rec, &r, &err) < 0) {
+		fail(c, o, "RecordFailed", "cannot record the operation on the node (%s); nothing was done", err.msg);
 		return;
 	}
-	wait_gate(c, o->ns, pod_name);
-	run_checkpoint(c, o, p, n, mode);
+	start_checkpoint(c, o, &r, p, n);
+	agent_record_clear(&r);
+}
+
+/* A Checkpoint whose record says suspending when a worker takes it: the agent was restarted
+ * (or a step was retried). The processes' real state says how far it got. */
+static void recover_checkpoint(struct agent_controller *c, struct op *o, struct agent_record *r)
+{
+	struct proc p[MAX_PROCS];
+	int gone, n = verified_procs(c, r, p, &gone);
+	enum gcr_cr_mode mode = mode_of(r->keep_context);
+	int running = 0, suspended = 0;
+	for (int i = 0; i < n; i++) {
+		enum pstate s = real_state(c, p[i].pid, mode);
+		running += s == P_RUNNING;
+		suspended += s == P_SUSPENDED;
+	}
+	GCR_LOG(GCR_LOG_INFO, "controller",
+		"Checkpoint %s/%s recorded as suspending: %d running, %d suspended, %d other, %d gone", r->ns, r->name,
+		running, suspended, n - running - suspended, gone);
+	if (gone == 0 && suspended == n) {
+		json_t *extra = json_pack("{s:o, s:s}", "processes", procs_json(p, n, "Checkpointed"), "mode",
+					  mode_api_name(mode));
+		finish_checkpoint(c, o, r, 1, "Checkpointed",
+				  "all processes were already suspended when the agent restarted; not redone", extra, 0, 0);
+	} else if (gone == 0 && running == n) {
+		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: not started before the restart; running it", r->ns,
+			r->name);
+		start_checkpoint(c, o, r, p, n);
+	} else {
+		struct gcr_err err;
+		int rc = n > 0 ? resume_all(c, p, n, mode, timeout_ms_of(&o->d), NULL, &err) : 0;
+		char note[1024];
+		snprintf(note, sizeof(note), "the agent restarted mid-checkpoint%s; %s%s", gone ? " and a process is gone" : "",
+			 rc == 0 ? "partly suspended processes were resumed" : "undo failed: ", rc == 0 ? "" : err.msg);
+		finish_checkpoint(c, o, r, 0, "Interrupted", note, NULL, 0, 0);
+	}
+}
+
+/* Resumes the processes of r that are suspended, for a deletion of its Checkpoint (or a
+ * record whose Checkpoint is gone), unless its pod is gone or terminating (then they are
+ * about to end). 0 when nothing is left to do (note says what was done), -EAGAIN to retry. */
+static int release_processes(struct agent_controller *c, struct agent_record *r, char *note, size_t len)
+{
+	enum pod_where where;
+	char node[256];
+	json_t *pod = find_pod(c, r->ns, r->pod, &where, node, sizeof(node));
+	if (where == POD_UNKNOWN) {
+		snprintf(note, len, "cannot read pod %s/%s", r->ns, r->pod);
+		return -EAGAIN;
+	}
+	const char *uid = md_str(pod, "uid");
+	int live = pod != NULL && uid != NULL && strcmp(uid, r->pod_uid) == 0 &&
+		   json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp") == NULL;
+	json_decref(pod);
+	if (!live) {
+		snprintf(note, len, "pod %s/%s is gone or terminating: its processes were not resumed", r->ns, r->pod);
+		return 0;
+	}
+	struct proc p[MAX_PROCS];
+	int gone, n = verified_procs(c, r, p, &gone);
+	struct gcr_err err;
+	int rc = n > 0 ? resume_all(c, p, n, mode_of(r->keep_context), DEFAULT_TIMEOUT_MS, NULL, &err) : 0;
+	if (rc < 0) {
+		snprintf(note, len, "resuming the processes failed (%s); they stay suspended and restorable, retrying",
+			 err.msg);
+		return -EAGAIN;
+	}
+	snprintf(note, len, "%d process(es) running again%s", n, gone ? " (others were gone)" : "");
+	r->state = AGENT_REC_RESUMED;
+	r->rs_uid[0] = r->rs_name[0] = '\0';
+	save(c, r);
+	return 0;
+}
+
+/* Deletion of a Checkpoint this agent recorded: processes it left suspended are resumed
+ * (as deleting a GPUResidency does), then the finalizer lets the object go. */
+static void delete_checkpoint(struct agent_controller *c, struct op *o, struct agent_record *r)
+{
+	char note[1200];
+	struct gcr_err err;
+	if (r->state != AGENT_REC_FAILED && r->state != AGENT_REC_RESUMED) {
+		pthread_mutex_lock(&c->lock);
+		int first = json_object_get(c->backoff, o->key) == NULL;
+		pthread_mutex_unlock(&c->lock);
+		if (release_processes(c, r, note, sizeof(note)) < 0) {
+			GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s deleted: %s", r->ns, r->name, note);
+			if (first)
+				event(c, o->obj, "Checkpoint", "Warning", "ResumeOnDeleteFailed", note);
+			retry_later(c, o->key, 0);
+			return;
+		}
+		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s deleted: %s", r->ns, r->name, note);
+		event(c, o->obj, "Checkpoint", "Normal", "ResumedOnDelete", note);
+	}
+	if (ck_finalizer(c, r->ns, r->name, r->uid, 0, &err) < 0 && err.code != -ENOENT) {
+		retry_later(c, o->key, 0);
+		return;
+	}
+	retry_reset(c, o->key);
+	agent_record_del(c->rec, r->uid, &err);
+}
+
+/* A Checkpoint with a record: brings the object in line with it (final status, finalizer). */
+static void sync_checkpoint(struct agent_controller *c, struct op *o, struct agent_record *r)
+{
+	if (r->state == AGENT_REC_SUSPENDING) {
+		recover_checkpoint(c, o, r);
+		return;
+	}
+	if (r->state == AGENT_REC_RESUMING && r->rs_uid[0] != '\0' &&
+	    !cache_has_uid(c, K_RS, r->ns, r->rs_name, r->rs_uid)) {
+		/* its Restore was deleted mid-way (and the agent restarted): finished here */
+		char note[1200];
+		if (release_processes(c, r, note, sizeof(note)) < 0) {
+			retry_later(c, o->key, 0);
+			return;
+		}
+		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: its Restore %s is gone: %s", r->ns, r->name,
+			r->rs_name, note);
+	}
+	struct gcr_err err;
+	int want = r->state == AGENT_REC_SUSPENDED || r->state == AGENT_REC_RESUMING;
+	if (want != o->d.finalizer && ck_finalizer(c, r->ns, r->name, r->uid, want, &err) < 0 && err.code != -ENOENT) {
+		retry_later(c, o->key, 0);
+		return;
+	}
+	const char *ph = json_string_value(json_object_get(r->ck_status, "phase"));
+	if (ph != NULL && strcmp(ph, agent_crobj_phase_name(o->d.phase)) != 0) {
+		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: status says %s, its record %s: written again",
+			r->ns, r->name, o->d.phase == AGENT_PHASE_NONE ? "nothing" : agent_crobj_phase_name(o->d.phase), ph);
+		write_status(c, o, r->ck_status);
+	}
+}
+
+static void reconcile_checkpoint(struct agent_controller *c, struct op *o)
+{
+	const struct agent_crobj *d = &o->d;
+	struct agent_record r;
+	if (agent_record_get(c->rec, d->uid, &r) == 0) {
+		if (d->deleting)
+			delete_checkpoint(c, o, &r);
+		else
+			sync_checkpoint(c, o, &r);
+		agent_record_clear(&r);
+		return;
+	}
+	/* No record: this agent never touched a process for it. Its status may say anything. */
+	struct gcr_err err;
+	if (d->deleting) {
+		if (d->finalizer && ck_finalizer(c, d->ns, d->name, d->uid, 0, &err) < 0 && err.code != -ENOENT)
+			retry_later(c, o->key, 0);
+		return;
+	}
+	if (is_done(c, d->uid) || d->phase == AGENT_PHASE_SUCCEEDED || d->phase == AGENT_PHASE_FAILED)
+		return; /* a finished object is never redone */
+	if (d->node[0] != '\0' && strcmp(d->node, c->node) != 0 && d->phase == AGENT_PHASE_RUNNING)
+		return; /* another node's agent took it */
+	new_checkpoint(c, o);
 }
 
 /* ---- Restore ---- */
@@ -808,34 +1075,21 @@ static json_t *find_checkpoint(struct agent_controller *c, const char *ns, const
 	return ck;
 }
 
-/* Waits ms unless the agent is stopping; 1 if it is. */
-static int nap(struct agent_controller *c, int ms)
-{
-	struct timespec dl;
-	gcr_time_deadline(&dl, ms);
-	pthread_mutex_lock(&c->lock);
-	int rc = 0;
-	while (!atomic_load(&c->stop) && rc == 0)
-		rc = pthread_cond_timedwait(&c->cond, &c->lock, &dl);
-	pthread_mutex_unlock(&c->lock);
-	return atomic_load(&c->stop) ? 1 : 0;
-}
-
 /* A resume refused for want of GPU memory (-ENOSPC, the processes untouched and restorable):
  * says so (phase stays Running, condition reason WaitingForGPUMemory, one Warning Event) and
  * retries with backoff until room appears or the wait runs out. Returns the last resume's
- * result; -ECANCELED when the agent stops (the Restore, Running on this node, is finished
- * after its restart). */
+ * result; -ECANCELED when the agent stops (the record says resuming: finished after the
+ * restart). */
 static int wait_for_room(struct agent_controller *c, struct op *o, const struct proc *p, int n,
 			 enum gcr_cr_mode mode, struct gcr_cr_result *sum, struct gcr_err *err)
 {
-	json_int_t ts = json_integer_value(json_object_get(json_object_get(o->obj, "spec"), "timeoutSeconds"));
-	double bound = ts > 0 ? (double)ts * 1000 : ROOM_WAIT_DEFAULT_MS, t0 = now_ms();
+	double bound = o->d.timeout_s > 0 ? (double)o->d.timeout_s * 1000 : ROOM_WAIT_DEFAULT_MS, t0 = now_ms();
 	int delay = ROOM_RETRY_FIRST_MS, tries = 1, rc = -ENOSPC;
 	char msg[1024];
 	snprintf(msg, sizeof(msg), "waiting for GPU memory (retrying for up to %.0f s): %s", bound / 1000, err->msg);
-	set_status(c, o, "Running", "WaitingForGPUMemory", msg, NULL);
-	event(c, o, "Warning", "WaitingForGPUMemory", msg);
+	if (set_status(c, o, "Running", "WaitingForGPUMemory", msg, NULL) == -ECANCELED)
+		return gcr_err_set(err, -ECANCELED, "agent stopping while waiting for GPU memory");
+	event(c, o->obj, "Restore", "Warning", "WaitingForGPUMemory", msg);
 	while (rc == -ENOSPC) {
 		double left = bound - (now_ms() - t0);
 		if (left <= 0)
@@ -844,11 +1098,11 @@ static int wait_for_room(struct agent_controller *c, struct op *o, const struct 
 			return gcr_err_set(err, -ECANCELED, "agent stopping while waiting for GPU memory");
 		delay = delay * 2 < ROOM_RETRY_MAX_MS ? delay * 2 : ROOM_RETRY_MAX_MS;
 		tries++;
-		rc = resume_all(c, p, n, mode, timeout_ms_of(o->obj), sum, err);
+		rc = resume_all(c, p, n, mode, timeout_ms_of(&o->d), sum, err);
 		if (rc < 0 && err->code == -ENOSPC)
 			rc = -ENOSPC;
-		GCR_LOG(GCR_LOG_INFO, "controller", "Restore %s/%s: try %d after waiting for GPU memory: %s", o->ns,
-			o->name, tries, rc == 0 ? "resumed" : err->msg);
+		GCR_LOG(GCR_LOG_INFO, "controller", "Restore %s/%s: try %d after waiting for GPU memory: %s", o->d.ns,
+			o->d.name, tries, rc == 0 ? "resumed" : err->msg);
 	}
 	if (rc == -ENOSPC)
 		gcr_err_wrap(err, "no GPU memory after %.0f s (%d tries); still suspended, a new Restore retries",
@@ -856,125 +1110,275 @@ static int wait_for_room(struct agent_controller *c, struct op *o, const struct 
 	return rc;
 }
 
-static void reconcile_restore(struct agent_controller *c, struct op *o, const char *key)
+/* Resumes the processes recorded for Checkpoint r (state suspended, or resuming by this
+ * Restore before a restart): every one must still be the process suspended. */
+static void run_restore(struct agent_controller *c, struct op *o, struct agent_record *r)
 {
-	const char *phase = status_str(o->obj, "phase");
-	const char *snode = status_str(o->obj, "nodeName");
-	int recovering = 0;
-	if (phase != NULL && strcmp(phase, "Running") == 0) {
-		if (snode == NULL || strcmp(snode, c->node) != 0)
-			return;
-		recovering = 1;
-	}
-	const char *ckname = spec_str(o->obj, "checkpointName");
-	int transient = 0;
-	json_t *ck = ckname ? find_checkpoint(c, o->ns, ckname, &transient) : NULL;
-	if (ck == NULL) {
-		if (transient)
-			retry_later(c, key);
-		else
-			fail(c, o, "CheckpointNotFound", "Checkpoint %s/%s not found; nothing was done", o->ns,
-			     ckname ? ckname : "");
+	const struct agent_crobj *d = &o->d;
+	struct proc p[MAX_PROCS];
+	int gone, n = verified_procs(c, r, p, &gone);
+	enum gcr_cr_mode mode = mode_of(r->keep_context);
+	if (gone > 0) {
+		fail(c, o, "ProcessGone",
+		     "%d process(es) of Checkpoint %s are no longer there (exited, or their pod was deleted); nothing was done",
+		     gone, r->name);
 		return;
 	}
-	const char *ckphase = status_str(ck, "phase"), *cknode = status_str(ck, "nodeName");
-	if (ckphase != NULL && strcmp(ckphase, "Failed") == 0) {
-		fail(c, o, "CheckpointFailed", "Checkpoint %s/%s failed (%s); there is nothing to restore", o->ns,
-		     ckname, status_str(ck, "message") ? status_str(ck, "message") : "no message");
-		goto out;
-	}
-	if (ckphase == NULL || strcmp(ckphase, "Succeeded") != 0) {
-		/* Waits for the Checkpoint; its change enqueues this Restore again. */
-		if (cknode == NULL || strcmp(cknode, c->node) == 0) {
-			if (phase == NULL)
-				set_status(c, o, "Pending", "WaitingForCheckpoint",
-					   "waiting for the Checkpoint to finish", NULL);
-		}
-		goto out;
-	}
-	if (cknode == NULL || strcmp(cknode, c->node) != 0) {
-		if (cknode != NULL && !recovering) {
-			char what[600];
-			snprintf(what, sizeof(what), "Checkpoint %s/%s", o->ns, ckname);
-			other_node(c, o, key, cknode, what);
-		}
-		goto out; /* another node's */
-	}
-	struct proc p[MAX_PROCS];
-	int n = procs_from_status(ck, p, MAX_PROCS);
-	enum gcr_cr_mode mode = mode_recorded(ck); /* never a Restore's own choice */
+	int recovering = r->state == AGENT_REC_RESUMING;
 	if (!recovering) {
-		/* Every process must still be the one the Checkpoint suspended. */
-		for (int i = 0; i < n; i++) {
-			struct agent_registry_proc rp;
-			if (agent_registry_get(c->reg, p[i].pid, &rp) < 0) {
-				fail(c, o, "ProcessGone", "pid %d of Checkpoint %s is no longer registered; nothing was done",
-				     (int)p[i].pid, ckname);
-				goto out;
-			}
-		}
-		if (n == 0) {
-			fail(c, o, "NoProcesses", "Checkpoint %s recorded no processes", ckname);
-			goto out;
-		}
 		int running = 0;
 		for (int i = 0; i < n; i++)
 			running += real_state(c, p[i].pid, mode) == P_RUNNING;
 		if (running == n) {
 			fail(c, o, "NotSuspended",
-			     "the processes of Checkpoint %s are running (restored already?); nothing was done", ckname);
-			goto out;
+			     "the processes of Checkpoint %s are running (resumed by other means?); nothing was done",
+			     r->name);
+			return;
+		}
+		r->state = AGENT_REC_RESUMING;
+		snprintf(r->rs_uid, sizeof(r->rs_uid), "%s", d->uid);
+		snprintf(r->rs_name, sizeof(r->rs_name), "%s", d->name);
+		struct gcr_err err;
+		if (agent_record_put(c->rec, r, &err) < 0) {
+			fail(c, o, "RecordFailed", "cannot record the operation on the node (%s); nothing was done", err.msg);
+			return;
 		}
 		char msg[256];
 		snprintf(msg, sizeof(msg), "resuming %d process(es)", n);
-		if (set_status(c, o, "Running", "InProgress", msg,
-			       json_pack("{s:s*, s:s, s:o}", "podName", spec_str(ck, "podName"), "mode",
-					 mode_api_name(mode), "processes", procs_json(p, n, "Checkpointed"))) < 0) {
-			retry_later(c, key);
-			goto out;
+		int rc = set_status(c, o, "Running", "InProgress", msg,
+				    json_pack("{s:s, s:s, s:o}", "podName", r->pod, "mode", mode_api_name(mode),
+					      "processes", procs_json(p, n, "Checkpointed")));
+		if (rc == -ENOENT || rc == -EINVAL) { /* the Restore went away before anything was touched */
+			r->state = AGENT_REC_SUSPENDED;
+			r->rs_uid[0] = r->rs_name[0] = '\0';
+			save(c, r);
+			return;
 		}
+		if (rc < 0)
+			return; /* stopping: the record says resuming */
 	}
 	struct gcr_cr_result sum = { 0 };
 	struct gcr_err err;
 	double t0 = now_ms();
 	test_pause(c, "before-rs");
-	int rc = resume_all(c, p, n, mode, timeout_ms_of(o->obj), &sum, &err);
+	int rc = resume_all(c, p, n, mode, timeout_ms_of(d), &sum, &err);
 	if (rc < 0 && err.code == -ENOSPC)
 		rc = wait_for_room(c, o, p, n, mode, &sum, &err);
 	double ms = now_ms() - t0;
 	if (rc == -ECANCELED)
-		goto out;
+		return;
 	if (rc < 0) {
+		/* still suspended and restorable (gcr_cr_resume's promise): a new Restore retries */
+		r->state = AGENT_REC_SUSPENDED;
+		r->rs_uid[0] = r->rs_name[0] = '\0';
+		save(c, r);
 		fail(c, o, err.code == -ENOSPC ? "NoGPUMemory" : "RestoreFailed", "%s", err.msg);
-		goto out;
+		return;
 	}
+	test_pause(c, "after-rs");
 	char note[256];
 	snprintf(note, sizeof(note), "%d process(es) resumed, %lld bytes back to GPU memory%s", n, sum.bytes_moved,
 		 recovering ? " (finished after an agent restart)" : "");
-	json_t *extra = json_pack("{s:o, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
-				  procs_json(p, n, "Running"), "mode", mode_api_name(mode), "bytes", "vmm",
-				  (json_int_t)sum.bytes_moved, "total", (json_int_t)sum.bytes_moved, "durations", "data",
-				  (json_int_t)sum.ms_data, "restore", (json_int_t)sum.ms_restore, "unlock",
+	json_t *extra = json_pack("{s:o, s:s, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
+				  procs_json(p, n, "Running"), "podName", r->pod, "mode", mode_api_name(mode), "bytes",
+				  "vmm", (json_int_t)sum.bytes_moved, "total", (json_int_t)sum.bytes_moved, "durations",
+				  "data", (json_int_t)sum.ms_data, "restore", (json_int_t)sum.ms_restore, "unlock",
 				  (json_int_t)sum.ms_unlock, "total", (json_int_t)ms);
-	set_status(c, o, "Succeeded", "Restored", note, extra);
-	event(c, o, "Normal", "Restored", note);
+	json_t *st = build_status(c, o, "Succeeded", "Restored", note, extra);
+	r->state = AGENT_REC_RESUMED;
+	agent_record_set_status(&r->rs_status, st);
+	save(c, r);
+	if (write_status(c, o, st) == 0)
+		GCR_LOG(GCR_LOG_INFO, "controller", "Restore %s/%s: Succeeded %s", d->ns, d->name, note);
+	json_decref(st);
+	event(c, o->obj, "Restore", "Normal", "Restored", note);
 	agent_metrics_op(c->metrics, "restore", 1, ms, sum.bytes_moved);
-	mark_done(c, o->obj);
-out:
+	mark_done(c, d->uid);
+	char ckkey[600];
+	snprintf(ckkey, sizeof(ckkey), "c:%s/%s", r->ns, r->name);
+	if (ck_finalizer(c, r->ns, r->name, r->uid, 0, &err) < 0 && err.code != -ENOENT)
+		retry_later(c, ckkey, 0); /* sync_checkpoint takes it off */
+}
+
+/* A Restore whose Checkpoint does not exist (yet): objects applied together may arrive in
+ * any order, so it waits Pending for the grace period, then fails. */
+static void checkpoint_missing(struct agent_controller *c, struct op *o)
+{
+	double now = now_ms();
+	pthread_mutex_lock(&c->lock);
+	json_t *seen = json_object_get(c->first_seen, o->d.uid);
+	double first = seen ? (double)json_integer_value(seen) : now;
+	if (seen == NULL)
+		json_object_set_new(c->first_seen, o->d.uid, json_integer((json_int_t)now));
+	pthread_mutex_unlock(&c->lock);
+	double left = c->grace_ms - (now - first);
+	if (left > 0) {
+		if (o->d.phase == AGENT_PHASE_NONE)
+			set_status(c, o, "Pending", "WaitingForCheckpoint", "waiting for the Checkpoint to be created", NULL);
+		retry_later(c, o->key, (int)left + 1); /* its creation queues this Restore sooner */
+		return;
+	}
+	fail(c, o, "CheckpointNotFound", "Checkpoint %s/%s not found after %d s; nothing was done", o->d.ns, o->d.target,
+	     c->grace_ms / 1000);
+}
+
+/* A Restore of a Checkpoint this agent has no record of: waits while the Checkpoint is not
+ * finished, leaves it to the node that took it, else fails touching nothing. */
+static void restore_unrecorded(struct agent_controller *c, struct op *o, json_t *ck, const struct agent_crobj *ckd)
+{
+	if (ckd->phase == AGENT_PHASE_FAILED) {
+		const char *m = status_str(ck, "message");
+		fail(c, o, "CheckpointFailed", "Checkpoint %s/%s failed (%.600s); there is nothing to restore", o->d.ns,
+		     ckd->name, m ? m : "no message");
+		return;
+	}
+	int here = ckd->node[0] == '\0' || strcmp(ckd->node, c->node) == 0;
+	if (ckd->phase != AGENT_PHASE_SUCCEEDED) {
+		/* Waits for the Checkpoint; its change queues this Restore again. */
+		if (here && o->d.phase == AGENT_PHASE_NONE)
+			set_status(c, o, "Pending", "WaitingForCheckpoint", "waiting for the Checkpoint to finish", NULL);
+		return;
+	}
+	if (!here) {
+		char what[600];
+		snprintf(what, sizeof(what), "Checkpoint %s/%s", o->d.ns, ckd->name);
+		other_node(c, o, ckd->node, what);
+		return;
+	}
+	fail(c, o, "UnknownCheckpoint",
+	     "the GCR agent on node %s did not suspend anything for Checkpoint %s/%s (uid %s); nothing was done", c->node,
+	     o->d.ns, ckd->name, ckd->uid);
+}
+
+static void reconcile_restore(struct agent_controller *c, struct op *o)
+{
+	const struct agent_crobj *d = &o->d;
+	if (is_done(c, d->uid) || d->phase == AGENT_PHASE_SUCCEEDED || d->phase == AGENT_PHASE_FAILED)
+		return;
+	int transient = 0;
+	json_t *ck = find_checkpoint(c, d->ns, d->target, &transient);
+	if (ck == NULL) {
+		if (transient)
+			retry_later(c, o->key, 0);
+		else
+			checkpoint_missing(c, o);
+		return;
+	}
+	struct agent_crobj ckd;
+	struct agent_record r;
+	struct gcr_err err;
+	if (agent_crobj_decode(ck, AGENT_CROBJ_CHECKPOINT, &ckd, &err) < 0) {
+		fail(c, o, "CheckpointInvalid", "Checkpoint %s/%s: %s; nothing was done", d->ns, d->target, err.msg);
+	} else if (agent_record_get(c->rec, ckd.uid, &r) < 0) {
+		restore_unrecorded(c, o, ck, &ckd);
+	} else {
+		switch (r.state) {
+		case AGENT_REC_FAILED:
+			fail(c, o, "CheckpointFailed", "Checkpoint %s/%s failed; there is nothing to restore", d->ns, r.name);
+			break;
+		case AGENT_REC_SUSPENDING: /* in flight (or recovered next): its change queues this again */
+			retry_later(c, o->key, 0);
+			break;
+		case AGENT_REC_RESUMED:
+			if (strcmp(r.rs_uid, d->uid) == 0 && r.rs_status != NULL) {
+				write_status(c, o, r.rs_status); /* a status lost to an API fault */
+				mark_done(c, d->uid);
+			} else {
+				fail(c, o, "NotSuspended", "the processes of Checkpoint %s were resumed already%s%s; nothing was done",
+				     r.name, r.rs_name[0] ? " by Restore " : " (its deletion or another way)", r.rs_name);
+			}
+			break;
+		case AGENT_REC_RESUMING:
+			if (strcmp(r.rs_uid, d->uid) != 0 && r.rs_uid[0] != '\0' &&
+			    cache_has_uid(c, K_RS, r.ns, r.rs_name, r.rs_uid)) {
+				fail(c, o, "NotSuspended", "Restore %s is resuming the processes of Checkpoint %s; nothing was done",
+				     r.rs_name, r.name);
+				break;
+			}
+			snprintf(r.rs_uid, sizeof(r.rs_uid), "%s", d->uid); /* taken over from a Restore that is gone */
+			snprintf(r.rs_name, sizeof(r.rs_name), "%s", d->name);
+			run_restore(c, o, &r);
+			break;
+		default:
+			run_restore(c, o, &r);
+		}
+		agent_record_clear(&r);
+	}
 	json_decref(ck);
+}
+
+/* ---- records whose Checkpoint is gone ---- */
+
+/* The Checkpoint was deleted without its finalizer (removed by hand) or while this agent was
+ * away: processes it left suspended are resumed all the same, then the record goes. */
+static void reconcile_orphan(struct agent_controller *c, const char *key, const char *uid)
+{
+	struct agent_record r;
+	if (agent_record_get(c->rec, uid, &r) < 0)
+		return;
+	if (!cache_has_uid(c, K_CK, r.ns, r.name, uid)) {
+		char note[1200];
+		struct gcr_err err;
+		if (r.state == AGENT_REC_FAILED || r.state == AGENT_REC_RESUMED ||
+		    release_processes(c, &r, note, sizeof(note)) == 0) {
+			if (r.state != AGENT_REC_FAILED && r.state != AGENT_REC_RESUMED)
+				GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s (uid %s) is gone: %s", r.ns, r.name,
+					uid, note);
+			agent_record_del(c->rec, uid, &err);
+			retry_reset(c, key);
+		} else {
+			GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s (uid %s) is gone: %s", r.ns, r.name, uid, note);
+			retry_later(c, key, 0);
+		}
+	}
+	agent_record_clear(&r);
+}
+
+/* Queues "o:<uid>" for each record whose Checkpoint the (complete) cache lacks. Caller
+ * holds the lock. */
+static void sweep_locked(struct agent_controller *c)
+{
+	json_t *list = agent_record_list(c->rec);
+	size_t i;
+	json_t *e;
+	json_array_foreach(list, i, e)
+	{
+		char key[600], ckkey[600];
+		snprintf(ckkey, sizeof(ckkey), "%s/%s", json_string_value(json_object_get(e, "ns")),
+			 json_string_value(json_object_get(e, "name")));
+		const char *uid = json_string_value(json_object_get(e, "uid"));
+		const char *u = md_str(json_object_get(c->cache[K_CK], ckkey), "uid");
+		snprintf(key, sizeof(key), "o:%s", uid);
+		if ((u == NULL || strcmp(u, uid) != 0) && json_object_get(c->retry, key) == NULL)
+			enqueue_locked(c, key);
+	}
+	json_decref(list);
 }
 
 /* ---- worker ---- */
 
 /* The pod an operation acts on, as "ns/pod" in out: a Checkpoint's spec.podName, a
- * Restore's Checkpoint's. A Restore whose Checkpoint cannot be read touches no process
- * (it fails or is retried): it gets a key of its own. */
-static void pod_key(struct agent_controller *c, enum kind k, json_t *obj, const char *ns, const char *name,
-		    char *out, size_t len)
+ * Restore's Checkpoint's, a record's. A Restore whose Checkpoint cannot be read touches no
+ * process (it fails or is retried): it gets a key of its own. */
+static void pod_key(struct agent_controller *c, const char *key, char *out, size_t len)
 {
-	const char *pod = k == K_CK ? spec_str(obj, "podName") : NULL;
+	char ns[300], name[300];
+	const char *slash = strchr(key + 2, '/');
+	if (key[0] == 'o') {
+		struct agent_record r;
+		if (agent_record_get(c->rec, key + 2, &r) == 0)
+			snprintf(out, len, "%s/%s", r.ns, r.pod);
+		else
+			snprintf(out, len, "%s", key);
+		agent_record_clear(&r);
+		return;
+	}
+	snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key - 2), key + 2);
+	snprintf(name, sizeof(name), "%s", slash + 1);
+	json_t *obj = cache_get(c, key[0] == 'c' ? K_CK : K_RS, ns, name);
+	const char *pod = key[0] == 'c' ? spec_str(obj, "podName") : NULL;
 	json_t *ck = NULL;
-	if (k == K_RS && spec_str(obj, "checkpointName") != NULL) {
+	if (key[0] == 'r' && spec_str(obj, "checkpointName") != NULL) {
 		int transient = 0;
 		ck = find_checkpoint(c, ns, spec_str(obj, "checkpointName"), &transient);
 		pod = spec_str(ck, "podName");
@@ -982,8 +1386,9 @@ static void pod_key(struct agent_controller *c, enum kind k, json_t *obj, const 
 	if (pod != NULL)
 		snprintf(out, len, "%s/%s", ns, pod);
 	else
-		snprintf(out, len, "%s/%c:%s", ns, k == K_CK ? 'c' : 'r', name); /* no pod is named so */
+		snprintf(out, len, "%s/%s", ns, key); /* no pod is named so */
 	json_decref(ck);
+	json_decref(obj);
 }
 
 /* Takes pod for this worker; 0 when another worker has it: key is then deferred and
@@ -1013,42 +1418,40 @@ static void release(struct agent_controller *c, const char *pod)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* One queued key, under its pod's claim; the object is read (and decoded) under the claim:
+ * a worker that held the pod may have changed it meanwhile. */
 static void process(struct agent_controller *c, const char *key)
 {
-	enum kind k = key[0] == 'c' ? K_CK : K_RS;
-	char ns[300], name[300], pod[620];
-	const char *slash = strchr(key + 2, '/');
-	if (slash == NULL)
+	char pod[700];
+	if (key[0] != 'o' && strchr(key + 2, '/') == NULL)
 		return;
-	snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key - 2), key + 2);
-	snprintf(name, sizeof(name), "%s", slash + 1);
-	struct op o = { .kind = k, .obj = cache_get(c, k, ns, name) };
-	if (o.obj == NULL)
-		return; /* deleted */
-	pod_key(c, k, o.obj, ns, name, pod, sizeof(pod));
-	if (!claim(c, pod, key)) {
-		json_decref(o.obj);
+	pod_key(c, key, pod, sizeof(pod));
+	if (!claim(c, pod, key))
 		return;
-	}
-	/* Read again under the claim: a worker that held the pod may have finished this very
-	 * object meanwhile (is_done below), so it is never redone. */
-	json_decref(o.obj);
-	o.obj = cache_get(c, k, ns, name);
-	if (o.obj == NULL) {
+	if (key[0] == 'o') {
+		reconcile_orphan(c, key, key + 2);
 		release(c, pod);
 		return;
 	}
-	o.ns = ns;
-	o.name = name;
-	snprintf(o.path, sizeof(o.path), API "/namespaces/%s/%s/%s", ns, k == K_CK ? "checkpoints" : "restores",
-		 name);
-	const char *phase = status_str(o.obj, "phase");
-	if (!is_done(c, o.obj) &&
-	    (phase == NULL || (strcmp(phase, "Succeeded") != 0 && strcmp(phase, "Failed") != 0))) {
-		if (k == K_CK) /* (a finished resource is never redone) */
-			reconcile_checkpoint(c, &o, key);
-		else
-			reconcile_restore(c, &o, key);
+	enum kind k = key[0] == 'c' ? K_CK : K_RS;
+	char ns[300], name[300];
+	const char *slash = strchr(key + 2, '/');
+	snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key - 2), key + 2);
+	snprintf(name, sizeof(name), "%s", slash + 1);
+	struct op o = { .kind = k, .obj = cache_get(c, k, ns, name), .key = key };
+	struct gcr_err err;
+	if (o.obj != NULL) {
+		int rc = agent_crobj_decode(o.obj, k == K_CK ? AGENT_CROBJ_CHECKPOINT : AGENT_CROBJ_RESTORE, &o.d, &err);
+		op_path(&o, ns, name);
+		if (rc < 0 && o.d.uid[0] == '\0')
+			GCR_LOG(GCR_LOG_WARN, "controller", "%s: %s; ignored", key, err.msg);
+		else if (rc < 0 && !is_done(c, o.d.uid) && o.d.phase != AGENT_PHASE_SUCCEEDED &&
+			 o.d.phase != AGENT_PHASE_FAILED)
+			fail(c, &o, "InvalidSpec", "%s; nothing was done", err.msg);
+		else if (rc == 0 && k == K_CK)
+			reconcile_checkpoint(c, &o);
+		else if (rc == 0)
+			reconcile_restore(c, &o);
 	}
 	json_decref(o.obj);
 	release(c, pod);
@@ -1060,15 +1463,20 @@ static void *worker_main(void *data)
 	pthread_mutex_lock(&c->lock);
 	while (!atomic_load(&c->stop)) {
 		int ready = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
-		struct timespec now;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if ((now.tv_sec - c->last_retry.tv_sec) * 1000 + (now.tv_nsec - c->last_retry.tv_nsec) / 1000000 >=
-		    RETRY_MS) {
-			const char *k;
-			json_t *v;
-			json_object_foreach(c->retry, k, v) enqueue_locked(c, k);
-			json_object_clear(c->retry);
-			c->last_retry = now;
+		double now = now_ms();
+		const char *k;
+		void *tmp;
+		json_t *v;
+		json_object_foreach_safe(c->retry, tmp, k, v)
+		{
+			if ((double)json_integer_value(v) <= now) {
+				enqueue_locked(c, k);
+				json_object_del(c->retry, k);
+			}
+		}
+		if (ready && now - c->last_sweep >= SWEEP_MS) {
+			c->last_sweep = now;
+			sweep_locked(c);
 		}
 		if (!ready || json_array_size(c->queue) == 0) {
 			struct timespec dl;
@@ -1105,6 +1513,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->reg = reg;
 	c->metrics = m;
 	c->pause_s = cfg->pause_s;
+	c->grace_ms = (cfg->restore_grace_s > 0 ? cfg->restore_grace_s : AGENT_CONTROLLER_GRACE_S) * 1000;
 	c->node = strdup(cfg->node_name);
 	c->lease_ns = strdup(cfg->lease_namespace ? cfg->lease_namespace : "gcr-system");
 	c->socket_dir = strdup(cfg->socket_dir);
@@ -1117,17 +1526,23 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->queue = json_array();
 	c->queued = json_object();
 	c->retry = json_object();
+	c->backoff = json_object();
 	c->done = json_object();
+	c->first_seen = json_object();
 	c->busy = json_object();
-	clock_gettime(CLOCK_MONOTONIC, &c->last_retry);
 	c->nworkers = cfg->max_parallel > 0 ? cfg->max_parallel : DEFAULT_PARALLEL;
 	if (c->nworkers > MAX_PARALLEL)
 		c->nworkers = MAX_PARALLEL;
-	if (c->node == NULL || c->busy == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->pod_query == NULL || c->instance == NULL ||
-	    c->queue == NULL || c->queued == NULL || c->retry == NULL || c->done == NULL ||
-	    (cfg->test_pause && c->pause == NULL)) {
+	if (c->node == NULL || c->busy == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->pod_query == NULL ||
+	    c->instance == NULL || c->queue == NULL || c->queued == NULL || c->retry == NULL || c->backoff == NULL ||
+	    c->done == NULL || c->first_seen == NULL || (cfg->test_pause && c->pause == NULL)) {
 		agent_controller_free(c);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	int rc = agent_record_store_new(cfg->record_dir, &c->rec, err);
+	if (rc < 0) {
+		agent_controller_free(c);
+		return rc;
 	}
 	snprintf(c->pod_query, qn, "fieldSelector=spec.nodeName%%3D%s", cfg->node_name);
 	snprintf(c->instance, qn, "gcr-agent-%s", cfg->node_name);
@@ -1183,8 +1598,11 @@ void agent_controller_free(struct agent_controller *c)
 	json_decref(c->queue);
 	json_decref(c->queued);
 	json_decref(c->retry);
+	json_decref(c->backoff);
 	json_decref(c->done);
+	json_decref(c->first_seen);
 	json_decref(c->busy);
+	agent_record_store_free(c->rec);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
 	pthread_cond_destroy(&c->pod_changed);

@@ -9,13 +9,19 @@
 #include "agent_registry.h"
 #include "gcr_error.h"
 
+/* How long a Restore whose Checkpoint does not exist waits (Pending) before it fails, by
+ * default: objects applied together reach the agent in any order. */
+#define AGENT_CONTROLLER_GRACE_S 30
+
 struct agent_controller_cfg {
 	const char *node_name;
 	const char *lease_namespace; /* where other nodes' heartbeat Leases are read */
 	const char *socket_dir; /* shims' control sockets */
+	const char *record_dir; /* the agent's own records (agent_record), root only */
+	int restore_grace_s;    /* 0: AGENT_CONTROLLER_GRACE_S */
 	/* Test hook (GCR_AGENT_TEST_PAUSE): "before-cr" or "after-cr" makes the
 	 * worker sleep pause_s seconds at that point of a Checkpoint, "before-rs" before
-	 * a Restore's resume; NULL: none. */
+	 * a Restore's resume, "after-rs" after it (before its final status); NULL: none. */
 	const char *test_pause;
 	int pause_s;
 	/* Operations run at once, on different pods (one pod's are serialised); 0: 4. */

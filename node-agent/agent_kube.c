@@ -226,11 +226,53 @@ int agent_kube_patch_status(struct agent_kube *k, const char *path, json_t *patc
 	if (rc < 0)
 		return rc;
 	if (st == 404)
-		return -ENOENT;
+		return gcr_err_set(err, -ENOENT, "the object is gone (HTTP 404)");
 	if (st == 422)
-		return -EINVAL;
+		return gcr_err_set(err, -EINVAL, "refused as invalid (HTTP 422: the phase is final already?)");
 	if (st >= 400)
-		return -EIO;
+		return gcr_err_set(err, -EIO, "HTTP %ld", st);
+	return 0;
+}
+
+int agent_kube_set_finalizer(struct agent_kube *k, const char *path, json_t *obj, const char *finalizer, int add,
+			     struct gcr_err *err)
+{
+	json_t *md = json_object_get(obj, "metadata"), *list = json_array();
+	size_t i;
+	json_t *f;
+	int had = 0;
+	json_array_foreach(json_object_get(md, "finalizers"), i, f)
+	{
+		if (json_is_string(f) && strcmp(json_string_value(f), finalizer) == 0)
+			had = 1;
+		else
+			json_array_append(list, f);
+	}
+	if (had == add) {
+		json_decref(list);
+		return 0;
+	}
+	if (add)
+		json_array_append_new(list, json_string(finalizer));
+	json_t *patch = json_pack("{s:{s:o, s:O*}}", "metadata", "finalizers", list, "resourceVersion",
+				  json_object_get(md, "resourceVersion"));
+	char *body = patch ? json_dumps(patch, JSON_COMPACT) : NULL;
+	json_decref(patch);
+	if (body == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	long st = 0;
+	int rc = agent_kube_request(k, "PATCH", path, "application/merge-patch+json", body, &st, NULL, err);
+	free(body);
+	if (rc < 0)
+		return rc;
+	if (st == 404)
+		return gcr_err_set(err, -ENOENT, "the object is gone (HTTP 404)");
+	if (st == 409)
+		return gcr_err_set(err, -EAGAIN, "changed meanwhile (HTTP 409)");
+	if (st == 422)
+		return gcr_err_set(err, -EINVAL, "refused (HTTP 422: being deleted?)");
+	if (st >= 400)
+		return gcr_err_set(err, -EIO, "HTTP %ld", st);
 	return 0;
 }
 

@@ -34,6 +34,14 @@ int agent_kube_request(struct agent_kube *k, const char *method, const char *pat
 int agent_kube_patch_status(struct agent_kube *k, const char *path, json_t *patch,
 			    struct gcr_err *err) __attribute__((warn_unused_result));
 
+/* Adds (add 1) or removes finalizer on the object at path, of which obj is a recent copy: a
+ * merge patch of the whole metadata.finalizers list carrying obj's resourceVersion, so a
+ * concurrent change fails (-EAGAIN, 409: read it again) instead of being lost. 0 (also when
+ * nothing was to change), -ENOENT (404), -EINVAL (422: e.g. adding to an object being
+ * deleted) or -EIO. */
+int agent_kube_set_finalizer(struct agent_kube *k, const char *path, json_t *obj, const char *finalizer, int add,
+			     struct gcr_err *err);
+
 /* POSTs an events.k8s.io/v1 Event about obj (a namespaced object with
  * apiVersion/kind/metadata). type "Normal" or "Warning". */
 int agent_kube_event(struct agent_kube *k, json_t *obj, const char *type, const char *reason,

@@ -37,6 +37,10 @@
  * directory of its own because the device plugin mounts that directory into every opted-in pod. */
 #define REGISTRY_IN_SOCKET_DIR "/agent/agent.sock"
 #define SOCKET_ROOT_IN_SOCKET_DIR "/alloc"
+/* Records decide which processes are resumed: a directory of socketDir that the device
+ * plugin mounts into no pod (it mounts the registry socket's directory and one directory of
+ * the socket root per container). */
+#define RECORDS_IN_SOCKET_DIR "/records"
 
 /* The lease namespace when neither leaseNamespace nor POD_NAMESPACE says otherwise. */
 #define LEASE_NS_DEFAULT "gcr-system"
@@ -54,7 +58,8 @@ struct dp_cfg {
 
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
-		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector;
+		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
+		*record_dir, *restore_grace_s;
 	struct dp_cfg dp;
 };
 
@@ -77,7 +82,11 @@ static const struct opt_row opts_table[] = {
 	  "Unix socket the shims register on, in a directory of its own (default: <socket-dir>" REGISTRY_IN_SOCKET_DIR ")" },
 	{ "metrics-address", "metricsAddress", SLOT(metrics_address), "127.0.0.1:9464",
 	  "HOST:PORT of /metrics, /healthz, /readyz" },
-	{ "proc-root", "procRoot", SLOT(proc_root), "/proc", "where <pid>/cgroup files are read" },
+	{ "proc-root", "procRoot", SLOT(proc_root), "/proc", "where <pid>/cgroup and <pid>/stat files are read" },
+	{ "record-dir", "recordDir", SLOT(record_dir), NULL,
+	  "the agent's own record of each Checkpoint, root only (default: <socket-dir>" RECORDS_IN_SOCKET_DIR ")" },
+	{ "restore-grace-seconds", "restoreGraceSeconds", SLOT(restore_grace_s), "30",
+	  "a Restore whose Checkpoint does not exist waits this long (Pending) before it fails (1..3600)" },
 	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
 	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
 	  LEASE_NS_DEFAULT ")" },
@@ -422,6 +431,11 @@ static int derive_paths(struct cfg *c, struct gcr_err *err)
 		if (set_opt(c, "registry-socket", buf, err) < 0)
 			return -ENOMEM;
 	}
+	if (c->record_dir == NULL) {
+		snprintf(buf, sizeof(buf), "%.*s%s", (int)n, c->socket_dir, RECORDS_IN_SOCKET_DIR);
+		if (set_opt(c, "record-dir", buf, err) < 0)
+			return -ENOMEM;
+	}
 	if (c->dp.socket_root == NULL) {
 		snprintf(buf, sizeof(buf), "%.*s%s", (int)n, c->socket_dir, SOCKET_ROOT_IN_SOCKET_DIR);
 		if ((c->dp.socket_root = strdup(buf)) == NULL)
@@ -440,6 +454,11 @@ static int derive_paths(struct cfg *c, struct gcr_err *err)
 				   "sees: give registrySocket (--registry-socket) a dir of its own (default "
 				   "<socket-dir>%s) or move %s.socketRoot",
 				   DP_SECTION, c->dp.socket_root, buf, REGISTRY_IN_SOCKET_DIR, DP_SECTION);
+	if (agent_dp_path_under(c->record_dir, buf) || agent_dp_path_under(c->record_dir, c->dp.socket_root))
+		return gcr_err_set(err, -EINVAL,
+				   "recordDir %.80s lies in a directory the device plugin mounts into pods (%.80s or "
+				   "%.80s): keep it out of both (default <socket-dir>%s)",
+				   c->record_dir, buf, c->dp.socket_root, RECORDS_IN_SOCKET_DIR);
 	if (agent_dp_path_under(c->socket_dir, buf))
 		GCR_LOG(GCR_LOG_WARN, "agent",
 			"socketDir %s lies in registrySocket's directory %s, which the device plugin mounts into "
@@ -642,11 +661,13 @@ int main(int argc, char **argv)
 		.node_name = cfg.node_name,
 		.lease_namespace = cfg.lease_namespace,
 		.socket_dir = cfg.socket_dir,
+		.record_dir = cfg.record_dir,
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};
 	int heartbeat_s = 10, leader_lease_s = AGENT_LEADER_LEASE_S;
 	seconds_opt("max-parallel", cfg.max_parallel, MAX_PARALLEL_MAX, &ccfg.max_parallel, &err);
+	seconds_opt("restore-grace-seconds", cfg.restore_grace_s, 3600, &ccfg.restore_grace_s, &err);
 	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
 	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
 	if (node) {

@@ -42,6 +42,25 @@ static int pid_alive(pid_t pid)
 	return kill(pid, 0) == 0 || errno == EPERM;
 }
 
+/* Field 22 of <proc_root>/<pid>/stat, the start time in clock ticks after boot; 0 when it
+ * cannot be read. The command name (field 2) may hold spaces and ')', so fields are
+ * counted from the last ')'. */
+static unsigned long long start_time(const char *proc_root, pid_t pid)
+{
+	char path[512], buf[1024];
+	snprintf(path, sizeof(path), "%s/%d/stat", proc_root, (int)pid);
+	FILE *f = fopen(path, "re");
+	if (f == NULL)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	char *p = strrchr(buf, ')');
+	for (int field = 2; p != NULL && field < 22; field++)
+		p = strchr(p + 1, ' ');
+	return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
+}
+
 /* Fills p's pod from the cgroup file; -ENOENT when the process is not in a pod. */
 static int identify(struct agent_registry *r, pid_t pid, struct agent_registry_proc *p,
 		    struct gcr_err *err)
@@ -53,6 +72,7 @@ static int identify(struct agent_registry *r, pid_t pid, struct agent_registry_p
 	if (rc < 0)
 		return rc;
 	p->pid = pid;
+	p->start = start_time(r->proc_root, pid);
 	snprintf(p->pod_uid, sizeof(p->pod_uid), "%s", pod.pod_uid);
 	snprintf(p->container_id, sizeof(p->container_id), "%s", pod.container_id);
 	return 0;

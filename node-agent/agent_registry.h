@@ -15,6 +15,9 @@ struct agent_registry_proc {
 	pid_t pid;
 	char pod_uid[AGENT_CGROUP_UID_LEN + 1];
 	char container_id[AGENT_CGROUP_CID_LEN + 1];
+	/* starttime of <procRoot>/<pid>/stat (0 when unreadable): with the pid, names one process
+	 * for good, so a record made before a restart never matches a later process with its pid. */
+	unsigned long long start;
 };
 
 struct agent_registry;

@@ -23,6 +23,7 @@ fuzz_scalemsg|node-agent/agent_scalemsg.c|jansson
 fuzz_criu|lib/gcr_criu.c|
 fuzz_linebuf|lib/gcr_sock.c|
 fuzz_shimreply|lib/gcr_shimreply.c|jansson
+fuzz_crobj|node-agent/agent_crobj.c node-agent/agent_record.c|jansson
 '
 # Linked into every target.
 COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c'

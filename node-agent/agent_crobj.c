@@ -1,0 +1,130 @@
+/* agent_crobj: decoding and checking Checkpoint and Restore objects (agent_crobj.h). */
+#include "agent_crobj.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const phase_names[] = { "", "Pending", "Running", "Succeeded", "Failed", "" };
+
+const char *agent_crobj_phase_name(enum agent_crobj_phase p)
+{
+	return (unsigned)p <= AGENT_PHASE_UNKNOWN ? phase_names[p] : "";
+}
+
+static int label_chars(const char *s, size_t n)
+{
+	if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+			return 0;
+	return 1;
+}
+
+int agent_crobj_is_label(const char *s)
+{
+	return s != NULL && label_chars(s, strlen(s));
+}
+
+int agent_crobj_is_subdomain(const char *s)
+{
+	if (s == NULL)
+		return 0;
+	size_t n = strlen(s);
+	if (n == 0 || n > 253)
+		return 0;
+	for (const char *p = s;;) {
+		const char *dot = strchr(p, '.');
+		size_t len = dot ? (size_t)(dot - p) : strlen(p);
+		if (!label_chars(p, len))
+			return 0;
+		if (dot == NULL)
+			return 1;
+		p = dot + 1;
+	}
+}
+
+/* A uid or resourceVersion: 1..63 of [A-Za-z0-9-] (also safe as a file name). */
+static int token_ok(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+	if (n == 0 || n >= AGENT_CROBJ_UID_LEN)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+		      s[i] == '-'))
+			return 0;
+	return 1;
+}
+
+static const char *str(json_t *o, const char *k)
+{
+	return json_string_value(json_object_get(o, k));
+}
+
+int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_crobj *o, struct gcr_err *err)
+{
+	memset(o, 0, sizeof(*o));
+	o->kind = kind;
+	json_t *md = json_object_get(obj, "metadata"), *spec = json_object_get(obj, "spec"),
+	       *st = json_object_get(obj, "status");
+	const char *ns = str(md, "namespace"), *name = str(md, "name"), *uid = str(md, "uid");
+	if (!agent_crobj_is_label(ns) || !agent_crobj_is_subdomain(name) || !token_ok(uid))
+		return gcr_err_set(err, -EINVAL, "object without a valid namespace, name and uid");
+	snprintf(o->ns, sizeof(o->ns), "%s", ns);
+	snprintf(o->name, sizeof(o->name), "%s", name);
+	snprintf(o->uid, sizeof(o->uid), "%s", uid);
+	const char *rv = str(md, "resourceVersion");
+	if (token_ok(rv))
+		snprintf(o->resource_version, sizeof(o->resource_version), "%s", rv);
+	o->deleting = json_object_get(md, "deletionTimestamp") != NULL;
+	size_t i;
+	json_t *f;
+	json_array_foreach(json_object_get(md, "finalizers"), i, f)
+	{
+		if (json_is_string(f) && strcmp(json_string_value(f), AGENT_CROBJ_FINALIZER) == 0)
+			o->finalizer = 1;
+	}
+
+	/* status: anything malformed reads as absent */
+	const char *ph = str(st, "phase");
+	o->phase = AGENT_PHASE_NONE;
+	if (ph != NULL) {
+		o->phase = AGENT_PHASE_UNKNOWN;
+		for (int p = AGENT_PHASE_PENDING; p < AGENT_PHASE_UNKNOWN; p++)
+			if (strcmp(ph, phase_names[p]) == 0)
+				o->phase = (enum agent_crobj_phase)p;
+	}
+	const char *node = str(st, "nodeName");
+	if (agent_crobj_is_subdomain(node))
+		snprintf(o->node, sizeof(o->node), "%s", node);
+
+	/* spec */
+	const char *target = str(spec, kind == AGENT_CROBJ_CHECKPOINT ? "podName" : "checkpointName");
+	if (target == NULL)
+		return gcr_err_set(err, -EINVAL, "spec.%s is missing",
+				   kind == AGENT_CROBJ_CHECKPOINT ? "podName" : "checkpointName");
+	if (!agent_crobj_is_subdomain(target))
+		return gcr_err_set(err, -EINVAL, "spec.%s is not a valid object name",
+				   kind == AGENT_CROBJ_CHECKPOINT ? "podName" : "checkpointName");
+	snprintf(o->target, sizeof(o->target), "%s", target);
+	json_t *cn = json_object_get(spec, "containerName");
+	if (kind == AGENT_CROBJ_CHECKPOINT && cn != NULL) {
+		if (!agent_crobj_is_label(json_string_value(cn)))
+			return gcr_err_set(err, -EINVAL, "spec.containerName is not a valid container name");
+		snprintf(o->container, sizeof(o->container), "%s", json_string_value(cn));
+	}
+	json_t *kc = json_object_get(spec, "keepContext");
+	if (kc != NULL && !json_is_boolean(kc))
+		return gcr_err_set(err, -EINVAL, "spec.keepContext is not a boolean");
+	o->keep_context = kind == AGENT_CROBJ_CHECKPOINT && json_is_true(kc);
+	json_t *to = json_object_get(spec, "timeoutSeconds");
+	if (to != NULL) {
+		json_int_t t = json_integer_value(to);
+		if (!json_is_integer(to) || t < 1 || t > 3600)
+			return gcr_err_set(err, -EINVAL, "spec.timeoutSeconds is not an integer in 1..3600");
+		o->timeout_s = (int)t;
+	}
+	return 0;
+}
