@@ -5,7 +5,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_watch \
 	tests/unit/test_agent_registry \
 	tests/unit/test_agent_metrics \
-	tests/unit/test_agent_activity
+	tests/unit/test_agent_activity \
+	tests/unit/test_agent_record
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -27,6 +28,11 @@ tests_unit_test_agent_watch_SOURCES = tests/unit/test_agent_watch.c
 tests_unit_test_agent_watch_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_watch_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_watch_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
+tests_unit_test_agent_record_SOURCES = tests/unit/test_agent_record.c
+tests_unit_test_agent_record_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_record_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_record_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 
 # The agent's daemon modules, compiled into their tests from source.
 tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/agent_registry.c
