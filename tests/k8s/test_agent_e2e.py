@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # tests/k8s/test_agent_e2e.py: gcr-agent end to end against the real kube-apiserver of
 # the test bed: Checkpoint/Restore of a shimmed process on the stand-in driver, then the
-# scale-to-zero cases of test_scale_e2e.py. Stdlib only.
+# scale-to-zero cases of test_scale_e2e.py and the tenant, deletion and applied-together
+# cases of test_tenant_e2e.py. Stdlib only.
 """Usage: tests/k8s/test_agent_e2e.py [BUILD_DIR]   (default: build)
 
 Brings the test bed up (tests/k8s/testbed.sh) unless KUBECONFIG and GCR_TESTBED_DIR
@@ -255,8 +256,9 @@ class Env:
         """gcr-testprog under the shim, its cgroup file written under its own pid before exec."""
         cg = ("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/"
               "cri-containerd-%s.scope" % (pod_uid.replace("-", "_"), cid))
+        # The registry reads the process's start time from <proc-root>/<pid>/stat: the real one.
         script = ('mkdir -p "$ROOT/$$" && printf "%s\\n" "$CG" > "$ROOT/$$/cgroup" && '
-                  'exec env LD_PRELOAD="$SHIMLIB" "$@"')
+                  'ln -sf /proc/$$/stat "$ROOT/$$/stat" && exec env LD_PRELOAD="$SHIMLIB" "$@"')
         env = dict(self.env)
         env.update({"ROOT": self.proc_root, "CG": cg, "SHIMLIB": SHIM,
                     "LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir, "FAKECUDA_MEM_MIB": "512",
@@ -296,7 +298,7 @@ class Env:
         return env
 
     # --- the agent ---
-    def start_agent(self, extra_env=None):
+    def start_agent(self, extra_env=None, extra_args=None):
         self.agent_runs += 1
         logp = os.path.join(self.dir, "agent.%d.log" % self.agent_runs)
         self.agent_log = logp
@@ -311,14 +313,20 @@ class Env:
                     '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\nmaxParallel: 3\n' % (LEASE_NS, NODE, self.proc_root))
         argv = [AGENT, "--config=%s" % cfg, "--role", "node", "--kubeconfig", self.kubeconfig,
                 "--socket-dir", self.sock_dir,
-                "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port]
+                "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port,
+                *(extra_args or ())]
         if os.environ.get("GCR_E2E_VALGRIND") == "1":
             argv = ["valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
                     "--errors-for-leak-kinds=definite", "--suppressions=%s" % os.path.join(SRC, "tests", "valgrind.supp"),
                     *argv]
         self.agent = subprocess.Popen(argv, stdout=open(logp, "w"), stderr=subprocess.STDOUT, env=env,
                                       start_new_session=True)
-        self.wait("agent /readyz", lambda: self.http("/readyz")[0] == 200, timeout=120)
+        def ready():
+            if self.agent.poll() is not None:  # e.g. an option it does not know: no 120 s wait
+                raise Fail("agent exited with status %s before it was ready: %s" % (
+                    self.agent.returncode, file_tail(logp, 6).strip()))
+            return self.http("/readyz")[0] == 200
+        self.wait("agent /readyz", ready, timeout=120)
         return self.agent
 
     def start_scaler(self):
@@ -789,6 +797,11 @@ def main():
             import test_scale_e2e
             test_scale_e2e.base = sys.modules[__name__]
             test_scale_e2e.scale_cases(E, case)
+            # Namespaces, a confined identity, deletions, objects applied together
+            # (test_tenant_e2e.py): the node agent E.agent again, on node-a.
+            import test_tenant_e2e
+            test_tenant_e2e.base = sys.modules[__name__]
+            test_tenant_e2e.tenant_cases(E, case)
     finally:
         rc = E.stop_agent()
         if rc not in (None, 0):

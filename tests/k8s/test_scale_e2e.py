@@ -95,8 +95,9 @@ class Node:
         E = self.E
         cg = ("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/"
               "cri-containerd-%s.scope" % (pod_uid.replace("-", "_"), cid))
+        # The registry reads the process's start time from <proc-root>/<pid>/stat: the real one.
         script = ('mkdir -p "$ROOT/$$" && printf "%s\\n" "$CG" > "$ROOT/$$/cgroup" && '
-                  'exec env LD_PRELOAD="$SHIMLIB" "$@"')
+                  'ln -sf /proc/$$/stat "$ROOT/$$/stat" && exec env LD_PRELOAD="$SHIMLIB" "$@"')
         env = dict(E.env)
         env.update({"ROOT": E.proc_root, "CG": cg, "SHIMLIB": base.SHIM, "LD_LIBRARY_PATH": base.FAKE_DIR,
                     "FAKECUDA_DIR": E.fake_dir, "FAKECUDA_MEM_MIB": "512", "GCR_SOCKET_DIR": self.sock_dir,
