@@ -194,7 +194,7 @@ int gcr_scale_calls(pid_t pid, const char *socket_dir, long long *calls, struct 
 }
 
 int gcr_scale_calls_all(const pid_t *pids, size_t n, const char *socket_dir, int timeout_ms, long long *calls,
-			int *rcs, struct gcr_err *err)
+			int *rcs, enum gcr_shimreply_st *states, struct gcr_err *err)
 {
 	json_t **res = calloc(n ? n : 1, sizeof(*res));
 	if (res == NULL)
@@ -206,6 +206,14 @@ int gcr_scale_calls_all(const pid_t *pids, size_t n, const char *socket_dir, int
 		/* Counters we cannot read count as no answer: the caller keeps the last ones it had. */
 		if (rc >= 0 && rcs[i] == 0)
 			rcs[i] = gcr_shimreply_calls(res[i], &calls[i], &e);
+		if (states != NULL) {
+			/* The stats reply carries the status, so the state costs no second request. */
+			const char *name = NULL;
+			states[i] = GCR_SHIMREPLY_ST_UNKNOWN;
+			if (rc >= 0 && rcs[i] == 0 &&
+			    gcr_shimreply_state(json_object_get(res[i], "status"), &name, &e) == 0)
+				states[i] = gcr_shimreply_st_of(name);
+		}
 		json_decref(res[i]);
 	}
 	free(res);

@@ -8,6 +8,7 @@
 
 #include "gcr_cr.h"
 #include "gcr_error.h"
+#include "gcr_shimreply.h"
 
 /* Where a member stands. SUSPENDING and RESUMING are operations in flight: the
  * plan counts them as already done and never starts another on that member. */
@@ -75,9 +76,11 @@ int gcr_scale_calls(pid_t pid, const char *socket_dir, long long *calls, struct 
 /* gcr_scale_calls of every pids[i] at once (gcr_client_call_all): one deadline, timeout_ms
  * from the call, for them all, so stopped processes cost it once, not once each.
  * calls[i] and rcs[i] 0, or calls[i] 0 and rcs[i] -errno (-ETIMEDOUT: no reply in time;
- * -EPROTO: a reply without readable counters, which counts as no answer).
+ * -EPROTO: a reply without readable counters, which counts as no answer). states (NULL:
+ * not wanted): states[i] the process's state from the same reply (its "status"), UNKNOWN
+ * when it did not answer or the state is missing or unreadable.
  * Returns how many answered, or -ENOMEM with the message in err. */
 int gcr_scale_calls_all(const pid_t *pids, size_t n, const char *socket_dir, int timeout_ms, long long *calls,
-			int *rcs, struct gcr_err *err) __attribute__((warn_unused_result));
+			int *rcs, enum gcr_shimreply_st *states, struct gcr_err *err) __attribute__((warn_unused_result));
 
 #endif

@@ -35,6 +35,22 @@ static int count_of(json_t *obj, const char *key, long long max, long long *out,
 	return 0;
 }
 
+static const char *const st_names[GCR_SHIMREPLY_ST_N] = { "running", "suspending", "suspended", "resuming",
+							   "unknown" };
+
+const char *gcr_shimreply_st_name(enum gcr_shimreply_st s)
+{
+	return (unsigned)s < GCR_SHIMREPLY_ST_N ? st_names[s] : st_names[GCR_SHIMREPLY_ST_UNKNOWN];
+}
+
+enum gcr_shimreply_st gcr_shimreply_st_of(const char *name)
+{
+	for (int i = 0; name != NULL && i < GCR_SHIMREPLY_ST_UNKNOWN; i++)
+		if (strcmp(name, st_names[i]) == 0)
+			return (enum gcr_shimreply_st)i;
+	return GCR_SHIMREPLY_ST_UNKNOWN;
+}
+
 int gcr_shimreply_state(json_t *reply, const char **state, struct gcr_err *err)
 {
 	*state = NULL;

@@ -32,6 +32,23 @@ struct gcr_shimreply_need {
 	} dev[GCR_SHIMREPLY_MAX_DEVICES];
 };
 
+/* The shim's process states, one enum for every reader (the names are shim_cr's). UNKNOWN:
+ * no answer, or a name this reader does not know. */
+enum gcr_shimreply_st {
+	GCR_SHIMREPLY_ST_RUNNING = 0,
+	GCR_SHIMREPLY_ST_SUSPENDING,
+	GCR_SHIMREPLY_ST_SUSPENDED,
+	GCR_SHIMREPLY_ST_RESUMING,
+	GCR_SHIMREPLY_ST_UNKNOWN,
+	GCR_SHIMREPLY_ST_N
+};
+
+/* "running", "suspending", "suspended", "resuming", "unknown". */
+const char *gcr_shimreply_st_name(enum gcr_shimreply_st s);
+
+/* The state named name (NULL-safe); GCR_SHIMREPLY_ST_UNKNOWN for any other string. */
+enum gcr_shimreply_st gcr_shimreply_st_of(const char *name);
+
 /* Each function returns 0, -ENOENT when the field is absent (an older shim, or a reply of
  * another kind), or -EPROTO when it is there but malformed; on any error the outputs hold
  * their "nothing known" values (NULL, 0) and err says which field was wrong. */

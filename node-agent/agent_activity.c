@@ -1,5 +1,5 @@
-/* agent_activity: per pod, when its shimmed processes last called the driver, from the
- * shims' existing call counters read at heartbeat time (nothing added to the hot path). */
+/* agent_activity: per pod, when its shimmed processes last called the driver and what state
+ * each is in, from the shims' existing stats replies read at heartbeat time (nothing added to the hot path). */
 #include "agent_activity.h"
 
 #include <errno.h>
@@ -12,6 +12,9 @@
 #include "agent_scalemsg.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
+
+/* Per pod below: [recent calls, last active, [processes per state]], one slot per state. */
+_Static_assert(GCR_SHIMREPLY_ST_N == 5, "the per-pod state array of agent_activity_note has 5 slots");
 
 struct agent_activity {
 	struct agent_registry *reg;
@@ -69,6 +72,7 @@ char *agent_activity_note(void *data)
 	static pid_t pids[AGENT_REGISTRY_MAX];
 	static long long calls_of[AGENT_REGISTRY_MAX];
 	static int rcs[AGENT_REGISTRY_MAX];
+	static enum gcr_shimreply_st states[AGENT_REGISTRY_MAX];
 	pthread_mutex_lock(&a->lock);
 	int n = agent_registry_find(a->reg, NULL, NULL, procs, AGENT_REGISTRY_MAX);
 	json_t *seen = json_object(), *per_pod = json_object(), *note = json_object();
@@ -81,9 +85,14 @@ char *agent_activity_note(void *data)
 	 * stopped process answers nothing, so one after the other with gcr_scale_calls' 10 s
 	 * each, a few of them let the Lease expire (40 s). */
 	struct gcr_err err;
-	if (n > 0 && gcr_scale_calls_all(pids, (size_t)n, a->socket_dir, a->stats_ms, calls_of, rcs, &err) < 0)
-		for (int i = 0; i < n; i++)
+	/* Taken before asking: every state in this note was read after it, which is what the
+	 * scaler compares with an operation's completion time. */
+	double asked = now_s();
+	if (n > 0 && gcr_scale_calls_all(pids, (size_t)n, a->socket_dir, a->stats_ms, calls_of, rcs, states, &err) < 0)
+		for (int i = 0; i < n; i++) {
 			rcs[i] = -ENOMEM; /* nobody asked: all keep their last counters */
+			states[i] = GCR_SHIMREPLY_ST_UNKNOWN;
+		}
 	double now = now_s();
 	for (int i = 0; i < n; i++) {
 		char key[16];
@@ -102,21 +111,28 @@ char *agent_activity_note(void *data)
 			last = now;
 		json_object_set_new(seen, key, json_pack("[I, f]", (json_int_t)calls, last));
 		/* A pod's activity: its most recently active process, the sum of recent calls. */
+		/* A pod's states: how many of its processes are in each (the node's truth). */
 		json_t *pp = json_object_get(per_pod, procs[i].pod_uid);
 		if (pp == NULL) {
-			json_object_set_new(per_pod, procs[i].pod_uid, json_pack("[I, f]", (json_int_t)recent, last));
+			pp = json_pack("[I, f, [i, i, i, i, i]]", (json_int_t)recent, last, 0, 0, 0, 0, 0);
+			json_object_set_new(per_pod, procs[i].pod_uid, pp);
 		} else {
 			double pl = json_real_value(json_array_get(pp, 1));
 			json_array_set_new(pp, 0, json_integer(json_integer_value(json_array_get(pp, 0)) + recent));
 			json_array_set_new(pp, 1, json_real(last > pl ? last : pl));
 		}
+		json_t *sv = json_array_get(pp, 2);
+		json_array_set_new(sv, states[i], json_integer(json_integer_value(json_array_get(sv, states[i])) + 1));
 	}
 	const char *uid;
 	json_t *pp;
 	json_object_foreach(per_pod, uid, pp)
 	{
 		struct agent_scalemsg_activity act = { .calls = json_integer_value(json_array_get(pp, 0)),
-						      .last_active = json_real_value(json_array_get(pp, 1)) };
+						      .last_active = json_real_value(json_array_get(pp, 1)),
+						      .have_states = 1, .sampled = asked };
+		for (int k = 0; k < GCR_SHIMREPLY_ST_N; k++)
+			act.procs[k] = (int)json_integer_value(json_array_get(json_array_get(pp, 2), k));
 		if (agent_scalemsg_activity_add(note, uid, &act) < 0)
 			goto out;
 	}

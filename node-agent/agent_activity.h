@@ -23,8 +23,10 @@ void agent_activity_set_stats_ms(struct agent_activity *a, int ms);
 /* Samples every registered process now (all at once, waiting at most the stats bound
  * for their replies; one that does not answer keeps its last counter) and returns the activity note
  * (agent_scalemsg.h) for this node's Lease, malloc'd, or NULL. Each pod with a
- * registered process is listed (so the leader knows it has the shim); a process's
- * counter that grew since the last sample makes now its last activity. Takes
+ * registered process is listed (so the leader knows it has the shim), with how many of
+ * its processes the shims report in each state (the same stats reply; one that does not
+ * answer counts as unknown); a process's counter that grew since the last sample makes
+ * now its last activity. Takes
  * void * so it can be the heartbeat's note callback. */
 char *agent_activity_note(void *a);
 

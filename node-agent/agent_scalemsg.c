@@ -119,6 +119,56 @@ int agent_scalemsg_selector(json_t *sel, char *out, size_t len, struct gcr_err *
 	return 0;
 }
 
+/* Whether v is one of the strings of the array vals. */
+static int in_values(json_t *vals, const char *v)
+{
+	size_t i;
+	json_t *x;
+	json_array_foreach(vals, i, x)
+	{
+		if (json_is_string(x) && strcmp(json_string_value(x), v) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+int agent_scalemsg_selector_match(json_t *sel, json_t *labels, struct gcr_err *err)
+{
+	/* The same checks as the string form, so both readings agree on what is a selector. */
+	char buf[AGENT_SCALEMSG_SELECTOR_MAX];
+	int rc = agent_scalemsg_selector(sel, buf, sizeof(buf), err);
+	if (rc < 0)
+		return rc;
+	const char *k;
+	json_t *v;
+	json_object_foreach(json_object_get(sel, "matchLabels"), k, v)
+	{
+		const char *have = json_string_value(json_object_get(labels, k));
+		if (have == NULL || strcmp(have, json_string_value(v)) != 0)
+			return 0;
+	}
+	size_t i;
+	json_t *e;
+	json_array_foreach(json_object_get(sel, "matchExpressions"), i, e)
+	{
+		const char *op = json_string_value(json_object_get(e, "operator"));
+		const char *have = json_string_value(json_object_get(labels, json_string_value(json_object_get(e, "key"))));
+		json_t *vals = json_object_get(e, "values");
+		int ok;
+		if (strcmp(op, "In") == 0)
+			ok = have != NULL && in_values(vals, have);
+		else if (strcmp(op, "NotIn") == 0)
+			ok = have == NULL || !in_values(vals, have);
+		else if (strcmp(op, "Exists") == 0)
+			ok = have != NULL;
+		else
+			ok = have == NULL;
+		if (!ok)
+			return 0;
+	}
+	return 1;
+}
+
 int agent_scalemsg_query_escape(const char *s, char *out, size_t len)
 {
 	static const char hex[] = "0123456789ABCDEF";
@@ -140,6 +190,36 @@ int agent_scalemsg_query_escape(const char *s, char *out, size_t len)
 	if (o >= len)
 		return -ENAMETOOLONG;
 	out[o] = '\0';
+	return 0;
+}
+
+/* The entry e's "s" (state name -> process count) and the note's "at" into out. Optional
+ * (older agents send neither), but strict when there: only known names, counts in
+ * 1 .. AGENT_SCALEMSG_PROCS_MAX, "at" a time. */
+static int states_of(json_t *note, json_t *e, const char *pod_uid, struct agent_scalemsg_activity *out,
+		     struct gcr_err *err)
+{
+	json_t *s = json_object_get(e, "s"), *at = json_object_get(note, "at");
+	if (s == NULL)
+		return 0;
+	double t = json_number_value(at);
+	if (!json_is_object(s) || !json_is_number(at) || !isfinite(t) || t <= 0)
+		return gcr_err_set(err, -EINVAL, "activity note: states of %.64s without a sample time", pod_uid);
+	const char *k;
+	json_t *v;
+	json_object_foreach(s, k, v)
+	{
+		enum gcr_shimreply_st st = gcr_shimreply_st_of(k);
+		json_int_t n = json_integer_value(v);
+		if ((st == GCR_SHIMREPLY_ST_UNKNOWN && strcmp(k, gcr_shimreply_st_name(st)) != 0) ||
+		    !json_is_integer(v) || n < 1 || n > AGENT_SCALEMSG_PROCS_MAX) {
+			memset(out->procs, 0, sizeof(out->procs));
+			return gcr_err_set(err, -EINVAL, "activity note: bad state count for %.64s", pod_uid);
+		}
+		out->procs[st] = (int)n;
+	}
+	out->have_states = 1;
+	out->sampled = t;
 	return 0;
 }
 
@@ -171,6 +251,7 @@ int agent_scalemsg_activity_find(const char *text, size_t len, const char *pod_u
 	}
 	out->last_active = tv;
 	out->calls = (long long)json_integer_value(c);
+	rc = states_of(j, e, pod_uid, out, err);
 out:
 	json_decref(j);
 	return rc;
@@ -186,6 +267,18 @@ int agent_scalemsg_activity_add(json_t *note, const char *pod_uid, const struct 
 			return -ENOMEM;
 	}
 	json_t *e = json_pack("{s:f, s:I}", "t", a->last_active, "c", (json_int_t)a->calls);
+	if (e != NULL && a->have_states) {
+		json_t *s = json_object();
+		for (int i = 0; s != NULL && i < GCR_SHIMREPLY_ST_N; i++)
+			if (a->procs[i] > 0)
+				json_object_set_new(s, gcr_shimreply_st_name((enum gcr_shimreply_st)i),
+						    json_integer(a->procs[i]));
+		if (s == NULL || json_object_set_new(e, "s", s) < 0 ||
+		    json_object_set_new(note, "at", json_real(a->sampled)) < 0) {
+			json_decref(e);
+			return -ENOMEM;
+		}
+	}
 	return e != NULL && json_object_set_new(pods, pod_uid, e) == 0 ? 0 : -ENOMEM;
 }
 

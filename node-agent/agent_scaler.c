@@ -33,6 +33,12 @@
  * back then is given up on, so that a deletion never hangs. */
 #define DELETE_ATTEMPTS 3
 #define DELETE_BOUND_S 600
+/* A node's note tells the state an operation of ours left only when sampled at least this
+ * long (s) after the operation's completionTime, which has whole seconds: earlier, it may
+ * predate the operation. */
+#define NOTE_AFTER_S 1.0
+/* Names listed in one SelectorConflict message at most (the rest are counted). */
+#define CONFLICT_NAMES 8
 /* How often (s) the leader makes sure every node running an agent pod has its heartbeat
  * Lease: a new node's agent waits at most this (plus one heartbeat) to be seen as live. */
 #define KEEP_LEASES_S 5
@@ -170,7 +176,11 @@ struct opr {
 
 struct podr {
 	const char *name, *uid, *node; /* borrowed */
+	json_t *labels;                /* the pod's labels (borrowed), for other GPUResidencies' selectors */
 	int selected;                  /* picked by the selector (else: leaving, or gone) */
+	int contested;                 /* also picked by an older GPUResidency, which acts on it: left alone */
+	const char *winner;            /* that one's name (borrowed from the pass's cache copy) */
+	int external;                  /* its node says suspended (or in flight) by something not ours */
 	int gone;                      /* deleted: its operations are removed */
 	int given_up;                  /* deleting: left suspended, its operations kept */
 	const char *phase;             /* the pod's phase, once read (borrowed) */
@@ -197,6 +207,10 @@ struct pass {
 	size_t npods;
 	int created, deleted, errors;
 	char selector[AGENT_SCALEMSG_SELECTOR_MAX];
+	/* SelectorConflict: checked (else the old condition is kept), pods lost to older
+	 * objects, and the condition's message (empty: no conflict). */
+	int conflict_checked, lost;
+	char conflict[1800];
 };
 
 static int is_final(const struct opr *o)
@@ -291,6 +305,66 @@ static int node_info(struct pass *p, const char *node, const char **note)
 	return (int)json_integer_value(json_object_get(e, "live"));
 }
 
+/* The pod's state as its node's shims report it, from the note's per-state process counts;
+ * -1 when unknown (no states, no process, or one that did not answer). *partial: some of
+ * its processes suspended and some running. */
+static int node_state(const struct agent_scalemsg_activity *a, int *partial)
+{
+	int total = 0;
+	*partial = 0;
+	for (int i = 0; i < GCR_SHIMREPLY_ST_N; i++)
+		total += a->procs[i];
+	if (!a->have_states || total == 0 || a->procs[GCR_SHIMREPLY_ST_UNKNOWN] > 0)
+		return -1;
+	if (a->procs[GCR_SHIMREPLY_ST_SUSPENDING] > 0)
+		return GCR_SCALE_SUSPENDING;
+	if (a->procs[GCR_SHIMREPLY_ST_RESUMING] > 0)
+		return GCR_SCALE_RESUMING;
+	if (a->procs[GCR_SHIMREPLY_ST_RUNNING] == total)
+		return GCR_SCALE_RESIDENT;
+	*partial = a->procs[GCR_SHIMREPLY_ST_SUSPENDED] < total;
+	return GCR_SCALE_SUSPENDED;
+}
+
+/* Status from the node's truth, not only from our operations: the state the latest one
+ * left (r->state) is replaced by what the shims report when the note was sampled after it
+ * ended and the two differ. A pod suspended (or being suspended or resumed) by anything
+ * else, a user's Checkpoint or gcrctl on the node, is external: counted as it is, never
+ * acted on (pinned), so the scaler neither suspends it again nor resumes what it did not
+ * suspend. One we suspended that was resumed by other means is resident again. Our
+ * operations in flight, and notes without states (older agents), leave r as it was. */
+static void node_truth(struct podr *r, const struct agent_scalemsg_activity *a)
+{
+	int partial;
+	int real = node_state(a, &partial);
+	if (real < 0 || r->state == GCR_SCALE_UNMANAGED || r->state == GCR_SCALE_SUSPENDING ||
+	    r->state == GCR_SCALE_RESUMING)
+		return;
+	if (r->latest != NULL && (!is_final(r->latest) || a->sampled < r->latest->completed + NOTE_AFTER_S))
+		return; /* the note may predate what our operation did */
+	if (real == (int)r->state && !partial)
+		return;
+	if (real == GCR_SCALE_RESIDENT) {
+		snprintf(r->msg, sizeof(r->msg), "resumed by other means after %.150s", r->op[0] ? r->op : "its suspend");
+		r->state = GCR_SCALE_RESIDENT;
+		r->op[0] = '\0';
+		return;
+	}
+	r->state = (enum gcr_scale_state)real;
+	r->external = 1;
+	r->pinned = 1;
+	r->op[0] = '\0';
+	if (partial)
+		snprintf(r->msg, sizeof(r->msg), "%d of its %d processes suspended by other means (not by this "
+			 "GPUResidency): left alone", a->procs[GCR_SHIMREPLY_ST_SUSPENDED],
+			 a->procs[GCR_SHIMREPLY_ST_SUSPENDED] + a->procs[GCR_SHIMREPLY_ST_RUNNING]);
+	else
+		snprintf(r->msg, sizeof(r->msg), "%s by other means (a Checkpoint or gcrctl not of this "
+			 "GPUResidency), as its node reports: left alone",
+			 real == GCR_SCALE_SUSPENDED ? "suspended" : real == GCR_SCALE_SUSPENDING ? "being suspended"
+											 : "being resumed");
+}
+
 /* Resident pods can be managed only with a live agent on their node listing a
  * shimmed process of theirs; fills activity either way. */
 static void check_managed(struct pass *p, struct podr *r)
@@ -308,6 +382,8 @@ static void check_managed(struct pass *p, struct podr *r)
 	if (found == 0) {
 		r->last_active = act.last_active;
 		r->calls = act.calls;
+		if (live > 0)
+			node_truth(r, &act);
 	}
 	if (r->state != GCR_SCALE_RESIDENT)
 		return;
@@ -320,6 +396,73 @@ static void check_managed(struct pass *p, struct podr *r)
 	} else if (live < 0) {
 		r->pinned = 1; /* cannot tell: leave it this round */
 	}
+}
+
+/* ---- selectors that overlap ---- */
+
+/* Whether GPUResidency a is older than b, the rule for a pod both select: the oldest by
+ * metadata.creationTimestamp acts on it, the name breaking ties (creationTimestamp has
+ * whole seconds). Every leader computes the same answer from the objects alone. */
+static int older(json_t *a, json_t *b)
+{
+	double ta = parse_time(str_at(a, "metadata", "creationTimestamp"));
+	double tb = parse_time(str_at(b, "metadata", "creationTimestamp"));
+	if (ta != tb)
+		return ta < tb;
+	return strcmp(str_at(a, "metadata", "name"), str_at(b, "metadata", "name")) < 0;
+}
+
+/* Another GPUResidency of p's namespace that may act on pods: a valid spec (an invalid one
+ * acts on nothing) and not p's own object. Being deleted still counts: it resumes what it
+ * suspended, and a shared pod is left to it until it is gone. */
+static int rival(const struct pass *p, json_t *o)
+{
+	const char *ns = str_at(o, "metadata", "namespace"), *uid = str_at(o, "metadata", "uid");
+	json_t *rj = json_object_get(json_object_get(o, "spec"), "replicas");
+	return ns != NULL && uid != NULL && str_at(o, "metadata", "name") != NULL && strcmp(ns, p->ns) == 0 &&
+	       strcmp(uid, p->uid) != 0 && json_is_integer(rj) && json_integer_value(rj) >= 0;
+}
+
+/* Finds the selected pods another GPUResidency of the namespace selects too (its selector
+ * read from the watch cache all, matched against the pods' labels here). A pod also
+ * selected by an older one is contested: this one leaves it alone. Fills p->conflict with
+ * the SelectorConflict condition's message (empty: none) and p->lost. */
+static void find_conflicts(struct pass *p, json_t *all)
+{
+	size_t len = 0;
+	const char *k;
+	json_t *o;
+	p->conflict[0] = '\0';
+	json_object_foreach(all, k, o)
+	{
+		if (!rival(p, o))
+			continue;
+		json_t *sel = json_object_get(json_object_get(o, "spec"), "selector");
+		int wins = older(o, p->res), shared = 0;
+		char names[600] = "";
+		size_t nl = 0;
+		struct gcr_err err;
+		for (size_t i = 0; i < p->npods; i++) {
+			struct podr *r = &p->pods[i];
+			if (!r->selected || agent_scalemsg_selector_match(sel, r->labels, &err) != 1)
+				continue;
+			if (wins && !r->contested) {
+				r->contested = 1;
+				r->winner = str_at(o, "metadata", "name");
+				p->lost++;
+			}
+			if (shared++ < CONFLICT_NAMES && nl < sizeof(names))
+				nl += (size_t)snprintf(names + nl, sizeof(names) - nl, "%s%s", shared > 1 ? ", " : "", r->name);
+		}
+		if (shared == 0 || len >= sizeof(p->conflict))
+			continue;
+		len += (size_t)snprintf(p->conflict + len, sizeof(p->conflict) - len,
+					"%sGPUResidency %s selects %d of the same pods (%s%s): %s", len ? "; " : "",
+					str_at(o, "metadata", "name"), shared, names, shared > CONFLICT_NAMES ? ", ..." : "",
+					wins ? "it is older and acts on them, this one leaves them alone"
+					     : "this one is older and acts on them, it leaves them alone");
+	}
+	p->conflict_checked = 1;
 }
 
 /* The state an operation leaves its pod in. */
@@ -501,25 +644,66 @@ static void not_selected(struct pass *p, struct podr *r, int resume)
 	}
 }
 
-static json_t *cond_json(const char *status, const char *reason, const char *msg, json_t *old_status,
-			 json_int_t gen)
+/* The condition of that type in a status, or NULL. */
+static json_t *old_cond(json_t *old_status, const char *type)
+{
+	size_t i;
+	json_t *c, *found = NULL;
+	json_array_foreach(json_object_get(old_status, "conditions"), i, c)
+	{
+		if (str_at(c, "type", NULL) && strcmp(str_at(c, "type", NULL), type) == 0)
+			found = c;
+	}
+	return found;
+}
+
+static json_t *cond_one(const char *type, const char *status, const char *reason, const char *msg,
+			json_t *old_status, json_int_t gen)
 {
 	char now[40];
 	agent_kube_time(now, sizeof(now), 0);
-	json_t *old = NULL;
-	size_t i;
-	json_t *c;
-	json_array_foreach(json_object_get(old_status, "conditions"), i, c)
-	{
-		if (str_at(c, "type", NULL) && strcmp(str_at(c, "type", NULL), "Ready") == 0)
-			old = c;
-	}
+	json_t *old = old_cond(old_status, type);
 	const char *since = now;
 	if (old != NULL && str_at(old, "status", NULL) && strcmp(str_at(old, "status", NULL), status) == 0 &&
 	    str_at(old, "lastTransitionTime", NULL))
 		since = str_at(old, "lastTransitionTime", NULL);
-	return json_pack("[{s:s, s:s, s:s, s:s, s:s, s:I}]", "type", "Ready", "status", status, "reason", reason,
-			 "message", msg, "lastTransitionTime", since, "observedGeneration", gen);
+	return json_pack("{s:s, s:s, s:s, s:s, s:s, s:I}", "type", type, "status", status, "reason", reason, "message",
+			 msg, "lastTransitionTime", since, "observedGeneration", gen);
+}
+
+/* The conditions: Ready first (write_ready compares its message), then SelectorConflict:
+ * from this pass when it looked for conflicts, else as it was. */
+static json_t *cond_json(const struct pass *p, const char *status, const char *reason, const char *msg,
+			 json_t *old_status, json_int_t gen)
+{
+	json_t *conds = json_pack("[o]", cond_one("Ready", status, reason, msg, old_status, gen));
+	json_t *sc = NULL;
+	if (p->conflict_checked && p->conflict[0] != '\0')
+		sc = cond_one("SelectorConflict", "True", "SelectorConflict", p->conflict, old_status, gen);
+	else if (p->conflict_checked)
+		sc = cond_one("SelectorConflict", "False", "NoConflict",
+			      "no other GPUResidency of the namespace selects any of its pods", old_status, gen);
+	else if (old_cond(old_status, "SelectorConflict") != NULL)
+		sc = json_deep_copy(old_cond(old_status, "SelectorConflict"));
+	if (sc != NULL)
+		json_array_append_new(conds, sc);
+	return conds;
+}
+
+/* Warning Event when a conflict begins or changes, Normal when it ends: once per change,
+ * told by the stored condition (an Event lost with a failed status write comes next pass). */
+static void conflict_events(struct pass *p)
+{
+	json_t *old = old_cond(json_object_get(p->res, "status"), "SelectorConflict");
+	const char *was = str_at(old, "status", NULL), *oldmsg = str_at(old, "message", NULL);
+	int was_true = was != NULL && strcmp(was, "True") == 0;
+	if (!p->conflict_checked)
+		return;
+	if (p->conflict[0] != '\0' && (!was_true || oldmsg == NULL || strcmp(oldmsg, p->conflict) != 0))
+		event(p, "Warning", "SelectorConflict", "%s", p->conflict);
+	else if (p->conflict[0] == '\0' && was_true)
+		event(p, "Normal", "SelectorConflictResolved", "no other GPUResidency of the namespace selects any of its "
+		      "pods any more");
 }
 
 /* The status patch: counts, per-pod states, Ready, lastScale. Written only when it
@@ -528,7 +712,7 @@ static void write_status(struct pass *p, int replicas, const struct gcr_scale_pl
 {
 	json_t *old = json_object_get(p->res, "status");
 	json_int_t gen = json_integer_value(json_object_get(json_object_get(p->res, "metadata"), "generation"));
-	int n[5] = { 0 }, selected = 0;
+	int n[5] = { 0 }, selected = 0, external = 0;
 	json_t *pods = json_array();
 	for (size_t i = 0; i < p->npods; i++) {
 		struct podr *r = &p->pods[i];
@@ -537,6 +721,7 @@ static void write_status(struct pass *p, int replicas, const struct gcr_scale_pl
 		if (r->selected) {
 			n[r->state]++;
 			selected++;
+			external += r->external && !r->contested;
 		}
 		json_t *e = json_pack("{s:s, s:s, s:s}", "name", r->name, "uid", r->uid, "state",
 				      gcr_scale_state_name(r->state));
@@ -559,11 +744,21 @@ static void write_status(struct pass *p, int replicas, const struct gcr_scale_pl
 	if (selected == 0) {
 		reason = "NoPodsSelected";
 		snprintf(msg, sizeof(msg), "selector %.400s matches no pod in namespace %.120s", p->selector, p->ns);
+	} else if (p->lost > 0) {
+		/* Whatever the counts, this object does not control those pods: never Ready. */
+		reason = "SelectorConflict";
+		snprintf(msg, sizeof(msg), "%d of its %d pods are also selected by an older GPUResidency, which acts on "
+			 "them (condition SelectorConflict); %d resident of %d wanted", p->lost, selected, resident,
+			 replicas);
 	} else if (busy) {
 		reason = "Scaling";
 		snprintf(msg, sizeof(msg), "%d resident of %d wanted: %d suspending, %d resuming%s", resident, replicas,
 			 n[GCR_SCALE_SUSPENDING], n[GCR_SCALE_RESUMING],
 			 plan->waiting ? ", more once those end" : "");
+	} else if (resident < replicas && external > 0) {
+		reason = "SuspendedElsewhere";
+		snprintf(msg, sizeof(msg), "%d resident of %d wanted: %d pod(s) suspended by other means (a Checkpoint "
+			 "or gcrctl not of this GPUResidency) are left alone; see pods[]", resident, replicas, external);
 	} else if (resident < replicas && n[GCR_SCALE_SUSPENDED] == 0) {
 		reason = "NotEnoughPods";
 		snprintf(msg, sizeof(msg), "%d resident of %d wanted: no suspended pod left to resume (%d selected, %d "
@@ -582,7 +777,7 @@ static void write_status(struct pass *p, int replicas, const struct gcr_scale_pl
 			       p->selector, "suspended", n[GCR_SCALE_SUSPENDED], "suspending", n[GCR_SCALE_SUSPENDING],
 			       "resuming", n[GCR_SCALE_RESUMING], "unmanaged", n[GCR_SCALE_UNMANAGED],
 			       "observedGeneration", gen, "leader", agent_leader_identity(p->s->leader), "pods", pods,
-			       "conditions", cond_json(status, reason, msg, old, gen));
+			       "conditions", cond_json(p, status, reason, msg, old, gen));
 	/* lastScale: from the first pass that sees a new target to the one that finds it reached. */
 	json_t *ls = json_deep_copy(json_object_get(old, "lastScale"));
 	char now[40];
@@ -647,7 +842,7 @@ static void write_ready(struct pass *p, const char *status, const char *reason, 
 		return;
 	snprintf(path, sizeof(path), API "/namespaces/%s/gpuresidencies/%s", p->ns, p->name);
 	json_t *patch = json_pack("{s:{s:I, s:o}}", "status", "observedGeneration", gen, "conditions",
-				  cond_json(status, reason, msg, old, gen));
+				  cond_json(p, status, reason, msg, old, gen));
 	struct gcr_err err;
 	if (agent_leader_is_leader(p->s->leader) && agent_kube_patch_status(p->s->kube, path, patch, &err) < 0)
 		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: status: %s", p->ns, p->name, err.msg);
@@ -801,7 +996,7 @@ static int finalize(struct pass *p, double now)
 }
 
 /* One pass over one GPUResidency. Returns 1 when work is in flight (come back soon). */
-static int reconcile(struct agent_scaler *s, json_t *res)
+static int reconcile(struct agent_scaler *s, json_t *res, json_t *all)
 {
 	struct pass p = { .s = s, .res = res, .ns = str_at(res, "metadata", "namespace"),
 			  .name = str_at(res, "metadata", "name"), .uid = str_at(res, "metadata", "uid") };
@@ -869,6 +1064,7 @@ static int reconcile(struct agent_scaler *s, json_t *res)
 			continue; /* going away: handled below, as not selected */
 		struct podr *r = &p.pods[p.npods++];
 		*r = (struct podr){ .name = name, .uid = uid, .node = str_at(it, "spec", "nodeName"), .selected = 1,
+				    .labels = json_object_get(json_object_get(it, "metadata"), "labels"),
 				    .state = GCR_SCALE_RESIDENT };
 		const char *phase = str_at(it, "status", "phase");
 		if (phase == NULL || strcmp(phase, "Running") != 0) {
@@ -893,7 +1089,8 @@ static int reconcile(struct agent_scaler *s, json_t *res)
 		busy = finalize(&p, now);
 		goto out;
 	}
-	/* States from the latest operation, then who is manageable. */
+	find_conflicts(&p, all);
+	/* States from the latest operation, then the node's truth and who is manageable. */
 	struct gcr_scale_member *m = calloc(p.npods ? p.npods : 1, sizeof(*m));
 	struct podr **mp = calloc(p.npods ? p.npods : 1, sizeof(*mp));
 	size_t nm = 0;
@@ -913,6 +1110,17 @@ static int reconcile(struct agent_scaler *s, json_t *res)
 			continue;
 		}
 		check_managed(&p, r);
+		if (r->contested) {
+			/* Left to the older object; what this one suspended itself it resumes first,
+			 * as for a pod leaving the selection, so that nothing stays suspended by an
+			 * object that no longer acts on it. */
+			const struct opr *ck = last_checkpoint(&p, r->uid);
+			if (r->state == GCR_SCALE_SUSPENDED && !r->external && !r->pinned && ck != NULL)
+				create_op(&p, r, O_RS, ck->name);
+			snprintf(r->msg, sizeof(r->msg), "also selected by GPUResidency %.200s, which is older and acts on "
+				 "it: left alone%s", r->winner, r->state == GCR_SCALE_RESUMING ? " once resumed" : "");
+			continue;
+		}
 		m[nm] = (struct gcr_scale_member){ .id = r->name, .state = r->state, .last_active = r->last_active,
 						   .recent_calls = r->calls, .pinned = r->pinned };
 		mp[nm++] = r;
@@ -944,6 +1152,7 @@ static int reconcile(struct agent_scaler *s, json_t *res)
 			busy = 1;
 	}
 	busy |= plan.waiting > 0 || p.created > 0;
+	conflict_events(&p);
 	write_status(&p, replicas, &plan, busy);
 	busy |= p.errors > 0;
 out:
@@ -1049,7 +1258,7 @@ static void *worker_main(void *data)
 			{
 				if (atomic_load(&s->stop) || !agent_leader_is_leader(s->leader))
 					break;
-				busy |= reconcile(s, res);
+				busy |= reconcile(s, res, all);
 			}
 		}
 		json_decref(all);

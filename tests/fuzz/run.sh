@@ -19,7 +19,7 @@ fuzz_proto|lib/gcr_proto.c|jansson
 fuzz_kubeconfig|node-agent/agent_kubeconfig.c|yaml-0.1
 fuzz_watch|node-agent/agent_watch.c|jansson
 fuzz_dpmsg|node-agent/agent_dpmsg.c node-agent/dp/api.pb-c.c|libprotobuf-c
-fuzz_scalemsg|node-agent/agent_scalemsg.c|jansson
+fuzz_scalemsg|node-agent/agent_scalemsg.c lib/gcr_shimreply.c|jansson
 fuzz_criu|lib/gcr_criu.c|
 fuzz_linebuf|lib/gcr_sock.c|
 fuzz_shimreply|lib/gcr_shimreply.c|jansson

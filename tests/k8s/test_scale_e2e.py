@@ -350,6 +350,132 @@ def scale_cases(E, case):
                 check(o.get("status", {}).get("phase") in ("Succeeded", "Failed"), "%s %s unfinished: %s"
                       % (kind, o["metadata"]["name"], o.get("status")))
 
+    def cond(s, type_):
+        c = [c for c in s.get("conditions", []) if c.get("type") == type_]
+        return c[0] if c else {}
+
+    def status_of(name):
+        return (E.get("gpuresidency", name) or {}).get("status") or {}
+
+    def truthful(s, what):
+        """Every pod s lists is in the state s gives it, as its process really is (fakesmi)."""
+        for pod, state in pod_states(s).items():
+            if pod not in st["pods"]:
+                continue
+            if state == "Suspended":
+                check(is_suspended(pod), "%s: %s Suspended in status, but pid %d holds %d bytes (driver %s)"
+                      % (what, pod, pid(pod), E.mem(pid(pod)), E.drv_state(pid(pod))))
+            else:
+                check(state == "Resident" and is_resident(pod), "%s: %s is %s in status, driver %s"
+                      % (what, pod, state, E.drv_state(pid(pod))))
+
+    def all_ops():
+        """Names of every Checkpoint and Restore of the namespace, whoever made them."""
+        names = set()
+        for kind in ("checkpoints", "restores"):
+            out = E.k("get", kind, "-n", ns, "-o", "json")
+            names |= {kind + "/" + i["metadata"]["name"] for i in json.loads(out.stdout)["items"]}
+        return names
+
+    def conflict():
+        # llm (the older) keeps 3 resident; llm-c, made now, selects the same pods and wants 0.
+        # The rule: the older acts on a shared pod, the newer leaves it alone and says so.
+        check(wait_resident(3)["replicas"] == 3, "not 3 resident to begin with")
+        E.apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "GPUResidency",
+                 "metadata": {"name": "llm-c", "namespace": ns},
+                 "spec": {"selector": {"matchLabels": {"app": "llm"}}, "replicas": 0}})
+
+        def both(want):
+            a, b = status(), status_of("llm-c")
+            ok = cond(a, "SelectorConflict").get("status") == want and cond(b, "SelectorConflict").get("status") == want
+            return (a, b) if ok else None
+        try:
+            a, b = E.wait("SelectorConflict True on llm and llm-c", lambda: both("True"))
+        except Fail:
+            raise Fail("no SelectorConflict condition: llm %s; llm-c %s" % (json.dumps(status().get("conditions")),
+                                                                            json.dumps(status_of("llm-c"))))
+        ma, mb = cond(a, "SelectorConflict")["message"], cond(b, "SelectorConflict")["message"]
+        check("llm-c" in ma and "this one is older and acts on them" in ma, "llm's condition: %s" % ma)
+        check("GPUResidency llm " in mb and "it is older and acts on them, this one leaves them alone" in mb,
+              "llm-c's condition: %s" % mb)
+        for name in (RES, "llm-c"):
+            ev = E.wait_event(name, "Warning", "SelectorConflict")
+            check(all(p in ev[0].get("note", "") for p in PODS), "%s's Event: %s" % (name, ev[0].get("note")))
+        b = E.wait("llm-c: Ready False SelectorConflict, its 3 pods listed", lambda: (lambda x: x if ready(x).get(
+            "reason") == "SelectorConflict" and len(x.get("pods", [])) == 3 else None)(status_of("llm-c")))
+        check(ready(b)["status"] == "False", "llm-c Ready: %s" % ready(b))
+        check(all(p.get("state") == "Resident" and "older" in p.get("message", "") for p in b["pods"]),
+              "llm-c's pods: %s" % b["pods"])
+        truthful(b, "llm-c")
+        check(ready(status()).get("status") == "True" and status()["replicas"] == 3, "llm: %s" % status())
+        truthful(status(), "llm")
+        uid_c = E.get("gpuresidency", "llm-c")["metadata"]["uid"]
+        # Only the winner acts: its scale to 0 suspends all; llm-c made nothing and reports them as they are.
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=0")
+        s = wait_resident(0)
+        agree(s)
+        b = E.wait("llm-c: its 3 pods Suspended, as they are", lambda: (lambda x: x if sorted(
+            pod_states(x).values()) == ["Suspended"] * 3 else None)(status_of("llm-c")))
+        truthful(b, "llm-c")
+        check(b["suspended"] == 3 and b["replicas"] == 0 and ready(b)["status"] == "False", "llm-c: %s" % b)
+        for kind in ("checkpoints", "restores"):
+            check(not ops_of(kind, uid_c), "llm-c made %s: %s" % (kind, [o["metadata"]["name"] for o in
+                                                                        ops_of(kind, uid_c)]))
+        # The conflict ends (llm-c selects other pods): the condition goes False on both.
+        E.k("patch", "gpuresidency", "llm-c", "-n", ns, "--type=merge", "-p",
+            json.dumps({"spec": {"selector": {"matchLabels": {"app": "llm-elsewhere"}}}}))
+        a, b = E.wait("SelectorConflict False on llm and llm-c", lambda: both("False"))
+        check(ready(b).get("reason") == "NoPodsSelected", "llm-c Ready: %s" % ready(b))
+        E.wait_event(RES, "Normal", "SelectorConflictResolved")
+        E.k("delete", "gpuresidency", "llm-c", "-n", ns, "--wait=false")
+        E.wait("GPUResidency llm-c deleted", lambda: E.get("gpuresidency", "llm-c") is None)
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=3")
+        agree(wait_resident(3))
+
+    def suspended_elsewhere():
+        # A user's own Checkpoint suspends llm-1, which llm selects: its status must say so,
+        # and the scaler must neither suspend it again nor resume what it did not suspend.
+        check(wait_resident(3)["replicas"] == 3, "not 3 resident to begin with")
+        before = all_ops()
+        E.apply(base.checkpoint("user-ck", "llm-1"))
+        c = E.wait_phase("checkpoint", "user-ck", ("Succeeded", "Failed"))["status"]
+        check(c["phase"] == "Succeeded", "user's Checkpoint: %s" % c.get("message"))
+        check(is_suspended("llm-1"), "llm-1 not suspended by the user's Checkpoint")
+        try:
+            s = E.wait("llm: llm-1 Suspended", lambda: (lambda x: x if pod_states(x).get("llm-1") == "Suspended"
+                                                        else None)(status()))
+        except Fail:
+            raise Fail("llm-1 is suspended, yet llm's status says %s" % json.dumps(status()))
+        e = [p for p in s["pods"] if p["name"] == "llm-1"][0]
+        check("other means" in e.get("message", ""), "llm-1's entry: %s" % e)
+        check(s["replicas"] == 2 and s["suspended"] == 1, "status %s" % s)
+        s = E.wait("llm: Ready False SuspendedElsewhere", lambda: (lambda x: x if ready(x).get(
+            "reason") == "SuspendedElsewhere" else None)(status()))
+        truthful(s, "llm")
+        # Target 2: reached with llm-1 as it is; nothing else suspended, llm-1 not suspended again.
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=2")
+        s = wait_resident(2)
+        check(pod_states(s).get("llm-1") == "Suspended", "status %s" % s)
+        truthful(s, "llm")
+        # Target 3: llm-1 is not the scaler's to resume: it waits, says why, makes nothing.
+        E.k("scale", "gpuresidency/" + RES, "-n", ns, "--replicas=3")
+        gen = res()["metadata"]["generation"]
+        s = E.wait("llm: target 3 seen, SuspendedElsewhere", lambda: (lambda x: x if x.get(
+            "observedGeneration") == gen and ready(x).get("reason") == "SuspendedElsewhere" else None)(status()))
+        truthful(s, "llm")
+        made = all_ops() - before
+        check(made == {"checkpoints/user-ck"}, "the scaler acted: new objects %s" % sorted(made))
+        # The user resumes it: resident again, as the status then says.
+        E.apply(base.restore("user-rs", "user-ck"))
+        r = E.wait_phase("restore", "user-rs", ("Succeeded", "Failed"))["status"]
+        check(r["phase"] == "Succeeded", "user's Restore: %s" % r.get("message"))
+        s = wait_resident(3)
+        agree(s)
+        made = all_ops() - before
+        check(made == {"checkpoints/user-ck", "restores/user-rs"}, "the scaler acted: new objects %s" % sorted(made))
+        E.k("delete", "restore", "user-rs", "-n", ns, "--wait=false")
+        E.k("delete", "checkpoint", "user-ck", "-n", ns, "--wait=false")
+
     def pod_deleted_suspended():
         s = status()
         gone = sorted(p for p, v in pod_states(s).items() if v == "Suspended")[0]
@@ -501,7 +627,16 @@ def scale_cases(E, case):
                 for n in list(st["nodes"].values()) + list(st["scalers"].values()):
                     print("  agent %s log tail:\n%s" % (n.name, "\n".join("    " + l for l in n.tail().splitlines())))
                 raise
+        run.case_fn = fn.__name__
         return run
+
+    # GCR_SCALE_ONLY=conflict,suspended_elsewhere: setup and those cases only (a quick rerun).
+    only = set(filter(None, os.environ.get("GCR_SCALE_ONLY", "").split(",")))
+    run_case = case
+
+    def case(name, fn):
+        if not only or getattr(fn, "case_fn", "setup") in only | {"setup"}:
+            run_case(name, fn)
 
     try:
         case("scale: two agents as two nodes, 3 pods selected, activity on the Leases, Ready at 3", wrapped(setup))
@@ -509,6 +644,11 @@ def scale_cases(E, case):
             case("scale: kubectl scale 3 -> 0: all suspended, gates False, one Checkpoint per pod", wrapped(to_zero))
             case("scale: PUT /scale (as HPA/KEDA) 0 -> 2: most active first, gates True", wrapped(to_two_by_put))
             case("scale: 2 -> 3, 3 -> 2 (least active first), -> 3", wrapped(to_three))
+            case("scale: two GPUResidencies select the same pods: SelectorConflict condition and Warning Event on "
+                 "both, only the older acts, status as the processes are; condition False once it ends",
+                 wrapped(conflict))
+            case("scale: a selected pod suspended by a user's Checkpoint: reported Suspended (not Resident), "
+                 "never suspended again nor resumed by the scaler", wrapped(suspended_elsewhere))
             case("scale: two pods of one node suspended at once (max-parallel): operations overlap",
                  wrapped(parallel))
             case("scale: leader SIGKILLed mid-scale to 0: another takes over, done once", wrapped(failover))

@@ -40,7 +40,8 @@ static double mono_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A child playing the shim of pod i: answers every stats request with calls[i] calls. */
+/* A child playing the shim of pod i: answers every stats request with calls[i] calls, and
+ * its state in the reply's status: A says suspended, the others running. */
 static void shim_main(int i, const char *dir, volatile long long *calls, int ready_fd)
 {
 	char path[512], uid[64];
@@ -71,8 +72,9 @@ static void shim_main(int i, const char *dir, volatile long long *calls, int rea
 		char *line;
 		struct gcr_req req;
 		if (gcr_linebuf_read(&lb, fd, 5000, &line, &err) == 0 && gcr_proto_parse_request(line, &req, &err) == 0) {
-			char *rep = gcr_proto_reply_ok_line(req.id, json_pack("{s:{s:I}}", "calls", "cuLaunchKernel",
-									      (json_int_t)calls[i]));
+			char *rep = gcr_proto_reply_ok_line(req.id, json_pack("{s:{s:I}, s:{s:s}}", "calls", "cuLaunchKernel",
+									      (json_int_t)calls[i], "status", "state",
+									      i == A ? "suspended" : "running"));
 			/* A request the agent gave up on gets EPIPE here: MSG_NOSIGNAL keeps us alive. */
 			if (rep != NULL)
 				(void)gcr_sock_write_all(fd, rep, strlen(rep), 1000, &err);
@@ -110,6 +112,52 @@ static char *sample(struct agent_activity *a, const char *what)
 	return note;
 }
 
+/* The note's parser on hand-made notes: the states are optional (older agents), strict when there. */
+static void note_parser(void)
+{
+	static const struct {
+		const char *note;
+		int rc, have, suspended;
+	} cases[] = {
+		{ "{\"v\":1,\"pods\":{\"u\":{\"t\":1.5,\"c\":2}}}", 0, 0, 0 }, /* an older agent: unknown */
+		{ "{\"v\":1,\"at\":9.5,\"pods\":{\"u\":{\"t\":1.5,\"c\":2,\"s\":{\"suspended\":2}}}}", 0, 1, 2 },
+		{ "{\"v\":1,\"pods\":{\"u\":{\"t\":1.5,\"c\":2,\"s\":{\"suspended\":2}}}}", -EINVAL, 0, 0 },
+		{ "{\"v\":1,\"at\":9.5,\"pods\":{\"u\":{\"t\":1,\"c\":2,\"s\":{\"asleep\":1}}}}", -EINVAL, 0, 0 },
+		{ "{\"v\":1,\"at\":9.5,\"pods\":{\"u\":{\"t\":1,\"c\":2,\"s\":{\"running\":0}}}}", -EINVAL, 0, 0 },
+		{ "{\"v\":1,\"at\":9.5,\"pods\":{\"u\":{\"t\":1,\"c\":2,\"s\":{\"running\":70000}}}}", -EINVAL, 0, 0 },
+		{ "{\"v\":1,\"at\":-1,\"pods\":{\"u\":{\"t\":1,\"c\":2,\"s\":{\"running\":1}}}}", -EINVAL, 0, 0 },
+		{ "{\"v\":1,\"at\":9.5,\"pods\":{\"u\":{\"t\":1,\"c\":2,\"s\":[1]}}}", -EINVAL, 0, 0 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct agent_scalemsg_activity act;
+		struct gcr_err err;
+		int rc = agent_scalemsg_activity_find(cases[i].note, strlen(cases[i].note), "u", &act, &err);
+		if (rc != cases[i].rc || (rc == 0 && (act.have_states != cases[i].have ||
+						      act.procs[GCR_SHIMREPLY_ST_SUSPENDED] != cases[i].suspended)))
+			printf("note case %zu: rc %d (want %d)\n", i, rc, cases[i].rc);
+		CHECK(rc == cases[i].rc);
+		CHECK(rc != 0 || (act.have_states == cases[i].have && act.procs[GCR_SHIMREPLY_ST_SUSPENDED] ==
+								      cases[i].suspended));
+	}
+	/* Selectors matched here as the API server would. */
+	json_t *sel = json_loads("{\"matchLabels\":{\"app\":\"llm\"},\"matchExpressions\":[{\"key\":\"tier\","
+				 "\"operator\":\"NotIn\",\"values\":[\"b\"]},{\"key\":\"x\",\"operator\":\"DoesNotExist\"}]}",
+				 0, NULL);
+	json_t *l1 = json_pack("{s:s}", "app", "llm"), *l2 = json_pack("{s:s, s:s}", "app", "llm", "tier", "b"),
+	       *l3 = json_pack("{s:s, s:s}", "app", "llm", "x", ""), *bad = json_pack("{s:{}}", "matchLabels");
+	struct gcr_err err;
+	CHECK(agent_scalemsg_selector_match(sel, l1, &err) == 1);
+	CHECK(agent_scalemsg_selector_match(sel, l2, &err) == 0);
+	CHECK(agent_scalemsg_selector_match(sel, l3, &err) == 0);
+	CHECK(agent_scalemsg_selector_match(sel, NULL, &err) == 0);
+	CHECK(agent_scalemsg_selector_match(bad, l1, &err) == -EINVAL); /* empty: would pick every pod */
+	json_decref(sel);
+	json_decref(l1);
+	json_decref(l2);
+	json_decref(l3);
+	json_decref(bad);
+}
+
 static int stop_and_wait(pid_t pid)
 {
 	int st;
@@ -126,6 +174,7 @@ int main(void)
 	struct agent_activity *a = NULL;
 	char *n1 = NULL, *n2 = NULL, *n3 = NULL;
 	signal(SIGPIPE, SIG_IGN);
+	note_parser();
 	volatile long long *calls = mmap(NULL, NSHIMS * sizeof(long long), PROT_READ | PROT_WRITE,
 					 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	CHECK(calls != MAP_FAILED);
@@ -171,6 +220,13 @@ int main(void)
 	n1 = sample(a, "sample 1");
 	for (int i = 0; i < NSHIMS; i++)
 		CHECK(pod_act(n1, i).calls == 0); /* first sight: no interval yet */
+	/* The node's truth per pod: A's one process suspended, B's running, the stopped ones
+	 * unknown (no answer), each as of the sample's start. */
+	struct agent_scalemsg_activity sa = pod_act(n1, A), sb = pod_act(n1, B), sc = pod_act(n1, B + 1);
+	CHECK(sa.have_states && sa.procs[GCR_SHIMREPLY_ST_SUSPENDED] == 1 && sa.procs[GCR_SHIMREPLY_ST_RUNNING] == 0);
+	CHECK(sb.have_states && sb.procs[GCR_SHIMREPLY_ST_RUNNING] == 1 && sb.procs[GCR_SHIMREPLY_ST_SUSPENDED] == 0);
+	CHECK(sc.have_states && sc.procs[GCR_SHIMREPLY_ST_UNKNOWN] == 1 && sc.procs[GCR_SHIMREPLY_ST_RUNNING] == 0);
+	CHECK(sa.sampled > 1.7e9 && sa.sampled <= (double)time(NULL) + 1);
 
 	/* 2: A made 50 calls; B is stopped: it keeps its last counter (100), so nothing recent
 	 * and its last activity unchanged. */
@@ -196,13 +252,16 @@ int main(void)
 	long long got[NSHIMS];
 	int rcs[NSHIMS];
 	double t0 = mono_s();
-	CHECK(gcr_scale_calls_all(pids, NSHIMS, run, STATS_MS, got, rcs, &err) == 2);
+	enum gcr_shimreply_st sts[NSHIMS];
+	CHECK(gcr_scale_calls_all(pids, NSHIMS, run, STATS_MS, got, rcs, sts, &err) == 2);
+	CHECK(sts[A] == GCR_SHIMREPLY_ST_SUSPENDED && sts[B] == GCR_SHIMREPLY_ST_RUNNING &&
+	      sts[B + 1] == GCR_SHIMREPLY_ST_UNKNOWN);
 	CHECK(mono_s() - t0 < 2.0 * STATS_MS / 1000.0 + 0.3);
 	CHECK(rcs[A] == 0 && got[A] == 150 && rcs[B] == 0 && got[B] == 250);
 	for (int i = B + 1; i < NSHIMS; i++)
 		CHECK(rcs[i] == -ETIMEDOUT && got[i] == 0);
 	pid_t none[2] = { 0, pids[A] };
-	CHECK(gcr_scale_calls_all(none, 2, "/nonexistent", STATS_MS, got, rcs, &err) == 0);
+	CHECK(gcr_scale_calls_all(none, 2, "/nonexistent", STATS_MS, got, rcs, NULL, &err) == 0);
 	CHECK(rcs[0] == -ESRCH && rcs[1] == -ENOENT);
 out:
 	free(n1);
