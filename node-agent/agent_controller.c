@@ -174,7 +174,8 @@ static json_t *slim(struct agent_controller *c, enum kind k, json_t *obj)
 		return obj;
 	json_t *md = json_object_get(obj, "metadata"), *spec = json_object_get(obj, "spec"),
 	       *st = json_object_get(obj, "status");
-	json_t *s = json_pack("{s:{s:O*, s:O*, s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}",
+	json_t *s = json_pack("{s:O*, s:O*, s:{s:O*, s:O*, s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}",
+			      "apiVersion", json_object_get(obj, "apiVersion"), "kind", json_object_get(obj, "kind"),
 			      "metadata", "namespace", json_object_get(md, "namespace"), "name",
 			      json_object_get(md, "name"), "uid", json_object_get(md, "uid"), "resourceVersion",
 			      json_object_get(md, "resourceVersion"), "deletionTimestamp",
