@@ -451,9 +451,119 @@ def case_tenant_isolation():
     finish(b_ns, "b")
 
 
+def host_pid(ns, pod):
+    """The host pid of the pod's gcr-testprog: the one whose cgroup names the pod's UID (what the
+    agent's registry sees), as an attacker would learn it."""
+    uid = kjson("get", "pod", "-n", ns, pod)["metadata"]["uid"]
+    marks = (uid, uid.replace("-", "_"))
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cgroup") as f:
+                cg = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if any(m in cg for m in marks) and b"gcr-testprog" in cmd:
+            return int(d)
+    raise AssertionError(f"no host process of {ns}/{pod}")
+
+
+def tenant_kubeconfig(ns, sa, path):
+    """A kubeconfig for ServiceAccount ns/sa (kubectl create token), with the cluster's CA."""
+    token = kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
+    cfg = kjson("config", "view", "--raw", "--minify")
+    cfg["users"] = [{"name": sa, "user": {"token": token}}]
+    cfg["contexts"][0]["context"]["user"] = sa
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+
+
+def case_tenant_forged_status():
+    """Issue 15 on a real node: a ServiceAccount allowed everything on Checkpoints and Restores
+    (and their status) in its own namespace only forges statuses naming another namespace's
+    process (its host pid): the agent acts on none of it; that pod's own C/R still works."""
+    vns, xns = "team-victim", "team-x"
+    namespace(vns)
+    namespace(xns)
+    vpid, _ = workload_pod(vns, "victim", 3000)
+    hpid = host_pid(vns, "victim")
+    before = shim_status(vns, "victim", vpid).get("requests")
+    check(before is not None, "the shim reports no request counters")
+    apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant", "namespace": xns}})
+    apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "cr-all", "namespace": xns},
+           "rules": [{"apiGroups": ["gpucr.dev"], "verbs": ["*"],
+                      "resources": ["checkpoints", "checkpoints/status", "restores", "restores/status"]}]})
+    apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "cr-all", "namespace": xns},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cr-all"},
+           "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": xns}]})
+    kc = os.path.join(ENV["GCR_TESTBED_DIR"], "tenant.kubeconfig")
+    tenant_kubeconfig(xns, "tenant", kc)
+    bin_kubectl = os.path.join(ENV["GCR_TESTBED_BIN"], "kubectl")
+
+    def tk(*args, check_rc=True, input=None):
+        return run([bin_kubectl, "--kubeconfig", kc, "-n", xns] + list(args), check_rc, 60, input)
+    check(tk("auth", "can-i", "get", "pods", "-n", vns, check_rc=False).stdout.strip() == "no",
+          "the tenant can read the victim's pods")
+    node = ENV["GCR_TESTBED_NODE"]
+
+    def forge(kind, name, spec, status):
+        tk("apply", "-f", "-", input=json.dumps({"apiVersion": "gpucr.dev/v1alpha1", "kind": kind,
+                                                  "metadata": {"name": name, "namespace": xns}, "spec": spec}))
+        tk("patch", kind.lower(), name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}),
+           check_rc=False)  # refused once the agent wrote a final phase: fine, nothing was to be gained
+
+    forge("Checkpoint", "steal", {"podName": "nope"},
+          {"phase": "Running", "nodeName": node, "processes": [{"pid": hpid, "containerName": "main"}]})
+    forge("Checkpoint", "fake", {"podName": "nope2"},
+          {"phase": "Succeeded", "nodeName": node, "mode": "Full", "processes": [{"pid": hpid, "containerName": "main"}]})
+    forge("Restore", "fake", {"checkpointName": "fake"}, {"phase": "Running", "nodeName": node})
+    wait_phase("checkpoint", xns, "steal", ("Failed",))
+    wait_phase("restore", xns, "fake", ("Failed",), timeout=60)
+    check(smi(vns, "victim", "state", vpid) == "running", "the victim's driver state changed")
+    # The victim's owner suspends it; the tenant tries to resume it through forged objects.
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "own", "namespace": vns},
+           "spec": {"podName": "victim"}})
+    wait_phase("checkpoint", vns, "own")
+    forge("Checkpoint", "fake2", {"podName": "nope3"},
+          {"phase": "Succeeded", "nodeName": node, "processes": [{"pid": hpid, "containerName": "main"}]})
+    forge("Restore", "fake2", {"checkpointName": "fake2"}, {})
+    wait_phase("restore", xns, "fake2", ("Failed",), timeout=60)
+    check(smi(vns, "victim", "state", vpid) == "checkpointed", "the tenant resumed the victim")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "own", "namespace": vns},
+           "spec": {"checkpointName": "own"}})
+    wait_phase("restore", vns, "own")
+    after = shim_status(vns, "victim", vpid).get("requests")
+    check(after == {"suspend": before["suspend"] + 1, "resume": before["resume"] + 1},
+          f"the victim got requests {before} -> {after}; only its owner's one suspend and one resume were due")
+    log(f"tenant forged Running/Succeeded statuses naming host pid {hpid}: untouched; requests {before} -> {after}")
+    finish(vns, "victim")
+
+
+def case_delete_suspended_checkpoint():
+    """Deleting a Checkpoint whose process is suspended resumes the process (finalizer
+    gpucr.dev/resume-on-delete, Event ResumedOnDelete), then the object goes."""
+    ns = "team-del"
+    namespace(ns)
+    pid, nbytes = workload_pod(ns, "del", 1006)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "del", "namespace": ns},
+           "spec": {"podName": "del"}})
+    wait_phase("checkpoint", ns, "del")
+    fin = kjson("get", "checkpoint", "-n", ns, "del")["metadata"].get("finalizers", [])
+    check("gpucr.dev/resume-on-delete" in fin, f"finalizers {fin}")
+    check(smi(ns, "del", "state", pid) == "checkpointed", "not suspended")
+    kubectl("delete", "checkpoint", "-n", ns, "del", "--wait=true", timeout=90)
+    check(smi(ns, "del", "state", pid) == "running", "the process is not running once its Checkpoint is gone")
+    check(int(smi(ns, "del", "mem", pid)) >= nbytes, "the memory did not come back")
+    wait_until("a ResumedOnDelete Event", lambda: any(e.get("reason") == "ResumedOnDelete" for e in events_for(ns, "del")), 30)
+    finish(ns, "del")
+
+
 CASES = [case_chart_defaults, case_heartbeat_lease, case_injection_and_checkpoint_restore, case_keep_context,
-         case_checkpoints_at_once, case_residency_scale, case_tenant_isolation, case_pod_deleted_while_suspended,
-         case_agent_deleted_mid_operation]
+         case_checkpoints_at_once, case_residency_scale, case_tenant_isolation, case_tenant_forged_status,
+         case_delete_suspended_checkpoint, case_pod_deleted_while_suspended, case_agent_deleted_mid_operation]
 
 
 def dump_logs():

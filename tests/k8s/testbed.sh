@@ -180,11 +180,15 @@ modver() {
 	awk -v m="$2" '($1 == m && $2 ~ /^v/) {print $2; exit} ($1 == "require" && $2 == m) {print $3; exit}' "$1"
 }
 
-# A TCP port on 127.0.0.1 nobody listens on (and not in the used list).
+# A TCP port on 127.0.0.1 nobody listens on (and not in the used list), below the kernel's
+# ephemeral range: a port there may be the local end of some client's connection, which a
+# connect test does not see but which makes bind fail (seen with several test beds at once).
 free_port() {
-	local p i used=" $* "
+	local p i used=" $* " lo=32768 hi
+	read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+	((lo > 12000)) || lo=32768
 	for i in $(seq 200); do
-		p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		p=$((10000 + (RANDOM * 32768 + RANDOM) % (lo - 10000)))
 		[[ $used == *" $p "* ]] && continue
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			printf '%s\n' "$p"
