@@ -270,12 +270,18 @@ def t_suspend_twice(T):
     s1 = T.ctl("suspend", pid)
     check(s1.ok, "first suspend failed: " + s1.describe())
     s2 = T.ctl("suspend", pid)
-    st = H.state_of(T.ctl("status", pid))
+    status = T.ctl("status", pid)
+    st = H.state_of(status)
     r = T.ctl("resume", pid)
     check(r.ok, "resume after the double suspend failed: " + r.describe())
     expect_refusal(T, s2, "second suspend")
     if st is not None:
         check(H.is_suspended_state(st), "after the refused second suspend, status says %r" % st)
+    # The shim counts every request that reached it (issue 15's tests read these to show a
+    # process was never touched); gcrctl refuses the second suspend from the status it reads
+    # first, so only one reached the shim.
+    req = status.get("shim", "requests")
+    check(req == {"suspend": 1, "resume": 0}, "shim requests after two suspends: %r" % (req,))
     finish(T, p)
 
 
@@ -636,10 +642,10 @@ def t_restore_room(T):
 
     p, pid, _ = T.start("reference", argv, ready_timeout=300)
     p.send("go")
-    total = 0
-    for _, n in blocks:
+    total, ref_ms = 0, {}
+    for name, n in blocks:
         total += n
-        steps(p, n, total)
+        ref_ms[name] = steps(p, n, total)
     ref = finish_digest(p, "reference")
     for rnd in range(1, ROOM_REPEAT + 1):
         p, pid, nbytes = T.start("round%d" % rnd, argv, ready_timeout=300)
@@ -674,15 +680,21 @@ def t_restore_room(T):
             ms[name] = steps(p, n, total)
         got = finish_digest(p, "round %d" % rnd)
         T.log(event="room-round", round=rnd, outcomes=dict(zip(ROOM_FREE_MIB, outcomes)), step_ms=ms,
-              reference=ref, digest=got, bytes=nbytes)
-        print("  round %d: outcomes %s; step ms before %.3f, first after %.3f, after %.3f; digest %s" % (
-            rnd, outcomes, ms["before"], ms["warm-after"], ms["after"], "same" if got == ref else "DIFFERS"),
+              reference_step_ms=ref_ms, reference=ref, digest=got, bytes=nbytes)
+        print("  round %d: outcomes %s; step ms before %.3f, first after %.3f, after %.3f (uninterrupted %.3f); "
+              "digest %s" % (rnd, outcomes, ms["before"], ms["warm-after"], ms["after"], ref_ms["after"],
+                             "same" if got == ref else "DIFFERS"),
             flush=True)
         check(got == ref, "round %d: DIGEST differs from the uninterrupted run: %s vs %s" % (rnd, got, ref))
         check("refused" in outcomes[:1], "round %d: with 0 MiB free the resume was not refused: %s" % (
             rnd, outcomes))
-        check(ms["after"] <= ms["before"] * (1 + ROOM_SLOWDOWN), "round %d: steps after resume %.3f ms, "
-              "before %.3f ms: more than %.0f%% slower" % (rnd, ms["after"], ms["before"], ROOM_SLOWDOWN * 100))
+        # Step times of one process drift by tens of percent between blocks on the H200 (run 26:
+        # 6.3 to 10.1 ms before suspending), so "as fast" is: within ROOM_SLOWDOWN of its own
+        # steps before, or of the uninterrupted reference's steps at the same point.
+        base_ms = max(ms["before"], ref_ms["after"])
+        check(ms["after"] <= base_ms * (1 + ROOM_SLOWDOWN), "round %d: steps after resume %.3f ms; before %.3f "
+              "ms, the uninterrupted run's at that point %.3f ms: more than %.0f%% slower than both" % (
+                  rnd, ms["after"], ms["before"], ref_ms["after"], ROOM_SLOWDOWN * 100))
 
 
 # ---- runner ----------------------------------------------------------------------------------
