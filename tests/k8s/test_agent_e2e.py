@@ -133,6 +133,9 @@ class Env:
         self.scaler_log = None
         self.progs = []
         self.metrics_port = free_port()
+        # The stand-in GPU's memory (FAKECUDA_MEM_MIB) as the programs and the agent see it. A
+        # restore wants 128 MiB free beyond what it brings back: many programs need more.
+        self.gpu_mib = 512
         self.kubectl = "kubectl"
         self.env = dict(os.environ)
         # The chart's ServiceAccounts' user names by identity ("node", "scaler"), once
@@ -261,7 +264,7 @@ class Env:
                   'ln -sf /proc/$$/stat "$ROOT/$$/stat" && exec env LD_PRELOAD="$SHIMLIB" "$@"')
         env = dict(self.env)
         env.update({"ROOT": self.proc_root, "CG": cg, "SHIMLIB": SHIM,
-                    "LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir, "FAKECUDA_MEM_MIB": "512",
+                    "LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir, "FAKECUDA_MEM_MIB": str(self.gpu_mib),
                     "GCR_SOCKET_DIR": self.sock_dir, "GCR_AGENT_SOCKET": self.registry,
                     "GCR_LOG_LEVEL": "warn"})
         argv = ["bash", "-c", script, "prog", TESTPROG, "--module",
@@ -294,7 +297,7 @@ class Env:
     def fake_env(self):
         env = dict(self.env)
         # FAKECUDA_MEM_MIB as the programs have it: the stand-in NVML the agent reads sizes the GPU so.
-        env.update({"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir, "FAKECUDA_MEM_MIB": "512"})
+        env.update({"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir, "FAKECUDA_MEM_MIB": str(self.gpu_mib)})
         return env
 
     # --- the agent ---

@@ -28,6 +28,12 @@
 #                                     (same port and state), for watch tests
 #   tests/k8s/testbed.sh restart-etcd [DIR]
 #                                     the same for etcd
+#   tests/k8s/testbed.sh stop-apiserver [DIR] / start-apiserver [DIR]
+#   tests/k8s/testbed.sh stop-etcd [DIR] / start-etcd [DIR]
+#                                     the two halves of restart-*, so a test can
+#                                     hold one down across a moment it chooses;
+#                                     start-* waits for readiness (start-apiserver
+#                                     needs etcd up: /readyz checks it)
 #
 # Binaries are built from the Go module proxy with the go.mod/go.sum files under
 # tests/k8s/tools/ and cached in $GCR_TESTBED_CACHE (default
@@ -782,20 +788,37 @@ cmd_down() {
 	log "stopped $dir"
 }
 
-# Stops and starts kube-apiserver with the same arguments (same port, same
-# certificates, same etcd): clients see their connections drop and come back.
 # restart NAME READINESS-CMD...: stops NAME and starts it again with the same command
 # line (same port, certificates and data): clients see their connections drop and
-# come back.
-restart_one() {
+# come back. stop-* and start-* are its two halves. Every start after the first
+# appends to NAME.log.restart.
+stop_only() { # name
+	local name=$1
+	[[ -f $STATE/$name.pid ]] || die "$name is not running (no $STATE/$name.pid)"
+	log "stopping $name"
+	stop_one "$STATE" "$name"
+	log "$name stopped"
+}
+
+start_only() { # name readiness-cmd...
 	local name=$1 args
 	shift
+	if [[ -f $STATE/$name.pid ]] && ours "$(cat "$STATE/$name.pid")" "$STATE"; then
+		die "$name is running already (pid $(cat "$STATE/$name.pid"))"
+	fi
 	mapfile -d '' args <"$STATE/$name.args"
-	stop_one "$STATE" "$name"
-	log "restarting $name"
-	start_proc "$name" "$STATE/$name.log.restart" "${args[@]}"
+	log "starting $name"
+	setsid "${args[@]}" >>"$STATE/$name.log.restart" 2>&1 </dev/null &
+	printf '%s\n' "$!" >"$STATE/$name.pid"
 	wait_for "$name ready" "$name" "$@"
 	log "$name back"
+}
+
+restart_one() {
+	local name=$1
+	stop_one "$STATE" "$name"
+	log "restarting $name"
+	start_only "$@"
 }
 
 bed_dir() {
@@ -807,17 +830,27 @@ bed_dir() {
 
 api_url() { sed -n 's/^ *server: //p' "$STATE/kubeconfig" | head -n 1; }
 
-cmd_restart_apiserver() {
-	bed_dir "${1:-}"
-	restart_one apiserver curl -fsS --max-time 5 --cacert "$STATE/pki/ca.crt" \
-		--cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" "$(api_url)/readyz"
+# apiserver_ctl restart|start|stop [DIR]
+apiserver_ctl() {
+	bed_dir "${2:-}"
+	local ready=(curl -fsS --max-time 5 --cacert "$STATE/pki/ca.crt"
+		--cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" "$(api_url)/readyz")
+	case $1 in
+	restart) restart_one apiserver "${ready[@]}" ;;
+	start) start_only apiserver "${ready[@]}" ;;
+	stop) stop_only apiserver ;;
+	esac
 }
 
-cmd_restart_etcd() {
-	bed_dir "${1:-}"
+etcd_ctl() {
+	bed_dir "${2:-}"
 	local url
 	url=$(tr '\0' '\n' <"$STATE/etcd.args" | sed -n 's/^--advertise-client-urls=//p')
-	restart_one etcd curl -fsS --max-time 2 "$url/health"
+	case $1 in
+	restart) restart_one etcd curl -fsS --max-time 2 "$url/health" ;;
+	start) start_only etcd curl -fsS --max-time 2 "$url/health" ;;
+	stop) stop_only etcd ;;
+	esac
 }
 
 cmd_status() {
@@ -843,8 +876,8 @@ up) cmd_up ;;
 up-node) cmd_up_node ;;
 down) cmd_down "${2:-}" ;;
 status) cmd_status "${2:-}" ;;
-restart-apiserver) cmd_restart_apiserver "${2:-}" ;;
-restart-etcd) cmd_restart_etcd "${2:-}" ;;
+restart-apiserver | start-apiserver | stop-apiserver) apiserver_ctl "${1%-apiserver}" "${2:-}" ;;
+restart-etcd | start-etcd | stop-etcd) etcd_ctl "${1%-etcd}" "${2:-}" ;;
 *)
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
 	exit 2
