@@ -863,32 +863,16 @@ static int has_finalizer(json_t *res)
 	return 0;
 }
 
-/* Adds or removes our finalizer: a JSON merge patch (verb patch) of the whole
- * metadata.finalizers list carrying the resourceVersion read, so that a concurrent change
- * of the list by someone else fails (409) and is redone next pass instead of lost. */
+/* Adds or removes our finalizer (agent_kube_set_finalizer: the whole list with the
+ * resourceVersion read, so a concurrent change fails with 409 and is redone next pass). */
 static int set_finalizer(struct pass *p, int add)
 {
-	json_t *md = json_object_get(p->res, "metadata");
-	json_t *list = json_array();
-	size_t i;
-	json_t *f;
-	json_array_foreach(json_object_get(md, "finalizers"), i, f)
-	{
-		if (!json_is_string(f) || strcmp(json_string_value(f), AGENT_SCALER_FINALIZER) != 0)
-			json_array_append(list, f);
-	}
-	if (add)
-		json_array_append_new(list, json_string(AGENT_SCALER_FINALIZER));
-	json_t *patch = json_pack("{s:{s:o, s:s*}}", "metadata", "finalizers", list, "resourceVersion",
-				  str_at(md, "resourceVersion", NULL));
 	char path[700];
 	snprintf(path, sizeof(path), API "/namespaces/%s/gpuresidencies/%s", p->ns, p->name);
-	long st = 0;
 	struct gcr_err err;
-	int rc = patch ? api(p->s, "PATCH", path, "application/merge-patch+json", patch, &st, NULL, &err)
-		       : gcr_err_set(&err, -ENOMEM, "out of memory");
-	if (rc == 0 && st != 200)
-		rc = gcr_err_set(&err, st == 409 ? -EAGAIN : -EIO, "HTTP %ld", st);
+	int rc = agent_leader_is_leader(p->s->leader)
+			 ? agent_kube_set_finalizer(p->s->kube, path, p->res, AGENT_SCALER_FINALIZER, add, &err)
+			 : gcr_err_set(&err, -EPERM, "no longer the leader");
 	if (rc < 0)
 		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: %s finalizer %s: %s", p->ns, p->name, add ? "add" : "remove",
 			AGENT_SCALER_FINALIZER, err.msg);

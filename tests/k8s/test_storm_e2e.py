@@ -283,7 +283,9 @@ def api_fault_case(S, kind, what, pod, progs):
         if phase_of(c) != "Succeeded":
             problems.append("%s %s: %s: %s" % (kname, name, phase_of(c), msg_of(c)))
         elif kind == "checkpoint":
-            check(api.create(rs_obj(NS, rs, ck)), "creating Restore %s" % rs)
+            # Right after etcd is back the API server may still answer 5xx for a moment.
+            E.wait("creating Restore %s" % rs, lambda: api.create(rs_obj(NS, rs, ck)),
+                   timeout=max(1, t_back + BOUND_S - time.time()))
             r = final("restore", rs)
             if r is not None and phase_of(r) != "Succeeded":
                 problems.append("Restore %s: %s: %s" % (rs, phase_of(r), msg_of(r)))
