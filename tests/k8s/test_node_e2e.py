@@ -235,7 +235,7 @@ def case_injection_and_checkpoint_restore():
            "spec": {"checkpointName": "cr"}})
     wait_phase("restore", ns, "cr-again", ("Failed",))
     msg = kjson("get", "restore", "-n", ns, "cr-again")["status"].get("message", "")
-    check("running" in msg, f"second Restore's message: {msg}")
+    check("resumed already by Restore cr" in msg, f"second Restore's message: {msg}")
     wait_until("a NotSuspended Warning", lambda: any(e.get("reason") == "NotSuspended" and e.get("type") == "Warning"
                                                      for e in events_for(ns, "cr-again")), 30)
     check(smi(ns, "cr", "state", pid) == "running", "the second Restore touched the process")
