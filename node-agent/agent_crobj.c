@@ -45,8 +45,7 @@ int agent_crobj_is_subdomain(const char *s)
 	}
 }
 
-/* A uid or resourceVersion: 1..63 of [A-Za-z0-9-] (also safe as a file name). */
-static int token_ok(const char *s)
+int agent_crobj_is_token(const char *s)
 {
 	size_t n = s ? strlen(s) : 0;
 	if (n == 0 || n >= AGENT_CROBJ_UID_LEN)
@@ -70,13 +69,13 @@ int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_cro
 	json_t *md = json_object_get(obj, "metadata"), *spec = json_object_get(obj, "spec"),
 	       *st = json_object_get(obj, "status");
 	const char *ns = str(md, "namespace"), *name = str(md, "name"), *uid = str(md, "uid");
-	if (!agent_crobj_is_label(ns) || !agent_crobj_is_subdomain(name) || !token_ok(uid))
+	if (!agent_crobj_is_label(ns) || !agent_crobj_is_subdomain(name) || !agent_crobj_is_token(uid))
 		return gcr_err_set(err, -EINVAL, "object without a valid namespace, name and uid");
 	snprintf(o->ns, sizeof(o->ns), "%s", ns);
 	snprintf(o->name, sizeof(o->name), "%s", name);
 	snprintf(o->uid, sizeof(o->uid), "%s", uid);
 	const char *rv = str(md, "resourceVersion");
-	if (token_ok(rv))
+	if (agent_crobj_is_token(rv))
 		snprintf(o->resource_version, sizeof(o->resource_version), "%s", rv);
 	o->deleting = json_object_get(md, "deletionTimestamp") != NULL;
 	size_t i;

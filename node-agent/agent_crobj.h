@@ -58,6 +58,9 @@ int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_cro
 int agent_crobj_is_label(const char *s);
 int agent_crobj_is_subdomain(const char *s);
 
+/* Whether s is a uid or resourceVersion: 1..63 of [A-Za-z0-9-] (also safe as a file name). */
+int agent_crobj_is_token(const char *s);
+
 const char *agent_crobj_phase_name(enum agent_crobj_phase p);
 
 #endif

@@ -24,17 +24,10 @@ const char *agent_record_state_name(enum agent_record_state s)
 	return (unsigned)s < AGENT_REC_NSTATES ? state_names[s] : "unknown";
 }
 
-/* 1..63 of [A-Za-z0-9-]; "" too when empty_ok. */
+/* A uid (agent_crobj_is_token); "" too when empty_ok. */
 static int token_ok(const char *s, int empty_ok)
 {
-	size_t n = s ? strlen(s) : 0;
-	if (s == NULL || n >= AGENT_CROBJ_UID_LEN || (n == 0 && !empty_ok))
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
-		      s[i] == '-'))
-			return 0;
-	return 1;
+	return s != NULL && ((empty_ok && s[0] == '\0') || agent_crobj_is_token(s));
 }
 
 json_t *agent_record_encode(const struct agent_record *r)

@@ -671,11 +671,8 @@ def scale_cases(E, case):
 
 
 def main():
-    for f in (base.AGENT, base.SHIM, base.TESTPROG, base.FAKESMI):
-        if not os.path.exists(f):
-            print("missing %s (build first)" % f)
-            print("0 passed, 1 failed")
-            return 1
+    if base.binaries_missing():
+        return 1
     E = base.Env()
     results = []
 

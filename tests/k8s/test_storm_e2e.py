@@ -493,11 +493,8 @@ def storm_report(S, secs):
 # ---------------------------------------------------------------- main
 
 def main():
-    for f in (base.AGENT, base.SHIM, base.TESTPROG, base.FAKESMI, base.GCRCTL):
-        if not os.path.exists(f):
-            print("missing %s (build first)" % f)
-            print("0 passed, 1 failed")
-            return 1
+    if base.binaries_missing():
+        return 1
     if not (os.environ.get("KUBECONFIG") and os.environ.get("GCR_TESTBED_DIR")):
         # Our own bed: writes meeting a stopped etcd fail in 10 s instead of kube-apiserver's 60.
         os.environ.setdefault("GCR_TESTBED_APISERVER_ARGS", "--request-timeout=10s")

@@ -659,11 +659,8 @@ def tenant_cases(E, case):
 
 
 def main():
-    for f in (base.AGENT, base.SHIM, base.TESTPROG, base.FAKESMI, base.GCRCTL):
-        if not os.path.exists(f):
-            print("missing %s (build first)" % f)
-            print("0 passed, 1 failed")
-            return 1
+    if base.binaries_missing():
+        return 1
     E = base.Env()
     results = []
 
