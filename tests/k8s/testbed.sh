@@ -243,7 +243,9 @@ gen_certs() { # pki-dir [extra apiserver SANs]
 ours() {
 	local pid=$1 dir=$2
 	[[ -n $pid && -r /proc/$pid/cmdline ]] || return 1
-	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$dir"
+	local cmd
+	cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline") || return 1
+	[[ $cmd == *"$dir"* ]]
 }
 
 start_proc() { # name logfile cmd...
@@ -541,7 +543,11 @@ node_containerd() {
 			{ cat "$STATE/images.log" >&2; die "importing $img into containerd failed"; }
 		n=$((n + 1))
 	done
-	ctr --address "$STATE/containerd/containerd.sock" -n k8s.io images ls -q | grep -qxF "$PAUSE_IMAGE" ||
+	# Listed first, then searched: with pipefail, grep -q ending early can kill ctr by SIGPIPE
+	# and fail the pipeline although the image is there (seen once in CI-like runs).
+	local listed
+	listed=$(ctr --address "$STATE/containerd/containerd.sock" -n k8s.io images ls -q) || die "ctr images ls failed"
+	grep -qxF "$PAUSE_IMAGE" <<<"$listed" ||
 		die "the sandbox image $PAUSE_IMAGE is not among the images in ${GCR_TESTBED_IMAGES:-(GCR_TESTBED_IMAGES unset)}"
 	log "imported $n image archive(s)"
 }
