@@ -351,6 +351,14 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 			undo_data(&c, err);
 			goto out;
 		}
+		/* Kept by the shim before the driver's checkpoint: if this suspend is cut short after
+		 * it (gcrctl or the agent killed), the resume still finds what it must check. */
+		json_t *res = NULL, *args = json_pack("{s:O, s:b}", "restore_need", need, "trim", 0);
+		struct gcr_err e2;
+		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, 10000, &res, &e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore need not kept before the driver's checkpoint "
+				"(kept after it): %s", (int)pid, e2.msg);
+		json_decref(res);
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
 		t = now_ms();

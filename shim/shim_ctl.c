@@ -66,7 +66,7 @@ static json_t *backends_json(void)
 }
 
 /* The GPU memory the driver's restore of this process needs, as gcr_cr recorded it at the
- * last suspend (sent with trim, once the driver's checkpoint succeeded): it lives here, in the
+ * last suspend (sent before the driver's checkpoint, and again with trim): it lives here, in the
  * process, so whichever tool resumes (gcrctl, the agent) finds it. Cleared by each suspend, so
  * a stale record never outlives the checkpoint it was taken for. */
 static pthread_mutex_t need_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -242,7 +242,8 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 		}
 		if (need != NULL)
 			need_set(need);
-		shim_cr_trim();
+		if (!json_is_false(json_object_get(req.args, "trim")))
+			shim_cr_trim();
 		result = json_object();
 		break;
 	}

@@ -15,7 +15,10 @@
 #define GCR_OP_RESUME "resume"   /* data in: memory re-created at the same addresses, gate opened */
 #define GCR_OP_STATS "stats"     /* counters: hooks seen, bytes per path, gate waits */
 /* After the whole suspend (the driver's checkpoint included): give the staging memory
- * the saved data does not use back to the system, in the background. */
+ * the saved data does not use back to the system, in the background. Args: "restore_need"
+ * (an object the shim keeps for whichever tool resumes: the GPU memory the restore needs),
+ * "trim": false to only keep that record (sent before the driver's checkpoint, so a suspend
+ * cut short there still leaves it). */
 #define GCR_OP_TRIM "trim"
 /* Shim -> node agent, once, on the agent's registry socket: {"socket": control socket
  * path as the shim sees it, "version": ...}. The agent believes none of it beyond a

@@ -3,6 +3,7 @@
 #include "fakecuda.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -380,12 +381,30 @@ FAKE_EXPORT CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args
 	return fake_service_request(pid, req, NULL, 0);
 }
 
+/* Test hook: with FAKECUDA_HOLD_AFTER_CHECKPOINT=PATH, the caller (gcrctl, the agent) creates
+ * PATH once a checkpoint succeeded and then waits to be killed, so a test can cut a suspend
+ * short between the driver's checkpoint and what its caller does next. */
+static void fake_hold_after_checkpoint(void)
+{
+	const char *path = getenv("FAKECUDA_HOLD_AFTER_CHECKPOINT");
+	if (path == NULL || *path == '\0')
+		return;
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		close(fd);
+	for (;;)
+		pause();
+}
+
 FAKE_EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
 {
 	FAKE_CLIENT_ENTER("cuCheckpointProcessCheckpoint");
 	if (args != NULL && !fake_zeroed(args->reserved, sizeof(args->reserved)))
 		return CUDA_ERROR_INVALID_VALUE;
-	return fake_service_request(pid, "checkpoint", NULL, 0);
+	CUresult rc = fake_service_request(pid, "checkpoint", NULL, 0);
+	if (rc == CUDA_SUCCESS)
+		fake_hold_after_checkpoint();
+	return rc;
 }
 
 /* Remapping onto another GPU is accepted only as the identity: every fake device is alike,

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -582,6 +583,32 @@ def case_restore_room(f):
         del os.environ["GCR_RESTORE_MARGIN_MIB"]
 
 
+def case_suspend_cut_short(f):
+    """gcrctl killed right after the driver's checkpoint (the agent killed mid-Checkpoint is the
+    same): the shim already keeps the restore's need, so a later resume checks it and succeeds
+    instead of refusing for want of a record (the storm of issue 15 stranded a process so)."""
+    p = f.start(["--mib", "32", "--iters", "5", "--wait"])
+    mark = os.path.join(f.dir, "checkpointed")
+    env = dict(os.environ, FAKECUDA_HOLD_AFTER_CHECKPOINT=mark)
+    g = subprocess.Popen([f.S.cfg.gcrctl, "--socket-dir", f.dir, "suspend", str(p.pid)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 60
+        while not os.path.exists(mark) and g.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        check(os.path.exists(mark), "gcrctl never reached the driver's checkpoint (exit %s): %s" % (
+            g.poll(), g.stderr.read().decode() if g.poll() is not None else ""))
+    finally:
+        g.kill()
+        g.wait(30)
+    check(f.state(p.pid) == "checkpointed", "driver state %s" % f.state(p.pid))
+    room_env(f, p.pid)  # the need is there although the suspend never finished
+    r = f.ctl("resume", p.pid)
+    check(r.ok, "resume after a suspend cut short: %s" % r.describe())
+    p.send("go")
+    f.finish(p)
+
+
 def case_restore_room_unchecked(f):
     """The control: without the check (--unchecked) the same squeeze loses the process, as the
     real driver does, so the check above is what keeps it."""
@@ -835,6 +862,7 @@ CASES = [
     ("driver-restore-fails", case_restore_fails),
     ("restore-room", case_restore_room),
     ("restore-room-unchecked", case_restore_room_unchecked),
+    ("suspend-cut-short", case_suspend_cut_short),
     ("modes", case_modes),
     ("peer-credentials", case_peer_credentials),
     ("zero-skip", case_zero_skip),
