@@ -471,6 +471,11 @@ def host_pid(ns, pod):
     raise AssertionError(f"no host process of {ns}/{pod}")
 
 
+def paused_env(pod):
+    """Whether the agent pod runs with the test pause hook set."""
+    return any(e.get("name") == "GCR_AGENT_TEST_PAUSE" for c in pod["spec"]["containers"] for e in c.get("env", []))
+
+
 def tenant_kubeconfig(ns, sa, path):
     """A kubeconfig for ServiceAccount ns/sa (kubectl create token), with the cluster's CA."""
     token = kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
@@ -515,13 +520,37 @@ def case_tenant_forged_status():
         tk("patch", kind.lower(), name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}),
            check_rc=False)  # refused once the agent wrote a final phase: fine, nothing was to be gained
 
-    forge("Checkpoint", "steal", {"podName": "nope"},
-          {"phase": "Running", "nodeName": node, "processes": [{"pid": hpid, "containerName": "main"}]})
-    forge("Checkpoint", "fake", {"podName": "nope2"},
-          {"phase": "Succeeded", "nodeName": node, "mode": "Full", "processes": [{"pid": hpid, "containerName": "main"}]})
-    forge("Restore", "fake", {"checkpointName": "fake"}, {"phase": "Running", "nodeName": node})
-    wait_phase("checkpoint", xns, "steal", ("Failed",))
-    wait_phase("restore", xns, "fake", ("Failed",), timeout=60)
+    # The agent busy: one worker (maxParallel 1), paused before its suspend of the tenant's own
+    # pod, so it first sees the forged objects with their forged status (issue 15's race).
+    helm = os.path.join(ENV["GCR_TESTBED_BIN"], "helm")
+    base = ["--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={IMAGE_TAG}"]
+    run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS] + base +
+        ["--set", "agent.maxParallel=1",
+         "--set", "agent.extraEnv[0].name=GCR_AGENT_TEST_PAUSE", "--set", "agent.extraEnv[0].value=before-cr",
+         "--set", "agent.extraEnv[1].name=GCR_AGENT_TEST_PAUSE_S", "--set-string", "agent.extraEnv[1].value=15",
+         "--wait", "--timeout", "180s"], timeout=200)
+    try:
+        agent = wait_until("the paused agent Ready", lambda: (p := agent_ready()) and paused_env(p) and p, 120)
+        workload_pod(xns, "own", 3001)
+        tk("apply", "-f", "-", input=json.dumps({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint",
+                                                  "metadata": {"name": "busy", "namespace": xns},
+                                                  "spec": {"podName": "own"}}))
+        wait_until("the agent's only worker paused", lambda: "test hook: pausing" in kubectl(
+            "logs", "-n", SYSTEM_NS, agent["metadata"]["name"], "-c", "agent", check=False).stdout, 60)
+        forge("Checkpoint", "steal", {"podName": "nope"},
+              {"phase": "Running", "nodeName": node, "processes": [{"pid": hpid, "containerName": "main"}]})
+        forge("Checkpoint", "fake", {"podName": "nope2"},
+              {"phase": "Succeeded", "nodeName": node, "mode": "Full",
+               "processes": [{"pid": hpid, "containerName": "main"}]})
+        forge("Restore", "fake", {"checkpointName": "fake"}, {"phase": "Running", "nodeName": node})
+        check(phase("checkpoint", xns, "busy") != "Succeeded", "the worker was not busy while the tenant forged")
+        wait_phase("checkpoint", xns, "busy")
+        wait_phase("checkpoint", xns, "steal", ("Failed",))
+        wait_phase("restore", xns, "fake", ("Failed",), timeout=60)
+    finally:
+        run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS, "--reset-values"] + base +
+            ["--wait", "--timeout", "180s"], timeout=200)
+        wait_until("the agent Ready with its defaults", lambda: (p := agent_ready()) and not paused_env(p) and p, 120)
     check(smi(vns, "victim", "state", vpid) == "running", "the victim's driver state changed")
     # The victim's owner suspends it; the tenant tries to resume it through forged objects.
     apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "own", "namespace": vns},
@@ -540,6 +569,11 @@ def case_tenant_forged_status():
           f"the victim got requests {before} -> {after}; only its owner's one suspend and one resume were due")
     log(f"tenant forged Running/Succeeded statuses naming host pid {hpid}: untouched; requests {before} -> {after}")
     finish(vns, "victim")
+    tk("apply", "-f", "-", input=json.dumps({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore",
+                                              "metadata": {"name": "busy", "namespace": xns},
+                                              "spec": {"checkpointName": "busy"}}))
+    wait_phase("restore", xns, "busy")
+    finish(xns, "own")
 
 
 def case_delete_suspended_checkpoint():
