@@ -462,11 +462,11 @@ def host_pid(ns, pod):
         try:
             with open(f"/proc/{d}/cgroup") as f:
                 cg = f.read()
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
+            with open(f"/proc/{d}/comm") as f:
+                comm = f.read().strip()
         except OSError:
             continue
-        if any(m in cg for m in marks) and b"gcr-testprog" in cmd:
+        if any(m in cg for m in marks) and comm == "gcr-testprog":  # not the sh that started it
             return int(d)
     raise AssertionError(f"no host process of {ns}/{pod}")
 
@@ -488,15 +488,24 @@ def tenant_kubeconfig(ns, sa, path):
 
 def case_tenant_forged_status():
     """Issue 15 on a real node: a ServiceAccount allowed everything on Checkpoints and Restores
-    (and their status) in its own namespace only forges statuses naming another namespace's
-    process (its host pid): the agent acts on none of it; that pod's own C/R still works."""
+    (and their status) in its own namespace only forges objects naming another namespace's
+    processes (host pids), while the agent's one worker is busy so that it first sees them with
+    their forged status: a Running Checkpoint naming a running process, a Succeeded one naming
+    a process its owner suspended, and a Restore of that. Neither process is touched; their
+    owner's own Checkpoint and Restore work."""
     vns, xns = "team-victim", "team-x"
     namespace(vns)
     namespace(xns)
     vpid, _ = workload_pod(vns, "victim", 3000)
-    hpid = host_pid(vns, "victim")
+    v2pid, _ = workload_pod(vns, "victim2", 3002)
+    hpid, h2pid = host_pid(vns, "victim"), host_pid(vns, "victim2")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "own2", "namespace": vns},
+           "spec": {"podName": "victim2"}})
+    wait_phase("checkpoint", vns, "own2")
     before = shim_status(vns, "victim", vpid).get("requests")
-    check(before is not None, "the shim reports no request counters")
+    before2 = shim_status(vns, "victim2", v2pid).get("requests")
+    check(before == {"suspend": 0, "resume": 0} and before2 == {"suspend": 1, "resume": 0},
+          f"request counters before: {before}, {before2}")
     apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant", "namespace": xns}})
     apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "cr-all", "namespace": xns},
            "rules": [{"apiGroups": ["gpucr.dev"], "verbs": ["*"],
@@ -511,17 +520,23 @@ def case_tenant_forged_status():
     def tk(*args, check_rc=True, input=None):
         return run([bin_kubectl, "--kubeconfig", kc, "-n", xns] + list(args), check_rc, 60, input)
     check(tk("auth", "can-i", "get", "pods", "-n", vns, check_rc=False).stdout.strip() == "no",
-          "the tenant can read the victim's pods")
+          "the tenant can read the victims' pods")
     node = ENV["GCR_TESTBED_NODE"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-    def forge(kind, name, spec, status):
+    def create(kind, name, spec):
         tk("apply", "-f", "-", input=json.dumps({"apiVersion": "gpucr.dev/v1alpha1", "kind": kind,
                                                   "metadata": {"name": name, "namespace": xns}, "spec": spec}))
-        tk("patch", kind.lower(), name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}),
-           check_rc=False)  # refused once the agent wrote a final phase: fine, nothing was to be gained
 
-    # The agent busy: one worker (maxParallel 1), paused before its suspend of the tenant's own
-    # pod, so it first sees the forged objects with their forged status (issue 15's race).
+    def forge(kind, name, spec, status):
+        create(kind, name, spec)
+        if status.get("phase") in ("Succeeded", "Failed"):
+            status = dict(status, completionTime=now, startTime=now)
+        # Accepted: the agent's only worker is busy, it has not written a final phase yet.
+        tk("patch", kind.lower(), name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+        log(f"tenant: {kind} {xns}/{name} status forged: {json.dumps(status)[:140]}")
+
+    # The agent busy: one worker (maxParallel 1), paused before its suspend of the tenant's own pod.
     helm = os.path.join(ENV["GCR_TESTBED_BIN"], "helm")
     base = ["--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={IMAGE_TAG}"]
     run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS] + base +
@@ -532,46 +547,41 @@ def case_tenant_forged_status():
     try:
         agent = wait_until("the paused agent Ready", lambda: (p := agent_ready()) and paused_env(p) and p, 120)
         workload_pod(xns, "own", 3001)
-        tk("apply", "-f", "-", input=json.dumps({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint",
-                                                  "metadata": {"name": "busy", "namespace": xns},
-                                                  "spec": {"podName": "own"}}))
+        create("Checkpoint", "busy", {"podName": "own"})
         wait_until("the agent's only worker paused", lambda: "test hook: pausing" in kubectl(
             "logs", "-n", SYSTEM_NS, agent["metadata"]["name"], "-c", "agent", check=False).stdout, 60)
         forge("Checkpoint", "steal", {"podName": "nope"},
               {"phase": "Running", "nodeName": node, "processes": [{"pid": hpid, "containerName": "main"}]})
         forge("Checkpoint", "fake", {"podName": "nope2"},
               {"phase": "Succeeded", "nodeName": node, "mode": "Full",
-               "processes": [{"pid": hpid, "containerName": "main"}]})
+               "processes": [{"pid": h2pid, "containerName": "main"}]})
         forge("Restore", "fake", {"checkpointName": "fake"}, {"phase": "Running", "nodeName": node})
         check(phase("checkpoint", xns, "busy") != "Succeeded", "the worker was not busy while the tenant forged")
-        wait_phase("checkpoint", xns, "busy")
-        wait_phase("checkpoint", xns, "steal", ("Failed",))
-        wait_phase("restore", xns, "fake", ("Failed",), timeout=60)
+        try:
+            wait_phase("checkpoint", xns, "busy")
+            wait_phase("checkpoint", xns, "steal", ("Failed",))
+            wait_phase("restore", xns, "fake", ("Failed",), timeout=60)
+        finally:
+            lines = [l for l in kubectl("logs", "-n", SYSTEM_NS, agent["metadata"]["name"], "-c", "agent",
+                                        check=False).stdout.splitlines() if "steal" in l or "/fake" in l]
+            log("agent on the forged objects:\n  " + "\n  ".join(lines[-12:]))
     finally:
         run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS, "--reset-values"] + base +
             ["--wait", "--timeout", "180s"], timeout=200)
         wait_until("the agent Ready with its defaults", lambda: (p := agent_ready()) and not paused_env(p) and p, 120)
-    check(smi(vns, "victim", "state", vpid) == "running", "the victim's driver state changed")
-    # The victim's owner suspends it; the tenant tries to resume it through forged objects.
-    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "own", "namespace": vns},
-           "spec": {"podName": "victim"}})
-    wait_phase("checkpoint", vns, "own")
-    forge("Checkpoint", "fake2", {"podName": "nope3"},
-          {"phase": "Succeeded", "nodeName": node, "processes": [{"pid": hpid, "containerName": "main"}]})
-    forge("Restore", "fake2", {"checkpointName": "fake2"}, {})
-    wait_phase("restore", xns, "fake2", ("Failed",), timeout=60)
-    check(smi(vns, "victim", "state", vpid) == "checkpointed", "the tenant resumed the victim")
-    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "own", "namespace": vns},
-           "spec": {"checkpointName": "own"}})
-    wait_phase("restore", vns, "own")
+    check(smi(vns, "victim", "state", vpid) == "running", "the running victim's driver state changed")
+    check(smi(vns, "victim2", "state", v2pid) == "checkpointed", "the tenant resumed the suspended victim")
     after = shim_status(vns, "victim", vpid).get("requests")
-    check(after == {"suspend": before["suspend"] + 1, "resume": before["resume"] + 1},
-          f"the victim got requests {before} -> {after}; only its owner's one suspend and one resume were due")
-    log(f"tenant forged Running/Succeeded statuses naming host pid {hpid}: untouched; requests {before} -> {after}")
+    after2 = shim_status(vns, "victim2", v2pid).get("requests")
+    check(after == before and after2 == before2, f"requests reached the victims: {before} -> {after}, "
+          f"{before2} -> {after2}")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "own2", "namespace": vns},
+           "spec": {"checkpointName": "own2"}})
+    wait_phase("restore", vns, "own2")
+    log(f"tenant forged statuses naming host pids {hpid}, {h2pid}: untouched; their owner's C/R works")
     finish(vns, "victim")
-    tk("apply", "-f", "-", input=json.dumps({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore",
-                                              "metadata": {"name": "busy", "namespace": xns},
-                                              "spec": {"checkpointName": "busy"}}))
+    finish(vns, "victim2")
+    create("Restore", "busy", {"checkpointName": "busy"})
     wait_phase("restore", xns, "busy")
     finish(xns, "own")
 
