@@ -291,7 +291,7 @@ CFG
 }
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 agent_args=(--kubeconfig "$work/agent.kubeconfig" --node-name node-dp --socket-dir "$arun"
-	--registry-socket "$arun/agent.sock" --metrics-address "127.0.0.1:$port" --proc-root "$work/proc")
+	--registry-socket "$arun/agent.sock" --record-dir "$work/records" --metrics-address "127.0.0.1:$port" --proc-root "$work/proc")
 agent_refuses() { # what enabled slots [shimEnv lines]
 	agent_cfg "$2" "$3" "${4:-}" >"$work/agent-bad.yaml"
 	timeout 10 "$agent_bin" --config "$work/agent-bad.yaml" "${agent_args[@]}" >"$work/agent-bad.log" 2>&1
@@ -313,6 +313,16 @@ agent_refuses "shimEnv with a nested value" true 4 '    X: {a: b}'
 agent_refuses "shimEnv with 33 entries" true 4 "$(for i in $(seq 33); do printf '    V%d: "x"\n' "$i"; done)"
 agent_refuses "shimEnv value over 1024 bytes" true 4 "    V: \"$(head -c 1025 /dev/zero | tr '\0' x)\""
 agent_refuses "shimEnv disabled plugin, bad name still refused" false 4 '    A.B: "1"'
+# The agent's records decide which processes are resumed: never in a directory pods see.
+agent_cfg true 4 "" >"$work/agent-bad.yaml"
+if timeout 10 "$agent_bin" --config "$work/agent-bad.yaml" "${agent_args[@]}" --record-dir "$arun/records" \
+	>"$work/agent-bad.log" 2>&1 || (($? == 124)); then
+	fail "agent refuses a record dir inside the registry socket's directory (it ran)"
+elif grep -q "recordDir .* lies in a directory the device plugin mounts into pods" "$work/agent-bad.log"; then
+	pass "agent refuses a record dir inside the registry socket's directory: $(grep -m1 '^gcr-agent:' "$work/agent-bad.log")"
+else
+	fail "agent refuses a record dir inside the registry socket's directory (other reason)" "$(cat "$work/agent-bad.log")"
+fi
 readyz() { python3 - "$port" <<'PY'
 import sys, urllib.request, urllib.error
 try:

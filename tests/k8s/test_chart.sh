@@ -407,7 +407,6 @@ create pods $NS_OTHER
 patch pods $NS_OTHER
 update pods/status $NS_OTHER
 update checkpoints.gpucr.dev $NS_OTHER
-patch checkpoints.gpucr.dev $NS_OTHER
 update checkpoints.gpucr.dev/status $NS_OTHER
 get restores.gpucr.dev $NS_OTHER
 patch restores.gpucr.dev $NS_OTHER
@@ -449,9 +448,19 @@ run "SA patches Checkpoint status (PATCH .../status)" \
 	"{\"status\":{\"phase\":\"Running\",\"nodeName\":\"node-a\",\"startTime\":\"$now\"}}"
 expect_eq "... and it is stored" "Running node-a" \
 	kc -n "$NS_OTHER" get checkpoint trainer-0-suspend -o 'jsonpath={.status.phase} {.status.nodeName}'
-refuse "SA cannot patch a Checkpoint itself (only its status)" "Forbidden" \
+# Its finalizer (gpucr.dev/resume-on-delete) is the one write it makes to a Checkpoint itself;
+# the CRD keeps spec immutable whoever patches.
+run "SA adds its finalizer to a Checkpoint (PATCH metadata.finalizers)" \
 	sa_patch "/apis/gpucr.dev/v1alpha1/namespaces/$NS_OTHER/checkpoints/trainer-0-suspend" \
-	'{"metadata":{"labels":{"x":"y"}}}'
+	'{"metadata":{"finalizers":["gpucr.dev/resume-on-delete"]}}'
+expect_eq "... and it is stored" "gpucr.dev/resume-on-delete" \
+	kc -n "$NS_OTHER" get checkpoint trainer-0-suspend -o 'jsonpath={.metadata.finalizers[0]}'
+run "SA removes it again" \
+	sa_patch "/apis/gpucr.dev/v1alpha1/namespaces/$NS_OTHER/checkpoints/trainer-0-suspend" \
+	'{"metadata":{"finalizers":null}}'
+refuse "a Checkpoint's spec stays immutable, also for the SA" "spec is immutable" \
+	sa_patch "/apis/gpucr.dev/v1alpha1/namespaces/$NS_OTHER/checkpoints/trainer-0-suspend" \
+	'{"spec":{"podName":"other"}}'
 cat >"$TMP/event.yaml" <<EOF
 apiVersion: events.k8s.io/v1
 kind: Event
