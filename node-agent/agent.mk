@@ -3,13 +3,13 @@
 # notes, Checkpoint/Restore objects, the agent's own records), linked by the agent and its tests.
 noinst_LTLIBRARIES += node-agent/libgcragent.la
 node_agent_libgcragent_la_SOURCES = \
-	node-agent/agent_cgroup.c node-agent/agent_cgroup.h \
-	node-agent/agent_kubeconfig.c node-agent/agent_kubeconfig.h \
-	node-agent/agent_watch.c node-agent/agent_watch.h \
-	node-agent/agent_scalemsg.c node-agent/agent_scalemsg.h \
-	node-agent/agent_crobj.c node-agent/agent_crobj.h \
-	node-agent/agent_record.c node-agent/agent_record.h
-node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
+	node-agent/daemon/agent_cgroup.c node-agent/daemon/agent_cgroup.h \
+	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \
+	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
+	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \
+	node-agent/controller/agent_crobj.c node-agent/controller/agent_crobj.h \
+	node-agent/controller/agent_record.c node-agent/controller/agent_record.h
+node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcragent_la_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LIBS)
 
@@ -17,17 +17,17 @@ node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LI
 # device plugin from libgcrdp below).
 bin_PROGRAMS += node-agent/gcr-agent
 node_agent_gcr_agent_SOURCES = \
-	node-agent/agent_main.c \
-	node-agent/agent_kube.c node-agent/agent_kube.h \
-	node-agent/agent_registry.c node-agent/agent_registry.h \
-	node-agent/agent_controller.c node-agent/agent_controller.h \
-	node-agent/agent_lease.c node-agent/agent_lease.h \
-	node-agent/agent_leader.c node-agent/agent_leader.h \
-	node-agent/agent_scaler.c node-agent/agent_scaler.h \
-	node-agent/agent_gate.c node-agent/agent_gate.h \
-	node-agent/agent_activity.c node-agent/agent_activity.h \
-	node-agent/agent_metrics.c node-agent/agent_metrics.h
-node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
+	node-agent/daemon/agent_main.c \
+	node-agent/kube/agent_kube.c node-agent/kube/agent_kube.h \
+	node-agent/daemon/agent_registry.c node-agent/daemon/agent_registry.h \
+	node-agent/controller/agent_controller.c node-agent/controller/agent_controller.h \
+	node-agent/kube/agent_lease.c node-agent/kube/agent_lease.h \
+	node-agent/kube/agent_leader.c node-agent/kube/agent_leader.h \
+	node-agent/scaler/agent_scaler.c node-agent/scaler/agent_scaler.h \
+	node-agent/scaler/agent_gate.c node-agent/scaler/agent_gate.h \
+	node-agent/daemon/agent_activity.c node-agent/daemon/agent_activity.h \
+	node-agent/daemon/agent_metrics.c node-agent/daemon/agent_metrics.h
+node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
 node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrdp.la lib/libgcrcontrol.la \
 	$(JANSSON_LIBS) $(YAML_LIBS) $(CURL_LIBS) $(MHD_LIBS) -ldl
@@ -35,16 +35,16 @@ node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrdp.la li
 # api.proto (committed, see scripts/gen-deviceplugin-proto.sh) and gRPC core.
 noinst_LTLIBRARIES += node-agent/libgcrdp.la
 node_agent_libgcrdp_la_SOURCES = \
-	node-agent/agent_dpmsg.c node-agent/agent_dpmsg.h \
-	node-agent/agent_deviceplugin.c node-agent/agent_deviceplugin.h \
-	node-agent/dp/api.pb-c.c node-agent/dp/api.pb-c.h
-node_agent_libgcrdp_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
+	node-agent/deviceplugin/agent_dpmsg.c node-agent/deviceplugin/agent_dpmsg.h \
+	node-agent/deviceplugin/agent_deviceplugin.c node-agent/deviceplugin/agent_deviceplugin.h \
+	node-agent/deviceplugin/api.pb-c.c node-agent/deviceplugin/api.pb-c.h
+node_agent_libgcrdp_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcrdp_la_CFLAGS = $(AM_CFLAGS) $(GRPC_CFLAGS) $(PROTOBUF_C_CFLAGS)
 node_agent_libgcrdp_la_LIBADD = lib/libgcrcommon.la $(GRPC_LIBS) $(PROTOBUF_C_LIBS)
-EXTRA_DIST += node-agent/dp/api.proto scripts/gen-deviceplugin-proto.sh
+EXTRA_DIST += node-agent/deviceplugin/api.proto scripts/gen-deviceplugin-proto.sh
 
 # The device plugin alone, for tests (tests/dp/test_deviceplugin.sh).
 noinst_PROGRAMS += node-agent/gcr-dp-standalone
-node_agent_gcr_dp_standalone_SOURCES = node-agent/gcr-dp-standalone.c
-node_agent_gcr_dp_standalone_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent
+node_agent_gcr_dp_standalone_SOURCES = node-agent/deviceplugin/gcr-dp-standalone.c
+node_agent_gcr_dp_standalone_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_gcr_dp_standalone_LDADD = node-agent/libgcrdp.la

@@ -6,27 +6,27 @@ lib_LTLIBRARIES += shim/libgcr.la
 shim_libgcr_la_SOURCES = $(SHIM_SOURCES)
 # The dlsym interposer is kept out of SHIM_CORE_SOURCES so tests can link the rest
 # into an ordinary program without taking over its dlsym.
-SHIM_SOURCES = $(SHIM_CORE_SOURCES) shim/shim_dlsym.c
+SHIM_SOURCES = $(SHIM_CORE_SOURCES) shim/core/shim_dlsym.c
 SHIM_CORE_SOURCES = \
-	shim/shim_main.c \
-	shim/shim_config.c shim/shim_config.h \
-	shim/shim_real.c shim/shim_real.h \
-	shim/shim_hook.c shim/shim_hook.h shim/shim_hooks.def \
-	shim/shim_hip_hook.c shim/shim_hip_hook.h shim/shim_hip_hooks.def \
-	shim/shim_hip_alloc.c shim/shim_hip_alloc.h \
-	shim/shim_gpu.h shim/shim_cuda.c shim/shim_hip.c \
-	shim/shim_procaddr.c \
-	shim/shim_gate.c shim/shim_gate.h \
-	shim/shim_alloc.c shim/shim_alloc.h \
-	shim/shim_staging.c shim/shim_staging.h \
-	shim/shim_digest.c shim/shim_digest.h shim/shim_digest_math.h shim/shim_digest_ptx.h \
-	shim/shim_image.c shim/shim_image.h \
-	shim/shim_cr.c shim/shim_cr.h \
-	shim/shim_ctl.c shim/shim_ctl.h
-shim_libgcr_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
+	shim/core/shim_main.c \
+	shim/core/shim_config.c shim/core/shim_config.h \
+	shim/core/shim_real.c shim/core/shim_real.h \
+	shim/cuda/shim_hook.c shim/cuda/shim_hook.h shim/cuda/shim_hooks.def \
+	shim/hip/shim_hip_hook.c shim/hip/shim_hip_hook.h shim/hip/shim_hip_hooks.def \
+	shim/hip/shim_hip_alloc.c shim/hip/shim_hip_alloc.h \
+	shim/core/shim_gpu.h shim/cuda/shim_cuda.c shim/hip/shim_hip.c \
+	shim/cuda/shim_procaddr.c \
+	shim/core/shim_gate.c shim/core/shim_gate.h \
+	shim/core/shim_alloc.c shim/core/shim_alloc.h \
+	shim/core/shim_staging.c shim/core/shim_staging.h \
+	shim/core/shim_digest.c shim/core/shim_digest.h shim/core/shim_digest_math.h shim/cuda/shim_digest_ptx.h \
+	shim/core/shim_image.c shim/core/shim_image.h \
+	shim/core/shim_cr.c shim/core/shim_cr.h \
+	shim/core/shim_ctl.c shim/core/shim_ctl.h
+shim_libgcr_la_CPPFLAGS = $(AM_CPPFLAGS) $(SHIM_INCLUDES) $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
 shim_libgcr_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden
 shim_libgcr_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 shim_libgcr_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
 	-Wl,--version-script=$(srcdir)/shim/libgcr.map -Wl,--exclude-libs,ALL -Wl,-z,nodelete \
 	-Wl,-rpath,'$$ORIGIN' -Wl,--enable-new-dtags
-EXTRA_DIST += shim/libgcr.map shim/shim_digest_kernel.cu
+EXTRA_DIST += shim/libgcr.map shim/cuda/shim_digest_kernel.cu

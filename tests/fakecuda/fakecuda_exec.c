@@ -15,7 +15,7 @@
 #define FAKE_MAX_DYNAMIC_SHARED 232448u /* bytes, H100 opt-in maximum */
 
 /* ---- built-in kernels: the ones of tests/progs/gcr_kernels.cu, same names and parameters,
- * and the shim's digest kernel (shim/shim_digest_kernel.cu) ---- */
+ * and the shim's digest kernel (shim/cuda/shim_digest_kernel.cu) ---- */
 
 struct fake_kernel {
 	const char *name;

@@ -12,7 +12,7 @@ fakecuda_sources = \
 fakecuda_headers = tests/fakecuda/fakecuda.h tests/fakecuda/fakecuda_pool.h tests/progs/gcr_kernels.h
 # The digest math the stand-in's gcr_chunk_digest shares with the shim (distributed with shim/),
 # and lib/'s way into another namespace's files, which the checkpoint client shares with gcrctl.
-fakecuda_deps = shim/shim_digest_math.h lib/gcr_procns.h lib/gcr_error.h
+fakecuda_deps = shim/core/shim_digest_math.h lib/gcr_procns.h lib/gcr_error.h
 fakecuda_lib_sources = lib/gcr_procns.c lib/gcr_error.c
 
 # A plain rule, not libtool: the file must be named exactly libcuda.so.1 (the soname the
@@ -26,7 +26,7 @@ $(FAKECUDA_LIB): $(fakecuda_sources:%=$(srcdir)/%) $(fakecuda_headers:%=$(srcdir
 		$(fakecuda_deps:%=$(srcdir)/%) $(fakecuda_lib_sources:%=$(srcdir)/%)
 	@$(MKDIR_P) tests/fakecuda
 	$(AM_V_CCLD)$(CC) $(DEFS) $(AM_CPPFLAGS) $(CPPFLAGS) $(CUDA_CPPFLAGS) \
-		-I$(srcdir)/tests/progs -I$(srcdir)/shim -I$(srcdir)/lib $(AM_CFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden \
+		-I$(srcdir)/tests/progs $(SHIM_INCLUDES) -I$(srcdir)/lib $(AM_CFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden \
 		-shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -Wl,-z,defs -o $@ \
 		$(fakecuda_sources:%=$(srcdir)/%) $(fakecuda_lib_sources:%=$(srcdir)/%) $(AM_LDFLAGS) $(LDFLAGS) -pthread
 
@@ -39,7 +39,7 @@ EXTRA_tests_fakecuda_fakesmi_DEPENDENCIES = $(FAKECUDA_LIB) $(FAKENVML_LIB)
 # The driver's own semantics, run by test_fakecuda.sh (which points LD_LIBRARY_PATH at the fake).
 noinst_PROGRAMS += tests/fakecuda/test-fakecuda-api
 tests_fakecuda_test_fakecuda_api_SOURCES = tests/fakecuda/test_fakecuda_api.c
-tests_fakecuda_test_fakecuda_api_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -I$(srcdir)/shim
+tests_fakecuda_test_fakecuda_api_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(SHIM_INCLUDES)
 tests_fakecuda_test_fakecuda_api_LDADD = -L$(top_builddir)/tests/fakecuda -l:libcuda.so.1
 EXTRA_tests_fakecuda_test_fakecuda_api_DEPENDENCIES = $(FAKECUDA_LIB)
 

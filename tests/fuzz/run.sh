@@ -14,16 +14,16 @@ set -u
 # The target's own file is tests/fuzz/<name>.c and its seeds are under
 # tests/fuzz/corpus/<name>/; a dictionary tests/fuzz/dict/<name>.dict is optional.
 TARGETS='
-fuzz_cgroup|node-agent/agent_cgroup.c|
+fuzz_cgroup|node-agent/daemon/agent_cgroup.c|
 fuzz_proto|lib/gcr_proto.c|jansson
-fuzz_kubeconfig|node-agent/agent_kubeconfig.c|yaml-0.1
-fuzz_watch|node-agent/agent_watch.c|jansson
-fuzz_dpmsg|node-agent/agent_dpmsg.c node-agent/dp/api.pb-c.c|libprotobuf-c
-fuzz_scalemsg|node-agent/agent_scalemsg.c lib/gcr_shimreply.c|jansson
+fuzz_kubeconfig|node-agent/kube/agent_kubeconfig.c|yaml-0.1
+fuzz_watch|node-agent/kube/agent_watch.c|jansson
+fuzz_dpmsg|node-agent/deviceplugin/agent_dpmsg.c node-agent/deviceplugin/api.pb-c.c|libprotobuf-c
+fuzz_scalemsg|node-agent/scaler/agent_scalemsg.c lib/gcr_shimreply.c|jansson
 fuzz_criu|lib/gcr_criu.c|
 fuzz_linebuf|lib/gcr_sock.c|
 fuzz_shimreply|lib/gcr_shimreply.c|jansson
-fuzz_crobj|node-agent/agent_crobj.c node-agent/agent_record.c|jansson
+fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_record.c|jansson
 '
 # Linked into every target.
 COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c'
@@ -32,7 +32,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 CLANG=${CLANG:-clang-14}
 FUZZ_WORKDIR=${FUZZ_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/gcr-fuzz.XXXXXX")}
 CFLAGS_FUZZ="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
-	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent"
+	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin"
 
 if [ ! -f tests/fuzz/run.sh ]; then
 	echo "run.sh: run me from the repository root" >&2

@@ -10,7 +10,7 @@ AGENT_UNIT_TESTS = \
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
-AGENT_TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/node-agent -I$(top_srcdir)/tests/unit
+AGENT_TEST_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES) -I$(top_srcdir)/tests/unit
 AGENT_TEST_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 AGENT_TEST_LDADD = node-agent/libgcragent.la
 
@@ -35,18 +35,18 @@ tests_unit_test_agent_record_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_record_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 
 # The agent's daemon modules, compiled into their tests from source.
-tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/agent_registry.c
+tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c
 tests_unit_test_agent_registry_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_registry_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_registry_LDADD = $(AGENT_TEST_LDADD) lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
 
-tests_unit_test_agent_activity_SOURCES = tests/unit/test_agent_activity.c node-agent/agent_activity.c \
-	node-agent/agent_registry.c
+tests_unit_test_agent_activity_SOURCES = tests/unit/test_agent_activity.c node-agent/daemon/agent_activity.c \
+	node-agent/daemon/agent_registry.c
 tests_unit_test_agent_activity_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_activity_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_activity_LDADD = $(AGENT_TEST_LDADD) lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl -lm
 
-tests_unit_test_agent_metrics_SOURCES = tests/unit/test_agent_metrics.c node-agent/agent_metrics.c
+tests_unit_test_agent_metrics_SOURCES = tests/unit/test_agent_metrics.c node-agent/daemon/agent_metrics.c
 tests_unit_test_agent_metrics_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_metrics_CFLAGS = $(AGENT_TEST_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
 tests_unit_test_agent_metrics_LDADD = $(AGENT_TEST_LDADD) $(CURL_LIBS) $(MHD_LIBS)

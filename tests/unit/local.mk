@@ -10,7 +10,7 @@ tests_unit_test_sock_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
 EXTRA_DIST += tests/unit/test_shim_exports.sh
 # The gate is tested inside a program built from the shim's own sources.
 tests_unit_test_gate_SOURCES = tests/unit/test_gate.c $(SHIM_CORE_SOURCES)
-tests_unit_test_gate_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
+tests_unit_test_gate_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(SHIM_INCLUDES) $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_gate_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 # The gate's per-thread records are freed at thread exit: 100k threads, bounded memory.
 check_PROGRAMS += tests/unit/test_thread_churn
@@ -45,7 +45,7 @@ tests_unit_test_shim_cuda_ops_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 EXTRA_tests_unit_test_shim_cuda_ops_DEPENDENCIES = $(FAKECUDA_LIB)
 TESTS += tests/unit/test_shim_hip_hook tests/unit/test_shim_hip_ops tests/unit/test_shim_hip_dlsym.sh
 EXTRA_DIST += tests/unit/test_shim_hip_dlsym.sh tests/unit/hip_util.h tests/unit/gate_util.h
-SHIM_TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
+SHIM_TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(SHIM_INCLUDES) $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_shim_hip_hook_SOURCES = tests/unit/test_shim_hip_hook.c $(SHIM_CORE_SOURCES)
 tests_unit_test_shim_hip_hook_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
 tests_unit_test_shim_hip_hook_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
@@ -55,7 +55,7 @@ tests_unit_test_shim_hip_ops_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
 tests_unit_test_shim_hip_ops_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 EXTRA_tests_unit_test_shim_hip_ops_DEPENDENCIES = $(FAKEHIP_LIB)
 tests_unit_hip_dlsym_check_SOURCES = tests/unit/hip_dlsym_check.c
-tests_unit_hip_dlsym_check_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit -I$(srcdir)/shim
+tests_unit_hip_dlsym_check_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(SHIM_INCLUDES)
 tests_unit_hip_dlsym_check_LDADD = -ldl
 EXTRA_tests_unit_hip_dlsym_check_DEPENDENCIES = $(FAKEHIP_LIB) shim/libgcr.la
 

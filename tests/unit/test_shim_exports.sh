@@ -4,11 +4,11 @@
 # C++ mangled name) plus dlsym and dlvsym.
 set -u
 so="$top_builddir/shim/.libs/libgcr.so"
-def="$top_srcdir/shim/shim_hooks.def"
-hipdef="$top_srcdir/shim/shim_hip_hooks.def"
+def="$top_srcdir/shim/cuda/shim_hooks.def"
+hipdef="$top_srcdir/shim/hip/shim_hip_hooks.def"
 # The mangled names of the CXX entries: the string after "#define SHIM_HIP_CXX_<sym> \".
 mangled() { awk -v s="SHIM_HIP_CXX_$1" '$1 == "#define" && $2 == s { getline; gsub(/[\t "]/, ""); print }' \
-	"$top_srcdir/shim/shim_hip_hook.c"; }
+	"$top_srcdir/shim/hip/shim_hip_hook.c"; }
 pass=0 fail=0
 check() { if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $*"; fi; }
 

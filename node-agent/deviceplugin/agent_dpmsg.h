@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dp/api.pb-c.h"
+#include "api.pb-c.h"
 #include "gcr_error.h"
 
 #define AGENT_DPMSG_MAX_BYTES (1u << 20)   /* largest request we unpack: 1 MiB */
