@@ -1,4 +1,4 @@
-/* gcr_time: time arithmetic shared by the agent's threads (gcr_time.h). */
+/* gcr_time: the one clock reader and time arithmetic (gcr_time.h). */
 #include "gcr_time.h"
 
 void gcr_time_deadline(struct timespec *dl, long ms)
@@ -10,4 +10,11 @@ void gcr_time_deadline(struct timespec *dl, long ms)
 		dl->tv_sec++;
 		dl->tv_nsec -= 1000000000L;
 	}
+}
+
+double gcr_time_mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }

@@ -1,5 +1,5 @@
-/* gcr_time: time arithmetic shared by the agent's threads, so no module carries its own
- * copy of the nanosecond carry. */
+/* gcr_time: the one clock reader and time arithmetic shared by the shim, the agent and
+ * gcrctl, so no module carries its own copy of clock_gettime or the nanosecond carry. */
 #ifndef GCR_TIME_H
 #define GCR_TIME_H
 
@@ -8,5 +8,10 @@
 /* The absolute CLOCK_REALTIME time ms milliseconds (>= 0) from now, as
  * pthread_cond_timedwait takes it (condition variables default to CLOCK_REALTIME). */
 void gcr_time_deadline(struct timespec *dl, long ms);
+
+/* Milliseconds on CLOCK_MONOTONIC, with the fraction (timings report sub-millisecond steps;
+ * a double holds whole milliseconds exactly for 285,000 years). Never goes back; its zero
+ * is arbitrary, so only differences mean anything. */
+double gcr_time_mono_ms(void);
 
 #endif
