@@ -1,0 +1,95 @@
+#!/bin/bash
+# The rules of docs/architecture.md, checked on the source:
+#  1. the #include "..." graph of shim/ (and of node-agent/, lib/) has no cycle;
+#  2. no folder includes a header from a layer above it (lib <- shim, lib <- node-agent;
+#     shim/core never includes a vendor backend's header except through shim_gpu.h's ops);
+#  3. a process-state string is compared in one place only (lib/gcr_cr.c, gcr_cr_state);
+#  4. vendor-neutral code never asks which backend it runs on (no "== &shim_cuda_ops").
+set -euo pipefail
+top=${top_srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
+exec python3 - "$top" <<'EOF'
+import os, re, sys
+top = sys.argv[1]
+fail = []
+
+def sources(*dirs):
+    for d in dirs:
+        for root, _, files in os.walk(os.path.join(top, d)):
+            for f in files:
+                if f.endswith(('.c', '.h', '.def')):
+                    yield os.path.join(root, f)
+
+inc = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# The folder a header lives in, by bare name (headers are included by bare name).
+where = {}
+for p in sources('lib', 'include', 'shim', 'node-agent'):
+    where.setdefault(os.path.basename(p), []).append(p)
+
+def module(p):  # foo.c and foo.h are one module
+    return os.path.splitext(os.path.relpath(p, top))[0]
+
+def graph(dirs):
+    g = {}
+    for p in sources(*dirs):
+        m = module(p)
+        g.setdefault(m, set())
+        for h in inc.findall(open(p, errors='replace').read()):
+            for q in where.get(os.path.basename(h), []):
+                if any(os.path.relpath(q, top).startswith(d + '/') for d in dirs):
+                    if module(q) != m:
+                        g[m].add(module(q))
+    return g
+
+def cycles(g):
+    out, state, stack = [], {}, []
+    def visit(n):
+        state[n] = 1; stack.append(n)
+        for k in sorted(g.get(n, ())):
+            if state.get(k) == 1:
+                out.append(stack[stack.index(k):] + [k])
+            elif k not in state:
+                visit(k)
+        stack.pop(); state[n] = 2
+    for n in sorted(g):
+        if n not in state:
+            visit(n)
+    return out
+
+for dirs in (('shim',), ('node-agent',), ('lib',)):
+    for c in cycles(graph(dirs)):
+        fail.append('include cycle in %s/: %s' % (dirs[0], ' -> '.join(c)))
+
+# Layers: lib and include know nothing of shim or node-agent; shim and node-agent never
+# include each other; shim/core names no vendor header (shim_gpu.h is the seam).
+def layer_check(src_dirs, banned_dirs, why):
+    for p in sources(*src_dirs):
+        for h in inc.findall(open(p, errors='replace').read()):
+            for q in where.get(os.path.basename(h), []):
+                rq = os.path.relpath(q, top)
+                if not h.endswith('.def') and any(rq.startswith(b + '/') for b in banned_dirs):
+                    fail.append('%s includes %s (%s)' % (os.path.relpath(p, top), rq, why))
+layer_check(('lib', 'include'), ('shim', 'node-agent'), 'lib is below shim and node-agent')
+layer_check(('shim',), ('node-agent',), 'the shim does not know the agent')
+layer_check(('node-agent',), ('shim',), 'the agent speaks to the shim only through lib/ and protocol.h')
+layer_check(('shim/core',), ('shim/cuda', 'shim/hip'), 'the core reaches a backend only through shim_gpu_ops')
+
+# One place compares process states.
+state_word = re.compile(r'"(running|suspending|suspended|resuming|checkpointed|locked|resident|none)"'
+                        r'|GCR_\w*STATE\w*')
+for p in sources('lib', 'shim', 'node-agent'):
+    rp = os.path.relpath(p, top)
+    for i, line in enumerate(open(p, errors='replace'), 1):
+        if 'strcmp' in line and state_word.search(line) and rp != 'lib/gcr_cr.c':
+            fail.append('%s:%d compares a process state outside gcr_cr_state: %s' % (rp, i, line.strip()))
+
+for p in sources('shim'):
+    rp = os.path.relpath(p, top)
+    for i, line in enumerate(open(p, errors='replace'), 1):
+        if re.search(r'[=!]=\s*&shim_(cuda|hip)_ops|&shim_(cuda|hip)_ops\s*[=!]=', line):
+            fail.append('%s:%d asks which backend it runs on: %s' % (rp, i, line.strip()))
+
+for f in fail:
+    print('FAIL', f)
+print('architecture: %d problem(s)' % len(fail))
+sys.exit(1 if fail else 0)
+EOF
