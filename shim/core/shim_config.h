@@ -1,5 +1,5 @@
 /* shim_config: the shim's settings, read once from the environment at load time
- * (one table row per option: name, default, parser). */
+ * (one table row per option in shim_config.c: name, parser, default, accepted range). */
 #ifndef SHIM_CONFIG_H
 #define SHIM_CONFIG_H
 

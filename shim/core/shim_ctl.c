@@ -15,12 +15,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "gcr_log.h"
 #include "gcr_proto.h"
 #include "gcr_sock.h"
+#include "gcr_time.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_cr.h"
@@ -287,17 +287,10 @@ static void reply_error(int fd, int code, const char *msg)
 	free(line);
 }
 
-static long long mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 struct conn {
 	int fd; /* -1: free slot */
 	struct gcr_linebuf lb;
-	long long deadline; /* ms (CLOCK_MONOTONIC): closed unless a full line came by then */
+	long long deadline; /* whole ms of gcr_time_mono_ms(): closed unless a full line came by then */
 };
 
 static void conn_close(struct conn *c)
@@ -335,7 +328,7 @@ static bool conn_serve(struct conn *c)
 				undo_suspend("its reply could not be sent (the client has gone)");
 			return false;
 		}
-		c->deadline = mono_ms() + IDLE_MS;
+		c->deadline = (long long)gcr_time_mono_ms() + IDLE_MS;
 	}
 	if (n == -EMSGSIZE || n == -EBADMSG)
 		reply_error(c->fd, (int)n, err.msg);
@@ -380,7 +373,7 @@ static bool accept_all(int lfd, struct conn *conns, int *failing, int *rest_ms)
 			conn_close(slot);
 		slot->fd = fd;
 		gcr_linebuf_init(&slot->lb, GCR_PROTO_MAX_LINE);
-		slot->deadline = mono_ms() + IDLE_MS;
+		slot->deadline = (long long)gcr_time_mono_ms() + IDLE_MS;
 	}
 }
 
@@ -397,7 +390,7 @@ static void *ctl_thread(void *arg)
 	for (int i = 0; i < MAX_CONNS; i++)
 		conns[i].fd = -1;
 	for (;;) {
-		long long now = mono_ms(), wake = now + IDLE_MS;
+		long long now = (long long)gcr_time_mono_ms(), wake = now + IDLE_MS;
 		int np = 1;
 		pfd[0] = (struct pollfd){ .fd = now < rest_until ? -1 : lfd, .events = POLLIN };
 		if (now < rest_until)
@@ -413,7 +406,7 @@ static void *ctl_thread(void *arg)
 		int pr = poll(pfd, (nfds_t)np, wake > now ? (int)(wake - now) : 0);
 		if (pr < 0 && errno != EINTR) {
 			GCR_LOG(GCR_LOG_ERROR, "shim", "control socket poll: %s; retrying", strerror(errno));
-			rest_until = mono_ms() + ACCEPT_ODD_BACKOFF_MS;
+			rest_until = (long long)gcr_time_mono_ms() + ACCEPT_ODD_BACKOFF_MS;
 			continue;
 		}
 		for (int k = 1; pr > 0 && k < np; k++)
@@ -421,9 +414,9 @@ static void *ctl_thread(void *arg)
 				conn_close(&conns[who[k]]);
 		int rest_ms = 0;
 		if (pr > 0 && pfd[0].revents != 0 && !accept_all(lfd, conns, &failing, &rest_ms))
-			rest_until = mono_ms() + rest_ms;
+			rest_until = (long long)gcr_time_mono_ms() + rest_ms;
 		/* After the reads: a line that came while a long request ran is served, not dropped. */
-		now = mono_ms();
+		now = (long long)gcr_time_mono_ms();
 		for (int i = 0; i < MAX_CONNS; i++)
 			if (conns[i].fd >= 0 && conns[i].deadline <= now &&
 			    (!conn_serve(&conns[i]) || conns[i].deadline <= now))

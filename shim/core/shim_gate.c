@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "gcr_time.h"
+
 static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
 static atomic_int gate_closed;
@@ -153,21 +155,14 @@ void shim_gate_exit(struct shim_thread *t)
 	atomic_fetch_sub_explicit(&t->active, 1, memory_order_release);
 }
 
-static long long now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 int shim_gate_close(int timeout_ms, struct gcr_err *err)
 {
 	atomic_store(&gate_closed, 1);
-	long long deadline = now_us() + (long long)timeout_ms * 1000;
+	double deadline = gcr_time_mono_ms() + timeout_ms;
 	/* Threads registered after gate_closed was set see it before they can run a
 	 * gated call, so once a scan finds every thread outside, none can get in. */
 	while (any_active()) {
-		if (now_us() > deadline) {
+		if (gcr_time_mono_ms() > deadline) {
 			shim_gate_open();
 			return gcr_err_set(err, -EBUSY, "a thread stayed inside a CUDA call for %d ms; gate reopened",
 					   timeout_ms);
