@@ -25,8 +25,6 @@
 #include "shim_config.h"
 #include "shim_cr.h"
 #include "shim_gate.h"
-#include "shim_hip_hook.h"
-#include "shim_hook.h"
 #include "shim_real.h"
 #include "shim_staging.h"
 
@@ -62,7 +60,8 @@ const char *shim_ctl_path(void)
 /* Which GPU runtimes the process uses: gcrctl and the agent choose the backend from it. */
 static json_t *backends_json(void)
 {
-	return json_pack("{s:b, s:b}", "cuda", shim_real_cuda_handle() != NULL, "hip", shim_hip_handle() != NULL);
+	return json_pack("{s:b, s:b}", "cuda", shim_real_handle(SHIM_CUDA) != NULL, "hip",
+			 shim_real_handle(SHIM_HIP) != NULL);
 }
 
 /* The GPU memory the driver's restore of this process needs, as gcr_cr recorded it at the
@@ -117,27 +116,24 @@ static json_t *status_json(void)
 static json_t *stats_json(void)
 {
 	json_t *calls = json_object();
-	for (int i = 0; i < SHIM_HOOK_COUNT; i++)
-		for (int v = 0; v < 2; v++) {
-			const char *name = shim_hook_name((enum shim_hook_id)i, v);
-			uint64_t n = name ? shim_gate_total_calls((enum shim_hook_id)i, v) : 0;
-			if (n > 0)
-				json_object_set_new(calls, name, json_integer((json_int_t)n));
-		}
-	for (int i = 0; i < SHIM_HIP_HOOK_COUNT; i++)
-		for (int v = 0; v < 2; v++) {
-			const char *name = shim_hip_hook_name((enum shim_hip_hook_id)i, v);
-			uint64_t n = name ? shim_gate_total_hip_calls((enum shim_hip_hook_id)i, v) : 0;
-			if (n > 0)
-				json_object_set_new(calls, name, json_integer((json_int_t)n));
-		}
+	for (int vendor = 0; vendor < SHIM_VENDORS; vendor++) {
+		unsigned count;
+		const struct shim_hook *hooks = shim_real_hooks((enum shim_vendor)vendor, &count);
+		for (unsigned i = 0; i < count; i++)
+			for (int v = 0; v < 2; v++) {
+				const char *name = hooks[i].name[v];
+				uint64_t n = name ? shim_gate_total_calls(SHIM_HOOK_ROW(vendor, i), v) : 0;
+				if (n > 0)
+					json_object_set_new(calls, name, json_integer((json_int_t)n));
+			}
+	}
 	struct shim_alloc_stats st;
 	shim_alloc_stats(&st);
 	return json_pack("{s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I}, s:{s:I, s:I}, s:o}",
-			 "calls", calls, "lookups", "dlsym_cu", (json_int_t)shim_lookups.dlsym_cu,
-			 "dlsym_wrapped", (json_int_t)shim_lookups.dlsym_wrapped,
-			 "dlsym_hip", (json_int_t)shim_hip_lookups.dlsym_hip,
-			 "dlsym_hip_wrapped", (json_int_t)shim_hip_lookups.dlsym_wrapped,
+			 "calls", calls, "lookups", "dlsym_cu", (json_int_t)shim_lookups.dlsym[SHIM_CUDA],
+			 "dlsym_wrapped", (json_int_t)shim_lookups.dlsym_wrapped[SHIM_CUDA],
+			 "dlsym_hip", (json_int_t)shim_lookups.dlsym[SHIM_HIP],
+			 "dlsym_hip_wrapped", (json_int_t)shim_lookups.dlsym_wrapped[SHIM_HIP],
 			 "procaddr", (json_int_t)shim_lookups.procaddr,
 			 "procaddr_wrapped", (json_int_t)shim_lookups.procaddr_wrapped,
 			 "procaddr_by_name", (json_int_t)shim_lookups.procaddr_by_name,

@@ -121,10 +121,10 @@ static int any_active(void)
 	return busy;
 }
 
-static struct shim_thread *enter_row(unsigned row, int variant)
+struct shim_thread *shim_gate_enter(unsigned row, int variant)
 {
 	struct shim_thread *t = shim_thread_self();
-	shim_count_row(t, row, variant);
+	shim_count(t, row, variant);
 	for (;;) {
 		/* seq_cst add, then seq_cst load: pairs with close()'s store-then-scan. */
 		if (atomic_fetch_add(&t->active, 1) > 0)
@@ -138,16 +138,6 @@ static struct shim_thread *enter_row(unsigned row, int variant)
 			pthread_cond_wait(&gate_cond, &gate_lock);
 		pthread_mutex_unlock(&gate_lock);
 	}
-}
-
-struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant)
-{
-	return enter_row((unsigned)id, variant);
-}
-
-struct shim_thread *shim_gate_enter_hip(enum shim_hip_hook_id id, int variant)
-{
-	return enter_row(SHIM_HOOK_COUNT + (unsigned)id, variant);
 }
 
 void shim_gate_exit(struct shim_thread *t)
@@ -188,7 +178,7 @@ int shim_gate_is_closed(void)
 	return atomic_load(&gate_closed);
 }
 
-static uint64_t total_row(unsigned row, int variant)
+uint64_t shim_gate_total_calls(unsigned row, int variant)
 {
 	pthread_mutex_lock(&threads_lock);
 	uint64_t sum = retired[row][variant];
@@ -196,16 +186,6 @@ static uint64_t total_row(unsigned row, int variant)
 		sum += atomic_load_explicit(&t->calls[row][variant], memory_order_relaxed);
 	pthread_mutex_unlock(&threads_lock);
 	return sum;
-}
-
-uint64_t shim_gate_total_calls(enum shim_hook_id id, int variant)
-{
-	return total_row((unsigned)id, variant);
-}
-
-uint64_t shim_gate_total_hip_calls(enum shim_hip_hook_id id, int variant)
-{
-	return total_row(SHIM_HOOK_COUNT + (unsigned)id, variant);
 }
 
 uint64_t shim_gate_waits(void)
