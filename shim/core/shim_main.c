@@ -7,7 +7,7 @@
 #include "shim_config.h"
 #include "shim_ctl.h"
 #include "shim_gate.h"
-#include "shim_hook.h"
+#include "shim_hooktab.h"
 #include "shim_real.h"
 
 /* Runs in every process the preload reaches (shells, compilers, ...), so it only

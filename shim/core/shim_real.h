@@ -100,6 +100,14 @@ static inline void *shim_real_hook(enum shim_vendor vendor, unsigned id, int var
 	return (vendor == SHIM_HIP ? shim_hip_hooks : shim_hooks)[id].real[variant];
 }
 
+/* The real function behind a hook, typed as the vendor's header declares it (HIP's only in
+ * files that include hip_runtime_api.h); NULL when the runtime cannot be loaded or lacks the
+ * symbol. Variant 0 is the plain symbol, 1 its twin (struct shim_hook). */
+#define SHIM_REAL(sym, variant) \
+	((__typeof__(&sym))shim_real_hook(SHIM_CUDA, SHIM_HOOK_##sym, (variant)))
+#define SHIM_HIP_REAL(sym, variant) \
+	((__typeof__(&sym))shim_real_hook(SHIM_HIP, SHIM_HIP_HOOK_##sym, (variant)))
+
 /* Given a real runtime function pointer, the shim's wrapper for it, or NULL (not a hook).
  * Loads the runtime first if needed: CUDA from the object holding real_fn, HIP only when
  * that object is libamdhip64. */

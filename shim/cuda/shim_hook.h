@@ -1,6 +1,6 @@
 /* shim_hook: the CUDA driver's hook table (rows from shim_hooks.def, layout and loading in
- * shim_hooktab.h and shim_real): the declarations its wrappers need and typed access to the
- * real driver functions. */
+ * shim_hooktab.h and shim_real): the declarations its wrappers need. SHIM_REAL, typed access
+ * to the real driver functions, is in shim_real.h. */
 #ifndef SHIM_HOOK_H
 #define SHIM_HOOK_H
 
@@ -27,17 +27,5 @@ SHIM_GATE_LIST
 SHIM_CUSTOM_LIST
 #undef SHIM_GATE
 #undef SHIM_CUSTOM
-
-/* The real driver function for a hook, typed as cuda.h declares it; NULL when the
- * driver could not be loaded or lacks the symbol. Variant 0 is the legacy-stream symbol,
- * 1 its per-thread-default-stream twin. */
-#define SHIM_REAL(sym, variant) \
-	((__typeof__(&sym))shim_real_hook(SHIM_CUDA, SHIM_HOOK_##sym, (variant)))
-
-/* compat: removed after merge */
-static inline void *shim_hook_real(enum shim_hook_id id, int variant)
-{
-	return shim_real_hook(SHIM_CUDA, id, variant);
-}
 
 #endif
