@@ -3,6 +3,7 @@
 #include "shim_config.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,7 +80,7 @@ static const struct option options[] = {
 	{ "GCR_GATE_TIMEOUT_MS", parse_int, &shim_cfg.gate_timeout_ms, "30000", 0, INT_MAX_SETTING },
 };
 
-void shim_config_load(void)
+static void load(void)
 {
 	for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++) {
 		const struct option *o = &options[i];
@@ -89,4 +90,10 @@ void shim_config_load(void)
 		if (v != NULL && o->parse(v, o) < 0)
 			GCR_LOG(GCR_LOG_WARN, "shim", "ignoring %s=%s (invalid value)", o->env, v);
 	}
+}
+
+void shim_config_load(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, load);
 }

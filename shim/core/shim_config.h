@@ -20,6 +20,8 @@ struct shim_config {
 
 extern struct shim_config shim_cfg;
 
+/* Reads the settings once: from the constructor, or earlier from whatever needs them first
+ * (a runtime loaded before the constructor ran); later calls keep what was read. */
 void shim_config_load(void);
 
 #endif

@@ -254,6 +254,7 @@ static int cuda_check(void *h, const char *path)
 	const char *lacks = bind_cu(h);
 	if (lacks == NULL)
 		return 1;
+	shim_config_load(); /* first, so reading the settings later cannot undo this */
 	shim_cfg.vmm = 0;
 	gcr_log_problem("shim", "pid %d: the CUDA driver %s lacks %s; the process runs without GCR and "
 			"cannot be suspended", (int)getpid(), path, lacks);
