@@ -1,5 +1,5 @@
 /* shim_config: the shim's settings, read once from the environment at load time
- * (one table row per option: name, default, parser). */
+ * (one table row per option in shim_config.c: name, parser, default, accepted range). */
 #ifndef SHIM_CONFIG_H
 #define SHIM_CONFIG_H
 
@@ -20,6 +20,8 @@ struct shim_config {
 
 extern struct shim_config shim_cfg;
 
+/* Reads the settings once: from the constructor, or earlier from whatever needs them first
+ * (a runtime loaded before the constructor ran); later calls keep what was read. */
 void shim_config_load(void);
 
 #endif

@@ -15,18 +15,16 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "gcr_log.h"
 #include "gcr_proto.h"
 #include "gcr_sock.h"
+#include "gcr_time.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_cr.h"
 #include "shim_gate.h"
-#include "shim_hip_hook.h"
-#include "shim_hook.h"
 #include "shim_real.h"
 #include "shim_staging.h"
 
@@ -62,7 +60,8 @@ const char *shim_ctl_path(void)
 /* Which GPU runtimes the process uses: gcrctl and the agent choose the backend from it. */
 static json_t *backends_json(void)
 {
-	return json_pack("{s:b, s:b}", "cuda", shim_real_cuda_handle() != NULL, "hip", shim_hip_handle() != NULL);
+	return json_pack("{s:b, s:b}", "cuda", shim_real_handle(SHIM_CUDA) != NULL, "hip",
+			 shim_real_handle(SHIM_HIP) != NULL);
 }
 
 /* The GPU memory the driver's restore of this process needs, as gcr_cr recorded it at the
@@ -117,27 +116,24 @@ static json_t *status_json(void)
 static json_t *stats_json(void)
 {
 	json_t *calls = json_object();
-	for (int i = 0; i < SHIM_HOOK_COUNT; i++)
-		for (int v = 0; v < 2; v++) {
-			const char *name = shim_hook_name((enum shim_hook_id)i, v);
-			uint64_t n = name ? shim_gate_total_calls((enum shim_hook_id)i, v) : 0;
-			if (n > 0)
-				json_object_set_new(calls, name, json_integer((json_int_t)n));
-		}
-	for (int i = 0; i < SHIM_HIP_HOOK_COUNT; i++)
-		for (int v = 0; v < 2; v++) {
-			const char *name = shim_hip_hook_name((enum shim_hip_hook_id)i, v);
-			uint64_t n = name ? shim_gate_total_hip_calls((enum shim_hip_hook_id)i, v) : 0;
-			if (n > 0)
-				json_object_set_new(calls, name, json_integer((json_int_t)n));
-		}
+	for (int vendor = 0; vendor < SHIM_VENDORS; vendor++) {
+		unsigned count;
+		const struct shim_hook *hooks = shim_real_hooks((enum shim_vendor)vendor, &count);
+		for (unsigned i = 0; i < count; i++)
+			for (int v = 0; v < 2; v++) {
+				const char *name = hooks[i].name[v];
+				uint64_t n = name ? shim_gate_total_calls(SHIM_HOOK_ROW(vendor, i), v) : 0;
+				if (n > 0)
+					json_object_set_new(calls, name, json_integer((json_int_t)n));
+			}
+	}
 	struct shim_alloc_stats st;
 	shim_alloc_stats(&st);
 	return json_pack("{s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I}, s:{s:I, s:I}, s:o}",
-			 "calls", calls, "lookups", "dlsym_cu", (json_int_t)shim_lookups.dlsym_cu,
-			 "dlsym_wrapped", (json_int_t)shim_lookups.dlsym_wrapped,
-			 "dlsym_hip", (json_int_t)shim_hip_lookups.dlsym_hip,
-			 "dlsym_hip_wrapped", (json_int_t)shim_hip_lookups.dlsym_wrapped,
+			 "calls", calls, "lookups", "dlsym_cu", (json_int_t)shim_lookups.dlsym[SHIM_CUDA],
+			 "dlsym_wrapped", (json_int_t)shim_lookups.dlsym_wrapped[SHIM_CUDA],
+			 "dlsym_hip", (json_int_t)shim_lookups.dlsym[SHIM_HIP],
+			 "dlsym_hip_wrapped", (json_int_t)shim_lookups.dlsym_wrapped[SHIM_HIP],
 			 "procaddr", (json_int_t)shim_lookups.procaddr,
 			 "procaddr_wrapped", (json_int_t)shim_lookups.procaddr_wrapped,
 			 "procaddr_by_name", (json_int_t)shim_lookups.procaddr_by_name,
@@ -287,17 +283,10 @@ static void reply_error(int fd, int code, const char *msg)
 	free(line);
 }
 
-static long long mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 struct conn {
 	int fd; /* -1: free slot */
 	struct gcr_linebuf lb;
-	long long deadline; /* ms (CLOCK_MONOTONIC): closed unless a full line came by then */
+	long long deadline; /* whole ms of gcr_time_mono_ms(): closed unless a full line came by then */
 };
 
 static void conn_close(struct conn *c)
@@ -335,7 +324,7 @@ static bool conn_serve(struct conn *c)
 				undo_suspend("its reply could not be sent (the client has gone)");
 			return false;
 		}
-		c->deadline = mono_ms() + IDLE_MS;
+		c->deadline = (long long)gcr_time_mono_ms() + IDLE_MS;
 	}
 	if (n == -EMSGSIZE || n == -EBADMSG)
 		reply_error(c->fd, (int)n, err.msg);
@@ -380,7 +369,7 @@ static bool accept_all(int lfd, struct conn *conns, int *failing, int *rest_ms)
 			conn_close(slot);
 		slot->fd = fd;
 		gcr_linebuf_init(&slot->lb, GCR_PROTO_MAX_LINE);
-		slot->deadline = mono_ms() + IDLE_MS;
+		slot->deadline = (long long)gcr_time_mono_ms() + IDLE_MS;
 	}
 }
 
@@ -397,7 +386,7 @@ static void *ctl_thread(void *arg)
 	for (int i = 0; i < MAX_CONNS; i++)
 		conns[i].fd = -1;
 	for (;;) {
-		long long now = mono_ms(), wake = now + IDLE_MS;
+		long long now = (long long)gcr_time_mono_ms(), wake = now + IDLE_MS;
 		int np = 1;
 		pfd[0] = (struct pollfd){ .fd = now < rest_until ? -1 : lfd, .events = POLLIN };
 		if (now < rest_until)
@@ -413,7 +402,7 @@ static void *ctl_thread(void *arg)
 		int pr = poll(pfd, (nfds_t)np, wake > now ? (int)(wake - now) : 0);
 		if (pr < 0 && errno != EINTR) {
 			GCR_LOG(GCR_LOG_ERROR, "shim", "control socket poll: %s; retrying", strerror(errno));
-			rest_until = mono_ms() + ACCEPT_ODD_BACKOFF_MS;
+			rest_until = (long long)gcr_time_mono_ms() + ACCEPT_ODD_BACKOFF_MS;
 			continue;
 		}
 		for (int k = 1; pr > 0 && k < np; k++)
@@ -421,9 +410,9 @@ static void *ctl_thread(void *arg)
 				conn_close(&conns[who[k]]);
 		int rest_ms = 0;
 		if (pr > 0 && pfd[0].revents != 0 && !accept_all(lfd, conns, &failing, &rest_ms))
-			rest_until = mono_ms() + rest_ms;
+			rest_until = (long long)gcr_time_mono_ms() + rest_ms;
 		/* After the reads: a line that came while a long request ran is served, not dropped. */
-		now = mono_ms();
+		now = (long long)gcr_time_mono_ms();
 		for (int i = 0; i < MAX_CONNS; i++)
 			if (conns[i].fd >= 0 && conns[i].deadline <= now &&
 			    (!conn_serve(&conns[i]) || conns[i].deadline <= now))

@@ -4,8 +4,7 @@
 #include <dlfcn.h>
 #include <stdatomic.h>
 
-#include "shim_hip_hook.h"
-#include "shim_hook.h"
+#include "shim_hooktab.h"
 #include "shim_real.h"
 
 /* HIP names: "hip..." and the C++ mangled "_Z<len>hip..." of hip_ext.h's launches. */
@@ -17,30 +16,24 @@ __attribute__((no_sanitize("address", "undefined"))) static int is_hip_name(cons
 	return n[0] == 'h' && n[1] == 'i' && n[2] == 'p';
 }
 
-/* HIP lookups: the same swap, against the HIP hook table. */
-__attribute__((no_sanitize("address", "undefined"))) static void *filter_hip(void *found)
-{
-	atomic_fetch_add_explicit(&shim_hip_lookups.dlsym_hip, 1, memory_order_relaxed);
-	void *w = shim_hip_hook_wrap_real(found);
-	if (w == NULL)
-		return found;
-	atomic_fetch_add_explicit(&shim_hip_lookups.dlsym_wrapped, 1, memory_order_relaxed);
-	return w;
-}
-
 /* Any driver or HIP runtime entry point the shim interposes is answered with its
  * wrapper, whatever handle it was looked up on; everything else is left alone. */
 __attribute__((no_sanitize("address", "undefined"))) static void *filter(void *found, const char *name)
 {
-	if (found != NULL && name != NULL && is_hip_name(name))
-		return filter_hip(found);
-	if (found == NULL || name == NULL || name[0] != 'c' || name[1] != 'u')
+	if (found == NULL || name == NULL)
 		return found;
-	atomic_fetch_add_explicit(&shim_lookups.dlsym_cu, 1, memory_order_relaxed);
-	void *w = shim_hook_wrap_real(found);
+	enum shim_vendor vendor;
+	if (is_hip_name(name))
+		vendor = SHIM_HIP;
+	else if (name[0] == 'c' && name[1] == 'u')
+		vendor = SHIM_CUDA;
+	else
+		return found;
+	atomic_fetch_add_explicit(&shim_lookups.dlsym[vendor], 1, memory_order_relaxed);
+	void *w = shim_real_wrap(vendor, found);
 	if (w == NULL)
 		return found;
-	atomic_fetch_add_explicit(&shim_lookups.dlsym_wrapped, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&shim_lookups.dlsym_wrapped[vendor], 1, memory_order_relaxed);
 	return w;
 }
 

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "gcr_time.h"
+
 static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
 static atomic_int gate_closed;
@@ -119,10 +121,10 @@ static int any_active(void)
 	return busy;
 }
 
-static struct shim_thread *enter_row(unsigned row, int variant)
+struct shim_thread *shim_gate_enter(unsigned row, int variant)
 {
 	struct shim_thread *t = shim_thread_self();
-	shim_count_row(t, row, variant);
+	shim_count(t, row, variant);
 	for (;;) {
 		/* seq_cst add, then seq_cst load: pairs with close()'s store-then-scan. */
 		if (atomic_fetch_add(&t->active, 1) > 0)
@@ -138,36 +140,19 @@ static struct shim_thread *enter_row(unsigned row, int variant)
 	}
 }
 
-struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant)
-{
-	return enter_row((unsigned)id, variant);
-}
-
-struct shim_thread *shim_gate_enter_hip(enum shim_hip_hook_id id, int variant)
-{
-	return enter_row(SHIM_HOOK_COUNT + (unsigned)id, variant);
-}
-
 void shim_gate_exit(struct shim_thread *t)
 {
 	atomic_fetch_sub_explicit(&t->active, 1, memory_order_release);
 }
 
-static long long now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 int shim_gate_close(int timeout_ms, struct gcr_err *err)
 {
 	atomic_store(&gate_closed, 1);
-	long long deadline = now_us() + (long long)timeout_ms * 1000;
+	double deadline = gcr_time_mono_ms() + timeout_ms;
 	/* Threads registered after gate_closed was set see it before they can run a
 	 * gated call, so once a scan finds every thread outside, none can get in. */
 	while (any_active()) {
-		if (now_us() > deadline) {
+		if (gcr_time_mono_ms() > deadline) {
 			shim_gate_open();
 			return gcr_err_set(err, -EBUSY, "a thread stayed inside a CUDA call for %d ms; gate reopened",
 					   timeout_ms);
@@ -193,7 +178,7 @@ int shim_gate_is_closed(void)
 	return atomic_load(&gate_closed);
 }
 
-static uint64_t total_row(unsigned row, int variant)
+uint64_t shim_gate_total_calls(unsigned row, int variant)
 {
 	pthread_mutex_lock(&threads_lock);
 	uint64_t sum = retired[row][variant];
@@ -201,16 +186,6 @@ static uint64_t total_row(unsigned row, int variant)
 		sum += atomic_load_explicit(&t->calls[row][variant], memory_order_relaxed);
 	pthread_mutex_unlock(&threads_lock);
 	return sum;
-}
-
-uint64_t shim_gate_total_calls(enum shim_hook_id id, int variant)
-{
-	return total_row((unsigned)id, variant);
-}
-
-uint64_t shim_gate_total_hip_calls(enum shim_hip_hook_id id, int variant)
-{
-	return total_row(SHIM_HOOK_COUNT + (unsigned)id, variant);
 }
 
 uint64_t shim_gate_waits(void)

@@ -8,11 +8,10 @@
 #include <stdint.h>
 
 #include "gcr_error.h"
-#include "shim_hip_hook.h"
-#include "shim_hook.h"
+#include "shim_hooktab.h"
 
-/* Counter rows: the CUDA hooks, then the HIP hooks (one gate serves both vendors). */
-#define SHIM_GATE_ROWS (SHIM_HOOK_COUNT + SHIM_HIP_HOOK_COUNT)
+/* Counter rows: every vendor's hooks (SHIM_HOOK_ROW in shim_hooktab.h). */
+#define SHIM_GATE_ROWS SHIM_HOOK_ROWS
 
 /* One per live application thread that called a hook; freed at thread exit, its
  * counts added to the totals. Counters written by the owner only (relaxed stores). */
@@ -26,21 +25,16 @@ struct shim_thread *shim_thread_self(void);
 /* Records held now (live threads that called a hook, and the shared fallback). */
 size_t shim_gate_nthreads(void);
 
-static inline void shim_count_row(struct shim_thread *t, unsigned row, int variant)
+/* Counts a call that does not pass the gate (resolvers, init) on row SHIM_HOOK_ROW(v, id). */
+static inline void shim_count(struct shim_thread *t, unsigned row, int variant)
 {
 	uint64_t c = atomic_load_explicit(&t->calls[row][variant], memory_order_relaxed);
 	atomic_store_explicit(&t->calls[row][variant], c + 1, memory_order_relaxed);
 }
 
-static inline void shim_count(struct shim_thread *t, enum shim_hook_id id, int variant)
-{
-	shim_count_row(t, (unsigned)id, variant);
-}
-
-/* Entering blocks while the gate is closed. The fast path is one atomic add on
- * the thread's own cache line and one load of a read-mostly flag. */
-struct shim_thread *shim_gate_enter(enum shim_hook_id id, int variant);
-struct shim_thread *shim_gate_enter_hip(enum shim_hip_hook_id id, int variant);
+/* Entering counts the call on its row and blocks while the gate is closed. The fast path is
+ * one atomic add on the thread's own cache line and one load of a read-mostly flag. */
+struct shim_thread *shim_gate_enter(unsigned row, int variant);
 void shim_gate_exit(struct shim_thread *t);
 
 /* Closes the gate and waits until no thread is inside a gated call.
@@ -49,9 +43,20 @@ int shim_gate_close(int timeout_ms, struct gcr_err *err);
 void shim_gate_open(void);
 int shim_gate_is_closed(void);
 
-/* Sums of every thread's counters, and how many calls waited at the gate. */
-uint64_t shim_gate_total_calls(enum shim_hook_id id, int variant);
-uint64_t shim_gate_total_hip_calls(enum shim_hip_hook_id id, int variant);
+/* Sums of every thread's counters on a row, and how many calls waited at the gate. */
+uint64_t shim_gate_total_calls(unsigned row, int variant);
 uint64_t shim_gate_waits(void);
+
+/* compat: removed after merge */
+static inline struct shim_thread *shim_gate_enter_hip(enum shim_hip_hook_id id, int variant)
+{
+	return shim_gate_enter(SHIM_HOOK_ROW(SHIM_HIP, id), variant);
+}
+
+/* compat: removed after merge */
+static inline uint64_t shim_gate_total_hip_calls(enum shim_hip_hook_id id, int variant)
+{
+	return shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, id), variant);
+}
 
 #endif

@@ -1,5 +1,7 @@
-/* shim_real: where the shim finds the real dynamic-linker entry points and the real
- * driver. dlsym is read out of libc's ELF symbol table so it never recurses. */
+/* shim_real: where the shim finds the real dynamic-linker entry points and the real GPU
+ * runtimes. dlsym is read out of libc's ELF symbol table so it never recurses; each runtime
+ * is one row of the runtimes table below (how to find it, its hook table, what it must have),
+ * loaded by the same code for every vendor. */
 #include "shim_real.h"
 
 #include <dlfcn.h>
@@ -9,9 +11,10 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gcr_log.h"
-#include "shim_hook.h"
+#include "shim_config.h"
 
 /* Sanitizer runtimes resolve their own interceptors through dlsym before they are
  * initialised: the code on that path must not be instrumented, and must not call
@@ -163,54 +166,226 @@ SHIM_EARLY void *shim_real_dlvsym_ptr(void)
 }
 
 struct shim_cu shim_cu;
+struct shim_lookups shim_lookups;
+atomic_int shim_real_ready[SHIM_VENDORS];
 
-static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *cuda_handle; /* written once under cuda_lock, then read lock-free */
+/* Stand-ins for driver functions the driver lacks: an error, never a NULL call. */
+#define X(f, params) \
+	static CUresult missing_##f params { return CUDA_ERROR_NOT_FOUND; }
+SHIM_CU_INTERNAL_LIST SHIM_CU_OPTIONAL_LIST
+#undef X
 
-int shim_real_load_cuda(const void *hint)
+/* Fills shim_cu from the driver h; returns the first required function it lacks, or NULL. */
+static const char *bind_cu(void *h)
 {
-	if (__atomic_load_n(&cuda_handle, __ATOMIC_ACQUIRE) != NULL)
-		return 0;
-	pthread_mutex_lock(&cuda_lock);
-	int rc = 0;
-	if (cuda_handle != NULL)
-		goto out;
-	const char *path = "libcuda.so.1";
+	const char *lacks = NULL;
+#define X(f, params)                                                          \
+	shim_cu.f = (__typeof__(&f))shim_real_dlsym(h, #f);                   \
+	if (shim_cu.f == NULL) {                                              \
+		shim_cu.f = missing_##f;                                      \
+		if (lacks == NULL && required)                                \
+			lacks = #f;                                           \
+	}
+	int required = 1;
+	SHIM_CU_INTERNAL_LIST
+	required = 0;
+	SHIM_CU_OPTIONAL_LIST
+#undef X
+	return lacks;
+}
+
+/* The object holding addr, unless it is the shim itself (the application looked a wrapper up). */
+static const char *object_of(const void *addr)
+{
 	Dl_info di, self;
-	if (hint != NULL && dladdr(hint, &di) != 0 && di.dli_fname != NULL &&
-	    !(dladdr((void *)&shim_real_load_cuda, &self) != 0 && self.dli_fbase == di.dli_fbase))
-		path = di.dli_fname; /* the very library the application opened */
+	if (addr == NULL || dladdr(addr, &di) == 0 || di.dli_fname == NULL)
+		return NULL;
+	if (dladdr((void *)&shim_real_load, &self) != 0 && self.dli_fbase == di.dli_fbase)
+		return NULL;
+	return di.dli_fname;
+}
+
+/* The object holding addr if it is a HIP runtime. */
+static const char *hip_runtime_of(const void *addr)
+{
+	const char *path = object_of(addr);
+	return path != NULL && strstr(path, "libamdhip64") != NULL ? path : NULL;
+}
+
+static void *dlopen_loaded_first(const char *path)
+{
 	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+	return h != NULL ? h : dlopen(path, RTLD_NOW);
+}
+
+static void *open_cuda(const void *hint, const char **path)
+{
+	*path = object_of(hint); /* the very library the application opened */
+	if (*path == NULL)
+		*path = "libcuda.so.1";
+	void *h = dlopen_loaded_first(*path);
 	if (h == NULL)
-		h = dlopen(path, RTLD_NOW);
+		GCR_LOG(GCR_LOG_ERROR, "shim", "cannot open the CUDA driver %s: %s", *path, dlerror());
+	return h;
+}
+
+static void *open_hip(const void *hint, const char **path)
+{
+	*path = hip_runtime_of(hint);
+	void *h = *path != NULL ? dlopen(*path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+	static const char *const sonames[] = SHIM_HIP_SONAMES;
+	const size_t n = sizeof(sonames) / sizeof(sonames[0]);
+	/* The runtime the application already loaded wins over any newer one on disk. */
+	for (size_t i = 0; h == NULL && i < n; i++)
+		if ((h = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD)) != NULL)
+			*path = sonames[i];
+	for (size_t i = 0; h == NULL && i < n; i++)
+		if ((h = dlopen(sonames[i], RTLD_NOW)) != NULL)
+			*path = sonames[i];
+	if (h == NULL)
+		GCR_LOG(GCR_LOG_ERROR, "shim", "cannot open the HIP runtime (libamdhip64.so.7/6/5)");
+	return h;
+}
+
+/* A loaded CUDA driver that lacks a function the shim's own work needs: the application runs
+ * on it through the wrappers, but the shim converts no allocation and never serves. */
+static int cuda_check(void *h, const char *path)
+{
+	const char *lacks = bind_cu(h);
+	if (lacks == NULL)
+		return 1;
+	shim_config_load(); /* first, so reading the settings later cannot undo this */
+	shim_cfg.vmm = 0;
+	gcr_log_problem("shim", "pid %d: the CUDA driver %s lacks %s; the process runs without GCR and "
+			"cannot be suspended", (int)getpid(), path, lacks);
+	return 0;
+}
+
+struct runtime {
+	const char *what;
+	struct shim_hook *hooks;
+	unsigned count;
+	void *(*open)(const void *hint, const char **path);
+	/* Whether a lookup's answer may name the runtime to load (NULL: any may). */
+	const char *(*owns)(const void *fn);
+	/* After the hook table is filled: 1 if the shim can serve on this runtime. */
+	int (*check)(void *h, const char *path);
+	int serve_on_use; /* the first call through a hook serves (no init call all programs make) */
+	pthread_mutex_t lock;
+	void *handle;	  /* written once under lock, then read lock-free */
+	int serves;	  /* set with handle */
+};
+
+static struct runtime runtimes[SHIM_VENDORS] = {
+	[SHIM_CUDA] = { .what = "CUDA driver", .hooks = shim_hooks, .count = SHIM_HOOK_COUNT,
+			.open = open_cuda, .check = cuda_check, .lock = PTHREAD_MUTEX_INITIALIZER },
+	[SHIM_HIP] = { .what = "HIP runtime", .hooks = shim_hip_hooks, .count = SHIM_HIP_HOOK_COUNT,
+		       .open = open_hip, .owns = hip_runtime_of, .serve_on_use = 1,
+		       .lock = PTHREAD_MUTEX_INITIALIZER },
+};
+
+int shim_real_load(enum shim_vendor vendor, const void *hint)
+{
+	struct runtime *rt = &runtimes[vendor];
+	if (__atomic_load_n(&rt->handle, __ATOMIC_ACQUIRE) != NULL)
+		return 0;
+	pthread_mutex_lock(&rt->lock);
+	int rc = 0;
+	if (rt->handle != NULL)
+		goto out;
+	const char *path = NULL;
+	void *h = rt->open(hint, &path);
 	if (h == NULL) {
-		GCR_LOG(GCR_LOG_ERROR, "shim", "cannot open the CUDA driver %s: %s", path, dlerror());
 		rc = -ENOENT;
 		goto out;
 	}
-	for (int i = 0; i < SHIM_HOOK_COUNT; i++)
+	for (unsigned i = 0; i < rt->count; i++)
 		for (int v = 0; v < 2; v++)
-			if (shim_hooks[i].name[v] != NULL)
-				shim_hooks[i].real[v] = shim_real_dlsym(h, shim_hooks[i].name[v]);
-#define X(f) shim_cu.f = (__typeof__(&f))shim_real_dlsym(h, #f);
-	SHIM_CU_INTERNAL_LIST
-#undef X
-	__atomic_store_n(&cuda_handle, h, __ATOMIC_RELEASE);
-	GCR_LOG(GCR_LOG_DEBUG, "shim", "driver loaded from %s", path);
+			if (rt->hooks[i].name[v] != NULL)
+				rt->hooks[i].real[v] = shim_real_dlsym(h, rt->hooks[i].name[v]);
+	rt->serves = rt->check == NULL || rt->check(h, path);
+	__atomic_store_n(&rt->handle, h, __ATOMIC_RELEASE);
+	GCR_LOG(GCR_LOG_DEBUG, "shim", "%s loaded from %s", rt->what, path);
 out:
-	pthread_mutex_unlock(&cuda_lock);
+	pthread_mutex_unlock(&rt->lock);
 	return rc;
 }
 
-void *shim_real_cuda_handle(void)
+void *shim_real_handle(enum shim_vendor vendor)
 {
-	return __atomic_load_n(&cuda_handle, __ATOMIC_ACQUIRE);
+	return __atomic_load_n(&runtimes[vendor].handle, __ATOMIC_ACQUIRE);
+}
+
+static void (*serve_fn)(void);
+
+void shim_real_on_serve(void (*serve)(void))
+{
+	__atomic_store_n(&serve_fn, serve, __ATOMIC_RELEASE);
+}
+
+/* 1 once serving was started or is not possible; 0 while no serve function is set (a call
+ * that comes before the library's constructor ran). */
+static int serve(enum shim_vendor vendor)
+{
+	if (!runtimes[vendor].serves)
+		return 1;
+	void (*fn)(void) = __atomic_load_n(&serve_fn, __ATOMIC_ACQUIRE);
+	if (fn == NULL)
+		return 0;
+	fn();
+	return 1;
+}
+
+void shim_real_serve(enum shim_vendor vendor)
+{
+	if (shim_real_handle(vendor) != NULL)
+		serve(vendor);
+}
+
+void *shim_real_hook_slow(enum shim_vendor vendor, unsigned id, int variant)
+{
+	struct runtime *rt = &runtimes[vendor];
+	if (shim_real_load(vendor, NULL) < 0)
+		return NULL;
+	if (!rt->serve_on_use || serve(vendor))
+		atomic_store_explicit(&shim_real_ready[vendor], 1, memory_order_release);
+	return rt->hooks[id].real[variant];
+}
+
+void *shim_real_wrap(enum shim_vendor vendor, void *real_fn)
+{
+	struct runtime *rt = &runtimes[vendor];
+	if (real_fn == NULL)
+		return NULL;
+	if (shim_real_handle(vendor) == NULL &&
+	    ((rt->owns != NULL && rt->owns(real_fn) == NULL) || shim_real_load(vendor, real_fn) < 0))
+		return NULL;
+	for (unsigned i = 0; i < rt->count; i++)
+		for (int v = 0; v < 2; v++)
+			if (rt->hooks[i].real[v] == real_fn)
+				return rt->hooks[i].wrapper[v];
+	return NULL;
+}
+
+void *shim_real_wrap_name(enum shim_vendor vendor, const char *name)
+{
+	const struct runtime *rt = &runtimes[vendor];
+	for (unsigned i = 0; i < rt->count; i++)
+		for (int v = 0; v < 2; v++)
+			if (rt->hooks[i].name[v] != NULL && strcmp(rt->hooks[i].name[v], name) == 0)
+				return rt->hooks[i].wrapper[v];
+	return NULL;
+}
+
+struct shim_hook *shim_real_hooks(enum shim_vendor vendor, unsigned *count)
+{
+	*count = runtimes[vendor].count;
+	return runtimes[vendor].hooks;
 }
 
 void shim_real_relax_capture(void)
 {
-	if (shim_cu.cuThreadExchangeStreamCaptureMode != NULL) {
-		CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	if (shim_real_handle(SHIM_CUDA) != NULL)
 		shim_cu.cuThreadExchangeStreamCaptureMode(&mode);
-	}
 }

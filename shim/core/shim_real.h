@@ -1,27 +1,61 @@
-/* shim_real: the real dlsym/dlvsym (found in libc's own symbol table, never through
- * the dlsym the shim interposes) and the real driver library's handle. */
+/* shim_real: where the shim finds the real entry points: the real dlsym/dlvsym (found in
+ * libc's own symbol table, never through the dlsym the shim interposes), and the GPU runtimes
+ * (libcuda, libamdhip64): both handles, the loading that fills every vendor's hook table, the
+ * driver functions the shim calls for its own work (shim_cu), and whether the shim serves. */
 #ifndef SHIM_REAL_H
 #define SHIM_REAL_H
 
 #include <cuda.h>
+#include <stdatomic.h>
+#include <stdint.h>
 
-/* Driver functions the shim calls for its own work but does not interpose. */
+#include "shim_hooktab.h"
+
+/* Driver functions the shim calls for its own work but does not interpose, with cuda.h's
+ * parameter lists (each stub below is checked against the header's prototype). The driver
+ * must have every one of SHIM_CU_INTERNAL_LIST, or the shim does not serve in the process;
+ * SHIM_CU_OPTIONAL_LIST may be missing (older drivers, the stand-in). Either way, once the
+ * driver is loaded no member of shim_cu is NULL: a missing one is a stub answering
+ * CUDA_ERROR_NOT_FOUND, so callers need no NULL checks. */
 #define SHIM_CU_INTERNAL_LIST \
-	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuCtxGetCurrent) X(cuCtxSetCurrent) \
-	X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuMemGetAllocationGranularity) \
-	X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceCanAccessPeer) X(cuStreamCreate) \
-	X(cuStreamSynchronize) X(cuMemHostRegister_v2) X(cuMemHostUnregister) \
-	X(cuDevicePrimaryCtxRetain) X(cuGetErrorName) X(cuMemGetInfo_v2) \
-	X(cuEventCreate) X(cuEventSynchronize) X(cuEventDestroy_v2) \
-	X(cuThreadExchangeStreamCaptureMode) X(cuModuleLoadData) X(cuModuleGetFunction) \
-	X(cuMemHostAlloc) X(cuMemFreeHost) X(cuStreamDestroy_v2) X(cuCtxGetLimit) X(cuCtxSetLimit)
+	X(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) \
+	X(cuMemAddressFree, (CUdeviceptr ptr, size_t size)) \
+	X(cuCtxGetCurrent, (CUcontext *pctx)) \
+	X(cuCtxSetCurrent, (CUcontext ctx)) \
+	X(cuCtxGetDevice, (CUdevice *device)) \
+	X(cuCtxSynchronize, (void)) \
+	X(cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option)) \
+	X(cuDeviceGetCount, (int *count)) \
+	X(cuDeviceGet, (CUdevice *device, int ordinal)) \
+	X(cuStreamCreate, (CUstream *phStream, unsigned int Flags)) \
+	X(cuStreamSynchronize, (CUstream hStream)) \
+	X(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags)) \
+	X(cuMemHostUnregister, (void *p)) \
+	X(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev)) \
+	X(cuGetErrorName, (CUresult error, const char **pStr)) \
+	X(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes)) \
+	X(cuEventCreate, (CUevent *phEvent, unsigned int Flags)) \
+	X(cuEventSynchronize, (CUevent hEvent)) \
+	X(cuEventDestroy_v2, (CUevent hEvent)) \
+	X(cuModuleLoadData, (CUmodule *module, const void *image)) \
+	X(cuModuleGetFunction, (CUfunction *hfunc, CUmodule hmod, const char *name)) \
+	X(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags)) \
+	X(cuMemFreeHost, (void *p)) \
+	X(cuStreamDestroy_v2, (CUstream hStream)) \
+	X(cuCtxGetLimit, (size_t *pvalue, CUlimit limit)) \
+	X(cuCtxSetLimit, (CUlimit limit, size_t value))
+/* The relaxed capture mode is only needed where capture exists; a single-device process
+ * never asks about peers. */
+#define SHIM_CU_OPTIONAL_LIST \
+	X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode)) \
+	X(cuDeviceCanAccessPeer, (int *canAccessPeer, CUdevice dev, CUdevice peerDev))
 
 struct shim_cu {
-#define X(f) __typeof__(&f) f;
-	SHIM_CU_INTERNAL_LIST
+#define X(f, params) __typeof__(&f) f;
+	SHIM_CU_INTERNAL_LIST SHIM_CU_OPTIONAL_LIST
 #undef X
 };
-/* Filled with the driver table; a NULL member means the driver lacks it. */
+/* Filled when the CUDA driver is loaded (shim_real_load). */
 extern struct shim_cu shim_cu;
 
 /* For the shim's own threads: relaxed stream-capture mode, so their driver calls
@@ -38,10 +72,76 @@ void *shim_real_dlvsym(void *handle, const char *name, const char *version);
 void *shim_real_dlsym_ptr(void);
 void *shim_real_dlvsym_ptr(void);
 
-/* Opens the driver (the object that holds hint, or "libcuda.so.1" when hint is
- * NULL) once and fills shim_hooks[].real. Returns 0 or -errno. */
-int shim_real_load_cuda(const void *hint);
-/* The driver's handle, or NULL before shim_real_load_cuda succeeded. */
-void *shim_real_cuda_handle(void);
+/* Newest first: ROCm 7, 6, then Debian bookworm's 5.2. */
+#define SHIM_HIP_SONAMES { "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5" }
+
+/* Opens a vendor's runtime once and fills its hook table (and, for CUDA, shim_cu).
+ * CUDA: the object holding hint (the very library the application opened), else
+ * "libcuda.so.1". HIP: the object holding hint if it is libamdhip64, else the first of
+ * SHIM_HIP_SONAMES already loaded, else the first that loads. Nothing of a vendor is
+ * touched in a process that never calls it. 0 or -errno. */
+int shim_real_load(enum shim_vendor vendor, const void *hint);
+/* The runtime's handle, or NULL before shim_real_load succeeded. */
+void *shim_real_handle(enum shim_vendor vendor);
+
+/* Set once a vendor's hooks may be answered without the slow path below. Read-only after
+ * that: the hot path reads it, never writes it. */
+extern atomic_int shim_real_ready[SHIM_VENDORS];
+void *shim_real_hook_slow(enum shim_vendor vendor, unsigned id, int variant);
+
+/* The real function behind a vendor's hook (id from shim_hooktab.h), loading the runtime on
+ * first use; NULL when the runtime cannot be loaded or lacks the symbol. A HIP process is
+ * one the shim must be reachable in, so HIP's first use also calls shim_real_serve (as the
+ * cuInit wrapper does for CUDA). Inline: every wrapped launch and copy takes this path. */
+static inline void *shim_real_hook(enum shim_vendor vendor, unsigned id, int variant)
+{
+	if (__builtin_expect(!atomic_load_explicit(&shim_real_ready[vendor], memory_order_acquire), 0))
+		return shim_real_hook_slow(vendor, id, variant);
+	return (vendor == SHIM_HIP ? shim_hip_hooks : shim_hooks)[id].real[variant];
+}
+
+/* The real function behind a hook, typed as the vendor's header declares it (HIP's only in
+ * files that include hip_runtime_api.h); NULL when the runtime cannot be loaded or lacks the
+ * symbol. Variant 0 is the plain symbol, 1 its twin (struct shim_hook). */
+#define SHIM_REAL(sym, variant) \
+	((__typeof__(&sym))shim_real_hook(SHIM_CUDA, SHIM_HOOK_##sym, (variant)))
+#define SHIM_HIP_REAL(sym, variant) \
+	((__typeof__(&sym))shim_real_hook(SHIM_HIP, SHIM_HIP_HOOK_##sym, (variant)))
+
+/* Given a real runtime function pointer, the shim's wrapper for it, or NULL (not a hook).
+ * Loads the runtime first if needed: CUDA from the object holding real_fn, HIP only when
+ * that object is libamdhip64. */
+void *shim_real_wrap(enum shim_vendor vendor, void *real_fn);
+/* The wrapper for an exported symbol name of the vendor (NULL if not interposed). */
+void *shim_real_wrap_name(enum shim_vendor vendor, const char *name);
+/* The vendor's table: its rows, and how many. */
+struct shim_hook *shim_real_hooks(enum shim_vendor vendor, unsigned *count);
+
+/* The process uses a vendor's runtime (CUDA: cuInit succeeded; HIP: a first call): the shim
+ * starts serving it (the control socket) through the function set by shim_real_on_serve,
+ * unless the runtime lacks what the shim needs (said once, when it was loaded). */
+void shim_real_serve(enum shim_vendor vendor);
+/* Set once, by the library's constructor (shim_main.c): the one place that starts serving. */
+void shim_real_on_serve(void (*serve)(void));
+
+/* How programs found the runtimes: lookups by dlsym (per vendor) and through
+ * cuGetProcAddress, and how many answers were the shim's wrappers. */
+struct shim_lookups {
+	_Atomic uint64_t dlsym[SHIM_VENDORS], dlsym_wrapped[SHIM_VENDORS];
+	_Atomic uint64_t procaddr, procaddr_wrapped, procaddr_by_name, procaddr_passthrough;
+};
+extern struct shim_lookups shim_lookups;
+
+/* compat: removed after merge */
+static inline int shim_real_load_cuda(const void *hint)
+{
+	return shim_real_load(SHIM_CUDA, hint);
+}
+
+/* compat: removed after merge */
+static inline void *shim_real_cuda_handle(void)
+{
+	return shim_real_handle(SHIM_CUDA);
+}
 
 #endif

@@ -42,7 +42,7 @@ static void *by_name(const char *symbol, int version, cuuint64_t flags)
 static void swap_answer(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
 	atomic_fetch_add_explicit(&shim_lookups.procaddr, 1, memory_order_relaxed);
-	void *w = shim_hook_wrap_real(*pfn);
+	void *w = shim_real_wrap(SHIM_CUDA, *pfn);
 	if (w != NULL) {
 		atomic_fetch_add_explicit(&shim_lookups.procaddr_wrapped, 1, memory_order_relaxed);
 		*pfn = w;
@@ -63,7 +63,7 @@ static CUresult procaddr_v2(int variant, const char *symbol, void **pfn, int cud
 	__typeof__(&cuGetProcAddress_v2) real = SHIM_REAL(cuGetProcAddress_v2, variant);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	shim_count(shim_thread_self(), SHIM_HOOK_cuGetProcAddress_v2, variant);
+	shim_count(shim_thread_self(), SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuGetProcAddress_v2), variant);
 	CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
 	if (r == CUDA_SUCCESS && pfn != NULL && *pfn != NULL && symbol != NULL)
 		swap_answer(symbol, pfn, cudaVersion, flags);
@@ -84,10 +84,10 @@ SHIM_EXPORT CUresult cuGetProcAddress_v2_ptsz(const char *symbol, void **pfn, in
 
 SHIM_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
-	shim_procaddr_v1_fn real = (shim_procaddr_v1_fn)shim_hook_real(SHIM_HOOK_cuGetProcAddress, 0);
+	shim_procaddr_v1_fn real = (shim_procaddr_v1_fn)shim_real_hook(SHIM_CUDA, SHIM_HOOK_cuGetProcAddress, 0);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	shim_count(shim_thread_self(), SHIM_HOOK_cuGetProcAddress, 0);
+	shim_count(shim_thread_self(), SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuGetProcAddress), 0);
 	CUresult r = real(symbol, pfn, cudaVersion, flags);
 	if (r == CUDA_SUCCESS && pfn != NULL && *pfn != NULL && symbol != NULL)
 		swap_answer(symbol, pfn, cudaVersion, flags);

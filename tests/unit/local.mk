@@ -54,6 +54,13 @@ tests_unit_test_shim_hip_ops_SOURCES = tests/unit/test_shim_hip_ops.c $(SHIM_COR
 tests_unit_test_shim_hip_ops_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
 tests_unit_test_shim_hip_ops_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 EXTRA_tests_unit_test_shim_hip_ops_DEPENDENCIES = $(FAKEHIP_LIB)
+# The runtimes' loading (shim_real): what the shim does on a driver that lacks what it needs.
+check_PROGRAMS += tests/unit/test_shim_real
+TESTS += tests/unit/test_shim_real
+tests_unit_test_shim_real_SOURCES = tests/unit/test_shim_real.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_real_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_real_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_real_DEPENDENCIES = $(FAKEHIP_LIB)
 tests_unit_hip_dlsym_check_SOURCES = tests/unit/hip_dlsym_check.c
 tests_unit_hip_dlsym_check_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(SHIM_INCLUDES)
 tests_unit_hip_dlsym_check_LDADD = -ldl

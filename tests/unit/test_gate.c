@@ -16,7 +16,7 @@ static atomic_int release_inside;
 static void *hold_inside(void *arg)
 {
 	(void)arg;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuLaunchKernel, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuLaunchKernel), 0);
 	atomic_store(&inside, 1);
 	while (!atomic_load(&release_inside))
 		sched_yield();
@@ -27,7 +27,7 @@ static void *hold_inside(void *arg)
 static void *enter_once(void *arg)
 {
 	(void)arg;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemcpyHtoD_v2, 1);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemcpyHtoD_v2), 1);
 	atomic_store(&passed, 1);
 	shim_gate_exit(t);
 	return NULL;
@@ -50,8 +50,14 @@ int main(void)
 
 	/* Open: calls pass and are counted per hook and variant. */
 	for (int i = 0; i < 5; i++)
-		shim_gate_exit(shim_gate_enter(SHIM_HOOK_cuLaunchKernel, 0));
-	CHECK(shim_gate_total_calls(SHIM_HOOK_cuLaunchKernel, 0) == 5);
+		shim_gate_exit(shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuLaunchKernel), 0));
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuLaunchKernel), 0) == 5);
+	/* One gate for both vendors, each hook on its own row: a HIP launch is not a CUDA one. */
+	shim_gate_exit(shim_gate_enter(SHIM_HOOK_ROW(SHIM_HIP, SHIM_HIP_HOOK_hipLaunchKernel), 1));
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, SHIM_HIP_HOOK_hipLaunchKernel), 1) == 1);
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, SHIM_HIP_HOOK_hipLaunchKernel), 0) == 0);
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuLaunchKernel), 0) == 5);
+	CHECK(SHIM_HOOK_ROW(SHIM_HIP, 0) == SHIM_HOOK_COUNT && SHIM_HOOK_ROW(SHIM_CUDA, 0) == 0);
 	CHECK(shim_gate_close(1000, &err) == 0 && shim_gate_is_closed());
 	shim_gate_open();
 	CHECK(!shim_gate_is_closed());
@@ -77,13 +83,13 @@ int main(void)
 	shim_gate_open();
 	pthread_join(caller, NULL);
 	CHECK(atomic_load(&passed) == 1);
-	CHECK(shim_gate_total_calls(SHIM_HOOK_cuMemcpyHtoD_v2, 1) == 1);
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemcpyHtoD_v2), 1) == 1);
 
 	/* A thread already inside a gated call may nest without blocking itself. */
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuLaunchKernel, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuLaunchKernel), 0);
 	atomic_store(&inside, 0);
 	atomic_store(&release_inside, 0);
-	shim_gate_exit(shim_gate_enter(SHIM_HOOK_cuLaunchKernel, 0));
+	shim_gate_exit(shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuLaunchKernel), 0));
 	shim_gate_exit(t);
 	CHECK(shim_gate_close(1000, &err) == 0);
 	shim_gate_open();

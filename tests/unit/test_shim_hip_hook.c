@@ -47,20 +47,20 @@ int main(void)
 	/* The second hipMalloc below fails in the runtime (hipErrorOutOfMemory). */
 	setenv("FAKEHIP_FAIL", "hipMalloc:2:2", 1);
 	CHECK(test_load_fakehip() != NULL);
-	CHECK(shim_hip_handle() == NULL); /* nothing HIP is touched before a HIP call */
+	CHECK(shim_real_handle(SHIM_HIP) == NULL); /* nothing HIP is touched before a HIP call */
 
 	/* Every hook: the runtime's own function, distinct from the wrapper, and back. */
 	CHECK(SHIM_HIP_HOOK_COUNT > 70);
 	int resolved = 0, expected = 0;
 	for (int i = 0; i < SHIM_HIP_HOOK_COUNT; i++)
 		for (int v = 0; v < 2; v++) {
-			const char *name = shim_hip_hook_name((enum shim_hip_hook_id)i, v);
+			const char *name = shim_hip_hooks[i].name[v];
 			if (name == NULL)
 				continue;
 			/* HIP 5.x exports the hip_ext.h launches only under their C++ names. */
 			int c_name_of_cxx = v == 0 && shim_hip_hooks[i].name[1] != NULL &&
 					    strncmp(shim_hip_hooks[i].name[1], "_Z", 2) == 0;
-			void *real = shim_hip_hook_real((enum shim_hip_hook_id)i, v);
+			void *real = shim_real_hook(SHIM_HIP, (unsigned)i, v);
 			void *wrapper = shim_hip_hooks[i].wrapper[v];
 			if (c_name_of_cxx) {
 				CHECK(real == NULL);
@@ -72,27 +72,27 @@ int main(void)
 				continue;
 			}
 			int ok = is_fake(real) && wrapper != NULL && wrapper != real &&
-				 shim_hip_hook_wrap_real(real) == wrapper && shim_hip_hook_wrap_name(name) == wrapper;
+				 shim_real_wrap(SHIM_HIP, real) == wrapper && shim_real_wrap_name(SHIM_HIP, name) == wrapper;
 			if (!ok)
 				fprintf(stderr, "bad hook: %s\n", name);
 			resolved += ok;
 		}
 	CHECK(expected > 80);
 	CHECK(resolved == expected);
-	CHECK(shim_hip_handle() != NULL);
+	CHECK(shim_real_handle(SHIM_HIP) != NULL);
 	/* A name the shim does not interpose, and a pointer that is not a hook. */
-	CHECK(shim_hip_hook_wrap_name("hipGetDeviceCount") == NULL);
-	CHECK(shim_hip_hook_wrap_real(dlsym(shim_hip_handle(), "hipGetDeviceCount")) == NULL);
-	CHECK(shim_hip_hook_wrap_real((void *)&main) == NULL);
+	CHECK(shim_real_wrap_name(SHIM_HIP, "hipGetDeviceCount") == NULL);
+	CHECK(shim_real_wrap(SHIM_HIP, dlsym(shim_real_handle(SHIM_HIP), "hipGetDeviceCount")) == NULL);
+	CHECK(shim_real_wrap(SHIM_HIP, (void *)&main) == NULL);
 	/* The first HIP call started the control socket, as cuInit does for CUDA. */
 	CHECK(shim_ctl_path()[0] != '\0' && access(shim_ctl_path(), F_OK) == 0);
 
 	/* The gate: open, calls pass and are counted per variant. */
 	CHECK(hipDeviceSynchronize() == hipSuccess);
 	CHECK(hipStreamSynchronize_spt(NULL) == hipSuccess);
-	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipDeviceSynchronize, 0) == 1);
-	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipStreamSynchronize, 1) == 1);
-	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipStreamSynchronize, 0) == 0);
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, SHIM_HIP_HOOK_hipDeviceSynchronize), 0) == 1);
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, SHIM_HIP_HOOK_hipStreamSynchronize), 1) == 1);
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, SHIM_HIP_HOOK_hipStreamSynchronize), 0) == 0);
 	/* Closed: a HIP caller waits at the same gate as CUDA callers until it opens. */
 	struct gcr_err err;
 	CHECK(shim_gate_close(1000, &err) == 0);
@@ -104,7 +104,7 @@ int main(void)
 	shim_gate_open();
 	pthread_join(th, NULL);
 	CHECK(atomic_load(&passed) == 1 && thread_rc == hipSuccess);
-	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipDeviceSynchronize, 0) == 2);
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, SHIM_HIP_HOOK_hipDeviceSynchronize), 0) == 2);
 
 	/* Allocations go into the shared table (shim_alloc): large hipMalloc buffers onto the VMM
 	 * API, small ones counted as the runtime's; freed records go; runtime errors pass through. */
@@ -162,7 +162,7 @@ int main(void)
 	CHECK(hipMemAddressFree(va, 8 * MIB) == hipSuccess);
 	shim_alloc_stats(&st);
 	CHECK(st.app_vmm_bytes == 0 && st.app_vmm_handles == 0 && shim_alloc_nmaps() == 0);
-	CHECK(shim_gate_total_hip_calls(SHIM_HIP_HOOK_hipMemMap, 0) == 2);
+	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, SHIM_HIP_HOOK_hipMemMap), 0) == 2);
 
 	unlink(shim_ctl_path());
 	rmdir(dir);
