@@ -212,6 +212,55 @@ static void reset_fake(const char *state, int hip)
 	fake.n_status = fake.n_suspend = fake.n_resume = fake.n_trim = 0;
 }
 
+/* A HIP process in full mode with a stand-in CRIU (tests/unit/fake-criu.sh, which dumps
+ * nothing and ends nothing): the data step, then criu dump and its mark; the state reads
+ * suspended; resume restores from the images (the pid file names this pid), then the data. */
+static void hip_full(const char *dir)
+{
+	const char *src = getenv("top_srcdir");
+	char fake_criu[PATH_MAX], plugin[PATH_MAX], log[PATH_MAX], mark[PATH_MAX], pid[32];
+	snprintf(fake_criu, sizeof(fake_criu), "%s/tests/unit/fake-criu.sh", src ? src : ".");
+	snprintf(plugin, sizeof(plugin), "%s/amdgpu_plugin.so", dir);
+	snprintf(log, sizeof(log), "%s/criu.log", dir);
+	snprintf(mark, sizeof(mark), "%s/%d/%s", dir, (int)getpid(), GCR_CR_DUMP_MARK);
+	snprintf(pid, sizeof(pid), "%d", (int)getpid());
+	FILE *f = fopen(plugin, "w");
+	CHECK(f != NULL && fclose(f) == 0);
+	setenv("GCR_CRIU", fake_criu, 1);
+	setenv("CRIU_LIBS_DIR", dir, 1);
+	setenv("FAKE_CRIU_VERSION_OUT", "Version: 4.1", 1);
+	setenv("FAKE_CRIU_LOG", log, 1);
+	setenv("FAKE_CRIU_PID", pid, 1);
+	struct gcr_cr_opts full = { .socket_dir = dir, .mode = GCR_CR_FULL, .timeout_ms = 1000, .images_dir = dir };
+	struct gcr_cr_result r;
+	struct gcr_cr_proc_state ps;
+	struct gcr_err err;
+	reset_fake(GCR_STATE_RUNNING, 1);
+	CHECK(gcr_cr_suspend(getpid(), &full, &r, &err) == 0 && fake.n_suspend == 1);
+	CHECK_STR(r.control, GCR_CR_CONTROL_CRIU);
+	gcr_cr_result_clear(&r);
+	CHECK(access(mark, F_OK) == 0);
+	CHECK(gcr_cr_state(getpid(), &full, &ps, &err) == 0 && ps.state == GCR_CR_ST_SUSPENDED && ps.hip);
+	CHECK(gcr_cr_resume(getpid(), &full, &r, &err) == 0 && fake.n_resume == 1);
+	CHECK_STR(r.control, GCR_CR_CONTROL_CRIU);
+	gcr_cr_result_clear(&r);
+	CHECK(access(mark, F_OK) != 0); /* restored: the mark goes */
+	/* A failed dump gives the data back: the process runs. */
+	setenv("FAKE_CRIU_RC", "1", 1);
+	reset_fake(GCR_STATE_RUNNING, 1);
+	CHECK(gcr_cr_suspend(getpid(), &full, &r, &err) < 0 && fake.n_suspend == 1 && fake.n_resume == 1);
+	CHECK(strcmp(fake.state, GCR_STATE_RUNNING) == 0 && access(mark, F_OK) != 0);
+	gcr_cr_result_clear(&r);
+	unsetenv("FAKE_CRIU_RC");
+	unlink(plugin);
+	unlink(log);
+	char images[PATH_MAX];
+	snprintf(images, sizeof(images), "%s/%d/restore.pid", dir, (int)getpid());
+	unlink(images);
+	snprintf(images, sizeof(images), "%s/%d", dir, (int)getpid());
+	rmdir(images);
+}
+
 static void test_with_shim(const char *dir)
 {
 	pid_t me = getpid();
@@ -275,6 +324,20 @@ static void test_with_shim(const char *dir)
 	fake.fail_suspend = -ETIMEDOUT;
 	CHECK(gcr_cr_suspend(me, &data, &r, &err) == -ETIMEDOUT && strcmp(fake.state, GCR_STATE_RUNNING) == 0);
 	gcr_cr_result_clear(&r);
+
+	/* A HIP process, data only: the shim's steps, no CRIU. */
+	reset_fake(GCR_STATE_RUNNING, 1);
+	CHECK(gcr_cr_suspend(me, &data, &r, &err) == 0 && fake.n_suspend == 1);
+	CHECK_STR(r.control, GCR_CR_CONTROL_NONE);
+	gcr_cr_result_clear(&r);
+	CHECK(gcr_cr_resume(me, &data, &r, &err) == 0 && fake.n_resume == 1);
+	gcr_cr_result_clear(&r);
+	/* A HIP process in full mode without CRIU: untouched. */
+	setenv("GCR_CRIU", "/nonexistent/criu", 1);
+	reset_fake(GCR_STATE_RUNNING, 1);
+	CHECK(gcr_cr_suspend(me, &full, &r, &err) < 0 && fake.n_suspend == 0 && strstr(err.msg, "untouched") != NULL);
+	gcr_cr_result_clear(&r);
+	hip_full(dir);
 
 	/* Full mode with no driver: refused after the status, before the shim moves anything. */
 	reset_fake(GCR_STATE_RUNNING, 0);
