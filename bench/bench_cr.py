@@ -78,7 +78,7 @@ def run_one(S, rec, argv, shim, flags=(), env=None):
             rec["note"] = "no control socket after 15 s"
         p.send("go")
         p.expect(r"DONE\b", big, since=0, what="DONE")
-        rec["gpu_mib_running"] = S.gpu_mem(pid)
+        rec["gpu_mib_running"] = H.gpu_mem_mib(S.cfg, pid)
         if shim:
             # Steady state: the shim pins its staging memory in the background after the
             # buffers appear; a suspend before that would pin on the critical path.
@@ -87,12 +87,12 @@ def run_one(S, rec, argv, shim, flags=(), env=None):
         suspended = s.ok
         rec["suspend"] = step_record(s)
         if s.ok:
-            rec["gpu_mib_suspended"] = S.gpu_mem(pid)
+            rec["gpu_mib_suspended"] = H.gpu_mem_mib(S.cfg, pid)
             rec["gpu_used_mib_device_suspended"] = H.gpu_used_mib(S.cfg)
             r = S.ctl("resume", pid, flags, timeout=120 + 2 * gib, test="bench_cr")
             suspended = not r.ok
             rec["resume"] = step_record(r)
-            rec["gpu_mib_resumed"] = S.gpu_mem(pid)
+            rec["gpu_mib_resumed"] = H.gpu_mem_mib(S.cfg, pid)
         if not suspended:
             p.send("check")
             res = p.expect(r"RESULT (.*)", big + 60, since=0, what="RESULT").group(1).strip()
@@ -145,7 +145,7 @@ def run_serving(S, rec, weights, state, cycles, shim, env):
             rec["cycles"].append(c)
             if not s.ok:
                 raise H.HarnessError("suspend %d: %s" % (i, s.describe()))
-            c["gpu_mib_suspended"] = S.gpu_mem(pid)
+            c["gpu_mib_suspended"] = H.gpu_mem_mib(S.cfg, pid)
             r = S.ctl("resume", pid, flags, timeout=120 + 2 * total, test="bench_serving")
             c["resume"] = step_record(r)
             suspended = not r.ok

@@ -54,7 +54,7 @@ def main():
                 flags = ["--replicas", str(target)] + pids[:-1]
                 r = s.ctl("scale", pids[-1], flags=flags, timeout=300, test="bench_scale",
                           note="cycle %d to %d" % (cycle, target))
-                mib = [s.gpu_mem(p.pid) for _, p in procs]
+                mib = [H.gpu_mem_mib(s.cfg, p.pid) for _, p in procs]
                 good = r.rc == 0 and r.error is None
                 if target == 0:
                     good = good and all(m == 0 for m in mib)

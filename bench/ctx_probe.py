@@ -37,7 +37,8 @@ def main(argv=None):
                         m = p.expect(r"SHRINK ms=(\S+) freed_mib=(-?\d+)", 60, what="SHRINK")
                         rec.update(shrink_ms=float(m.group(1)), freed_mib=int(m.group(2)))
                     m = p.expect(r"READY pid=\d+ stack=(\d+) free_mib=(\d+)", 60, what="READY")
-                    rec.update(stack=int(m.group(1)), free_mib=int(m.group(2)), gpu_mib=S.gpu_mem(p.pid))
+                    rec.update(stack=int(m.group(1)), free_mib=int(m.group(2)),
+                               gpu_mib=H.gpu_mem_mib(S.cfg, p.pid))
                     s = S.ctl("suspend", p.pid, flags=["--driver-only"], timeout=120)
                     r = S.ctl("resume", p.pid, flags=["--driver-only"], timeout=120)
                     rec.update(suspend_ms=H.dig(s.data, "ms"), resume_ms=H.dig(r.data, "ms"),

@@ -8,7 +8,8 @@
  *   register    cost of cuMemHostRegister/Unregister by size
  *   ckpt        the driver's checkpoint+restore of a child process holding X bytes
  *               of registered host memory (does a small registered ring slow it?)
- * Build (GPU machine): gcc -O2 -pthread -I/usr/local/cuda/include staging_probe.c -lcuda
+ * Build (GPU machine, in bench/): gcc -O2 -pthread -I/usr/local/cuda/include -I../lib staging_probe.c
+ *   ../lib/gcr_time.c -lcuda
  * Output: one JSON object per line. Not part of the product. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -22,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gcr_time.h"
+
 #define CK(x)                                                                      \
 	do {                                                                       \
 		CUresult r_ = (x);                                                 \
@@ -30,13 +33,6 @@
 			exit(1);                                                   \
 		}                                                                  \
 	} while (0)
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static CUcontext ctx;
 static CUdeviceptr dev;
@@ -120,22 +116,22 @@ static double ring_run(int out, int nthreads, size_t chunk)
 {
 	struct ring_job j = { .out = out, .nthreads = nthreads, .chunk = chunk };
 	pthread_t th[64];
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	for (int i = 0; i < nthreads; i++)
 		pthread_create(&th[i], NULL, ring_worker, &j);
 	for (int i = 0; i < nthreads; i++)
 		pthread_join(th[i], NULL);
-	return now_ms() - t0;
+	return gcr_time_mono_ms() - t0;
 }
 
 /* The slot allocation is inside the timing above; time it separately. */
 static double slot_alloc_ms(int nthreads, size_t chunk)
 {
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	void *p[128];
 	for (int i = 0; i < 2 * nthreads; i++)
 		CK(cuMemHostAlloc(&p[i], chunk, CU_MEMHOSTALLOC_PORTABLE));
-	double dt = now_ms() - t0;
+	double dt = gcr_time_mono_ms() - t0;
 	for (int i = 0; i < 2 * nthreads; i++)
 		cuMemFreeHost(p[i]);
 	return dt;
@@ -158,14 +154,14 @@ static double memcpy_run(char *dst, char *src, size_t n, int nthreads)
 	pthread_t th[64];
 	struct mc_job j[64];
 	size_t per = n / nthreads;
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	for (int i = 0; i < nthreads; i++) {
 		j[i] = (struct mc_job){ dst + i * per, src + i * per, per };
 		pthread_create(&th[i], NULL, mc_worker, &j[i]);
 	}
 	for (int i = 0; i < nthreads; i++)
 		pthread_join(th[i], NULL);
-	return now_ms() - t0;
+	return gcr_time_mono_ms() - t0;
 }
 
 /* ---- pageable cuMemcpy, T threads ---- */
@@ -188,14 +184,14 @@ static double pageable_run(int out, size_t n, int nthreads)
 	pthread_t th[64];
 	struct pg_job j[64];
 	size_t per = n / nthreads;
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	for (int i = 0; i < nthreads; i++) {
 		j[i] = (struct pg_job){ out, i * per, per };
 		pthread_create(&th[i], NULL, pg_worker, &j[i]);
 	}
 	for (int i = 0; i < nthreads; i++)
 		pthread_join(th[i], NULL);
-	return now_ms() - t0;
+	return gcr_time_mono_ms() - t0;
 }
 
 /* ---- driver checkpoint of a child holding reg bytes registered ----
@@ -246,15 +242,15 @@ static void ckpt_probe(const char *self, size_t reg, size_t devbytes)
 		fprintf(stderr, "ckpt child failed\n");
 		exit(1);
 	}
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	CK(cuCheckpointProcessLock(pid, NULL));
-	double t1 = now_ms();
+	double t1 = gcr_time_mono_ms();
 	CK(cuCheckpointProcessCheckpoint(pid, NULL));
-	double t2 = now_ms();
+	double t2 = gcr_time_mono_ms();
 	CK(cuCheckpointProcessRestore(pid, NULL));
-	double t3 = now_ms();
+	double t3 = gcr_time_mono_ms();
 	CK(cuCheckpointProcessUnlock(pid, NULL));
-	double t4 = now_ms();
+	double t4 = gcr_time_mono_ms();
 	printf("{\"probe\":\"ckpt\",\"registered_mib\":%zu,\"device_mib\":%zu,\"lock_ms\":%.1f,\"checkpoint_ms\":%.1f,\"restore_ms\":%.1f,\"unlock_ms\":%.1f}\n",
 	       reg >> 20, devbytes >> 20, t1 - t0, t2 - t1, t3 - t2, t4 - t3);
 	fflush(stdout);
@@ -285,32 +281,32 @@ int main(int argc, char **argv)
 	CK(cuCtxSetCurrent(ctx));
 	CK(cuMemAlloc(&dev, total));
 	CK(cuMemsetD32(dev, 0x5a5a5a5a, total / 4));
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	host = map_faulted(total);
-	printf("{\"probe\":\"fault\",\"gib\":%zu,\"ms\":%.1f}\n", gib, now_ms() - t0);
+	printf("{\"probe\":\"fault\",\"gib\":%zu,\"ms\":%.1f}\n", gib, gcr_time_mono_ms() - t0);
 
 	/* register/unregister costs */
 	size_t rs[] = { 64ull << 20, 512ull << 20, 4ull << 30 };
 	for (size_t i = 0; i < 3; i++) {
-		t0 = now_ms();
+		t0 = gcr_time_mono_ms();
 		CK(cuMemHostRegister(host, rs[i], CU_MEMHOSTREGISTER_PORTABLE));
-		double t1 = now_ms();
+		double t1 = gcr_time_mono_ms();
 		CK(cuMemHostUnregister(host));
 		printf("{\"probe\":\"register\",\"mib\":%zu,\"register_ms\":%.1f,\"unregister_ms\":%.1f}\n", rs[i] >> 20,
-		       t1 - t0, now_ms() - t1);
+		       t1 - t0, gcr_time_mono_ms() - t1);
 	}
 	/* pinned floor */
 	CK(cuMemHostRegister(host, total, CU_MEMHOSTREGISTER_PORTABLE));
 	CUstream s;
 	CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 	for (int rep = 0; rep < 2; rep++) {
-		t0 = now_ms();
+		t0 = gcr_time_mono_ms();
 		CK(cuMemcpyDtoHAsync(host, dev, total, s));
 		CK(cuStreamSynchronize(s));
-		double t1 = now_ms();
+		double t1 = gcr_time_mono_ms();
 		CK(cuMemcpyHtoDAsync(dev, host, total, s));
 		CK(cuStreamSynchronize(s));
-		double t2 = now_ms();
+		double t2 = gcr_time_mono_ms();
 		printf("{\"probe\":\"pinned\",\"gib\":%zu,\"d2h_ms\":%.1f,\"h2d_ms\":%.1f,\"d2h_gbs\":%.1f,\"h2d_gbs\":%.1f}\n",
 		       gib, t1 - t0, t2 - t1, total / 1e6 / (t1 - t0), total / 1e6 / (t2 - t1));
 		fflush(stdout);

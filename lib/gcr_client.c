@@ -16,6 +16,7 @@
 #include "gcr/protocol.h"
 #include "gcr_procns.h"
 #include "gcr_sock.h"
+#include "gcr_time.h"
 
 #define CONNECT_MS 2000
 
@@ -199,13 +200,6 @@ int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int time
 	return rc;
 }
 
-static long long mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Finds the shims of the pids still without a socket (fds[i] < 0, rcs[i] not final) in
  * one pass over dir: a container's shim names its socket with its own namespace's pid. */
 static void scan_dir(const char *dir, const pid_t *pids, const uid_t *owner, size_t n, int *fds, int *rcs)
@@ -240,7 +234,7 @@ static void scan_dir(const char *dir, const pid_t *pids, const uid_t *owner, siz
 int gcr_client_call_all(const char *dir, const pid_t *pids, size_t n, enum gcr_op op, json_t *args,
 			int timeout_ms, json_t **results, int *rcs, struct gcr_err *err)
 {
-	long long deadline = mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+	long long deadline = (long long)gcr_time_mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
 	size_t cnt = n ? n : 1;
 	int *fds = malloc(cnt * sizeof(*fds));
 	uid_t *owner = calloc(cnt, sizeof(*owner));
@@ -311,7 +305,7 @@ int gcr_client_call_all(const char *dir, const pid_t *pids, size_t n, enum gcr_o
 		who[np++] = i;
 	}
 	while (np > 0) {
-		long long left = deadline - mono_ms();
+		long long left = deadline - (long long)gcr_time_mono_ms();
 		if (left <= 0)
 			break;
 		int pr = poll(pfd, np, (int)left);

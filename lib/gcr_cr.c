@@ -10,25 +10,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "gcr/protocol.h"
 #include "gcr_client.h"
 #include "gcr_criu.h"
 #include "gcr_driver.h"
 #include "gcr_log.h"
 #include "gcr_nvml.h"
 #include "gcr_shimreply.h"
+#include "gcr_time.h"
 
 /* A suspend of 64 GiB copies for about 1.5 s; leave ample room. */
 #define SHIM_CALL_MS 600000
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 const char *gcr_cr_mode_name(enum gcr_cr_mode m)
 {
@@ -43,13 +37,19 @@ void gcr_cr_result_clear(struct gcr_cr_result *r)
 	memset(r, 0, sizeof(*r));
 }
 
-/* The shim's state name; "" when its status has none we can read, which no comparison
- * below matches, so such a process is neither suspended nor resumed. */
+/* The shim's state name; "" when its status has none we can read. */
 static const char *shim_state(json_t *status)
 {
 	const char *s;
 	struct gcr_err e;
 	return gcr_shimreply_state(status, &s, &e) == 0 ? s : "";
+}
+
+/* The shim's state; UNKNOWN when its status has none we can read, which no check below
+ * accepts, so such a process is neither suspended nor resumed. */
+static enum gcr_shimreply_st shim_st(json_t *status)
+{
+	return gcr_shimreply_st_of(shim_state(status));
 }
 
 /* Whether the shim says the process uses HIP and not CUDA (its control step is CRIU's). A
@@ -91,13 +91,18 @@ static int mkdir_p(const char *path)
 	return mkdir(tmp, 0700) < 0 && errno != EEXIST ? -errno : 0;
 }
 
-/* Whether a CRIU dump of pid waits to be restored. */
-static int dumped(const struct gcr_cr_opts *o, pid_t pid)
+/* Whether a CRIU dump of pid waits to be restored (whatever the mode asked). */
+static int dump_marked(const struct gcr_cr_opts *o, pid_t pid)
 {
 	char mark[PATH_MAX];
 	struct gcr_err e;
-	return o->mode == GCR_CR_FULL && images_path(o, pid, GCR_CR_DUMP_MARK, mark, sizeof(mark), &e) == 0 &&
-	       access(mark, F_OK) == 0;
+	return images_path(o, pid, GCR_CR_DUMP_MARK, mark, sizeof(mark), &e) == 0 && access(mark, F_OK) == 0;
+}
+
+/* Whether resume restores pid with CRIU: only full mode runs CRIU. */
+static int dumped(const struct gcr_cr_opts *o, pid_t pid)
+{
+	return o->mode == GCR_CR_FULL && dump_marked(o, pid);
 }
 
 /* criu dump of pid into its images directory; CRIU ends the process (its GPU state goes with
@@ -143,12 +148,12 @@ static int criu_restore(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_re
 		rc = gcr_criu_check(NULL, &ci, err);
 	if (rc == 0)
 		rc = gcr_criu_restore_argv(&ci, dir, pidfile, &a, err);
-	double t = now_ms();
+	double t = gcr_time_mono_ms();
 	if (rc == 0) {
 		unlink(pidfile);
 		rc = gcr_criu_run(&ci, &a, err);
 	}
-	r->ms_restore = now_ms() - t;
+	r->ms_restore = gcr_time_mono_ms() - t;
 	if (rc < 0)
 		return gcr_err_wrap(err, "process %d still in its CRIU images (%s); retry resume", (int)pid, dir);
 	unlink(mark);
@@ -263,8 +268,8 @@ static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client
 {
 	struct gcr_criu_info ci;
 	int rc = 0;
-	double t0 = now_ms(), t;
-	r->control = o->mode == GCR_CR_FULL ? "criu" : "none";
+	double t0 = gcr_time_mono_ms(), t;
+	r->control = o->mode == GCR_CR_FULL ? GCR_CR_CONTROL_CRIU : GCR_CR_CONTROL_NONE;
 	if (o->mode == GCR_CR_FULL && (rc = gcr_criu_check(NULL, &ci, err)) < 0) {
 		gcr_err_wrap(err, "HIP process %d untouched (its control step needs CRIU; --no-driver moves the "
 			     "data only)", (int)pid);
@@ -275,13 +280,13 @@ static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client
 	if (rc < 0)
 		goto out; /* the shim unwound itself: still running */
 	shim_bytes(pid, r);
-	r->ms_data = now_ms() - t0;
+	r->ms_data = gcr_time_mono_ms() - t0;
 	if (o->mode == GCR_CR_FULL) {
 		/* Our connection to the shim is not part of what CRIU saves. */
 		gcr_client_close(c);
-		t = now_ms();
+		t = gcr_time_mono_ms();
 		rc = criu_dump(pid, o, &ci, err);
-		r->ms_checkpoint = now_ms() - t;
+		r->ms_checkpoint = gcr_time_mono_ms() - t;
 		if (rc < 0) {
 			struct gcr_err e2;
 			if (gcr_client_open(c, o->socket_dir, pid, &e2) < 0)
@@ -291,7 +296,7 @@ static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client
 			goto out;
 		}
 	}
-	r->ms_total = now_ms() - t0;
+	r->ms_total = gcr_time_mono_ms() - t0;
 out:
 	json_decref(status);
 	gcr_client_close(c);
@@ -303,9 +308,9 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 	memset(r, 0, sizeof(*r));
 	struct gcr_client c = { .fd = -1 };
 	json_t *status = NULL, *need = NULL;
-	double t0 = now_ms(), t;
+	double t0 = gcr_time_mono_ms(), t;
 	int rc = 0, hip = 0;
-	r->control = o->mode == GCR_CR_DATA_ONLY ? "none" : "driver";
+	r->control = o->mode == GCR_CR_DATA_ONLY ? GCR_CR_CONTROL_NONE : GCR_CR_CONTROL_DRIVER;
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		rc = gcr_client_open(&c, o->socket_dir, pid, err);
 		if (rc < 0)
@@ -313,7 +318,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
 		if (rc < 0)
 			goto out;
-		if (strcmp(shim_state(status), "running") != 0) {
+		if (shim_st(status) != GCR_SHIMREPLY_ST_RUNNING) {
 			rc = gcr_err_set(err, -EALREADY, "process %d is already suspended (shim state %s)",
 					 (int)pid, shim_state(status));
 			goto out;
@@ -333,19 +338,19 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 			goto out;
 		}
 	}
-	t0 = now_ms();
+	t0 = gcr_time_mono_ms();
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		json_t *args = json_pack("{s:i}", "timeout_ms", o->timeout_ms);
 		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args, SHIM_CALL_MS, &r->shim, err);
 		if (rc < 0)
 			goto out; /* the shim unwound itself: still running */
 		shim_bytes(pid, r);
-		r->ms_data = now_ms() - t0;
+		r->ms_data = gcr_time_mono_ms() - t0;
 	}
 	if (o->mode == GCR_CR_FULL && !o->unchecked) {
-		t = now_ms();
+		t = gcr_time_mono_ms();
 		rc = room_need(pid, &need, err);
-		r->ms_room = now_ms() - t;
+		r->ms_room = gcr_time_mono_ms() - t;
 		if (rc < 0) {
 			gcr_err_wrap(err, "cannot record the GPU memory a restore will need (--unchecked skips)");
 			undo_data(&c, err);
@@ -361,17 +366,17 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		json_decref(res);
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
-		t = now_ms();
+		t = gcr_time_mono_ms();
 		rc = gcr_driver_lock(pid, (unsigned)o->timeout_ms, err);
-		r->ms_lock = now_ms() - t;
+		r->ms_lock = gcr_time_mono_ms() - t;
 		if (rc < 0) {
 			if (o->mode == GCR_CR_FULL)
 				undo_data(&c, err);
 			goto out;
 		}
-		t = now_ms();
+		t = gcr_time_mono_ms();
 		rc = gcr_driver_checkpoint(pid, err);
-		r->ms_checkpoint = now_ms() - t;
+		r->ms_checkpoint = gcr_time_mono_ms() - t;
 		if (rc < 0) {
 			struct gcr_err e2;
 			if (gcr_driver_unlock(pid, &e2) < 0)
@@ -381,7 +386,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 			goto out;
 		}
 	}
-	r->ms_total = now_ms() - t0;
+	r->ms_total = gcr_time_mono_ms() - t0;
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		/* Off the clock: unused staging goes back only now, because giving memory
 		 * back while the driver checkpoints slows the checkpoint. The shim keeps the
@@ -407,12 +412,12 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	json_t *status = NULL;
 	int rc = 0, did = 0;
 	enum gcr_driver_state ds = GCR_DRIVER_RUNNING;
-	double t0 = now_ms(), t;
-	r->control = o->mode == GCR_CR_DATA_ONLY ? "none" : "driver";
+	double t0 = gcr_time_mono_ms(), t;
+	r->control = o->mode == GCR_CR_DATA_ONLY ? GCR_CR_CONTROL_NONE : GCR_CR_CONTROL_DRIVER;
 	/* A HIP process CRIU dumped: it comes back from its images first (same pid, its staged
 	 * data in its memory), then the shim's data step below. */
 	if (dumped(o, pid)) {
-		r->control = "criu";
+		r->control = GCR_CR_CONTROL_CRIU;
 		rc = criu_restore(pid, o, r, err);
 		if (rc < 0)
 			goto out;
@@ -432,7 +437,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 				rc = 0;
 				ds = GCR_DRIVER_RUNNING;
 				if (!did)
-					r->control = "none";
+					r->control = GCR_CR_CONTROL_NONE;
 			}
 			json_decref(status);
 			status = NULL;
@@ -440,7 +445,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		if (rc < 0)
 			goto out;
 	}
-	t0 = did ? t0 : now_ms();
+	t0 = did ? t0 : gcr_time_mono_ms();
 	if (ds == GCR_DRIVER_FAILED) {
 		rc = gcr_err_set(err, -EIO, "the driver reports process %d in the failed state", (int)pid);
 		goto out;
@@ -449,20 +454,20 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore room not checked (driver-only: no shim keeps the "
 			"need); an out-of-memory restore would lose the process", (int)pid);
 	} else if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) {
-		t = now_ms();
+		t = gcr_time_mono_ms();
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
 		if (rc == 0)
 			rc = room_check(pid, status, err);
 		json_decref(status);
 		status = NULL;
-		r->ms_room = now_ms() - t;
+		r->ms_room = gcr_time_mono_ms() - t;
 		if (rc < 0)
 			goto out;
 	}
 	if (ds == GCR_DRIVER_CHECKPOINTED) {
-		t = now_ms();
+		t = gcr_time_mono_ms();
 		rc = gcr_driver_restore(pid, err);
-		r->ms_restore = now_ms() - t;
+		r->ms_restore = gcr_time_mono_ms() - t;
 		if (rc == -ENOMEM) /* past the room check: someone allocated meanwhile */
 			gcr_err_wrap(err, "the driver's restore ran out of GPU memory after the room check passed; "
 				     "drivers up to 580 cannot restore this process again (docs/design.md)");
@@ -474,9 +479,9 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		did = 1;
 	}
 	if (ds == GCR_DRIVER_LOCKED) {
-		t = now_ms();
+		t = gcr_time_mono_ms();
 		rc = gcr_driver_unlock(pid, err);
-		r->ms_unlock = now_ms() - t;
+		r->ms_unlock = gcr_time_mono_ms() - t;
 		if (rc < 0)
 			goto out;
 		did = 1;
@@ -485,10 +490,10 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
 		if (rc < 0)
 			goto out;
-		if (strcmp(shim_state(status), "suspended") == 0) {
-			t = now_ms();
+		if (shim_st(status) == GCR_SHIMREPLY_ST_SUSPENDED) {
+			t = gcr_time_mono_ms();
 			rc = gcr_client_call(&c, GCR_OP_RESUME_ID, NULL, SHIM_CALL_MS, &r->shim, err);
-			r->ms_data = now_ms() - t;
+			r->ms_data = gcr_time_mono_ms() - t;
 			if (rc < 0) {
 				gcr_err_wrap(err, "GPU data still in host memory, process held at the gate; retry resume");
 				goto out;
@@ -501,39 +506,121 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		rc = gcr_err_set(err, -EINVAL, "process %d is not suspended", (int)pid);
 		goto out;
 	}
-	r->ms_total = now_ms() - t0;
+	r->ms_total = gcr_time_mono_ms() - t0;
 out:
 	json_decref(status);
 	gcr_client_close(&c);
 	return rc;
 }
 
+/* ---- the process's state ---- */
+
+static const char *const st_names[GCR_CR_ST_N] = { "running", "suspended", "partial", "unmanaged", "gone" };
+
+const char *gcr_cr_st_name(enum gcr_cr_st s)
+{
+	return (unsigned)s < GCR_CR_ST_N ? st_names[s] : "unknown";
+}
+
+enum gcr_cr_st gcr_cr_state_combine(const struct gcr_cr_proc_state *in, enum gcr_cr_mode mode)
+{
+	if (!in->shim)
+		return in->dumped ? GCR_CR_ST_SUSPENDED : in->exists ? GCR_CR_ST_UNMANAGED : GCR_CR_ST_GONE;
+	/* The driver's side: a HIP process has none, and an unreadable one is running (the rule
+	 * in gcr_cr.h). */
+	enum gcr_driver_state d = in->hip || !in->driver ? GCR_DRIVER_RUNNING : in->driver_st;
+	int shim_running = in->shim_st == GCR_SHIMREPLY_ST_RUNNING;
+	int shim_suspended = in->shim_st == GCR_SHIMREPLY_ST_SUSPENDED;
+	if (shim_running && d == GCR_DRIVER_RUNNING)
+		return GCR_CR_ST_RUNNING;
+	int suspended = 0;
+	switch (mode) {
+	case GCR_CR_FULL: suspended = shim_suspended && (in->hip || d == GCR_DRIVER_CHECKPOINTED); break;
+	case GCR_CR_DATA_ONLY: suspended = shim_suspended && d == GCR_DRIVER_RUNNING; break;
+	case GCR_CR_DRIVER_ONLY: suspended = shim_running && !in->hip && d == GCR_DRIVER_CHECKPOINTED; break;
+	}
+	return suspended ? GCR_CR_ST_SUSPENDED : GCR_CR_ST_PARTIAL;
+}
+
+/* Reads pid's shim status (*status: owned, NULL without one), the driver's state and the
+ * dump mark into ps (all but the verdict); shim_err and drv_err say why one is missing
+ * (shim_err: -ESRCH when the process does not exist). */
+static void read_state(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_proc_state *ps, json_t **status,
+		      struct gcr_err *shim_err, struct gcr_err *drv_err)
+{
+	memset(ps, 0, sizeof(*ps));
+	*status = NULL;
+	shim_err->code = drv_err->code = 0;
+	shim_err->msg[0] = drv_err->msg[0] = '\0';
+	ps->exists = 1;
+	ps->shim_st = GCR_SHIMREPLY_ST_UNKNOWN;
+	struct gcr_client c = { .fd = -1 };
+	int rc = gcr_client_open(&c, o->socket_dir, pid, shim_err);
+	if (rc < 0 && dump_marked(o, pid)) {
+		ps->exists = 0; /* in its images, until CRIU restores it (same pid) */
+		ps->dumped = 1;
+		ps->hip = 1; /* only HIP processes are dumped */
+		return;
+	}
+	if (rc == -ESRCH) {
+		ps->exists = 0;
+		return;
+	}
+	if (rc == 0)
+		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, status, shim_err);
+	gcr_client_close(&c);
+	const char *name;
+	if (*status != NULL) {
+		struct gcr_err e;
+		if (gcr_shimreply_state(*status, &name, &e) == 0) {
+			ps->shim = 1;
+			ps->shim_st = gcr_shimreply_st_of(name);
+		} else {
+			*shim_err = e; /* then as no shim */
+		}
+		ps->hip = is_hip(pid, *status);
+	}
+	if (!ps->hip)
+		ps->driver = gcr_driver_state(pid, &ps->driver_st, drv_err) == 0;
+}
+
+int gcr_cr_state(pid_t pid, const struct gcr_cr_opts *opts, struct gcr_cr_proc_state *out, struct gcr_err *err)
+{
+	json_t *status = NULL;
+	struct gcr_err shim_err, drv_err;
+	(void)err; /* every reading is a state */
+	read_state(pid, opts, out, &status, &shim_err, &drv_err);
+	json_decref(status);
+	if (shim_err.code == -EPROTO)
+		GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: %s", (int)pid, shim_err.msg);
+	out->state = gcr_cr_state_combine(out, opts->mode);
+	return 0;
+}
+
 int gcr_cr_status(pid_t pid, const struct gcr_cr_opts *o, json_t **out, struct gcr_err *err)
 {
 	*out = NULL;
-	struct gcr_client c = { .fd = -1 };
+	struct gcr_cr_proc_state ps;
 	json_t *status = NULL;
-	int rc = gcr_client_open(&c, o->socket_dir, pid, err);
-	if (rc < 0 && dumped(o, pid)) {
-		*out = json_pack("{s:i, s:s, s:s}", "pid", (int)pid, "driver", "none", "criu", "dumped");
+	struct gcr_err drv_err;
+	read_state(pid, o, &ps, &status, err, &drv_err);
+	ps.state = gcr_cr_state_combine(&ps, o->mode);
+	if (ps.dumped) {
+		*out = json_pack("{s:i, s:s, s:s, s:s}", "pid", (int)pid, "state", gcr_cr_st_name(ps.state), "driver",
+				 GCR_CR_DRIVER_NONE, "criu", "dumped");
 		return 0;
 	}
-	if (rc == -ESRCH)
-		return rc;
-	if (rc == 0)
-		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
-	gcr_client_close(&c);
-	int hip = status != NULL && is_hip(pid, status);
-	json_t *o_json = json_pack("{s:i, s:o*}", "pid", (int)pid, "shim", status);
-	enum gcr_driver_state ds;
-	struct gcr_err e2;
-	if (hip)
-		json_object_set_new(o_json, "driver", json_string("none")); /* AMD: CRIU, not a driver API */
-	else if (gcr_driver_state(pid, &ds, &e2) == 0)
-		json_object_set_new(o_json, "driver", json_string(gcr_driver_state_name(ds)));
+	if (!ps.exists)
+		return err->code; /* -ESRCH, err says why */
+	json_t *o_json = json_pack("{s:i, s:s, s:o*}", "pid", (int)pid, "state", gcr_cr_st_name(ps.state), "shim",
+				   status);
+	if (ps.hip)
+		json_object_set_new(o_json, "driver", json_string(GCR_CR_DRIVER_NONE)); /* AMD: CRIU, not a driver API */
+	else if (ps.driver)
+		json_object_set_new(o_json, "driver", json_string(gcr_driver_state_name(ps.driver_st)));
 	else
-		json_object_set_new(o_json, "driver_error", json_string(e2.msg));
-	if (rc < 0)
+		json_object_set_new(o_json, "driver_error", json_string(drv_err.msg));
+	if (status == NULL)
 		json_object_set_new(o_json, "shim_error", json_string(err->msg));
 	*out = o_json;
 	return 0;

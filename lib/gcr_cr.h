@@ -9,7 +9,9 @@
 #include <jansson.h>
 #include <sys/types.h>
 
+#include "gcr_driver.h"
 #include "gcr_error.h"
+#include "gcr_shimreply.h"
 
 enum gcr_cr_mode {
 	GCR_CR_FULL = 0,    /* shim data path + control step (driver checkpoint / CRIU) */
@@ -38,6 +40,12 @@ struct gcr_cr_opts {
  * checkpoint: $GCR_RESTORE_MARGIN_MIB, else this (docs/design.md, "Restore room"). */
 #define GCR_CR_RESTORE_MARGIN_MIB 128
 
+/* gcr_cr_result.control, and what gcr_cr_status says for a driver of a HIP process. */
+#define GCR_CR_CONTROL_DRIVER "driver"
+#define GCR_CR_CONTROL_CRIU "criu"
+#define GCR_CR_CONTROL_NONE "none"
+#define GCR_CR_DRIVER_NONE "none"
+
 struct gcr_cr_result {
 	/* ms_checkpoint / ms_restore: the driver's, or CRIU's dump / restore for HIP. */
 	double ms_data, ms_lock, ms_checkpoint, ms_restore, ms_unlock, ms_total;
@@ -58,8 +66,64 @@ void gcr_cr_result_clear(struct gcr_cr_result *r);
 int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 
-/* The shim's status (or NULL if the process has no shim) and the driver's state ("none" for
- * a HIP process; "criu": "dumped" for a process CRIU dumped and ended). */
+/* ---- a process's state, one value for every reader (gcrctl, the controller, scaling) ----
+ *
+ * Combined from three sources: the shim's state (its status reply), the CUDA driver's
+ * checkpoint state, and CRIU's dump mark (a HIP process CRIU dumped, gone until restored).
+ * A HIP process has no driver state: its control state is CRIU's. "Suspended" depends on
+ * the mode asked: full (shim suspended, driver checkpointed), data only (shim suspended,
+ * driver running), driver only (shim running, driver checkpointed).
+ *
+ * The rule for a driver state that cannot be read (no libcuda, a driver without the
+ * checkpoint API, a process the driver does not know): it is taken as running, the driver
+ * holding nothing. Why: gcr_cr's suspend always moves the data before the driver's
+ * checkpoint, so a shim that says running has not been checkpointed by gcr; data-only mode
+ * never calls the driver, and it is the mode of nodes where no driver state exists (HIP,
+ * drivers before 550, GPU-less stand-in runs), where "unknown, so not resident" would make
+ * every process look half-suspended (the controller then resumed running processes, which
+ * fails: "not suspended"). Nothing is claimed suspended on the guess: a suspended shim with
+ * an unreadable driver in full mode is PARTIAL, and suspend and resume in a mode that uses
+ * the driver read it themselves and fail with its error. */
+enum gcr_cr_st {
+	GCR_CR_ST_RUNNING = 0, /* resident: nothing to resume */
+	GCR_CR_ST_SUSPENDED,   /* suspended in the mode asked: a resume in that mode brings it back */
+	GCR_CR_ST_PARTIAL,     /* between the two: an operation in flight or cut short, another mode's
+				* suspend, or the driver's failed state; a resume finishes it or says why */
+	GCR_CR_ST_UNMANAGED,   /* the process is there but no shim answers with a state: not gcr's */
+	GCR_CR_ST_GONE,        /* no such process (and no CRIU images of it) */
+	GCR_CR_ST_N
+};
+
+/* "running", "suspended", "partial", "unmanaged", "gone" (what gcrctl status prints as
+ * "state"). */
+const char *gcr_cr_st_name(enum gcr_cr_st s);
+
+/* What gcr_cr_state read, and its verdict. */
+struct gcr_cr_proc_state {
+	enum gcr_cr_st state;       /* the verdict */
+	int exists;                 /* 0: no such process */
+	int shim;                   /* 1: the shim answered with a state name */
+	enum gcr_shimreply_st shim_st; /* when shim: its state (UNKNOWN: a name this reader does not know) */
+	int hip;                    /* the shim says HIP: no driver state, CRIU's instead */
+	int driver;                 /* 1: the driver's state was read (0: see the rule above) */
+	enum gcr_driver_state driver_st; /* when driver */
+	int dumped;                 /* CRIU's dump mark is there and no shim answers */
+};
+
+/* The verdict from the readings in *in (state ignored), in mode. The one place process
+ * states are compared; pure, so it is tested over every combination. */
+enum gcr_cr_st gcr_cr_state_combine(const struct gcr_cr_proc_state *in, enum gcr_cr_mode mode);
+
+/* Reads pid's shim, driver and dump mark and combines them in opts->mode. Returns 0: every
+ * outcome, gone included, is a state (err is kept for errors a later reading may have). An
+ * unreadable shim status is logged and taken as no shim. */
+int gcr_cr_state(pid_t pid, const struct gcr_cr_opts *opts, struct gcr_cr_proc_state *out, struct gcr_err *err);
+
+/* The same reading as a JSON object: "pid", "state" (gcr_cr_st_name, combined in o->mode),
+ * "shim" (its status, absent without a shim; "shim_error" says why), "driver" (the driver's
+ * state name; "none" for a HIP process; absent when unreadable, "driver_error" says why),
+ * "criu": "dumped" for a process CRIU dumped and ended. -ESRCH when the process does not
+ * exist. */
 int gcr_cr_status(pid_t pid, const struct gcr_cr_opts *o, json_t **out, struct gcr_err *err);
 
 #endif

@@ -1,6 +1,7 @@
 /* gcr_criu: CRIU driven through its command line. Checks come first and run only
  * `criu --version`, so a missing or old CRIU is reported before any process is touched. */
 #include "gcr_criu.h"
+#include "gcr_time.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -57,13 +58,6 @@ int gcr_criu_parse_version(const char *out, int *major, int *minor, int *patch, 
 	return 0;
 }
 
-static long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Runs argv with $CRIU_LIBS_DIR set (when plugin_dir is given), output (stdout and stderr) into
  * out. Returns the exit status (0..255), -ETIMEDOUT, or -errno when it cannot start. */
 static int run(char *const argv[], const char *plugin_dir, int timeout_ms, char *out, size_t outlen)
@@ -89,10 +83,10 @@ static int run(char *const argv[], const char *plugin_dir, int timeout_ms, char 
 		_exit(127);
 	}
 	close(p[1]);
-	long long deadline = now_ms() + timeout_ms;
+	long long deadline = (long long)gcr_time_mono_ms() + timeout_ms;
 	int timed_out = 0;
 	for (;;) {
-		long long left = deadline - now_ms();
+		long long left = deadline - (long long)gcr_time_mono_ms();
 		struct pollfd pfd = { .fd = p[0], .events = POLLIN };
 		if (left <= 0 || poll(&pfd, 1, (int)left) == 0) {
 			timed_out = 1;

@@ -10,11 +10,22 @@
 
 #include "gcr_client.h"
 #include "gcr_shimreply.h"
+#include "gcr_time.h"
 
 const char *gcr_scale_state_name(enum gcr_scale_state s)
 {
 	static const char *const names[] = { "Resident", "Suspended", "Suspending", "Resuming", "Unmanaged" };
 	return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "Unknown";
+}
+
+enum gcr_scale_state gcr_scale_state_of(enum gcr_cr_st s)
+{
+	switch (s) {
+	case GCR_CR_ST_RUNNING: return GCR_SCALE_RESIDENT;
+	case GCR_CR_ST_SUSPENDED:
+	case GCR_CR_ST_PARTIAL: return GCR_SCALE_SUSPENDED;
+	default: return GCR_SCALE_UNMANAGED;
+	}
 }
 
 const char *gcr_scale_action_name(enum gcr_scale_action a)
@@ -106,13 +117,6 @@ int gcr_scale_plan(struct gcr_scale_member *m, size_t n, int replicas, struct gc
 	return 0;
 }
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 struct run_arg {
 	struct gcr_scale_proc *p;
 	const struct gcr_cr_opts *o;
@@ -127,7 +131,7 @@ static void *run_one(void *data)
 		p->rc = gcr_cr_suspend(p->pid, a->o, &p->r, &p->err);
 	else
 		p->rc = gcr_cr_resume(p->pid, a->o, &p->r, &p->err);
-	p->ms_done = now_ms() - a->t0;
+	p->ms_done = gcr_time_mono_ms() - a->t0;
 	return NULL;
 }
 
@@ -136,7 +140,7 @@ int gcr_scale_run(struct gcr_scale_proc *p, size_t n, const struct gcr_cr_opts *
 	struct run_arg *args = calloc(n ? n : 1, sizeof(*args));
 	pthread_t *th = calloc(n ? n : 1, sizeof(*th));
 	char *started = calloc(n ? n : 1, 1);
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	int rc = 0;
 	for (size_t i = 0; i < n; i++) {
 		p[i].rc = 0;
@@ -165,7 +169,7 @@ int gcr_scale_run(struct gcr_scale_proc *p, size_t n, const struct gcr_cr_opts *
 		if (p[i].action != GCR_SCALE_NONE && p[i].rc < 0 && rc == 0)
 			rc = p[i].rc;
 	if (ms_wall != NULL)
-		*ms_wall = now_ms() - t0;
+		*ms_wall = gcr_time_mono_ms() - t0;
 	free(args);
 	free(th);
 	free(started);

@@ -38,6 +38,10 @@ struct gcr_scale_plan {
 };
 
 const char *gcr_scale_state_name(enum gcr_scale_state s);
+
+/* Where a process stands for scaling, from its state (gcr_cr_state): running is resident;
+ * suspended and half-way (a resume finishes it) are suspended; without a shim, unmanaged. */
+enum gcr_scale_state gcr_scale_state_of(enum gcr_cr_st s);
 const char *gcr_scale_action_name(enum gcr_scale_action a);
 
 /* Chooses actions so that resident + resuming reaches replicas: suspends the

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include "gcr/protocol.h"
+
 /* A string made only of printable ASCII without spaces, 1 .. cap - 1 bytes: what the shim
  * sends for states and NVML for UUIDs. Such a string may go into log lines and messages. */
 static int word_ok(const char *s, size_t len, size_t cap)
@@ -35,8 +37,8 @@ static int count_of(json_t *obj, const char *key, long long max, long long *out,
 	return 0;
 }
 
-static const char *const st_names[GCR_SHIMREPLY_ST_N] = { "running", "suspending", "suspended", "resuming",
-							   "unknown" };
+static const char *const st_names[GCR_SHIMREPLY_ST_N] = { GCR_STATE_RUNNING, GCR_STATE_SUSPENDING,
+							   GCR_STATE_SUSPENDED, GCR_STATE_RESUMING, "unknown" };
 
 const char *gcr_shimreply_st_name(enum gcr_shimreply_st s)
 {

@@ -1,6 +1,7 @@
 /* gcr_sock: Unix socket plumbing shared by the shim, gcrctl and the agent.
  * Every read is bounded in size and time so a bad peer cannot wedge us. */
 #include "gcr_sock.h"
+#include "gcr_time.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -33,19 +34,12 @@ static int fill_addr(struct sockaddr_un *sa, const char *path, struct gcr_err *e
 	return 0;
 }
 
-static long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Milliseconds left until deadline (-1: forever). */
 static int left_ms(long long deadline)
 {
 	if (deadline < 0)
 		return -1;
-	long long left = deadline - now_ms();
+	long long left = deadline - (long long)gcr_time_mono_ms();
 	return left < 0 ? 0 : (int)left;
 }
 
@@ -242,7 +236,7 @@ int gcr_sock_listen_unique(const char *dir, const char *stem, char *path, size_t
 	 * entropy yet) time and pid still make a squatter's guess unlikely. */
 	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r))
 		for (int i = 0; i <= UNIQUE_TRIES; i++)
-			r[i] = (unsigned long long)now_ms() * 2654435761u ^ ((unsigned long long)getpid() << 20) ^
+			r[i] = (unsigned long long)(long long)gcr_time_mono_ms() * 2654435761u ^ ((unsigned long long)getpid() << 20) ^
 			       (unsigned long long)i * 0x9e3779b97f4a7c15ull;
 	/* Bound, listening and mode 0600 under a private temporary name first, then given its
 	 * public name with link(), which never replaces a file: under the public name the socket
@@ -325,7 +319,7 @@ int gcr_sock_peer(int fd, struct gcr_peer *peer, struct gcr_err *err)
 
 int gcr_sock_write_all(int fd, const char *buf, size_t len, int timeout_ms, struct gcr_err *err)
 {
-	long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	long long deadline = timeout_ms < 0 ? -1 : (long long)gcr_time_mono_ms() + timeout_ms;
 	while (len > 0) {
 		ssize_t n = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n > 0) {
@@ -452,7 +446,7 @@ long gcr_linebuf_fill(struct gcr_linebuf *lb, int fd, struct gcr_err *err)
 int gcr_linebuf_read(struct gcr_linebuf *lb, int fd, int timeout_ms, char **line,
 		     struct gcr_err *err)
 {
-	long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	long long deadline = timeout_ms < 0 ? -1 : (long long)gcr_time_mono_ms() + timeout_ms;
 	for (;;) {
 		int rc = gcr_linebuf_next(lb, line, err);
 		if (rc != 0)

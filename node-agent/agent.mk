@@ -1,9 +1,11 @@
 # node-agent/agent.mk: libgcragent, the gcr-agent's pure modules (input parsers
-# for /proc/<pid>/cgroup, kubeconfig, the watch stream, the scaler's selectors and activity
-# notes, Checkpoint/Restore objects, the agent's own records), linked by the agent and its tests.
+# for /proc/<pid>/cgroup, the agent's config file, kubeconfig, the watch stream, the
+# scaler's selectors and activity notes, Checkpoint/Restore objects, the agent's own
+# records), linked by the agent and its tests.
 noinst_LTLIBRARIES += node-agent/libgcragent.la
 node_agent_libgcragent_la_SOURCES = \
 	node-agent/daemon/agent_cgroup.c node-agent/daemon/agent_cgroup.h \
+	node-agent/daemon/agent_config.c node-agent/daemon/agent_config.h \
 	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \
 	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
 	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \

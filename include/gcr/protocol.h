@@ -1,5 +1,8 @@
 /* gcr/protocol.h: the control protocol a shim speaks on its Unix socket, for other
- * tools that want to speak it. JSON lines; every request and reply carries "v". */
+ * tools that want to speak it: every request, reply and report field the shim sends and
+ * gcrctl and the node agent read. JSON lines; every request and reply carries "v".
+ * Readers must check every value (the socket belongs to the workload): lib/gcr_proto.c
+ * checks the envelope, lib/gcr_shimreply.c the fields below. */
 #ifndef GCR_PROTOCOL_H
 #define GCR_PROTOCOL_H
 
@@ -7,18 +10,65 @@
 /* Longest line either side may send, newline included (bytes). */
 #define GCR_PROTO_MAX_LINE 65536
 
-/* Requests: {"v":1,"id":N,"op":OP,"args":{...}}
+/* ---- envelope ----
+ * Requests: {"v":1,"id":N,"op":OP,"args":{...}}
+ *           "id": integer >= 0, echoed in the reply; "args": an object, may be absent.
  * Replies:  {"v":1,"id":N,"ok":true,"result":{...}}
- *           {"v":1,"id":N,"ok":false,"error":{"code":-errno,"message":"..."}} */
-#define GCR_OP_STATUS "status"   /* state, byte counts; never calls the driver */
-#define GCR_OP_SUSPEND "suspend" /* data out: gate closed, buffers staged, memory released */
-#define GCR_OP_RESUME "resume"   /* data in: memory re-created at the same addresses, gate opened */
-#define GCR_OP_STATS "stats"     /* counters: hooks seen, bytes per path, gate waits */
+ *           {"v":1,"id":N,"ok":false,"error":{"code":-errno,"message":"..."}}
+ * Error codes of the envelope (id 0 when the request could not be read):
+ *   -EMSGSIZE   a line longer than GCR_PROTO_MAX_LINE
+ *   -EBADMSG    not JSON, not an object, or a field of the wrong type
+ *   -EPROTO     "v" missing or not GCR_PROTO_VERSION
+ *   -EOPNOTSUPP an op this shim does not know
+ *   -EACCES     the peer is neither root nor the process's own user (then the shim closes)
+ * Error codes of the ops:
+ *   suspend: -EALREADY not running (already suspended or in flight); -ENOTSUP memory the
+ *            shim cannot stage, or both CUDA and HIP in one process; -ENODEV no GPU runtime
+ *            initialised yet; -ETIMEDOUT the gate did not close in "timeout_ms"; -ENOMEM;
+ *            -EINVAL a bad "timeout_ms"; others from the runtime, as -errno. A failed
+ *            suspend was undone: the process runs.
+ *   resume:  -EINVAL not suspended; others from the runtime (the process stays suspended,
+ *            held at the gate: resume again).
+ *   trim:    -EINVAL a "restore_need" that is not an object. */
+
+/* ---- ops ---- */
+/* status: no args. Never calls the driver. Result:
+ *   "pid"      the process's pid in its own PID namespace
+ *   "state"    GCR_STATE_* below
+ *   "version"  the shim's package version
+ *   "bytes"    {"vmm","app_vmm","driver","async","managed"}: bytes tracked per kind; "vmm" and
+ *              "app_vmm" take the fast path, "driver" and "async" are left to the driver's
+ *              checkpoint, "managed" is refused at suspend
+ *   "buffers"  {"vmm","app_vmm","driver","async","managed","shared"}: counts of the same
+ *   "staging"  {"capacity","used","ring","workers","target","ready","grown_inline","fault_ms"}:
+ *              the pinned host staging pool ("ready": true once "target" bytes are pinned)
+ *   "requests" {"suspend","resume"}: requests that reached the shim's C/R code
+ *   "backends" {"cuda": bool, "hip": bool}: runtimes loaded; HIP only means the control
+ *              step is CRIU's (absent in older shims: CUDA)
+ *   "restore_need" (once a trim kept one) the object the last trim's "restore_need" gave */
+#define GCR_OP_STATUS "status"
+/* suspend: data out: gate closed, buffers staged, memory released. Args: "timeout_ms"
+ * (1 .. 3600000: how long the gate waits for calls in flight; default the shim's
+ * GCR_GATE_TIMEOUT_MS). Result: a report (below). */
+#define GCR_OP_SUSPEND "suspend"
+/* resume: data in: memory re-created at the same addresses, data copied back, gate opened.
+ * No args. Result: a report (below). */
+#define GCR_OP_RESUME "resume"
+/* stats: no args. Result:
+ *   "calls"     {hook name: count}, every hook the process called (also per-thread ones)
+ *   "lookups"   {"dlsym_cu","dlsym_wrapped","dlsym_hip","dlsym_hip_wrapped","procaddr",
+ *                "procaddr_wrapped","procaddr_by_name","procaddr_passthrough"}: how the
+ *               application found the hooked entry points
+ *   "gate"      {"waits"}: calls that waited at the closed gate
+ *   "decisions" {"converted","fallback"}: allocations moved to the fast path, or not
+ *   "status"    the status result above */
+#define GCR_OP_STATS "stats"
 /* After the whole suspend (the driver's checkpoint included): give the staging memory
  * the saved data does not use back to the system, in the background. Args: "restore_need"
- * (an object the shim keeps for whichever tool resumes: the GPU memory the restore needs),
- * "trim": false to only keep that record (sent before the driver's checkpoint, so a suspend
- * cut short there still leaves it). */
+ * (an object the shim keeps for whichever tool resumes: the GPU memory the restore needs,
+ * {"devices":[{"uuid": GPU UUID, "bytes": n}, ...]}), "trim": false to only keep that record
+ * (sent before the driver's checkpoint, so a suspend cut short there still leaves it).
+ * Result: {}. */
 #define GCR_OP_TRIM "trim"
 /* Shim -> node agent, once, on the agent's registry socket: {"socket": control socket
  * path as the shim sees it, "version": ...}. The agent believes none of it beyond a
@@ -26,6 +76,21 @@
  * from /proc/<pid>/cgroup. The connection stays open; EOF means the process is gone. */
 #define GCR_OP_REGISTER "register"
 #define GCR_AGENT_SOCKET_ENV "GCR_AGENT_SOCKET"
+
+/* ---- reports: the result of suspend and resume ----
+ *   "state"  GCR_STATE_* after the operation
+ *   "bytes"  the staged buffers' size; "copied" what crossed PCIe (absent in older shims:
+ *            all of "bytes"); "zero", "unchanged": bytes skipped as all zero or unchanged
+ *            since the last suspend (GCR_INCREMENTAL); "host" bytes held in host memory
+ *   "handles", "mappings": VMM handles released / re-created and their mappings
+ *   "ctx_freed" bytes of context-local memory given back
+ *   "ms"     {"gate","sync","digest","plan","copy","release","map","ctx","total"}: times */
+
+/* ---- the shim's states (status "state", report "state") ---- */
+#define GCR_STATE_RUNNING "running"
+#define GCR_STATE_SUSPENDING "suspending" /* a suspend in flight */
+#define GCR_STATE_SUSPENDED "suspended"   /* data in host memory, application held at the gate */
+#define GCR_STATE_RESUMING "resuming"     /* a resume in flight */
 
 /* Default directory for the per-process sockets ("<dir>/gcr-<pid>-<start time>.sock",
  * docs/design.md). */

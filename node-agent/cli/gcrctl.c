@@ -16,6 +16,7 @@
 #include "gcr_log.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
+#include "gcr_time.h"
 
 static int json_out;
 
@@ -25,7 +26,9 @@ static void usage(FILE *f)
 		"usage: gcrctl [--socket-dir DIR] [--json] [--timeout-ms N] [--images-dir DIR] COMMAND\n"
 		"  suspend [--driver-only|--no-driver] PID   GPU state to host memory, 0 bytes left on the GPU\n"
 		"  resume  [--driver-only|--no-driver] PID   back on the GPU at the same addresses\n"
-		"  status PID                                 shim and driver state\n"
+		"  status PID                                 the process's state (running, suspended, partial,\n"
+		"                                             unmanaged, gone; in the mode given), and its\n"
+		"                                             shim's and driver's\n"
 		"  stats PID                                  what the shim saw (calls, lookups, bytes)\n"
 		"  list                                       processes with a GCR shim\n"
 		"  scale --replicas N [--sample-ms MS] PID... keep N of these processes resident: suspends the\n"
@@ -109,16 +112,19 @@ static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 	return 0;
 }
 
-/* One line for a status object: "pid N: shim STATE, driver STATE[, sizes]". */
+/* One line for a status object: "pid N: STATE (shim STATE, driver STATE)[, sizes]", the first
+ * state gcr_cr_state's (in the mode asked: --no-driver, --driver-only). */
 static void print_status_line(pid_t pid, json_t *st, int sizes)
 {
 	json_t *shim = json_object_get(st, "shim");
 	const char *driver = json_string_value(json_object_get(st, "driver")), *state;
+	const char *whole = json_string_value(json_object_get(st, "state"));
 	long long fast, drv;
 	struct gcr_err e;
 	if (gcr_shimreply_state(shim, &state, &e) < 0)
 		state = shim != NULL ? "unreadable" : "absent";
-	printf("pid %d: shim %s, driver %s", (int)pid, state, driver ? driver : "unavailable");
+	printf("pid %d: %s (shim %s, driver %s)", (int)pid, whole ? whole : "unknown", state,
+	       driver ? driver : "unavailable");
 	/* Sizes the shim cannot give sensibly are left out rather than printed wrong. */
 	if (sizes && shim != NULL && gcr_shimreply_sizes(shim, &fast, &drv, &e) == 0)
 		printf(", %.1f MiB on the fast path, %.1f MiB left to the driver", (double)fast / 1048576.0,
@@ -176,39 +182,11 @@ static void list_one(pid_t pid, const char *path, void *data)
 	json_decref(st);
 }
 
-static double mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* Where a process stands, from its shim and the driver (gcr_cr_status). */
-static enum gcr_scale_state scale_state_of(pid_t pid, struct gcr_cr_opts *o)
-{
-	json_t *st = NULL;
-	struct gcr_err err;
-	if (gcr_cr_status(pid, o, &st, &err) < 0)
-		return GCR_SCALE_UNMANAGED;
-	const char *shim, *drv = json_string_value(json_object_get(st, "driver"));
-	if (gcr_shimreply_state(json_object_get(st, "shim"), &shim, &err) < 0)
-		shim = NULL; /* unreadable: as no shim, so scaling leaves the process alone */
-	enum gcr_scale_state s = GCR_SCALE_UNMANAGED;
-	if (shim != NULL && strcmp(shim, "running") == 0 &&
-	    (drv == NULL || strcmp(drv, "running") == 0 || strcmp(drv, "none") == 0 || o->mode == GCR_CR_DATA_ONLY))
-		s = GCR_SCALE_RESIDENT;
-	else if (shim != NULL || json_object_get(st, "criu") != NULL) /* suspended, or half-way (or dumped
-								      by CRIU): a resume finishes either */
-		s = GCR_SCALE_SUSPENDED;
-	json_decref(st);
-	return s;
-}
-
 /* scale: the policy of the agent's scaler (gcr_scale) on local pids. Times: plan (states and
  * activity read), run (first operation started to last one ended), total (command to done). */
 static int do_scale(int replicas, int sample_ms, pid_t *pids, int n, struct gcr_cr_opts *o)
 {
-	double t0 = mono_ms();
+	double t0 = gcr_time_mono_ms();
 	struct gcr_scale_member *m = calloc((size_t)n, sizeof(*m));
 	struct gcr_scale_proc *p = calloc((size_t)n, sizeof(*p));
 	long long *calls = calloc((size_t)n, sizeof(*calls));
@@ -221,7 +199,9 @@ static int do_scale(int replicas, int sample_ms, pid_t *pids, int n, struct gcr_
 	for (int i = 0; i < n; i++) {
 		snprintf(ids[i], sizeof(ids[i]), "%d", (int)pids[i]);
 		m[i].id = ids[i];
-		m[i].state = scale_state_of(pids[i], o);
+		struct gcr_cr_proc_state ps;
+		struct gcr_err se;
+		m[i].state = gcr_cr_state(pids[i], o, &ps, &se) == 0 ? gcr_scale_state_of(ps.state) : GCR_SCALE_UNMANAGED;
 		struct gcr_err e;
 		if (m[i].state != GCR_SCALE_UNMANAGED && gcr_scale_calls(pids[i], o->socket_dir, &calls[i], &e) < 0)
 			calls[i] = 0;
@@ -246,10 +226,10 @@ static int do_scale(int replicas, int sample_ms, pid_t *pids, int n, struct gcr_
 	}
 	for (int i = 0; i < n; i++)
 		p[i] = (struct gcr_scale_proc){ .pid = pids[i], .action = m[i].action };
-	double t_run = mono_ms();
+	double t_run = gcr_time_mono_ms();
 	double ms_run = 0;
 	int rc = gcr_scale_run(p, (size_t)n, o, &ms_run);
-	double ms_total = mono_ms() - t0, ms_plan = t_run - t0;
+	double ms_total = gcr_time_mono_ms() - t0, ms_plan = t_run - t0;
 	int resident = 0, suspended = 0, unmanaged = 0;
 	json_t *procs = json_array();
 	for (int i = 0; i < n; i++) {

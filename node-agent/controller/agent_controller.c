@@ -100,13 +100,6 @@ struct agent_controller {
 	int workers_started;
 };
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* ---- queue and caches ---- */
 
 static void enqueue_locked(struct agent_controller *c, const char *key)
@@ -289,7 +282,7 @@ static void retry_later(struct agent_controller *c, const char *key, int ms)
 		ms = last == 0 ? RETRY_MS : last * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : (int)last * 2;
 		json_object_set_new(c->backoff, key, json_integer(ms));
 	}
-	json_object_set_new(c->retry, key, json_integer((json_int_t)(now_ms() + ms)));
+	json_object_set_new(c->retry, key, json_integer((json_int_t)(gcr_time_mono_ms() + ms)));
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -564,36 +557,19 @@ static const char *mode_api_name(enum gcr_cr_mode m)
 	return m == GCR_CR_DATA_ONLY ? "KeepContext" : "Full";
 }
 
-enum pstate { P_RUNNING, P_SUSPENDED, P_PARTIAL, P_GONE };
-
-/* The process's real state, from its shim and the driver. Suspended in mode DATA_ONLY means
- * the shim suspended with the driver still running (the context stayed resident). */
-static enum pstate real_state(struct agent_controller *c, pid_t pid, enum gcr_cr_mode mode)
+/* The process's real state, from its shim and the driver (gcr_cr_state), in the mode it was
+ * suspended in. UNMANAGED and GONE (no shim answers) count as neither running nor suspended. */
+static enum gcr_cr_st real_state(struct agent_controller *c, pid_t pid, enum gcr_cr_mode mode)
 {
-	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = 10000 };
-	json_t *st = NULL;
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = 10000 };
+	struct gcr_cr_proc_state ps;
 	struct gcr_err err;
-	if (gcr_cr_status(pid, &opts, &st, &err) < 0)
-		return P_GONE;
-	const char *shim;
-	if (gcr_shimreply_state(json_object_get(st, "shim"), &shim, &err) == -EPROTO)
-		GCR_LOG(GCR_LOG_WARN, "controller", "pid %d: %s", (int)pid, err.msg); /* then as no shim */
-	const char *drv = json_string_value(json_object_get(st, "driver"));
-	/* "none": a HIP process, whose control state is CRIU's (lib/gcr_cr.c); "criu": CRIU dumped
-	 * it (it is gone until restored). */
-	int no_driver = drv != NULL && strcmp(drv, "none") == 0;
-	enum pstate r = P_PARTIAL;
-	if (shim == NULL)
-		r = json_object_get(st, "criu") != NULL ? P_SUSPENDED : P_GONE;
-	else if (strcmp(shim, "running") == 0 && drv != NULL && (strcmp(drv, "running") == 0 || no_driver))
-		r = P_RUNNING;
-	else if (strcmp(shim, "suspended") == 0 && drv != NULL &&
-		 (strcmp(drv, mode == GCR_CR_DATA_ONLY ? "running" : "checkpointed") == 0 || no_driver))
-		r = P_SUSPENDED;
-	GCR_LOG(GCR_LOG_INFO, "controller", "pid %d: shim %s, driver %s", (int)pid, shim ? shim : "-",
-		drv ? drv : "-");
-	json_decref(st);
-	return r;
+	if (gcr_cr_state(pid, &opts, &ps, &err) < 0)
+		return GCR_CR_ST_GONE;
+	GCR_LOG(GCR_LOG_INFO, "controller", "pid %d: %s (shim %s, driver %s)", (int)pid, gcr_cr_st_name(ps.state),
+		ps.shim ? gcr_shimreply_st_name(ps.shim_st) : "-",
+		ps.hip ? GCR_CR_DRIVER_NONE : ps.driver ? gcr_driver_state_name(ps.driver_st) : "-");
+	return ps.state;
 }
 
 static int timeout_ms_of(const struct agent_crobj *d)
@@ -611,7 +587,7 @@ static int resume_all(struct agent_controller *c, const struct proc *p, int n, e
 	struct gcr_scale_proc sp[MAX_PROCS];
 	int k = 0;
 	for (int i = 0; i < n && k < MAX_PROCS; i++)
-		if (real_state(c, p[i].pid, mode) != P_RUNNING)
+		if (real_state(c, p[i].pid, mode) != GCR_CR_ST_RUNNING)
 			sp[k++] = (struct gcr_scale_proc){ .pid = p[i].pid, .action = GCR_SCALE_RESUME };
 	int rc = gcr_scale_run(sp, (size_t)k, &opts, NULL), told = 0;
 	for (int i = 0; i < k; i++) {
@@ -752,7 +728,7 @@ static void run_checkpoint(struct agent_controller *c, struct op *o, struct agen
 	enum gcr_cr_mode mode = mode_of(r->keep_context);
 	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = timeout_ms_of(&o->d) };
 	struct gcr_cr_result sum = { 0 };
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	test_pause(c, "before-cr");
 	struct gcr_scale_proc sp[MAX_PROCS];
 	for (int i = 0; i < n; i++)
@@ -774,7 +750,7 @@ static void run_checkpoint(struct agent_controller *c, struct op *o, struct agen
 			 nu == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
 			 nu > 0 && urc < 0 ? e2.msg : "");
 		finish_checkpoint(c, o, r, 0, rc == -EALREADY ? "AlreadySuspended" : "CheckpointFailed", note, NULL,
-				  now_ms() - t0, 0);
+				  gcr_time_mono_ms() - t0, 0);
 		gcr_scale_procs_clear(sp, (size_t)n);
 		return;
 	}
@@ -786,7 +762,7 @@ static void run_checkpoint(struct agent_controller *c, struct op *o, struct agen
 	}
 	gcr_scale_procs_clear(sp, (size_t)n);
 	test_pause(c, "after-cr");
-	double ms = now_ms() - t0;
+	double ms = gcr_time_mono_ms() - t0;
 	snprintf(note, sizeof(note), "%d process(es) suspended, %lld bytes to host memory%s", n, sum.bytes_moved,
 		 mode == GCR_CR_DATA_ONLY ? "; CUDA context kept on the GPU" : "");
 	json_t *extra = json_pack("{s:o, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "processes",
@@ -905,9 +881,9 @@ static void recover_checkpoint(struct agent_controller *c, struct op *o, struct 
 	enum gcr_cr_mode mode = mode_of(r->keep_context);
 	int running = 0, suspended = 0;
 	for (int i = 0; i < n; i++) {
-		enum pstate s = real_state(c, p[i].pid, mode);
-		running += s == P_RUNNING;
-		suspended += s == P_SUSPENDED;
+		enum gcr_cr_st s = real_state(c, p[i].pid, mode);
+		running += s == GCR_CR_ST_RUNNING;
+		suspended += s == GCR_CR_ST_SUSPENDED;
 	}
 	GCR_LOG(GCR_LOG_INFO, "controller",
 		"Checkpoint %s/%s recorded as suspending: %d running, %d suspended, %d other, %d gone", r->ns, r->name,
@@ -1084,7 +1060,7 @@ static json_t *find_checkpoint(struct agent_controller *c, const char *ns, const
 static int wait_for_room(struct agent_controller *c, struct op *o, const struct proc *p, int n,
 			 enum gcr_cr_mode mode, struct gcr_cr_result *sum, struct gcr_err *err)
 {
-	double bound = o->d.timeout_s > 0 ? (double)o->d.timeout_s * 1000 : ROOM_WAIT_DEFAULT_MS, t0 = now_ms();
+	double bound = o->d.timeout_s > 0 ? (double)o->d.timeout_s * 1000 : ROOM_WAIT_DEFAULT_MS, t0 = gcr_time_mono_ms();
 	int delay = ROOM_RETRY_FIRST_MS, tries = 1, rc = -ENOSPC;
 	char msg[1024];
 	snprintf(msg, sizeof(msg), "waiting for GPU memory (retrying for up to %.0f s): %s", bound / 1000, err->msg);
@@ -1092,7 +1068,7 @@ static int wait_for_room(struct agent_controller *c, struct op *o, const struct 
 		return gcr_err_set(err, -ECANCELED, "agent stopping while waiting for GPU memory");
 	event(c, o->obj, "Restore", "Warning", "WaitingForGPUMemory", msg);
 	while (rc == -ENOSPC) {
-		double left = bound - (now_ms() - t0);
+		double left = bound - (gcr_time_mono_ms() - t0);
 		if (left <= 0)
 			break;
 		if (nap(c, delay < left ? delay : (int)left))
@@ -1107,7 +1083,7 @@ static int wait_for_room(struct agent_controller *c, struct op *o, const struct 
 	}
 	if (rc == -ENOSPC)
 		gcr_err_wrap(err, "no GPU memory after %.0f s (%d tries); still suspended, a new Restore retries",
-			     (now_ms() - t0) / 1000, tries);
+			     (gcr_time_mono_ms() - t0) / 1000, tries);
 	return rc;
 }
 
@@ -1129,7 +1105,7 @@ static void run_restore(struct agent_controller *c, struct op *o, struct agent_r
 	if (!recovering) {
 		int running = 0;
 		for (int i = 0; i < n; i++)
-			running += real_state(c, p[i].pid, mode) == P_RUNNING;
+			running += real_state(c, p[i].pid, mode) == GCR_CR_ST_RUNNING;
 		if (running == n) {
 			fail(c, o, "NotSuspended",
 			     "the processes of Checkpoint %s are running (resumed by other means?); nothing was done",
@@ -1160,12 +1136,12 @@ static void run_restore(struct agent_controller *c, struct op *o, struct agent_r
 	}
 	struct gcr_cr_result sum = { 0 };
 	struct gcr_err err;
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	test_pause(c, "before-rs");
 	int rc = resume_all(c, p, n, mode, timeout_ms_of(d), &sum, &err);
 	if (rc < 0 && err.code == -ENOSPC)
 		rc = wait_for_room(c, o, p, n, mode, &sum, &err);
-	double ms = now_ms() - t0;
+	double ms = gcr_time_mono_ms() - t0;
 	if (rc == -ECANCELED)
 		return;
 	if (rc < 0) {
@@ -1205,7 +1181,7 @@ static void run_restore(struct agent_controller *c, struct op *o, struct agent_r
  * any order, so it waits Pending for the grace period, then fails. */
 static void checkpoint_missing(struct agent_controller *c, struct op *o)
 {
-	double now = now_ms();
+	double now = gcr_time_mono_ms();
 	pthread_mutex_lock(&c->lock);
 	json_t *seen = json_object_get(c->first_seen, o->d.uid);
 	double first = seen ? (double)json_integer_value(seen) : now;
@@ -1464,7 +1440,7 @@ static void *worker_main(void *data)
 	pthread_mutex_lock(&c->lock);
 	while (!atomic_load(&c->stop)) {
 		int ready = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
-		double now = now_ms();
+		double now = gcr_time_mono_ms();
 		const char *k;
 		void *tmp;
 		json_t *v;

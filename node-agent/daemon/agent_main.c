@@ -9,8 +9,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <yaml.h>
 
+#include "agent_config.h"
 #include "agent_controller.h"
 #include "agent_deviceplugin.h"
 #include "agent_gate.h"
@@ -121,7 +121,7 @@ static const struct {
 	{ "cdiDevice", DP_SLOT(cdi_device) },
 };
 #define NDP_STRINGS (sizeof(dp_strings) / sizeof(dp_strings[0]))
-#define DP_SECTION "devicePlugin"
+#define DP_SECTION AGENT_CONFIG_SECTION
 /* Most device-plugin slots, and the longest kubelet poll period (ms). */
 #define DP_SLOTS_MAX 1024
 #define DP_POLL_MS_MAX 60000
@@ -194,7 +194,7 @@ static int dp_env_add(struct dp_cfg *d, const char *name, const char *value, str
  * and ignored, so a newer chart still starts an older agent. */
 static int dp_opt(struct dp_cfg *d, const char *key, const char *value, struct gcr_err *err)
 {
-	if (strcmp(key, "shimEnv") == 0) { /* a scalar: only an empty (null) one, meaning none */
+	if (strcmp(key, AGENT_CONFIG_SHIM_ENV) == 0) { /* a scalar: only an empty (null) one, meaning none */
 		if (value[0] != '\0' && strcmp(value, "~") != 0 && strcmp(value, "null") != 0)
 			return gcr_err_set(err, -EINVAL, "%s.shimEnv must be a mapping", DP_SECTION);
 		return 0;
@@ -231,7 +231,7 @@ static int dp_opt(struct dp_cfg *d, const char *key, const char *value, struct g
 
 /* A key of the devicePlugin section whose value is a mapping or a sequence: an error for
  * the scalar keys this agent reads, ignored for keys it does not know (shimEnv is
- * parsed by load_config). */
+ * walked by agent_config). */
 static int dp_nested(const char *key, struct gcr_err *err)
 {
 	if (strcmp(key, "enabled") == 0 || strcmp(key, "slots") == 0 || strcmp(key, "pollMs") == 0)
@@ -258,116 +258,33 @@ static int file_opt(struct cfg *c, const char *key, const char *value, struct gc
 	return set_opt(c, key, value, err);
 }
 
-/* The configuration file: a YAML mapping of option names (flag or camelCase
- * spelling) to scalars, and the devicePlugin section: a mapping of its keys to
- * scalars (nested values of keys it does not read are skipped). */
+static int cfg_opt(void *data, const char *key, const char *value, struct gcr_err *err)
+{
+	return file_opt(data, key, value, err);
+}
+
+static int cfg_dp_opt(void *data, const char *key, const char *value, struct gcr_err *err)
+{
+	return dp_opt(&((struct cfg *)data)->dp, key, value, err);
+}
+
+static int cfg_dp_nested(void *data, const char *key, struct gcr_err *err)
+{
+	(void)data;
+	return dp_nested(key, err);
+}
+
+static int cfg_dp_env(void *data, const char *name, const char *value, struct gcr_err *err)
+{
+	return dp_env_add(&((struct cfg *)data)->dp, name, value, err);
+}
+
+/* The configuration file (agent_config: its shape), each setting checked here. */
 static int load_config(struct cfg *c, const char *path, struct gcr_err *err)
 {
-	FILE *f = fopen(path, "rb");
-	if (f == NULL)
-		return gcr_err_set(err, -errno, "cannot open %s: %s", path, strerror(errno));
-	yaml_parser_t p;
-	yaml_event_t ev;
-	int rc = 0, depth = 0, done = 0;
-	char *key = NULL, *sub = NULL; /* key at depth 1; key inside the section at depth 2 */
-	char *env_name = NULL;         /* a shimEnv name awaiting its value (depth 3) */
-	bool in_env = false;           /* inside devicePlugin.shimEnv */
-	yaml_parser_initialize(&p);
-	yaml_parser_set_input_file(&p, f);
-	while (!done && rc == 0) {
-		if (!yaml_parser_parse(&p, &ev)) {
-			rc = gcr_err_set(err, -EINVAL, "%s:%zu: %s", path, p.problem_mark.line + 1,
-					 p.problem ? p.problem : "YAML error");
-			break;
-		}
-		switch (ev.type) {
-		case YAML_MAPPING_START_EVENT:
-		case YAML_SEQUENCE_START_EVENT:
-			++depth;
-			if (depth == 2 && (key == NULL || strcmp(key, DP_SECTION) != 0 ||
-					   ev.type != YAML_MAPPING_START_EVENT))
-				rc = gcr_err_set(err, -EINVAL, "%s: option '%s' must be a scalar", path,
-						 key ? key : "?");
-			else if (depth == 3 && sub == NULL)
-				rc = gcr_err_set(err, -EINVAL, "%s: %s: keys must be scalars", path, DP_SECTION);
-			else if (depth == 3 && strcmp(sub, "shimEnv") == 0 && ev.type == YAML_MAPPING_START_EVENT)
-				in_env = true;
-			else if (depth == 3 && strcmp(sub, "shimEnv") == 0)
-				rc = gcr_err_set(err, -EINVAL, "%s: %s.shimEnv must be a mapping", path, DP_SECTION);
-			else if (depth == 4 && in_env)
-				rc = gcr_err_set(err, -EINVAL, "%s: %s.shimEnv: names and values must be scalars",
-						 path, DP_SECTION);
-			else if (depth == 3 && (rc = dp_nested(sub, err)) < 0)
-				gcr_err_wrap(err, "%s", path);
-			break;
-		case YAML_MAPPING_END_EVENT:
-		case YAML_SEQUENCE_END_EVENT:
-			if (--depth == 1) { /* end of the section */
-				free(key);
-				key = NULL;
-			} else if (depth == 2) { /* end of a nested value inside it */
-				free(sub);
-				sub = NULL;
-				in_env = false;
-				free(env_name);
-				env_name = NULL;
-			}
-			break;
-		case YAML_SCALAR_EVENT:
-			if (depth == 3 && in_env && env_name == NULL) {
-				env_name = strndup((char *)ev.data.scalar.value, ev.data.scalar.length);
-				if (env_name == NULL)
-					rc = gcr_err_set(err, -ENOMEM, "out of memory");
-			} else if (depth == 3 && in_env) {
-				rc = dp_env_add(&c->dp, env_name, (char *)ev.data.scalar.value, err);
-				if (rc < 0)
-					gcr_err_wrap(err, "%s", path);
-				free(env_name);
-				env_name = NULL;
-			} else if (depth > 2) {
-				break; /* inside a value the section skips */
-			} else if (depth == 2 && sub == NULL) {
-				sub = strndup((char *)ev.data.scalar.value, ev.data.scalar.length);
-				if (sub == NULL)
-					rc = gcr_err_set(err, -ENOMEM, "out of memory");
-			} else if (depth == 2) {
-				rc = dp_opt(&c->dp, sub, (char *)ev.data.scalar.value, err);
-				if (rc < 0)
-					gcr_err_wrap(err, "%s", path);
-				free(sub);
-				sub = NULL;
-			} else if (depth != 1) {
-				rc = gcr_err_set(err, -EINVAL, "%s: expected a mapping of options", path);
-			} else if (key == NULL) {
-				key = strndup((char *)ev.data.scalar.value, ev.data.scalar.length);
-				if (key == NULL)
-					rc = gcr_err_set(err, -ENOMEM, "out of memory");
-			} else {
-				rc = file_opt(c, key, (char *)ev.data.scalar.value, err);
-				if (rc < 0)
-					gcr_err_wrap(err, "%s", path);
-				free(key);
-				key = NULL;
-			}
-			break;
-		case YAML_STREAM_END_EVENT:
-			done = 1;
-			break;
-		case YAML_ALIAS_EVENT:
-			if (in_env)
-				rc = gcr_err_set(err, -EINVAL, "%s: %s.shimEnv: no aliases", path, DP_SECTION);
-			break;
-		default:
-			break;
-		}
-		yaml_event_delete(&ev);
-	}
-	free(key);
-	free(sub);
-	free(env_name);
-	yaml_parser_delete(&p);
-	fclose(f);
-	return rc;
+	const struct agent_config_sink sink = { .data = c, .opt = cfg_opt, .dp_opt = cfg_dp_opt,
+						.dp_nested = cfg_dp_nested, .dp_env = cfg_dp_env };
+	return agent_config_load(path, &sink, err);
 }
 
 static void usage(FILE *f)

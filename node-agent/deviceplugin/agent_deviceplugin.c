@@ -25,6 +25,7 @@
 
 #include "agent_dpmsg.h"
 #include "gcr_log.h"
+#include "gcr_time.h"
 
 #define LOG_COMP "deviceplugin"
 #define REGISTER_TIMEOUT_MS 5000 /* one Register call to the kubelet */
@@ -127,14 +128,6 @@ struct agent_dp {
 	int64_t retry_at_ms;        /* monotonic; 0: none */
 	unsigned live_calls;        /* dp_call objects alive, for the final drain */
 };
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static gpr_timespec deadline_in(unsigned ms)
 {
@@ -765,7 +758,7 @@ static void register_start(struct agent_dp *dp)
 fail:
 	register_free(r);
 retry:
-	dp->retry_at_ms = now_ms() + REGISTER_RETRY_MS;
+	dp->retry_at_ms = (int64_t)gcr_time_mono_ms() + REGISTER_RETRY_MS;
 }
 
 static void register_done(struct agent_dp *dp, struct dp_register *r, bool ok)
@@ -781,7 +774,7 @@ static void register_done(struct agent_dp *dp, struct dp_register *r, bool ok)
 		GCR_LOG(GCR_LOG_WARN, LOG_COMP, "Register failed (status %d: %s); retrying in %d ms",
 			(int)r->status, d ? d : "", REGISTER_RETRY_MS);
 		gpr_free(d);
-		dp->retry_at_ms = now_ms() + REGISTER_RETRY_MS;
+		dp->retry_at_ms = (int64_t)gcr_time_mono_ms() + REGISTER_RETRY_MS;
 	}
 	register_free(r);
 }
@@ -814,7 +807,7 @@ static void poll_kubelet(struct agent_dp *dp)
 	if (!exists)
 		return;
 	if (dp->server != NULL && dp->reg == NULL &&
-	    (dp->want_register || (dp->retry_at_ms != 0 && now_ms() >= dp->retry_at_ms)))
+	    (dp->want_register || (dp->retry_at_ms != 0 && (int64_t)gcr_time_mono_ms() >= dp->retry_at_ms)))
 		register_start(dp);
 }
 
@@ -880,24 +873,24 @@ static void *dp_thread(void *arg)
 
 		if (ev.type == GRPC_OP_COMPLETE)
 			dispatch(dp, ev.tag, ev.success != 0);
-		if (now_ms() >= next_poll) {
+		if ((int64_t)gcr_time_mono_ms() >= next_poll) {
 			/* Not serving (the directory was missing, say): try again each second. */
-			if (dp->server == NULL && dp->old_server == NULL && now_ms() >= serve_retry_at &&
+			if (dp->server == NULL && dp->old_server == NULL && (int64_t)gcr_time_mono_ms() >= serve_retry_at &&
 			    server_start(dp) < 0) {
 				GCR_LOG(GCR_LOG_ERROR, LOG_COMP, "cannot serve on %s; retrying", dp->sock_path);
-				serve_retry_at = now_ms() + REGISTER_RETRY_MS;
+				serve_retry_at = (int64_t)gcr_time_mono_ms() + REGISTER_RETRY_MS;
 			}
 			poll_kubelet(dp);
 			push_health(dp);
-			next_poll = now_ms() + dp->poll_ms;
+			next_poll = (int64_t)gcr_time_mono_ms() + dp->poll_ms;
 		}
 	}
 	/* Stop: cancel everything, then drain until every call and the server are gone. */
 	if (dp->reg)
 		grpc_call_cancel(dp->reg->call, NULL);
 	server_shutdown(dp);
-	for (int64_t end = now_ms() + 10000; /* bounded: 10 s */
-	     (dp->old_server != NULL || dp->reg != NULL || dp->live_calls > 0) && now_ms() < end;) {
+	for (int64_t end = (int64_t)gcr_time_mono_ms() + 10000; /* bounded: 10 s */
+	     (dp->old_server != NULL || dp->reg != NULL || dp->live_calls > 0) && (int64_t)gcr_time_mono_ms() < end;) {
 		grpc_event ev = grpc_completion_queue_next(dp->cq, deadline_in(100), NULL);
 		if (ev.type == GRPC_OP_COMPLETE)
 			dispatch(dp, ev.tag, ev.success != 0);

@@ -31,13 +31,6 @@ struct agent_leader {
 	int started;
 };
 
-static long long mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Writes obj (PUT to its path, or POST to the collection when create). 1 written,
  * 0 lost to another writer (409), -EIO on other errors. */
 static int write_lease(struct agent_leader *l, json_t *obj, int create, struct gcr_err *err)
@@ -89,7 +82,7 @@ static int round_once(struct agent_leader *l, struct gcr_err *err)
 		return gcr_err_set(err, -EIO, "GET lease %s/%s: HTTP %ld", l->ns, l->name, st);
 	}
 	const char *rv = json_string_value(json_object_get(json_object_get(cur, "metadata"), "resourceVersion"));
-	long long t = mono_ms();
+	long long t = (long long)gcr_time_mono_ms();
 	if (rv != NULL && strcmp(rv, l->observed_rv) != 0) {
 		snprintf(l->observed_rv, sizeof(l->observed_rv), "%s", rv);
 		l->observed_ms = t;
@@ -137,7 +130,7 @@ static void *leader_main(void *data)
 		int rc = round_once(l, &err);
 		int was = atomic_load(&l->leader);
 		if (rc == 1) {
-			atomic_store(&l->renewed_ms, mono_ms());
+			atomic_store(&l->renewed_ms, (long long)gcr_time_mono_ms());
 			if (!was) {
 				atomic_fetch_add(&l->terms, 1);
 				GCR_LOG(GCR_LOG_INFO, "leader", "lease %s/%s: leader now (%s)", l->ns, l->name, l->identity);
@@ -200,7 +193,7 @@ int agent_leader_is_leader(struct agent_leader *l)
 {
 	if (l == NULL || !atomic_load(&l->leader))
 		return 0;
-	return mono_ms() - atomic_load(&l->renewed_ms) < (long long)l->lease_ms * 2 / 3;
+	return (long long)gcr_time_mono_ms() - atomic_load(&l->renewed_ms) < (long long)l->lease_ms * 2 / 3;
 }
 
 unsigned agent_leader_terms(struct agent_leader *l)

@@ -261,13 +261,11 @@ static int write_gate(struct agent_gate *g, const char *key, enum gstate s)
 static void *writer_main(void *data)
 {
 	struct agent_gate *g = data;
-	struct timespec last;
-	clock_gettime(CLOCK_MONOTONIC, &last);
+	double last = gcr_time_mono_ms();
 	pthread_mutex_lock(&g->lock);
 	while (!atomic_load(&g->stop)) {
-		struct timespec now;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if ((now.tv_sec - last.tv_sec) * 1000 + (now.tv_nsec - last.tv_nsec) / 1000000 >= RESYNC_MS) {
+		double now = gcr_time_mono_ms();
+		if (now - last >= RESYNC_MS) {
 			g->all_dirty = 1;
 			last = now;
 		}

@@ -26,7 +26,7 @@ fuzz_shimreply|lib/gcr_shimreply.c|jansson
 fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_record.c|jansson
 '
 # Linked into every target.
-COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c'
+COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c lib/gcr_time.c'
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 CLANG=${CLANG:-clang-14}

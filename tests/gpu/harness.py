@@ -303,23 +303,6 @@ def dig(obj, *keys):
     return obj
 
 
-def find_key(obj, key):
-    """First value stored under key anywhere in a nested JSON value, or None."""
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        vals = obj.values()
-    elif isinstance(obj, list):
-        vals = obj
-    else:
-        return None
-    for v in vals:
-        r = find_key(v, key)
-        if r is not None:
-            return r
-    return None
-
-
 def parse_json_output(text):
     """The last line of text that parses as a JSON object (gcrctl prints one), or None."""
     for line in reversed((text or "").strip().splitlines()):
@@ -369,30 +352,36 @@ def gcrctl(cfg, socket_dir, op, pid=None, flags=(), timeout=180):
     return CtlResult(argv, cp.returncode, cp.stdout, cp.stderr, wall, data, error)
 
 
+# gcrctl status's "state": the process's one combined state (lib/gcr_cr.h, gcr_cr_st_name).
+STATES = ("running", "suspended", "partial", "unmanaged", "gone")
+
+
 def state_of(res):
-    """The shim's state a `gcrctl --json status` result reports (lower case), or None.
-    gcrctl prints {"pid":N, "shim":{"state":"running|suspending|suspended|resuming",...},
-    "driver":"running|locked|checkpointed|failed|unknown"}; other shapes are searched."""
-    if res is None or not isinstance(res.data, dict):
-        return None
-    v = dig(res.data, "shim", "state")
-    if isinstance(v, str):
-        return v.lower()
-    for key in ("state", "status", "phase"):
-        v = find_key(res.data, key)
-        if isinstance(v, str):
-            return v.lower()
-    return None
+    """The process's state from a `gcrctl --json status` result: its top-level "state", one of
+    STATES (gcrctl combines the shim's, the driver's and CRIU's into it). Raises HarnessError
+    when the status failed or has no such field, so a check on it cannot pass vacuously."""
+    data = res.data if res is not None else None
+    v = data.get("state") if isinstance(data, dict) else None
+    if v not in STATES:
+        raise HarnessError("gcrctl status gave no process state (want one of %s): %s" % (
+            "/".join(STATES), _clip(res.stdout if res is not None else "", 300)))
+    return v
 
 
 def driver_state_of(res):
-    """The driver's view ("checkpointed", "running", ...) from a status result, or None."""
+    """The driver's view ("checkpointed", "running", ...; "none" for a HIP process) from a status
+    result. Raises HarnessError when the status has none (the driver could not be read)."""
     v = dig(res.data, "driver") if res is not None else None
-    return v.lower() if isinstance(v, str) else None
+    if not isinstance(v, str):
+        raise HarnessError("gcrctl status gave no driver state: %s" % _clip(res.stdout if res is not None else "",
+                                                                           300))
+    return v.lower()
 
 
 def is_suspended_state(state):
-    return state is not None and ("suspend" in state or "checkpoint" in state) and "not" not in state
+    """Suspended in the mode asked: exactly "suspended" (half-way states such as a shim still
+    "suspending" are not)."""
+    return state == "suspended"
 
 
 def _smi(cfg, args, timeout=30):
@@ -560,7 +549,12 @@ class Session:
         return r
 
     def gpu_mem(self, pid):
-        return gpu_mem_mib(self.cfg, pid)
+        """gpu_mem_mib, for checks: a failed nvidia-smi raises HarnessError rather than giving
+        None, which a check would have to skip (benchmarks that only record call gpu_mem_mib)."""
+        v = gpu_mem_mib(self.cfg, pid)
+        if v is None:
+            raise HarnessError("nvidia-smi (%s) gave no reading of pid %d's GPU memory" % (self.cfg.nvidia_smi, pid))
+        return v
 
     def finish(self, proc, suspended=False):
         """Ends proc: resumes it first if the caller believes it is suspended (a process

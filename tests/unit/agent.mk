@@ -1,6 +1,7 @@
 # tests/unit/agent.mk: one test binary per libgcragent module.
 AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_cgroup \
+	tests/unit/test_agent_config \
 	tests/unit/test_agent_kubeconfig \
 	tests/unit/test_agent_watch \
 	tests/unit/test_agent_registry \
@@ -18,6 +19,11 @@ tests_unit_test_agent_cgroup_SOURCES = tests/unit/test_agent_cgroup.c
 tests_unit_test_agent_cgroup_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_cgroup_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_cgroup_LDADD = $(AGENT_TEST_LDADD)
+
+tests_unit_test_agent_config_SOURCES = tests/unit/test_agent_config.c
+tests_unit_test_agent_config_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_config_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_config_LDADD = $(AGENT_TEST_LDADD)
 
 tests_unit_test_agent_kubeconfig_SOURCES = tests/unit/test_agent_kubeconfig.c
 tests_unit_test_agent_kubeconfig_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)

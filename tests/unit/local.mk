@@ -73,3 +73,11 @@ EXTRA_DIST += tests/unit/fake-criu.sh
 tests_unit_test_criu_SOURCES = tests/unit/test_criu.c
 tests_unit_test_criu_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
 tests_unit_test_criu_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+
+# The suspend/resume flow and the combined process state (lib/gcr_cr, in libgcrcontrol)
+# against a stand-in shim the test serves for its own pid; no GPU, no driver.
+check_PROGRAMS += tests/unit/test_gcr_cr
+TESTS += tests/unit/test_gcr_cr
+tests_unit_test_gcr_cr_SOURCES = tests/unit/test_gcr_cr.c
+tests_unit_test_gcr_cr_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
+tests_unit_test_gcr_cr_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl -lpthread
