@@ -284,23 +284,36 @@ int gcr_sock_connect(const char *path, int timeout_ms, struct gcr_err *err)
 	int rc = fill_addr(&sa, path, err);
 	if (rc < 0)
 		return rc;
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	/* Blocking connect bounded by SO_SNDTIMEO: a Unix socket's non-blocking connect to a full
+	 * backlog fails with EAGAIN and leaves the socket unconnected (poll then reports it
+	 * writable and SO_PEERCRED reads pid 0), whereas a blocking one waits for room up to the
+	 * send timeout. The socket is made non-blocking once connected. timeout_ms <= 0: no wait. */
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (timeout_ms > 0 ? 0 : SOCK_NONBLOCK), 0);
 	if (fd < 0)
 		return gcr_err_set(err, -errno, "socket: %s", strerror(errno));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		if (errno != EINPROGRESS && errno != EAGAIN) {
-			int e = errno;
-			close(fd);
-			return gcr_err_set(err, -e, "cannot connect to %s: %s", path, strerror(e));
-		}
-		struct pollfd p = { .fd = fd, .events = POLLOUT };
-		int so = 0;
-		socklen_t sl = sizeof(so);
-		if (poll(&p, 1, timeout_ms) <= 0 ||
-		    getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) < 0 || so != 0) {
-			close(fd);
-			return gcr_err_set(err, -ETIMEDOUT, "cannot connect to %s: timed out", path);
-		}
+	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000L };
+	if (timeout_ms > 0 && setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+		rc = gcr_err_set(err, -errno, "SO_SNDTIMEO: %s", strerror(errno));
+		close(fd);
+		return rc;
+	}
+	double deadline = gcr_time_mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+	while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		if (e == EINTR && gcr_time_mono_ms() < deadline)
+			continue;
+		close(fd);
+		if (e == EAGAIN || e == EINTR || e == EINPROGRESS)
+			return gcr_err_set(err, -ETIMEDOUT, "cannot connect to %s: timed out (its backlog is full)", path);
+		return gcr_err_set(err, -e, "cannot connect to %s: %s", path, strerror(e));
+	}
+	struct timeval zero = { 0, 0 };
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &zero, sizeof(zero)) < 0) {
+		rc = gcr_err_set(err, -errno, "cannot set up the socket to %s: %s", path, strerror(errno));
+		close(fd);
+		return rc;
 	}
 	return fd;
 }

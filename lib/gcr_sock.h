@@ -39,7 +39,8 @@ int gcr_sock_remove_stale(const char *path, struct gcr_err *err);
 /* gcr_sock_remove_stale on every "gcr-*.sock" in dir: the sockets of killed shims.
  * Returns how many were removed. */
 int gcr_sock_reap(const char *dir, struct gcr_err *err);
-/* Connects with a timeout; returns the fd or a negative errno. */
+/* Connects, waiting up to timeout_ms for room in the listener's backlog (<= 0: not at all);
+ * returns a connected, non-blocking fd or a negative errno (-ETIMEDOUT: no room in time). */
 int gcr_sock_connect(const char *path, int timeout_ms, struct gcr_err *err);
 int gcr_sock_peer(int fd, struct gcr_peer *peer, struct gcr_err *err);
 

@@ -111,6 +111,45 @@ static void test_names(const char *dir)
 	close(fd4);
 }
 
+/* A listener whose backlog is full: a connect that finds no room fails (before the fix it
+ * returned an unconnected fd, whose peer read as pid 0); once one is accepted, it connects
+ * to the right peer and comes back non-blocking. */
+static void test_full_backlog(const char *dir)
+{
+	struct gcr_err err;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/full.sock", dir);
+	int l = socket(AF_UNIX, SOCK_STREAM, 0);
+	CHECK(l >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 0) == 0);
+	int queued[64], n = 0;
+	while (n < 64) {
+		int c = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		if (connect(c, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			CHECK(errno == EAGAIN);
+			close(c);
+			break;
+		}
+		queued[n++] = c;
+	}
+	CHECK(n > 0 && n < 64);
+	CHECK(gcr_sock_connect(sa.sun_path, 0, &err) == -ETIMEDOUT);
+	CHECK(gcr_sock_connect(sa.sun_path, 100, &err) == -ETIMEDOUT);
+	CHECK(strstr(err.msg, "backlog") != NULL);
+	int a = accept(l, NULL, NULL);
+	CHECK(a >= 0);
+	int fd = gcr_sock_connect(sa.sun_path, 1000, &err);
+	CHECK(fd >= 0);
+	struct gcr_peer peer;
+	CHECK(gcr_sock_peer(fd, &peer, &err) == 0 && peer.pid == getpid());
+	CHECK(fcntl(fd, F_GETFL) & O_NONBLOCK);
+	close(fd);
+	close(a);
+	for (int i = 0; i < n; i++)
+		close(queued[i]);
+	close(l);
+	unlink(sa.sun_path);
+}
+
 int main(void)
 {
 	int sv[2];
@@ -168,6 +207,7 @@ int main(void)
 	char dir[] = "/tmp/gcr-test-sock-XXXXXX";
 	CHECK(mkdtemp(dir) != NULL);
 	test_names(dir);
+	test_full_backlog(dir);
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	CHECK(system(cmd) == 0);
