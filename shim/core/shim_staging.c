@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "gcr_log.h"
+#include "gcr_time.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_digest.h"
@@ -83,13 +83,6 @@ static int job_left;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t job_cond = PTHREAD_COND_INITIALIZER, done_cond = PTHREAD_COND_INITIALIZER;
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* Says which step of the data path a vendor call failed in. */
 static int step_fail(struct gcr_err *err, const char *what)
 {
@@ -133,10 +126,10 @@ static int pool_grow(uint64_t size, struct gcr_err *err)
 		return gcr_err_set(err, -ENOMEM, "staging pool has too many slabs");
 	growing = 1;
 	pthread_mutex_unlock(&pool_lock);
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	struct slab sl;
 	int rc = slab_make(size, &sl, err);
-	double dt = now_ms() - t0;
+	double dt = gcr_time_mono_ms() - t0;
 	pthread_mutex_lock(&pool_lock);
 	if (rc == 0) {
 		sl.start = capacity;
