@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gcr_log.h"
+#include "gcr_time.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_gate.h"
@@ -28,7 +28,21 @@ static pthread_mutex_t cr_lock = PTHREAD_MUTEX_INITIALIZER; /* one operation at 
 static _Atomic int state;
 static const struct shim_gpu_ops *backend; /* chosen at suspend, kept until resumed; cr_lock */
 
-static const char *const state_names[] = { "running", "suspending", "suspended", "resuming" };
+
+/* The state machine: each state's name and the states it may go to. Suspend: running ->
+ * suspending -> suspended, or back to running when it failed and was undone (or stays
+ * suspended when undoing failed too: a resume restores it). Resume: suspended -> resuming ->
+ * running, or back to suspended when it failed (retryable). */
+#define EDGE(s) (1u << (s))
+static const struct {
+	const char *name; /* on the wire: status replies */
+	unsigned to;      /* EDGE() of every state it may go to */
+} states[SHIM_CR_NSTATES] = {
+	[SHIM_CR_RUNNING] = { "running", EDGE(SHIM_CR_SUSPENDING) },
+	[SHIM_CR_SUSPENDING] = { "suspending", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) },
+	[SHIM_CR_SUSPENDED] = { "suspended", EDGE(SHIM_CR_RESUMING) },
+	[SHIM_CR_RESUMING] = { "resuming", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) },
+};
 /* Suspend and resume requests that reached this process, refused ones included: what a test
  * reads to show that a process outside an operation's pod was never touched. */
 static _Atomic unsigned long long n_suspend, n_resume;
@@ -46,7 +60,35 @@ enum shim_cr_state shim_cr_state(void)
 
 const char *shim_cr_state_name(enum shim_cr_state s)
 {
-	return (unsigned)s < 4 ? state_names[s] : "unknown";
+	return (unsigned)s < SHIM_CR_NSTATES ? states[s].name : "unknown";
+}
+
+int shim_cr_edge_check(enum shim_cr_state from, enum shim_cr_state to, struct gcr_err *err)
+{
+	if ((unsigned)from < SHIM_CR_NSTATES && (unsigned)to < SHIM_CR_NSTATES && (states[from].to & EDGE(to)))
+		return 0;
+	return gcr_err_set(err, -EINVAL, "state machine: no edge from %s to %s", shim_cr_state_name(from),
+			   shim_cr_state_name(to));
+}
+
+/* The one place the state changes (cr_lock held). An edge the table does not have is a bug:
+ * it is logged and refused, and the state stays. */
+static int cr_move(enum shim_cr_state to, struct gcr_err *err)
+{
+	int rc = shim_cr_edge_check((enum shim_cr_state)state, to, err);
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_ERROR, "shim", "%s", err->msg);
+		return rc;
+	}
+	state = (int)to;
+	return 0;
+}
+
+/* For the unwind paths, whose err already holds the operation's failure. */
+static void cr_move_back(enum shim_cr_state to)
+{
+	struct gcr_err e2;
+	(void)cr_move(to, &e2);
 }
 
 /* Test hook: with GCR_TEST_ALLOC_WINDOW set, a preloaded test library's
@@ -72,13 +114,6 @@ static void alloc_window(int open)
 	pthread_once(&alloc_window_once, alloc_window_find);
 	if (alloc_window_fn != NULL)
 		alloc_window_fn(open);
-}
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 /* The vendor whose runtime the process uses: one of them. 0, or -ENODEV (none initialised),
@@ -266,7 +301,7 @@ static int release_one(size_t k, void *arg)
 {
 	struct release_ctx *c = arg;
 	struct shim_phys *p = c->st[k].p;
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	scratch_unmap_all(&c->st[k], 1);
 	int r = 0;
 	for (size_t i = 0; i < shim_alloc_nmaps() && r == 0; i++) {
@@ -284,7 +319,7 @@ static int release_one(size_t k, void *arg)
 	/* Marked even when half done: its data is all in staging, and the unwind
 	 * re-creates the handle if it went and re-maps what was unmapped. */
 	p->staged = 1;
-	c->ms += now_ms() - t0;
+	c->ms += gcr_time_mono_ms() - t0;
 	if (r < 0) {
 		c->rc = c->err.code = -EIO;
 		gcr_err_wrap(&c->err, "releasing GPU memory");
@@ -303,7 +338,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 	struct shim_digest *dig = NULL;
 	struct shim_digest_req *req = NULL;
 	struct shim_xfer *x = NULL;
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	int keep = shim_cfg.incremental;
 	if (!keep)
 		images_reset();
@@ -334,7 +369,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 				rc = 0;
 		}
 	}
-	rep->ms_digest = now_ms() - t0;
+	rep->ms_digest = gcr_time_mono_ms() - t0;
 	/* Decide per chunk; count the pool bytes new placements need. */
 	uint64_t need = 0;
 	for (size_t i = 0; i < n && rc == 0; i++) {
@@ -376,8 +411,8 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 		}
 		rep->handles++;
 	}
-	rep->ms_copy_prep = now_ms() - t0 - rep->ms_digest;
-	double t1 = now_ms();
+	rep->ms_copy_prep = gcr_time_mono_ms() - t0 - rep->ms_digest;
+	double t1 = gcr_time_mono_ms();
 	struct release_ctx rctx = { .st = st };
 	struct shim_staging_groups groups = { .ngroups = n, .done = release_one, .ctx = &rctx };
 	if (rc == 0) {
@@ -387,7 +422,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 			*err = rctx.err;
 		}
 	}
-	rep->ms_copy = now_ms() - t1;
+	rep->ms_copy = gcr_time_mono_ms() - t1;
 	rep->ms_release = rctx.ms;
 	if (rc == 0) {
 		for (size_t i = 0; i < n; i++) {
@@ -457,7 +492,7 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 {
 	int rc = 0;
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	size_t nphys = shim_alloc_nphys(), nmaps = shim_alloc_nmaps();
 	uint8_t *made = calloc(nphys + 1, 1), *mapped = calloc(nmaps + 1, 1);
 	if (made == NULL || mapped == NULL)
@@ -499,11 +534,11 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 			gcr_err_wrap(err, "cuMemMap/cuMemSetAccess");
 		}
 	}
-	rep->ms_map = now_ms() - t0;
-	t0 = now_ms();
+	rep->ms_map = gcr_time_mono_ms() - t0;
+	t0 = gcr_time_mono_ms();
 	if (rc == 0)
 		rc = load_all(rep, err);
-	rep->ms_copy = now_ms() - t0;
+	rep->ms_copy = gcr_time_mono_ms() - t0;
 	if (rc < 0 && made != NULL && mapped != NULL) {
 		/* Unwind: nothing half-restored stays behind. */
 		rep->bytes = rep->copied = rep->zero = 0;
@@ -560,7 +595,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	pthread_mutex_lock(&cr_lock);
 	alloc_window(1);
 	int rc = 0;
-	double t_start = now_ms(), t0 = t_start;
+	double t_start = gcr_time_mono_ms(), t0 = t_start;
 	if (state != SHIM_CR_RUNNING) {
 		rc = gcr_err_set(err, -EALREADY, "already suspended (state %s)", shim_cr_state_name(state));
 		goto out;
@@ -576,20 +611,22 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	pthread_mutex_unlock(&shim_alloc_lock);
 	if (rc < 0)
 		goto out;
-	state = SHIM_CR_SUSPENDING;
+	rc = cr_move(SHIM_CR_SUSPENDING, err);
+	if (rc < 0)
+		goto out;
 	shim_real_relax_capture(); /* our driver calls must not break an app's capture */
 	rc = shim_gate_close(timeout_ms, err);
 	if (rc < 0) {
-		state = SHIM_CR_RUNNING;
+		cr_move_back(SHIM_CR_RUNNING);
 		goto out;
 	}
-	rep->ms_gate = now_ms() - t0;
-	t0 = now_ms();
+	rep->ms_gate = gcr_time_mono_ms() - t0;
+	t0 = gcr_time_mono_ms();
 	/* Allocation calls are gated too, so the table is stable from here. */
 	pthread_mutex_lock(&shim_alloc_lock);
 	if (backend->sync_all(err) < 0)
 		rc = err->code = -EIO;
-	rep->ms_sync = now_ms() - t0;
+	rep->ms_sync = gcr_time_mono_ms() - t0;
 	size_t nstaged = 0, nch = 0;
 	struct staged *st = rc == 0 ? staged_list(&nstaged, &nch, err) : NULL;
 	if (rc == 0 && st == NULL)
@@ -612,7 +649,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 			gcr_err_set(err, err->code, "%s; undoing it failed too (%s): process left suspended, a resume restores it",
 				    first, err2.msg);
 			pthread_mutex_unlock(&shim_alloc_lock);
-			state = SHIM_CR_SUSPENDED;
+			cr_move_back(SHIM_CR_SUSPENDED);
 			goto out;
 		}
 		finish_resume();
@@ -622,7 +659,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	if (shim_cfg.ctx_shrink && backend->ctx_shrink != NULL) {
 		/* An optimisation only: on failure the driver checkpoints the scratch as before. */
 		struct gcr_err e2 = { 0 };
-		t0 = now_ms();
+		t0 = gcr_time_mono_ms();
 		if (backend->ctx_shrink(&rep->ctx_freed, &e2) < 0) {
 			GCR_LOG(GCR_LOG_WARN, "shim", "context local memory stays (the driver will checkpoint it): %s",
 				e2.msg);
@@ -630,9 +667,9 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 			if (backend->ctx_unshrink(&e2) < 0)
 				GCR_LOG(GCR_LOG_WARN, "shim", "stack limit not yet restored, retried at resume: %s", e2.msg);
 		}
-		rep->ms_ctx = now_ms() - t0;
+		rep->ms_ctx = gcr_time_mono_ms() - t0;
 	}
-	rep->ms_total = now_ms() - t_start;
+	rep->ms_total = gcr_time_mono_ms() - t_start;
 	{
 		/* What stays in host memory once the unused pool is given back (shim_cr_trim). */
 		struct shim_staging_stats ss;
@@ -640,12 +677,12 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 		rep->host = ss.used + ss.ring;
 	}
 	pthread_mutex_unlock(&shim_alloc_lock);
-	state = SHIM_CR_SUSPENDED;
+	rc = cr_move(SHIM_CR_SUSPENDED, err);
 	goto out;
 unwind_gate:
 	pthread_mutex_unlock(&shim_alloc_lock);
 	shim_staging_resume_background();
-	state = SHIM_CR_RUNNING;
+	cr_move_back(SHIM_CR_RUNNING);
 	shim_gate_open();
 out:
 	alloc_window(0);
@@ -671,20 +708,22 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	pthread_mutex_lock(&cr_lock);
 	alloc_window(1);
 	int rc = 0;
-	double t_start = now_ms();
+	double t_start = gcr_time_mono_ms();
 	if (state != SHIM_CR_SUSPENDED) {
 		rc = gcr_err_set(err, -EINVAL, "not suspended (state %s)", shim_cr_state_name(state));
 		goto out;
 	}
-	state = SHIM_CR_RESUMING;
+	rc = cr_move(SHIM_CR_RESUMING, err);
+	if (rc < 0)
+		goto out;
 	shim_real_relax_capture();
 	if (backend != NULL && backend->ctx_unshrink != NULL) {
 		/* First, so a failure leaves everything as suspended and the resume can be retried. */
-		double t0 = now_ms();
+		double t0 = gcr_time_mono_ms();
 		rc = backend->ctx_unshrink(err);
-		rep->ms_ctx = now_ms() - t0;
+		rep->ms_ctx = gcr_time_mono_ms() - t0;
 		if (rc < 0) {
-			state = SHIM_CR_SUSPENDED;
+			cr_move_back(SHIM_CR_SUSPENDED);
 			goto out;
 		}
 	}
@@ -693,7 +732,7 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	rc = remap_all(rep, err);
 	if (rc < 0) {
 		pthread_mutex_unlock(&shim_alloc_lock);
-		state = SHIM_CR_SUSPENDED;
+		cr_move_back(SHIM_CR_SUSPENDED);
 		goto out;
 	}
 	rep->host = host_bytes();
@@ -701,9 +740,9 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	finish_resume();
 	pthread_mutex_unlock(&shim_alloc_lock);
 	shim_staging_resume_background();
-	state = SHIM_CR_RUNNING;
+	rc = cr_move(SHIM_CR_RUNNING, err);
 	shim_gate_open();
-	rep->ms_total = now_ms() - t_start;
+	rep->ms_total = gcr_time_mono_ms() - t_start;
 out:
 	alloc_window(0);
 	pthread_mutex_unlock(&cr_lock);
