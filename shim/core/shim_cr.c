@@ -18,7 +18,6 @@
 #include "shim_config.h"
 #include "shim_gate.h"
 #include "shim_gpu.h"
-#include "shim_hip_hook.h"
 #include "shim_real.h"
 #include "shim_digest.h"
 #include "shim_image.h"
@@ -120,7 +119,7 @@ static void alloc_window(int open)
  * -ENOTSUP (both: one suspend cannot order two runtimes' control steps). */
 static int choose_backend(const struct shim_gpu_ops **out, struct gcr_err *err)
 {
-	int cuda = shim_real_cuda_handle() != NULL, hip = shim_hip_handle() != NULL;
+	int cuda = shim_cuda_ops.present(), hip = shim_hip_ops.present();
 	if (cuda && hip)
 		return gcr_err_set(err, -ENOTSUP,
 				   "the process uses both CUDA and HIP; suspend supports one GPU runtime per process");
@@ -130,26 +129,9 @@ static int choose_backend(const struct shim_gpu_ops **out, struct gcr_err *err)
 	return 0;
 }
 
-/* The recorded access list as the operations table takes it (same layout: shim_cuda.c). */
-static const struct shim_gpu_access *access_of(const CUmemAccessDesc *d)
-{
-	return (const struct shim_gpu_access *)(const void *)d;
-}
-
 static int phys_device(const struct shim_phys *p)
 {
 	return p->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->prop.location.id : 0;
-}
-
-/* A device address where the whole of p is mapped and accessible, or 0. */
-static CUdeviceptr covering_va(const struct shim_phys *p)
-{
-	for (size_t i = 0; i < shim_alloc_nmaps(); i++) {
-		struct shim_map *m = shim_alloc_map_at(i);
-		if (m->phys == p && m->offset == 0 && m->size >= p->size && m->ndesc > 0)
-			return m->va;
-	}
-	return 0;
 }
 
 /* One staged allocation during an operation: where its bytes can be read or
@@ -205,62 +187,79 @@ static void scratch_unmap_all(struct staged *st, size_t n)
 
 /* The allocations to stage (live, or released by the app but still mapped), each
  * with an image; with va set where it is wholly mapped. NULL + err on failure. */
+struct list_walk {
+	struct staged *st;
+	size_t n, cap, nch;
+	struct gcr_err *err;
+};
+
+static int list_one(struct shim_phys *p, uint64_t va, void *arg)
+{
+	struct list_walk *w = arg;
+	if (p->real == 0 && p->nmaps == 0)
+		return 0;
+	/* Imported or exported between the check and here (those calls are not gated). */
+	if (w->n == w->cap || p->shared)
+		return gcr_err_set(w->err, -EBUSY, "GPU memory was shared with another process during the suspend");
+	if (p->real == 0 && va == 0) /* released by the app, alive through partial mappings only */
+		return gcr_err_set(w->err, -ENOTSUP, "a released, partly mapped allocation cannot be staged");
+	if (p->img == NULL && (p->img = shim_image_new(p->size)) == NULL)
+		return gcr_err_set(w->err, -ENOMEM, "out of host memory for the image of a %zu-byte allocation", p->size);
+	w->st[w->n++] = (struct staged){ .p = p, .va = va, .first = w->nch };
+	w->nch += p->img->nchunks;
+	return 0;
+}
+
 static struct staged *staged_list(size_t *n_out, size_t *nchunks_out, struct gcr_err *err)
 {
-	size_t nphys = shim_alloc_nphys(), n = 0, nch = 0;
-	struct staged *st = calloc(nphys + 1, sizeof(*st));
-	if (st == NULL) {
+	size_t cap = shim_alloc_nphys();
+	struct list_walk w = { .st = calloc(cap + 1, sizeof(struct staged)), .cap = cap, .err = err };
+	if (w.st == NULL) {
 		gcr_err_set(err, -ENOMEM, "out of host memory for the list of allocations to stage");
 		return NULL;
 	}
-	for (size_t i = 0; i < nphys; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || (p->real == 0 && p->nmaps == 0))
-			continue;
-		CUdeviceptr va = covering_va(p);
-		if (p->real == 0 && va == 0) {
-			/* Released by the app, alive through partial mappings only. */
-			gcr_err_set(err, -ENOTSUP, "a released, partly mapped allocation cannot be staged");
-			free(st);
-			return NULL;
-		}
-		if (p->img == NULL && (p->img = shim_image_new(p->size)) == NULL) {
-			gcr_err_set(err, -ENOMEM, "out of host memory for the image of a %zu-byte allocation", p->size);
-			free(st);
-			return NULL;
-		}
-		st[n++] = (struct staged){ .p = p, .va = va, .first = nch };
-		nch += p->img->nchunks;
+	if (shim_alloc_each(SHIM_ALLOC_EACH_VA, list_one, &w) < 0) {
+		free(w.st);
+		return NULL;
 	}
-	*n_out = n;
-	*nchunks_out = nch;
-	return st;
+	*n_out = w.n;
+	*nchunks_out = w.nch;
+	return w.st;
 }
 
 /* Every image forgets its placements and the pool starts over (after a failure
  * that may have left the pool half-written, or when not keeping copies). */
+static int image_clear(struct shim_phys *p, uint64_t va, void *arg)
+{
+	(void)va;
+	(void)arg;
+	if (p->img != NULL)
+		shim_image_clear(p->img);
+	return 0;
+}
+
 static void images_reset(void)
 {
-	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->img != NULL)
-			shim_image_clear(p->img);
-	}
+	(void)shim_alloc_each(0, image_clear, NULL);
 	shim_staging_reset();
 }
 
 /* With incremental copies the pool only grows; start over when more than half
  * of it is placements of allocations that are gone. */
+static int image_placed(struct shim_phys *p, uint64_t va, void *arg)
+{
+	(void)va;
+	if (p->img != NULL)
+		*(uint64_t *)arg += shim_image_placed(p->img);
+	return 0;
+}
+
 static void pool_compact_if_wasteful(void)
 {
 	struct shim_staging_stats ss;
 	shim_staging_stats(&ss);
 	uint64_t live = 0;
-	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->img != NULL)
-			live += shim_image_placed(p->img);
-	}
+	(void)shim_alloc_each(0, image_placed, &live);
 	if (ss.used > 2 * live + (64ull << 20))
 		images_reset();
 }
@@ -303,22 +302,9 @@ static int release_one(size_t k, void *arg)
 	struct shim_phys *p = c->st[k].p;
 	double t0 = gcr_time_mono_ms();
 	scratch_unmap_all(&c->st[k], 1);
-	int r = 0;
-	for (size_t i = 0; i < shim_alloc_nmaps() && r == 0; i++) {
-		struct shim_map *m = shim_alloc_map_at(i);
-		if (m->phys == p && !m->unmapped) {
-			r = p->gpu->unmap(m->va, m->size, &c->err);
-			m->unmapped = r == 0;
-		}
-	}
-	if (r == 0 && p->real != 0) {
-		r = p->gpu->release(p->real, &c->err);
-		if (r == 0)
-			p->real = 0;
-	}
-	/* Marked even when half done: its data is all in staging, and the unwind
-	 * re-creates the handle if it went and re-maps what was unmapped. */
-	p->staged = 1;
+	/* Staged even when half done: its data is all in staging, and the unwind re-creates the
+	 * handle if it went and re-maps what was unmapped. */
+	int r = shim_alloc_release(p, &c->err);
 	c->ms += gcr_time_mono_ms() - t0;
 	if (r < 0) {
 		c->rc = c->err.code = -EIO;
@@ -442,30 +428,46 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 }
 
 /* Copies every staged handle's image back (zero chunks are set on the GPU). */
+struct load_walk {
+	struct staged *st;
+	size_t n, cap, nch;
+};
+
+static int load_count(struct shim_phys *p, uint64_t va, void *arg)
+{
+	(void)va;
+	struct load_walk *w = arg;
+	if (p->staged)
+		w->nch += p->img->nchunks;
+	return 0;
+}
+
+static int load_list(struct shim_phys *p, uint64_t va, void *arg)
+{
+	struct load_walk *w = arg;
+	if (p->staged && w->n < w->cap) /* records made since are not staged */
+		w->st[w->n++] = (struct staged){ .p = p, .va = va };
+	return 0;
+}
+
 static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 {
-	size_t nphys = shim_alloc_nphys(), nch = 0, n = 0;
-	for (size_t i = 0; i < nphys; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->staged)
-			nch += p->img->nchunks;
-	}
-	struct staged *st = calloc(nphys + 1, sizeof(*st));
-	struct shim_xfer *x = calloc(nch + 1, sizeof(*x));
-	int rc = st && x ? 0 : gcr_err_set(err, -ENOMEM, "out of host memory for the copy-back list of %zu chunks", nch);
-	size_t nx = 0;
-	for (size_t i = 0; i < nphys && rc == 0; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || !p->staged)
-			continue;
-		st[n] = (struct staged){ .p = p, .va = covering_va(p) };
-		if (st[n].va == 0)
-			rc = scratch_map(&st[n], err);
-		if (rc < 0)
+	size_t cap = shim_alloc_nphys();
+	struct load_walk w = { .st = calloc(cap + 1, sizeof(struct staged)), .cap = cap };
+	(void)shim_alloc_each(0, load_count, &w);
+	struct shim_xfer *x = calloc(w.nch + 1, sizeof(*x));
+	int rc = w.st && x ? 0 : gcr_err_set(err, -ENOMEM, "out of host memory for the copy-back list of %zu chunks", w.nch);
+	if (rc == 0)
+		(void)shim_alloc_each(SHIM_ALLOC_EACH_VA, load_list, &w);
+	size_t nx = 0, n = 0;
+	for (; n < w.n && rc == 0; n++) {
+		struct staged *st = &w.st[n];
+		struct shim_phys *p = st->p;
+		if (st->va == 0 && (rc = scratch_map(st, err)) < 0)
 			break;
 		struct shim_image *img = p->img;
 		for (size_t c = 0; c < img->nchunks; c++) {
-			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st[n].va + c * GCR_DIGEST_CHUNK,
+			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st->va + c * GCR_DIGEST_CHUNK,
 						      .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
 						      .zero = img->zero[c] };
 			if (img->zero[c])
@@ -475,13 +477,13 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 			rep->bytes += chunk_size(p, c);
 		}
 		rep->handles++;
-		n++;
 	}
 	if (rc == 0)
 		rc = shim_staging_transfer(0, x, nx, NULL, err);
-	scratch_unmap_all(st, n);
+	if (w.st != NULL)
+		scratch_unmap_all(w.st, n);
 	free(x);
-	free(st);
+	free(w.st);
 	return rc;
 }
 
@@ -491,96 +493,38 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
  * suspend that failed after releasing some allocations. */
 static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 {
-	int rc = 0;
 	double t0 = gcr_time_mono_ms();
-	size_t nphys = shim_alloc_nphys(), nmaps = shim_alloc_nmaps();
-	uint8_t *made = calloc(nphys + 1, 1), *mapped = calloc(nmaps + 1, 1);
-	if (made == NULL || mapped == NULL)
-		rc = gcr_err_set(err, -ENOMEM, "out of host memory for the list of handles to re-create");
-	for (size_t i = 0; i < nphys && rc == 0; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || !p->staged || p->real != 0)
-			continue;
-		shim_gpu_handle h = 0;
-		const void *prop = p->gpu == &shim_cuda_ops ? &p->prop : NULL;
-		int r = p->gpu->create(&h, p->size, phys_device(p), prop, err);
-		if (r == -ENOMEM) {
-			size_t free_b = 0, total_b = 0;
-			struct gcr_err e2;
-			(void)p->gpu->mem_info(phys_device(p), &free_b, &total_b, &e2);
-			rc = gcr_err_set(err, -ENOMEM,
-					 "not enough GPU memory on GPU %d: need %zu more bytes, %zu free",
-					 phys_device(p), p->size, free_b);
-		} else if (r < 0) {
-			rc = err->code = -EIO;
-		}
-		p->real = r == 0 ? h : 0;
-		made[i] = r == 0;
-	}
-	for (size_t i = 0; i < nmaps && rc == 0; i++) {
-		struct shim_map *m = shim_alloc_map_at(i);
-		if (!m->unmapped)
-			continue;
-		const struct shim_gpu_ops *g = m->phys->gpu;
-		int r = g->map(m->va, m->size, m->offset, m->phys->real, err);
-		if (r == 0) {
-			mapped[i] = 1;
-			m->unmapped = 0;
-			if (m->ndesc > 0)
-				r = g->set_access(m->va, m->size, access_of(m->desc), (size_t)m->ndesc, err);
-		}
-		if (r < 0) {
-			rc = err->code = -EIO;
-			gcr_err_wrap(err, "cuMemMap/cuMemSetAccess");
-		}
-	}
+	int rc = shim_alloc_recreate(err);
 	rep->ms_map = gcr_time_mono_ms() - t0;
 	t0 = gcr_time_mono_ms();
-	if (rc == 0)
+	if (rc == 0) {
 		rc = load_all(rep, err);
+		if (rc < 0)
+			shim_alloc_recreate_undo(); /* nothing half-restored stays behind */
+	}
 	rep->ms_copy = gcr_time_mono_ms() - t0;
-	if (rc < 0 && made != NULL && mapped != NULL) {
-		/* Unwind: nothing half-restored stays behind. */
+	if (rc < 0) {
 		rep->bytes = rep->copied = rep->zero = 0;
 		rep->handles = 0;
-		struct gcr_err e2;
-		for (size_t i = 0; i < nmaps; i++) {
-			struct shim_map *m = shim_alloc_map_at(i);
-			if (mapped[i]) {
-				(void)m->phys->gpu->unmap(m->va, m->size, &e2);
-				m->unmapped = 1;
-			}
-		}
-		for (size_t i = 0; i < nphys; i++) {
-			struct shim_phys *p = shim_alloc_phys_at(i);
-			if (made[i] && p != NULL && p->real != 0) {
-				(void)p->gpu->release(p->real, &e2);
-				p->real = 0;
-			}
-		}
 	}
-	free(made);
-	free(mapped);
 	return rc;
 }
 
 /* After a resume: handles the app had released go; without incremental copies the
  * images are dropped (the pool stays faulted in for the next suspend). */
-static void finish_resume(void)
+static int image_clear_staged(struct shim_phys *p, uint64_t va, void *arg)
 {
-	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || !p->staged)
-			continue;
-		p->staged = 0;
-		if (!shim_cfg.incremental)
-			shim_image_clear(p->img);
-		shim_alloc_after_remap(p);
-	}
-	if (!shim_cfg.incremental)
-		shim_staging_reset();
+	return p->staged ? image_clear(p, va, arg) : 0;
 }
 
+static void finish_resume(void)
+{
+	if (!shim_cfg.incremental) {
+		(void)shim_alloc_each(0, image_clear_staged, NULL);
+		shim_staging_reset();
+	}
+	shim_alloc_resumed();
+}
 static uint64_t host_bytes(void)
 {
 	struct shim_staging_stats ss;
@@ -603,12 +547,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	rc = choose_backend(&backend, err);
 	if (rc < 0)
 		goto out;
-	pthread_mutex_lock(&shim_alloc_lock);
-	rc = shim_alloc_check_movable(err);
-	if (rc == 0 && shim_alloc_other_vendor(backend))
-		rc = gcr_err_set(err, -ENOTSUP, "the process holds GPU memory of a runtime other than %s",
-				 backend->name);
-	pthread_mutex_unlock(&shim_alloc_lock);
+	rc = shim_alloc_check_movable(backend, err);
 	if (rc < 0)
 		goto out;
 	rc = cr_move(SHIM_CR_SUSPENDING, err);
@@ -622,8 +561,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	}
 	rep->ms_gate = gcr_time_mono_ms() - t0;
 	t0 = gcr_time_mono_ms();
-	/* Allocation calls are gated too, so the table is stable from here. */
-	pthread_mutex_lock(&shim_alloc_lock);
+	/* Allocation calls are gated too, so the table's records stay from here. */
 	if (backend->sync_all(err) < 0)
 		rc = err->code = -EIO;
 	rep->ms_sync = gcr_time_mono_ms() - t0;
@@ -648,7 +586,6 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 			snprintf(first, sizeof(first), "%s", err->msg);
 			gcr_err_set(err, err->code, "%s; undoing it failed too (%s): process left suspended, a resume restores it",
 				    first, err2.msg);
-			pthread_mutex_unlock(&shim_alloc_lock);
 			cr_move_back(SHIM_CR_SUSPENDED);
 			goto out;
 		}
@@ -676,11 +613,9 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 		shim_staging_stats(&ss);
 		rep->host = ss.used + ss.ring;
 	}
-	pthread_mutex_unlock(&shim_alloc_lock);
 	rc = cr_move(SHIM_CR_SUSPENDED, err);
 	goto out;
 unwind_gate:
-	pthread_mutex_unlock(&shim_alloc_lock);
 	shim_staging_resume_background();
 	cr_move_back(SHIM_CR_RUNNING);
 	shim_gate_open();
@@ -728,17 +663,14 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 		}
 	}
 	shim_staging_quiesce();
-	pthread_mutex_lock(&shim_alloc_lock);
 	rc = remap_all(rep, err);
 	if (rc < 0) {
-		pthread_mutex_unlock(&shim_alloc_lock);
 		cr_move_back(SHIM_CR_SUSPENDED);
 		goto out;
 	}
 	rep->host = host_bytes();
 	rep->mappings = shim_alloc_nmaps();
 	finish_resume();
-	pthread_mutex_unlock(&shim_alloc_lock);
 	shim_staging_resume_background();
 	rc = cr_move(SHIM_CR_RUNNING, err);
 	shim_gate_open();

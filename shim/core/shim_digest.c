@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "gcr_log.h"
-#include "shim_alloc.h"
 #include "shim_digest_ptx.h"
 #include "shim_gpu.h"
 #include "shim_hook.h"
@@ -64,14 +63,16 @@ void shim_digest_preload(CUcontext ctx)
 }
 
 /* Digests dev's requests into out. digest_lock held. */
-static int run_device(int dev, const struct shim_digest_req *req, size_t n, struct shim_digest *out,
-		      struct gcr_err *err)
+static int run_device(const struct shim_gpu_ops *gpu, int dev, const struct shim_digest_req *req, size_t n,
+		      struct shim_digest *out, struct gcr_err *err)
 {
-	CUcontext ctx = shim_alloc_device_ctx(dev);
-	CUresult r = ctx != NULL ? shim_cu.cuCtxSetCurrent(ctx) : CUDA_ERROR_INVALID_CONTEXT;
-	if (r != CUDA_SUCCESS)
-		return cu_fail(err, -EIO, r, "selecting the GPU's context");
-	int rc = load_locked(dev, err);
+	CUresult r;
+	int rc = gpu->set_device(dev, err);
+	if (rc < 0) {
+		err->code = -EIO;
+		return gcr_err_wrap(err, "selecting the GPU's context");
+	}
+	rc = load_locked(dev, err);
 	if (rc < 0)
 		return rc;
 	size_t total = 0;
@@ -126,7 +127,7 @@ static int run_device(int dev, const struct shim_digest_req *req, size_t n, stru
 int shim_digest_run(const struct shim_gpu_ops *gpu, const struct shim_digest_req *req, size_t n,
 		    struct shim_digest *out, struct gcr_err *err)
 {
-	if (gpu != &shim_cuda_ops)
+	if (!(gpu->caps & SHIM_GPU_CAP_DIGEST))
 		return gcr_err_set(err, -ENOSYS, "no digest kernel for %s: every chunk is copied", gpu->name);
 	int rc = 0;
 	pthread_mutex_lock(&digest_lock);
@@ -135,7 +136,7 @@ int shim_digest_run(const struct shim_gpu_ops *gpu, const struct shim_digest_req
 		for (i = 0; i < n && req[i].device != dev; i++)
 			;
 		if (i < n)
-			rc = run_device(dev, req, n, out, err);
+			rc = run_device(gpu, dev, req, n, out, err);
 	}
 	pthread_mutex_unlock(&digest_lock);
 	return rc;

@@ -8,6 +8,14 @@
 
 #include "gcr_error.h"
 
+/* The most GPUs of one process the data path keeps per-device state for. */
+#define SHIM_MAX_DEVICES 64
+
+/* What a vendor offers beyond the common operations (struct shim_gpu_ops, caps): the
+ * vendor-neutral code asks these, never which vendor it is. */
+#define SHIM_GPU_CAP_CREATE_PROP 0x1u /* create takes the allocation properties the table recorded */
+#define SHIM_GPU_CAP_DIGEST 0x2u      /* the embedded digest kernel (PTX: shim_digest) runs on it */
+
 /* Device addresses, physical-memory handles, streams and events as the vendors' own values,
  * widened: a CUdeviceptr or a HIP void *, a CUmemGenericAllocationHandle or a HIP handle
  * pointer, a CUstream or hipStream_t, a CUevent or hipEvent_t. */
@@ -40,6 +48,10 @@ struct shim_gpu_access {
  * runtime, never the shim's wrappers, and do not pass the gate. */
 struct shim_gpu_ops {
 	const char *name; /* "cuda", "hip": what status reports */
+	unsigned caps;    /* SHIM_GPU_CAP_* */
+
+	/* Whether the process has opened (initialised) this runtime: the one a suspend uses. */
+	int (*present)(void);
 
 	/* Opens the runtime if needed and checks what the data path needs; -ENODEV where the
 	 * process has none. */
@@ -86,11 +98,18 @@ struct shim_gpu_ops {
 	int (*event_create)(shim_gpu_event *e, struct gcr_err *err);
 	int (*event_record)(shim_gpu_event e, shim_gpu_stream s, struct gcr_err *err);
 	int (*event_sync)(shim_gpu_event e, struct gcr_err *err);
-	/* Waits for all work the application submitted to device. */
+	/* Waits for all work the application submitted to device, as the runtime's free does
+	 * (CUDA: in the calling thread's current context when it is device's, which stays current). */
 	int (*device_sync)(int device, struct gcr_err *err);
 	/* Waits for all work the application submitted anywhere (CUDA: every context it allocated
-	 * in; HIP: every device). Table lock held. */
+	 * in; HIP: every device). Allocations are gated (no ctx_note runs meanwhile). */
 	int (*sync_all)(struct gcr_err *err);
+	/* Context tracking is the backend's (CUDA; NULL where the vendor has no contexts): the
+	 * application allocated on the calling thread, on device (-1: not device memory). ctx: the
+	 * thread's current context if the caller has it (NULL: the backend asks). The backend
+	 * remembers it for sync_all and ctx_shrink, and as device's context (the first seen) for
+	 * set_device; returns device's context, NULL if none. Called with the table lock held. */
+	void *(*ctx_note)(int device, void *ctx);
 	int (*copy_dtoh_async)(void *dst, shim_gpu_va src, size_t n, shim_gpu_stream s, struct gcr_err *err);
 	int (*copy_htod_async)(shim_gpu_va dst, const void *src, size_t n, shim_gpu_stream s,
 			       struct gcr_err *err);

@@ -21,7 +21,6 @@
 
 #include "gcr_log.h"
 #include "gcr_time.h"
-#include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_digest.h"
 #include "shim_gpu.h"
@@ -622,6 +621,6 @@ void shim_staging_stats(struct shim_staging_stats *st)
 					   .workers = nworkers, .fault_ms = fault_ms };
 	/* No digest kernel to load off CUDA (shim_digest). */
 	st->ready = capacity >= st->target && nworkers >= workers_wanted(noted) &&
-		    (digest_loaded || !thread_started || (gpu != NULL && gpu != &shim_cuda_ops)) && !trim_pending;
+		    (digest_loaded || !thread_started || (gpu != NULL && !(gpu->caps & SHIM_GPU_CAP_DIGEST))) && !trim_pending;
 	pthread_mutex_unlock(&pool_lock);
 }
