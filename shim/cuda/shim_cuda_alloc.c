@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include "gcr_log.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_gate.h"
@@ -345,4 +346,28 @@ SHIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
 	else
 		SHIM_REAL(cuMemRelease, 0)(h);
 	return r;
+}
+
+/* Legacy IPC export of a buffer the shim manages is refused: another process that opened the
+ * handle would keep the memory mapped, so a suspend could neither release it (the other
+ * process's view would go) nor keep it (the suspend would not free the GPU), and nothing here
+ * learns when that process closes it. Refusing the export never loses data, where refusing the
+ * suspend instead would leave the process unsuspendable for good. The real driver cannot export
+ * VMM memory this way either; the line says how to keep such a buffer on the driver's path.
+ * Buffers left to the driver export as before. */
+SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+	__typeof__(&cuIpcGetMemHandle) real = SHIM_REAL(cuIpcGetMemHandle, 0);
+	if (real == NULL)
+		return CUDA_ERROR_NOT_FOUND;
+	uint64_t base = 0;
+	size_t req = 0;
+	if (!shim_alloc_buf_range(dptr, &base, &req))
+		return real(pHandle, dptr);
+	GCR_LOG(GCR_LOG_WARN, "shim",
+		"cuIpcGetMemHandle refused (CUDA_ERROR_NOT_SUPPORTED): the %zu-byte buffer at 0x%llx is on the "
+		"VMM path, which suspend releases; keep buffers shared by IPC below GCR_VMM_MIN_BYTES=%zu or "
+		"set GCR_VMM=0",
+		req, (unsigned long long)base, shim_cfg.vmm_min_bytes);
+	return CUDA_ERROR_NOT_SUPPORTED;
 }
