@@ -482,6 +482,11 @@ int shim_staging_prepare(const struct shim_gpu_ops *g, uint64_t need, struct gcr
 	}
 	while (growing || starting_workers > 0 || trim_pending)
 		pthread_cond_wait(&pool_cond, &pool_lock);
+	/* Paused before this drops the lock to start workers or fault memory in: otherwise the
+	 * background thread spins (lock held) on the workers this starts, or starts one that joins
+	 * the next transfer uncounted. Stays paused until resume: the process may be locked by the
+	 * driver next. */
+	paused = 1;
 	if (nworkers == 0) {
 		GCR_LOG(GCR_LOG_INFO, "shim", "staging: starting copy workers on the critical path");
 		rc = workers_grow(workers_wanted(need), err);
@@ -495,8 +500,6 @@ int shim_staging_prepare(const struct shim_gpu_ops *g, uint64_t need, struct gcr
 	if (grown_inline > 0 && rc == 0)
 		GCR_LOG(GCR_LOG_INFO, "shim", "staging: %llu bytes faulted in on the critical path so far",
 			(unsigned long long)grown_inline);
-	/* Stays paused until resume: the process may be locked by the driver. */
-	paused = 1;
 	pthread_mutex_unlock(&pool_lock);
 	return rc;
 }
