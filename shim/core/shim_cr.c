@@ -115,17 +115,25 @@ static void alloc_window(int open)
 		alloc_window_fn(open);
 }
 
+/* The backends a process may use (a new vendor is one more entry). */
+static const struct shim_gpu_ops *const backends[] = { &shim_cuda_ops, &shim_hip_ops };
+
 /* The vendor whose runtime the process uses: one of them. 0, or -ENODEV (none initialised),
- * -ENOTSUP (both: one suspend cannot order two runtimes' control steps). */
+ * -ENOTSUP (two: one suspend cannot order two runtimes' control steps). */
 static int choose_backend(const struct shim_gpu_ops **out, struct gcr_err *err)
 {
-	int cuda = shim_cuda_ops.present(), hip = shim_hip_ops.present();
-	if (cuda && hip)
-		return gcr_err_set(err, -ENOTSUP,
-				   "the process uses both CUDA and HIP; suspend supports one GPU runtime per process");
-	if (!cuda && !hip)
+	const struct shim_gpu_ops *found = NULL;
+	for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
+		if (!backends[i]->present())
+			continue;
+		if (found != NULL)
+			return gcr_err_set(err, -ENOTSUP,
+					   "the process uses both CUDA and HIP; suspend supports one GPU runtime per process");
+		found = backends[i];
+	}
+	if (found == NULL)
 		return gcr_err_set(err, -ENODEV, "the process has not initialised CUDA (or HIP)");
-	*out = cuda ? &shim_cuda_ops : &shim_hip_ops;
+	*out = found;
 	return 0;
 }
 

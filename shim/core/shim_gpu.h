@@ -14,7 +14,9 @@
 /* What a vendor offers beyond the common operations (struct shim_gpu_ops, caps): the
  * vendor-neutral code asks these, never which vendor it is. */
 #define SHIM_GPU_CAP_CREATE_PROP 0x1u /* create takes the allocation properties the table recorded */
-#define SHIM_GPU_CAP_DIGEST 0x2u      /* the embedded digest kernel (PTX: shim_digest) runs on it */
+
+struct shim_digest;
+struct shim_digest_req;
 
 /* Device addresses, physical-memory handles, streams and events as the vendors' own values,
  * widened: a CUdeviceptr or a HIP void *, a CUmemGenericAllocationHandle or a HIP handle
@@ -123,6 +125,11 @@ struct shim_gpu_ops {
 	void (*host_free)(void *p, size_t n);
 	/* Free and total memory of device (CUDA: of the current context's device). */
 	int (*mem_info)(int device, size_t *free_bytes, size_t *total_bytes, struct gcr_err *err);
+	/* Digests of device buffers (shim_digest.h) where the vendor runs the digest kernel (CUDA: the
+	 * embedded PTX); NULL otherwise, and every chunk is copied. preload loads the kernel for
+	 * ctx's device ahead of time (the background thread). */
+	int (*digest)(const struct shim_digest_req *req, size_t n, struct shim_digest *out, struct gcr_err *err);
+	void (*digest_preload)(void *ctx);
 	/* The vendor's name for an error code ("hipErrorOutOfMemory"); never NULL. */
 	const char *(*error_string)(int code);
 };

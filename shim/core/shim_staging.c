@@ -417,10 +417,10 @@ static void *grow_thread(void *arg)
 			}
 		}
 		if (!paused && !growing && pin_ctx != NULL && !digest_loaded) {
-			CUcontext ctx = pin_ctx; /* CUDA only: HIP has no contexts, and no digest kernel */
+			void *ctx = pin_ctx; /* CUDA only: HIP has no contexts, and no digest kernel */
 			growing = 1; /* prepare waits for this driver work to finish */
 			pthread_mutex_unlock(&pool_lock);
-			shim_digest_preload(ctx); /* JIT-compiles once, off the critical path */
+			shim_digest_preload(gpu, ctx); /* JIT-compiles once, off the critical path */
 			pthread_mutex_lock(&pool_lock);
 			growing = 0;
 			digest_loaded = 1;
@@ -624,6 +624,6 @@ void shim_staging_stats(struct shim_staging_stats *st)
 					   .workers = nworkers, .fault_ms = fault_ms };
 	/* No digest kernel to load off CUDA (shim_digest). */
 	st->ready = capacity >= st->target && nworkers >= workers_wanted(noted) &&
-		    (digest_loaded || !thread_started || (gpu != NULL && !(gpu->caps & SHIM_GPU_CAP_DIGEST))) && !trim_pending;
+		    (digest_loaded || !thread_started || (gpu != NULL && gpu->digest_preload == NULL)) && !trim_pending;
 	pthread_mutex_unlock(&pool_lock);
 }

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stddef.h>
 
+#include "shim_cuda_digest.h"
 #include "shim_hook.h"
 #include "shim_real.h"
 
@@ -402,7 +403,7 @@ static int cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, st
 
 const struct shim_gpu_ops shim_cuda_ops = {
 	.name = "cuda",
-	.caps = SHIM_GPU_CAP_CREATE_PROP | SHIM_GPU_CAP_DIGEST,
+	.caps = SHIM_GPU_CAP_CREATE_PROP,
 	.present = cuda_present,
 	.load = cuda_load,
 	.device_count = cuda_device_count,
@@ -438,5 +439,7 @@ const struct shim_gpu_ops shim_cuda_ops = {
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
 	.mem_info = cuda_mem_info,
+	.digest = shim_cuda_digest,
+	.digest_preload = shim_cuda_digest_preload,
 	.error_string = cuda_error_string,
 };

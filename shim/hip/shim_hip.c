@@ -399,7 +399,7 @@ static int hip_present(void)
 
 const struct shim_gpu_ops shim_hip_ops = {
 	.name = "hip",
-	.caps = 0, /* the runtime builds its own properties; the digest kernel is PTX */
+	.caps = 0, /* the runtime builds its own properties; no digest kernel (it is PTX) */
 	.present = hip_present,
 	.load = hip_load,
 	.device_count = hip_device_count,
