@@ -1,11 +1,14 @@
-/* shim_alloc: the allocation table, shared by CUDA and HIP. Large cuMemAlloc/hipMalloc (and
- * pitch) buffers are put on the virtual-memory API; application VMM handles are virtualised;
- * the rest is counted. Vendor calls go through struct shim_gpu_ops. */
+/* shim_alloc: the allocation table, vendor-neutral, shared by CUDA and HIP. Large
+ * cuMemAlloc/hipMalloc (and pitch) buffers are put on the virtual-memory API; application VMM
+ * handles are virtualised; the rest is counted. The vendors' entry points (shim_cuda_alloc.c,
+ * shim_hip_alloc.c) and suspend/resume (shim_cr) reach the records only through the functions
+ * below, each of which takes the table's lock itself. Vendor calls go through struct
+ * shim_gpu_ops. Records use CUDA's layouts (CUmemAllocationProp, CUmemAccessDesc); HIP's values
+ * are recorded in them (checked in shim_cuda.c and shim_hip.c). */
 #ifndef SHIM_ALLOC_H
 #define SHIM_ALLOC_H
 
 #include <cuda.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -13,10 +16,10 @@
 #include "shim_gpu.h"
 #include "shim_image.h"
 
-#define SHIM_MAX_DEVICES 64
 #define SHIM_MAX_ACCESS 8
 
-/* One physical allocation (a cuMemCreate/hipMemCreate handle), the unit that is staged. */
+/* One physical allocation (a cuMemCreate/hipMemCreate handle), the unit that is staged. Read by
+ * shim_cr inside shim_alloc_each; real, staged and the counts are written by the table only. */
 struct shim_phys {
 	const struct shim_gpu_ops *gpu;    /* the vendor it belongs to */
 	uint64_t app_handle;               /* handle value the application holds; 0 if shim-owned */
@@ -28,8 +31,9 @@ struct shim_phys {
 	int shim_owned;    /* backs a converted cuMemAlloc buffer */
 	int shared;        /* exported to / imported from another process: not movable */
 	int staged;              /* its data is in staging (suspended) */
-	struct shim_image *img;  /* owned: where its data sits in staging (shim_image) */
+	struct shim_image *img;  /* owned: where its data sits in staging (shim_cr makes it) */
 	uint32_t slot, gen;
+	int remade; /* re-created by the last shim_alloc_recreate (undone by its undo) */
 };
 
 /* One mapping of (part of) a physical allocation at a virtual address. */
@@ -38,6 +42,7 @@ struct shim_map {
 	size_t size, offset;
 	struct shim_phys *phys;
 	int unmapped; /* by a suspend, to be mapped again by resume or its unwind */
+	int remapped; /* mapped again by the last shim_alloc_recreate */
 	int ndesc;
 	CUmemAccessDesc desc[SHIM_MAX_ACCESS]; /* HIP's are recorded with the same layout and values */
 };
@@ -53,33 +58,10 @@ struct shim_alloc_stats {
 	uint64_t converted_total, fallback_total; /* lifetime counts of decisions */
 };
 
-/* The table lock; shim_cr holds it for the whole suspend or resume. */
-extern pthread_mutex_t shim_alloc_lock;
-
 void shim_alloc_stats(struct shim_alloc_stats *st);
 
-/* Iteration for suspend/resume, with shim_alloc_lock held. */
-size_t shim_alloc_nphys(void);
-struct shim_phys *shim_alloc_phys_at(size_t i); /* NULL for free slots */
-size_t shim_alloc_nmaps(void);
-struct shim_map *shim_alloc_map_at(size_t i);
-
-/* Contexts the application allocated in (synchronised before copying out), and
- * per device the context the shim copies in. */
-size_t shim_alloc_contexts(CUcontext *out, size_t max);
-CUcontext shim_alloc_device_ctx(int device);
-
-/* Refuses (-ENOTSUP, with the reason) when something cannot be moved: managed
- * memory, handles shared with other processes. Lock held. */
-int shim_alloc_check_movable(struct gcr_err *err);
-
-/* Called after resume: handles the application had released are dropped from the
- * driver as soon as they are re-mapped, as the real semantics require. Lock held. */
-void shim_alloc_after_remap(struct shim_phys *p);
-
-/* The same table operations the CUDA entry points of shim_alloc.c do, for another vendor's
- * wrappers (shim_hip_alloc.c). Each takes the table lock and returns the vendor's own status
- * code for the application's call (0: success). */
+/* ---- for the vendors' entry points: each returns the vendor's own status code for the
+ * application's call (0: success) ---- */
 enum shim_alloc_kind { SHIM_ALLOC_PLAIN, SHIM_ALLOC_ASYNC, SHIM_ALLOC_MANAGED };
 /* A converted buffer of at least bytes on the calling thread's device; SHIM_GPU_NOT_SUPPORTED:
  * the caller allocates with the runtime instead (and counts it with shim_alloc_note). */
@@ -87,22 +69,75 @@ int shim_alloc_buf_new(const struct shim_gpu_ops *gpu, uint64_t *va, size_t byte
 /* Frees a converted buffer after waiting for its device, as the runtime's free does; sets
  * *ours to 0 (and does nothing) when va is not one. */
 int shim_alloc_buf_free(const struct shim_gpu_ops *gpu, uint64_t va, int *ours);
+/* Whether va lies in a converted buffer; then its address and the bytes the application asked
+ * for (either pointer may be NULL). */
+int shim_alloc_buf_range(uint64_t va, uint64_t *base, size_t *req);
 /* Counts a buffer left to the runtime, and forgets it when freed. */
-void shim_alloc_note(uint64_t va, size_t size, enum shim_alloc_kind kind);
+void shim_alloc_note(const struct shim_gpu_ops *gpu, uint64_t va, size_t size, enum shim_alloc_kind kind);
 void shim_alloc_forget(uint64_t va);
 /* The application's own physical allocations: real (the runtime's handle, size bytes on
- * device) becomes *app_handle; on failure the caller releases real. */
+ * device) becomes *app_handle; on failure the caller releases real. prop: the vendor's
+ * properties as created where it has SHIM_GPU_CAP_CREATE_PROP (a CUmemAllocationProp), else
+ * NULL (pinned memory on device). */
 int shim_alloc_handle_new(const struct shim_gpu_ops *gpu, uint64_t real, size_t size, int device,
-			  uint64_t *app_handle);
+			  const void *prop, uint64_t *app_handle);
+/* A handle imported from another process (shared: suspend refuses while it exists); prop as
+ * for shim_alloc_handle_new. On failure the caller releases real. */
+int shim_alloc_handle_import(const struct shim_gpu_ops *gpu, uint64_t real, const void *prop,
+			     uint64_t *app_handle);
 /* Release and map of an application handle; *ours 0: not a handle of the table (the caller
  * passes the call to the runtime). */
 int shim_alloc_handle_release(const struct shim_gpu_ops *gpu, uint64_t h, int *ours);
 int shim_alloc_handle_map(const struct shim_gpu_ops *gpu, uint64_t va, size_t size, size_t offset,
 			  uint64_t h, int *ours);
-/* After the application's own unmap or access change succeeded in the runtime: the records. */
+/* A new application reference to the handle mapped at va (the runtime's
+ * cuMemRetainAllocationHandle); 0 when the table does not answer for va. */
+int shim_alloc_handle_retain(uint64_t va, uint64_t *h);
+/* The recorded properties of handle h (as created); 0 when h is not the table's. */
+int shim_alloc_handle_prop(uint64_t h, CUmemAllocationProp *prop);
+/* Export of an application handle: 0 when h is not the table's; else 1 with *real the runtime's
+ * handle to export (0: released, the export is invalid). After the runtime exported it,
+ * shim_alloc_handle_shared marks it (suspend then refuses). */
+int shim_alloc_handle_export(uint64_t h, uint64_t *real);
+void shim_alloc_handle_shared(uint64_t h);
+/* The application's unmap and access change: in the runtime and in the records as one (the
+ * runtime's code returned). Or, after the runtime call succeeded, the records only. */
+int shim_alloc_unmap(const struct shim_gpu_ops *gpu, uint64_t va, size_t size);
+int shim_alloc_set_access(const struct shim_gpu_ops *gpu, uint64_t va, size_t size,
+			  const struct shim_gpu_access *acc, size_t n);
 void shim_alloc_unmapped(uint64_t va, size_t size);
 void shim_alloc_access_set(uint64_t va, size_t size, const struct shim_gpu_access *acc, size_t n);
-/* Whether any table record belongs to a vendor other than gpu (lock held). */
-int shim_alloc_other_vendor(const struct shim_gpu_ops *gpu);
+
+/* ---- for suspend and resume (shim_cr). Allocation calls are gated meanwhile, so the records
+ * they visit stay. ---- */
+/* Refuses (-ENOTSUP, with the reason) when something cannot be moved by gpu: managed memory,
+ * handles shared with other processes, records of another vendor. */
+int shim_alloc_check_movable(const struct shim_gpu_ops *gpu, struct gcr_err *err);
+/* Visits every physical allocation once, in slot order, with the table lock held (fn must not
+ * call the table). With SHIM_ALLOC_EACH_VA, va is an address where the whole of p is mapped
+ * and accessible (0: none), else 0. fn returning non-zero stops the walk; that is returned. */
+#define SHIM_ALLOC_EACH_VA 1u
+int shim_alloc_each(unsigned flags, int (*fn)(struct shim_phys *p, uint64_t va, void *arg), void *arg);
+/* The same over every mapping, in address order. */
+int shim_alloc_each_map(int (*fn)(const struct shim_map *m, void *arg), void *arg);
+/* Upper bounds: physical allocations (for arrays a walk fills) and mappings. */
+size_t shim_alloc_nphys(void);
+size_t shim_alloc_nmaps(void);
+/* The i-th mapping in address order, NULL past the end: for tests, which run no allocation
+ * meanwhile (tests/unit/test_shim_hip_hook.c). */
+const struct shim_map *shim_alloc_map_at(size_t i);
+/* Suspend, once p's data is all in staging: unmaps its mappings and releases its handle. p is
+ * staged from then on even when this fails half way: shim_alloc_recreate puts back what went. */
+int shim_alloc_release(struct shim_phys *p, struct gcr_err *err);
+/* Resume (and the unwind of a failed suspend): re-creates every staged handle that was released
+ * and maps again what was unmapped, with the recorded access. On failure it undoes itself (the
+ * process stays suspended); -ENOMEM names the GPU and the bytes missing. */
+int shim_alloc_recreate(struct gcr_err *err);
+/* Undoes the last shim_alloc_recreate (the copies after it failed): unmaps what it mapped,
+ * releases what it created. */
+void shim_alloc_recreate_undo(void);
+/* After a resume: nothing is staged; handles the application had released go from the
+ * runtime now that they were re-mapped, as the real semantics require. */
+void shim_alloc_resumed(void);
 
 #endif

@@ -11,14 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gcr_log.h"
+#include "gcr_time.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_gate.h"
 #include "shim_gpu.h"
-#include "shim_hip_hook.h"
 #include "shim_real.h"
 #include "shim_digest.h"
 #include "shim_image.h"
@@ -28,7 +27,21 @@ static pthread_mutex_t cr_lock = PTHREAD_MUTEX_INITIALIZER; /* one operation at 
 static _Atomic int state;
 static const struct shim_gpu_ops *backend; /* chosen at suspend, kept until resumed; cr_lock */
 
-static const char *const state_names[] = { "running", "suspending", "suspended", "resuming" };
+
+/* The state machine: each state's name and the states it may go to. Suspend: running ->
+ * suspending -> suspended, or back to running when it failed and was undone (or stays
+ * suspended when undoing failed too: a resume restores it). Resume: suspended -> resuming ->
+ * running, or back to suspended when it failed (retryable). */
+#define EDGE(s) (1u << (s))
+static const struct {
+	const char *name; /* on the wire: status replies */
+	unsigned to;      /* EDGE() of every state it may go to */
+} states[SHIM_CR_NSTATES] = {
+	[SHIM_CR_RUNNING] = { "running", EDGE(SHIM_CR_SUSPENDING) },
+	[SHIM_CR_SUSPENDING] = { "suspending", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) },
+	[SHIM_CR_SUSPENDED] = { "suspended", EDGE(SHIM_CR_RESUMING) },
+	[SHIM_CR_RESUMING] = { "resuming", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) },
+};
 /* Suspend and resume requests that reached this process, refused ones included: what a test
  * reads to show that a process outside an operation's pod was never touched. */
 static _Atomic unsigned long long n_suspend, n_resume;
@@ -46,7 +59,35 @@ enum shim_cr_state shim_cr_state(void)
 
 const char *shim_cr_state_name(enum shim_cr_state s)
 {
-	return (unsigned)s < 4 ? state_names[s] : "unknown";
+	return (unsigned)s < SHIM_CR_NSTATES ? states[s].name : "unknown";
+}
+
+int shim_cr_edge_check(enum shim_cr_state from, enum shim_cr_state to, struct gcr_err *err)
+{
+	if ((unsigned)from < SHIM_CR_NSTATES && (unsigned)to < SHIM_CR_NSTATES && (states[from].to & EDGE(to)))
+		return 0;
+	return gcr_err_set(err, -EINVAL, "state machine: no edge from %s to %s", shim_cr_state_name(from),
+			   shim_cr_state_name(to));
+}
+
+/* The one place the state changes (cr_lock held). An edge the table does not have is a bug:
+ * it is logged and refused, and the state stays. */
+static int cr_move(enum shim_cr_state to, struct gcr_err *err)
+{
+	int rc = shim_cr_edge_check((enum shim_cr_state)state, to, err);
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_ERROR, "shim", "%s", err->msg);
+		return rc;
+	}
+	state = (int)to;
+	return 0;
+}
+
+/* For the unwind paths, whose err already holds the operation's failure. */
+static void cr_move_back(enum shim_cr_state to)
+{
+	struct gcr_err e2;
+	(void)cr_move(to, &e2);
 }
 
 /* Test hook: with GCR_TEST_ALLOC_WINDOW set, a preloaded test library's
@@ -74,47 +115,31 @@ static void alloc_window(int open)
 		alloc_window_fn(open);
 }
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+/* The backends a process may use (a new vendor is one more entry). */
+static const struct shim_gpu_ops *const backends[] = { &shim_cuda_ops, &shim_hip_ops };
 
 /* The vendor whose runtime the process uses: one of them. 0, or -ENODEV (none initialised),
- * -ENOTSUP (both: one suspend cannot order two runtimes' control steps). */
+ * -ENOTSUP (two: one suspend cannot order two runtimes' control steps). */
 static int choose_backend(const struct shim_gpu_ops **out, struct gcr_err *err)
 {
-	int cuda = shim_real_cuda_handle() != NULL, hip = shim_hip_handle() != NULL;
-	if (cuda && hip)
-		return gcr_err_set(err, -ENOTSUP,
-				   "the process uses both CUDA and HIP; suspend supports one GPU runtime per process");
-	if (!cuda && !hip)
+	const struct shim_gpu_ops *found = NULL;
+	for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
+		if (!backends[i]->present())
+			continue;
+		if (found != NULL)
+			return gcr_err_set(err, -ENOTSUP,
+					   "the process uses both CUDA and HIP; suspend supports one GPU runtime per process");
+		found = backends[i];
+	}
+	if (found == NULL)
 		return gcr_err_set(err, -ENODEV, "the process has not initialised CUDA (or HIP)");
-	*out = cuda ? &shim_cuda_ops : &shim_hip_ops;
+	*out = found;
 	return 0;
-}
-
-/* The recorded access list as the operations table takes it (same layout: shim_cuda.c). */
-static const struct shim_gpu_access *access_of(const CUmemAccessDesc *d)
-{
-	return (const struct shim_gpu_access *)(const void *)d;
 }
 
 static int phys_device(const struct shim_phys *p)
 {
 	return p->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->prop.location.id : 0;
-}
-
-/* A device address where the whole of p is mapped and accessible, or 0. */
-static CUdeviceptr covering_va(const struct shim_phys *p)
-{
-	for (size_t i = 0; i < shim_alloc_nmaps(); i++) {
-		struct shim_map *m = shim_alloc_map_at(i);
-		if (m->phys == p && m->offset == 0 && m->size >= p->size && m->ndesc > 0)
-			return m->va;
-	}
-	return 0;
 }
 
 /* One staged allocation during an operation: where its bytes can be read or
@@ -170,62 +195,79 @@ static void scratch_unmap_all(struct staged *st, size_t n)
 
 /* The allocations to stage (live, or released by the app but still mapped), each
  * with an image; with va set where it is wholly mapped. NULL + err on failure. */
+struct list_walk {
+	struct staged *st;
+	size_t n, cap, nch;
+	struct gcr_err *err;
+};
+
+static int list_one(struct shim_phys *p, uint64_t va, void *arg)
+{
+	struct list_walk *w = arg;
+	if (p->real == 0 && p->nmaps == 0)
+		return 0;
+	/* Imported or exported between the check and here (those calls are not gated). */
+	if (w->n == w->cap || p->shared)
+		return gcr_err_set(w->err, -EBUSY, "GPU memory was shared with another process during the suspend");
+	if (p->real == 0 && va == 0) /* released by the app, alive through partial mappings only */
+		return gcr_err_set(w->err, -ENOTSUP, "a released, partly mapped allocation cannot be staged");
+	if (p->img == NULL && (p->img = shim_image_new(p->size)) == NULL)
+		return gcr_err_set(w->err, -ENOMEM, "out of host memory for the image of a %zu-byte allocation", p->size);
+	w->st[w->n++] = (struct staged){ .p = p, .va = va, .first = w->nch };
+	w->nch += p->img->nchunks;
+	return 0;
+}
+
 static struct staged *staged_list(size_t *n_out, size_t *nchunks_out, struct gcr_err *err)
 {
-	size_t nphys = shim_alloc_nphys(), n = 0, nch = 0;
-	struct staged *st = calloc(nphys + 1, sizeof(*st));
-	if (st == NULL) {
+	size_t cap = shim_alloc_nphys();
+	struct list_walk w = { .st = calloc(cap + 1, sizeof(struct staged)), .cap = cap, .err = err };
+	if (w.st == NULL) {
 		gcr_err_set(err, -ENOMEM, "out of host memory for the list of allocations to stage");
 		return NULL;
 	}
-	for (size_t i = 0; i < nphys; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || (p->real == 0 && p->nmaps == 0))
-			continue;
-		CUdeviceptr va = covering_va(p);
-		if (p->real == 0 && va == 0) {
-			/* Released by the app, alive through partial mappings only. */
-			gcr_err_set(err, -ENOTSUP, "a released, partly mapped allocation cannot be staged");
-			free(st);
-			return NULL;
-		}
-		if (p->img == NULL && (p->img = shim_image_new(p->size)) == NULL) {
-			gcr_err_set(err, -ENOMEM, "out of host memory for the image of a %zu-byte allocation", p->size);
-			free(st);
-			return NULL;
-		}
-		st[n++] = (struct staged){ .p = p, .va = va, .first = nch };
-		nch += p->img->nchunks;
+	if (shim_alloc_each(SHIM_ALLOC_EACH_VA, list_one, &w) < 0) {
+		free(w.st);
+		return NULL;
 	}
-	*n_out = n;
-	*nchunks_out = nch;
-	return st;
+	*n_out = w.n;
+	*nchunks_out = w.nch;
+	return w.st;
 }
 
 /* Every image forgets its placements and the pool starts over (after a failure
  * that may have left the pool half-written, or when not keeping copies). */
+static int image_clear(struct shim_phys *p, uint64_t va, void *arg)
+{
+	(void)va;
+	(void)arg;
+	if (p->img != NULL)
+		shim_image_clear(p->img);
+	return 0;
+}
+
 static void images_reset(void)
 {
-	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->img != NULL)
-			shim_image_clear(p->img);
-	}
+	(void)shim_alloc_each(0, image_clear, NULL);
 	shim_staging_reset();
 }
 
 /* With incremental copies the pool only grows; start over when more than half
  * of it is placements of allocations that are gone. */
+static int image_placed(struct shim_phys *p, uint64_t va, void *arg)
+{
+	(void)va;
+	if (p->img != NULL)
+		*(uint64_t *)arg += shim_image_placed(p->img);
+	return 0;
+}
+
 static void pool_compact_if_wasteful(void)
 {
 	struct shim_staging_stats ss;
 	shim_staging_stats(&ss);
 	uint64_t live = 0;
-	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->img != NULL)
-			live += shim_image_placed(p->img);
-	}
+	(void)shim_alloc_each(0, image_placed, &live);
 	if (ss.used > 2 * live + (64ull << 20))
 		images_reset();
 }
@@ -266,25 +308,12 @@ static int release_one(size_t k, void *arg)
 {
 	struct release_ctx *c = arg;
 	struct shim_phys *p = c->st[k].p;
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	scratch_unmap_all(&c->st[k], 1);
-	int r = 0;
-	for (size_t i = 0; i < shim_alloc_nmaps() && r == 0; i++) {
-		struct shim_map *m = shim_alloc_map_at(i);
-		if (m->phys == p && !m->unmapped) {
-			r = p->gpu->unmap(m->va, m->size, &c->err);
-			m->unmapped = r == 0;
-		}
-	}
-	if (r == 0 && p->real != 0) {
-		r = p->gpu->release(p->real, &c->err);
-		if (r == 0)
-			p->real = 0;
-	}
-	/* Marked even when half done: its data is all in staging, and the unwind
-	 * re-creates the handle if it went and re-maps what was unmapped. */
-	p->staged = 1;
-	c->ms += now_ms() - t0;
+	/* Staged even when half done: its data is all in staging, and the unwind re-creates the
+	 * handle if it went and re-maps what was unmapped. */
+	int r = shim_alloc_release(p, &c->err);
+	c->ms += gcr_time_mono_ms() - t0;
 	if (r < 0) {
 		c->rc = c->err.code = -EIO;
 		gcr_err_wrap(&c->err, "releasing GPU memory");
@@ -303,7 +332,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 	struct shim_digest *dig = NULL;
 	struct shim_digest_req *req = NULL;
 	struct shim_xfer *x = NULL;
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	int keep = shim_cfg.incremental;
 	if (!keep)
 		images_reset();
@@ -334,7 +363,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 				rc = 0;
 		}
 	}
-	rep->ms_digest = now_ms() - t0;
+	rep->ms_digest = gcr_time_mono_ms() - t0;
 	/* Decide per chunk; count the pool bytes new placements need. */
 	uint64_t need = 0;
 	for (size_t i = 0; i < n && rc == 0; i++) {
@@ -376,8 +405,8 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 		}
 		rep->handles++;
 	}
-	rep->ms_copy_prep = now_ms() - t0 - rep->ms_digest;
-	double t1 = now_ms();
+	rep->ms_copy_prep = gcr_time_mono_ms() - t0 - rep->ms_digest;
+	double t1 = gcr_time_mono_ms();
 	struct release_ctx rctx = { .st = st };
 	struct shim_staging_groups groups = { .ngroups = n, .done = release_one, .ctx = &rctx };
 	if (rc == 0) {
@@ -387,7 +416,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 			*err = rctx.err;
 		}
 	}
-	rep->ms_copy = now_ms() - t1;
+	rep->ms_copy = gcr_time_mono_ms() - t1;
 	rep->ms_release = rctx.ms;
 	if (rc == 0) {
 		for (size_t i = 0; i < n; i++) {
@@ -407,30 +436,46 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 }
 
 /* Copies every staged handle's image back (zero chunks are set on the GPU). */
+struct load_walk {
+	struct staged *st;
+	size_t n, cap, nch;
+};
+
+static int load_count(struct shim_phys *p, uint64_t va, void *arg)
+{
+	(void)va;
+	struct load_walk *w = arg;
+	if (p->staged)
+		w->nch += p->img->nchunks;
+	return 0;
+}
+
+static int load_list(struct shim_phys *p, uint64_t va, void *arg)
+{
+	struct load_walk *w = arg;
+	if (p->staged && w->n < w->cap) /* records made since are not staged */
+		w->st[w->n++] = (struct staged){ .p = p, .va = va };
+	return 0;
+}
+
 static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 {
-	size_t nphys = shim_alloc_nphys(), nch = 0, n = 0;
-	for (size_t i = 0; i < nphys; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p != NULL && p->staged)
-			nch += p->img->nchunks;
-	}
-	struct staged *st = calloc(nphys + 1, sizeof(*st));
-	struct shim_xfer *x = calloc(nch + 1, sizeof(*x));
-	int rc = st && x ? 0 : gcr_err_set(err, -ENOMEM, "out of host memory for the copy-back list of %zu chunks", nch);
-	size_t nx = 0;
-	for (size_t i = 0; i < nphys && rc == 0; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || !p->staged)
-			continue;
-		st[n] = (struct staged){ .p = p, .va = covering_va(p) };
-		if (st[n].va == 0)
-			rc = scratch_map(&st[n], err);
-		if (rc < 0)
+	size_t cap = shim_alloc_nphys();
+	struct load_walk w = { .st = calloc(cap + 1, sizeof(struct staged)), .cap = cap };
+	(void)shim_alloc_each(0, load_count, &w);
+	struct shim_xfer *x = calloc(w.nch + 1, sizeof(*x));
+	int rc = w.st && x ? 0 : gcr_err_set(err, -ENOMEM, "out of host memory for the copy-back list of %zu chunks", w.nch);
+	if (rc == 0)
+		(void)shim_alloc_each(SHIM_ALLOC_EACH_VA, load_list, &w);
+	size_t nx = 0, n = 0;
+	for (; n < w.n && rc == 0; n++) {
+		struct staged *st = &w.st[n];
+		struct shim_phys *p = st->p;
+		if (st->va == 0 && (rc = scratch_map(st, err)) < 0)
 			break;
 		struct shim_image *img = p->img;
 		for (size_t c = 0; c < img->nchunks; c++) {
-			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st[n].va + c * GCR_DIGEST_CHUNK,
+			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st->va + c * GCR_DIGEST_CHUNK,
 						      .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
 						      .zero = img->zero[c] };
 			if (img->zero[c])
@@ -440,13 +485,13 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 			rep->bytes += chunk_size(p, c);
 		}
 		rep->handles++;
-		n++;
 	}
 	if (rc == 0)
 		rc = shim_staging_transfer(0, x, nx, NULL, err);
-	scratch_unmap_all(st, n);
+	if (w.st != NULL)
+		scratch_unmap_all(w.st, n);
 	free(x);
-	free(st);
+	free(w.st);
 	return rc;
 }
 
@@ -456,96 +501,38 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
  * suspend that failed after releasing some allocations. */
 static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 {
-	int rc = 0;
-	double t0 = now_ms();
-	size_t nphys = shim_alloc_nphys(), nmaps = shim_alloc_nmaps();
-	uint8_t *made = calloc(nphys + 1, 1), *mapped = calloc(nmaps + 1, 1);
-	if (made == NULL || mapped == NULL)
-		rc = gcr_err_set(err, -ENOMEM, "out of host memory for the list of handles to re-create");
-	for (size_t i = 0; i < nphys && rc == 0; i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || !p->staged || p->real != 0)
-			continue;
-		shim_gpu_handle h = 0;
-		const void *prop = p->gpu == &shim_cuda_ops ? &p->prop : NULL;
-		int r = p->gpu->create(&h, p->size, phys_device(p), prop, err);
-		if (r == -ENOMEM) {
-			size_t free_b = 0, total_b = 0;
-			struct gcr_err e2;
-			(void)p->gpu->mem_info(phys_device(p), &free_b, &total_b, &e2);
-			rc = gcr_err_set(err, -ENOMEM,
-					 "not enough GPU memory on GPU %d: need %zu more bytes, %zu free",
-					 phys_device(p), p->size, free_b);
-		} else if (r < 0) {
-			rc = err->code = -EIO;
-		}
-		p->real = r == 0 ? h : 0;
-		made[i] = r == 0;
-	}
-	for (size_t i = 0; i < nmaps && rc == 0; i++) {
-		struct shim_map *m = shim_alloc_map_at(i);
-		if (!m->unmapped)
-			continue;
-		const struct shim_gpu_ops *g = m->phys->gpu;
-		int r = g->map(m->va, m->size, m->offset, m->phys->real, err);
-		if (r == 0) {
-			mapped[i] = 1;
-			m->unmapped = 0;
-			if (m->ndesc > 0)
-				r = g->set_access(m->va, m->size, access_of(m->desc), (size_t)m->ndesc, err);
-		}
-		if (r < 0) {
-			rc = err->code = -EIO;
-			gcr_err_wrap(err, "cuMemMap/cuMemSetAccess");
-		}
-	}
-	rep->ms_map = now_ms() - t0;
-	t0 = now_ms();
-	if (rc == 0)
+	double t0 = gcr_time_mono_ms();
+	int rc = shim_alloc_recreate(err);
+	rep->ms_map = gcr_time_mono_ms() - t0;
+	t0 = gcr_time_mono_ms();
+	if (rc == 0) {
 		rc = load_all(rep, err);
-	rep->ms_copy = now_ms() - t0;
-	if (rc < 0 && made != NULL && mapped != NULL) {
-		/* Unwind: nothing half-restored stays behind. */
+		if (rc < 0)
+			shim_alloc_recreate_undo(); /* nothing half-restored stays behind */
+	}
+	rep->ms_copy = gcr_time_mono_ms() - t0;
+	if (rc < 0) {
 		rep->bytes = rep->copied = rep->zero = 0;
 		rep->handles = 0;
-		struct gcr_err e2;
-		for (size_t i = 0; i < nmaps; i++) {
-			struct shim_map *m = shim_alloc_map_at(i);
-			if (mapped[i]) {
-				(void)m->phys->gpu->unmap(m->va, m->size, &e2);
-				m->unmapped = 1;
-			}
-		}
-		for (size_t i = 0; i < nphys; i++) {
-			struct shim_phys *p = shim_alloc_phys_at(i);
-			if (made[i] && p != NULL && p->real != 0) {
-				(void)p->gpu->release(p->real, &e2);
-				p->real = 0;
-			}
-		}
 	}
-	free(made);
-	free(mapped);
 	return rc;
 }
 
 /* After a resume: handles the app had released go; without incremental copies the
  * images are dropped (the pool stays faulted in for the next suspend). */
-static void finish_resume(void)
+static int image_clear_staged(struct shim_phys *p, uint64_t va, void *arg)
 {
-	for (size_t i = 0; i < shim_alloc_nphys(); i++) {
-		struct shim_phys *p = shim_alloc_phys_at(i);
-		if (p == NULL || !p->staged)
-			continue;
-		p->staged = 0;
-		if (!shim_cfg.incremental)
-			shim_image_clear(p->img);
-		shim_alloc_after_remap(p);
-	}
-	if (!shim_cfg.incremental)
-		shim_staging_reset();
+	return p->staged ? image_clear(p, va, arg) : 0;
 }
 
+static void finish_resume(void)
+{
+	if (!shim_cfg.incremental) {
+		(void)shim_alloc_each(0, image_clear_staged, NULL);
+		shim_staging_reset();
+	}
+	shim_alloc_resumed();
+}
 static uint64_t host_bytes(void)
 {
 	struct shim_staging_stats ss;
@@ -560,7 +547,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	pthread_mutex_lock(&cr_lock);
 	alloc_window(1);
 	int rc = 0;
-	double t_start = now_ms(), t0 = t_start;
+	double t_start = gcr_time_mono_ms(), t0 = t_start;
 	if (state != SHIM_CR_RUNNING) {
 		rc = gcr_err_set(err, -EALREADY, "already suspended (state %s)", shim_cr_state_name(state));
 		goto out;
@@ -568,28 +555,24 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	rc = choose_backend(&backend, err);
 	if (rc < 0)
 		goto out;
-	pthread_mutex_lock(&shim_alloc_lock);
-	rc = shim_alloc_check_movable(err);
-	if (rc == 0 && shim_alloc_other_vendor(backend))
-		rc = gcr_err_set(err, -ENOTSUP, "the process holds GPU memory of a runtime other than %s",
-				 backend->name);
-	pthread_mutex_unlock(&shim_alloc_lock);
+	rc = shim_alloc_check_movable(backend, err);
 	if (rc < 0)
 		goto out;
-	state = SHIM_CR_SUSPENDING;
+	rc = cr_move(SHIM_CR_SUSPENDING, err);
+	if (rc < 0)
+		goto out;
 	shim_real_relax_capture(); /* our driver calls must not break an app's capture */
 	rc = shim_gate_close(timeout_ms, err);
 	if (rc < 0) {
-		state = SHIM_CR_RUNNING;
+		cr_move_back(SHIM_CR_RUNNING);
 		goto out;
 	}
-	rep->ms_gate = now_ms() - t0;
-	t0 = now_ms();
-	/* Allocation calls are gated too, so the table is stable from here. */
-	pthread_mutex_lock(&shim_alloc_lock);
+	rep->ms_gate = gcr_time_mono_ms() - t0;
+	t0 = gcr_time_mono_ms();
+	/* Allocation calls are gated too, so the table's records stay from here. */
 	if (backend->sync_all(err) < 0)
 		rc = err->code = -EIO;
-	rep->ms_sync = now_ms() - t0;
+	rep->ms_sync = gcr_time_mono_ms() - t0;
 	size_t nstaged = 0, nch = 0;
 	struct staged *st = rc == 0 ? staged_list(&nstaged, &nch, err) : NULL;
 	if (rc == 0 && st == NULL)
@@ -611,8 +594,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 			snprintf(first, sizeof(first), "%s", err->msg);
 			gcr_err_set(err, err->code, "%s; undoing it failed too (%s): process left suspended, a resume restores it",
 				    first, err2.msg);
-			pthread_mutex_unlock(&shim_alloc_lock);
-			state = SHIM_CR_SUSPENDED;
+			cr_move_back(SHIM_CR_SUSPENDED);
 			goto out;
 		}
 		finish_resume();
@@ -622,7 +604,7 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	if (shim_cfg.ctx_shrink && backend->ctx_shrink != NULL) {
 		/* An optimisation only: on failure the driver checkpoints the scratch as before. */
 		struct gcr_err e2 = { 0 };
-		t0 = now_ms();
+		t0 = gcr_time_mono_ms();
 		if (backend->ctx_shrink(&rep->ctx_freed, &e2) < 0) {
 			GCR_LOG(GCR_LOG_WARN, "shim", "context local memory stays (the driver will checkpoint it): %s",
 				e2.msg);
@@ -630,22 +612,20 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 			if (backend->ctx_unshrink(&e2) < 0)
 				GCR_LOG(GCR_LOG_WARN, "shim", "stack limit not yet restored, retried at resume: %s", e2.msg);
 		}
-		rep->ms_ctx = now_ms() - t0;
+		rep->ms_ctx = gcr_time_mono_ms() - t0;
 	}
-	rep->ms_total = now_ms() - t_start;
+	rep->ms_total = gcr_time_mono_ms() - t_start;
 	{
 		/* What stays in host memory once the unused pool is given back (shim_cr_trim). */
 		struct shim_staging_stats ss;
 		shim_staging_stats(&ss);
 		rep->host = ss.used + ss.ring;
 	}
-	pthread_mutex_unlock(&shim_alloc_lock);
-	state = SHIM_CR_SUSPENDED;
+	rc = cr_move(SHIM_CR_SUSPENDED, err);
 	goto out;
 unwind_gate:
-	pthread_mutex_unlock(&shim_alloc_lock);
 	shim_staging_resume_background();
-	state = SHIM_CR_RUNNING;
+	cr_move_back(SHIM_CR_RUNNING);
 	shim_gate_open();
 out:
 	alloc_window(0);
@@ -671,39 +651,38 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	pthread_mutex_lock(&cr_lock);
 	alloc_window(1);
 	int rc = 0;
-	double t_start = now_ms();
+	double t_start = gcr_time_mono_ms();
 	if (state != SHIM_CR_SUSPENDED) {
 		rc = gcr_err_set(err, -EINVAL, "not suspended (state %s)", shim_cr_state_name(state));
 		goto out;
 	}
-	state = SHIM_CR_RESUMING;
+	rc = cr_move(SHIM_CR_RESUMING, err);
+	if (rc < 0)
+		goto out;
 	shim_real_relax_capture();
 	if (backend != NULL && backend->ctx_unshrink != NULL) {
 		/* First, so a failure leaves everything as suspended and the resume can be retried. */
-		double t0 = now_ms();
+		double t0 = gcr_time_mono_ms();
 		rc = backend->ctx_unshrink(err);
-		rep->ms_ctx = now_ms() - t0;
+		rep->ms_ctx = gcr_time_mono_ms() - t0;
 		if (rc < 0) {
-			state = SHIM_CR_SUSPENDED;
+			cr_move_back(SHIM_CR_SUSPENDED);
 			goto out;
 		}
 	}
 	shim_staging_quiesce();
-	pthread_mutex_lock(&shim_alloc_lock);
 	rc = remap_all(rep, err);
 	if (rc < 0) {
-		pthread_mutex_unlock(&shim_alloc_lock);
-		state = SHIM_CR_SUSPENDED;
+		cr_move_back(SHIM_CR_SUSPENDED);
 		goto out;
 	}
 	rep->host = host_bytes();
 	rep->mappings = shim_alloc_nmaps();
 	finish_resume();
-	pthread_mutex_unlock(&shim_alloc_lock);
 	shim_staging_resume_background();
-	state = SHIM_CR_RUNNING;
+	rc = cr_move(SHIM_CR_RUNNING, err);
 	shim_gate_open();
-	rep->ms_total = now_ms() - t_start;
+	rep->ms_total = gcr_time_mono_ms() - t_start;
 out:
 	alloc_window(0);
 	pthread_mutex_unlock(&cr_lock);

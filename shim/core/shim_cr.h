@@ -7,7 +7,15 @@
 
 #include "gcr_error.h"
 
-enum shim_cr_state { SHIM_CR_RUNNING = 0, SHIM_CR_SUSPENDING, SHIM_CR_SUSPENDED, SHIM_CR_RESUMING };
+/* The states; their names (what status reports) and the edges allowed between them are one
+ * table in shim_cr.c, so a new state is a row there. */
+enum shim_cr_state {
+	SHIM_CR_RUNNING = 0,
+	SHIM_CR_SUSPENDING,
+	SHIM_CR_SUSPENDED,
+	SHIM_CR_RESUMING,
+	SHIM_CR_NSTATES
+};
 
 struct shim_cr_report {
 	double ms_gate, ms_sync, ms_digest, ms_copy_prep, ms_copy, ms_release;
@@ -23,7 +31,10 @@ struct shim_cr_report {
 };
 
 enum shim_cr_state shim_cr_state(void);
-const char *shim_cr_state_name(enum shim_cr_state s);
+const char *shim_cr_state_name(enum shim_cr_state s); /* "unknown" out of range */
+/* Whether the machine may go from one state to another: 0, or -EINVAL with err naming both
+ * states. Every change of state goes through it. */
+int shim_cr_edge_check(enum shim_cr_state from, enum shim_cr_state to, struct gcr_err *err);
 /* Suspend and resume requests received so far (refused ones too). */
 void shim_cr_requests(unsigned long long *suspends, unsigned long long *resumes);
 

@@ -18,9 +18,9 @@ struct shim_digest {
 	uint64_t h1, h2, any; /* any == 0: the chunk is all zero bytes */
 };
 
-/* Loads the kernel for ctx's device (the driver JIT-compiles the PTX: done in
- * the background so no suspend pays for it). Failures are logged once. */
-void shim_digest_preload(CUcontext ctx);
+/* Loads gpu's kernel for ctx's device (CUDA: the driver JIT-compiles the PTX: done in the
+ * background so no suspend pays for it). Failures are logged once; no-op without a kernel. */
+void shim_digest_preload(const struct shim_gpu_ops *gpu, void *ctx);
 
 /* One buffer to digest: size bytes at va on GPU device; its chunks' digests go
  * to out[first ...]. */

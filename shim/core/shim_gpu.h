@@ -8,6 +8,16 @@
 
 #include "gcr_error.h"
 
+/* The most GPUs of one process the data path keeps per-device state for. */
+#define SHIM_MAX_DEVICES 64
+
+/* What a vendor offers beyond the common operations (struct shim_gpu_ops, caps): the
+ * vendor-neutral code asks these, never which vendor it is. */
+#define SHIM_GPU_CAP_CREATE_PROP 0x1u /* create takes the allocation properties the table recorded */
+
+struct shim_digest;
+struct shim_digest_req;
+
 /* Device addresses, physical-memory handles, streams and events as the vendors' own values,
  * widened: a CUdeviceptr or a HIP void *, a CUmemGenericAllocationHandle or a HIP handle
  * pointer, a CUstream or hipStream_t, a CUevent or hipEvent_t. */
@@ -40,6 +50,10 @@ struct shim_gpu_access {
  * runtime, never the shim's wrappers, and do not pass the gate. */
 struct shim_gpu_ops {
 	const char *name; /* "cuda", "hip": what status reports */
+	unsigned caps;    /* SHIM_GPU_CAP_* */
+
+	/* Whether the process has opened (initialised) this runtime: the one a suspend uses. */
+	int (*present)(void);
 
 	/* Opens the runtime if needed and checks what the data path needs; -ENODEV where the
 	 * process has none. */
@@ -86,11 +100,18 @@ struct shim_gpu_ops {
 	int (*event_create)(shim_gpu_event *e, struct gcr_err *err);
 	int (*event_record)(shim_gpu_event e, shim_gpu_stream s, struct gcr_err *err);
 	int (*event_sync)(shim_gpu_event e, struct gcr_err *err);
-	/* Waits for all work the application submitted to device. */
+	/* Waits for all work the application submitted to device, as the runtime's free does
+	 * (CUDA: in the calling thread's current context when it is device's, which stays current). */
 	int (*device_sync)(int device, struct gcr_err *err);
 	/* Waits for all work the application submitted anywhere (CUDA: every context it allocated
-	 * in; HIP: every device). Table lock held. */
+	 * in; HIP: every device). Allocations are gated (no ctx_note runs meanwhile). */
 	int (*sync_all)(struct gcr_err *err);
+	/* Context tracking is the backend's (CUDA; NULL where the vendor has no contexts): the
+	 * application allocated on the calling thread, on device (-1: not device memory). ctx: the
+	 * thread's current context if the caller has it (NULL: the backend asks). The backend
+	 * remembers it for sync_all and ctx_shrink, and as device's context (the first seen) for
+	 * set_device; returns device's context, NULL if none. Called with the table lock held. */
+	void *(*ctx_note)(int device, void *ctx);
 	int (*copy_dtoh_async)(void *dst, shim_gpu_va src, size_t n, shim_gpu_stream s, struct gcr_err *err);
 	int (*copy_htod_async)(shim_gpu_va dst, const void *src, size_t n, shim_gpu_stream s,
 			       struct gcr_err *err);
@@ -104,6 +125,11 @@ struct shim_gpu_ops {
 	void (*host_free)(void *p, size_t n);
 	/* Free and total memory of device (CUDA: of the current context's device). */
 	int (*mem_info)(int device, size_t *free_bytes, size_t *total_bytes, struct gcr_err *err);
+	/* Digests of device buffers (shim_digest.h) where the vendor runs the digest kernel (CUDA: the
+	 * embedded PTX); NULL otherwise, and every chunk is copied. preload loads the kernel for
+	 * ctx's device ahead of time (the background thread). */
+	int (*digest)(const struct shim_digest_req *req, size_t n, struct shim_digest *out, struct gcr_err *err);
+	void (*digest_preload)(void *ctx);
 	/* The vendor's name for an error code ("hipErrorOutOfMemory"); never NULL. */
 	const char *(*error_string)(int code);
 };

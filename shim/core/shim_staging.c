@@ -18,10 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "gcr_log.h"
-#include "shim_alloc.h"
+#include "gcr_time.h"
 #include "shim_config.h"
 #include "shim_digest.h"
 #include "shim_gpu.h"
@@ -83,13 +82,6 @@ static int job_left;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t job_cond = PTHREAD_COND_INITIALIZER, done_cond = PTHREAD_COND_INITIALIZER;
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* Says which step of the data path a vendor call failed in. */
 static int step_fail(struct gcr_err *err, const char *what)
 {
@@ -133,10 +125,10 @@ static int pool_grow(uint64_t size, struct gcr_err *err)
 		return gcr_err_set(err, -ENOMEM, "staging pool has too many slabs");
 	growing = 1;
 	pthread_mutex_unlock(&pool_lock);
-	double t0 = now_ms();
+	double t0 = gcr_time_mono_ms();
 	struct slab sl;
 	int rc = slab_make(size, &sl, err);
-	double dt = now_ms() - t0;
+	double dt = gcr_time_mono_ms() - t0;
 	pthread_mutex_lock(&pool_lock);
 	if (rc == 0) {
 		sl.start = capacity;
@@ -425,10 +417,10 @@ static void *grow_thread(void *arg)
 			}
 		}
 		if (!paused && !growing && pin_ctx != NULL && !digest_loaded) {
-			CUcontext ctx = pin_ctx; /* CUDA only: HIP has no contexts, and no digest kernel */
+			void *ctx = pin_ctx; /* CUDA only: HIP has no contexts, and no digest kernel */
 			growing = 1; /* prepare waits for this driver work to finish */
 			pthread_mutex_unlock(&pool_lock);
-			shim_digest_preload(ctx); /* JIT-compiles once, off the critical path */
+			shim_digest_preload(gpu, ctx); /* JIT-compiles once, off the critical path */
 			pthread_mutex_lock(&pool_lock);
 			growing = 0;
 			digest_loaded = 1;
@@ -490,6 +482,11 @@ int shim_staging_prepare(const struct shim_gpu_ops *g, uint64_t need, struct gcr
 	}
 	while (growing || starting_workers > 0 || trim_pending)
 		pthread_cond_wait(&pool_cond, &pool_lock);
+	/* Paused before this drops the lock to start workers or fault memory in: otherwise the
+	 * background thread spins (lock held) on the workers this starts, or starts one that joins
+	 * the next transfer uncounted. Stays paused until resume: the process may be locked by the
+	 * driver next. */
+	paused = 1;
 	if (nworkers == 0) {
 		GCR_LOG(GCR_LOG_INFO, "shim", "staging: starting copy workers on the critical path");
 		rc = workers_grow(workers_wanted(need), err);
@@ -503,8 +500,6 @@ int shim_staging_prepare(const struct shim_gpu_ops *g, uint64_t need, struct gcr
 	if (grown_inline > 0 && rc == 0)
 		GCR_LOG(GCR_LOG_INFO, "shim", "staging: %llu bytes faulted in on the critical path so far",
 			(unsigned long long)grown_inline);
-	/* Stays paused until resume: the process may be locked by the driver. */
-	paused = 1;
 	pthread_mutex_unlock(&pool_lock);
 	return rc;
 }
@@ -629,6 +624,6 @@ void shim_staging_stats(struct shim_staging_stats *st)
 					   .workers = nworkers, .fault_ms = fault_ms };
 	/* No digest kernel to load off CUDA (shim_digest). */
 	st->ready = capacity >= st->target && nworkers >= workers_wanted(noted) &&
-		    (digest_loaded || !thread_started || (gpu != NULL && gpu != &shim_cuda_ops)) && !trim_pending;
+		    (digest_loaded || !thread_started || (gpu != NULL && gpu->digest_preload == NULL)) && !trim_pending;
 	pthread_mutex_unlock(&pool_lock);
 }

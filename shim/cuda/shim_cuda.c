@@ -7,7 +7,7 @@
 #include <errno.h>
 #include <stddef.h>
 
-#include "shim_alloc.h"
+#include "shim_cuda_digest.h"
 #include "shim_hook.h"
 #include "shim_real.h"
 
@@ -154,9 +154,57 @@ static int cuda_set_access(shim_gpu_va va, size_t size, const struct shim_gpu_ac
 		     "cuMemSetAccess", err);
 }
 
+/* ---- contexts: those the application allocated in (waited for at suspend, their scratch given
+ * back), and per device the one the shim's own work runs in. Written by ctx_note under the table
+ * lock; read by the data path, while allocations are gated. ---- */
+#define CUDA_MAX_CTX 64
+static CUcontext app_ctxs[CUDA_MAX_CTX];
+static size_t napp_ctxs;
+static CUcontext dev_ctx[SHIM_MAX_DEVICES];
+
+static void *cuda_ctx_note(int device, void *ctx_in)
+{
+	CUcontext ctx = ctx_in;
+	if (ctx == NULL && shim_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)
+		ctx = NULL;
+	if (ctx != NULL) {
+		size_t i = 0;
+		while (i < napp_ctxs && app_ctxs[i] != ctx)
+			i++;
+		if (i == napp_ctxs && napp_ctxs < CUDA_MAX_CTX)
+			app_ctxs[napp_ctxs++] = ctx;
+	}
+	if (device < 0 || device >= SHIM_MAX_DEVICES)
+		return NULL;
+	if (dev_ctx[device] == NULL && ctx != NULL) {
+		CUdevice cur;
+		if (shim_cu.cuCtxGetDevice(&cur) == CUDA_SUCCESS && cur == device)
+			dev_ctx[device] = ctx;
+	}
+	return dev_ctx[device];
+}
+
+/* device's context: the first the application allocated in there, else the primary one. */
+static CUcontext cuda_device_ctx(int device)
+{
+	if (device < 0 || device >= SHIM_MAX_DEVICES)
+		return NULL;
+	if (dev_ctx[device] == NULL && shim_cu.cuDevicePrimaryCtxRetain != NULL) {
+		CUdevice d;
+		if (shim_cu.cuDeviceGet(&d, device) == CUDA_SUCCESS)
+			shim_cu.cuDevicePrimaryCtxRetain(&dev_ctx[device], d);
+	}
+	return dev_ctx[device];
+}
+
+static int cuda_present(void)
+{
+	return shim_real_cuda_handle() != NULL;
+}
+
 static int cuda_set_device(int device, struct gcr_err *err)
 {
-	CUcontext ctx = shim_alloc_device_ctx(device);
+	CUcontext ctx = cuda_device_ctx(device);
 	return cu_rc(ctx != NULL ? shim_cu.cuCtxSetCurrent(ctx) : CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent", err);
 }
 
@@ -215,10 +263,22 @@ static int cuda_event_sync(shim_gpu_event e, struct gcr_err *err)
 	return cu_rc(shim_cu.cuEventSynchronize((CUevent)e), "cuEventSynchronize", err);
 }
 
+/* As cuMemFree synchronises: the calling thread's context when it is device's (the common case,
+ * and the one call cuMemFree's wrapper made before the table had an API); otherwise device's
+ * context, then the caller's context is made current again. */
 static int cuda_device_sync(int device, struct gcr_err *err)
 {
+	CUcontext cur = NULL;
+	CUdevice d = -1;
+	if (shim_cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL &&
+	    shim_cu.cuCtxGetDevice(&d) == CUDA_SUCCESS && d == device)
+		return cu_rc(shim_cu.cuCtxSynchronize(), "cuCtxSynchronize", err);
 	int rc = cuda_set_device(device, err);
-	return rc < 0 ? rc : cu_rc(shim_cu.cuCtxSynchronize(), "cuCtxSynchronize", err);
+	if (rc == 0)
+		rc = cu_rc(shim_cu.cuCtxSynchronize(), "cuCtxSynchronize", err);
+	if (cur != NULL)
+		(void)shim_cu.cuCtxSetCurrent(cur);
+	return rc;
 }
 
 /* Local memory: the driver reserves stack limit x resident threads of every SM in each context
@@ -229,11 +289,10 @@ static int cuda_device_sync(int device, struct gcr_err *err)
  * whose frames need more still get it at launch; resume restores the application's limit
  * before any of its work runs. On by default; GCR_CTX_SHRINK=0 turns it off. Saved limits:
  * cr_lock (shim_cr) serialises the callers. */
-#define LMEM_MAX_CTX 64
 static struct {
 	CUcontext ctx;
 	size_t stack;
-} lmem_saved[LMEM_MAX_CTX];
+} lmem_saved[CUDA_MAX_CTX];
 static size_t lmem_nsaved;
 
 static int cuda_ctx_shrink(uint64_t *freed, struct gcr_err *err)
@@ -243,9 +302,8 @@ static int cuda_ctx_shrink(uint64_t *freed, struct gcr_err *err)
 		return 0; /* a driver without limits: nothing to give back */
 	if (lmem_nsaved > 0)
 		return gcr_err_set(err, -EALREADY, "context limits from an earlier suspend not yet restored");
-	CUcontext ctxs[LMEM_MAX_CTX];
-	size_t n = shim_alloc_contexts(ctxs, LMEM_MAX_CTX);
-	for (size_t i = 0; i < n; i++) {
+	CUcontext *ctxs = app_ctxs;
+	for (size_t i = 0; i < napp_ctxs; i++) {
 		size_t stack = 0, free0 = 0, free1 = 0, total = 0;
 		CUresult r = shim_cu.cuCtxSetCurrent(ctxs[i]);
 		if (r == CUDA_SUCCESS)
@@ -285,10 +343,8 @@ static int cuda_ctx_unshrink(struct gcr_err *err)
  * waited for: docs/design.md, known limits). */
 static int cuda_sync_all(struct gcr_err *err)
 {
-	CUcontext ctxs[64];
-	size_t nctx = shim_alloc_contexts(ctxs, 64);
-	for (size_t i = 0; i < nctx; i++) {
-		CUresult r = shim_cu.cuCtxSetCurrent(ctxs[i]);
+	for (size_t i = 0; i < napp_ctxs; i++) {
+		CUresult r = shim_cu.cuCtxSetCurrent(app_ctxs[i]);
 		if (r == CUDA_SUCCESS)
 			r = shim_cu.cuCtxSynchronize();
 		if (r != CUDA_SUCCESS)
@@ -347,6 +403,8 @@ static int cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, st
 
 const struct shim_gpu_ops shim_cuda_ops = {
 	.name = "cuda",
+	.caps = SHIM_GPU_CAP_CREATE_PROP,
+	.present = cuda_present,
 	.load = cuda_load,
 	.device_count = cuda_device_count,
 	.current_device = cuda_current_device,
@@ -370,6 +428,7 @@ const struct shim_gpu_ops shim_cuda_ops = {
 	.event_sync = cuda_event_sync,
 	.device_sync = cuda_device_sync,
 	.sync_all = cuda_sync_all,
+	.ctx_note = cuda_ctx_note,
 	.ctx_shrink = cuda_ctx_shrink,
 	.ctx_unshrink = cuda_ctx_unshrink,
 	.copy_dtoh_async = cuda_copy_dtoh_async,
@@ -380,5 +439,7 @@ const struct shim_gpu_ops shim_cuda_ops = {
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
 	.mem_info = cuda_mem_info,
+	.digest = shim_cuda_digest,
+	.digest_preload = shim_cuda_digest_preload,
 	.error_string = cuda_error_string,
 };

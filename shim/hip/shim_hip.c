@@ -392,8 +392,15 @@ int shim_hip_prop_device(const void *prop)
 	return loc->type == hipMemLocationTypeDevice ? loc->id : -1;
 }
 
+static int hip_present(void)
+{
+	return shim_hip_handle() != NULL;
+}
+
 const struct shim_gpu_ops shim_hip_ops = {
 	.name = "hip",
+	.caps = 0, /* the runtime builds its own properties; no digest kernel (it is PTX) */
+	.present = hip_present,
 	.load = hip_load,
 	.device_count = hip_device_count,
 	.current_device = hip_current_device,

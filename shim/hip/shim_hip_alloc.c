@@ -25,14 +25,13 @@ int shim_hip_alloc_used(void)
 #define ADDR(p) ((uint64_t)(uintptr_t)(p))
 #define PTR(a) ((void *)(uintptr_t)(a))
 
-/* Resolves the real function or answers hipErrorNotFound, then enters the gate. */
-#define HIP_ENTER(fn, sym)                                                        \
-	__typeof__(&sym) fn = SHIM_HIP_REAL(sym, 0);                              \
-	if (fn == NULL)                                                           \
-		return hipErrorNotFound;                                          \
-	atomic_store_explicit(&used, 1, memory_order_relaxed);                    \
-	struct shim_thread *gate_t = shim_gate_enter_hip(SHIM_HIP_HOOK_##sym, 0)
-#define HIP_LEAVE() shim_gate_exit(gate_t)
+/* Each wrapper resolves the real function (hipErrorNotFound without one), then enters the gate
+ * here, which also notes that the application uses the HIP allocation calls. */
+static struct shim_thread *hip_enter(enum shim_hip_hook_id id)
+{
+	atomic_store_explicit(&used, 1, memory_order_relaxed);
+	return shim_gate_enter_hip(id, 0);
+}
 
 static int convert(size_t bytes)
 {
@@ -53,14 +52,17 @@ static hipError_t try_convert(void **ptr, size_t bytes)
 
 SHIM_EXPORT hipError_t hipMalloc(void **ptr, size_t size)
 {
-	HIP_ENTER(real, hipMalloc);
+	__typeof__(&hipMalloc) real = SHIM_HIP_REAL(hipMalloc, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMalloc);
 	hipError_t r = try_convert(ptr, size);
 	if (r == hipErrorNotSupported) {
 		r = real(ptr, size);
 		if (r == hipSuccess && ptr != NULL && *ptr != NULL)
-			shim_alloc_note(ADDR(*ptr), size, SHIM_ALLOC_PLAIN);
+			shim_alloc_note(&shim_hip_ops, ADDR(*ptr), size, SHIM_ALLOC_PLAIN);
 	}
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
@@ -68,11 +70,14 @@ SHIM_EXPORT hipError_t hipMalloc(void **ptr, size_t size)
  * the runtime. */
 SHIM_EXPORT hipError_t hipExtMallocWithFlags(void **ptr, size_t sizeBytes, unsigned int flags)
 {
-	HIP_ENTER(real, hipExtMallocWithFlags);
+	__typeof__(&hipExtMallocWithFlags) real = SHIM_HIP_REAL(hipExtMallocWithFlags, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipExtMallocWithFlags);
 	hipError_t r = real(ptr, sizeBytes, flags);
 	if (r == hipSuccess && ptr != NULL && *ptr != NULL)
-		shim_alloc_note(ADDR(*ptr), sizeBytes, SHIM_ALLOC_PLAIN);
-	HIP_LEAVE();
+		shim_alloc_note(&shim_hip_ops, ADDR(*ptr), sizeBytes, SHIM_ALLOC_PLAIN);
+	shim_gate_exit(t);
 	return r;
 }
 
@@ -94,41 +99,50 @@ static hipError_t pitched(void **ptr, size_t *pitch, size_t width, size_t height
 
 SHIM_EXPORT hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height)
 {
-	HIP_ENTER(real, hipMallocPitch);
+	__typeof__(&hipMallocPitch) real = SHIM_HIP_REAL(hipMallocPitch, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMallocPitch);
 	hipError_t r = pitched(ptr, pitch, width, height);
 	if (r == hipErrorNotSupported) {
 		r = real(ptr, pitch, width, height);
 		if (r == hipSuccess && ptr != NULL && *ptr != NULL && pitch != NULL)
-			shim_alloc_note(ADDR(*ptr), (uint64_t)*pitch * height, SHIM_ALLOC_PLAIN);
+			shim_alloc_note(&shim_hip_ops, ADDR(*ptr), (uint64_t)*pitch * height, SHIM_ALLOC_PLAIN);
 	}
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipMemAllocPitch(hipDeviceptr_t *dptr, size_t *pitch, size_t widthInBytes,
 					size_t height, unsigned int elementSizeBytes)
 {
-	HIP_ENTER(real, hipMemAllocPitch);
+	__typeof__(&hipMemAllocPitch) real = SHIM_HIP_REAL(hipMemAllocPitch, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMemAllocPitch);
 	hipError_t r = elementSizeBytes == 4 || elementSizeBytes == 8 || elementSizeBytes == 16
 			       ? pitched(dptr, pitch, widthInBytes, height)
 			       : hipErrorNotSupported;
 	if (r == hipErrorNotSupported) {
 		r = real(dptr, pitch, widthInBytes, height, elementSizeBytes);
 		if (r == hipSuccess && dptr != NULL && *dptr != NULL && pitch != NULL)
-			shim_alloc_note(ADDR(*dptr), (uint64_t)*pitch * height, SHIM_ALLOC_PLAIN);
+			shim_alloc_note(&shim_hip_ops, ADDR(*dptr), (uint64_t)*pitch * height, SHIM_ALLOC_PLAIN);
 	}
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
 /* Managed memory cannot be moved: counted, and suspend refuses while any is held. */
 SHIM_EXPORT hipError_t hipMallocManaged(void **dev_ptr, size_t size, unsigned int flags)
 {
-	HIP_ENTER(real, hipMallocManaged);
+	__typeof__(&hipMallocManaged) real = SHIM_HIP_REAL(hipMallocManaged, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMallocManaged);
 	hipError_t r = real(dev_ptr, size, flags);
 	if (r == hipSuccess && dev_ptr != NULL && *dev_ptr != NULL)
-		shim_alloc_note(ADDR(*dev_ptr), size, SHIM_ALLOC_MANAGED);
-	HIP_LEAVE();
+		shim_alloc_note(&shim_hip_ops, ADDR(*dev_ptr), size, SHIM_ALLOC_MANAGED);
+	shim_gate_exit(t);
 	return r;
 }
 
@@ -136,28 +150,37 @@ SHIM_EXPORT hipError_t hipMallocManaged(void **dev_ptr, size_t size, unsigned in
  * counted so statistics show them. */
 SHIM_EXPORT hipError_t hipMallocAsync(void **dev_ptr, size_t size, hipStream_t stream)
 {
-	HIP_ENTER(real, hipMallocAsync);
+	__typeof__(&hipMallocAsync) real = SHIM_HIP_REAL(hipMallocAsync, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMallocAsync);
 	hipError_t r = real(dev_ptr, size, stream);
 	if (r == hipSuccess && dev_ptr != NULL && *dev_ptr != NULL)
-		shim_alloc_note(ADDR(*dev_ptr), size, SHIM_ALLOC_ASYNC);
-	HIP_LEAVE();
+		shim_alloc_note(&shim_hip_ops, ADDR(*dev_ptr), size, SHIM_ALLOC_ASYNC);
+	shim_gate_exit(t);
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipMallocFromPoolAsync(void **dev_ptr, size_t size, hipMemPool_t mem_pool,
 					      hipStream_t stream)
 {
-	HIP_ENTER(real, hipMallocFromPoolAsync);
+	__typeof__(&hipMallocFromPoolAsync) real = SHIM_HIP_REAL(hipMallocFromPoolAsync, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMallocFromPoolAsync);
 	hipError_t r = real(dev_ptr, size, mem_pool, stream);
 	if (r == hipSuccess && dev_ptr != NULL && *dev_ptr != NULL)
-		shim_alloc_note(ADDR(*dev_ptr), size, SHIM_ALLOC_ASYNC);
-	HIP_LEAVE();
+		shim_alloc_note(&shim_hip_ops, ADDR(*dev_ptr), size, SHIM_ALLOC_ASYNC);
+	shim_gate_exit(t);
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipFree(void *ptr)
 {
-	HIP_ENTER(real, hipFree);
+	__typeof__(&hipFree) real = SHIM_HIP_REAL(hipFree, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipFree);
 	int ours = 0;
 	hipError_t r = (hipError_t)shim_alloc_buf_free(&shim_hip_ops, ADDR(ptr), &ours);
 	if (!ours) {
@@ -165,17 +188,20 @@ SHIM_EXPORT hipError_t hipFree(void *ptr)
 		if (r == hipSuccess && ptr != NULL)
 			shim_alloc_forget(ADDR(ptr));
 	}
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipFreeAsync(void *dev_ptr, hipStream_t stream)
 {
-	HIP_ENTER(real, hipFreeAsync);
+	__typeof__(&hipFreeAsync) real = SHIM_HIP_REAL(hipFreeAsync, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipFreeAsync);
 	hipError_t r = real(dev_ptr, stream);
 	if (r == hipSuccess && dev_ptr != NULL)
 		shim_alloc_forget(ADDR(dev_ptr));
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
@@ -186,17 +212,23 @@ SHIM_EXPORT hipError_t hipFreeAsync(void *dev_ptr, hipStream_t stream)
 SHIM_EXPORT hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr,
 					    unsigned long long flags)
 {
-	HIP_ENTER(real, hipMemAddressReserve);
+	__typeof__(&hipMemAddressReserve) real = SHIM_HIP_REAL(hipMemAddressReserve, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMemAddressReserve);
 	hipError_t r = real(ptr, size, alignment, addr, flags);
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipMemAddressFree(void *devPtr, size_t size)
 {
-	HIP_ENTER(real, hipMemAddressFree);
+	__typeof__(&hipMemAddressFree) real = SHIM_HIP_REAL(hipMemAddressFree, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMemAddressFree);
 	hipError_t r = real(devPtr, size);
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
@@ -205,7 +237,10 @@ SHIM_EXPORT hipError_t hipMemAddressFree(void *devPtr, size_t size)
 SHIM_EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
 				    const hipMemAllocationProp *prop, unsigned long long flags)
 {
-	HIP_ENTER(real, hipMemCreate);
+	__typeof__(&hipMemCreate) real = SHIM_HIP_REAL(hipMemCreate, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMemCreate);
 	hipMemGenericAllocationHandle_t h = NULL;
 	int dev = shim_hip_prop_device(prop);
 	hipError_t r;
@@ -215,52 +250,64 @@ SHIM_EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, siz
 		r = real(&h, size, prop, flags);
 		uint64_t app = 0;
 		if (r == hipSuccess &&
-		    (r = (hipError_t)shim_alloc_handle_new(&shim_hip_ops, ADDR(h), size, dev, &app)) != hipSuccess)
+		    (r = (hipError_t)shim_alloc_handle_new(&shim_hip_ops, ADDR(h), size, dev, NULL, &app)) != hipSuccess)
 			SHIM_HIP_REAL(hipMemRelease, 0)(h);
 		if (r == hipSuccess)
 			*handle = (hipMemGenericAllocationHandle_t)PTR(app);
 	}
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle)
 {
-	HIP_ENTER(real, hipMemRelease);
+	__typeof__(&hipMemRelease) real = SHIM_HIP_REAL(hipMemRelease, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMemRelease);
 	int ours = 0;
 	hipError_t r = (hipError_t)shim_alloc_handle_release(&shim_hip_ops, ADDR(handle), &ours);
 	if (!ours)
 		r = real(handle);
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipMemMap(void *ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
 				 unsigned long long flags)
 {
-	HIP_ENTER(real, hipMemMap);
+	__typeof__(&hipMemMap) real = SHIM_HIP_REAL(hipMemMap, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMemMap);
 	int ours = 0;
 	hipError_t r = (hipError_t)shim_alloc_handle_map(&shim_hip_ops, ADDR(ptr), size, offset, ADDR(handle), &ours);
 	if (!ours)
 		r = real(ptr, size, offset, handle, flags);
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
 SHIM_EXPORT hipError_t hipMemUnmap(void *ptr, size_t size)
 {
-	HIP_ENTER(real, hipMemUnmap);
+	__typeof__(&hipMemUnmap) real = SHIM_HIP_REAL(hipMemUnmap, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMemUnmap);
 	hipError_t r = real(ptr, size);
 	if (r == hipSuccess)
 		shim_alloc_unmapped(ADDR(ptr), size);
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }
 
 /* Recorded per mapping, to apply the same access at resume. */
 SHIM_EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const hipMemAccessDesc *desc, size_t count)
 {
-	HIP_ENTER(real, hipMemSetAccess);
+	__typeof__(&hipMemSetAccess) real = SHIM_HIP_REAL(hipMemSetAccess, 0);
+	if (real == NULL)
+		return hipErrorNotFound;
+	struct shim_thread *t = hip_enter(SHIM_HIP_HOOK_hipMemSetAccess);
 	hipError_t r = real(ptr, size, desc, count);
 	if (r == hipSuccess && desc != NULL) {
 		struct shim_gpu_access acc[8];
@@ -271,6 +318,6 @@ SHIM_EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const hipMemAcces
 							     .flags = (int)desc[i].flags };
 		shim_alloc_access_set(ADDR(ptr), size, acc, n);
 	}
-	HIP_LEAVE();
+	shim_gate_exit(t);
 	return r;
 }

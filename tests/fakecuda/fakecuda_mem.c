@@ -606,6 +606,33 @@ FAKE_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
 	return fake_leave(rc);
 }
 
+/* Legacy IPC: as the driver, only memory of cuMemAlloc (not VMM mappings, not managed or
+ * stream-ordered memory) can be exported. The handle names this process and the allocation;
+ * nothing opens it here (the shim refuses or passes the export, which is what is tested). */
+FAKE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+	const char *p = (const char *)(uintptr_t)dptr;
+	struct fake_alloc *a;
+	struct fake_ctx *ctx;
+	CUresult rc = CUDA_SUCCESS;
+
+	FAKE_ENTER("cuIpcGetMemHandle");
+	if (handle == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	if (fake_ctx_current(&ctx) != CUDA_SUCCESS)
+		return fake_leave(CUDA_ERROR_INVALID_CONTEXT);
+	fake_lock();
+	a = fake_alloc_find(p, 1);
+	if (a == NULL || a->kind != FAKE_ALLOC_DEVICE || a->base != p) {
+		rc = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		memset(handle, 0, sizeof(*handle));
+		snprintf(handle->reserved, sizeof(handle->reserved), "fakecuda-ipc %d %llu", (int)getpid(), a->id);
+	}
+	fake_unlock();
+	return fake_leave(rc);
+}
+
 /* ---- host memory ---- */
 
 static CUresult fake_host_alloc(void **pp, size_t size, unsigned int flags)

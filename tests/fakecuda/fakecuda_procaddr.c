@@ -55,6 +55,7 @@ static const struct fake_proc fake_procs[] = {
 	FAKE_PT("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
 	FAKE_P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
 	FAKE_P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+	FAKE_P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
 	FAKE_P("cuMemAllocHost", 3020, cuMemAllocHost_v2),
 	FAKE_P("cuMemHostAlloc", 2020, cuMemHostAlloc),
 	FAKE_P("cuMemFreeHost", 2000, cuMemFreeHost),

@@ -81,3 +81,21 @@ TESTS += tests/unit/test_gcr_cr
 tests_unit_test_gcr_cr_SOURCES = tests/unit/test_gcr_cr.c
 tests_unit_test_gcr_cr_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
 tests_unit_test_gcr_cr_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl -lpthread
+
+# The allocation table, the suspend/resume state machine and the staging data path, each in a
+# program built from the shim's sources on the stand-in driver (tests/fakecuda).
+check_PROGRAMS += tests/unit/test_shim_alloc tests/unit/test_shim_cr tests/unit/test_shim_staging
+TESTS += tests/unit/test_shim_alloc tests/unit/test_shim_cr tests/unit/test_shim_staging
+EXTRA_DIST += tests/unit/fakecuda_util.h
+tests_unit_test_shim_alloc_SOURCES = tests/unit/test_shim_alloc.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_alloc_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_alloc_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_alloc_DEPENDENCIES = $(FAKECUDA_LIB)
+tests_unit_test_shim_cr_SOURCES = tests/unit/test_shim_cr.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_cr_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_cr_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_cr_DEPENDENCIES = $(FAKECUDA_LIB)
+tests_unit_test_shim_staging_SOURCES = tests/unit/test_shim_staging.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_staging_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_staging_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_staging_DEPENDENCIES = $(FAKECUDA_LIB)
