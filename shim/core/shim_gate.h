@@ -47,16 +47,4 @@ int shim_gate_is_closed(void);
 uint64_t shim_gate_total_calls(unsigned row, int variant);
 uint64_t shim_gate_waits(void);
 
-/* compat: removed after merge */
-static inline struct shim_thread *shim_gate_enter_hip(enum shim_hip_hook_id id, int variant)
-{
-	return shim_gate_enter(SHIM_HOOK_ROW(SHIM_HIP, id), variant);
-}
-
-/* compat: removed after merge */
-static inline uint64_t shim_gate_total_hip_calls(enum shim_hip_hook_id id, int variant)
-{
-	return shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_HIP, id), variant);
-}
-
 #endif

@@ -132,16 +132,4 @@ struct shim_lookups {
 };
 extern struct shim_lookups shim_lookups;
 
-/* compat: removed after merge */
-static inline int shim_real_load_cuda(const void *hint)
-{
-	return shim_real_load(SHIM_CUDA, hint);
-}
-
-/* compat: removed after merge */
-static inline void *shim_real_cuda_handle(void)
-{
-	return shim_real_handle(SHIM_CUDA);
-}
-
 #endif

@@ -63,7 +63,7 @@ static int cu_rc(CUresult r, const char *what, struct gcr_err *err)
 
 static int cuda_load(struct gcr_err *err)
 {
-	if (shim_real_cuda_handle() == NULL && shim_real_load_cuda(NULL) < 0)
+	if (shim_real_handle(SHIM_CUDA) == NULL && shim_real_load(SHIM_CUDA, NULL) < 0)
 		return gcr_err_set(err, -ENODEV, "the process has no CUDA driver");
 	if (SHIM_REAL(cuMemcpyDtoHAsync_v2, 0) == NULL || SHIM_REAL(cuMemcpyHtoDAsync_v2, 0) == NULL ||
 	    SHIM_REAL(cuMemsetD8Async, 0) == NULL || SHIM_REAL(cuEventRecord, 0) == NULL)
@@ -199,7 +199,7 @@ static CUcontext cuda_device_ctx(int device)
 
 static int cuda_present(void)
 {
-	return shim_real_cuda_handle() != NULL;
+	return shim_real_handle(SHIM_CUDA) != NULL;
 }
 
 static int cuda_set_device(int device, struct gcr_err *err)

@@ -31,7 +31,7 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 		return CUDA_ERROR_NOT_FOUND;
 	if (dptr == NULL)
 		return real(dptr, bytesize);
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemAlloc_v2, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemAlloc_v2), 0);
 	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
 	uint64_t va = 0;
 	if (convert(bytesize)) {
@@ -61,7 +61,7 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
 	if (dptr == NULL || pPitch == NULL || WidthInBytes == 0 || Height == 0 ||
 	    (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
 		return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemAllocPitch_v2, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemAllocPitch_v2), 0);
 	size_t pitch = (WidthInBytes + SHIM_PITCH_ALIGN - 1) / SHIM_PITCH_ALIGN * SHIM_PITCH_ALIGN;
 	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
 	uint64_t va = 0;
@@ -86,7 +86,7 @@ SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 	__typeof__(&cuMemFree_v2) real = SHIM_REAL(cuMemFree_v2, 0);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemFree_v2, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemFree_v2), 0);
 	int ours = 0;
 	CUresult r = (CUresult)shim_alloc_buf_free(&shim_cuda_ops, dptr, &ours);
 	if (!ours) {
@@ -104,7 +104,7 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
 	__typeof__(&cuMemAllocManaged) real = SHIM_REAL(cuMemAllocManaged, 0);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemAllocManaged, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemAllocManaged), 0);
 	CUresult r = real(dptr, bytesize, flags);
 	if (r == CUDA_SUCCESS)
 		shim_alloc_note(&shim_cuda_ops, *dptr, bytesize, SHIM_ALLOC_MANAGED);
@@ -119,7 +119,7 @@ static CUresult alloc_async(int v, CUdeviceptr *dptr, size_t bytesize, CUstream 
 	__typeof__(&cuMemAllocAsync) real = SHIM_REAL(cuMemAllocAsync, v);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemAllocAsync, v);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemAllocAsync), v);
 	CUresult r = real(dptr, bytesize, hStream);
 	if (r == CUDA_SUCCESS)
 		shim_alloc_note(&shim_cuda_ops, *dptr, bytesize, SHIM_ALLOC_ASYNC);
@@ -142,7 +142,7 @@ static CUresult alloc_pool(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryPo
 	__typeof__(&cuMemAllocFromPoolAsync) real = SHIM_REAL(cuMemAllocFromPoolAsync, v);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemAllocFromPoolAsync, v);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemAllocFromPoolAsync), v);
 	CUresult r = real(dptr, bytesize, pool, hStream);
 	if (r == CUDA_SUCCESS)
 		shim_alloc_note(&shim_cuda_ops, *dptr, bytesize, SHIM_ALLOC_ASYNC);
@@ -167,7 +167,7 @@ static CUresult free_async(int v, CUdeviceptr dptr, CUstream hStream)
 	__typeof__(&cuMemFreeAsync) real = SHIM_REAL(cuMemFreeAsync, v);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemFreeAsync, v);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemFreeAsync), v);
 	CUresult r = real(dptr, hStream);
 	if (r == CUDA_SUCCESS)
 		shim_alloc_forget(dptr);
@@ -211,7 +211,7 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 		return CUDA_ERROR_NOT_FOUND;
 	if (handle == NULL || prop == NULL)
 		return real(handle, size, prop, flags);
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemCreate, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemCreate), 0);
 	CUmemGenericAllocationHandle h = 0;
 	CUresult r = real(&h, size, prop, flags);
 	if (r == CUDA_SUCCESS) {
@@ -235,7 +235,7 @@ SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 	__typeof__(&cuMemRelease) real = SHIM_REAL(cuMemRelease, 0);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemRelease, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemRelease), 0);
 	int ours = 0;
 	CUresult r = (CUresult)shim_alloc_handle_release(&shim_cuda_ops, handle, &ours);
 	if (!ours)
@@ -250,7 +250,7 @@ SHIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	__typeof__(&cuMemMap) real = SHIM_REAL(cuMemMap, 0);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemMap, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemMap), 0);
 	int ours = 0;
 	CUresult r = (CUresult)shim_alloc_handle_map(&shim_cuda_ops, ptr, size, offset, handle, &ours);
 	if (!ours)
@@ -263,7 +263,7 @@ SHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
 	if (SHIM_REAL(cuMemUnmap, 0) == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemUnmap, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemUnmap), 0);
 	CUresult r = (CUresult)shim_alloc_unmap(&shim_cuda_ops, ptr, size); /* the unmap and the records as one */
 	shim_gate_exit(t);
 	return r;
@@ -274,7 +274,7 @@ SHIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
 {
 	if (SHIM_REAL(cuMemSetAccess, 0) == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_cuMemSetAccess, 0);
+	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemSetAccess), 0);
 	CUresult r = (CUresult)shim_alloc_set_access(&shim_cuda_ops, ptr, size, access_of(desc), count);
 	shim_gate_exit(t);
 	return r;

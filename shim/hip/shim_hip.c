@@ -44,9 +44,9 @@ struct shim_hip_prop_v6 {
 
 static void rt_init(void)
 {
-	void *h = shim_hip_handle();
-	if (h == NULL && shim_hip_load(NULL) == 0)
-		h = shim_hip_handle();
+	void *h = shim_real_handle(SHIM_HIP);
+	if (h == NULL && shim_real_load(SHIM_HIP, NULL) == 0)
+		h = shim_real_handle(SHIM_HIP);
 	if (h == NULL)
 		return;
 #define X(f) rt.f = (__typeof__(&f))shim_real_dlsym(h, #f);
@@ -394,7 +394,7 @@ int shim_hip_prop_device(const void *prop)
 
 static int hip_present(void)
 {
-	return shim_hip_handle() != NULL;
+	return shim_real_handle(SHIM_HIP) != NULL;
 }
 
 const struct shim_gpu_ops shim_hip_ops = {

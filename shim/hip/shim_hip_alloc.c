@@ -30,7 +30,7 @@ int shim_hip_alloc_used(void)
 static struct shim_thread *hip_enter(enum shim_hip_hook_id id)
 {
 	atomic_store_explicit(&used, 1, memory_order_relaxed);
-	return shim_gate_enter_hip(id, 0);
+	return shim_gate_enter(SHIM_HOOK_ROW(SHIM_HIP, id), 0);
 }
 
 static int convert(size_t bytes)

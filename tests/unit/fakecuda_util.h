@@ -51,7 +51,7 @@ static inline CUcontext fake_setup(void)
 	snprintf(path, sizeof(path), "%s/tests/fakecuda/libcuda.so.1", b ? b : ".");
 	if (dlopen(path, RTLD_NOW | RTLD_GLOBAL) == NULL || shim_cuda_ops.load(&err) < 0)
 		return NULL;
-	__typeof__(&cuInit) init = (__typeof__(&cuInit))shim_real_dlsym(shim_real_cuda_handle(), "cuInit");
+	__typeof__(&cuInit) init = (__typeof__(&cuInit))shim_real_dlsym(shim_real_handle(SHIM_CUDA), "cuInit");
 	CUcontext ctx = NULL;
 	CUdevice dev = 0;
 	if (init == NULL || init(0) != CUDA_SUCCESS || shim_cu.cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||

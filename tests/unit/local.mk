@@ -18,6 +18,9 @@ TESTS += tests/unit/test_thread_churn
 tests_unit_test_thread_churn_SOURCES = tests/unit/test_thread_churn.c $(SHIM_CORE_SOURCES)
 tests_unit_test_thread_churn_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
 tests_unit_test_thread_churn_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+# The layering rules of docs/architecture.md, checked on the sources.
+TESTS += tests/unit/test_architecture.sh
+EXTRA_DIST += tests/unit/test_architecture.sh
 # Another dlsym(RTLD_NEXT) interposer beside the shim, in both preload orders; and the one
 # line a shim that cannot serve prints.
 TESTS += tests/unit/test_interpose.sh tests/unit/test_shim_notice.sh

@@ -79,7 +79,7 @@ int main(void)
 	CHECK(dlopen(path, RTLD_NOW | RTLD_GLOBAL) != NULL);
 	CHECK_STR(o->name, "cuda");
 	CHECK(o->load(&err) == 0);
-	__typeof__(&cuInit) init = (__typeof__(&cuInit))shim_real_dlsym(shim_real_cuda_handle(), "cuInit");
+	__typeof__(&cuInit) init = (__typeof__(&cuInit))shim_real_dlsym(shim_real_handle(SHIM_CUDA), "cuInit");
 	CHECK(init != NULL && init(0) == CUDA_SUCCESS);
 	CUcontext ctx = NULL;
 	CUdevice dev = 0;
