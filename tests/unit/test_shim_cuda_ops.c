@@ -18,30 +18,11 @@
 #include "shim_config.h"
 #include "shim_gpu.h"
 #include "shim_real.h"
+#include "fakecuda_util.h"
 #include "util.h"
 
 #define MIB ((size_t)1 << 20)
 #define FAULT 999 /* CUDA_ERROR_UNKNOWN */
-
-static char dir[] = "/tmp/gcr-cuda-ops-XXXXXX";
-
-/* One request to the stand-in's service in this process; its value, or -1. */
-static long long fake(const char *req)
-{
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	snprintf(a.sun_path, sizeof(a.sun_path), "%s/fakecuda-%d.sock", dir, (int)getpid());
-	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-	char buf[64] = "";
-	long long value = -1;
-	int rc = -1;
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && write(fd, req, strlen(req)) >= 0 &&
-	    write(fd, "\n", 1) == 1 && read(fd, buf, sizeof(buf) - 1) > 0 && sscanf(buf, "%d %lld", &rc, &value) == 2 &&
-	    rc != 0)
-		value = -1;
-	if (fd >= 0)
-		close(fd);
-	return value;
-}
 
 /* Arms one fault on fn; after the operation ran, the fault must have fired (none left) and
  * the operation must report the driver's code. */
@@ -70,21 +51,9 @@ int main(void)
 {
 	const struct shim_gpu_ops *o = &shim_cuda_ops;
 	struct gcr_err err = { 0 };
-	CHECK(mkdtemp(dir) != NULL);
-	setenv("FAKECUDA_DIR", dir, 1);
-	snprintf(shim_cfg.socket_dir, sizeof(shim_cfg.socket_dir), "%s", dir);
-	const char *b = getenv("top_builddir");
-	char path[4096];
-	snprintf(path, sizeof(path), "%s/tests/fakecuda/libcuda.so.1", b ? b : ".");
-	CHECK(dlopen(path, RTLD_NOW | RTLD_GLOBAL) != NULL);
 	CHECK_STR(o->name, "cuda");
-	CHECK(o->load(&err) == 0);
-	__typeof__(&cuInit) init = (__typeof__(&cuInit))shim_real_dlsym(shim_real_handle(SHIM_CUDA), "cuInit");
-	CHECK(init != NULL && init(0) == CUDA_SUCCESS);
-	CUcontext ctx = NULL;
-	CUdevice dev = 0;
-	CHECK(shim_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS && shim_cu.cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
-	CHECK(o->ctx_set(ctx, &err) == 0);
+	CUcontext ctx = fake_setup(); /* loads the stand-in, cuInit, device 0's primary context current */
+	CHECK(ctx != NULL);
 	void *cur = NULL;
 	CHECK(o->ctx_get(&cur, &err) == 0 && cur == ctx);
 	int d = -1, n = 0, can = 0;
@@ -179,8 +148,8 @@ int main(void)
 	free(src);
 	free(back);
 	char sock[4200];
-	snprintf(sock, sizeof(sock), "%s/fakecuda-%d.sock", dir, (int)getpid());
+	snprintf(sock, sizeof(sock), "%s/fakecuda-%d.sock", fake_dir, (int)getpid());
 	unlink(sock);
-	rmdir(dir);
+	rmdir(fake_dir);
 	return test_summary("test_shim_cuda_ops");
 }
