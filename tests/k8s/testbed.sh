@@ -753,6 +753,12 @@ stop_one() { # dir name
 		if ours "$pid" "$dir"; then
 			log "$name (pid $pid) did not stop in 20 s; killing it"
 			kill -KILL "$pid" 2>/dev/null || true
+			# Gone before anyone starts another: a restart that started the next one while
+			# this one still held its port saw the new one exit at once (bind in use).
+			for i in $(seq 100); do
+				ours "$pid" "$dir" || break
+				sleep 0.1
+			done
 		fi
 	fi
 	rm -f "$dir/$name.pid"
