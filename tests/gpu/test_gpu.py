@@ -362,6 +362,9 @@ def seen_check(T, pid, extra):
     if "expandable" in extra:
         check(calls.get("cuMemCreate", 0) > 0 and calls.get("cuMemMap", 0) > 0,
               "expandable segments: no cuMemCreate/cuMemMap seen: %s" % calls)
+    elif "async" in extra:
+        check(calls.get("cuMemAllocAsync", 0) > 0 and calls.get("cuMemFreeAsync", 0) > 0,
+              "cudaMallocAsync backend: no cuMemAllocAsync/cuMemFreeAsync seen: %s" % calls)
     else:
         check(calls.get("cuMemAlloc_v2", 0) > 0, "no cuMemAlloc seen: %s" % calls)
     if "--graphs" in extra:
@@ -380,6 +383,14 @@ def torch_test(extra):
         p.send("go")
         recs = cycles(T, p, pid)
         seen_check(T, pid, extra)
+        if "async" in extra:
+            # Issue 19: the stream-ordered pool's memory is moved by the shim, not left to the
+            # driver (before, "0.0 of 64.0 MiB moved by the shim").
+            for r in recs:
+                moved, total = H.dig(r["suspend"]["json"], "bytes", "moved"), H.dig(r["suspend"]["json"], "bytes", "total")
+                check(isinstance(moved, int) and isinstance(total, int) and total > 0 and moved >= 0.9 * total,
+                      "cycle %d: the shim moved %s of %s bytes; the pool's memory should be the shim's" % (
+                          r["cycle"], moved, total))
         got = finish(T, p, want_digest=True)
         T.log(event="digest", reference=ref, suspended=got, bytes=nbytes,
               gpu_mib_suspended=[r["gpu_mib_suspended"] for r in recs])
@@ -393,6 +404,34 @@ test("torch-default-alloc", 90, TORCH_NEEDS)(torch_test(["--alloc", "default"]))
 test("torch-expandable-segments", 90, TORCH_NEEDS)(torch_test(["--alloc", "expandable"]))
 test("torch-cuda-graphs", 90, TORCH_NEEDS)(torch_test(["--alloc", "default", "--graphs"]))
 test("torch-expandable-graphs", 90, TORCH_NEEDS)(torch_test(["--alloc", "expandable", "--graphs"]))
+@test("poolprog-pools-graphs", 60, ("gcrctl", "shim", "poolprog", "fatbin"))
+def t_poolprog(T):
+    """Issue 19, driver API: an explicit pool, cuMemAllocFromPoolAsync and cuMemAllocAsync on
+    several streams, frees on other streams, trim, a captured graph with allocations inside and
+    an explicit graph with memory nodes; DIGEST equal with and without suspends, and the pools'
+    memory moved by the shim."""
+    argv = [T.cfg.poolprog, "--module", T.cfg.fatbin, "--mib", TP_MIB, "--threads", TP_THREADS,
+            "--steps", TP_ITERS, "--wait"]
+    p, pid, _ = T.start("reference", argv)
+    p.send("go")
+    ref = finish(T, p, want_digest=True)
+    p, pid, _ = T.start("suspended", argv)
+    p.send("go")
+    recs = cycles(T, p, pid)
+    for r in recs:
+        moved, total = H.dig(r["suspend"]["json"], "bytes", "moved"), H.dig(r["suspend"]["json"], "bytes", "total")
+        check(isinstance(moved, int) and isinstance(total, int) and total > 0 and moved >= 0.9 * total,
+              "cycle %d: the shim moved %s of %s bytes" % (r["cycle"], moved, total))
+    got = finish(T, p, want_digest=True)
+    T.log(event="digest", reference=ref, suspended=got)
+    print("  digest reference %s, with %d suspends %s" % (ref, len(recs), got), flush=True)
+    check(ref == got, "DIGEST differs after suspend/resume: reference %s, got %s" % (ref, got))
+
+
+# Issue 19: PyTorch's cudaMallocAsync backend (stream-ordered pools) on the shim's fast path.
+test("torch-async-alloc", 90, TORCH_NEEDS)(torch_test(["--alloc", "async"]))
+test("torch-async-train", 90, TORCH_NEEDS)(torch_test(["--alloc", "async", "--train"]))
+test("torch-async-graphs", 90, TORCH_NEEDS)(torch_test(["--alloc", "async", "--graphs"]))
 
 
 # ---- incremental suspend and zero-skip (issue 5) ---------------------------------------------
