@@ -50,6 +50,7 @@ extern __typeof__(cuStreamBeginCapture_v2) cuStreamBeginCapture_v2_ptsz;
 extern __typeof__(cuStreamEndCapture) cuStreamEndCapture_ptsz;
 extern __typeof__(cuStreamIsCapturing) cuStreamIsCapturing_ptsz;
 extern __typeof__(cuGraphLaunch) cuGraphLaunch_ptsz;
+extern __typeof__(cuStreamGetCaptureInfo_v3) cuStreamGetCaptureInfo_v3_ptsz;
 
 /* Older ABI versions the real driver still exports under their plain names, which cuda.h 13
  * maps elsewhere; defined under asm labels, their types checked against cudaTypedefs.h. */
@@ -76,6 +77,21 @@ FAKE_EXPORT CUresult fake_legacy_graph_instantiate(CUgraphExec *exec, CUgraph gr
 FAKE_EXPORT CUresult fake_legacy_graph_instantiate_v2(CUgraphExec *exec, CUgraph graph,
 						      CUgraphNode *err_node, char *log,
 						      size_t log_size) __asm__("cuGraphInstantiate_v2");
+FAKE_EXPORT CUresult fake_legacy_capture_info(CUstream s, CUstreamCaptureStatus *status,
+					      cuuint64_t *id) __asm__("cuStreamGetCaptureInfo");
+FAKE_EXPORT CUresult fake_legacy_capture_info_ptsz(CUstream s, CUstreamCaptureStatus *status,
+						   cuuint64_t *id) __asm__("cuStreamGetCaptureInfo_ptsz");
+FAKE_EXPORT CUresult fake_legacy_capture_info_v2(CUstream s, CUstreamCaptureStatus *status,
+						 cuuint64_t *id, CUgraph *graph,
+						 const CUgraphNode **deps, size_t *ndeps)
+	__asm__("cuStreamGetCaptureInfo_v2");
+FAKE_EXPORT CUresult fake_legacy_capture_info_v2_ptsz(CUstream s, CUstreamCaptureStatus *status,
+						      cuuint64_t *id, CUgraph *graph,
+						      const CUgraphNode **deps, size_t *ndeps)
+	__asm__("cuStreamGetCaptureInfo_v2_ptsz");
+FAKE_EXPORT CUresult fake_legacy_graph_add_node(CUgraphNode *node, CUgraph graph,
+						const CUgraphNode *deps, size_t ndeps,
+						CUgraphNodeParams *params) __asm__("cuGraphAddNode");
 
 /* A client's request to another process's service thread (used by fakesmi too). Returns the
  * CUresult the target answered, or as the driver does: CUDA_ERROR_NOT_INITIALIZED for a
@@ -200,6 +216,7 @@ enum fake_op_kind {
 };
 
 #define FAKE_MAX_ARGS 8
+#define FAKE_FREE_LIVE UINT64_MAX
 
 /* A launch's grid and block, as given (kernels that depend on them see them). */
 struct fake_dims {
@@ -233,7 +250,7 @@ struct fake_op {
 			struct fake_event *ev;
 			uint64_t seq;
 		} event;
-		struct {
+		struct { /* gen FAKE_FREE_LIVE: a graph's free node of a live pool block */
 			CUdeviceptr ptr;
 			uint64_t gen;
 		} free;
@@ -248,6 +265,11 @@ CUresult fake_stream_check(CUstream stream);
 bool fake_stream_capturing(CUstream stream);
 /* The device of a stream's context (a default stream: of the current context). */
 CUresult fake_stream_device(CUstream stream, int *dev);
+/* Stream-ordered allocation inside a capture: graph memory, its address fixed now and valid
+ * while the graph, its clones, parents and executables live; a free records a node (of a pool
+ * block allocated outside the graph: freed when the graph runs). */
+CUresult fake_capture_alloc(CUstream stream, int dev, size_t size, CUdeviceptr *out);
+CUresult fake_capture_free(CUstream stream, CUdeviceptr p, bool pool_block);
 /* Synchronisation of held work (fakecuda_test.h): releases every held stream and runs what
  * they queued. The checkpoint lock and context synchronisation call it. Lock not held. */
 void fake_exec_release_all(void);

@@ -293,8 +293,13 @@ void fake_pool_free_done(CUdeviceptr ptr, uint64_t gen)
 
 	pthread_mutex_lock(&fake_pool_mu);
 	b = fake_block_find(ptr, &p);
-	if (b != NULL && b->state == FAKE_BLOCK_PENDING && b->gen == gen)
+	if (b != NULL && gen == FAKE_FREE_LIVE && b->state == FAKE_BLOCK_LIVE) {
+		p->used -= b->len;
+		b->key = fake_skey(NULL);
 		fake_block_completed(p, b);
+	} else if (b != NULL && b->state == FAKE_BLOCK_PENDING && b->gen == gen) {
+		fake_block_completed(p, b);
+	}
 	pthread_mutex_unlock(&fake_pool_mu);
 	if (b == NULL && gen == 0) /* a cuMemAlloc buffer freed with cuMemFreeAsync */
 		fake_mem_free_alloc(ptr);
@@ -648,12 +653,17 @@ static CUresult fake_alloc_from(CUdeviceptr *dptr, size_t size, CUmemoryPool poo
 	rc = fake_stream_device(s, &dev);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (fake_stream_capturing(s))
-		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	pthread_mutex_lock(&fake_pool_mu);
 	p = pool != NULL ? fake_pool_get(pool) : fake_pool_current(dev);
-	rc = p == NULL ? CUDA_ERROR_INVALID_VALUE : fake_pool_alloc(p, size, s, dptr);
+	if (p == NULL)
+		rc = CUDA_ERROR_INVALID_VALUE;
+	else if (!fake_stream_capturing(s))
+		rc = fake_pool_alloc(p, size, s, dptr);
+	else
+		dev = p->dev;
 	pthread_mutex_unlock(&fake_pool_mu);
+	if (rc == CUDA_SUCCESS && fake_stream_capturing(s))
+		rc = dev < 0 ? CUDA_ERROR_NOT_SUPPORTED : fake_capture_alloc(s, dev, size, dptr);
 	return rc;
 }
 
@@ -701,7 +711,7 @@ static CUresult fake_free_async(CUdeviceptr ptr, CUstream s)
 	if (ptr == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (fake_stream_capturing(s))
-		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+		return fake_capture_free(s, ptr, fake_pool_owns(ptr));
 	pthread_mutex_lock(&fake_pool_mu);
 	b = fake_block_find(ptr, &p);
 	if (b != NULL && b->state == FAKE_BLOCK_LIVE) {

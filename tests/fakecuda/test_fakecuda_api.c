@@ -402,6 +402,90 @@ static void test_pool_export(void)
 	CHECK(cuMemPoolDestroy(plain) == CUDA_SUCCESS && cuMemPoolDestroy(shared) == CUDA_SUCCESS);
 }
 
+static cuuint64_t graph_mem(void)
+{
+	cuuint64_t v = ~0ull;
+
+	return cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v) == CUDA_SUCCESS ? v : ~0ull;
+}
+
+/* Graph memory: captured cuMemAllocAsync/cuMemFreeAsync and explicit alloc/free nodes get an
+ * address at capture, valid while the graph, its clones, parents or executables live. */
+static void test_graph_memory(void)
+{
+	CUDA_MEM_ALLOC_NODE_PARAMS ap, got;
+	CUgraphNodeParams np;
+	CUstreamCaptureStatus cs;
+	CUgraphNode n1, n2, n3, n4;
+	CUgraphNodeType type;
+	CUgraph g, e, clone, parent, cg;
+	CUgraphExec x;
+	CUstream s;
+	CUdeviceptr p, q, blk;
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	cuuint64_t id = 0, base = graph_mem();
+	size_t before = free_bytes(), nd = 1;
+	const CUgraphNode *deps = NULL;
+
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS && mode == CU_STREAM_CAPTURE_MODE_GLOBAL);
+	CHECK(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS && mode == CU_STREAM_CAPTURE_MODE_RELAXED);
+	CHECK(cuMemAllocAsync(&blk, 4096, s) == CUDA_SUCCESS);
+	CHECK(cuStreamGetCaptureInfo(s, &cs, &id, &cg, &deps, NULL, &nd) == CUDA_SUCCESS &&
+	      cs == CU_STREAM_CAPTURE_STATUS_NONE);
+	CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+	CHECK(cuStreamGetCaptureInfo(s, &cs, &id, &cg, &deps, NULL, &nd) == CUDA_SUCCESS &&
+	      cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && id != 0 && cg != NULL && nd == 0);
+	CHECK(cuMemAllocAsync(&p, 8192, s) == CUDA_SUCCESS);
+	CHECK(graph_mem() == base + 8192 && free_bytes() == before - 4096 - 8192); /* fixed at capture */
+	CHECK(cuMemsetD32Async(p, 6, 2048, s) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(blk, s) == CUDA_SUCCESS); /* allocated outside: freed when run */
+	CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
+	CHECK(word_at(p) == 0 && cuMemGetAddressRange(NULL, NULL, blk) == CUDA_SUCCESS);
+	CHECK(cuGraphClone(&clone, g) == CUDA_SUCCESS);
+	CHECK(cuGraphInstantiate(&x, clone, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphDestroy(g) == CUDA_SUCCESS && cuGraphDestroy(clone) == CUDA_SUCCESS);
+	CHECK(graph_mem() == base + 8192); /* the executable holds it */
+	CHECK(cuGraphLaunch(x, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS);
+	CHECK(word_at(p + 4) == 6);
+	CHECK(cuGraphExecDestroy(x) == CUDA_SUCCESS && graph_mem() == base && free_bytes() == before);
+
+	/* Explicit nodes; a child graph's memory is held by its parent. */
+	CHECK(cuGraphCreate(&e, 0) == CUDA_SUCCESS);
+	memset(&ap, 0, sizeof(ap));
+	ap.poolProps = device_pool_props();
+	ap.bytesize = 3 * 4096;
+	CHECK(cuGraphAddEmptyNode(&n1, e, NULL, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphAddMemAllocNode(&n2, e, &n1, 1, &ap) == CUDA_SUCCESS && ap.dptr != 0);
+	CHECK(cuGraphMemAllocNodeGetParams(n2, &got) == CUDA_SUCCESS && got.dptr == ap.dptr &&
+	      got.bytesize == 3 * 4096);
+	CHECK(cuGraphMemAllocNodeGetParams(n1, &got) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuGraphNodeGetType(n2, &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+	memset(&np, 0, sizeof(np));
+	np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+	np.alloc.poolProps = device_pool_props();
+	np.alloc.bytesize = 4096;
+	CHECK(cuGraphAddNode(&n3, e, &n2, NULL, 1, &np) == CUDA_SUCCESS && np.alloc.dptr != 0);
+	q = np.alloc.dptr;
+	CHECK(cuGraphAddMemFreeNode(&n4, e, &n3, 1, ap.dptr) == CUDA_SUCCESS);
+	CHECK(cuGraphAddMemFreeNode(&n4, e, &n3, 1, 12345) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuGraphAddMemFreeNode(&n4, e, &n1, 1, (CUdeviceptr)n1) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(graph_mem() == base + 4 * 4096);
+	CHECK(cuGraphCreate(&parent, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphAddChildGraphNode(&n1, parent, NULL, 0, e) == CUDA_SUCCESS);
+	CHECK(cuGraphDestroy(e) == CUDA_SUCCESS && graph_mem() == base + 4 * 4096);
+	CHECK(cuMemsetD32(q, 1, 1024) == CUDA_SUCCESS);
+	CHECK(cuGraphInstantiate(&x, parent, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphLaunch(x, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS);
+	CHECK(cuGraphDestroy(parent) == CUDA_SUCCESS && cuGraphExecDestroy(x) == CUDA_SUCCESS);
+	CHECK(graph_mem() == base && free_bytes() == before);
+	CHECK(cuDeviceGraphMemTrim(0) == CUDA_SUCCESS);
+	CHECK(cuDeviceSetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &(cuuint64_t){0}) ==
+	      CUDA_SUCCESS);
+	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
 /* ---- the checkpoint lock waits for calls in flight, up to its timeout ---- */
 
 static int hold[2], started[2];
@@ -585,6 +669,7 @@ int main(void)
 	test_pool_props();
 	test_pool_order();
 	test_pool_export();
+	test_graph_memory();
 	test_digest();
 	test_lock_timeout(ctx);
 	return test_summary("test_fakecuda_api");
