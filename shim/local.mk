@@ -19,6 +19,7 @@ SHIM_CORE_SOURCES = \
 	shim/cuda/shim_procaddr.c \
 	shim/core/shim_gate.c shim/core/shim_gate.h \
 	shim/core/shim_alloc.c shim/core/shim_alloc.h \
+	shim/core/shim_pool.c shim/core/shim_pool.h \
 	shim/core/shim_staging.c shim/core/shim_staging.h \
 	shim/core/shim_digest.c shim/core/shim_digest.h shim/core/shim_digest_math.h shim/cuda/shim_digest_ptx.h \
 	shim/core/shim_image.c shim/core/shim_image.h \
