@@ -36,6 +36,7 @@ extern __typeof__(cuMemsetD2D8_v2) cuMemsetD2D8_v2_ptds;
 extern __typeof__(cuMemsetD2D32_v2) cuMemsetD2D32_v2_ptds;
 extern __typeof__(cuMemAllocAsync) cuMemAllocAsync_ptsz;
 extern __typeof__(cuMemFreeAsync) cuMemFreeAsync_ptsz;
+extern __typeof__(cuMemAllocFromPoolAsync) cuMemAllocFromPoolAsync_ptsz;
 extern __typeof__(cuStreamSynchronize) cuStreamSynchronize_ptsz;
 extern __typeof__(cuStreamQuery) cuStreamQuery_ptsz;
 extern __typeof__(cuStreamWaitEvent) cuStreamWaitEvent_ptsz;
@@ -155,13 +156,48 @@ void fake_mem_free_ctx(struct fake_ctx *ctx);
 CUresult fake_mem_checkpoint(void);
 CUresult fake_mem_restore(void);
 size_t fake_mem_used(void);
+/* Memory of the stream-ordered pools (fakecuda_pool_async.c): an allocation of the table
+ * (found by copies, address ranges, pointer attributes; moved by checkpoints) owned by no
+ * context; dev -1: host memory (a host-location pool), not charged to a device. The pool
+ * keeps it while it caches it. Lock not held. */
+CUresult fake_mem_pool_map(int dev, size_t len, CUdeviceptr *p);
+void fake_mem_pool_unmap(CUdeviceptr p);
+/* The size cuMemGetAddressRange answers for a block reused for a smaller request. */
+void fake_mem_pool_resize(CUdeviceptr p, size_t size);
+/* Whether p is the start of a cuMemAlloc buffer (cuMemFreeAsync frees those too), and the
+ * free when the stream reaches it. */
+bool fake_mem_is_alloc(CUdeviceptr p);
+void fake_mem_free_alloc(CUdeviceptr p);
+
+/* ---- stream-ordered pools (fakecuda_pool_async.c) ---- */
+
+/* A FAKE_OP_FREE reached by its stream: the block returns to its pool unless it has been
+ * reallocated since (gen). Lock not held. */
+void fake_pool_free_done(CUdeviceptr p, uint64_t gen);
+/* After a successful synchronize: pools release cached memory above their release threshold,
+ * and completed frees become reusable by every stream. */
+void fake_pool_on_sync(void);
+/* Whether p is a live block of a pool; cuMemFree_v2 frees those into their pool at once. */
+bool fake_pool_owns(CUdeviceptr p);
+CUresult fake_pool_free_now(CUdeviceptr p);
 
 /* ---- work: operations a stream runs or a graph records (fakecuda_exec.c) ---- */
 
 struct fake_kernel;
 struct fake_event;
 
-enum fake_op_kind { FAKE_OP_COPY, FAKE_OP_SET, FAKE_OP_KERNEL, FAKE_OP_HOSTFN, FAKE_OP_EVENT };
+/* WAIT: a held stream's queue waits there for an event's record (cuStreamWaitEvent); FREE: a
+ * stream-ordered free; NOP: a node that does nothing when run (empty, memory alloc/free). */
+enum fake_op_kind {
+	FAKE_OP_COPY,
+	FAKE_OP_SET,
+	FAKE_OP_KERNEL,
+	FAKE_OP_HOSTFN,
+	FAKE_OP_EVENT,
+	FAKE_OP_WAIT,
+	FAKE_OP_FREE,
+	FAKE_OP_NOP
+};
 
 #define FAKE_MAX_ARGS 8
 
@@ -193,7 +229,14 @@ struct fake_op {
 			CUhostFn fn;
 			void *data;
 		} hostfn;
-		struct fake_event *event;
+		struct { /* EVENT and WAIT: seq, the record's number, is given at submission */
+			struct fake_event *ev;
+			uint64_t seq;
+		} event;
+		struct {
+			CUdeviceptr ptr;
+			uint64_t gen;
+		} free;
 	} u;
 };
 
@@ -203,5 +246,10 @@ CUresult fake_submit(CUstream stream, const struct fake_op *op);
 CUresult fake_stream_check(CUstream stream);
 /* Capture must refuse what it cannot record (asynchronous allocation). */
 bool fake_stream_capturing(CUstream stream);
+/* The device of a stream's context (a default stream: of the current context). */
+CUresult fake_stream_device(CUstream stream, int *dev);
+/* Synchronisation of held work (fakecuda_test.h): releases every held stream and runs what
+ * they queued. The checkpoint lock and context synchronisation call it. Lock not held. */
+void fake_exec_release_all(void);
 
 #endif

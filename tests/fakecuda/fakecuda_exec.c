@@ -1,6 +1,8 @@
 /* fakecuda_exec: streams, events, modules, the built-in test kernels, launches and graphs.
- * Work runs on the submitting thread at submission; a capturing stream records it instead. */
+ * Work runs on the submitting thread at submission; a capturing stream records it instead, and
+ * a held stream (fakecuda_test.h) queues it until released or synchronised. */
 #include "fakecuda.h"
+#include "fakecuda_test.h"
 
 #include <cudaTypedefs.h>
 #include <stdlib.h>
@@ -205,12 +207,18 @@ struct fake_stream {
 	int priority;
 	struct fake_graph *capture; /* non-NULL while capturing */
 	bool invalidated;           /* a capture that an illegal call broke */
+	/* Work waiting to run, in order: queue[qhead, qn). It queues while the stream is held,
+	 * while anything is queued, and while a pump runs one of its ops (draining). */
+	bool held, draining;
+	struct fake_op *queue;
+	size_t qhead, qn, qcap;
 };
 
 struct fake_event {
 	struct fake_event *next;
 	unsigned int flags;
 	bool recorded;
+	uint64_t submitted, done; /* records submitted and completed: pending while done < submitted */
 	struct timespec when;
 };
 
@@ -285,6 +293,26 @@ CUresult fake_stream_check(CUstream s)
 	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+CUresult fake_stream_device(CUstream s, int *dev)
+{
+	struct fake_ctx *ctx;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (fake_stream_pseudo(s)) {
+		rc = fake_ctx_current(&ctx);
+		if (rc == CUDA_SUCCESS)
+			*dev = ctx->dev;
+		return rc;
+	}
+	fake_lock();
+	if (fake_list_has(fake_streams, s))
+		*dev = ((struct fake_stream *)s)->ctx->dev;
+	else
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	fake_unlock();
+	return rc;
+}
+
 bool fake_stream_capturing(CUstream s)
 {
 	bool capturing;
@@ -331,13 +359,120 @@ static void fake_run(const struct fake_op *op)
 		break;
 	case FAKE_OP_EVENT:
 		fake_lock();
-		if (fake_list_has(fake_events, op->u.event)) {
-			op->u.event->recorded = true;
-			clock_gettime(CLOCK_MONOTONIC, &op->u.event->when);
+		if (fake_list_has(fake_events, op->u.event.ev)) {
+			struct fake_event *ev = op->u.event.ev;
+
+			ev->recorded = true;
+			if (op->u.event.seq > ev->done)
+				ev->done = op->u.event.seq;
+			clock_gettime(CLOCK_MONOTONIC, &ev->when);
 		}
 		fake_unlock();
 		break;
+	case FAKE_OP_FREE:
+		fake_pool_free_done(op->u.free.ptr, op->u.free.gen);
+		break;
+	case FAKE_OP_WAIT: /* only in queues, where the pump handles it */
+	case FAKE_OP_NOP:
+		break;
 	}
+}
+
+/* ---- held streams: queues and the pump that runs them ---- */
+
+static bool fake_stream_queued(const struct fake_stream *st)
+{
+	return st->held || st->draining || st->qn > st->qhead;
+}
+
+/* Device lock held. */
+static CUresult fake_queue_append(struct fake_stream *st, const struct fake_op *ops, size_t n)
+{
+	if (st->qhead == st->qn)
+		st->qhead = st->qn = 0;
+	if (st->qn + n > st->qcap) {
+		size_t cap = (st->qn + n) * 2;
+		struct fake_op *p = realloc(st->queue, cap * sizeof(*p));
+
+		if (p == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		st->queue = p;
+		st->qcap = cap;
+	}
+	memcpy(st->queue + st->qn, ops, n * sizeof(*ops));
+	st->qn += n;
+	return CUDA_SUCCESS;
+}
+
+/* Whether an event has a record that has not run yet; device lock held. */
+static bool fake_event_pending(const struct fake_event *ev, uint64_t seq)
+{
+	return fake_list_has(fake_events, ev) && ev->done < seq;
+}
+
+/* Runs queued work of streams that are not held, one op at a time and outside the lock, until
+ * nothing can run: a queue stops at a wait for an event still pending. */
+static void fake_pump(void)
+{
+	for (;;) {
+		struct fake_stream *st, *run = NULL;
+		struct fake_op op;
+
+		fake_lock();
+		for (st = fake_streams; st != NULL && run == NULL; st = st->next) {
+			while (!st->held && !st->draining && st->qhead < st->qn) {
+				const struct fake_op *head = &st->queue[st->qhead];
+
+				if (head->kind == FAKE_OP_WAIT) {
+					if (fake_event_pending(head->u.event.ev, head->u.event.seq))
+						break;
+					st->qhead++;
+					continue;
+				}
+				op = *head;
+				st->qhead++;
+				st->draining = true;
+				run = st;
+				break;
+			}
+		}
+		fake_unlock();
+		if (run == NULL)
+			return;
+		fake_run(&op);
+		fake_lock();
+		if (fake_list_has(fake_streams, run))
+			run->draining = false;
+		fake_unlock();
+	}
+}
+
+void fake_exec_release_all(void)
+{
+	struct fake_stream *st;
+
+	fake_lock();
+	for (st = fake_streams; st != NULL; st = st->next)
+		st->held = false;
+	fake_unlock();
+	fake_pump();
+}
+
+FAKE_EXPORT CUresult fake_stream_hold(CUstream s, int on)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+	bool ok;
+
+	if (fake_stream_pseudo(s))
+		return CUDA_ERROR_INVALID_HANDLE;
+	fake_lock();
+	ok = fake_list_has(fake_streams, st);
+	if (ok)
+		st->held = on != 0;
+	fake_unlock();
+	if (ok && !on)
+		fake_pump();
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 static CUresult fake_graph_append(struct fake_graph *g, const struct fake_op *ops, size_t n)
@@ -356,14 +491,18 @@ static CUresult fake_graph_append(struct fake_graph *g, const struct fake_op *op
 	return CUDA_SUCCESS;
 }
 
-/* Runs ops, or appends them to the stream's capture. */
+/* Runs ops, queues them behind a held stream's work, or appends them to the stream's capture.
+ * Event records get their number here, so a replayed graph's records are new records. */
 static CUresult fake_submit_ops(CUstream stream, const struct fake_op *ops, size_t n)
 {
+	struct fake_op local[4], *copy = n <= 4 ? local : malloc(n * sizeof(*copy));
 	struct fake_stream *st = NULL;
 	CUresult rc = CUDA_SUCCESS;
-	bool recorded = false;
+	bool done = false, events = false;
 	size_t i;
 
+	if (copy == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	fake_lock();
 	if (!fake_stream_pseudo(stream)) {
 		if (!fake_list_has(fake_streams, stream))
@@ -372,16 +511,34 @@ static CUresult fake_submit_ops(CUstream stream, const struct fake_op *ops, size
 			st = (struct fake_stream *)stream;
 	}
 	if (rc == CUDA_SUCCESS && st != NULL && st->capture != NULL) {
-		recorded = true;
+		done = true;
 		rc = st->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
 				     : fake_graph_append(st->capture, ops, n);
 	}
+	if (rc == CUDA_SUCCESS && !done) {
+		memcpy(copy, ops, n * sizeof(*ops));
+		for (i = 0; i < n; i++) {
+			if (copy[i].kind == FAKE_OP_EVENT && fake_list_has(fake_events, copy[i].u.event.ev)) {
+				copy[i].u.event.seq = ++copy[i].u.event.ev->submitted;
+				events = true;
+			}
+		}
+		if (st != NULL && fake_stream_queued(st)) {
+			done = true;
+			rc = fake_queue_append(st, copy, n);
+		}
+	}
 	fake_unlock();
-	if (rc != CUDA_SUCCESS || recorded)
-		return rc;
-	for (i = 0; i < n; i++)
-		fake_run(&ops[i]);
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS && !done) {
+		for (i = 0; i < n; i++)
+			fake_run(&copy[i]);
+		/* A stream may have queued a wait for a record that was numbered but not yet run. */
+		if (events)
+			fake_pump();
+	}
+	if (copy != local)
+		free(copy);
+	return rc;
 }
 
 CUresult fake_submit(CUstream stream, const struct fake_op *op)
@@ -443,22 +600,41 @@ FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 	FAKE_ENTER("cuStreamDestroy");
 	if (fake_stream_pseudo(s))
 		return fake_leave(CUDA_ERROR_INVALID_HANDLE);
+	/* The driver finishes a destroyed stream's work: run what it queued first. */
+	if (fake_stream_hold(s, 0) == CUDA_SUCCESS) {
+		fake_lock();
+		if (fake_list_has(fake_streams, st) && fake_stream_queued(st)) {
+			fake_unlock();
+			fake_exec_release_all();
+		} else {
+			fake_unlock();
+		}
+	}
 	fake_lock();
 	found = fake_list_remove(&fake_streams, st);
 	fake_unlock();
 	if (!found)
 		return fake_leave(CUDA_ERROR_INVALID_HANDLE);
 	fake_graph_free(st->capture);
+	free(st->queue);
 	free(st);
 	return fake_leave(CUDA_SUCCESS);
 }
 
-/* Synchronising a capturing stream is illegal and breaks the capture, as in the driver. */
-static CUresult fake_stream_sync(CUstream s)
+/* Synchronising (or querying) a capturing stream is illegal and breaks the capture, as in the
+ * driver. A query of queued work answers NOT_READY; a synchronize releases it (the stream's own
+ * hold first, every hold when it waits for another held stream; the legacy stream waits for all). */
+static CUresult fake_stream_sync(CUstream s, bool query)
 {
 	struct fake_stream *st = (struct fake_stream *)s;
 	CUresult rc = CUDA_SUCCESS;
+	bool queued = false;
 
+	if (s == NULL || s == CU_STREAM_LEGACY) {
+		if (!query)
+			fake_exec_release_all();
+		return CUDA_SUCCESS;
+	}
 	if (fake_stream_pseudo(s))
 		return CUDA_SUCCESS;
 	fake_lock();
@@ -467,49 +643,86 @@ static CUresult fake_stream_sync(CUstream s)
 	} else if (st->capture != NULL) {
 		st->invalidated = true;
 		rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	} else {
+		queued = fake_stream_queued(st);
 	}
 	fake_unlock();
+	if (rc != CUDA_SUCCESS || !queued)
+		return rc;
+	if (query)
+		return CUDA_ERROR_NOT_READY;
+	fake_stream_hold(s, 0);
+	fake_lock();
+	queued = fake_list_has(fake_streams, st) && fake_stream_queued(st);
+	fake_unlock();
+	if (queued)
+		fake_exec_release_all();
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_stream_synchronize(CUstream s)
+{
+	CUresult rc = fake_stream_sync(s, false);
+
+	if (rc == CUDA_SUCCESS)
+		fake_pool_on_sync();
 	return rc;
 }
 
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
 	FAKE_ENTER("cuStreamSynchronize");
-	return fake_leave(fake_stream_sync(s));
+	return fake_leave(fake_stream_synchronize(s));
 }
 
 FAKE_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
 {
 	FAKE_ENTER("cuStreamSynchronize");
-	return fake_leave(fake_stream_sync(s));
+	return fake_leave(fake_stream_synchronize(s));
 }
 
 FAKE_EXPORT CUresult cuStreamQuery(CUstream s)
 {
 	FAKE_ENTER("cuStreamQuery");
-	return fake_leave(fake_stream_sync(s));
+	return fake_leave(fake_stream_sync(s, true));
 }
 
 FAKE_EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
 {
 	FAKE_ENTER("cuStreamQuery");
-	return fake_leave(fake_stream_sync(s));
+	return fake_leave(fake_stream_sync(s, true));
 }
 
+/* An event whose record is still queued: a stream of ours queues behind it; a default stream
+ * cannot queue, so the holds are released (the default stream waits for the work). */
 static CUresult fake_stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
 {
+	struct fake_op op = {.kind = FAKE_OP_WAIT};
+	struct fake_stream *st = (struct fake_stream *)s;
+	struct fake_event *e = (struct fake_event *)ev;
 	CUresult rc = fake_stream_check(s);
-	bool ok;
+	bool release = false;
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	if (flags & ~(unsigned int)CU_EVENT_WAIT_EXTERNAL)
 		return CUDA_ERROR_INVALID_VALUE;
 	fake_lock();
-	ok = fake_list_has(fake_events, ev);
+	if (!fake_list_has(fake_events, e)) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (e->done < e->submitted) {
+		if (fake_stream_pseudo(s) || !fake_list_has(fake_streams, st)) {
+			release = true;
+		} else if (st->capture == NULL) {
+			op.u.event.ev = e;
+			op.u.event.seq = e->submitted;
+			rc = fake_queue_append(st, &op, 1);
+		}
+	}
 	fake_unlock();
-	/* The event's work has already run: nothing to wait for. */
-	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	if (release)
+		fake_exec_release_all();
+	return rc;
 }
 
 FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
@@ -591,7 +804,7 @@ static CUresult fake_event_record(CUevent ev, CUstream s, unsigned int flags)
 	fake_unlock();
 	if (!ok)
 		return CUDA_ERROR_INVALID_HANDLE;
-	op.u.event = (struct fake_event *)ev;
+	op.u.event.ev = (struct fake_event *)ev;
 	return fake_submit(s, &op);
 }
 
@@ -629,16 +842,40 @@ static CUresult fake_event_check(CUevent ev)
 	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* Whether the event's latest record is still queued on a held stream. */
+static bool fake_event_queued(CUevent ev)
+{
+	struct fake_event *e = (struct fake_event *)ev;
+	bool pending;
+
+	fake_lock();
+	pending = fake_list_has(fake_events, e) && e->done < e->submitted;
+	fake_unlock();
+	return pending;
+}
+
 FAKE_EXPORT CUresult cuEventQuery(CUevent ev)
 {
+	CUresult rc;
+
 	FAKE_ENTER("cuEventQuery");
-	return fake_leave(fake_event_check(ev));
+	rc = fake_event_check(ev);
+	if (rc == CUDA_SUCCESS && fake_event_queued(ev))
+		rc = CUDA_ERROR_NOT_READY;
+	return fake_leave(rc);
 }
 
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent ev)
 {
+	CUresult rc;
+
 	FAKE_ENTER("cuEventSynchronize");
-	return fake_leave(fake_event_check(ev));
+	rc = fake_event_check(ev);
+	if (rc == CUDA_SUCCESS && fake_event_queued(ev))
+		fake_exec_release_all();
+	if (rc == CUDA_SUCCESS)
+		fake_pool_on_sync();
+	return fake_leave(rc);
 }
 
 FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent ev)
