@@ -236,8 +236,8 @@ static int stream_pool(const struct shim_pool_stream *k, CUmemoryPool *out)
 	CUmemoryPool pool = NULL, def = NULL;
 	CUresult r = rf.stream_device != NULL ? rf.stream_device((CUstream)(uintptr_t)k->handle, &dev)
 					      : CUDA_ERROR_NOT_FOUND;
-	if (r != CUDA_SUCCESS && is_default_stream(k->handle))
-		r = shim_cu.cuCtxGetDevice(&dev);
+	if (r == CUDA_ERROR_NOT_FOUND || (r != CUDA_SUCCESS && is_default_stream(k->handle)))
+		r = shim_cu.cuCtxGetDevice(&dev); /* a driver before 12.8: the stream is the context's */
 	if (r == CUDA_SUCCESS && rf.device_pool != NULL && rf.device_pool(&pool, dev) == CUDA_SUCCESS &&
 	    !shim_pool_served((uint64_t)(uintptr_t)pool) && rf.default_pool != NULL &&
 	    rf.default_pool(&def, dev) == CUDA_SUCCESS && def == pool)
