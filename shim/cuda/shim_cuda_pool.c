@@ -576,8 +576,9 @@ static CUresult stream_sync(int v, CUstream hStream)
 	CUresult r = real(hStream);
 	if (r == CUDA_SUCCESS && shim_pool_sync_wanted()) {
 		struct shim_pool_stream k = stream_key(hStream, v);
-		/* The legacy stream waits for every blocking stream: count it as all. */
-		synced(k.handle == (uint64_t)(uintptr_t)CU_STREAM_LEGACY ? NULL : &k);
+		/* Only k's frees are known done (the legacy stream does not wait for non-blocking
+		 * streams); the others are asked about. */
+		synced(&k);
 	}
 	return r;
 }
