@@ -13,3 +13,6 @@ EXTRA_DIST += tests/flow/test_hostile.sh tests/flow/test_hostile.py
 # Every host allocation of a suspend and of a resume failing in turn (tests/progs/libgcr-interposer.so).
 TESTS += tests/flow/test_alloc_sweep.sh
 EXTRA_DIST += tests/flow/test_alloc_sweep.sh tests/flow/test_alloc_sweep.py
+# Stream-ordered memory (pools, graph memory) on the shim's fast path, suspended at random moments.
+TESTS += tests/flow/test_pools.sh
+EXTRA_DIST += tests/flow/test_pools.sh tests/flow/test_pools.py

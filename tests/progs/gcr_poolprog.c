@@ -6,8 +6,15 @@
  *
  * Protocol (as gcr-testprog): "READY pid=<pid> bytes=<n>"; with --wait a stdin line "go";
  * "STEP <n>" per step (thread 0); "DONE"; with --wait a stdin line "check"; then
- * "DIGEST <64 hex>" and "RESULT ok" (exit 0), "RESULT FAIL ..." (1) or "ERROR <call> <code>" (2). */
+ * "DIGEST <64 hex>" and "RESULT ok" (exit 0), "RESULT FAIL ..." (1) or "ERROR <call> <code>" (2).
+ *
+ * --hold (the stand-in driver only, whose work otherwise runs at submission): the second stream
+ * is held for POOL_HOLD_STEPS steps at a time (fake_stream_hold), so its copies and frees stay
+ * queued across steps and at a suspend. An allocator that handed a block freed there to the next
+ * step's allocation would let the next fill overwrite it before the queued copy reads it: the
+ * sink check fails. */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -28,11 +35,12 @@
 #define POOL_GRAPH_BYTES ((size_t)2 << 20)
 #define POOL_GRAPH_STEP 7u           /* the step the graphs apply to their own allocation */
 #define POOL_TRIM_EVERY 10
+#define POOL_HOLD_STEPS 4
 
 static struct {
 	const char *module;
 	unsigned long mib, threads, steps, pace_us;
-	bool wait;
+	bool wait, hold;
 } opt = {.mib = 256, .threads = 2, .steps = 100};
 
 struct pool_thread {
@@ -56,6 +64,7 @@ static CUfunction k_fill, k_step, k_check;
 static CUdeviceptr counters; /* mismatch counters: [0] the explicit graph's checks, [1] final checks */
 static struct pool_thread threads[POOL_MAX_THREADS];
 static unsigned long long total_bytes;
+static CUresult (*hold_fn)(CUstream, int); /* the stand-in's fake_stream_hold, with --hold */
 
 #define CU(call) pool_cu((call), #call)
 
@@ -92,7 +101,8 @@ static void pool_fail(const char *fmt, ...)
 
 static void pool_usage(FILE *f)
 {
-	fputs("usage: gcr-poolprog --module PATH [--mib N] [--threads T] [--steps N] [--pace-us U] [--wait]\n", f);
+	fputs("usage: gcr-poolprog --module PATH [--mib N] [--threads T] [--steps N] [--pace-us U] [--wait]\n"
+	      "                    [--hold]\n", f);
 }
 
 static unsigned long pool_num(const char *s)
@@ -115,8 +125,8 @@ static void pool_options(int argc, char **argv)
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 
 		a = argv[i];
-		if (strcmp(a, "--wait") == 0) {
-			opt.wait = true;
+		if (strcmp(a, "--wait") == 0 || strcmp(a, "--hold") == 0) {
+			*(a[2] == 'w' ? &opt.wait : &opt.hold) = true;
 			continue;
 		}
 		if (strcmp(a, "--help") == 0) {
@@ -287,6 +297,10 @@ static void pool_one_step(struct pool_thread *t, unsigned long k)
 	size_t tmp_bytes = ((size_t)1 + k % 5) * (256u << 10);
 	CUdeviceptr tmp, small;
 
+	if (hold_fn != NULL && k % POOL_HOLD_STEPS == 0) {
+		CU(hold_fn(t->s2, 0));
+		CU(hold_fn(t->s2, 1));
+	}
 	for (int j = 0; j < POOL_LONG_PER_THREAD; j++)
 		pool_step(t->lived[j], t->lived_words, (uint32_t)k, t->s);
 	CU(cuMemAllocFromPoolAsync(&tmp, tmp_bytes, pool, t->s));
@@ -322,6 +336,8 @@ static void *pool_thread_main(void *arg)
 			nanosleep(&ts, NULL);
 		}
 	}
+	if (hold_fn != NULL)
+		CU(hold_fn(t->s2, 0));
 	CU(cuStreamSynchronize(t->s2));
 	return NULL;
 }
@@ -441,6 +457,15 @@ int main(int argc, char **argv)
 	CU(cuDeviceGet(&dev, 0));
 	CU(cuDevicePrimaryCtxRetain(&ctx, dev));
 	CU(cuCtxSetCurrent(ctx));
+	if (opt.hold) {
+		void *p = dlsym(RTLD_DEFAULT, "fake_stream_hold");
+
+		if (p == NULL) {
+			printf("ERROR --hold needs the stand-in driver (no fake_stream_hold)\n");
+			return 2;
+		}
+		memcpy(&hold_fn, &p, sizeof(p));
+	}
 	CU(cuModuleLoad(&module, opt.module));
 	CU(cuModuleGetFunction(&k_fill, module, "gcr_fill"));
 	CU(cuModuleGetFunction(&k_step, module, "gcr_step"));
