@@ -15,7 +15,7 @@ SHIM_CORE_SOURCES = \
 	shim/hip/shim_hip_hook.c shim/hip/shim_hip_hook.h shim/hip/shim_hip_hooks.def \
 	shim/hip/shim_hip_alloc.c shim/hip/shim_hip_alloc.h \
 	shim/core/shim_gpu.h shim/cuda/shim_cuda.c shim/cuda/shim_cuda_alloc.c shim/hip/shim_hip.c \
-	shim/cuda/shim_cuda_pool.c shim/cuda/shim_cuda_pool.h \
+	shim/cuda/shim_cuda_pool.c shim/cuda/shim_cuda_pool.h shim/cuda/shim_cuda_graph.c \
 	shim/cuda/shim_cuda_digest.c shim/cuda/shim_cuda_digest.h \
 	shim/cuda/shim_procaddr.c \
 	shim/core/shim_gate.c shim/core/shim_gate.h \

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #define NCLASS 3 /* small, medium, large (a segment each) */
+#define GRAPH 0x100u /* shim_pool_alloc's flag for a graph-owned block */
 
 enum ext_state { EXT_DONE, EXT_PENDING, EXT_LIVE, EXT_GRAPH };
 
@@ -29,6 +30,7 @@ struct extent {
 	struct marker *mk;            /* pending: the free's marker */
 	struct extent *mprev, *mnext; /* the marker's extents */
 	struct extent *hnext;         /* live/graph: hash chain */
+	uint32_t grefs;               /* graph: its holders */
 };
 
 /* The position of one free in its stream; completes in stream order. */
@@ -66,6 +68,7 @@ struct pool {
 	struct sstream **streams; /* sorted by key */
 	size_t nstreams, cap_streams;
 	struct segment *segs;
+	struct sstream *dev_st; /* released graph blocks: pending until every stream's work is done */
 	uint64_t reserved, used, reserved_high, used_high, threshold;
 	int opportunistic, internal_deps, follow_events;
 	int nidle, wants; /* idle segments; counted in shim_pool_want_release */
@@ -85,6 +88,17 @@ static struct extent **hash;  /* live and graph-owned blocks by address */
 static size_t hash_cap, hash_n;
 static uint64_t seq_next, rng = 0x9e3779b97f4a7c15ULL;
 static struct shim_pool_stats counts; /* grows, reuses; the rest is summed on demand */
+
+/* A holder of graph-owned blocks (a capture, a graph, an executable: the caller's keys). */
+struct holder {
+	uint64_t key;
+	struct extent **b;
+	size_t n, cap;
+};
+static struct holder *holders; /* sorted by key */
+static size_t nholders, cap_holders;
+/* The stream key of released graph blocks: no marker, no stream a caller names. */
+static const struct shim_pool_stream dev_key = { .handle = UINT64_MAX, .thread = 0, .variant = 0 };
 
 /* ---- small helpers ---- */
 
@@ -326,7 +340,8 @@ static size_t segv_lower(uint64_t va)
 /* Keeps shim_pool_want_release counting pools that may have something to give back. */
 static void pool_want_update(struct pool *p)
 {
-	int w = p->nidle > 0 && (p->removed || p->reserved > p->threshold);
+	int w = (p->nidle > 0 && (p->removed || p->reserved > p->threshold)) ||
+		(p->dev_st != NULL && p->dev_st->oldest != NULL);
 	if (w != p->wants) {
 		atomic_fetch_add_explicit(&shim_pool_want_release, w ? 1 : -1, memory_order_relaxed);
 		p->wants = w;
@@ -372,7 +387,8 @@ static void mk_unlink(struct pool *p, struct extent *x)
 			m->newer->older = m->older;
 		else
 			st->newest = m->older;
-		p->ops->unmark(m->ev);
+		if (m->ev != NULL)
+			p->ops->unmark(m->ev);
 		free(m);
 	}
 }
@@ -386,6 +402,24 @@ static void mk_link(struct extent *x, struct marker *m)
 		m->exts->mprev = x;
 	m->exts = x;
 	m->st->npend++;
+}
+
+/* A new marker at st's newest position (ev NULL: one no stream records, see dev_key). */
+static struct marker *mk_push(struct sstream *st, void *ev)
+{
+	struct marker *m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return NULL;
+	m->ev = ev;
+	m->seq = ++seq_next;
+	m->st = st;
+	m->older = st->newest;
+	if (st->newest != NULL)
+		st->newest->newer = m;
+	else
+		st->oldest = m;
+	st->newest = m;
+	return m;
 }
 
 static int mergeable(const struct extent *a, const struct extent *b)
@@ -456,7 +490,8 @@ static void poll_streams(struct pool *p)
 	for (size_t i = 0; i < p->nstreams; i++) {
 		struct sstream *st = p->streams[i];
 		struct marker *last = NULL;
-		for (struct marker *m = st->oldest; m != NULL && p->ops->done(m->ev) == 1; m = m->newer)
+		for (struct marker *m = st->oldest; m != NULL && m->ev != NULL && p->ops->done(m->ev) == 1;
+		     m = m->newer)
 			last = m;
 		if (last != NULL)
 			complete_upto(p, st, last);
@@ -669,7 +704,7 @@ static struct extent *fit_with_wait(struct pool *p, const struct sstream *self, 
 			continue;
 		struct extent *x = tr_fit(st->pend[cls], need);
 		/* Waiting for st's newest free covers every free of st before it. */
-		if (x != NULL && p->ops->wait(s->handle, s->variant, st->newest->ev) == 0)
+		if (x != NULL && st->newest->ev != NULL && p->ops->wait(s->handle, s->variant, st->newest->ev) == 0)
 			return x;
 	}
 	return NULL;
@@ -684,7 +719,7 @@ int shim_pool_alloc(uint64_t key, size_t bytes, const struct shim_pool_stream *s
 		return -ENOMEM;
 	size_t need = (bytes + SHIM_POOL_ALIGN - 1) & ~(size_t)(SHIM_POOL_ALIGN - 1);
 	int cls = size_class(need);
-	enum ext_state to = (flags & SHIM_POOL_GRAPH) ? EXT_GRAPH : EXT_LIVE;
+	enum ext_state to = (flags & GRAPH) ? EXT_GRAPH : EXT_LIVE;
 	int rc = 0;
 	pthread_mutex_lock(&pool_lock);
 	struct pool *p = pool_get(key);
@@ -696,7 +731,7 @@ int shim_pool_alloc(uint64_t key, size_t bytes, const struct shim_pool_stream *s
 	}
 	/* 1. Stream order: this stream's own pending frees (not inside a capture: the graph may
 	 * replay after the stream's later work). */
-	if (!(flags & SHIM_POOL_GRAPH)) {
+	if (!(flags & GRAPH)) {
 		st = stream_get(p, s, 0);
 		if (st != NULL && (x = tr_fit(st->pend[cls], need)) != NULL) {
 			counts.reuses_same_stream++;
@@ -708,7 +743,7 @@ int shim_pool_alloc(uint64_t key, size_t bytes, const struct shim_pool_stream *s
 		counts.reuses_done++;
 		goto take;
 	}
-	if (p->opportunistic || (flags & SHIM_POOL_GRAPH)) {
+	if (p->opportunistic || (flags & GRAPH)) {
 		poll_streams(p);
 		if ((x = tr_fit(p->done[cls], need)) != NULL) {
 			counts.reuses_done++;
@@ -727,7 +762,7 @@ int shim_pool_alloc(uint64_t key, size_t bytes, const struct shim_pool_stream *s
 		goto take;
 	}
 	/* 4. Out of memory: wait on the GPU for another stream's free. */
-	if (rc == -ENOMEM && p->internal_deps && !(flags & SHIM_POOL_GRAPH) &&
+	if (rc == -ENOMEM && p->internal_deps && !(flags & GRAPH) &&
 	    (x = fit_with_wait(p, stream_get(p, s, 0), cls, need, s)) != NULL) {
 		counts.reuses_waited++;
 		goto take;
@@ -754,34 +789,24 @@ int shim_pool_free(uint64_t va, const struct shim_pool_stream *s, unsigned flags
 		goto out;
 	}
 	struct pool *p = x->seg->pool;
-	if (flags & SHIM_POOL_GRAPH) {
-		/* Freed inside a capture: the graph owns it from here (the graph's replay frees it). */
-		x->state = EXT_GRAPH;
-		goto out;
-	}
-	struct sstream *st = NULL;
+	if (x->state == EXT_GRAPH)
+		goto out; /* its graphs may still replay into it: it goes with the last of them */
 	struct marker *m = NULL;
 	if (!(flags & SHIM_POOL_DONE)) {
-		st = stream_get(p, s, 1);
-		m = calloc(1, sizeof(*m));
-		if (st == NULL || m == NULL) {
-			free(m);
+		struct sstream *st = stream_get(p, s, 1);
+		void *ev = NULL;
+		if (st == NULL) {
 			rc = -ENOMEM;
 			goto out;
 		}
-		rc = p->ops->mark(s->handle, s->variant, &m->ev);
-		if (rc < 0) {
-			free(m);
+		rc = p->ops->mark(s->handle, s->variant, &ev);
+		if (rc < 0)
 			goto out; /* the block stays allocated, as the driver leaves it on an error */
+		if ((m = mk_push(st, ev)) == NULL) {
+			p->ops->unmark(ev);
+			rc = -ENOMEM;
+			goto out;
 		}
-		m->seq = ++seq_next;
-		m->st = st;
-		m->older = st->newest;
-		if (st->newest != NULL)
-			st->newest->newer = m;
-		else
-			st->oldest = m;
-		st->newest = m;
 	}
 	hash_del(x);
 	p->used -= x->size;
@@ -799,6 +824,178 @@ int shim_pool_free(uint64_t va, const struct shim_pool_stream *s, unsigned flags
 	else
 		pool_want_update(p);
 out:
+	pthread_mutex_unlock(&pool_lock);
+	return rc;
+}
+
+/* ---- graph memory ---- */
+
+static size_t holder_lower(uint64_t key)
+{
+	size_t lo = 0, hi = nholders;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (holders[mid].key < key)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* The holder's record (make: created when missing). Creating one moves the others. */
+static struct holder *holder_get(uint64_t key, int make)
+{
+	size_t i = holder_lower(key);
+	if (i < nholders && holders[i].key == key)
+		return &holders[i];
+	if (!make || grow_vec((void **)&holders, &cap_holders, nholders, sizeof(*holders)) < 0)
+		return NULL;
+	memmove(&holders[i + 1], &holders[i], (nholders - i) * sizeof(*holders));
+	holders[i] = (struct holder){ .key = key };
+	nholders++;
+	return &holders[i];
+}
+
+static void holder_del(struct holder *h)
+{
+	size_t i = (size_t)(h - holders);
+	free(h->b);
+	memmove(&holders[i], &holders[i + 1], (nholders - i - 1) * sizeof(*holders));
+	nholders--;
+}
+
+/* h holds x (once). */
+static int holder_add(struct holder *h, struct extent *x)
+{
+	for (size_t i = 0; i < h->n; i++)
+		if (h->b[i] == x)
+			return 0;
+	if (grow_vec((void **)&h->b, &h->cap, h->n, sizeof(*h->b)) < 0)
+		return -ENOMEM;
+	h->b[h->n++] = x;
+	x->grefs++;
+	return 0;
+}
+
+/* x's last holder is gone: free, completed (done) or pending until every stream's work is. */
+static void graph_release(struct extent *x, int done)
+{
+	struct pool *p = x->seg->pool;
+	struct marker *m = NULL;
+	if (!done) {
+		if (p->dev_st == NULL)
+			p->dev_st = stream_get(p, &dev_key, 1);
+		if (p->dev_st == NULL || (m = mk_push(p->dev_st, NULL)) == NULL)
+			return; /* stays graph-owned: a leak, never a block reused under a replay */
+	}
+	hash_del(x);
+	p->used -= x->size;
+	seg_used(x->seg, -1);
+	x->req = 0;
+	x->grefs = 0;
+	if (m != NULL) {
+		x->state = EXT_PENDING;
+		mk_link(x, m);
+	} else {
+		x->state = EXT_DONE;
+	}
+	free_insert(p, x);
+	if (p->removed)
+		gone_sweep();
+	else
+		pool_want_update(p);
+}
+
+int shim_pool_graph_alloc(uint64_t key, size_t bytes, uint64_t holder, uint64_t *va)
+{
+	uint64_t b = 0;
+	int rc = shim_pool_alloc(key, bytes, &dev_key, GRAPH, &b);
+	if (rc < 0)
+		return rc;
+	/* Between the two locks the block is graph-owned with no holder: nobody frees it. */
+	pthread_mutex_lock(&pool_lock);
+	struct holder *h = holder_get(holder, 1);
+	struct extent *x = hash_get(b);
+	rc = h == NULL ? -ENOMEM : holder_add(h, x);
+	if (rc < 0)
+		graph_release(x, 1);
+	else
+		*va = b;
+	pthread_mutex_unlock(&pool_lock);
+	return rc;
+}
+
+int shim_pool_graph_adopt(uint64_t va, uint64_t holder)
+{
+	int rc = 0;
+	pthread_mutex_lock(&pool_lock);
+	struct extent *x = va ? hash_get(va) : NULL;
+	struct holder *h = x != NULL ? holder_get(holder, 1) : NULL;
+	if (x == NULL) {
+		rc = -ENOENT;
+	} else if (h == NULL || (rc = holder_add(h, x)) < 0) {
+		rc = -ENOMEM;
+	} else if (x->state == EXT_LIVE) {
+		x->state = EXT_GRAPH; /* still counted as used: the graph frees it on every replay */
+	}
+	pthread_mutex_unlock(&pool_lock);
+	return rc;
+}
+
+int shim_pool_graph_share(uint64_t to, uint64_t from)
+{
+	int rc = 0;
+	pthread_mutex_lock(&pool_lock);
+	if (to != from && holder_get(from, 0) != NULL) {
+		struct holder *ht = holder_get(to, 1);
+		struct holder *hf = holder_get(from, 0); /* after: creating ht moves the records */
+		for (size_t i = 0; ht != NULL && i < hf->n && rc == 0; i++)
+			rc = holder_add(ht, hf->b[i]);
+		if (ht == NULL)
+			rc = -ENOMEM;
+	}
+	pthread_mutex_unlock(&pool_lock);
+	return rc;
+}
+
+int shim_pool_graph_drop(uint64_t holder)
+{
+	int released = 0;
+	pthread_mutex_lock(&pool_lock);
+	struct holder *h = holder_get(holder, 0);
+	if (h != NULL) {
+		struct extent **b = h->b;
+		size_t n = h->n;
+		h->b = NULL;
+		holder_del(h);
+		for (size_t i = 0; i < n; i++)
+			if (--b[i]->grefs == 0) {
+				graph_release(b[i], 0);
+				released++;
+			}
+		free(b);
+	}
+	pthread_mutex_unlock(&pool_lock);
+	return released;
+}
+
+int shim_pool_graph_undo(uint64_t va, uint64_t holder)
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&pool_lock);
+	struct extent *x = va ? hash_get(va) : NULL;
+	struct holder *h = holder_get(holder, 0);
+	for (size_t i = 0; x != NULL && h != NULL && i < h->n; i++)
+		if (h->b[i] == x) {
+			h->b[i] = h->b[--h->n];
+			if (h->n == 0)
+				holder_del(h);
+			if (--x->grefs == 0)
+				graph_release(x, 1);
+			rc = 0;
+			break;
+		}
 	pthread_mutex_unlock(&pool_lock);
 	return rc;
 }
@@ -1077,7 +1274,9 @@ void shim_pool_reset(void)
 			}
 		pool_free_record(p);
 	}
-	npools = ngone = nsegv = 0;
+	for (size_t i = 0; i < nholders; i++)
+		free(holders[i].b);
+	npools = ngone = nsegv = nholders = 0;
 	free(hash);
 	hash = NULL;
 	hash_cap = hash_n = 0;

@@ -59,9 +59,8 @@ enum shim_pool_attr {
 #define SHIM_POOL_MEDIUM_MAX ((size_t)32 << 20)
 #define SHIM_POOL_MEDIUM_SEG ((size_t)32 << 20)
 
-/* Allocation and free flags. */
-#define SHIM_POOL_GRAPH 0x1u /* a capture: a graph-owned block, never from pending extents */
-#define SHIM_POOL_DONE 0x2u  /* free: its device was synchronised, the block is reusable now */
+/* Free flags. */
+#define SHIM_POOL_DONE 0x2u /* its device was synchronised, the block is reusable now */
 
 /* A new arena for the vendor's pool key on device; gran: the device's VMM granularity (bytes).
  * -EEXIST when key has one. */
@@ -75,8 +74,25 @@ int shim_pool_served(uint64_t key);
  * on the GPU; -EINVAL: bytes 0; else the ops' code. */
 int shim_pool_alloc(uint64_t key, size_t bytes, const struct shim_pool_stream *s, unsigned flags,
 		    uint64_t *va);
-/* Frees the block at va on s (flags SHIM_POOL_DONE: s unused). -ENOENT: not a block. */
+/* Frees the block at va on s (flags SHIM_POOL_DONE: s unused). -ENOENT: not a block. A
+ * graph-owned block is left to its graphs (0, nothing done). */
 int shim_pool_free(uint64_t va, const struct shim_pool_stream *s, unsigned flags);
+
+/* Graph memory. A graph-owned block belongs to holders (keys the caller picks: a capture, a
+ * graph, an executable) and is released when the last one drops it. It comes only from
+ * never-used or completed extents (a replay may run after any later work of any stream) and is
+ * never reused while held. Released blocks stay pending until every stream's work is done
+ * (shim_pool_synced(NULL), suspend): no stream marks where the graph's last replay ends. */
+int shim_pool_graph_alloc(uint64_t key, size_t bytes, uint64_t holder, uint64_t *va);
+/* holder holds the block at va too (a free inside a capture, a free node): a live block becomes
+ * graph-owned. -ENOENT: not a block. */
+int shim_pool_graph_adopt(uint64_t va, uint64_t holder);
+/* to holds every block from holds (a clone, a parent of a child graph, an executable). */
+int shim_pool_graph_share(uint64_t to, uint64_t from);
+/* holder is gone; returns how many blocks it was the last holder of (released). */
+int shim_pool_graph_drop(uint64_t holder);
+/* A block shim_pool_graph_alloc just gave holder, never seen by the GPU: released at once. */
+int shim_pool_graph_undo(uint64_t va, uint64_t holder);
 /* Whether va lies in a live block: its address, size asked for and device (any may be NULL). */
 int shim_pool_block(uint64_t va, uint64_t *base, size_t *size, int *device);
 

@@ -28,6 +28,8 @@ static struct {
 	__typeof__(&cuStreamGetCtx) stream_ctx;
 	__typeof__(&cuCtxPushCurrent_v2) ctx_push;
 	__typeof__(&cuCtxPopCurrent_v2) ctx_pop;
+	__typeof__(&cuStreamGetCaptureInfo_v3) capture_info;
+	__typeof__(&cuThreadExchangeStreamCaptureMode) exchange_mode;
 } rf;
 static pthread_once_t rf_once = PTHREAD_ONCE_INIT;
 
@@ -44,6 +46,9 @@ static void rf_load(void)
 	rf.stream_ctx = (__typeof__(rf.stream_ctx))shim_real_dlsym(h, "cuStreamGetCtx");
 	rf.ctx_push = (__typeof__(rf.ctx_push))shim_real_dlsym(h, "cuCtxPushCurrent_v2");
 	rf.ctx_pop = (__typeof__(rf.ctx_pop))shim_real_dlsym(h, "cuCtxPopCurrent_v2");
+	rf.capture_info = (__typeof__(rf.capture_info))shim_real_dlsym(h, "cuStreamGetCaptureInfo_v3");
+	rf.exchange_mode =
+		(__typeof__(rf.exchange_mode))shim_real_dlsym(h, "cuThreadExchangeStreamCaptureMode");
 }
 
 /* ---- markers: pooled events without timing, per context ---- */
@@ -200,13 +205,22 @@ static __thread struct {
 
 static atomic_int captures; /* captures begun and not ended, process-wide */
 
-static int capturing(const struct shim_pool_stream *k)
+/* 1: k is capturing, 2: its capture was invalidated (*id: the capture's id; 0 when the driver
+ * cannot say, then the capture's memory stays the driver's); 0: not. One atomic load while
+ * nothing captures. */
+static int capturing(const struct shim_pool_stream *k, cuuint64_t *id)
 {
+	*id = 0;
 	if (atomic_load_explicit(&captures, memory_order_relaxed) == 0)
 		return 0;
 	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-	return rf.is_capturing != NULL && rf.is_capturing((CUstream)(uintptr_t)k->handle, &st) == CUDA_SUCCESS &&
-	       st != CU_STREAM_CAPTURE_STATUS_NONE;
+	CUstream s = (CUstream)(uintptr_t)k->handle;
+	if (rf.capture_info != NULL) {
+		if (rf.capture_info(s, &st, id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS)
+			return 0;
+		return st == CU_STREAM_CAPTURE_STATUS_NONE ? 0 : st == CU_STREAM_CAPTURE_STATUS_ACTIVE ? 1 : 2;
+	}
+	return rf.is_capturing != NULL && rf.is_capturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 static void serve_pool(CUmemoryPool pool, int device)
@@ -218,6 +232,36 @@ static void serve_pool(CUmemoryPool pool, int device)
 	int r = shim_pool_add((uint64_t)(uintptr_t)pool, device, gran, &cuda_pool_ops);
 	if (r < 0 && r != -EEXIST)
 		GCR_LOG(GCR_LOG_WARN, "shim", "memory pool %p stays the driver's: %d", (void *)pool, r);
+}
+
+int shim_cuda_pool_graph_alloc(uint64_t pool, int dev, size_t bytes, uint64_t holder, uint64_t *va)
+{
+	pthread_once(&rf_once, rf_load);
+	if (!shim_cfg.vmm)
+		return -ENOENT;
+	if (pool == 0) {
+		/* An explicit allocation node: the device's default pool's arena. */
+		CUmemoryPool def = NULL;
+		if (rf.default_pool == NULL || rf.default_pool(&def, dev) != CUDA_SUCCESS)
+			return -ENOENT;
+		pool = (uint64_t)(uintptr_t)def;
+		if (!shim_pool_served(pool))
+			serve_pool(def, dev);
+	}
+	/* A new segment maps memory, which a global-mode capture forbids; it is no stream work. */
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	int exchanged = rf.exchange_mode != NULL && rf.exchange_mode(&mode) == CUDA_SUCCESS;
+	int rc = shim_pool_graph_alloc(pool, bytes, holder, va);
+	if (exchanged)
+		(void)rf.exchange_mode(&mode);
+	return rc;
+}
+
+int shim_cuda_pool_graph_pass(uint64_t to, uint64_t from)
+{
+	int rc = shim_pool_graph_share(to, from);
+	(void)shim_pool_graph_drop(from);
+	return rc;
 }
 
 /* The pool cuMemAllocAsync on k allocates from: its device's current pool. 0 when it is not
@@ -277,10 +321,16 @@ static CUresult alloc_async(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryP
 	pthread_once(&rf_once, rf_load);
 	struct shim_pool_stream k = stream_key(hStream, v);
 	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
-	if (dptr != NULL && shim_cfg.vmm && bytesize > 0 && !capturing(&k) &&
+	cuuint64_t cap = 0;
+	int in_capture = capturing(&k, &cap);
+	/* An invalidated capture: the driver answers (and fails). */
+	if (dptr != NULL && shim_cfg.vmm && bytesize > 0 && (in_capture == 0 || (in_capture == 1 && cap != 0)) &&
 	    (from_pool ? shim_pool_served((uint64_t)(uintptr_t)pool) : stream_pool(&k, &pool))) {
 		uint64_t va = 0;
-		int rc = shim_pool_alloc((uint64_t)(uintptr_t)pool, bytesize, &k, 0, &va);
+		/* Inside a capture: a block of the capture, the graph's once it ends. */
+		int rc = in_capture ? shim_cuda_pool_graph_alloc((uint64_t)(uintptr_t)pool, -1, bytesize,
+								 SHIM_CUDA_HOLD_CAPTURE(cap), &va)
+				    : shim_pool_alloc((uint64_t)(uintptr_t)pool, bytesize, &k, 0, &va);
 		if (rc == 0) {
 			*dptr = va;
 			r = CUDA_SUCCESS;
@@ -289,7 +339,7 @@ static CUresult alloc_async(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryP
 		}
 	}
 	if (r == CUDA_ERROR_NOT_SUPPORTED) {
-		/* Not served (or inside a capture: the graph's memory stays the driver's). */
+		/* Not served. */
 		r = from_pool ? real_p(dptr, bytesize, pool, hStream) : real_a(dptr, bytesize, hStream);
 		if (r == CUDA_SUCCESS)
 			shim_alloc_note(&shim_cuda_ops, *dptr, bytesize, SHIM_ALLOC_ASYNC);
@@ -363,7 +413,11 @@ static CUresult free_async(int v, CUdeviceptr dptr, CUstream hStream)
 	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemFreeAsync), v);
 	pthread_once(&rf_once, rf_load);
 	struct shim_pool_stream k = stream_key(hStream, v);
-	int rc = shim_pool_free(dptr, &k, capturing(&k) ? SHIM_POOL_GRAPH : 0);
+	cuuint64_t cap = 0;
+	/* Inside a capture the free is the graph's: the block is held by the capture (and its
+	 * graph) until the last of them goes. */
+	int rc = capturing(&k, &cap) && cap != 0 ? shim_pool_graph_adopt(dptr, SHIM_CUDA_HOLD_CAPTURE(cap))
+						 : shim_pool_free(dptr, &k, 0);
 	CUresult r = rc == 0 ? CUDA_SUCCESS : code_of(rc);
 	uint64_t base = 0;
 	if (rc == -ENOENT && shim_alloc_buf_range(dptr, &base, NULL) && base == dptr) {
@@ -685,10 +739,19 @@ static CUresult end_capture(int v, CUstream hStream, CUgraph *phGraph)
 	__typeof__(&cuStreamEndCapture) real = SHIM_REAL(cuStreamEndCapture, v);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
+	pthread_once(&rf_once, rf_load);
+	struct shim_pool_stream k = stream_key(hStream, v);
+	cuuint64_t cap = 0;
+	(void)capturing(&k, &cap);
 	CUresult r = real(hStream, phGraph);
 	/* An invalidated or unjoined capture ends too. Never one too many: the count must not
 	 * reach 0 while a capture runs (a stale extra only costs a query). */
 	if (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED) {
+		/* The capture's memory is the graph's now; without a graph it goes. */
+		if (cap != 0 && r == CUDA_SUCCESS && *phGraph != NULL)
+			(void)shim_cuda_pool_graph_pass(SHIM_CUDA_HOLD_GRAPH(*phGraph), SHIM_CUDA_HOLD_CAPTURE(cap));
+		else if (cap != 0)
+			(void)shim_pool_graph_drop(SHIM_CUDA_HOLD_CAPTURE(cap));
 		int c = atomic_load_explicit(&captures, memory_order_relaxed);
 		while (c > 0 && !atomic_compare_exchange_weak(&captures, &c, c - 1))
 			;

@@ -315,8 +315,8 @@ static void test_stream_gone_graph_mark_failure(void)
 	/* A capture takes no pending extent, even its own stream's. */
 	CHECK(shim_pool_free(b, &s1, 0) == 0);
 	uint64_t g = 0;
-	CHECK(shim_pool_alloc(1, 4096, &s1, SHIM_POOL_GRAPH, &g) == 0 && g != b && g != a);
-	CHECK(shim_pool_free(g, &s1, SHIM_POOL_GRAPH) == 0);
+	CHECK(shim_pool_graph_alloc(1, 4096, 0x77, &g) == 0 && g != b && g != a);
+	CHECK(shim_pool_graph_adopt(g, 0x77) == 0);
 	struct shim_pool_stats st;
 	shim_pool_stats(&st);
 	CHECK(st.graph_bytes == 4096 && st.blocks == 1 && st.pending_frees == 2);
@@ -331,6 +331,72 @@ static void test_stream_gone_graph_mark_failure(void)
 	CHECK(shim_pool_release_idle() == 0 && gpu.used == 2 * MIB);
 	shim_pool_stats(&st);
 	CHECK(st.pending_frees == 0);
+}
+
+/* Graph-owned blocks: capture -> graph -> clone, parent, executable; released only when the
+ * last holder goes, and then only after every stream's work is done; never reused while held. */
+static void test_graph_holders(void)
+{
+	fresh(1024 * MIB);
+	CHECK(shim_pool_add(1, 0, 2 * MIB, &sops) == 0);
+	struct shim_pool_stream s1 = S(0x10);
+	enum { CAP = 1, GR, CLONE, PARENT, EXEC, EXEC2 };
+	uint64_t a = 0, b = 0, l = 0, x = 0;
+	/* Another stream's pending free is not a capture's (the replay may run before it). */
+	CHECK(shim_pool_alloc(1, 4096, &s1, 0, &x) == 0 && shim_pool_free(x, &s1, 0) == 0);
+	CHECK(shim_pool_graph_alloc(1, 4096, CAP, &a) == 0 && a != x);
+	/* A block allocated outside and freed inside the capture becomes the capture's. */
+	CHECK(shim_pool_alloc(1, 8192, &s1, 0, &l) == 0);
+	CHECK(shim_pool_graph_adopt(l, CAP) == 0 && shim_pool_graph_adopt(a, CAP) == 0);
+	CHECK(shim_pool_graph_adopt(0x1234, CAP) == -ENOENT);
+	/* A free outside the graph leaves it to the graph. */
+	CHECK(shim_pool_free(l, &s1, 0) == 0 && shim_pool_block(l, NULL, NULL, NULL));
+	struct shim_pool_stats st;
+	shim_pool_stats(&st);
+	CHECK(st.graph_bytes == 4096 + 8192 && st.blocks == 2);
+	/* End of capture: the graph holds them, the capture id no more. */
+	CHECK(shim_pool_graph_share(GR, CAP) == 0 && shim_pool_graph_drop(CAP) == 0);
+	CHECK(shim_pool_graph_share(CLONE, GR) == 0 && shim_pool_graph_share(PARENT, CLONE) == 0);
+	CHECK(shim_pool_graph_share(EXEC, GR) == 0 && shim_pool_graph_share(EXEC2, PARENT) == 0);
+	CHECK(shim_pool_graph_share(EXEC, 999) == 0); /* holds nothing: nothing shared */
+	/* An explicit node's block: b, undone when the node could not be added. */
+	CHECK(shim_pool_graph_alloc(1, 4096, GR, &b) == 0 && b != a && b != l);
+	CHECK(shim_pool_graph_undo(b, GR) == 0 && !shim_pool_block(b, NULL, NULL, NULL));
+	CHECK(shim_pool_graph_undo(b, GR) == -ENOENT);
+	/* Each holder but the last: nothing released. */
+	CHECK(shim_pool_graph_drop(GR) == 0 && shim_pool_graph_drop(EXEC) == 0);
+	CHECK(shim_pool_graph_drop(CLONE) == 0 && shim_pool_graph_drop(PARENT) == 0);
+	CHECK(shim_pool_block(a, NULL, NULL, NULL) && shim_pool_block(l, NULL, NULL, NULL));
+	uint64_t c = 0;
+	CHECK(shim_pool_alloc(1, 4096, &s1, 0, &c) == 0 && c != a && c != l);
+	CHECK(shim_pool_free(c, &s1, 0) == 0);
+	CHECK(shim_pool_graph_drop(EXEC2) == 2 && shim_pool_graph_drop(EXEC2) == 0);
+	CHECK(!shim_pool_block(a, NULL, NULL, NULL) && !shim_pool_block(l, NULL, NULL, NULL));
+	shim_pool_stats(&st);
+	CHECK(st.graph_bytes == 0 && st.blocks == 0 && st.pending_frees >= 2);
+	/* Released, but a replay may still run: no other stream gets them, even polling. */
+	struct shim_pool_stream s2 = S(0x20);
+	uint64_t d = 0, e = 0;
+	last_ev->done = 1;
+	CHECK(shim_pool_alloc(1, 4096, &s2, 0, &d) == 0 && d != a && d != l);
+	CHECK(shim_pool_graph_alloc(1, 4096, CAP, &e) == 0 && e != a && e != l);
+	/* A stream synchronize says nothing of the graph's replays; a device-wide one does. (c, a and l
+	 * are adjacent, 16 KiB together: the best fit for 12 KiB once they are all free.) */
+	shim_pool_synced(&s2);
+	CHECK(shim_pool_alloc(1, 8192 + 4096, &s2, 0, &x) == 0 && x != a && x != l);
+	shim_pool_synced(NULL);
+	uint64_t f = 0;
+	CHECK(shim_pool_alloc(1, 8192 + 4096, &s2, 0, &f) == 0 && f == c); /* c, a and l joined */
+	shim_pool_stats(&st);
+	CHECK(st.pending_frees == 0);
+	/* A removed pool keeps a held block until its graph goes; suspend then releases all. */
+	CHECK(shim_pool_remove(1) == 0 && shim_pool_block(e, NULL, NULL, NULL));
+	CHECK(shim_pool_free(d, &s2, 0) == 0 && shim_pool_free(x, &s2, 0) == 0 && shim_pool_free(f, &s2, 0) == 0);
+	CHECK(gpu.segs == 1);
+	CHECK(shim_pool_graph_drop(CAP) == 1 && gpu.segs == 1);
+	CHECK(shim_pool_release_idle() == 2 * MIB && gpu.segs == 0);
+	shim_pool_stats(&st);
+	CHECK(st.segments == 0 && st.pending_frees == 0 && gpu.marks == gpu.unmarks);
 }
 
 /* ---- random walk ---- */
@@ -475,6 +541,7 @@ int main(void)
 	test_coalesce_trim_threshold();
 	test_large_access_remove();
 	test_stream_gone_graph_mark_failure();
+	test_graph_holders();
 	test_random_walk();
 	bench_pair();
 	shim_pool_reset();
