@@ -33,9 +33,11 @@ struct extent {
 	uint32_t grefs;               /* graph: its holders */
 };
 
-/* The position of one free in its stream; completes in stream order. */
+/* The position of one free in its stream; completes in stream order. open: a lazy marker not
+ * recorded yet (it takes every later free on the stream until it is). */
 struct marker {
 	void *ev;
+	int open;
 	uint64_t seq;
 	struct sstream *st;
 	struct extent *exts;
@@ -483,16 +485,34 @@ static void complete_upto(struct pool *p, struct sstream *st, const struct marke
 	}
 }
 
+/* A lazy marker gets its event now: a point in its stream after every free it holds. */
+static int mk_record(struct pool *p, struct marker *m)
+{
+	if (!m->open)
+		return 0;
+	void *ev = NULL;
+	int rc = p->ops->mark(&m->st->key, &ev);
+	if (rc < 0)
+		return rc;
+	m->ev = ev;
+	m->open = 0;
+	return 0;
+}
+
 /* Asks the GPU which frees completed, oldest first per stream (stream order: the first not
- * done ends that stream's walk). */
+ * done ends that stream's walk). A lazy marker is recorded on the way, and answers later. */
 static void poll_streams(struct pool *p)
 {
 	for (size_t i = 0; i < p->nstreams; i++) {
 		struct sstream *st = p->streams[i];
 		struct marker *last = NULL;
-		for (struct marker *m = st->oldest; m != NULL && m->ev != NULL && p->ops->done(m->ev) == 1;
-		     m = m->newer)
+		for (struct marker *m = st->oldest; m != NULL; m = m->newer) {
+			if (m->open && mk_record(p, m) < 0)
+				break;
+			if (m->ev == NULL || p->ops->done(m->ev) != 1)
+				break;
 			last = m;
+		}
 		if (last != NULL)
 			complete_upto(p, st, last);
 	}
@@ -704,7 +724,8 @@ static struct extent *fit_with_wait(struct pool *p, const struct sstream *self, 
 			continue;
 		struct extent *x = tr_fit(st->pend[cls], need);
 		/* Waiting for st's newest free covers every free of st before it. */
-		if (x != NULL && st->newest->ev != NULL && p->ops->wait(s->handle, s->variant, st->newest->ev) == 0)
+		if (x != NULL && mk_record(p, st->newest) == 0 && st->newest->ev != NULL &&
+		    p->ops->wait(s->handle, s->variant, st->newest->ev) == 0)
 			return x;
 	}
 	return NULL;
@@ -799,7 +820,17 @@ int shim_pool_free(uint64_t va, const struct shim_pool_stream *s, unsigned flags
 			rc = -ENOMEM;
 			goto out;
 		}
-		rc = p->ops->mark(s->handle, s->variant, &ev);
+		if (flags & SHIM_POOL_LAZY) {
+			/* The stream's open marker takes this free too; a new one when there is none. */
+			m = st->newest != NULL && st->newest->open ? st->newest : mk_push(st, NULL);
+			if (m == NULL) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			m->open = 1;
+			goto marked;
+		}
+		rc = p->ops->mark(s, &ev);
 		if (rc < 0)
 			goto out; /* the block stays allocated, as the driver leaves it on an error */
 		if ((m = mk_push(st, ev)) == NULL) {
@@ -808,6 +839,7 @@ int shim_pool_free(uint64_t va, const struct shim_pool_stream *s, unsigned flags
 			goto out;
 		}
 	}
+marked:
 	hash_del(x);
 	p->used -= x->size;
 	seg_used(x->seg, -1);
@@ -1181,6 +1213,19 @@ void shim_pool_synced(const struct shim_pool_stream *s)
 		pool_want_update(p);
 	}
 	gone_sweep();
+	pthread_mutex_unlock(&pool_lock);
+}
+
+void shim_pool_stream_close(const struct shim_pool_stream *s)
+{
+	pthread_mutex_lock(&pool_lock);
+	for (size_t i = 0; i < npools + ngone; i++) {
+		struct pool *p = i < npools ? pools[i] : gone[i - npools];
+		struct sstream *st = stream_get(p, s, 0);
+		/* Unrecorded, its frees would wait for a device-wide synchronise. */
+		if (st != NULL && st->newest != NULL)
+			(void)mk_record(p, st->newest);
+	}
 	pthread_mutex_unlock(&pool_lock);
 }
 

@@ -14,14 +14,18 @@
 
 /* What the arena needs from the GPU. Called with the arena's lock held; none may call back
  * into shim_pool. Each returns 0 or -errno (-ENOMEM: the GPU is out of memory). */
+struct shim_pool_stream;
+
 struct shim_pool_ops {
 	/* A segment of size bytes (a granularity multiple) on device, with access acc[n]
 	 * (n 0: the device alone); its address in *va. */
 	int (*seg_new)(int device, size_t size, const struct shim_gpu_access *acc, size_t n, uint64_t *va);
 	void (*seg_free)(uint64_t va, size_t size);
 	int (*seg_access)(uint64_t va, size_t size, const struct shim_gpu_access *acc, size_t n);
-	/* A marker: an event recorded now on (stream, variant), after the free it marks. */
-	int (*mark)(uint64_t stream, int variant, void **ev);
+	/* A marker: an event recorded now on stream s, after the free(s) it marks. Called at the
+	 * free, or (SHIM_POOL_LAZY) later, from any thread, when another stream wants the block;
+	 * -EBUSY: it cannot be recorded now (the block stays pending). */
+	int (*mark)(const struct shim_pool_stream *s, void **ev);
 	/* 1: the marked work has completed; 0: not yet (an error counts as not yet). */
 	int (*done)(void *ev);
 	/* Makes (stream, variant) wait for ev. */
@@ -61,6 +65,10 @@ enum shim_pool_attr {
 
 /* Free flags. */
 #define SHIM_POOL_DONE 0x2u /* its device was synchronised, the block is reusable now */
+/* No marker now: one is recorded on the stream only when another stream wants a block freed
+ * there (then it covers every free on it up to that moment). A free on the same stream costs
+ * no GPU call; for streams any thread can record on (not a per-thread default stream). */
+#define SHIM_POOL_LAZY 0x4u
 
 /* A new arena for the vendor's pool key on device; gran: the device's VMM granularity (bytes).
  * -EEXIST when key has one. */
@@ -113,6 +121,8 @@ static inline int shim_pool_sync_wanted(void)
 {
 	return atomic_load_explicit(&shim_pool_want_release, memory_order_relaxed) != 0;
 }
+/* The stream is about to be destroyed: lazy markers are recorded on it while it exists. */
+void shim_pool_stream_close(const struct shim_pool_stream *s);
 /* The stream is destroyed: its pending frees complete on their own; its key may be reused. */
 void shim_pool_stream_gone(const struct shim_pool_stream *s);
 

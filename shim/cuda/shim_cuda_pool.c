@@ -104,20 +104,42 @@ static CUresult record(struct cev *e, CUstream s)
 	return rec == NULL ? CUDA_ERROR_NOT_FOUND : rec(e->ev, s);
 }
 
-static int cp_mark(uint64_t stream, int variant, void **out)
+static atomic_int captures; /* captures begun and not ended, process-wide */
+
+static int cp_mark(const struct shim_pool_stream *k, void **out)
 {
-	(void)variant; /* the stream key is already the explicit handle (stream_key) */
-	CUstream s = (CUstream)(uintptr_t)stream;
-	CUcontext ctx = NULL;
+	CUstream s = (CUstream)(uintptr_t)k->handle;
+	int legacy = k->handle == (uint64_t)(uintptr_t)CU_STREAM_LEGACY;
+	/* A lazy marker is recorded from whichever thread wants the block. While anything captures,
+	 * that could join a capture (or, on the legacy stream, invalidate one): not now. */
+	if (k->handle != (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD &&
+	    atomic_load_explicit(&captures, memory_order_relaxed) != 0)
+		return -EBUSY;
+	CUcontext ctx = NULL, popped = NULL;
 	(void)shim_cu.cuCtxGetCurrent(&ctx);
+	/* The legacy stream is its context's (the key keeps which). */
+	int pushed = 0;
+	if (legacy && k->thread != 0 && (uint64_t)(uintptr_t)ctx != k->thread) {
+		if (rf.ctx_push == NULL || rf.ctx_pop == NULL || rf.ctx_push((CUcontext)(uintptr_t)k->thread) != CUDA_SUCCESS)
+			return -EBUSY;
+		pushed = 1;
+		ctx = (CUcontext)(uintptr_t)k->thread;
+	}
 	struct cev *e = cev_get(ctx);
+	if (e == NULL) {
+		if (pushed)
+			(void)rf.ctx_pop(&popped);
+		return -ENOMEM;
+	}
 	if (e == NULL)
 		return -ENOMEM;
 	CUresult r = record(e, s);
-	if ((r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_CONTEXT) && rf.stream_ctx != NULL &&
+	if (pushed)
+		(void)rf.ctx_pop(&popped);
+	if ((r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_CONTEXT) && !legacy && rf.stream_ctx != NULL &&
 	    rf.ctx_push != NULL && rf.ctx_pop != NULL) {
 		/* The stream is another context's: an event of that context. */
-		CUcontext sctx = NULL, popped = NULL;
+		CUcontext sctx = NULL;
 		cev_put(e);
 		e = NULL;
 		if (rf.stream_ctx(s, &sctx) == CUDA_SUCCESS && rf.ctx_push(sctx) == CUDA_SUCCESS) {
@@ -176,15 +198,20 @@ static const struct shim_pool_ops cuda_pool_ops = { cp_seg_new, cp_seg_free, cp_
 
 /* Handle 0 is the legacy stream for plain calls and the thread's own stream for _ptsz ones:
  * both become the explicit handles, which also name them in the driver's calls. */
+/* The legacy stream is one per context, the per-thread one per thread: the key says which. */
 static struct shim_pool_stream stream_key(CUstream h, int v)
 {
-	uint64_t x = (uint64_t)(uintptr_t)h;
+	uint64_t x = (uint64_t)(uintptr_t)h, who = 0;
 	if (x == 0)
 		x = v ? (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD : (uint64_t)(uintptr_t)CU_STREAM_LEGACY;
-	return (struct shim_pool_stream){ .handle = x,
-					  .thread = x == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD
-							    ? (uint64_t)pthread_self()
-							    : 0 };
+	if (x == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD) {
+		who = (uint64_t)pthread_self();
+	} else if (x == (uint64_t)(uintptr_t)CU_STREAM_LEGACY) {
+		CUcontext ctx = NULL;
+		(void)shim_cu.cuCtxGetCurrent(&ctx);
+		who = (uint64_t)(uintptr_t)ctx;
+	}
+	return (struct shim_pool_stream){ .handle = x, .thread = who };
 }
 
 static int is_default_stream(uint64_t h)
@@ -202,8 +229,6 @@ static __thread struct {
 	CUmemoryPool pool;
 	int valid;
 } tcache;
-
-static atomic_int captures; /* captures begun and not ended, process-wide */
 
 /* 1: k is capturing, 2: its capture was invalidated (*id: the capture's id; 0 when the driver
  * cannot say, then the capture's memory stays the driver's); 0: not. One atomic load while
@@ -417,7 +442,10 @@ static CUresult free_async(int v, CUdeviceptr dptr, CUstream hStream)
 	/* Inside a capture the free is the graph's: the block is held by the capture (and its
 	 * graph) until the last of them goes. */
 	int rc = capturing(&k, &cap) && cap != 0 ? shim_pool_graph_adopt(dptr, SHIM_CUDA_HOLD_CAPTURE(cap))
-						 : shim_pool_free(dptr, &k, 0);
+						 : shim_pool_free(dptr, &k,
+								  k.handle == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD
+									  ? 0
+									  : SHIM_POOL_LAZY);
 	CUresult r = rc == 0 ? CUDA_SUCCESS : code_of(rc);
 	uint64_t base = 0;
 	if (rc == -ENOENT && shim_alloc_buf_range(dptr, &base, NULL) && base == dptr) {
@@ -677,9 +705,11 @@ SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
 	__typeof__(&cuStreamDestroy_v2) real = SHIM_REAL(cuStreamDestroy_v2, 0);
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
+	struct shim_pool_stream k = stream_key(hStream, 0);
+	if (hStream != NULL)
+		shim_pool_stream_close(&k);
 	CUresult r = real(hStream);
 	if (r == CUDA_SUCCESS && hStream != NULL) {
-		struct shim_pool_stream k = stream_key(hStream, 0);
 		shim_pool_stream_gone(&k);
 		atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
 	}

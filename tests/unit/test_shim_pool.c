@@ -64,9 +64,9 @@ static int f_seg_access(uint64_t va, size_t size, const struct shim_gpu_access *
 	return 0;
 }
 
-static int f_mark(uint64_t stream, int variant, void **ev)
+static int f_mark(const struct shim_pool_stream *s, void **ev)
 {
-	(void)variant;
+	uint64_t stream = s->handle;
 	if (gpu.fail_mark)
 		return -EINVAL;
 	struct fev *e = calloc(1, sizeof(*e));
@@ -118,9 +118,9 @@ static struct shim_pool_stream S(uint64_t h)
 
 /* The newest marker the fake handed out (the free just made). */
 static struct fev *last_ev;
-static int mark_spy(uint64_t stream, int variant, void **ev)
+static int mark_spy(const struct shim_pool_stream *s, void **ev)
 {
-	int r = f_mark(stream, variant, ev);
+	int r = f_mark(s, ev);
 	if (r == 0)
 		last_ev = *ev;
 	return r;
@@ -410,17 +410,18 @@ struct freed {
 	uint64_t va;
 	size_t n;
 	uint64_t stream;
-	struct fev *ev;
+	size_t pos;  /* events its stream had recorded before the free: it is done once one more is */
+	size_t fidx; /* its index among its stream's frees: done once a synchronise came after it */
 };
 
 /* Every event a stream recorded, in order: the fake GPU completes them in that order. */
 static struct fev *evs[3][200000];
 static size_t nev[3], upto[3];
 
-static int walk_mark(uint64_t stream, int variant, void **ev)
+static int walk_mark(const struct shim_pool_stream *s, void **ev)
 {
-	int r = mark_spy(stream, variant, ev);
-	size_t k = stream / 0x10 - 1;
+	int r = mark_spy(s, ev);
+	size_t k = s->handle / 0x10 - 1;
 	if (r == 0 && k < 3 && nev[k] < 200000)
 		evs[k][nev[k]++] = *ev;
 	return r;
@@ -428,15 +429,19 @@ static int walk_mark(uint64_t stream, int variant, void **ev)
 
 static const struct shim_pool_ops wops = { f_seg_new, f_seg_free, f_seg_access, walk_mark, f_done, f_wait, f_unmark };
 
-static void test_random_walk(void)
+/* lazy: frees with SHIM_POOL_LAZY (the marker is recorded when another stream wants the block). */
+static void test_random_walk(int lazy)
 {
 	fresh(96 * MIB);
+	memset(nev, 0, sizeof(nev));
+	memset(upto, 0, sizeof(upto));
 	CHECK(shim_pool_add(1, 0, 2 * MIB, &wops) == 0);
 	enum { NL = 256, NF = 4096 };
 	static struct live lv[NL];
 	static struct freed fr[NF];
 	size_t nl = 0, nf = 0;
-	int bad_overlap = 0, bad_order = 0, ooms = 0;
+	int bad_overlap = 0, bad_order = 0, ooms = 0, frees = 0;
+	size_t nfree[3] = { 0 }, synced[3] = { 0 };
 	srand(19);
 	for (int it = 0; it < 200000; it++) {
 		int op = rand() % 100;
@@ -461,7 +466,8 @@ static void test_random_walk(void)
 			for (size_t i = 0; i < nf; i++) {
 				if (!(va < fr[i].va + fr[i].n && fr[i].va < va + n))
 					continue;
-				int ok = fr[i].stream == sh || fr[i].ev->done ||
+				size_t k = fr[i].stream / 0x10 - 1;
+				int ok = fr[i].stream == sh || upto[k] > fr[i].pos || synced[k] > fr[i].fidx ||
 					 (gpu.waited_ev != NULL && gpu.waited_ev->stream == fr[i].stream);
 				bad_order += !ok;
 				fr[i] = fr[--nf]; /* reused: that free is settled */
@@ -471,24 +477,32 @@ static void test_random_walk(void)
 		} else if (nl > 0) {
 			size_t i = (size_t)rand() % nl;
 			/* A free on another stream than the allocation, sometimes. */
-			CHECK(shim_pool_free(lv[i].va, &s, 0) == 0);
+			size_t pos = nev[sh / 0x10 - 1];
+			frees++;
+			CHECK(shim_pool_free(lv[i].va, &s, lazy ? SHIM_POOL_LAZY : 0) == 0);
 			if (nf < NF)
-				fr[nf++] = (struct freed){ lv[i].va, lv[i].n, sh, last_ev };
+				fr[nf++] = (struct freed){ lv[i].va, lv[i].n, sh, pos, nfree[sh / 0x10 - 1] };
+			nfree[sh / 0x10 - 1]++;
 			lv[i] = lv[--nl];
 		}
 		if (op == 99) {
 			/* A synchronisation: that stream's (or every stream's) work is done. */
 			int all = rand() % 2;
 			for (int k = 0; k < 3; k++)
-				if (all || (uint64_t)(k + 1) * 0x10 == sh)
+				if (all || (uint64_t)(k + 1) * 0x10 == sh) {
 					while (upto[k] < nev[k])
 						evs[k][upto[k]++]->done = 1;
+					synced[k] = nfree[k];
+				}
 			shim_pool_synced(all ? NULL : &s);
 		}
 	}
 	CHECK(bad_overlap == 0);
 	CHECK(bad_order == 0);
-	printf("random walk: %d out-of-memory answers, %d segment creations\n", ooms, gpu.seg_news);
+	/* Lazy: markers only where another stream wanted a block, far fewer than frees. */
+	CHECK(!lazy || gpu.marks < frees / 2);
+	printf("random walk (%s markers): %d out-of-memory answers, %d segment creations, %d markers for %d frees\n",
+	       lazy ? "lazy" : "eager", ooms, gpu.seg_news, gpu.marks, frees);
 	for (size_t i = 0; i < nl; i++)
 		CHECK(shim_pool_free(lv[i].va, NULL, SHIM_POOL_DONE) == 0);
 	CHECK(shim_pool_release_idle() > 0 && gpu.used == 0 && gpu.marks == gpu.unmarks);
@@ -497,10 +511,9 @@ static void test_random_walk(void)
 /* ---- cost of the fast path ---- */
 
 static struct fev bench_ev;
-static int bench_mark(uint64_t stream, int variant, void **ev)
+static int bench_mark(const struct shim_pool_stream *s, void **ev)
 {
-	(void)stream;
-	(void)variant;
+	(void)s;
 	*ev = &bench_ev;
 	return 0;
 }
@@ -542,7 +555,8 @@ int main(void)
 	test_large_access_remove();
 	test_stream_gone_graph_mark_failure();
 	test_graph_holders();
-	test_random_walk();
+	test_random_walk(0);
+	test_random_walk(1);
 	bench_pair();
 	shim_pool_reset();
 	return test_summary("test_shim_pool");
