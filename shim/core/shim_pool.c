@@ -31,6 +31,7 @@ struct extent {
 	struct extent *mprev, *mnext; /* the marker's extents */
 	struct extent *hnext;         /* live/graph: hash chain */
 	uint32_t grefs;               /* graph: its holders */
+	int gfreed;                   /* graph: freed (in the graph or by the application) */
 };
 
 /* The position of one free in its stream; completes in stream order. open: a lazy marker not
@@ -706,6 +707,7 @@ static int carve(struct pool *p, struct extent *x, size_t need, size_t req, enum
 		mk_unlink(p, x);
 	x->state = to;
 	x->req = req;
+	x->gfreed = 0;
 	seg_used(x->seg, 1);
 	p->used += need;
 	if (p->used > p->used_high)
@@ -810,8 +812,11 @@ int shim_pool_free(uint64_t va, const struct shim_pool_stream *s, unsigned flags
 		goto out;
 	}
 	struct pool *p = x->seg->pool;
-	if (x->state == EXT_GRAPH)
-		goto out; /* its graphs may still replay into it: it goes with the last of them */
+	if (x->state == EXT_GRAPH) {
+		/* Its graphs may still replay into it: it goes with the last of them. */
+		x->gfreed = 1;
+		goto out;
+	}
 	struct marker *m = NULL;
 	if (!(flags & SHIM_POOL_DONE)) {
 		struct sstream *st = stream_get(p, s, 1);
@@ -968,8 +973,10 @@ int shim_pool_graph_adopt(uint64_t va, uint64_t holder)
 		rc = -ENOENT;
 	} else if (h == NULL || (rc = holder_add(h, x)) < 0) {
 		rc = -ENOMEM;
-	} else if (x->state == EXT_LIVE) {
-		x->state = EXT_GRAPH; /* still counted as used: the graph frees it on every replay */
+	} else {
+		if (x->state == EXT_LIVE)
+			x->state = EXT_GRAPH; /* still counted as used: the graph frees it on every replay */
+		x->gfreed = 1;
 	}
 	pthread_mutex_unlock(&pool_lock);
 	return rc;
@@ -991,7 +998,8 @@ int shim_pool_graph_share(uint64_t to, uint64_t from)
 	return rc;
 }
 
-int shim_pool_graph_drop(uint64_t holder)
+/* keep: blocks never freed in their graphs outlive it (the application's); else all go. */
+static int graph_drop(uint64_t holder, int keep)
 {
 	int released = 0;
 	pthread_mutex_lock(&pool_lock);
@@ -1001,15 +1009,32 @@ int shim_pool_graph_drop(uint64_t holder)
 		size_t n = h->n;
 		h->b = NULL;
 		holder_del(h);
-		for (size_t i = 0; i < n; i++)
-			if (--b[i]->grefs == 0) {
-				graph_release(b[i], 0);
-				released++;
+		for (size_t i = 0; i < n; i++) {
+			if (--b[i]->grefs != 0)
+				continue;
+			if (keep && !b[i]->gfreed) {
+				/* Allocated in a graph and never freed there: as with the driver, the
+				 * allocation outlives its graphs and is the application's to free. */
+				b[i]->state = EXT_LIVE;
+				continue;
 			}
+			graph_release(b[i], 0);
+			released++;
+		}
 		free(b);
 	}
 	pthread_mutex_unlock(&pool_lock);
 	return released;
+}
+
+int shim_pool_graph_drop(uint64_t holder)
+{
+	return graph_drop(holder, 1);
+}
+
+int shim_pool_graph_discard(uint64_t holder)
+{
+	return graph_drop(holder, 0);
 }
 
 int shim_pool_graph_undo(uint64_t va, uint64_t holder)

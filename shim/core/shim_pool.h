@@ -97,8 +97,12 @@ int shim_pool_graph_alloc(uint64_t key, size_t bytes, uint64_t holder, uint64_t 
 int shim_pool_graph_adopt(uint64_t va, uint64_t holder);
 /* to holds every block from holds (a clone, a parent of a child graph, an executable). */
 int shim_pool_graph_share(uint64_t to, uint64_t from);
-/* holder is gone; returns how many blocks it was the last holder of (released). */
+/* holder is gone; returns how many blocks it was the last holder of and released. A block
+ * never freed in its graph (nor by the application) outlives it: it becomes the application's
+ * live block, as the driver's graph allocations do. */
 int shim_pool_graph_drop(uint64_t holder);
+/* The same for a holder whose graph never ran (an invalidated capture): every block goes. */
+int shim_pool_graph_discard(uint64_t holder);
 /* A block shim_pool_graph_alloc just gave holder, never seen by the GPU: released at once. */
 int shim_pool_graph_undo(uint64_t va, uint64_t holder);
 /* Whether va lies in a live block: its address, size asked for and device (any may be NULL). */

@@ -781,7 +781,7 @@ static CUresult end_capture(int v, CUstream hStream, CUgraph *phGraph)
 		if (cap != 0 && r == CUDA_SUCCESS && *phGraph != NULL)
 			(void)shim_cuda_pool_graph_pass(SHIM_CUDA_HOLD_GRAPH(*phGraph), SHIM_CUDA_HOLD_CAPTURE(cap));
 		else if (cap != 0)
-			(void)shim_pool_graph_drop(SHIM_CUDA_HOLD_CAPTURE(cap));
+			(void)shim_pool_graph_discard(SHIM_CUDA_HOLD_CAPTURE(cap));
 		int c = atomic_load_explicit(&captures, memory_order_relaxed);
 		while (c > 0 && !atomic_compare_exchange_weak(&captures, &c, c - 1))
 			;
