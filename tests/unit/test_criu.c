@@ -91,7 +91,7 @@ int main(void)
 	CHECK(a.v[a.n] == NULL);
 	snprintf(want, sizeof(want),
 		 "CRIU_LIBS_DIR=%s dump --tree 4242 --images-dir /img --libdir %s --shell-job --tcp-established "
-		 "--ext-unix-sk --file-locks --log-file dump.log --verbosity 4 --leave-stopped",
+		 "--ext-unix-sk --file-locks --log-file dump.log -v4 --leave-stopped",
 		 dir, dir);
 	CHECK(gcr_criu_run(&info, &a, &err) == 0);
 	read_log(log, got, sizeof(got));
@@ -105,7 +105,7 @@ int main(void)
 	read_log(log, got, sizeof(got));
 	snprintf(want, sizeof(want),
 		 "CRIU_LIBS_DIR=%s restore --images-dir /img --libdir %s --shell-job --tcp-established "
-		 "--ext-unix-sk --file-locks --log-file restore.log --verbosity 4 --restore-detached --pidfile /img/pid",
+		 "--ext-unix-sk --file-locks --log-file restore.log -v4 --restore-detached --pidfile /img/pid",
 		 dir, dir);
 	CHECK_STR(got, want);
 
