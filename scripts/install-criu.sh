@@ -11,7 +11,7 @@ for c in "${GCR_CRIU:-}" "$cache/criu" "$(command -v criu 2>/dev/null || true)";
 	if [ -n "$c" ] && [ -x "$c" ] && is4 "$c"; then echo "$c"; exit 0; fi
 done
 echo "install-criu: building criu $VERSION from Debian's source into $cache" >&2
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+work=$(mktemp -d); chmod 755 "$work"; trap 'rm -rf "$work"' EXIT
 need=(libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev libprotobuf-c-dev
 	libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev pkg-config python3-protobuf xz-utils)
 missing=()
@@ -24,11 +24,11 @@ echo "deb-src http://deb.debian.org/debian trixie main" >"$work/sources.list"
 apt=(apt-get -o Dir::Etc::sourcelist="$work/sources.list" -o Dir::Etc::sourceparts=- -o Dir::State::Lists="$work/lists")
 "${apt[@]}" update -qq >&2
 # The .dsc answered 404 when this was written; the orig tarball is what is needed.
-(cd "$work" && "${apt[@]}" source --download-only "criu=$VERSION-*" >&2 || true)
+(cd "$work" && "${apt[@]}" source --download-only criu >&2 || true)
 tarball=$(ls "$work"/criu_${VERSION}.orig.tar.* 2>/dev/null | head -n 1)
 [ -n "$tarball" ] || { echo "install-criu: criu_${VERSION}.orig.tar.* not downloaded" >&2; exit 1; }
-want=$(cat "$work"/lists/*Sources* 2>/dev/null | awk -v f="$(basename "$tarball")" '
-	/^Checksums-Sha256:/ {s=1; next} /^[^ ]/ {s=0} s && $3 == f {print $1; exit}')
+want=$(/usr/lib/apt/apt-helper cat-file "$work"/lists/*_source_Sources* 2>/dev/null | awk -v f="$(basename "$tarball")" '
+	/^Checksums-Sha256:/ {s=1; next} /^[^ ]/ {s=0} s && $3 == f && !w {w=$1} END {print w}') || true
 have=$(sha256sum "$tarball" | cut -d' ' -f1)
 if [ -z "$want" ] || [ "$want" != "$have" ]; then
 	echo "install-criu: $(basename "$tarball"): SHA256 $have, the Sources index says '${want:-nothing}': refused" >&2
