@@ -1,6 +1,6 @@
 # bench/bench_cr.py: checkpoint/restore latency of GCR (shim data path + driver control path) against
 # the driver's checkpoint API alone, per process size; raw JSON lines to a log, tables on stdout.
-"""Usage: python3 bench/bench_cr.py [--reps R] [--paths gcr,driver] [--prog testprog|torch]
+"""Usage: python3 bench/bench_cr.py [--reps R] [--paths gcr,driver] [--prog testprog|torch|torch-async]
            [--big-gib 32] [--driver-reps-big 1] [--reps-big 2] [--keep-context "1 16"] [--reserved 60:4]
            [--serving 16:1] [--serving-cycles 4] [--serving-driver-cycles 1] [--cases LIST]
            [--gcr-env K=V]... [--log FILE] [SIZE_GIB ...]     (sizes default: 1 4 16 64)
@@ -17,7 +17,8 @@ Cases (--cases, comma-separated; default all): each repetition runs its own fres
             GCR_INCREMENTAL=1 through --serving-cycles suspend/resume cycles with steps (the state
             changes in full) between them, and the driver alone through --serving-driver-cycles.
 Program for sizes/keep: testprog = gcr-testprog --mib S*1024 --buffers 8 --wait --threads 1
---iters 1; torch = tests/gpu/torch_serve.py --wait --steps 2 --extra-gib S. GCR runs wait for
+--iters 1; torch = tests/gpu/torch_serve.py --wait --steps 2 --extra-gib S; torch-async = the same
+with --alloc async (PyTorch's cudaMallocAsync backend). GCR runs wait for
 the shim's staging to report ready before the timed suspend. READY, go, DONE, suspend, GPU memory
 while suspended, resume, check -> RESULT ok must hold. Order: small sizes, keep, serving,
 reserved, then sizes of at least --big-gib, so that a short budget loses the slowest last.
@@ -40,12 +41,14 @@ def estimate_s(prog, path, gib):
     """Rough wall time of one run (s), from the H100 numbers in docs: driver checkpoint about
     0.5 s/GiB + restore 0.22 s/GiB; GCR about 0.1 s/GiB plus pinning; filling and start-up."""
     per_gib = 0.8 if path == "driver" else 0.35
-    return 8.0 + per_gib * gib + (15.0 if prog == "torch" else 0.0)
+    return 8.0 + per_gib * gib + (15.0 if prog.startswith("torch") else 0.0)
 
 
 def prog_argv(cfg, prog, gib):
     if prog == "torch":
         return [cfg.python, cfg.torch_serve, "--wait", "--steps", 2, "--extra-gib", gib]
+    if prog == "torch-async":  # the same under PyTorch's cudaMallocAsync backend (issue 19)
+        return [cfg.python, cfg.torch_serve, "--alloc", "async", "--wait", "--steps", 2, "--extra-gib", gib]
     return [cfg.testprog, "--module", cfg.fatbin, "--mib", int(round(gib * 1024)), "--buffers", 8, "--wait",
             "--threads", 1, "--iters", 1]
 
@@ -65,7 +68,7 @@ def run_one(S, rec, argv, shim, flags=(), env=None):
     gib = rec["gib"]
     rec["ok"] = False
     big = 60.0 + 10.0 * gib  # s: start-up and filling the buffers
-    torch = rec["prog"] == "torch"
+    torch = rec["prog"].startswith("torch")
     p = None
     suspended = False
     try:
@@ -231,7 +234,7 @@ def main(argv=None):
     ap.add_argument("sizes", nargs="*", type=float, default=[1, 4, 16, 64], help="process sizes (GiB)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--paths", default="gcr,driver")
-    ap.add_argument("--prog", choices=["testprog", "torch"], default="testprog")
+    ap.add_argument("--prog", choices=["testprog", "torch", "torch-async"], default="testprog")
     ap.add_argument("--big-gib", type=float, default=32.0)
     ap.add_argument("--driver-reps-big", type=int, default=1, help="driver-alone runs per size >= --big-gib")
     ap.add_argument("--reps-big", type=int, default=2, help="at most this many GCR runs per size >= --big-gib")
@@ -260,10 +263,10 @@ def main(argv=None):
                     inherited_env={k: v for k, v in os.environ.items() if k.startswith("GCR_")})
         for case, path, gib, rep, extra in plan(a, paths):
             shim = path != "driver"
-            prog = "torch" if case == "serving" or a.prog == "torch" else "testprog"
+            prog = "torch" if case == "serving" else a.prog
             if case == "reserved":
                 prog = "testprog-reserved"
-            need = ["gcrctl"] + (["torch_serve"] if prog == "torch" else ["testprog", "fatbin"]) + (
+            need = ["gcrctl"] + (["torch_serve"] if prog.startswith("torch") else ["testprog", "fatbin"]) + (
                 ["shim"] if shim else [])
             missing = cfg.missing(*need)
             cycles = (a.serving_cycles if shim else a.serving_driver_cycles) if case == "serving" else 1

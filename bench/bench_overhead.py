@@ -1,12 +1,12 @@
 # bench/bench_overhead.py: steady-state cost of running under the shim: PyTorch step time and a
 # launch-bound microbenchmark, each alternately with and without LD_PRELOAD; JSON lines + table.
 """Usage: python3 bench/bench_overhead.py [--reps 3] [--blocks-eager 50] [--blocks-graphs 30]
-                                        [--block-steps-eager 40] [--block-steps-graphs 400] [--warmup-s 3] [--torch-modes eager,graphs]
+                                        [--block-steps-eager 40] [--block-steps-graphs 400] [--warmup-s 3] [--torch-modes eager,graphs,async]
                                         [--launch-reps 2xREPS] [--launch-blocks 40] [--launch-block-rounds 20]
                                         [--no-torch] [--no-launch]
                                         [--log FILE]
 
-torch:  per rep, tests/gpu/torch_serve.py --bench-blocks [--graphs] with and without the shim, both
+torch:  per rep, tests/gpu/torch_serve.py --bench-blocks [--graphs | --alloc async] with and without the shim, both
         resident, take turns (ABBA) running blocks of steps ("block N" -> "BLOCK_MS mean p50 p90"):
         a process pair sees the same machine, second by second. Without this the spread between
         separate processes (5-12 ms per eager step on the H100 machine) hid a 1 % effect.
@@ -71,6 +71,10 @@ def run_torch_pair(S, mode, rep, block_steps, blocks, warmup_s):
     argv = [S.cfg.python, S.cfg.torch_serve, "--bench-blocks", "--warmup-s", warmup_s, "--pin"]
     if mode == "graphs":
         argv.append("--graphs")
+    elif mode == "async":
+        # Issue 19: PyTorch's cudaMallocAsync backend, every tensor a cudaMallocAsync/cudaFreeAsync
+        # (tens per step): the allocation-heavy loop the shim's own pool serves.
+        argv += ["--alloc", "async"]
     blk, errs = run_pair(S, "overhead-torch-%s" % mode, rep, argv, blocks, "block %d" % block_steps,
                          r"BLOCK_MS\s+(\S+)\s+(\S+)\s+(\S+)", 60 + block_steps, 120 + warmup_s)
     if blk is None:

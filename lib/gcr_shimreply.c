@@ -101,21 +101,24 @@ int gcr_shimreply_bytes(json_t *report, long long *total, long long *moved, stru
 
 int gcr_shimreply_sizes(json_t *status, long long *fast, long long *driver, struct gcr_err *err)
 {
-	static const char *const keys[4] = { "vmm", "app_vmm", "driver", "async" };
-	long long v[4];
+	/* "pool": the shim's stream-ordered arena (issue 19), moved like "vmm"; absent in older shims. */
+	static const char *const keys[5] = { "vmm", "app_vmm", "pool", "driver", "async" };
+	long long v[5] = { 0 };
 	*fast = *driver = 0;
 	json_t *b = json_object_get(status, "bytes");
 	if (b == NULL)
 		return gcr_err_set(err, -ENOENT, "shim status has no \"bytes\"");
 	if (!json_is_object(b))
 		return gcr_err_set(err, -EPROTO, "shim status: \"bytes\" is not an object");
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < 5; i++) {
 		int rc = count_of(b, keys[i], GCR_SHIMREPLY_BYTES_MAX, &v[i], err);
-		if (rc < 0 && rc != -ENOENT)
+		if (rc == -ENOENT)
+			v[i] = 0;
+		else if (rc < 0)
 			return rc;
 	}
-	*fast = v[0] + v[1];
-	*driver = v[2] + v[3];
+	*fast = v[0] + v[1] + v[2];
+	*driver = v[3] + v[4];
 	return 0;
 }
 

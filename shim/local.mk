@@ -15,10 +15,12 @@ SHIM_CORE_SOURCES = \
 	shim/hip/shim_hip_hook.c shim/hip/shim_hip_hook.h shim/hip/shim_hip_hooks.def \
 	shim/hip/shim_hip_alloc.c shim/hip/shim_hip_alloc.h \
 	shim/core/shim_gpu.h shim/cuda/shim_cuda.c shim/cuda/shim_cuda_alloc.c shim/hip/shim_hip.c \
+	shim/cuda/shim_cuda_pool.c shim/cuda/shim_cuda_pool.h \
 	shim/cuda/shim_cuda_digest.c shim/cuda/shim_cuda_digest.h \
 	shim/cuda/shim_procaddr.c \
 	shim/core/shim_gate.c shim/core/shim_gate.h \
 	shim/core/shim_alloc.c shim/core/shim_alloc.h \
+	shim/core/shim_pool.c shim/core/shim_pool.h \
 	shim/core/shim_staging.c shim/core/shim_staging.h \
 	shim/core/shim_digest.c shim/core/shim_digest.h shim/core/shim_digest_math.h shim/cuda/shim_digest_ptx.h \
 	shim/core/shim_image.c shim/core/shim_image.h \

@@ -36,10 +36,16 @@
  *   "pid"      the process's pid in its own PID namespace
  *   "state"    GCR_STATE_* below
  *   "version"  the shim's package version
- *   "bytes"    {"vmm","app_vmm","driver","async","managed"}: bytes tracked per kind; "vmm" and
- *              "app_vmm" take the fast path, "driver" and "async" are left to the driver's
- *              checkpoint, "managed" is refused at suspend
- *   "buffers"  {"vmm","app_vmm","driver","async","managed","shared"}: counts of the same
+ *   "bytes"    {"vmm","app_vmm","pool","driver","async","managed"}: bytes tracked per kind;
+ *              "vmm", "app_vmm" and "pool" (the shim's stream-ordered arena's segments) take the
+ *              fast path, "driver" and "async" (pools the shim does not serve) are left to the
+ *              driver's checkpoint, "managed" is refused at suspend
+ *   "buffers"  {"vmm","app_vmm","pool","driver","async","managed","shared"}: counts of the same
+ *              ("pool": segments)
+ *   "pool"     {"pools","reserved","used","blocks","segments","pending_frees","graph","grows",
+ *              "reuses":{"same_stream","done","waited"}}: the stream-ordered arena serving
+ *              cuMemAllocAsync and pools (reserved: segment bytes; used: blocks handed out;
+ *              graph: bytes owned by graphs; reuses: how freed blocks were given again)
  *   "staging"  {"capacity","used","ring","workers","target","ready","grown_inline","fault_ms"}:
  *              the pinned host staging pool ("ready": true once "target" bytes are pinned)
  *   "requests" {"suspend","resume"}: requests that reached the shim's C/R code

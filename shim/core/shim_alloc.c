@@ -31,6 +31,7 @@ struct shim_buf {
 	size_t size;    /* reserved and mapped (granularity multiple) */
 	struct shim_phys *phys;
 	struct shim_map *map;
+	int pool_seg; /* a segment of shim_pool: not an application buffer */
 };
 
 struct shim_drv {
@@ -216,13 +217,10 @@ static const struct shim_gpu_access *access_of(const CUmemAccessDesc *d)
 /* Returns the vendor's status code: the failing call's, SHIM_GPU_NOT_SUPPORTED when there is
  * no device to put the buffer on (the caller falls back), SHIM_GPU_OUT_OF_MEMORY for the shim's
  * own memory. */
-static int vmm_alloc(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t bytes)
+static int vmm_alloc_on(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t bytes, int dev,
+			struct dev_info *d, void *dctx, const struct shim_gpu_access *acc, size_t nacc,
+			int pool_seg)
 {
-	int dev = 0;
-	void *dctx = NULL;
-	struct dev_info *d = current_dev(gpu, &dev, &dctx);
-	if (d == NULL)
-		return SHIM_GPU_NOT_SUPPORTED; /* no context or no VMM: the caller falls back */
 	size_t size = (bytes + d->gran - 1) / d->gran * d->gran;
 	CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
 				     .location = { CU_MEM_LOCATION_TYPE_DEVICE, dev } };
@@ -248,7 +246,13 @@ static int vmm_alloc(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t b
 		r = shim_gpu_last_code();
 		goto fail_h;
 	}
-	if (gpu->set_access(va, size, access_of(d->access), (size_t)d->naccess, &err) < 0) {
+	if (acc == NULL || nacc == 0) {
+		acc = access_of(d->access);
+		nacc = (size_t)d->naccess;
+	}
+	if (nacc > SHIM_MAX_ACCESS)
+		nacc = SHIM_MAX_ACCESS;
+	if (gpu->set_access(va, size, acc, nacc, &err) < 0) {
 		r = shim_gpu_last_code();
 		goto fail_map;
 	}
@@ -256,9 +260,9 @@ static int vmm_alloc(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t b
 	r = SHIM_GPU_OUT_OF_MEMORY;
 	if (p == NULL)
 		goto fail_map;
-	*m = (struct shim_map){ .va = va, .size = size, .offset = 0, .phys = p, .ndesc = d->naccess };
-	memcpy(m->desc, d->access, sizeof(m->desc));
-	*b = (struct shim_buf){ .va = va, .req = bytes, .size = size, .phys = p, .map = m };
+	*m = (struct shim_map){ .va = va, .size = size, .offset = 0, .phys = p, .ndesc = (int)nacc };
+	memcpy(m->desc, acc, nacc * sizeof(m->desc[0]));
+	*b = (struct shim_buf){ .va = va, .req = bytes, .size = size, .phys = p, .map = m, .pool_seg = pool_seg };
 	if (vec_insert(&maps, m) < 0)
 		goto fail_phys;
 	if (vec_insert(&bufs, b) < 0) {
@@ -266,11 +270,16 @@ static int vmm_alloc(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t b
 		goto fail_phys;
 	}
 	p->nmaps = 1;
-	stats.vmm_bytes += size;
-	stats.vmm_buffers++;
-	stats.converted_total++;
+	if (pool_seg) {
+		stats.pool_seg_bytes += size;
+		stats.pool_segs++;
+	} else {
+		stats.vmm_bytes += size;
+		stats.vmm_buffers++;
+		stats.converted_total++;
+	}
 	*dptr = va;
-	shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes, gpu, dctx);
+	shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes + stats.pool_seg_bytes, gpu, dctx);
 	return 0;
 fail_phys:
 	phys_free(p);
@@ -286,6 +295,16 @@ fail:
 	return r;
 }
 
+static int vmm_alloc(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t bytes)
+{
+	int dev = 0;
+	void *dctx = NULL;
+	struct dev_info *d = current_dev(gpu, &dev, &dctx);
+	if (d == NULL)
+		return SHIM_GPU_NOT_SUPPORTED; /* no context or no VMM: the caller falls back */
+	return vmm_alloc_on(gpu, dptr, bytes, dev, d, dctx, NULL, 0, 0);
+}
+
 static void vmm_free(struct shim_buf *b)
 {
 	struct shim_phys *p = b->phys;
@@ -298,8 +317,13 @@ static void vmm_free(struct shim_buf *b)
 	(void)gpu->free_va(b->va, b->size, &err);
 	vec_remove(&maps, b->map);
 	vec_remove(&bufs, b);
-	stats.vmm_bytes -= b->size;
-	stats.vmm_buffers--;
+	if (b->pool_seg) {
+		stats.pool_seg_bytes -= b->size;
+		stats.pool_segs--;
+	} else {
+		stats.vmm_bytes -= b->size;
+		stats.vmm_buffers--;
+	}
 	free(b->map);
 	phys_free(p);
 	free(b);
@@ -413,6 +437,8 @@ int shim_alloc_buf_free(const struct shim_gpu_ops *gpu, uint64_t va, int *ours)
 	int r = 0;
 	pthread_mutex_lock(&table_lock);
 	struct shim_buf *b = va ? vec_find(&bufs, va) : NULL;
+	if (b != NULL && b->pool_seg)
+		b = NULL; /* the arena's: not the application's to free */
 	*ours = b != NULL;
 	if (b != NULL) {
 		/* The runtime's free synchronises before releasing; kept for converted memory. */
@@ -429,7 +455,7 @@ int shim_alloc_buf_range(uint64_t va, uint64_t *base, size_t *req)
 	pthread_mutex_lock(&table_lock);
 	size_t i = vec_lower(&bufs, va + 1);
 	struct shim_buf *b = i > 0 ? bufs.v[i - 1] : NULL;
-	int hit = b != NULL && va >= b->va && va < b->va + b->req;
+	int hit = b != NULL && !b->pool_seg && va >= b->va && va < b->va + b->req;
 	if (hit) {
 		if (base != NULL)
 			*base = b->va;
@@ -438,6 +464,57 @@ int shim_alloc_buf_range(uint64_t va, uint64_t *base, size_t *req)
 	}
 	pthread_mutex_unlock(&table_lock);
 	return hit;
+}
+
+int shim_alloc_seg_new(const struct shim_gpu_ops *gpu, int device, size_t size,
+		       const struct shim_gpu_access *acc, size_t n, uint64_t *va)
+{
+	struct gcr_err err;
+	int r = -ENODEV;
+	pthread_mutex_lock(&table_lock);
+	if (device >= 0 && device < SHIM_MAX_DEVICES) {
+		struct dev_info *d = &devs[device];
+		void *ctx = gpu->ctx_note != NULL ? gpu->ctx_note(device, NULL) : NULL;
+		if (!d->known || d->gpu != gpu) {
+			/* The device's access list is read as for a converted buffer on it. */
+			int cur = -1;
+			void *cctx = NULL;
+			(void)gpu->current_device(&cur, &cctx, &err);
+			if (cur == device)
+				(void)current_dev(gpu, &cur, &cctx);
+		}
+		if (!d->known && gpu->granularity(device, &d->gran, &err) == 0 && d->gran != 0) {
+			d->gpu = gpu;
+			d->access[0] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, device },
+							  CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+			d->naccess = 1;
+			d->known = 1;
+		}
+		CUdeviceptr p = 0;
+		r = d->known ? vmm_alloc_on(gpu, &p, size, device, d, ctx, acc, n, 1) : SHIM_GPU_NOT_SUPPORTED;
+		if (r == 0)
+			*va = p;
+		else
+			r = r == SHIM_GPU_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+	}
+	pthread_mutex_unlock(&table_lock);
+	return r;
+}
+
+void shim_alloc_seg_free(uint64_t va)
+{
+	pthread_mutex_lock(&table_lock);
+	struct shim_buf *b = va ? vec_find(&bufs, va) : NULL;
+	if (b != NULL && b->pool_seg)
+		vmm_free(b);
+	pthread_mutex_unlock(&table_lock);
+}
+
+void shim_alloc_shared_pool(int delta)
+{
+	pthread_mutex_lock(&table_lock);
+	stats.shared_pools += (uint64_t)(int64_t)delta;
+	pthread_mutex_unlock(&table_lock);
 }
 
 void shim_alloc_note(const struct shim_gpu_ops *gpu, uint64_t va, size_t size, enum shim_alloc_kind kind)
@@ -481,7 +558,7 @@ int shim_alloc_handle_new(const struct shim_gpu_ops *gpu, uint64_t real, size_t 
 		stats.app_vmm_handles++;
 		if (device >= 0 && device < SHIM_MAX_DEVICES) {
 			void *ctx = gpu->ctx_note != NULL ? gpu->ctx_note(device, NULL) : NULL;
-			shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes, gpu, ctx);
+			shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes + stats.pool_seg_bytes, gpu, ctx);
 		}
 	}
 	pthread_mutex_unlock(&table_lock);
@@ -664,6 +741,10 @@ int shim_alloc_check_movable(const struct shim_gpu_ops *gpu, struct gcr_err *err
 				 "managed (UVM) memory in use (%llu bytes in %llu allocations); "
 				 "the driver cannot checkpoint it",
 				 (unsigned long long)stats.managed_bytes, (unsigned long long)stats.managed_buffers);
+	if (rc == 0 && stats.shared_pools > 0)
+		rc = gcr_err_set(err, -ENOTSUP,
+				 "GPU memory shared with another process (exported or imported handle) cannot "
+				 "be moved");
 	for (size_t i = 0; i < phys_cap && rc == 0; i++)
 		if (phys_slots[i] != NULL && phys_slots[i]->shared)
 			rc = gcr_err_set(err, -ENOTSUP,

@@ -56,6 +56,8 @@ struct shim_alloc_stats {
 	uint64_t managed_bytes, managed_buffers;
 	uint64_t shared_handles;
 	uint64_t converted_total, fallback_total; /* lifetime counts of decisions */
+	uint64_t pool_seg_bytes, pool_segs; /* segments of the shim's stream-ordered arena (shim_pool) */
+	uint64_t shared_pools; /* exported pools and imported pool pointers (not movable) */
 };
 
 void shim_alloc_stats(struct shim_alloc_stats *st);
@@ -72,6 +74,17 @@ int shim_alloc_buf_free(const struct shim_gpu_ops *gpu, uint64_t va, int *ours);
 /* Whether va lies in a converted buffer; then its address and the bytes the application asked
  * for (either pointer may be NULL). */
 int shim_alloc_buf_range(uint64_t va, uint64_t *base, size_t *req);
+/* A segment for the stream-ordered arena (shim_pool): size bytes (a granularity multiple) on
+ * device with access acc[n] (n 0: the device and its peers, as converted buffers), moved by
+ * suspend like a converted buffer but never answered for by shim_alloc_buf_free/_range. Returns
+ * 0 or -errno (-ENOMEM: the GPU is full); the vendor's code is kept (shim_gpu_last_code). */
+int shim_alloc_seg_new(const struct shim_gpu_ops *gpu, int device, size_t size,
+		       const struct shim_gpu_access *acc, size_t n, uint64_t *va);
+/* Unmaps and releases a segment (no synchronisation: the arena knows it is idle). */
+void shim_alloc_seg_free(uint64_t va);
+/* A pool exported to another process, or a pointer imported from one, appeared (+1) or went
+ * (-1): suspend refuses while any is held, as for shared handles. */
+void shim_alloc_shared_pool(int delta);
 /* Counts a buffer left to the runtime, and forgets it when freed. */
 void shim_alloc_note(const struct shim_gpu_ops *gpu, uint64_t va, size_t size, enum shim_alloc_kind kind);
 void shim_alloc_forget(uint64_t va);

@@ -15,6 +15,7 @@
 #include "gcr_log.h"
 #include "gcr_time.h"
 #include "shim_alloc.h"
+#include "shim_pool.h"
 #include "shim_config.h"
 #include "shim_gate.h"
 #include "shim_gpu.h"
@@ -572,6 +573,9 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	/* Allocation calls are gated too, so the table's records stay from here. */
 	if (backend->sync_all(err) < 0)
 		rc = err->code = -EIO;
+	/* Every free has completed now: the arena's idle segments go instead of being copied. */
+	if (rc == 0)
+		(void)shim_pool_release_idle();
 	rep->ms_sync = gcr_time_mono_ms() - t0;
 	size_t nstaged = 0, nch = 0;
 	struct staged *st = rc == 0 ? staged_list(&nstaged, &nch, err) : NULL;

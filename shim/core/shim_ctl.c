@@ -24,6 +24,7 @@
 #include "gcr_sock.h"
 #include "gcr_time.h"
 #include "shim_alloc.h"
+#include "shim_pool.h"
 #include "shim_config.h"
 #include "shim_cr.h"
 #include "shim_gate.h"
@@ -83,6 +84,19 @@ static void need_set(json_t *need)
 	pthread_mutex_unlock(&need_lock);
 }
 
+/* The stream-ordered arena (shim_pool): what the application's pools hold on the fast path. */
+static json_t *pool_json(void)
+{
+	struct shim_pool_stats ps;
+	shim_pool_stats(&ps);
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I}}", "pools", (json_int_t)ps.pools,
+			 "reserved", (json_int_t)ps.reserved_bytes, "used", (json_int_t)ps.used_bytes, "blocks",
+			 (json_int_t)ps.blocks, "segments", (json_int_t)ps.segments, "pending_frees",
+			 (json_int_t)ps.pending_frees, "graph", (json_int_t)ps.graph_bytes, "grows",
+			 (json_int_t)ps.grows, "reuses", "same_stream", (json_int_t)ps.reuses_same_stream, "done",
+			 (json_int_t)ps.reuses_done, "waited", (json_int_t)ps.reuses_waited);
+}
+
 static json_t *status_json(void)
 {
 	struct shim_alloc_stats st;
@@ -109,6 +123,9 @@ static json_t *status_json(void)
 		json_object_set_new(j, "requests", json_pack("{s:I, s:I}", "suspend", (json_int_t)ns, "resume",
 							    (json_int_t)nr));
 		json_object_set_new(j, "backends", backends_json());
+		json_object_set_new(j, "pool", pool_json());
+		json_object_set_new(json_object_get(j, "bytes"), "pool", json_integer((json_int_t)st.pool_seg_bytes));
+		json_object_set_new(json_object_get(j, "buffers"), "pool", json_integer((json_int_t)st.pool_segs));
 		pthread_mutex_lock(&need_lock);
 		if (restore_need != NULL)
 			json_object_set_new(j, "restore_need", json_deep_copy(restore_need));

@@ -1,7 +1,7 @@
 /* shim_cuda_alloc: the CUDA driver's allocation entry points, on the vendor-neutral table
  * (shim_alloc), as shim_hip_alloc.c is HIP's: cuMemAlloc/cuMemAllocPitch of GCR_VMM_MIN_BYTES or
  * more become VMM buffers, the application's cuMemCreate handles are virtualised, the rest goes
- * to the driver and is counted. Each wrapper resolves the real function (CUDA_ERROR_NOT_FOUND
+ * to the driver and is counted (stream-ordered allocation: shim_cuda_pool.c). Each wrapper resolves the real function (CUDA_ERROR_NOT_FOUND
  * without one) and passes the gate where the driver call could touch memory a suspend moves. */
 #include <cuda.h>
 #include <stdint.h>
@@ -9,9 +9,11 @@
 #include "gcr_log.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
+#include "shim_cuda_pool.h"
 #include "shim_gate.h"
 #include "shim_gpu.h"
 #include "shim_hook.h"
+#include "shim_pool.h"
 
 /* The table records CUDA's access descriptors as they are (layout checked in shim_cuda.c). */
 static const struct shim_gpu_access *access_of(const CUmemAccessDesc *d)
@@ -87,12 +89,23 @@ SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
 	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemFree_v2), 0);
-	int ours = 0;
-	CUresult r = (CUresult)shim_alloc_buf_free(&shim_cuda_ops, dptr, &ours);
+	int ours = 0, device = 0;
+	uint64_t base = 0;
+	CUresult r = CUDA_SUCCESS;
+	if (dptr != 0 && shim_pool_block(dptr, &base, NULL, &device) && base == dptr) {
+		/* A block of the shim's arena (cudaFree on pool memory): after its device's work. */
+		struct gcr_err err;
+		(void)shim_cuda_ops.device_sync(device, &err);
+		ours = shim_pool_free(dptr, NULL, SHIM_POOL_DONE) == 0;
+	}
+	if (!ours)
+		r = (CUresult)shim_alloc_buf_free(&shim_cuda_ops, dptr, &ours);
 	if (!ours) {
 		r = real(dptr);
-		if (r == CUDA_SUCCESS && dptr != 0)
+		if (r == CUDA_SUCCESS && dptr != 0) {
 			shim_alloc_forget(dptr);
+			shim_cuda_pool_forget_import(dptr);
+		}
 	}
 	shim_gate_exit(t);
 	return r;
@@ -112,79 +125,6 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
 	return r;
 }
 
-/* Stream-ordered allocations stay in the driver's pools (the driver checkpoints
- * them); they are counted so statistics show the bytes on that path. v: the variant. */
-static CUresult alloc_async(int v, CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-	__typeof__(&cuMemAllocAsync) real = SHIM_REAL(cuMemAllocAsync, v);
-	if (real == NULL)
-		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemAllocAsync), v);
-	CUresult r = real(dptr, bytesize, hStream);
-	if (r == CUDA_SUCCESS)
-		shim_alloc_note(&shim_cuda_ops, *dptr, bytesize, SHIM_ALLOC_ASYNC);
-	shim_gate_exit(t);
-	return r;
-}
-
-SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-	return alloc_async(0, dptr, bytesize, hStream);
-}
-
-SHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-	return alloc_async(1, dptr, bytesize, hStream);
-}
-
-static CUresult alloc_pool(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
-{
-	__typeof__(&cuMemAllocFromPoolAsync) real = SHIM_REAL(cuMemAllocFromPoolAsync, v);
-	if (real == NULL)
-		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemAllocFromPoolAsync), v);
-	CUresult r = real(dptr, bytesize, pool, hStream);
-	if (r == CUDA_SUCCESS)
-		shim_alloc_note(&shim_cuda_ops, *dptr, bytesize, SHIM_ALLOC_ASYNC);
-	shim_gate_exit(t);
-	return r;
-}
-
-SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-					     CUstream hStream)
-{
-	return alloc_pool(0, dptr, bytesize, pool, hStream);
-}
-
-SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-						  CUstream hStream)
-{
-	return alloc_pool(1, dptr, bytesize, pool, hStream);
-}
-
-static CUresult free_async(int v, CUdeviceptr dptr, CUstream hStream)
-{
-	__typeof__(&cuMemFreeAsync) real = SHIM_REAL(cuMemFreeAsync, v);
-	if (real == NULL)
-		return CUDA_ERROR_NOT_FOUND;
-	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemFreeAsync), v);
-	CUresult r = real(dptr, hStream);
-	if (r == CUDA_SUCCESS)
-		shim_alloc_forget(dptr);
-	shim_gate_exit(t);
-	return r;
-}
-
-SHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-	return free_async(0, dptr, hStream);
-}
-
-SHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-	return free_async(1, dptr, hStream);
-}
-
 SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
 	__typeof__(&cuMemGetAddressRange_v2) real = SHIM_REAL(cuMemGetAddressRange_v2, 0);
@@ -192,7 +132,7 @@ SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
 		return CUDA_ERROR_NOT_FOUND;
 	uint64_t base = 0;
 	size_t req = 0;
-	if (!shim_alloc_buf_range(dptr, &base, &req))
+	if (!shim_pool_block(dptr, &base, &req, NULL) && !shim_alloc_buf_range(dptr, &base, &req))
 		return real(pbase, psize, dptr);
 	if (pbase != NULL)
 		*pbase = base;

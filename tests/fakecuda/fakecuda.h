@@ -36,6 +36,7 @@ extern __typeof__(cuMemsetD2D8_v2) cuMemsetD2D8_v2_ptds;
 extern __typeof__(cuMemsetD2D32_v2) cuMemsetD2D32_v2_ptds;
 extern __typeof__(cuMemAllocAsync) cuMemAllocAsync_ptsz;
 extern __typeof__(cuMemFreeAsync) cuMemFreeAsync_ptsz;
+extern __typeof__(cuMemAllocFromPoolAsync) cuMemAllocFromPoolAsync_ptsz;
 extern __typeof__(cuStreamSynchronize) cuStreamSynchronize_ptsz;
 extern __typeof__(cuStreamQuery) cuStreamQuery_ptsz;
 extern __typeof__(cuStreamWaitEvent) cuStreamWaitEvent_ptsz;
@@ -49,6 +50,7 @@ extern __typeof__(cuStreamBeginCapture_v2) cuStreamBeginCapture_v2_ptsz;
 extern __typeof__(cuStreamEndCapture) cuStreamEndCapture_ptsz;
 extern __typeof__(cuStreamIsCapturing) cuStreamIsCapturing_ptsz;
 extern __typeof__(cuGraphLaunch) cuGraphLaunch_ptsz;
+extern __typeof__(cuStreamGetCaptureInfo_v3) cuStreamGetCaptureInfo_v3_ptsz;
 
 /* Older ABI versions the real driver still exports under their plain names, which cuda.h 13
  * maps elsewhere; defined under asm labels, their types checked against cudaTypedefs.h. */
@@ -75,6 +77,21 @@ FAKE_EXPORT CUresult fake_legacy_graph_instantiate(CUgraphExec *exec, CUgraph gr
 FAKE_EXPORT CUresult fake_legacy_graph_instantiate_v2(CUgraphExec *exec, CUgraph graph,
 						      CUgraphNode *err_node, char *log,
 						      size_t log_size) __asm__("cuGraphInstantiate_v2");
+FAKE_EXPORT CUresult fake_legacy_capture_info(CUstream s, CUstreamCaptureStatus *status,
+					      cuuint64_t *id) __asm__("cuStreamGetCaptureInfo");
+FAKE_EXPORT CUresult fake_legacy_capture_info_ptsz(CUstream s, CUstreamCaptureStatus *status,
+						   cuuint64_t *id) __asm__("cuStreamGetCaptureInfo_ptsz");
+FAKE_EXPORT CUresult fake_legacy_capture_info_v2(CUstream s, CUstreamCaptureStatus *status,
+						 cuuint64_t *id, CUgraph *graph,
+						 const CUgraphNode **deps, size_t *ndeps)
+	__asm__("cuStreamGetCaptureInfo_v2");
+FAKE_EXPORT CUresult fake_legacy_capture_info_v2_ptsz(CUstream s, CUstreamCaptureStatus *status,
+						      cuuint64_t *id, CUgraph *graph,
+						      const CUgraphNode **deps, size_t *ndeps)
+	__asm__("cuStreamGetCaptureInfo_v2_ptsz");
+FAKE_EXPORT CUresult fake_legacy_graph_add_node(CUgraphNode *node, CUgraph graph,
+						const CUgraphNode *deps, size_t ndeps,
+						CUgraphNodeParams *params) __asm__("cuGraphAddNode");
 
 /* A client's request to another process's service thread (used by fakesmi too). Returns the
  * CUresult the target answered, or as the driver does: CUDA_ERROR_NOT_INITIALIZED for a
@@ -155,15 +172,51 @@ void fake_mem_free_ctx(struct fake_ctx *ctx);
 CUresult fake_mem_checkpoint(void);
 CUresult fake_mem_restore(void);
 size_t fake_mem_used(void);
+/* Memory of the stream-ordered pools (fakecuda_pool_async.c): an allocation of the table
+ * (found by copies, address ranges, pointer attributes; moved by checkpoints) owned by no
+ * context; dev -1: host memory (a host-location pool), not charged to a device. The pool
+ * keeps it while it caches it. Lock not held. */
+CUresult fake_mem_pool_map(int dev, size_t len, CUdeviceptr *p);
+void fake_mem_pool_unmap(CUdeviceptr p);
+/* The size cuMemGetAddressRange answers for a block reused for a smaller request. */
+void fake_mem_pool_resize(CUdeviceptr p, size_t size);
+/* Whether p is the start of a cuMemAlloc buffer (cuMemFreeAsync frees those too), and the
+ * free when the stream reaches it. */
+bool fake_mem_is_alloc(CUdeviceptr p);
+void fake_mem_free_alloc(CUdeviceptr p);
+
+/* ---- stream-ordered pools (fakecuda_pool_async.c) ---- */
+
+/* A FAKE_OP_FREE reached by its stream: the block returns to its pool unless it has been
+ * reallocated since (gen). Lock not held. */
+void fake_pool_free_done(CUdeviceptr p, uint64_t gen);
+/* After a successful synchronize: pools release cached memory above their release threshold,
+ * and completed frees become reusable by every stream. */
+void fake_pool_on_sync(void);
+/* Whether p is a live block of a pool; cuMemFree_v2 frees those into their pool at once. */
+bool fake_pool_owns(CUdeviceptr p);
+CUresult fake_pool_free_now(CUdeviceptr p);
 
 /* ---- work: operations a stream runs or a graph records (fakecuda_exec.c) ---- */
 
 struct fake_kernel;
 struct fake_event;
 
-enum fake_op_kind { FAKE_OP_COPY, FAKE_OP_SET, FAKE_OP_KERNEL, FAKE_OP_HOSTFN, FAKE_OP_EVENT };
+/* WAIT: a held stream's queue waits there for an event's record (cuStreamWaitEvent); FREE: a
+ * stream-ordered free; NOP: a node that does nothing when run (empty, memory alloc/free). */
+enum fake_op_kind {
+	FAKE_OP_COPY,
+	FAKE_OP_SET,
+	FAKE_OP_KERNEL,
+	FAKE_OP_HOSTFN,
+	FAKE_OP_EVENT,
+	FAKE_OP_WAIT,
+	FAKE_OP_FREE,
+	FAKE_OP_NOP
+};
 
 #define FAKE_MAX_ARGS 8
+#define FAKE_FREE_LIVE UINT64_MAX
 
 /* A launch's grid and block, as given (kernels that depend on them see them). */
 struct fake_dims {
@@ -193,7 +246,14 @@ struct fake_op {
 			CUhostFn fn;
 			void *data;
 		} hostfn;
-		struct fake_event *event;
+		struct { /* EVENT and WAIT: seq, the record's number, is given at submission */
+			struct fake_event *ev;
+			uint64_t seq;
+		} event;
+		struct { /* gen FAKE_FREE_LIVE: a graph's free node of a live pool block */
+			CUdeviceptr ptr;
+			uint64_t gen;
+		} free;
 	} u;
 };
 
@@ -203,5 +263,15 @@ CUresult fake_submit(CUstream stream, const struct fake_op *op);
 CUresult fake_stream_check(CUstream stream);
 /* Capture must refuse what it cannot record (asynchronous allocation). */
 bool fake_stream_capturing(CUstream stream);
+/* The device of a stream's context (a default stream: of the current context). */
+CUresult fake_stream_device(CUstream stream, int *dev);
+/* Stream-ordered allocation inside a capture: graph memory, its address fixed now and valid
+ * while the graph, its clones, parents and executables live; a free records a node (of a pool
+ * block allocated outside the graph: freed when the graph runs). */
+CUresult fake_capture_alloc(CUstream stream, int dev, size_t size, CUdeviceptr *out);
+CUresult fake_capture_free(CUstream stream, CUdeviceptr p, bool pool_block);
+/* Synchronisation of held work (fakecuda_test.h): releases every held stream and runs what
+ * they queued. The checkpoint lock and context synchronisation call it. Lock not held. */
+void fake_exec_release_all(void);
 
 #endif

@@ -58,6 +58,8 @@ static CUresult fake_transition(const char *base, CUprocessState from, CUprocess
 
 static CUresult fake_act_lock(unsigned int timeout_ms)
 {
+	/* The lock waits for the GPU's work: held streams finish first. */
+	fake_exec_release_all();
 	return fake_gate_close(timeout_ms);
 }
 

@@ -693,13 +693,22 @@ FAKE_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 	return fake_leave(CUDA_SUCCESS);
 }
 
-/* Work runs at submission, so there is never anything to wait for. */
+/* Work runs at submission; only held streams (fakecuda_test.h) have work to wait for. */
+static CUresult fake_ctx_sync(CUresult rc)
+{
+	if (rc == CUDA_SUCCESS) {
+		fake_exec_release_all();
+		fake_pool_on_sync();
+	}
+	return rc;
+}
+
 FAKE_EXPORT CUresult cuCtxSynchronize(void)
 {
 	struct fake_ctx *ctx;
 
 	FAKE_ENTER("cuCtxSynchronize");
-	return fake_leave(fake_ctx_current(&ctx));
+	return fake_leave(fake_ctx_sync(fake_ctx_current(&ctx)));
 }
 
 FAKE_EXPORT CUresult cuCtxSynchronize_v2(CUcontext handle)
@@ -707,7 +716,7 @@ FAKE_EXPORT CUresult cuCtxSynchronize_v2(CUcontext handle)
 	struct fake_ctx *ctx;
 
 	FAKE_ENTER("cuCtxSynchronize");
-	return fake_leave(fake_ctx_resolve(handle, &ctx));
+	return fake_leave(fake_ctx_sync(fake_ctx_resolve(handle, &ctx)));
 }
 
 /* ---- error strings ---- */

@@ -1,6 +1,8 @@
 /* fakecuda_exec: streams, events, modules, the built-in test kernels, launches and graphs.
- * Work runs on the submitting thread at submission; a capturing stream records it instead. */
+ * Work runs on the submitting thread at submission; a capturing stream records it instead, and
+ * a held stream (fakecuda_test.h) queues it until released or synchronised. */
 #include "fakecuda.h"
+#include "fakecuda_test.h"
 
 #include <cudaTypedefs.h>
 #include <stdlib.h>
@@ -186,16 +188,42 @@ static const struct fake_kernel fake_kernels[] = {
 
 /* ---- objects; all lists under the device lock, handles validated by lookup ---- */
 
+/* Graph memory: one allocation of a graph, shared by the graph, its clones, the graphs that
+ * hold it as a child and the executables of any of them; freed with the last. */
+struct fake_gbuf {
+	unsigned int refs; /* device lock */
+	CUdeviceptr ptr;
+	size_t len;
+	int dev;
+};
+
+struct fake_graph;
+
+/* A node added through the explicit API (captured work has no handles). */
+struct fake_gnode {
+	struct fake_graph *graph;
+	CUgraphNodeType type;
+	CUDA_MEM_ALLOC_NODE_PARAMS alloc; /* MEM_ALLOC: as given, dptr set */
+};
+
+/* Nodes run in creation order (dependencies are always on earlier nodes); a child graph's ops
+ * are copied in. */
 struct fake_graph {
 	struct fake_graph *next;
 	struct fake_op *ops;
 	size_t n, cap;
+	struct fake_gnode **nodes;
+	size_t nn, ncap;
+	struct fake_gbuf **bufs;
+	size_t nb, bcap;
 };
 
 struct fake_exec {
 	struct fake_exec *next;
 	struct fake_op *ops;
 	size_t n;
+	struct fake_gbuf **bufs;
+	size_t nb;
 };
 
 struct fake_stream {
@@ -205,12 +233,19 @@ struct fake_stream {
 	int priority;
 	struct fake_graph *capture; /* non-NULL while capturing */
 	bool invalidated;           /* a capture that an illegal call broke */
+	cuuint64_t capture_id;      /* unique per capture, as cuStreamGetCaptureInfo reports */
+	/* Work waiting to run, in order: queue[qhead, qn). It queues while the stream is held,
+	 * while anything is queued, and while a pump runs one of its ops (draining). */
+	bool held, draining;
+	struct fake_op *queue;
+	size_t qhead, qn, qcap;
 };
 
 struct fake_event {
 	struct fake_event *next;
 	unsigned int flags;
 	bool recorded;
+	uint64_t submitted, done; /* records submitted and completed: pending while done < submitted */
 	struct timespec when;
 };
 
@@ -285,6 +320,26 @@ CUresult fake_stream_check(CUstream s)
 	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+CUresult fake_stream_device(CUstream s, int *dev)
+{
+	struct fake_ctx *ctx;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (fake_stream_pseudo(s)) {
+		rc = fake_ctx_current(&ctx);
+		if (rc == CUDA_SUCCESS)
+			*dev = ctx->dev;
+		return rc;
+	}
+	fake_lock();
+	if (fake_list_has(fake_streams, s))
+		*dev = ((struct fake_stream *)s)->ctx->dev;
+	else
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	fake_unlock();
+	return rc;
+}
+
 bool fake_stream_capturing(CUstream s)
 {
 	bool capturing;
@@ -331,13 +386,120 @@ static void fake_run(const struct fake_op *op)
 		break;
 	case FAKE_OP_EVENT:
 		fake_lock();
-		if (fake_list_has(fake_events, op->u.event)) {
-			op->u.event->recorded = true;
-			clock_gettime(CLOCK_MONOTONIC, &op->u.event->when);
+		if (fake_list_has(fake_events, op->u.event.ev)) {
+			struct fake_event *ev = op->u.event.ev;
+
+			ev->recorded = true;
+			if (op->u.event.seq > ev->done)
+				ev->done = op->u.event.seq;
+			clock_gettime(CLOCK_MONOTONIC, &ev->when);
 		}
 		fake_unlock();
 		break;
+	case FAKE_OP_FREE:
+		fake_pool_free_done(op->u.free.ptr, op->u.free.gen);
+		break;
+	case FAKE_OP_WAIT: /* only in queues, where the pump handles it */
+	case FAKE_OP_NOP:
+		break;
 	}
+}
+
+/* ---- held streams: queues and the pump that runs them ---- */
+
+static bool fake_stream_queued(const struct fake_stream *st)
+{
+	return st->held || st->draining || st->qn > st->qhead;
+}
+
+/* Device lock held. */
+static CUresult fake_queue_append(struct fake_stream *st, const struct fake_op *ops, size_t n)
+{
+	if (st->qhead == st->qn)
+		st->qhead = st->qn = 0;
+	if (st->qn + n > st->qcap) {
+		size_t cap = (st->qn + n) * 2;
+		struct fake_op *p = realloc(st->queue, cap * sizeof(*p));
+
+		if (p == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		st->queue = p;
+		st->qcap = cap;
+	}
+	memcpy(st->queue + st->qn, ops, n * sizeof(*ops));
+	st->qn += n;
+	return CUDA_SUCCESS;
+}
+
+/* Whether an event has a record that has not run yet; device lock held. */
+static bool fake_event_pending(const struct fake_event *ev, uint64_t seq)
+{
+	return fake_list_has(fake_events, ev) && ev->done < seq;
+}
+
+/* Runs queued work of streams that are not held, one op at a time and outside the lock, until
+ * nothing can run: a queue stops at a wait for an event still pending. */
+static void fake_pump(void)
+{
+	for (;;) {
+		struct fake_stream *st, *run = NULL;
+		struct fake_op op;
+
+		fake_lock();
+		for (st = fake_streams; st != NULL && run == NULL; st = st->next) {
+			while (!st->held && !st->draining && st->qhead < st->qn) {
+				const struct fake_op *head = &st->queue[st->qhead];
+
+				if (head->kind == FAKE_OP_WAIT) {
+					if (fake_event_pending(head->u.event.ev, head->u.event.seq))
+						break;
+					st->qhead++;
+					continue;
+				}
+				op = *head;
+				st->qhead++;
+				st->draining = true;
+				run = st;
+				break;
+			}
+		}
+		fake_unlock();
+		if (run == NULL)
+			return;
+		fake_run(&op);
+		fake_lock();
+		if (fake_list_has(fake_streams, run))
+			run->draining = false;
+		fake_unlock();
+	}
+}
+
+void fake_exec_release_all(void)
+{
+	struct fake_stream *st;
+
+	fake_lock();
+	for (st = fake_streams; st != NULL; st = st->next)
+		st->held = false;
+	fake_unlock();
+	fake_pump();
+}
+
+FAKE_EXPORT CUresult fake_stream_hold(CUstream s, int on)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+	bool ok;
+
+	if (fake_stream_pseudo(s))
+		return CUDA_ERROR_INVALID_HANDLE;
+	fake_lock();
+	ok = fake_list_has(fake_streams, st);
+	if (ok)
+		st->held = on != 0;
+	fake_unlock();
+	if (ok && !on)
+		fake_pump();
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 static CUresult fake_graph_append(struct fake_graph *g, const struct fake_op *ops, size_t n)
@@ -356,14 +518,18 @@ static CUresult fake_graph_append(struct fake_graph *g, const struct fake_op *op
 	return CUDA_SUCCESS;
 }
 
-/* Runs ops, or appends them to the stream's capture. */
+/* Runs ops, queues them behind a held stream's work, or appends them to the stream's capture.
+ * Event records get their number here, so a replayed graph's records are new records. */
 static CUresult fake_submit_ops(CUstream stream, const struct fake_op *ops, size_t n)
 {
+	struct fake_op local[4], *copy = n <= 4 ? local : malloc(n * sizeof(*copy));
 	struct fake_stream *st = NULL;
 	CUresult rc = CUDA_SUCCESS;
-	bool recorded = false;
+	bool done = false, events = false;
 	size_t i;
 
+	if (copy == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	fake_lock();
 	if (!fake_stream_pseudo(stream)) {
 		if (!fake_list_has(fake_streams, stream))
@@ -372,16 +538,34 @@ static CUresult fake_submit_ops(CUstream stream, const struct fake_op *ops, size
 			st = (struct fake_stream *)stream;
 	}
 	if (rc == CUDA_SUCCESS && st != NULL && st->capture != NULL) {
-		recorded = true;
+		done = true;
 		rc = st->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
 				     : fake_graph_append(st->capture, ops, n);
 	}
+	if (rc == CUDA_SUCCESS && !done) {
+		memcpy(copy, ops, n * sizeof(*ops));
+		for (i = 0; i < n; i++) {
+			if (copy[i].kind == FAKE_OP_EVENT && fake_list_has(fake_events, copy[i].u.event.ev)) {
+				copy[i].u.event.seq = ++copy[i].u.event.ev->submitted;
+				events = true;
+			}
+		}
+		if (st != NULL && fake_stream_queued(st)) {
+			done = true;
+			rc = fake_queue_append(st, copy, n);
+		}
+	}
 	fake_unlock();
-	if (rc != CUDA_SUCCESS || recorded)
-		return rc;
-	for (i = 0; i < n; i++)
-		fake_run(&ops[i]);
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS && !done) {
+		for (i = 0; i < n; i++)
+			fake_run(&copy[i]);
+		/* A stream may have queued a wait for a record that was numbered but not yet run. */
+		if (events)
+			fake_pump();
+	}
+	if (copy != local)
+		free(copy);
+	return rc;
 }
 
 CUresult fake_submit(CUstream stream, const struct fake_op *op)
@@ -428,10 +612,76 @@ FAKE_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags
 	return fake_leave(fake_stream_create(ps, flags, priority));
 }
 
+static size_t fake_gmem_used[FAKE_MAX_DEVICES], fake_gmem_high[FAKE_MAX_DEVICES]; /* device lock */
+
+/* Grows an array to hold need elements. */
+static bool fake_grow(void *arrp, size_t *cap, size_t need, size_t elem)
+{
+	void **arr = arrp, *p;
+	size_t n;
+
+	if (need <= *cap)
+		return true;
+	n = need * 2;
+	p = realloc(*arr, n * elem);
+	if (p == NULL)
+		return false;
+	*arr = p;
+	*cap = n;
+	return true;
+}
+
+/* Drops one reference to each buffer; lock not held (freeing takes it). */
+static void fake_gbufs_put(struct fake_gbuf **bufs, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		struct fake_gbuf *b = bufs[i];
+		bool last;
+
+		fake_lock();
+		last = --b->refs == 0;
+		if (last)
+			fake_gmem_used[b->dev] -= b->len;
+		fake_unlock();
+		if (last) {
+			fake_mem_pool_unmap(b->ptr);
+			free(b);
+		}
+	}
+}
+
+/* Adds references to bufs to g's set, each buffer once; device lock held. */
+static CUresult fake_graph_take_bufs(struct fake_graph *g, struct fake_gbuf **bufs, size_t n)
+{
+	size_t i, j;
+
+	if (!fake_grow(&g->bufs, &g->bcap, g->nb + n, sizeof(*g->bufs)))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	for (i = 0; i < n; i++) {
+		for (j = 0; j < g->nb && g->bufs[j] != bufs[i]; j++)
+			;
+		if (j < g->nb)
+			continue;
+		bufs[i]->refs++;
+		g->bufs[g->nb++] = bufs[i];
+	}
+	return CUDA_SUCCESS;
+}
+
 static void fake_graph_free(struct fake_graph *g)
 {
-	if (g != NULL)
-		free(g->ops);
+	size_t i;
+
+	if (g == NULL)
+		return;
+	fake_gbufs_put(g->bufs, g->nb);
+	for (i = 0; i < g->nn; i++)
+		free(g->nodes[i]);
+	free(g->nodes);
+	free(g->bufs);
+	free(g->ops);
 	free(g);
 }
 
@@ -443,22 +693,41 @@ FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 	FAKE_ENTER("cuStreamDestroy");
 	if (fake_stream_pseudo(s))
 		return fake_leave(CUDA_ERROR_INVALID_HANDLE);
+	/* The driver finishes a destroyed stream's work: run what it queued first. */
+	if (fake_stream_hold(s, 0) == CUDA_SUCCESS) {
+		fake_lock();
+		if (fake_list_has(fake_streams, st) && fake_stream_queued(st)) {
+			fake_unlock();
+			fake_exec_release_all();
+		} else {
+			fake_unlock();
+		}
+	}
 	fake_lock();
 	found = fake_list_remove(&fake_streams, st);
 	fake_unlock();
 	if (!found)
 		return fake_leave(CUDA_ERROR_INVALID_HANDLE);
 	fake_graph_free(st->capture);
+	free(st->queue);
 	free(st);
 	return fake_leave(CUDA_SUCCESS);
 }
 
-/* Synchronising a capturing stream is illegal and breaks the capture, as in the driver. */
-static CUresult fake_stream_sync(CUstream s)
+/* Synchronising (or querying) a capturing stream is illegal and breaks the capture, as in the
+ * driver. A query of queued work answers NOT_READY; a synchronize releases it (the stream's own
+ * hold first, every hold when it waits for another held stream; the legacy stream waits for all). */
+static CUresult fake_stream_sync(CUstream s, bool query)
 {
 	struct fake_stream *st = (struct fake_stream *)s;
 	CUresult rc = CUDA_SUCCESS;
+	bool queued = false;
 
+	if (s == NULL || s == CU_STREAM_LEGACY) {
+		if (!query)
+			fake_exec_release_all();
+		return CUDA_SUCCESS;
+	}
 	if (fake_stream_pseudo(s))
 		return CUDA_SUCCESS;
 	fake_lock();
@@ -467,49 +736,86 @@ static CUresult fake_stream_sync(CUstream s)
 	} else if (st->capture != NULL) {
 		st->invalidated = true;
 		rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	} else {
+		queued = fake_stream_queued(st);
 	}
 	fake_unlock();
+	if (rc != CUDA_SUCCESS || !queued)
+		return rc;
+	if (query)
+		return CUDA_ERROR_NOT_READY;
+	fake_stream_hold(s, 0);
+	fake_lock();
+	queued = fake_list_has(fake_streams, st) && fake_stream_queued(st);
+	fake_unlock();
+	if (queued)
+		fake_exec_release_all();
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_stream_synchronize(CUstream s)
+{
+	CUresult rc = fake_stream_sync(s, false);
+
+	if (rc == CUDA_SUCCESS)
+		fake_pool_on_sync();
 	return rc;
 }
 
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
 	FAKE_ENTER("cuStreamSynchronize");
-	return fake_leave(fake_stream_sync(s));
+	return fake_leave(fake_stream_synchronize(s));
 }
 
 FAKE_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
 {
 	FAKE_ENTER("cuStreamSynchronize");
-	return fake_leave(fake_stream_sync(s));
+	return fake_leave(fake_stream_synchronize(s));
 }
 
 FAKE_EXPORT CUresult cuStreamQuery(CUstream s)
 {
 	FAKE_ENTER("cuStreamQuery");
-	return fake_leave(fake_stream_sync(s));
+	return fake_leave(fake_stream_sync(s, true));
 }
 
 FAKE_EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
 {
 	FAKE_ENTER("cuStreamQuery");
-	return fake_leave(fake_stream_sync(s));
+	return fake_leave(fake_stream_sync(s, true));
 }
 
+/* An event whose record is still queued: a stream of ours queues behind it; a default stream
+ * cannot queue, so the holds are released (the default stream waits for the work). */
 static CUresult fake_stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
 {
+	struct fake_op op = {.kind = FAKE_OP_WAIT};
+	struct fake_stream *st = (struct fake_stream *)s;
+	struct fake_event *e = (struct fake_event *)ev;
 	CUresult rc = fake_stream_check(s);
-	bool ok;
+	bool release = false;
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	if (flags & ~(unsigned int)CU_EVENT_WAIT_EXTERNAL)
 		return CUDA_ERROR_INVALID_VALUE;
 	fake_lock();
-	ok = fake_list_has(fake_events, ev);
+	if (!fake_list_has(fake_events, e)) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (e->done < e->submitted) {
+		if (fake_stream_pseudo(s) || !fake_list_has(fake_streams, st)) {
+			release = true;
+		} else if (st->capture == NULL) {
+			op.u.event.ev = e;
+			op.u.event.seq = e->submitted;
+			rc = fake_queue_append(st, &op, 1);
+		}
+	}
 	fake_unlock();
-	/* The event's work has already run: nothing to wait for. */
-	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	if (release)
+		fake_exec_release_all();
+	return rc;
 }
 
 FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
@@ -591,7 +897,7 @@ static CUresult fake_event_record(CUevent ev, CUstream s, unsigned int flags)
 	fake_unlock();
 	if (!ok)
 		return CUDA_ERROR_INVALID_HANDLE;
-	op.u.event = (struct fake_event *)ev;
+	op.u.event.ev = (struct fake_event *)ev;
 	return fake_submit(s, &op);
 }
 
@@ -629,16 +935,40 @@ static CUresult fake_event_check(CUevent ev)
 	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* Whether the event's latest record is still queued on a held stream. */
+static bool fake_event_queued(CUevent ev)
+{
+	struct fake_event *e = (struct fake_event *)ev;
+	bool pending;
+
+	fake_lock();
+	pending = fake_list_has(fake_events, e) && e->done < e->submitted;
+	fake_unlock();
+	return pending;
+}
+
 FAKE_EXPORT CUresult cuEventQuery(CUevent ev)
 {
+	CUresult rc;
+
 	FAKE_ENTER("cuEventQuery");
-	return fake_leave(fake_event_check(ev));
+	rc = fake_event_check(ev);
+	if (rc == CUDA_SUCCESS && fake_event_queued(ev))
+		rc = CUDA_ERROR_NOT_READY;
+	return fake_leave(rc);
 }
 
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent ev)
 {
+	CUresult rc;
+
 	FAKE_ENTER("cuEventSynchronize");
-	return fake_leave(fake_event_check(ev));
+	rc = fake_event_check(ev);
+	if (rc == CUDA_SUCCESS && fake_event_queued(ev))
+		fake_exec_release_all();
+	if (rc == CUDA_SUCCESS)
+		fake_pool_on_sync();
+	return fake_leave(rc);
 }
 
 FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent ev)
@@ -838,14 +1168,15 @@ static CUresult fake_kernel_args(const struct fake_kernel *k, void **params, voi
 	return CUDA_SUCCESS;
 }
 
-static CUresult fake_launch(CUfunction f, const struct fake_dims *d, CUstream s, void **params,
-			    void **extra)
+/* A launch's op, checked as the driver checks a launch (or a kernel node). */
+static CUresult fake_kernel_op(CUfunction f, const struct fake_dims *d, void **params, void **extra,
+			       struct fake_op *op)
 {
-	struct fake_op op = {.kind = FAKE_OP_KERNEL};
 	const struct fake_kernel *k;
 	struct fake_ctx *ctx;
 	CUresult rc;
 
+	*op = (struct fake_op){.kind = FAKE_OP_KERNEL};
 	rc = fake_ctx_current(&ctx);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -857,19 +1188,38 @@ static CUresult fake_launch(CUfunction f, const struct fake_dims *d, CUstream s,
 	    (unsigned long long)d->bx * d->by * d->bz > FAKE_MAX_THREADS_PER_BLOCK ||
 	    d->shared > FAKE_MAX_DYNAMIC_SHARED)
 		return CUDA_ERROR_INVALID_VALUE;
-	rc = fake_stream_check(s);
-	if (rc == CUDA_SUCCESS)
-		rc = fake_kernel_args(k, params, extra, op.u.kernel.args);
+	rc = fake_kernel_args(k, params, extra, op->u.kernel.args);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	if (k->check != NULL) {
-		rc = k->check(op.u.kernel.args, d);
+		rc = k->check(op->u.kernel.args, d);
 		if (rc != CUDA_SUCCESS)
 			return rc;
 	}
-	op.u.kernel.kernel = k;
-	op.u.kernel.dims = *d;
-	return fake_submit(s, &op);
+	op->u.kernel.kernel = k;
+	op->u.kernel.dims = *d;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_launch(CUfunction f, const struct fake_dims *d, CUstream s, void **params,
+			    void **extra)
+{
+	struct fake_op op;
+	struct fake_ctx *ctx;
+	CUresult rc;
+
+	rc = fake_ctx_current(&ctx);
+	if (rc == CUDA_SUCCESS && fake_function_kernel(f) == NULL)
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	if (rc == CUDA_SUCCESS)
+		rc = fake_kernel_op(f, d, params, extra, &op);
+	if (rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_SUCCESS) {
+		CUresult src = fake_stream_check(s); /* a bad stream before bad arguments */
+
+		if (src != CUDA_SUCCESS)
+			return src;
+	}
+	return rc != CUDA_SUCCESS ? rc : fake_submit(s, &op);
 }
 
 FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -965,8 +1315,11 @@ static CUresult fake_begin_capture(CUstream s, CUstreamCaptureMode mode)
 	} else if (st->capture != NULL) {
 		rc = CUDA_ERROR_ILLEGAL_STATE;
 	} else {
+		static cuuint64_t ids;
+
 		st->capture = g;
 		st->invalidated = false;
+		st->capture_id = ++ids;
 	}
 	fake_unlock();
 	if (rc != CUDA_SUCCESS)
@@ -1094,14 +1447,24 @@ static CUresult fake_instantiate(CUgraphExec *pe, CUgraph graph)
 		rc = CUDA_ERROR_INVALID_VALUE;
 	} else if (g->n > 0 && (e->ops = malloc(g->n * sizeof(*e->ops))) == NULL) {
 		rc = CUDA_ERROR_OUT_OF_MEMORY;
+	} else if (g->nb > 0 && (e->bufs = malloc(g->nb * sizeof(*e->bufs))) == NULL) {
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
 	} else {
+		size_t i;
+
 		if (g->n > 0)
 			memcpy(e->ops, g->ops, g->n * sizeof(*e->ops));
 		e->n = g->n;
+		for (i = 0; i < g->nb; i++) {
+			e->bufs[i] = g->bufs[i];
+			e->bufs[i]->refs++;
+		}
+		e->nb = g->nb;
 		fake_list_push(&fake_execs, e);
 	}
 	fake_unlock();
 	if (rc != CUDA_SUCCESS) {
+		free(e->bufs);
 		free(e->ops);
 		free(e);
 		return rc;
@@ -1181,6 +1544,8 @@ FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 	fake_unlock();
 	if (!found)
 		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	fake_gbufs_put(e->bufs, e->nb);
+	free(e->bufs);
 	free(e->ops);
 	free(e);
 	return fake_leave(CUDA_SUCCESS);
@@ -1198,4 +1563,670 @@ FAKE_EXPORT CUresult cuGraphDestroy(CUgraph graph)
 		return fake_leave(CUDA_ERROR_INVALID_VALUE);
 	fake_graph_free((struct fake_graph *)graph);
 	return fake_leave(CUDA_SUCCESS);
+}
+
+/* ---- explicit graphs and graph memory ---- */
+
+static bool fake_stream_capture_of(const struct fake_graph *g);
+
+/* Whether every dependency is a node of g; device lock held. */
+static bool fake_deps_ok(struct fake_graph *g, const CUgraphNode *deps, size_t ndeps)
+{
+	size_t i, j;
+
+	if (ndeps > 0 && deps == NULL)
+		return false;
+	for (i = 0; i < ndeps; i++) {
+		for (j = 0; j < g->nn && (CUgraphNode)g->nodes[j] != deps[i]; j++)
+			;
+		if (j == g->nn)
+			return false;
+	}
+	return true;
+}
+
+/* Appends a node running ops (a NOP when n is 0) to an explicit graph. */
+static CUresult fake_graph_add(CUgraphNode *pnode, CUgraph graph, const CUgraphNode *deps,
+			       size_t ndeps, CUgraphNodeType type, const struct fake_op *ops, size_t n,
+			       struct fake_gnode **out)
+{
+	const struct fake_op nop = {.kind = FAKE_OP_NOP};
+	struct fake_graph *g = (struct fake_graph *)graph;
+	struct fake_gnode *node;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (pnode == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	node = calloc(1, sizeof(*node));
+	if (node == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	node->graph = g;
+	node->type = type;
+	fake_lock();
+	if (!fake_list_has(fake_graphs, g) || !fake_deps_ok(g, deps, ndeps))
+		rc = CUDA_ERROR_INVALID_VALUE;
+	else if (!fake_grow(&g->nodes, &g->ncap, g->nn + 1, sizeof(*g->nodes)))
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+	else
+		rc = n == 0 ? fake_graph_append(g, &nop, 1) : fake_graph_append(g, ops, n);
+	if (rc == CUDA_SUCCESS)
+		g->nodes[g->nn++] = node;
+	fake_unlock();
+	if (rc != CUDA_SUCCESS) {
+		free(node);
+		return rc;
+	}
+	*pnode = (CUgraphNode)node;
+	if (out != NULL)
+		*out = node;
+	return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphCreate(CUgraph *pg, unsigned int flags)
+{
+	struct fake_graph *g;
+
+	FAKE_ENTER("cuGraphCreate");
+	if (pg == NULL || flags != 0)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	g = calloc(1, sizeof(*g));
+	if (g == NULL)
+		return fake_leave(CUDA_ERROR_OUT_OF_MEMORY);
+	fake_lock();
+	fake_list_push(&fake_graphs, g);
+	fake_unlock();
+	*pg = (CUgraph)g;
+	return fake_leave(CUDA_SUCCESS);
+}
+
+FAKE_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *pnode, CUgraph graph, const CUgraphNode *deps,
+					 size_t ndeps)
+{
+	FAKE_ENTER("cuGraphAddEmptyNode");
+	return fake_leave(fake_graph_add(pnode, graph, deps, ndeps, CU_GRAPH_NODE_TYPE_EMPTY, NULL, 0,
+					 NULL));
+}
+
+static CUresult fake_add_kernel(CUgraphNode *pnode, CUgraph graph, const CUgraphNode *deps,
+				size_t ndeps, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+	struct fake_dims d;
+	struct fake_op op;
+	CUresult rc;
+
+	if (p == NULL || p->func == NULL) /* CUkernel handles are not modelled */
+		return CUDA_ERROR_INVALID_VALUE;
+	d = (struct fake_dims){p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX,
+			       p->blockDimY, p->blockDimZ, p->sharedMemBytes};
+	rc = fake_kernel_op(p->func, &d, p->kernelParams, p->extra, &op);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	return fake_graph_add(pnode, graph, deps, ndeps, CU_GRAPH_NODE_TYPE_KERNEL, &op, 1, NULL);
+}
+
+FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *pnode, CUgraph graph,
+					     const CUgraphNode *deps, size_t ndeps,
+					     const CUDA_KERNEL_NODE_PARAMS *p)
+{
+	FAKE_ENTER("cuGraphAddKernelNode");
+	return fake_leave(fake_add_kernel(pnode, graph, deps, ndeps, p));
+}
+
+/* Graph memory on dev: charged now, at a fixed address, held by g; device lock not held. */
+static CUresult fake_gbuf_new(struct fake_graph *g, int dev, size_t size, CUdeviceptr *out)
+{
+	struct fake_gbuf *b = calloc(1, sizeof(*b));
+	CUresult rc;
+
+	if (b == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	b->len = (size + 4095) / 4096 * 4096;
+	b->dev = dev;
+	rc = fake_mem_pool_map(dev, b->len, &b->ptr);
+	if (rc != CUDA_SUCCESS) {
+		free(b);
+		return rc;
+	}
+	fake_lock();
+	if (!fake_list_has(fake_graphs, g) && !fake_stream_capture_of(g)) {
+		rc = CUDA_ERROR_INVALID_VALUE;
+	} else if (!fake_grow(&g->bufs, &g->bcap, g->nb + 1, sizeof(*g->bufs))) {
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		b->refs = 1;
+		g->bufs[g->nb++] = b;
+		fake_gmem_used[dev] += b->len;
+		if (fake_gmem_used[dev] > fake_gmem_high[dev])
+			fake_gmem_high[dev] = fake_gmem_used[dev];
+	}
+	fake_unlock();
+	if (rc != CUDA_SUCCESS) {
+		fake_mem_pool_unmap(b->ptr);
+		free(b);
+		return rc;
+	}
+	*out = b->ptr;
+	return CUDA_SUCCESS;
+}
+
+/* As the driver checks a graph allocation: pinned device memory, no handle types. */
+static CUresult fake_alloc_params_check(const CUmemPoolProps *pp, size_t bytesize)
+{
+	if (pp->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+	    pp->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+	    pp->handleTypes != CU_MEM_HANDLE_TYPE_NONE || bytesize == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (pp->location.id < 0 || pp->location.id >= fake_device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_add_mem_alloc(CUgraphNode *pnode, CUgraph graph, const CUgraphNode *deps,
+				   size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+	struct fake_graph *g = (struct fake_graph *)graph;
+	struct fake_gnode *node;
+	CUdeviceptr ptr;
+	CUresult rc;
+	bool ok;
+
+	if (p == NULL || pnode == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = fake_alloc_params_check(&p->poolProps, p->bytesize);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	fake_lock();
+	ok = fake_list_has(fake_graphs, g) && fake_deps_ok(g, deps, ndeps);
+	fake_unlock();
+	if (!ok)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = fake_gbuf_new(g, p->poolProps.location.id, p->bytesize, &ptr);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fake_graph_add(pnode, graph, deps, ndeps, CU_GRAPH_NODE_TYPE_MEM_ALLOC, NULL, 0, &node);
+	if (rc != CUDA_SUCCESS)
+		return rc; /* the buffer stays the graph's */
+	p->dptr = ptr;
+	node->alloc = *p;
+	node->alloc.accessDescs = NULL; /* the caller's array */
+	return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *pnode, CUgraph graph,
+					    const CUgraphNode *deps, size_t ndeps,
+					    CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+	FAKE_ENTER("cuGraphAddMemAllocNode");
+	return fake_leave(fake_add_mem_alloc(pnode, graph, deps, ndeps, p));
+}
+
+/* Whether p lies in memory graph g holds; device lock held. */
+static bool fake_graph_owns(const struct fake_graph *g, CUdeviceptr p)
+{
+	size_t i;
+
+	for (i = 0; i < g->nb; i++)
+		if (p >= g->bufs[i]->ptr && p < g->bufs[i]->ptr + g->bufs[i]->len)
+			return true;
+	return false;
+}
+
+/* A free node: of the graph's own memory, nothing to do when run (the memory lives with the
+ * graph); of a live pool block, the block is freed when the graph runs. */
+static CUresult fake_add_mem_free(CUgraphNode *pnode, CUgraph graph, const CUgraphNode *deps,
+				  size_t ndeps, CUdeviceptr ptr)
+{
+	struct fake_graph *g = (struct fake_graph *)graph;
+	struct fake_op op = {.kind = FAKE_OP_NOP};
+	bool own;
+
+	fake_lock();
+	own = fake_list_has(fake_graphs, g) && fake_graph_owns(g, ptr);
+	fake_unlock();
+	if (!own && !fake_pool_owns(ptr))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!own) {
+		op.kind = FAKE_OP_FREE;
+		op.u.free.ptr = ptr;
+		op.u.free.gen = FAKE_FREE_LIVE;
+	}
+	return fake_graph_add(pnode, graph, deps, ndeps, CU_GRAPH_NODE_TYPE_MEM_FREE, &op, 1, NULL);
+}
+
+FAKE_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *pnode, CUgraph graph,
+					   const CUgraphNode *deps, size_t ndeps, CUdeviceptr ptr)
+{
+	FAKE_ENTER("cuGraphAddMemFreeNode");
+	return fake_leave(fake_add_mem_free(pnode, graph, deps, ndeps, ptr));
+}
+
+static CUresult fake_add_node(CUgraphNode *pnode, CUgraph graph, const CUgraphNode *deps,
+			      size_t ndeps, CUgraphNodeParams *p)
+{
+	CUDA_KERNEL_NODE_PARAMS k;
+	CUDA_MEM_ALLOC_NODE_PARAMS a;
+	CUresult rc;
+
+	if (p == NULL || p->reserved0[0] || p->reserved0[1] || p->reserved0[2] || p->reserved2)
+		return CUDA_ERROR_INVALID_VALUE;
+	switch (p->type) {
+	case CU_GRAPH_NODE_TYPE_EMPTY:
+		return fake_graph_add(pnode, graph, deps, ndeps, CU_GRAPH_NODE_TYPE_EMPTY, NULL, 0, NULL);
+	case CU_GRAPH_NODE_TYPE_KERNEL:
+		memset(&k, 0, sizeof(k));
+		k.func = p->kernel.func;
+		k.gridDimX = p->kernel.gridDimX;
+		k.gridDimY = p->kernel.gridDimY;
+		k.gridDimZ = p->kernel.gridDimZ;
+		k.blockDimX = p->kernel.blockDimX;
+		k.blockDimY = p->kernel.blockDimY;
+		k.blockDimZ = p->kernel.blockDimZ;
+		k.sharedMemBytes = p->kernel.sharedMemBytes;
+		k.kernelParams = p->kernel.kernelParams;
+		k.extra = p->kernel.extra;
+		return fake_add_kernel(pnode, graph, deps, ndeps, &k);
+	case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+		memset(&a, 0, sizeof(a));
+		a.poolProps = p->alloc.poolProps;
+		a.accessDescs = p->alloc.accessDescs;
+		a.accessDescCount = p->alloc.accessDescCount;
+		a.bytesize = p->alloc.bytesize;
+		rc = fake_add_mem_alloc(pnode, graph, deps, ndeps, &a);
+		if (rc == CUDA_SUCCESS)
+			p->alloc.dptr = a.dptr;
+		return rc;
+	case CU_GRAPH_NODE_TYPE_MEM_FREE:
+		return fake_add_mem_free(pnode, graph, deps, ndeps, p->free.dptr);
+	default:
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+}
+
+FAKE_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *pnode, CUgraph graph, const CUgraphNode *deps,
+				       const CUgraphEdgeData *edges, size_t ndeps,
+				       CUgraphNodeParams *p)
+{
+	size_t i;
+
+	FAKE_ENTER("cuGraphAddNode");
+	for (i = 0; edges != NULL && i < ndeps; i++)
+		if (edges[i].type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT)
+			return fake_leave(CUDA_ERROR_NOT_SUPPORTED);
+	return fake_leave(fake_add_node(pnode, graph, deps, ndeps, p));
+}
+
+static const PFN_cuGraphAddNode_v12020 fake_check_add_node_v1 __attribute__((unused)) =
+	fake_legacy_graph_add_node;
+CUresult fake_legacy_graph_add_node(CUgraphNode *pnode, CUgraph graph, const CUgraphNode *deps,
+				    size_t ndeps, CUgraphNodeParams *p)
+{
+	FAKE_ENTER("cuGraphAddNode");
+	return fake_leave(fake_add_node(pnode, graph, deps, ndeps, p));
+}
+
+/* The node handle, if it is one of a live graph; device lock held. */
+static struct fake_gnode *fake_gnode_find(CUgraphNode handle)
+{
+	struct fake_graph *g;
+	size_t i;
+
+	for (g = fake_graphs; g != NULL; g = g->next)
+		for (i = 0; i < g->nn; i++)
+			if ((CUgraphNode)g->nodes[i] == handle)
+				return g->nodes[i];
+	return NULL;
+}
+
+FAKE_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *out)
+{
+	struct fake_gnode *n;
+	CUresult rc = CUDA_SUCCESS;
+
+	FAKE_ENTER("cuGraphMemAllocNodeGetParams");
+	if (out == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	fake_lock();
+	n = fake_gnode_find(node);
+	if (n == NULL || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+		rc = CUDA_ERROR_INVALID_VALUE;
+	else
+		*out = n->alloc;
+	fake_unlock();
+	return fake_leave(rc);
+}
+
+FAKE_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
+{
+	struct fake_gnode *n;
+	CUresult rc = CUDA_SUCCESS;
+
+	FAKE_ENTER("cuGraphNodeGetType");
+	if (type == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	fake_lock();
+	n = fake_gnode_find(node);
+	if (n == NULL)
+		rc = CUDA_ERROR_INVALID_VALUE;
+	else
+		*type = n->type;
+	fake_unlock();
+	return fake_leave(rc);
+}
+
+/* A copy of g's ops and nodes sharing its memory; device lock held. */
+static CUresult fake_graph_copy(struct fake_graph *g, struct fake_graph **out)
+{
+	struct fake_graph *c = calloc(1, sizeof(*c));
+	CUresult rc = CUDA_SUCCESS;
+	size_t i;
+
+	if (c == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (g->n > 0)
+		rc = fake_graph_append(c, g->ops, g->n);
+	if (rc == CUDA_SUCCESS && !fake_grow(&c->nodes, &c->ncap, g->nn, sizeof(*c->nodes)))
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+	for (i = 0; rc == CUDA_SUCCESS && i < g->nn; i++) {
+		struct fake_gnode *n = malloc(sizeof(*n));
+
+		if (n == NULL) {
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+			break;
+		}
+		*n = *g->nodes[i];
+		n->graph = c;
+		c->nodes[c->nn++] = n;
+	}
+	if (rc == CUDA_SUCCESS)
+		rc = fake_graph_take_bufs(c, g->bufs, g->nb);
+	if (rc != CUDA_SUCCESS) {
+		for (i = 0; i < c->nn; i++)
+			free(c->nodes[i]);
+		free(c->nodes);
+		free(c->ops);
+		free(c->bufs); /* references are taken only on success */
+		free(c);
+		return rc;
+	}
+	*out = c;
+	return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphClone(CUgraph *pclone, CUgraph graph)
+{
+	struct fake_graph *g = (struct fake_graph *)graph, *c = NULL;
+	CUresult rc;
+
+	FAKE_ENTER("cuGraphClone");
+	if (pclone == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	fake_lock();
+	rc = fake_list_has(fake_graphs, g) ? fake_graph_copy(g, &c) : CUDA_ERROR_INVALID_VALUE;
+	if (rc == CUDA_SUCCESS)
+		fake_list_push(&fake_graphs, c);
+	fake_unlock();
+	if (rc == CUDA_SUCCESS)
+		*pclone = (CUgraph)c;
+	return fake_leave(rc);
+}
+
+/* The child's work is copied in (the driver clones the child); its memory is held by the
+ * parent too. */
+FAKE_EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *pnode, CUgraph graph,
+					      const CUgraphNode *deps, size_t ndeps, CUgraph child)
+{
+	struct fake_graph *g = (struct fake_graph *)graph, *c = (struct fake_graph *)child;
+	struct fake_op *ops = NULL;
+	size_t n = 0;
+	CUresult rc = CUDA_SUCCESS;
+
+	FAKE_ENTER("cuGraphAddChildGraphNode");
+	fake_lock();
+	if (!fake_list_has(fake_graphs, g) || !fake_list_has(fake_graphs, c) || g == c) {
+		rc = CUDA_ERROR_INVALID_VALUE;
+	} else if (c->n > 0 && (ops = malloc(c->n * sizeof(*ops))) == NULL) {
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		n = c->n;
+		if (n > 0)
+			memcpy(ops, c->ops, n * sizeof(*ops));
+		rc = fake_graph_take_bufs(g, c->bufs, c->nb);
+	}
+	fake_unlock();
+	if (rc == CUDA_SUCCESS)
+		rc = fake_graph_add(pnode, graph, deps, ndeps, CU_GRAPH_NODE_TYPE_GRAPH, ops, n, NULL);
+	free(ops);
+	return fake_leave(rc);
+}
+
+FAKE_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph graph,
+						  CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+	CUresult rc;
+
+	FAKE_ENTER("cuGraphInstantiateWithParams");
+	if (p == NULL)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	rc = fake_instantiate(pe, graph);
+	p->hErrNode_out = NULL;
+	p->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+	return fake_leave(rc);
+}
+
+/* Graph memory is never cached apart from the graphs that hold it: nothing to trim. */
+FAKE_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+	FAKE_ENTER("cuDeviceGraphMemTrim");
+	return fake_leave(dev >= 0 && dev < fake_device_count() ? CUDA_SUCCESS
+							       : CUDA_ERROR_INVALID_DEVICE);
+}
+
+static CUresult fake_graph_mem_attr(CUdevice dev, CUgraphMem_attribute attr, void *value, bool set)
+{
+	CUresult rc = CUDA_SUCCESS;
+	cuuint64_t *v = value;
+
+	if (dev < 0 || dev >= fake_device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (v == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	fake_lock();
+	switch (attr) {
+	case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+	case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+		if (set)
+			rc = CUDA_ERROR_INVALID_VALUE;
+		else
+			*v = fake_gmem_used[dev];
+		break;
+	case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+	case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: /* a reset only */
+		if (set && *v != 0)
+			rc = CUDA_ERROR_INVALID_VALUE;
+		else if (set)
+			fake_gmem_high[dev] = fake_gmem_used[dev];
+		else
+			*v = fake_gmem_high[dev];
+		break;
+	default:
+		rc = CUDA_ERROR_INVALID_VALUE;
+	}
+	fake_unlock();
+	return rc;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
+{
+	FAKE_ENTER("cuDeviceGetGraphMemAttribute");
+	return fake_leave(fake_graph_mem_attr(dev, attr, value, false));
+}
+
+FAKE_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
+{
+	FAKE_ENTER("cuDeviceSetGraphMemAttribute");
+	return fake_leave(fake_graph_mem_attr(dev, attr, value, true));
+}
+
+/* ---- stream-ordered memory inside a capture ---- */
+
+/* The stream capturing into g, if any; device lock held. */
+static bool fake_stream_capture_of(const struct fake_graph *g)
+{
+	struct fake_stream *st;
+
+	for (st = fake_streams; st != NULL; st = st->next)
+		if (st->capture == g)
+			return true;
+	return false;
+}
+
+/* The graph a stream captures into; device lock held. */
+static CUresult fake_capture_graph(CUstream s, struct fake_graph **g)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+
+	if (fake_stream_pseudo(s) || !fake_list_has(fake_streams, st) || st->capture == NULL)
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	if (st->invalidated)
+		return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	*g = st->capture;
+	return CUDA_SUCCESS;
+}
+
+CUresult fake_capture_alloc(CUstream s, int dev, size_t size, CUdeviceptr *out)
+{
+	const struct fake_op nop = {.kind = FAKE_OP_NOP};
+	struct fake_graph *g = NULL;
+	CUresult rc;
+
+	fake_lock();
+	rc = fake_capture_graph(s, &g);
+	fake_unlock();
+	if (rc == CUDA_SUCCESS)
+		rc = fake_gbuf_new(g, dev, size, out);
+	return rc == CUDA_SUCCESS ? fake_submit(s, &nop) : rc;
+}
+
+CUresult fake_capture_free(CUstream s, CUdeviceptr p, bool pool_block)
+{
+	struct fake_op op = {.kind = FAKE_OP_NOP};
+	struct fake_graph *g = NULL;
+	CUresult rc;
+
+	fake_lock();
+	rc = fake_capture_graph(s, &g);
+	if (rc == CUDA_SUCCESS && !fake_graph_owns(g, p) && !pool_block)
+		rc = CUDA_ERROR_INVALID_VALUE;
+	fake_unlock();
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (pool_block) {
+		op.kind = FAKE_OP_FREE;
+		op.u.free.ptr = p;
+		op.u.free.gen = FAKE_FREE_LIVE;
+	}
+	return fake_submit(s, &op);
+}
+
+/* ---- capture information and modes ---- */
+
+static _Thread_local CUstreamCaptureMode fake_thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+FAKE_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+	CUstreamCaptureMode old;
+
+	FAKE_ENTER("cuThreadExchangeStreamCaptureMode");
+	if (mode == NULL || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+			     *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+			     *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	old = fake_thread_capture_mode;
+	fake_thread_capture_mode = *mode;
+	*mode = old;
+	return fake_leave(CUDA_SUCCESS);
+}
+
+/* Dependencies are not tracked: an active capture reports none. */
+static CUresult fake_capture_info(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
+				  CUgraph *graph, const CUgraphNode **deps,
+				  const CUgraphEdgeData **edges, size_t *ndeps)
+{
+	struct fake_stream *st = (struct fake_stream *)s;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (status == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	*status = CU_STREAM_CAPTURE_STATUS_NONE;
+	if (graph != NULL)
+		*graph = NULL;
+	if (deps != NULL)
+		*deps = NULL;
+	if (edges != NULL)
+		*edges = NULL;
+	if (ndeps != NULL)
+		*ndeps = 0;
+	if (fake_stream_pseudo(s))
+		return CUDA_SUCCESS;
+	fake_lock();
+	if (!fake_list_has(fake_streams, st)) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (st->capture != NULL) {
+		*status = st->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+					  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+		if (id != NULL)
+			*id = st->capture_id;
+		if (graph != NULL)
+			*graph = (CUgraph)st->capture;
+	}
+	fake_unlock();
+	return rc;
+}
+
+FAKE_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status,
+					       cuuint64_t *id, CUgraph *graph,
+					       const CUgraphNode **deps,
+					       const CUgraphEdgeData **edges, size_t *ndeps)
+{
+	FAKE_ENTER("cuStreamGetCaptureInfo");
+	return fake_leave(fake_capture_info(s, status, id, graph, deps, edges, ndeps));
+}
+
+FAKE_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatus *status,
+						    cuuint64_t *id, CUgraph *graph,
+						    const CUgraphNode **deps,
+						    const CUgraphEdgeData **edges, size_t *ndeps)
+{
+	FAKE_ENTER("cuStreamGetCaptureInfo");
+	return fake_leave(fake_capture_info(s, status, id, graph, deps, edges, ndeps));
+}
+
+static const PFN_cuStreamGetCaptureInfo_v11030 fake_check_capture_info_v2 __attribute__((unused)) =
+	fake_legacy_capture_info_v2;
+CUresult fake_legacy_capture_info_v2(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
+				     CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)
+{
+	FAKE_ENTER("cuStreamGetCaptureInfo");
+	return fake_leave(fake_capture_info(s, status, id, graph, deps, NULL, ndeps));
+}
+
+CUresult fake_legacy_capture_info_v2_ptsz(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
+					  CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)
+{
+	FAKE_ENTER("cuStreamGetCaptureInfo");
+	return fake_leave(fake_capture_info(s, status, id, graph, deps, NULL, ndeps));
+}
+
+static const PFN_cuStreamGetCaptureInfo_v10010 fake_check_capture_info_v1 __attribute__((unused)) =
+	fake_legacy_capture_info;
+CUresult fake_legacy_capture_info(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id)
+{
+	FAKE_ENTER("cuStreamGetCaptureInfo");
+	return fake_leave(fake_capture_info(s, status, id, NULL, NULL, NULL, NULL));
+}
+
+CUresult fake_legacy_capture_info_ptsz(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id)
+{
+	FAKE_ENTER("cuStreamGetCaptureInfo");
+	return fake_leave(fake_capture_info(s, status, id, NULL, NULL, NULL, NULL));
 }

@@ -20,7 +20,7 @@
 
 enum fake_alloc_kind {
 	FAKE_ALLOC_DEVICE,  /* cuMemAlloc, cuMemAllocPitch */
-	FAKE_ALLOC_ASYNC,   /* cuMemAllocAsync */
+	FAKE_ALLOC_ASYNC,   /* a stream-ordered pool's block (fakecuda_pool_async.c) */
 	FAKE_ALLOC_MANAGED, /* cuMemAllocManaged */
 	FAKE_ALLOC_HOST,    /* cuMemAllocHost, cuMemHostAlloc: pinned host memory */
 	FAKE_ALLOC_REGISTERED, /* cuMemHostRegister: the caller's memory, not ours */
@@ -32,7 +32,8 @@ struct fake_alloc {
 	char *base;
 	size_t size;    /* as requested */
 	size_t map_len; /* bytes mapped and charged (page-rounded); 0 for registered memory */
-	struct fake_ctx *ctx;
+	struct fake_ctx *ctx; /* NULL for pool memory, which outlives contexts */
+	int dev;              /* the device charged; -1: host memory */
 	unsigned long long id;
 	void *saved; /* contents while checkpointed */
 };
@@ -365,6 +366,7 @@ static CUresult fake_alloc_new(enum fake_alloc_kind kind, size_t size, struct fa
 	a->size = size;
 	a->map_len = fake_round(size, FAKE_PAGE);
 	a->ctx = ctx;
+	a->dev = ctx->dev;
 	fake_lock();
 	rc = fake_is_device_kind(kind) ? fake_charge(ctx->dev, a->map_len) : CUDA_SUCCESS;
 	fake_unlock();
@@ -405,17 +407,14 @@ static CUresult fake_alloc_free_locked(const char *base, unsigned int mask)
 		*pp = a->next;
 		if (a->kind != FAKE_ALLOC_REGISTERED)
 			munmap(a->base, a->map_len);
-		if (fake_is_device_kind(a->kind))
-			fake_discharge(a->ctx->dev, a->map_len);
+		if (fake_is_device_kind(a->kind) && a->dev >= 0)
+			fake_discharge(a->dev, a->map_len);
 		free(a->saved);
 		free(a);
 		return CUDA_SUCCESS;
 	}
 	return CUDA_ERROR_INVALID_VALUE;
 }
-
-#define FAKE_MASK_DEVICE \
-	((1u << FAKE_ALLOC_DEVICE) | (1u << FAKE_ALLOC_ASYNC) | (1u << FAKE_ALLOC_MANAGED))
 
 static CUresult fake_alloc_free(CUdeviceptr dp, unsigned int mask)
 {
@@ -483,8 +482,11 @@ FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 
 	FAKE_ENTER("cuMemFree");
 	rc = fake_ctx_current(&ctx);
-	if (rc == CUDA_SUCCESS && dptr != 0)
-		rc = fake_alloc_free(dptr, FAKE_MASK_DEVICE);
+	/* Pool memory too (the runtime's cudaFree accepts it): back to its pool at once. */
+	if (rc == CUDA_SUCCESS && dptr != 0 && fake_pool_owns(dptr))
+		rc = fake_pool_free_now(dptr);
+	else if (rc == CUDA_SUCCESS && dptr != 0)
+		rc = fake_alloc_free(dptr, (1u << FAKE_ALLOC_DEVICE) | (1u << FAKE_ALLOC_MANAGED));
 	return fake_leave(rc);
 }
 
@@ -502,58 +504,78 @@ FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned 
 	return fake_leave(rc);
 }
 
-/* Stream-ordered allocation: work runs at submission, so "in stream order" is "now". */
-static CUresult fake_alloc_async(CUdeviceptr *dptr, size_t size, CUstream stream)
+/* ---- memory of the stream-ordered pools (fakecuda_pool_async.c) ---- */
+
+CUresult fake_mem_pool_map(int dev, size_t len, CUdeviceptr *out)
+{
+	struct fake_alloc *a = calloc(1, sizeof(*a));
+	CUresult rc = CUDA_SUCCESS;
+	void *p;
+
+	if (a == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	a->kind = dev >= 0 ? FAKE_ALLOC_ASYNC : FAKE_ALLOC_HOST;
+	a->size = len;
+	a->map_len = fake_round(len, FAKE_PAGE);
+	a->dev = dev;
+	fake_lock();
+	if (dev >= 0)
+		rc = fake_charge(dev, a->map_len);
+	fake_unlock();
+	if (rc != CUDA_SUCCESS) {
+		free(a);
+		return rc;
+	}
+	p = mmap(NULL, a->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		 -1, 0);
+	fake_lock();
+	if (p == MAP_FAILED) {
+		if (dev >= 0)
+			fake_discharge(dev, a->map_len);
+		fake_unlock();
+		free(a);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	a->base = p;
+	a->id = fake_next_id++;
+	a->next = fake_allocs;
+	fake_allocs = a;
+	fake_unlock();
+	*out = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+void fake_mem_pool_unmap(CUdeviceptr p)
+{
+	fake_alloc_free(p, (1u << FAKE_ALLOC_ASYNC) | (1u << FAKE_ALLOC_HOST));
+}
+
+void fake_mem_pool_resize(CUdeviceptr p, size_t size)
 {
 	struct fake_alloc *a;
-	CUresult rc;
 
-	if (dptr == NULL)
-		return CUDA_ERROR_INVALID_VALUE;
-	rc = fake_stream_check(stream);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	if (fake_stream_capturing(stream))
-		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-	rc = fake_alloc_new(FAKE_ALLOC_ASYNC, size, &a);
-	if (rc == CUDA_SUCCESS)
-		*dptr = (CUdeviceptr)(uintptr_t)a->base;
-	return rc;
+	fake_lock();
+	a = fake_alloc_find((const char *)(uintptr_t)p, 1);
+	if (a != NULL && a->base == (char *)(uintptr_t)p && size <= a->map_len)
+		a->size = size;
+	fake_unlock();
 }
 
-FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream)
+void fake_mem_free_alloc(CUdeviceptr p)
 {
-	FAKE_ENTER("cuMemAllocAsync");
-	return fake_leave(fake_alloc_async(dptr, size, stream));
+	fake_alloc_free(p, 1u << FAKE_ALLOC_DEVICE);
 }
 
-FAKE_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream)
+bool fake_mem_is_alloc(CUdeviceptr p)
 {
-	FAKE_ENTER("cuMemAllocAsync");
-	return fake_leave(fake_alloc_async(dptr, size, stream));
-}
+	struct fake_alloc *a;
+	bool is;
 
-static CUresult fake_free_async(CUdeviceptr dptr, CUstream stream)
-{
-	CUresult rc = fake_stream_check(stream);
-
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	if (fake_stream_capturing(stream))
-		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-	return fake_alloc_free(dptr, (1u << FAKE_ALLOC_DEVICE) | (1u << FAKE_ALLOC_ASYNC));
-}
-
-FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
-{
-	FAKE_ENTER("cuMemFreeAsync");
-	return fake_leave(fake_free_async(dptr, stream));
-}
-
-FAKE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
-{
-	FAKE_ENTER("cuMemFreeAsync");
-	return fake_leave(fake_free_async(dptr, stream));
+	fake_lock();
+	a = fake_alloc_find((const char *)(uintptr_t)p, 1);
+	is = a != NULL && a->kind == FAKE_ALLOC_DEVICE && a->base == (char *)(uintptr_t)p;
+	fake_unlock();
+	return is;
 }
 
 FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
@@ -756,7 +778,7 @@ FAKE_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr,
 	host = !is_map && (found.kind == FAKE_ALLOC_HOST || found.kind == FAKE_ALLOC_REGISTERED);
 	managed = !is_map && found.kind == FAKE_ALLOC_MANAGED;
 	if (!is_map)
-		dev = found.ctx->dev;
+		dev = found.dev < 0 ? 0 : found.dev;
 	range_base = found.base;
 	range_size = found.size;
 	switch (attr) {
@@ -1244,7 +1266,7 @@ CUresult fake_mem_checkpoint(void)
 			continue;
 		memcpy(a->saved, a->base, a->size);
 		fake_unback(a->base, a->map_len);
-		fake_discharge(a->ctx->dev, a->map_len);
+		fake_discharge(a->dev, a->map_len);
 	}
 	for (m = fake_maps; m != NULL; m = m->next)
 		fake_unback(m->va, m->size);
@@ -1277,7 +1299,7 @@ CUresult fake_mem_restore(void)
 	fake_lock();
 	for (a = fake_allocs; a != NULL; a = a->next)
 		if (fake_is_device_kind(a->kind))
-			need[a->ctx->dev] += a->map_len;
+			need[a->dev] += a->map_len;
 	for (ph = fake_physs; ph != NULL; ph = ph->next)
 		need[ph->prop.location.id] += ph->size;
 	/* Charge the whole footprint first: the device may have been filled meanwhile. */

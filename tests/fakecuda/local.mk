@@ -7,9 +7,11 @@ fakecuda_sources = \
 	tests/fakecuda/fakecuda_mem.c \
 	tests/fakecuda/fakecuda_copy.c \
 	tests/fakecuda/fakecuda_exec.c \
+	tests/fakecuda/fakecuda_pool_async.c \
 	tests/fakecuda/fakecuda_ckpt.c \
 	tests/fakecuda/fakecuda_procaddr.c
-fakecuda_headers = tests/fakecuda/fakecuda.h tests/fakecuda/fakecuda_pool.h tests/progs/gcr_kernels.h
+fakecuda_headers = tests/fakecuda/fakecuda.h tests/fakecuda/fakecuda_pool.h tests/fakecuda/fakecuda_test.h \
+	tests/progs/gcr_kernels.h
 # The digest math the stand-in's gcr_chunk_digest shares with the shim (distributed with shim/),
 # and lib/'s way into another namespace's files, which the checkpoint client shares with gcrctl.
 fakecuda_deps = shim/core/shim_digest_math.h lib/gcr_procns.h lib/gcr_error.h

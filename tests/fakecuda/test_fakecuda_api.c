@@ -1,5 +1,6 @@
 /* test_fakecuda_api: the stand-in driver's own semantics the shim relies on: VMM mapping and
- * release rules, faults on unbacked memory, accounting, cuGetProcAddress resolution, capture. */
+ * release rules, faults on unbacked memory, accounting, cuGetProcAddress resolution, capture,
+ * held streams, stream-ordered pools. */
 #include <cuda.h>
 #include <pthread.h>
 #include <signal.h>
@@ -10,11 +11,13 @@
 #include <unistd.h>
 
 #include "../unit/util.h"
+#include "fakecuda_test.h"
 #include "shim_digest_math.h"
 #include "shim_digest_ptx.h"
 
 extern __typeof__(cuLaunchKernel) cuLaunchKernel_ptsz;
 extern __typeof__(cuMemcpyHtoD_v2) cuMemcpyHtoD_v2_ptds;
+extern __typeof__(cuMemAllocFromPoolAsync) cuMemAllocFromPoolAsync_ptsz;
 
 #define MIB ((size_t)1 << 20)
 
@@ -76,6 +79,11 @@ static void test_procaddr(void)
 	CHECK(resolve("cuNoSuchCall", 13000, 0, &rc, &st) == NULL && rc == CUDA_SUCCESS &&
 	      st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
 	CHECK(resolve("cuMemAlloc", 13000, 8, &rc, &st) == NULL && rc == CUDA_ERROR_INVALID_VALUE);
+	CHECK(resolve("cuMemAllocFromPoolAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+		      &rc, &st) == (void *)&cuMemAllocFromPoolAsync_ptsz);
+	CHECK(resolve("cuMemPoolTrimTo", 11020, 0, &rc, &st) == (void *)&cuMemPoolTrimTo);
+	CHECK(resolve("cuMemPoolCreate", 11000, 0, &rc, &st) == NULL &&
+	      st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
 }
 
 static void test_vmm(void)
@@ -175,6 +183,306 @@ static void test_capture(void)
 	CHECK(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 	CHECK(cuGraphExecDestroy(e) == CUDA_SUCCESS);
 	CHECK(cuMemFree(p) == CUDA_SUCCESS);
+	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
+static uint32_t word_at(CUdeviceptr p)
+{
+	uint32_t w = 0xdeadbeefu;
+
+	return cuMemcpyDtoH(&w, p, 4) == CUDA_SUCCESS ? w : 0xdeadbeefu;
+}
+
+/* A held stream queues its work; events recorded there stay pending and streams that wait for
+ * them queue behind; releasing or synchronising runs everything in order. */
+static void test_hold(CUcontext ctx)
+{
+	CUstream s, t;
+	CUevent e;
+	CUdeviceptr p;
+
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&p, 64) == CUDA_SUCCESS && cuMemsetD32(p, 0, 16) == CUDA_SUCCESS);
+	CHECK(fake_stream_hold(NULL, 1) == CUDA_ERROR_INVALID_HANDLE);
+	CHECK(fake_stream_hold(s, 1) == CUDA_SUCCESS);
+	CHECK(cuMemsetD32Async(p, 5, 16, s) == CUDA_SUCCESS);
+	CHECK(cuEventRecord(e, s) == CUDA_SUCCESS);
+	CHECK(word_at(p) == 0);
+	CHECK(cuEventQuery(e) == CUDA_ERROR_NOT_READY && cuStreamQuery(s) == CUDA_ERROR_NOT_READY);
+	CHECK(cuStreamWaitEvent(t, e, 0) == CUDA_SUCCESS);
+	CHECK(cuMemsetD32Async(p, 7, 1, t) == CUDA_SUCCESS); /* behind s's memset */
+	CHECK(cuStreamQuery(t) == CUDA_ERROR_NOT_READY && word_at(p) == 0);
+	CHECK(fake_stream_hold(s, 0) == CUDA_SUCCESS);
+	CHECK(word_at(p) == 7 && word_at(p + 4) == 5);
+	CHECK(cuEventQuery(e) == CUDA_SUCCESS && cuStreamQuery(t) == CUDA_SUCCESS);
+	/* Synchronising held work releases it: a stream, a stream waiting for it, an event, the
+	 * context. */
+	CHECK(fake_stream_hold(s, 1) == CUDA_SUCCESS && cuMemsetD32Async(p, 9, 1, s) == CUDA_SUCCESS);
+	CHECK(word_at(p) == 7 && cuStreamSynchronize(s) == CUDA_SUCCESS && word_at(p) == 9);
+	CHECK(fake_stream_hold(s, 1) == CUDA_SUCCESS && cuEventRecord(e, s) == CUDA_SUCCESS);
+	CHECK(cuStreamWaitEvent(t, e, 0) == CUDA_SUCCESS && cuMemsetD32Async(p, 10, 1, t) == CUDA_SUCCESS);
+	CHECK(cuStreamSynchronize(t) == CUDA_SUCCESS && word_at(p) == 10);
+	CHECK(fake_stream_hold(s, 1) == CUDA_SUCCESS && cuEventRecord(e, s) == CUDA_SUCCESS);
+	CHECK(cuEventSynchronize(e) == CUDA_SUCCESS && cuEventQuery(e) == CUDA_SUCCESS);
+	CHECK(fake_stream_hold(s, 1) == CUDA_SUCCESS && cuMemsetD32Async(p, 11, 1, s) == CUDA_SUCCESS);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS && word_at(p) == 11);
+	/* A destroyed stream's queued work still runs. */
+	CHECK(fake_stream_hold(s, 1) == CUDA_SUCCESS && cuMemsetD32Async(p, 12, 1, s) == CUDA_SUCCESS);
+	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS && word_at(p) == 12);
+	CHECK(cuMemFree(p) == CUDA_SUCCESS);
+	CHECK(cuEventDestroy(e) == CUDA_SUCCESS && cuStreamDestroy(t) == CUDA_SUCCESS);
+	(void)ctx;
+}
+
+static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute attr)
+{
+	cuuint64_t v = ~0ull;
+
+	return cuMemPoolGetAttribute(pool, attr, &v) == CUDA_SUCCESS ? v : ~0ull;
+}
+
+static CUmemPoolProps device_pool_props(void)
+{
+	CUmemPoolProps props;
+
+	memset(&props, 0, sizeof(props));
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = 0;
+	return props;
+}
+
+static void test_pool_props(void)
+{
+	CUmemPoolProps props = device_pool_props();
+	CUmemoryPool def, cur, pool;
+	CUmemAccess_flags flags;
+	CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+	CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+	cuuint64_t v;
+	int on = -1;
+
+	CHECK(cuDeviceGetDefaultMemPool(&def, 0) == CUDA_SUCCESS && def != NULL);
+	CHECK(cuDeviceGetMemPool(&cur, 0) == CUDA_SUCCESS && cur == def);
+	CHECK(cuDeviceGetDefaultMemPool(&def, 99) == CUDA_ERROR_INVALID_DEVICE);
+	CHECK(cuMemPoolDestroy(def) == CUDA_ERROR_INVALID_VALUE); /* the default pool stays */
+	props.allocType = CU_MEM_ALLOCATION_TYPE_INVALID;
+	CHECK(cuMemPoolCreate(&pool, &props) == CUDA_ERROR_INVALID_VALUE);
+	props = device_pool_props();
+	props.reserved[3] = 1;
+	CHECK(cuMemPoolCreate(&pool, &props) == CUDA_ERROR_INVALID_VALUE);
+	props = device_pool_props();
+	props.location.id = 99;
+	CHECK(cuMemPoolCreate(&pool, &props) == CUDA_ERROR_INVALID_VALUE);
+	props = device_pool_props();
+	CHECK(cuMemPoolCreate(&pool, &props) == CUDA_SUCCESS);
+	CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &on) == CUDA_SUCCESS &&
+	      on == 1);
+	CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) == 0);
+	v = 5;
+	CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &v) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v) == CUDA_SUCCESS &&
+	      pool_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) == 5);
+	CHECK(cuMemPoolGetAccess(&flags, pool, &loc) == CUDA_SUCCESS &&
+	      flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	CHECK(cuMemPoolSetAccess(pool, &acc, 1) == CUDA_ERROR_INVALID_VALUE); /* its own device */
+	CHECK(cuDeviceSetMemPool(0, pool) == CUDA_SUCCESS);
+	CHECK(cuDeviceGetMemPool(&cur, 0) == CUDA_SUCCESS && cur == pool);
+	CHECK(cuMemPoolDestroy(pool) == CUDA_SUCCESS);
+	CHECK(cuMemPoolDestroy(pool) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuDeviceGetMemPool(&cur, 0) == CUDA_SUCCESS && cur == def); /* back to the default */
+}
+
+/* Stream order: a free pending on a held stream is reusable at once on that stream, not on
+ * another; a completed free is reusable anywhere (opportunistically, or after a synchronize);
+ * cached memory counts as the device's and goes at a synchronize above the threshold or a trim. */
+static void test_pool_order(void)
+{
+	CUmemPoolProps props = device_pool_props();
+	const cuuint64_t threshold = 64 * MIB;
+	CUmemoryPool pool;
+	CUstream s, t;
+	CUdeviceptr a, b, c, d, base = 0;
+	size_t before, size = 0;
+	int off = 0;
+
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuMemPoolCreate(&pool, &props) == CUDA_SUCCESS);
+	CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (void *)&threshold) ==
+	      CUDA_SUCCESS);
+	before = free_bytes();
+	CHECK(cuMemAllocFromPoolAsync(&a, MIB, pool, s) == CUDA_SUCCESS);
+	CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == MIB &&
+	      pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == MIB);
+	CHECK(free_bytes() == before - MIB);
+	CHECK(cuMemsetD32Async(a, 3, MIB / 4, s) == CUDA_SUCCESS && word_at(a + 100) == 3);
+	CHECK(cuMemGetAddressRange(&base, &size, a + 10) == CUDA_SUCCESS && base == a && size == MIB);
+
+	CHECK(fake_stream_hold(s, 1) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(a, s) == CUDA_SUCCESS);
+	CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0);
+	CHECK(cuMemAllocFromPoolAsync(&b, MIB, pool, t) == CUDA_SUCCESS && b != a); /* pending on s */
+	CHECK(cuMemAllocFromPoolAsync(&c, MIB, pool, s) == CUDA_SUCCESS && c == a); /* stream order */
+	CHECK(cuMemFreeAsync(c, s) == CUDA_SUCCESS);
+	CHECK(fake_stream_hold(s, 0) == CUDA_SUCCESS); /* both frees run; the first is stale */
+	CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 2 * MIB &&
+	      pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == MIB);
+	CHECK(cuMemAllocFromPoolAsync(&c, MIB, pool, t) == CUDA_SUCCESS && c == a); /* completed */
+	CHECK(cuMemFreeAsync(c, t) == CUDA_SUCCESS);
+
+	/* Without opportunistic reuse, a free completed on t waits for a synchronize. */
+	CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(b, t) == CUDA_SUCCESS);
+	CHECK(cuMemAllocFromPoolAsync(&d, MIB, pool, s) == CUDA_SUCCESS && d != a && d != b);
+	CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 3 * MIB);
+	CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS && cuStreamSynchronize(t) == CUDA_SUCCESS);
+	CHECK(cuMemAllocFromPoolAsync(&c, MIB, pool, s) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(c, s) == CUDA_SUCCESS);
+	CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 3 * MIB); /* under threshold */
+	CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 2 * MIB);
+	CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &(cuuint64_t){0}) ==
+	      CUDA_SUCCESS && pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 0);
+	CHECK(cuMemPoolTrimTo(pool, MIB) == CUDA_SUCCESS &&
+	      pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == MIB);
+	CHECK(cuMemPoolTrimTo(pool, 0) == CUDA_SUCCESS && free_bytes() == before);
+	CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) == 3 * MIB);
+
+	/* The default pool's threshold is 0: a synchronize gives cached memory back. */
+	CHECK(cuMemAllocAsync(&a, 3 * MIB, s) == CUDA_SUCCESS && free_bytes() == before - 3 * MIB);
+	CHECK(cuMemFreeAsync(a, s) == CUDA_SUCCESS && free_bytes() == before - 3 * MIB);
+	CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS && free_bytes() == before);
+
+	/* cuMemFree frees pool memory at once; cuMemFreeAsync frees a cuMemAlloc buffer in order. */
+	CHECK(cuMemAllocFromPoolAsync(&a, 4096, pool, s) == CUDA_SUCCESS && cuMemFree(a) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(a, s) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemAlloc(&a, 4096) == CUDA_SUCCESS && fake_stream_hold(s, 1) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(a, s) == CUDA_SUCCESS);
+	CHECK(cuMemGetAddressRange(NULL, NULL, a) == CUDA_SUCCESS);
+	CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+	CHECK(cuMemGetAddressRange(NULL, NULL, a) == CUDA_ERROR_NOT_FOUND);
+
+	/* A destroyed pool's live blocks stay valid until freed. */
+	CHECK(cuMemAllocFromPoolAsync(&a, MIB, pool, s) == CUDA_SUCCESS);
+	CHECK(cuMemPoolDestroy(pool) == CUDA_SUCCESS);
+	CHECK(cuMemAllocFromPoolAsync(&b, MIB, pool, s) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemsetD32Async(a, 4, MIB / 4, s) == CUDA_SUCCESS && word_at(a) == 4);
+	CHECK(cuMemFreeAsync(a, s) == CUDA_SUCCESS && free_bytes() == before);
+	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS && cuStreamDestroy(t) == CUDA_SUCCESS);
+}
+
+/* Only pools with a handle type export; pointers import in the same process. */
+static void test_pool_export(void)
+{
+	CUmemPoolProps props = device_pool_props();
+	CUmemPoolPtrExportData data;
+	CUmemoryPool plain, shared;
+	CUdeviceptr a, b = 0;
+	int fd = -1;
+
+	CHECK(cuMemPoolCreate(&plain, &props) == CUDA_SUCCESS);
+	props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	CHECK(cuMemPoolCreate(&shared, &props) == CUDA_SUCCESS);
+	CHECK(cuMemPoolExportToShareableHandle(&fd, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+	      CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemPoolExportToShareableHandle(&fd, shared, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+	      CUDA_SUCCESS && fd >= 0);
+	if (fd >= 0)
+		close(fd);
+	CHECK(cuMemAllocFromPoolAsync(&a, 4096, plain, NULL) == CUDA_SUCCESS);
+	CHECK(cuMemPoolExportPointer(&data, a) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuMemFreeAsync(a, NULL) == CUDA_SUCCESS);
+	CHECK(cuMemAllocFromPoolAsync(&a, 4096, shared, NULL) == CUDA_SUCCESS);
+	CHECK(cuMemPoolExportPointer(&data, a) == CUDA_SUCCESS);
+	CHECK(cuMemPoolImportPointer(&b, shared, &data) == CUDA_SUCCESS && b == a);
+	CHECK(cuMemFreeAsync(a, NULL) == CUDA_SUCCESS);
+	CHECK(cuMemPoolDestroy(plain) == CUDA_SUCCESS && cuMemPoolDestroy(shared) == CUDA_SUCCESS);
+}
+
+static cuuint64_t graph_mem(void)
+{
+	cuuint64_t v = ~0ull;
+
+	return cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v) == CUDA_SUCCESS ? v : ~0ull;
+}
+
+/* Graph memory: captured cuMemAllocAsync/cuMemFreeAsync and explicit alloc/free nodes get an
+ * address at capture, valid while the graph, its clones, parents or executables live. */
+static void test_graph_memory(void)
+{
+	CUDA_MEM_ALLOC_NODE_PARAMS ap, got;
+	CUgraphNodeParams np;
+	CUstreamCaptureStatus cs;
+	CUgraphNode n1, n2, n3, n4;
+	CUgraphNodeType type;
+	CUgraph g, e, clone, parent, cg;
+	CUgraphExec x;
+	CUstream s;
+	CUdeviceptr p, q, blk;
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	cuuint64_t id = 0, base = graph_mem();
+	size_t before = free_bytes(), nd = 1;
+	const CUgraphNode *deps = NULL;
+
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS && mode == CU_STREAM_CAPTURE_MODE_GLOBAL);
+	CHECK(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS && mode == CU_STREAM_CAPTURE_MODE_RELAXED);
+	CHECK(cuMemAllocAsync(&blk, 4096, s) == CUDA_SUCCESS);
+	CHECK(cuStreamGetCaptureInfo(s, &cs, &id, &cg, &deps, NULL, &nd) == CUDA_SUCCESS &&
+	      cs == CU_STREAM_CAPTURE_STATUS_NONE);
+	CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+	CHECK(cuStreamGetCaptureInfo(s, &cs, &id, &cg, &deps, NULL, &nd) == CUDA_SUCCESS &&
+	      cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && id != 0 && cg != NULL && nd == 0);
+	CHECK(cuMemAllocAsync(&p, 8192, s) == CUDA_SUCCESS);
+	CHECK(graph_mem() == base + 8192 && free_bytes() == before - 4096 - 8192); /* fixed at capture */
+	CHECK(cuMemsetD32Async(p, 6, 2048, s) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+	CHECK(cuMemFreeAsync(blk, s) == CUDA_SUCCESS); /* allocated outside: freed when run */
+	CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
+	CHECK(word_at(p) == 0 && cuMemGetAddressRange(NULL, NULL, blk) == CUDA_SUCCESS);
+	CHECK(cuGraphClone(&clone, g) == CUDA_SUCCESS);
+	CHECK(cuGraphInstantiate(&x, clone, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphDestroy(g) == CUDA_SUCCESS && cuGraphDestroy(clone) == CUDA_SUCCESS);
+	CHECK(graph_mem() == base + 8192); /* the executable holds it */
+	CHECK(cuGraphLaunch(x, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS);
+	CHECK(word_at(p + 4) == 6);
+	CHECK(cuGraphExecDestroy(x) == CUDA_SUCCESS && graph_mem() == base && free_bytes() == before);
+
+	/* Explicit nodes; a child graph's memory is held by its parent. */
+	CHECK(cuGraphCreate(&e, 0) == CUDA_SUCCESS);
+	memset(&ap, 0, sizeof(ap));
+	ap.poolProps = device_pool_props();
+	ap.bytesize = 3 * 4096;
+	CHECK(cuGraphAddEmptyNode(&n1, e, NULL, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphAddMemAllocNode(&n2, e, &n1, 1, &ap) == CUDA_SUCCESS && ap.dptr != 0);
+	CHECK(cuGraphMemAllocNodeGetParams(n2, &got) == CUDA_SUCCESS && got.dptr == ap.dptr &&
+	      got.bytesize == 3 * 4096);
+	CHECK(cuGraphMemAllocNodeGetParams(n1, &got) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuGraphNodeGetType(n2, &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+	memset(&np, 0, sizeof(np));
+	np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+	np.alloc.poolProps = device_pool_props();
+	np.alloc.bytesize = 4096;
+	CHECK(cuGraphAddNode(&n3, e, &n2, NULL, 1, &np) == CUDA_SUCCESS && np.alloc.dptr != 0);
+	q = np.alloc.dptr;
+	CHECK(cuGraphAddMemFreeNode(&n4, e, &n3, 1, ap.dptr) == CUDA_SUCCESS);
+	CHECK(cuGraphAddMemFreeNode(&n4, e, &n3, 1, 12345) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(cuGraphAddMemFreeNode(&n4, e, &n1, 1, (CUdeviceptr)n1) == CUDA_ERROR_INVALID_VALUE);
+	CHECK(graph_mem() == base + 4 * 4096);
+	CHECK(cuGraphCreate(&parent, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphAddChildGraphNode(&n1, parent, NULL, 0, e) == CUDA_SUCCESS);
+	CHECK(cuGraphDestroy(e) == CUDA_SUCCESS && graph_mem() == base + 4 * 4096);
+	CHECK(cuMemsetD32(q, 1, 1024) == CUDA_SUCCESS);
+	CHECK(cuGraphInstantiate(&x, parent, 0) == CUDA_SUCCESS);
+	CHECK(cuGraphLaunch(x, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS);
+	CHECK(cuGraphDestroy(parent) == CUDA_SUCCESS && cuGraphExecDestroy(x) == CUDA_SUCCESS);
+	CHECK(graph_mem() == base && free_bytes() == before);
+	CHECK(cuDeviceGraphMemTrim(0) == CUDA_SUCCESS);
+	CHECK(cuDeviceSetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &(cuuint64_t){0}) ==
+	      CUDA_SUCCESS);
 	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
@@ -357,6 +665,11 @@ int main(void)
 	test_memory();
 	test_vmm();
 	test_capture();
+	test_hold(ctx);
+	test_pool_props();
+	test_pool_order();
+	test_pool_export();
+	test_graph_memory();
 	test_digest();
 	test_lock_timeout(ctx);
 	return test_summary("test_fakecuda_api");

@@ -16,3 +16,6 @@ EXTRA_DIST += tests/flow/test_alloc_sweep.sh tests/flow/test_alloc_sweep.py
 # Process images with the real CRIU (GCR_CRIU, scripts/install-criu.sh): fails, never skips, without one.
 TESTS += tests/flow/test_image.sh
 EXTRA_DIST += tests/flow/test_image.sh tests/flow/test_image.py
+# Stream-ordered memory (pools, graph memory) on the shim's fast path, suspended at random moments.
+TESTS += tests/flow/test_pools.sh
+EXTRA_DIST += tests/flow/test_pools.sh tests/flow/test_pools.py

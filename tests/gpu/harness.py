@@ -44,6 +44,7 @@ class Config:
         self.gcrctl = repo_path("GCRCTL", "node-agent/gcrctl")
         self.shim = repo_path("GCR_SHIM", "shim/.libs/libgcr.so")
         self.testprog = repo_path("TESTPROG", "tests/progs/gcr-testprog")
+        self.poolprog = repo_path("POOLPROG", "tests/progs/gcr-poolprog")
         self.fatbin = repo_path("FATBIN", os.path.join(build, "gcr_kernels.fatbin"))
         self.rt_test = repo_path("RT_TEST", os.path.join(build, "rt_test"))
         self.rt_test_shared = repo_path("RT_TEST_SHARED", os.path.join(build, "rt_test_shared"))

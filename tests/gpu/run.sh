@@ -7,8 +7,9 @@
 #        [--bench] [--no-cr] [--no-overhead] [--bench-sizes "1 4 16 64"] [--bench-reps 3]
 #        [--bench-cases sizes,keep,serving,reserved] [--bench-keep "1 16"] [--bench-reserved 60:4]
 #        [--bench-serving 16:1] [--bench-serving-cycles 4] [--driver-reps-big 1]
-#        [--bench-torch] [--overhead-reps 3] [--overhead-args "ARGS for bench_overhead.py"]
-# (bench/bench_cr.py --help says what each case runs; "none" turns --bench-reserved/--bench-serving off.)
+#        [--bench-torch | --bench-torch-progs "torch torch-async"] [--overhead-reps 3] [--overhead-args "ARGS for bench_overhead.py"]
+# (bench/bench_cr.py --help says what each case runs; "none" turns --bench-reserved/--bench-serving off,
+# and --bench-cases none runs only the --bench-torch-progs programs' size runs.)
 # Env: GCR_BUILD_DONE=1 skips the autotools build; GCR_TIME_BUDGET_S (540) bounds the whole run and
 #      later phases are reported NOT RUN when it is near; NVCC (/usr/local/cuda/bin/nvcc);
 #      GCR_GPU_BUILD (build-gpu: where the nvcc outputs go); GCRCTL, GCR_SHIM, TESTPROG as harness.py.
@@ -28,7 +29,7 @@ mkdir -p "$OUT"
 LOGS=$(mktemp -d /tmp/gcr-run-logs.XXXXXX)
 exec > >(tee -a "$OUT/run.log") 2>&1
 
-RUN_TESTS=1 RUN_BENCH=0 RUN_CR=1 RUN_OVERHEAD=1 BENCH_TORCH=0
+RUN_TESTS=1 RUN_BENCH=0 RUN_CR=1 RUN_OVERHEAD=1 BENCH_TORCH_PROGS=
 BENCH_SIZES="1 4 16 64" BENCH_REPS=3 OVERHEAD_REPS=3 OVERHEAD_ARGS=
 BENCH_CASES=sizes,keep,serving,reserved BENCH_KEEP="1 16" BENCH_RESERVED=60:4 BENCH_SERVING=16:1
 BENCH_SERVING_CYCLES=4 DRIVER_REPS_BIG=1
@@ -42,7 +43,8 @@ while [ $# -gt 0 ]; do
 	--no-overhead) RUN_OVERHEAD=0 ;;
 	--bench-sizes) BENCH_SIZES=$2; shift ;;
 	--bench-reps) BENCH_REPS=$2; shift ;;
-	--bench-torch) BENCH_TORCH=1 ;;
+	--bench-torch) BENCH_TORCH_PROGS=torch ;;
+	--bench-torch-progs) BENCH_TORCH_PROGS=$2; shift ;;
 	--bench-cases) BENCH_CASES=$2; shift ;;
 	--bench-keep) BENCH_KEEP=$2; shift ;;
 	--bench-reserved) BENCH_RESERVED=$2; shift ;;
@@ -180,18 +182,20 @@ fi
 
 if [ "$RUN_BENCH" = 1 ] && [ "$RUN_CR" = 1 ]; then
 	section "bench: checkpoint/restore latency"
-	# shellcheck disable=SC2086
-	bounded bench_cr $PYTHON bench/bench_cr.py --reps "$BENCH_REPS" --cases "$BENCH_CASES" \
-		--keep-context "$BENCH_KEEP" --reserved "$BENCH_RESERVED" --serving "$BENCH_SERVING" \
-		--serving-cycles "$BENCH_SERVING_CYCLES" --driver-reps-big "$DRIVER_REPS_BIG" $BENCH_SIZES
-	rc=$?
-	[ $rc -eq 0 ] && note "bench_cr: ok" || { [ $rc -ne 125 ] && note "bench_cr: some runs FAILED or NOT RUN (exit $rc)"; }
-	if [ "$BENCH_TORCH" = 1 ]; then
+	if [ "$BENCH_CASES" != none ]; then
 		# shellcheck disable=SC2086
-		bounded bench_cr_torch $PYTHON bench/bench_cr.py --prog torch --cases sizes --reps "$BENCH_REPS" $BENCH_SIZES
+		bounded bench_cr $PYTHON bench/bench_cr.py --reps "$BENCH_REPS" --cases "$BENCH_CASES" \
+			--keep-context "$BENCH_KEEP" --reserved "$BENCH_RESERVED" --serving "$BENCH_SERVING" \
+			--serving-cycles "$BENCH_SERVING_CYCLES" --driver-reps-big "$DRIVER_REPS_BIG" $BENCH_SIZES
 		rc=$?
-		[ $rc -eq 0 ] && note "bench_cr torch: ok" || { [ $rc -ne 125 ] && note "bench_cr torch: some runs FAILED or NOT RUN (exit $rc)"; }
+		[ $rc -eq 0 ] && note "bench_cr: ok" || { [ $rc -ne 125 ] && note "bench_cr: some runs FAILED or NOT RUN (exit $rc)"; }
 	fi
+	for prog in $BENCH_TORCH_PROGS; do
+		# shellcheck disable=SC2086
+		bounded "bench_cr_$prog" $PYTHON bench/bench_cr.py --prog "$prog" --cases sizes --reps "$BENCH_REPS" $BENCH_SIZES
+		rc=$?
+		[ $rc -eq 0 ] && note "bench_cr $prog: ok" || { [ $rc -ne 125 ] && note "bench_cr $prog: some runs FAILED or NOT RUN (exit $rc)"; }
+	done
 	pack
 fi
 if [ "$RUN_BENCH" = 1 ] && [ "$RUN_OVERHEAD" = 1 ]; then

@@ -362,11 +362,25 @@ def seen_check(T, pid, extra):
     if "expandable" in extra:
         check(calls.get("cuMemCreate", 0) > 0 and calls.get("cuMemMap", 0) > 0,
               "expandable segments: no cuMemCreate/cuMemMap seen: %s" % calls)
+    elif "async" in extra:
+        check(calls.get("cuMemAllocAsync", 0) > 0 and calls.get("cuMemFreeAsync", 0) > 0,
+              "cudaMallocAsync backend: no cuMemAllocAsync/cuMemFreeAsync seen: %s" % calls)
     else:
         check(calls.get("cuMemAlloc_v2", 0) > 0, "no cuMemAlloc seen: %s" % calls)
     if "--graphs" in extra:
         check(sum(v for k, v in calls.items() if k.startswith("cuGraphLaunch")) > 0,
               "CUDA graphs: no cuGraphLaunch seen: %s" % calls)
+
+
+def pool_check(T, pid):
+    """Issue 19: stream-ordered memory is the shim's (its arena's segments, moved at PCIe speed),
+    none left to the driver's pools (before: "0.0 of 64.0 MiB moved by the shim")."""
+    st = T.ctl("status", pid)
+    b = H.dig(st.data, "shim", "bytes") or {}
+    T.log(event="pool", bytes=b, pool=H.dig(st.data, "shim", "pool"))
+    print("  shim bytes %s; pool %s" % (b, H.dig(st.data, "shim", "pool")), flush=True)
+    check(isinstance(b.get("pool"), int) and b["pool"] > 0, "no pool segments in the shim's status: %s" % b)
+    check(b.get("async") == 0, "%s bytes left to the driver's pools: %s" % (b.get("async"), b))
 
 
 def torch_test(extra):
@@ -380,6 +394,8 @@ def torch_test(extra):
         p.send("go")
         recs = cycles(T, p, pid)
         seen_check(T, pid, extra)
+        if "async" in extra:
+            pool_check(T, pid)
         got = finish(T, p, want_digest=True)
         T.log(event="digest", reference=ref, suspended=got, bytes=nbytes,
               gpu_mib_suspended=[r["gpu_mib_suspended"] for r in recs])
@@ -393,6 +409,31 @@ test("torch-default-alloc", 90, TORCH_NEEDS)(torch_test(["--alloc", "default"]))
 test("torch-expandable-segments", 90, TORCH_NEEDS)(torch_test(["--alloc", "expandable"]))
 test("torch-cuda-graphs", 90, TORCH_NEEDS)(torch_test(["--alloc", "default", "--graphs"]))
 test("torch-expandable-graphs", 90, TORCH_NEEDS)(torch_test(["--alloc", "expandable", "--graphs"]))
+@test("poolprog-pools-graphs", 60, ("gcrctl", "shim", "poolprog", "fatbin"))
+def t_poolprog(T):
+    """Issue 19, driver API: an explicit pool, cuMemAllocFromPoolAsync and cuMemAllocAsync on
+    several streams, frees on other streams, trim, a captured graph with allocations inside and
+    an explicit graph with memory nodes; DIGEST equal with and without suspends, and the pools'
+    memory moved by the shim."""
+    argv = [T.cfg.poolprog, "--module", T.cfg.fatbin, "--mib", TP_MIB, "--threads", TP_THREADS,
+            "--steps", TP_ITERS, "--wait"]
+    p, pid, _ = T.start("reference", argv)
+    p.send("go")
+    ref = finish(T, p, want_digest=True)
+    p, pid, _ = T.start("suspended", argv)
+    p.send("go")
+    recs = cycles(T, p, pid)
+    pool_check(T, pid)
+    got = finish(T, p, want_digest=True)
+    T.log(event="digest", reference=ref, suspended=got)
+    print("  digest reference %s, with %d suspends %s" % (ref, len(recs), got), flush=True)
+    check(ref == got, "DIGEST differs after suspend/resume: reference %s, got %s" % (ref, got))
+
+
+# Issue 19: PyTorch's cudaMallocAsync backend (stream-ordered pools) on the shim's fast path.
+test("torch-async-alloc", 90, TORCH_NEEDS)(torch_test(["--alloc", "async"]))
+test("torch-async-train", 90, TORCH_NEEDS)(torch_test(["--alloc", "async", "--train"]))
+test("torch-async-graphs", 90, TORCH_NEEDS)(torch_test(["--alloc", "async", "--graphs"]))
 
 
 # ---- incremental suspend and zero-skip (issue 5) ---------------------------------------------

@@ -30,8 +30,14 @@ import time
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--alloc", choices=["default", "expandable"], default="default",
-                    help="PyTorch caching allocator mode (expandable = expandable_segments:True)")
+    ap.add_argument("--alloc", choices=["default", "expandable", "async"], default="default",
+                    help="PyTorch allocator: the caching allocator (default), with expandable_segments:True "
+                         "(expandable), or the backend:cudaMallocAsync allocator (async: stream-ordered "
+                         "cudaMallocAsync/cudaFreeAsync per tensor, issue 19)")
+    ap.add_argument("--train", action="store_true",
+                    help="train instead of serving: each step a forward, cross-entropy loss, backward and "
+                         "SGD-momentum update in float32 (gradients set to None: allocation-heavy); the "
+                         "DIGEST then also covers every parameter after the last step")
     ap.add_argument("--graphs", action="store_true", help="capture the forward in a CUDA graph and replay it")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--extra-gib", type=float, default=0.0,
@@ -71,6 +77,8 @@ ARGS = parse_args()
 # Both must be set before torch (and CUDA) initialise.
 if ARGS.alloc == "expandable":
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+elif ARGS.alloc == "async":
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
@@ -208,9 +216,35 @@ class State:
 def build(a, dev, dtype):
     torch.manual_seed(a.seed)
     model = TinyGPT(a)  # initialised on the CPU: identical weights in every process
+    if a.train:
+        return model.to(device=dev).train()  # float32: updates stay finite step after step
     model = model.to(device=dev, dtype=dtype).eval()
     model.mask = model.mask.to(dtype)
     return model
+
+
+class Trainer:
+    """--train: one optimisation step per call on a static input buffer; returns the step's
+    last-position logits (before the update), detached, as the serving Runner does."""
+
+    def __init__(self, a, model, dev):
+        self.model = model
+        self.vocab = a.vocab
+        self.static_in = torch.zeros(a.batch, a.seq, dtype=torch.long, device=dev)
+        self.opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=False)
+
+    def step(self, tokens):
+        self.static_in.copy_(tokens, non_blocking=True)
+        logits = self.model(self.static_in)
+        # Next-token targets: the input shifted by one (the last position predicts the first).
+        loss = F.cross_entropy(logits.view(-1, self.vocab), self.static_in.roll(-1, dims=1).view(-1))
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return logits.detach()
+
+    def state_bytes(self):
+        return b"".join(tensor_bytes(p) for p in self.model.parameters())
 
 
 class Runner:
@@ -358,6 +392,8 @@ def serve(a, runner, dev, extra, state):
     if a.wait and not a.commands:
         wait_stdin("check")
     digest.update(tensor_bytes(acc))
+    if isinstance(runner, Trainer):
+        digest.update(runner.state_bytes())
     if state.t is not None:
         digest.update(tensor_bytes(state.t))
     bad = extra.bad_chunks()
@@ -378,8 +414,11 @@ def main(a):
     if a.steps < 0 or a.bench_steps < 0 or a.d_model % a.heads:
         raise RuntimeError("bad sizes: steps >= 0, bench-steps >= 0, d-model divisible by heads")
     dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
-    info("torch %s cuda %s alloc_conf=%r graphs=%s dtype=%s" % (
-        torch.__version__, torch.version.cuda, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), a.graphs, a.dtype))
+    if a.train and (a.graphs or a.bench_steps or a.bench_blocks):
+        raise RuntimeError("--train runs alone: not with --graphs or the benchmarks")
+    info("torch %s cuda %s alloc_conf=%r backend=%s graphs=%s train=%s dtype=%s" % (
+        torch.__version__, torch.version.cuda, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        torch.cuda.get_allocator_backend() if dev.type == "cuda" else "cpu", a.graphs, a.train, a.dtype))
     if a.commands:
         a.wait = True
     model = build(a, dev, dtype)
@@ -389,8 +428,8 @@ def main(a):
         # Free what building them left cached, so the process holds what it uses.
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    with torch.no_grad():
-        runner = Runner(a, model, dev)
+    with torch.set_grad_enabled(a.train):
+        runner = Trainer(a, model, dev) if a.train else Runner(a, model, dev)
         if dev.type == "cuda":
             torch.cuda.synchronize()
             held = torch.cuda.memory_reserved()

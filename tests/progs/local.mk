@@ -9,6 +9,14 @@ tests_progs_gcr_testprog_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_progs_gcr_testprog_LDADD = -L$(top_builddir)/tests/fakecuda -l:libcuda.so.1 -ldl
 EXTRA_tests_progs_gcr_testprog_DEPENDENCIES = $(FAKECUDA_LIB)
 
+# gcr-poolprog: stream-ordered memory (pools, cross-stream frees, graphs with memory nodes),
+# linked the same way.
+noinst_PROGRAMS += tests/progs/gcr-poolprog
+tests_progs_gcr_poolprog_SOURCES = tests/progs/gcr_poolprog.c tests/progs/gcr_kernels.h
+tests_progs_gcr_poolprog_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_progs_gcr_poolprog_LDADD = -L$(top_builddir)/tests/fakecuda -l:libcuda.so.1 -lpthread -ldl
+EXTRA_tests_progs_gcr_poolprog_DEPENDENCIES = $(FAKECUDA_LIB)
+
 # nvcc -fatbin -arch=sm_90 -o gcr_kernels.fatbin tests/progs/gcr_kernels.cu
 EXTRA_DIST += tests/progs/gcr_kernels.cu
 

@@ -102,3 +102,17 @@ tests_unit_test_shim_staging_SOURCES = tests/unit/test_shim_staging.c $(SHIM_COR
 tests_unit_test_shim_staging_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
 tests_unit_test_shim_staging_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 EXTRA_tests_unit_test_shim_staging_DEPENDENCIES = $(FAKECUDA_LIB)
+
+# The stream-ordered arena (shim_pool) on fake GPU callbacks: no driver.
+check_PROGRAMS += tests/unit/test_shim_pool
+TESTS += tests/unit/test_shim_pool
+tests_unit_test_shim_pool_SOURCES = tests/unit/test_shim_pool.c shim/core/shim_pool.c shim/core/shim_pool.h
+tests_unit_test_shim_pool_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_pool_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -lpthread
+# Stream-ordered allocation through the CUDA entry points, on the stand-in driver's pools.
+check_PROGRAMS += tests/unit/test_shim_cuda_pool
+TESTS += tests/unit/test_shim_cuda_pool
+tests_unit_test_shim_cuda_pool_SOURCES = tests/unit/test_shim_cuda_pool.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_cuda_pool_CPPFLAGS = $(SHIM_TEST_CPPFLAGS) -I$(srcdir)/tests/fakecuda
+tests_unit_test_shim_cuda_pool_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_cuda_pool_DEPENDENCIES = $(FAKECUDA_LIB)
