@@ -35,7 +35,8 @@ void gcr_imgcr_expect_here(struct gcr_image_expect *e)
 	snprintf(e->shim_version, sizeof(e->shim_version), "%s", PACKAGE_VERSION);
 }
 
-/* One request to pid's shim (a fresh connection: the socket may have been renamed). */
+/* One request to pid's shim (a fresh connection: the socket may have been renamed). args is
+ * stolen: gcr_client_call takes it, and it is dropped here when no call is made. */
 static int shim_call(pid_t pid, const char *sock_dir, enum gcr_op op, json_t *args, json_t **res, char *path,
 		     size_t plen, struct gcr_err *err)
 {
@@ -46,17 +47,16 @@ static int shim_call(pid_t pid, const char *sock_dir, enum gcr_op op, json_t *ar
 		if (path != NULL)
 			snprintf(path, plen, "%s", c.path);
 		rc = gcr_client_call(&c, op, args, IMAGE_OP_MS, res, err);
+	} else {
+		json_decref(args);
 	}
 	gcr_client_close(&c);
-	json_decref(args);
-	if (rc < 0)
-		*res = NULL; /* not ours to free */
 	return rc;
 }
 
 /* The same at a socket path (a restored process: its listening socket, restored by CRIU, does
  * not carry its pid in its credentials, so gcr_client_open would not take it). The peer
- * must say it is pid. */
+ * must say it is pid. args is stolen. */
 static int shim_call_at(const char *path, pid_t pid, enum gcr_op op, json_t *args, json_t **res, struct gcr_err *err)
 {
 	struct gcr_client c = { .fd = -1, .pid = pid, .next_id = 1 };
@@ -69,11 +69,10 @@ static int shim_call_at(const char *path, pid_t pid, enum gcr_op op, json_t *arg
 		rc = gcr_err_set(err, -ESRCH, "the shim at %s is not pid %d's", path, (int)pid);
 	json_decref(st);
 	if (rc == 0)
-		rc = gcr_client_call(&c, op, args, IMAGE_OP_MS, res, err);
-	if (rc < 0)
-		*res = NULL;
+		rc = gcr_client_call(&c, op, args, IMAGE_OP_MS, res, err); /* steals args */
+	else
+		json_decref(args);
 	gcr_client_close(&c);
-	json_decref(args);
 	return rc;
 }
 
