@@ -183,6 +183,15 @@ def finish(p, verify=False):
     check(m.group(1) == "ok", "program reports RESULT %s" % m.group(1))
 
 
+def verify(p):
+    """The program checks every chunk bit-exact on the GPU ("VERIFIED", else "RESULT FAIL ...")
+    and reports (chunks, zero bytes)."""
+    p.send("verify")
+    m = p.expect(r"VERIFIED chunks=(\d+) zero_bytes=(\d+)|RESULT (.*)", 120)
+    check(m.group(3) is None, "verify: %s" % m.group(0))
+    return int(m.group(1)), int(m.group(2))
+
+
 # ---- cases ----
 
 def case_roundtrip(c):
@@ -216,18 +225,20 @@ def case_zero_buffers(c):
     p = c.start(["--chunks", "--buffers", "6", "--mib", "48", "--write-mib", "12", "--iters", "3", "--wait"])
     p.send("go")
     p.expect(r"^DONE$", 120)
+    before = verify(p)
     img = os.path.join(c.d, "img")
     rep = checkpoint(c, p, img)
     b = rep["bytes"]
     check(b["zero"] > 0 and b["written"] < b["gpu"], "zero chunks: %s" % b)
+    # The program's all-zero chunks are exactly the ones the shim recorded and did not write.
+    check(b["zero"] == before[1], "%d zero bytes recorded, the program holds %d" % (b["zero"], before[1]))
     gpu = sum(os.path.getsize(os.path.join(img, "gpu", f)) for f in os.listdir(os.path.join(img, "gpu"))
               if f.endswith(".bin"))
     check(gpu == b["written"], "gpu/ files hold %d bytes, %d written" % (gpu, b["written"]))
     p.reap()
     restore_ok(c, p, img)
-    p.send("verify")
-    m = p.expect(r"VERIFY (\S+)", 120)
-    check(m.group(1) == "ok", "verify after restore: %s" % m.group(0))
+    after = verify(p)
+    check(after == before, "after the restore %s, before %s" % (after, before))
     p.send("check")
     m = p.expect(r"RESULT (.*)", 120)
     check(m.group(1) == "ok", "RESULT %s" % m.group(1))
