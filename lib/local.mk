@@ -28,3 +28,5 @@ lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_shimreply.c lib/gcr_shimreply.h
 lib_libgcrcontrol_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)
 lib_libgcrcontrol_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+# The manifest parser's libFuzzer target (tests/fuzz/run.sh builds and runs it).
+EXTRA_DIST += tests/fuzz/fuzz_manifest.c tests/fuzz/dict/fuzz_manifest.dict tests/fuzz/corpus/fuzz_manifest
