@@ -428,7 +428,16 @@ int gcr_image_is_partial(const char *dir)
 
 int gcr_image_commit(const char *partial, const char *dir, struct gcr_err *err)
 {
-	if (rename(partial, dir) < 0)
+	/* RENAME_NOREPLACE: a plain rename would silently replace an empty directory at dir. */
+	int r = renameat2(AT_FDCWD, partial, AT_FDCWD, dir, RENAME_NOREPLACE);
+	if (r < 0 && (errno == EINVAL || errno == ENOSYS)) { /* a filesystem without it */
+		struct stat st;
+		if (lstat(dir, &st) == 0)
+			errno = EEXIST;
+		else
+			r = rename(partial, dir);
+	}
+	if (r < 0)
 		return gcr_err_set(err, -errno, "cannot rename %s to %s: %s", partial, dir, strerror(errno));
 	char parent[PATH_MAX];
 	snprintf(parent, sizeof(parent), "%s", dir);

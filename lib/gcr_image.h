@@ -91,7 +91,8 @@ int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m
 int gcr_image_partial_name(const char *dir, pid_t pid, char *out, size_t len, struct gcr_err *err);
 /* Whether a path names a partial image (never to be taken for an image). */
 int gcr_image_is_partial(const char *dir);
-/* Renames partial to dir (which must not exist) and fsyncs the parent: the commit point. */
+/* Renames partial to dir and fsyncs the parent: the commit point. -EEXIST when dir exists
+ * (even an empty directory: an image is never put over anything). */
 int gcr_image_commit(const char *partial, const char *dir, struct gcr_err *err);
 /* Removes a directory tree (a failed checkpoint's partial image). NULL-safe, best effort. */
 void gcr_image_remove(const char *dir);
