@@ -196,7 +196,9 @@ static void test_hold(void)
 		return;
 	int fd = open(fifo, O_RDONLY | O_CLOEXEC);
 	char b[16];
-	while (fd >= 0 && (read(fd, b, sizeof(b)) > 0 || errno == EINTR))
+	ssize_t n;
+	/* Until EOF: a stale errno of EINTR must not turn EOF into a spin. */
+	while (fd >= 0 && ((n = read(fd, b, sizeof(b))) > 0 || (n < 0 && errno == EINTR)))
 		;
 	if (fd >= 0)
 		close(fd);
