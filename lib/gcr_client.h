@@ -25,7 +25,8 @@ struct gcr_client {
 int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr_err *err);
 void gcr_client_close(struct gcr_client *c);
 
-/* Sends one request and waits up to timeout_ms for its reply. On success
+/* Sends one request and waits up to timeout_ms for its reply. args (may be NULL) is stolen,
+ * on every path: the caller never decrefs it. On success
  * *result is the reply's result object (caller decrefs). A reply with ok=false
  * becomes its negative errno with the shim's message in err. */
 int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int timeout_ms,

@@ -175,6 +175,8 @@ int gcr_criu_check(const struct gcr_criu_cfg *cfg, struct gcr_criu_info *info, s
 		return gcr_err_set(err, -ENOTSUP,
 				   "CRIU %d.%d.%d at %s is too old: the amdgpu plugin needs CRIU %d.0 or newer",
 				   info->major, info->minor, info->patch, info->path, GCR_CRIU_MIN_MAJOR);
+	if (cfg != NULL && cfg->no_plugin)
+		return 0; /* plugin_dir stays empty: no --libdir */
 	struct stat st;
 	if ((size_t)snprintf(info->plugin_dir, sizeof(info->plugin_dir), "%s", dir) >= sizeof(info->plugin_dir) ||
 	    (size_t)snprintf(info->plugin, sizeof(info->plugin), "%s/%s", dir, GCR_CRIU_AMDGPU_PLUGIN) >=
@@ -207,9 +209,12 @@ static int common(const struct gcr_criu_info *info, const char *images_dir, cons
 	int rc = 0;
 	const char *opts[] = { "--images-dir", images_dir, "--libdir", info->plugin_dir, "--shell-job",
 			       "--tcp-established", "--ext-unix-sk", "--file-locks", "--log-file", log,
-			       "--verbosity", "4" };
-	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]) && rc == 0; i++)
+			       "-v4" /* an optional argument: "--verbosity 4" would make "4" a stray parameter */ };
+	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]) && rc == 0; i++) {
+		if (i < 4 && i >= 2 && info->plugin_dir[0] == '\0')
+			continue; /* no plugins (gcr_criu_cfg.no_plugin) */
 		rc = add(a, opts[i]);
+	}
 	return rc;
 }
 
@@ -243,7 +248,7 @@ int gcr_criu_restore_argv(const struct gcr_criu_info *info, const char *images_d
 	if (rc == 0)
 		rc = add(a, "restore");
 	if (rc == 0)
-		rc = common(info, images_dir, "restore.log", a);
+		rc = common(info, images_dir, info->restore_log[0] ? info->restore_log : "restore.log", a);
 	/* Detached: the restored tree is not our child, so the agent may exit or restart. */
 	if (rc == 0)
 		rc = add(a, "--restore-detached");
@@ -259,7 +264,7 @@ int gcr_criu_run(const struct gcr_criu_info *info, const struct gcr_criu_argv *a
 	char out[OUT_MAX];
 	if (a->n < 2)
 		return gcr_err_set(err, -EINVAL, "empty criu command");
-	int rc = run(a->v, info->plugin_dir, info->timeout_ms > 0 ? info->timeout_ms : 60000, out, sizeof(out));
+	int rc = run(a->v, info->plugin_dir[0] ? info->plugin_dir : NULL, info->timeout_ms > 0 ? info->timeout_ms : 60000, out, sizeof(out));
 	if (rc == -ETIMEDOUT)
 		return gcr_err_set(err, -ETIMEDOUT, "criu %s did not finish in %d ms (killed)", a->v[1], info->timeout_ms);
 	if (rc != 0)

@@ -18,6 +18,9 @@ struct gcr_criu_cfg {
 	const char *criu;
 	const char *plugin_dir;
 	int timeout_ms; /* for every criu run; 0: 60000 */
+	/* Images of CUDA processes (gcr_imgcr): no amdgpu plugin needed, and no --libdir: GCR
+	 * does the GPU part itself (the driver's checkpoint and the shim's files). */
+	int no_plugin;
 };
 
 struct gcr_criu_info {
@@ -26,12 +29,16 @@ struct gcr_criu_info {
 	char plugin_dir[PATH_MAX]; /* passed as --libdir and $CRIU_LIBS_DIR */
 	char plugin[PATH_MAX];     /* the amdgpu plugin found there */
 	int timeout_ms;
+	/* Where restore writes its log; empty: restore.log in the images directory. An image
+	 * directory is verified by its manifest, so its restores log elsewhere. */
+	char restore_log[PATH_MAX];
 };
 
 /* Reads "Version: X.Y[.Z]" from `criu --version` output. 0 or -EINVAL. */
 int gcr_criu_parse_version(const char *out, int *major, int *minor, int *patch, struct gcr_err *err);
 
-/* Finds criu, runs `criu --version`, requires 4.0 or newer and the amdgpu plugin. 0, or
+/* Finds criu, runs `criu --version`, requires 4.0 or newer and (unless cfg->no_plugin) the
+ * amdgpu plugin. 0, or
  * -ENOENT (no criu, no plugin), -ENOTSUP (too old), -EIO (unreadable version), each with a
  * message that says what to install. Runs nothing else. */
 int gcr_criu_check(const struct gcr_criu_cfg *cfg, struct gcr_criu_info *info, struct gcr_err *err);

@@ -168,3 +168,32 @@ int gcr_nvml_mem(const char *uuid, unsigned long long *free_bytes, unsigned long
 	}
 	return rc < 0 ? rc : gcr_err_set(err, -ENODEV, "no GPU %s on this node", uuid);
 }
+
+/* ---- images (gcr_imgcr): what a restore must match ---- */
+typedef gcr_nvml_return gcr_nvml_name_fn(gcr_nvml_device dev, char *name, unsigned int len);
+typedef gcr_nvml_return gcr_nvml_driver_fn(char *version, unsigned int len);
+
+int gcr_nvml_gpu_ident(unsigned int index, char *model, size_t mlen, char *driver, size_t dlen, struct gcr_err *err)
+{
+	snprintf(model, mlen, "unknown");
+	snprintf(driver, dlen, "unknown");
+	int rc = gcr_nvml_open(err);
+	if (rc < 0)
+		return rc;
+	union {
+		void *ptr;
+		gcr_nvml_name_fn *fn;
+	} name = { .ptr = dlsym(nv.h, "nvmlDeviceGetName") };
+	union {
+		void *ptr;
+		gcr_nvml_driver_fn *fn;
+	} drv = { .ptr = dlsym(nv.h, "nvmlSystemGetDriverVersion") };
+	gcr_nvml_device dev;
+	char buf[128];
+	if (name.fn != NULL && nv.by_index != NULL && nv.by_index(index, &dev) == GCR_NVML_SUCCESS &&
+	    name.fn(dev, buf, sizeof(buf)) == GCR_NVML_SUCCESS)
+		snprintf(model, mlen, "%s", buf);
+	if (drv.fn != NULL && drv.fn(buf, sizeof(buf)) == GCR_NVML_SUCCESS)
+		snprintf(driver, dlen, "%s", buf);
+	return 0;
+}

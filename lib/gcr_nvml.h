@@ -3,6 +3,7 @@
 #ifndef GCR_NVML_H
 #define GCR_NVML_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "gcr_error.h"
@@ -27,5 +28,10 @@ int gcr_nvml_proc_use(pid_t pid, struct gcr_nvml_use *out, int max, int *n, stru
 /* Free and total bytes of the GPU with this UUID; -ENODEV when no GPU has it. */
 int gcr_nvml_mem(const char *uuid, unsigned long long *free_bytes, unsigned long long *total,
 		 struct gcr_err *err);
+
+/* GPU index's model name and the driver's version ("unknown" where this NVML cannot say;
+ * the stand-in has neither). 0, or -ENOENT without NVML (both "unknown"). */
+int gcr_nvml_gpu_ident(unsigned int index, char *model, size_t mlen, char *driver, size_t dlen,
+		       struct gcr_err *err);
 
 #endif

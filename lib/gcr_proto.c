@@ -15,6 +15,8 @@ static const char *const op_names[] = {
 	[GCR_OP_STATS_ID] = GCR_OP_STATS,
 	[GCR_OP_REGISTER_ID] = GCR_OP_REGISTER,
 	[GCR_OP_TRIM_ID] = GCR_OP_TRIM,
+	[GCR_OP_IMAGE_WRITE_ID] = GCR_OP_IMAGE_WRITE,
+	[GCR_OP_IMAGE_READ_ID] = GCR_OP_IMAGE_READ,
 };
 
 const char *gcr_op_name(enum gcr_op op)

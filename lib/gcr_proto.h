@@ -16,6 +16,9 @@ enum gcr_op {
 	GCR_OP_STATS_ID,
 	GCR_OP_REGISTER_ID,
 	GCR_OP_TRIM_ID,
+	/* images (docs/images.md) */
+	GCR_OP_IMAGE_WRITE_ID,
+	GCR_OP_IMAGE_READ_ID,
 };
 
 struct gcr_req {

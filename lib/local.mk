@@ -7,6 +7,8 @@ lib_libgcrcommon_la_SOURCES = \
 	lib/gcr_proto.c lib/gcr_proto.h \
 	lib/gcr_sock.c lib/gcr_sock.h \
 	lib/gcr_time.c lib/gcr_time.h \
+	lib/gcr_sha256.c lib/gcr_sha256.h \
+	lib/gcr_image.c lib/gcr_image.h \
 	include/gcr/protocol.h
 lib_libgcrcommon_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden $(JANSSON_CFLAGS)
 
@@ -20,8 +22,11 @@ lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_driver.c lib/gcr_driver.h \
 	lib/gcr_nvml.c lib/gcr_nvml.h lib/gcr_nvml_abi.h \
 	lib/gcr_criu.c lib/gcr_criu.h \
+	lib/gcr_imgcr.c lib/gcr_imgcr.h \
 	lib/gcr_cr.c lib/gcr_cr.h \
 	lib/gcr_scale.c lib/gcr_scale.h \
 	lib/gcr_shimreply.c lib/gcr_shimreply.h
 lib_libgcrcontrol_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)
 lib_libgcrcontrol_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+# The manifest parser's libFuzzer target (tests/fuzz/run.sh builds and runs it).
+EXTRA_DIST += tests/fuzz/fuzz_manifest.c tests/fuzz/dict/fuzz_manifest.dict tests/fuzz/corpus/fuzz_manifest

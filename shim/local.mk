@@ -25,6 +25,7 @@ SHIM_CORE_SOURCES = \
 	shim/core/shim_digest.c shim/core/shim_digest.h shim/core/shim_digest_math.h shim/cuda/shim_digest_ptx.h \
 	shim/core/shim_image.c shim/core/shim_image.h \
 	shim/core/shim_cr.c shim/core/shim_cr.h \
+	shim/core/shim_imagefile.c shim/core/shim_imagefile.h \
 	shim/core/shim_ctl.c shim/core/shim_ctl.h
 shim_libgcr_la_CPPFLAGS = $(AM_CPPFLAGS) $(SHIM_INCLUDES) $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
 shim_libgcr_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden

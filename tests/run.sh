@@ -49,6 +49,16 @@ mkdir -p build-logs
 scripts/install-deps.sh || { echo "install-deps failed"; echo "0 passed, 1 failed"; exit 1; }
 ./autogen.sh >build-logs/autogen.log 2>&1 || { cat build-logs/autogen.log; echo "0 passed, 1 failed"; exit 1; }
 
+# CRIU >= 4 for the image tests (tests/flow/test_image.py): built from Debian's source once, then cached.
+t_criu=$SECONDS
+if GCR_CRIU=$(scripts/install-criu.sh 2>build-logs/install-criu.log); then
+	export GCR_CRIU
+	echo "install-criu: $GCR_CRIU in $((SECONDS - t_criu)) s"
+else
+	unset GCR_CRIU
+	echo "install-criu: failed after $((SECONDS - t_criu)) s (the image tests will fail): $(tail -n 3 build-logs/install-criu.log)"
+fi
+
 build_check() { # dir configure-args...
 	local dir=$1; shift
 	mkdir -p "$dir" && cd "$dir" && "$top/configure" -q "$@" && make -j"$jobs" && \

@@ -76,6 +76,26 @@
  * (sent before the driver's checkpoint, so a suspend cut short there still leaves it).
  * Result: {}. */
 #define GCR_OP_TRIM "trim"
+/* ---- images (docs/images.md) ---- */
+/* image-write: only while suspended. Args: "dir" (absolute; an existing directory, the
+ * image being written). Writes every staged allocation's non-zero 2 MiB chunks to
+ * dir/gpu/ (several threads), the per-chunk table (zero or offset + SHA-256) to
+ * dir/gpu/allocs.json, all fsynced; then gives the host staging back (so CRIU's dump does
+ * not hold the data twice) and closes the node agent's registry connection (an external
+ * socket would fail the dump). From then on resume is refused (-EINVAL) until image-read.
+ * Result: {"bytes","written","zero","allocs","table","ms":{"data","total"}}. A client that
+ * is gone by the end gets no reply and the staging is kept. Errors: -EINVAL not
+ * suspended, or already written; -EIO and others from the files (staging kept). */
+#define GCR_OP_IMAGE_WRITE "image-write"
+/* image-read: only while suspended (after a CRIU restore, or to undo an image-write). Args:
+ * "dir". Re-creates staging, reads dir/gpu/ back checking each chunk's SHA-256 and that the
+ * table matches the process's allocations, re-publishes the control socket under the name of
+ * the restored process's new start time, registers with the node agent again. Then the
+ * normal resume moves the data to the GPU at the same addresses. Result: {"bytes","read",
+ * "allocs","socket","ms":{"data","total"}}. Errors: -EINVAL not suspended; -EIO a chunk
+ * corrupt, -EBADMSG a table that does not match (the process stays suspended). */
+#define GCR_OP_IMAGE_READ "image-read"
+
 /* Shim -> node agent, once, on the agent's registry socket: {"socket": control socket
  * path as the shim sees it, "version": ...}. The agent believes none of it beyond a
  * hint: it takes the pid from the connection's credentials and the pod and container

@@ -13,6 +13,7 @@
 #include "gcr_client.h"
 #include "gcr_cr.h"
 #include "gcr_criu.h"
+#include "gcr_imgcr.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
@@ -35,6 +36,9 @@ static void usage(FILE *f)
 		"                                             least active first, resumes the most active first,\n"
 		"                                             all at once (one thread per process)\n"
 		"  criu                                       CRIU for AMD processes: found, >= 4.0, amdgpu plugin\n"
+		"  checkpoint --image DIR [--leave-running] PID  the process to an image on disk (docs/images.md);\n"
+		"                                             CRIU ends it unless --leave-running\n"
+		"  restore --image DIR                        the process back from an image, verified first\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
 		"HIP (AMD) processes: the control step is CRIU (criu dump, which ends the process, and\n"
@@ -296,6 +300,38 @@ out:
 	return status;
 }
 
+/* ---- images (docs/images.md) ---- */
+static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_running, struct gcr_cr_opts *o)
+{
+	struct gcr_imgcr_opts io = { .cr = o, .leave_running = leave_running };
+	struct gcr_imgcr_result r;
+	struct gcr_err err = { 0 };
+	int ckpt = strcmp(cmd, "checkpoint") == 0;
+	int rc = ckpt ? gcr_imgcr_checkpoint(pid, dir, &io, &r, &err) : gcr_imgcr_restore(dir, &io, &r, &err);
+	if (rc < 0)
+		return fail(cmd, ckpt ? pid : r.pid, &err);
+	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f},"
+			      " s:{s:I, s:I, s:I, s:I, s:I}}",
+			      "pid", (int)r.pid, "op", cmd, "ok", 1, "image", dir, "ms", "suspend", r.ms_suspend,
+			      "write", r.ms_write, "dump", r.ms_dump, "manifest", r.ms_manifest, "verify", r.ms_verify,
+			      "restore", r.ms_restore, "read", r.ms_read, "resume", r.ms_resume, "total", r.ms_total,
+			      "bytes", "gpu", (json_int_t)r.bytes, "written", (json_int_t)r.written, "zero",
+			      (json_int_t)r.zero, "rss", (json_int_t)r.rss, "image", (json_int_t)r.image);
+	if (json_out)
+		print_json(j);
+	else if (ckpt)
+		printf("checkpoint %d: image %s in %.1f ms (suspend %.1f, write %.1f, dump %.1f, manifest %.1f ms), "
+		       "%.1f MiB written, %.1f MiB zero, image %.1f MiB%s\n",
+		       (int)r.pid, dir, r.ms_total, r.ms_suspend, r.ms_write, r.ms_dump, r.ms_manifest,
+		       (double)r.written / 1048576.0, (double)r.zero / 1048576.0, (double)r.image / 1048576.0,
+		       leave_running ? ", process running" : ", process ended");
+	else
+		printf("restore %d: from %s in %.1f ms (verify %.1f, criu %.1f, read %.1f, resume %.1f ms)\n",
+		       (int)r.pid, dir, r.ms_total, r.ms_verify, r.ms_restore, r.ms_read, r.ms_resume);
+	json_decref(j);
+	return 0;
+}
+
 /* Whether this node can save AMD processes' control state: CRIU ($GCR_CRIU or on $PATH),
  * 4.0 or newer, with its amdgpu plugin ($CRIU_LIBS_DIR or /usr/lib/criu). */
 static int do_criu(void)
@@ -333,11 +369,13 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },	 { "replicas", required_argument, NULL, 'r' },
 		{ "sample-ms", required_argument, NULL, 'S' },	 { "images-dir", required_argument, NULL, 'I' },
 		{ "version", no_argument, NULL, 'V' },	 { "unchecked", no_argument, NULL, 'U' },
+		{ "image", required_argument, NULL, 'i' }, { "leave-running", no_argument, NULL, 'L' },
 		{ NULL, 0, NULL, 0 },
 	};
-	int ch, replicas = -1, sample_ms = 0;
+	int ch, replicas = -1, sample_ms = 0, leave_running = 0;
+	const char *image = NULL;
 	/* GNU getopt permutes, so options may also follow the command. */
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:U", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:L", opts, NULL)) != -1) {
 		switch (ch) {
 		case 's': o.socket_dir = optarg; break;
 		case 'I': o.images_dir = optarg; break;
@@ -366,6 +404,8 @@ int main(int argc, char **argv)
 		}
 		case 'D': o.mode = GCR_CR_DRIVER_ONLY; break;
 		case 'U': o.unchecked = 1; break;
+		case 'i': image = optarg; break;
+		case 'L': leave_running = 1; break;
 		case 'N': o.mode = GCR_CR_DATA_ONLY; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("gcrctl %s\n", PACKAGE_VERSION); return 0;
@@ -402,6 +442,15 @@ int main(int argc, char **argv)
 		int rc = do_scale(replicas, sample_ms, pids, n, &o);
 		free(pids);
 		return rc;
+	}
+	if (strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "restore") == 0) {
+		int ckpt = cmd[0] == 'c';
+		if (image == NULL || optind + (ckpt ? 2 : 1) != argc ||
+		    (ckpt && parse_pid(argv[optind + 1], &pid) < 0)) {
+			fprintf(stderr, "gcrctl: %s needs --image DIR%s\n", cmd, ckpt ? " and one PID" : " and no PID");
+			return 2;
+		}
+		return do_image(cmd, pid, image, leave_running, &o);
 	}
 	int needs_pid = strcmp(cmd, "list") != 0 && strcmp(cmd, "criu") != 0;
 	if (needs_pid && (optind + 2 != argc || parse_pid(argv[optind + 1], &pid) < 0)) {

@@ -15,6 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <stddef.h>
 #include <unistd.h>
 
 #include "gcr_log.h"
@@ -26,6 +28,7 @@
 #include "shim_config.h"
 #include "shim_cr.h"
 #include "shim_gate.h"
+#include "shim_imagefile.h"
 #include "shim_real.h"
 #include "shim_staging.h"
 
@@ -52,6 +55,7 @@
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 static char sock_path[256];
 static pid_t owner_pid;
+static int listen_fd = -1; /* the control thread's listening socket (republish_socket replaces it) */
 
 const char *shim_ctl_path(void)
 {
@@ -173,6 +177,63 @@ static json_t *report_json(const struct shim_cr_report *r)
 			 (json_int_t)r->mappings, "state", shim_cr_state_name(shim_cr_state()));
 }
 
+static void register_with_agent(void);
+static void drop_agent(void);
+static bool peer_gone(int fd);
+static int republish_socket(struct gcr_err *err);
+static int rebind_for_dump(struct gcr_err *err);
+
+/* ---- images: image-write and image-read (shim_imagefile) ---- */
+static int image_dir_arg(json_t *args, const char **dir, struct gcr_err *err)
+{
+	*dir = json_string_value(json_object_get(args, "dir"));
+	if (*dir == NULL || (*dir)[0] != '/' || strlen(*dir) > 3000)
+		return gcr_err_set(err, -EINVAL, "\"dir\" must be an absolute path");
+	return 0;
+}
+
+/* Returns 1 when the client went away during the write: then nothing is dropped, the data
+ * stays in staging and no reply is made (the caller's partial image is not to be trusted). */
+static int op_image_write(int fd, json_t *args, json_t **result, struct gcr_err *err, int *rc)
+{
+	const char *dir;
+	*rc = image_dir_arg(args, &dir, err);
+	if (*rc == 0)
+		*rc = shim_imagefile_write(dir, result, err);
+	if (*rc == 0 && peer_gone(fd)) {
+		GCR_LOG(GCR_LOG_WARN, "shim", "image-write to %s: the client went away; staging kept, process "
+			"suspended (resume it)", dir);
+		json_decref(*result);
+		*result = NULL;
+		return 1;
+	}
+	if (*rc == 0) {
+		struct gcr_err e2;
+		shim_imagefile_drop();
+		drop_agent();
+		if (rebind_for_dump(&e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "shim", "control socket not re-bound for the dump (a restore will not "
+				"find it): %s", e2.msg);
+	}
+	return 0;
+}
+
+static int op_image_read(json_t *args, json_t **result, struct gcr_err *err)
+{
+	const char *dir;
+	int rc = image_dir_arg(args, &dir, err);
+	if (rc == 0)
+		rc = shim_imagefile_read(dir, result, err);
+	if (rc == 0) {
+		struct gcr_err e2;
+		if (republish_socket(&e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "shim", "control socket keeps its old name %s: %s", sock_path, e2.msg);
+		json_object_set_new(*result, "socket", json_string(sock_path));
+		register_with_agent();
+	}
+	return rc;
+}
+
 /* True once the peer has closed its end (or died): POLLHUP on a Unix stream socket means
  * both directions are shut, so a client that only shut its writing side (half-close) still
  * counts as present and gets its reply. */
@@ -260,7 +321,21 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 		result = json_object();
 		break;
 	}
+	case GCR_OP_IMAGE_WRITE_ID:
+		if (op_image_write(fd, req.args, &result, &err, &rc)) {
+			gcr_req_clear(&req);
+			return NULL;
+		}
+		break;
+	case GCR_OP_IMAGE_READ_ID:
+		rc = op_image_read(req.args, &result, &err);
+		break;
 	case GCR_OP_RESUME_ID:
+		if (shim_imagefile_dropped()) {
+			rc = gcr_err_set(&err, -EINVAL, "the data is in image files only (image-write): image-read "
+					 "first; process still suspended");
+			break;
+		}
 		rc = shim_cr_resume(&rep, &err);
 		if (rc == 0)
 			result = report_json(&rep);
@@ -474,6 +549,75 @@ static void register_with_agent(void)
 	free(line);
 }
 
+/* Before a CRIU dump: the registry connection is an external socket CRIU would refuse. The
+ * agent sees EOF, as for an exit; image-read registers again. */
+static void drop_agent(void)
+{
+	if (agent_fd >= 0) {
+		close(agent_fd);
+		agent_fd = -1;
+	}
+}
+
+/* Before a CRIU dump: CRIU re-binds a listening socket at the name it was bound to, and
+ * gcr_sock_listen_unique binds to a temporary name and renames it; so the socket is made
+ * again, bound at its final name, for the restore to find it there. */
+static int rebind_for_dump(struct gcr_err *err)
+{
+	if (sock_path[0] == '\0' || listen_fd < 0)
+		return gcr_err_set(err, -ENOENT, "no control socket");
+	unlink(sock_path);
+	int fd = gcr_sock_listen(sock_path, err);
+	if (fd < 0)
+		return fd;
+	int fl = fcntl(fd, F_GETFL), rc = 0;
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || dup3(fd, listen_fd, O_CLOEXEC) < 0)
+		rc = gcr_err_set(err, -errno, "cannot take the new socket %s: %s", sock_path, strerror(errno));
+	close(fd);
+	return rc;
+}
+
+/* After a CRIU restore the process has a new start time, so clients look for a new name
+ * (gcr-PID-START.sock), and the restored listening socket's credentials are not this
+ * process's (CRIU made it), so clients would refuse it. A new socket is made under the new
+ * name and put in place of the old one's descriptor (the control thread, which runs this,
+ * polls that number). */
+static int republish_socket(struct gcr_err *err)
+{
+	char stem[64], path[sizeof(sock_path)];
+	int rc = gcr_sock_shim_stem(0, getpid(), stem, sizeof(stem), err);
+	if (rc < 0)
+		return rc;
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s.sock", shim_cfg.socket_dir, stem) >= sizeof(path))
+		return gcr_err_set(err, -ENAMETOOLONG, "socket path too long");
+	if (sock_path[0] == '\0' || listen_fd < 0 || strcmp(path, sock_path) == 0)
+		return 0;
+	char bound[sizeof(((struct sockaddr_un *)0)->sun_path) + 1] = "";
+	struct sockaddr_un sa;
+	socklen_t salen = sizeof(sa);
+	if (getsockname(listen_fd, (struct sockaddr *)&sa, &salen) == 0 && sa.sun_family == AF_UNIX &&
+	    salen > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0] == '/')
+		snprintf(bound, sizeof(bound), "%.*s", (int)(salen - offsetof(struct sockaddr_un, sun_path)), sa.sun_path);
+	int fd = gcr_sock_listen_unique(shim_cfg.socket_dir, stem, path, sizeof(path), err);
+	if (fd < 0)
+		return fd;
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || dup3(fd, listen_fd, O_CLOEXEC) < 0) {
+		rc = gcr_err_set(err, -errno, "cannot take the new socket %s: %s", path, strerror(errno));
+		close(fd);
+		unlink(path);
+		return rc;
+	}
+	close(fd);
+	unlink(sock_path);
+	if (bound[0] != '\0')
+		unlink(bound); /* where CRIU bound the restored socket (a temporary name) */
+	GCR_LOG(GCR_LOG_INFO, "shim", "control socket %s (was %s, before a restore)", path, sock_path);
+	memcpy(sock_path, path, sizeof(path));
+	owner_pid = getpid();
+	return 0;
+}
+
 static void start(void)
 {
 	owner_pid = getpid();
@@ -503,6 +647,7 @@ static void start(void)
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
 	pthread_t th;
+	listen_fd = lfd;
 	int prc = pthread_create(&th, NULL, ctl_thread, (void *)(intptr_t)lfd);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (prc != 0) {

@@ -615,6 +615,21 @@ void shim_staging_resume_background(void)
 	pthread_mutex_unlock(&pool_lock);
 }
 
+char *shim_staging_host(uint64_t off)
+{
+	pthread_mutex_lock(&pool_lock);
+	char *p = off < capacity ? host_at(off) : NULL;
+	pthread_mutex_unlock(&pool_lock);
+	return p;
+}
+
+void shim_staging_drop(void)
+{
+	shim_staging_reset();
+	shim_staging_trim(0);
+	shim_staging_quiesce();
+}
+
 void shim_staging_stats(struct shim_staging_stats *st)
 {
 	pthread_mutex_lock(&pool_lock);

@@ -70,6 +70,14 @@ void shim_staging_quiesce(void);
 /* After resume (or a failed suspend): background work may go on. */
 void shim_staging_resume_background(void);
 
+/* ---- images (shim_imagefile) ---- */
+/* Host address of pool offset off, while suspended (the pool does not change then). */
+char *shim_staging_host(uint64_t off);
+/* While suspended, once the data is in image files: forgets every placement and gives the
+ * whole pool back to the system, waiting until it is gone (CRIU must not dump it). Workers and
+ * their pinned slots stay. */
+void shim_staging_drop(void);
+
 struct shim_staging_stats {
 	uint64_t capacity;     /* pool bytes faulted in */
 	uint64_t used;         /* pool bytes holding placed data */

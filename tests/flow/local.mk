@@ -13,6 +13,9 @@ EXTRA_DIST += tests/flow/test_hostile.sh tests/flow/test_hostile.py
 # Every host allocation of a suspend and of a resume failing in turn (tests/progs/libgcr-interposer.so).
 TESTS += tests/flow/test_alloc_sweep.sh
 EXTRA_DIST += tests/flow/test_alloc_sweep.sh tests/flow/test_alloc_sweep.py
+# Process images with the real CRIU (GCR_CRIU, scripts/install-criu.sh): fails, never skips, without one.
+TESTS += tests/flow/test_image.sh
+EXTRA_DIST += tests/flow/test_image.sh tests/flow/test_image.py
 # Stream-ordered memory (pools, graph memory) on the shim's fast path, suspended at random moments.
 TESTS += tests/flow/test_pools.sh
 EXTRA_DIST += tests/flow/test_pools.sh tests/flow/test_pools.py

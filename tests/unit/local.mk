@@ -77,6 +77,13 @@ tests_unit_test_criu_SOURCES = tests/unit/test_criu.c
 tests_unit_test_criu_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
 tests_unit_test_criu_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 
+# The image directory (lib/gcr_image): partial names, commit, verify's refusals.
+check_PROGRAMS += tests/unit/test_gcr_image
+TESTS += tests/unit/test_gcr_image
+tests_unit_test_gcr_image_SOURCES = tests/unit/test_gcr_image.c
+tests_unit_test_gcr_image_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
+tests_unit_test_gcr_image_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+
 # The suspend/resume flow and the combined process state (lib/gcr_cr, in libgcrcontrol)
 # against a stand-in shim the test serves for its own pid; no GPU, no driver.
 check_PROGRAMS += tests/unit/test_gcr_cr

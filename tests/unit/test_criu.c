@@ -91,13 +91,13 @@ int main(void)
 	CHECK(a.v[a.n] == NULL);
 	snprintf(want, sizeof(want),
 		 "CRIU_LIBS_DIR=%s dump --tree 4242 --images-dir /img --libdir %s --shell-job --tcp-established "
-		 "--ext-unix-sk --file-locks --log-file dump.log --verbosity 4 --leave-stopped",
+		 "--ext-unix-sk --file-locks --log-file dump.log -v4 --leave-stopped",
 		 dir, dir);
 	CHECK(gcr_criu_run(&info, &a, &err) == 0);
 	read_log(log, got, sizeof(got));
 	CHECK_STR(got, want);
 	CHECK(gcr_criu_dump_argv(&info, 7, "/img", GCR_CRIU_KILL, &a, &err) == 0 &&
-	      strcmp(a.v[a.n - 1], "4") == 0); /* no leave-* option: CRIU kills the tree */
+	      strcmp(a.v[a.n - 1], "-v4") == 0); /* no leave-* option: CRIU kills the tree */
 	CHECK(gcr_criu_dump_argv(&info, 7, "/img", GCR_CRIU_LEAVE_RUNNING, &a, &err) == 0 &&
 	      strcmp(a.v[a.n - 1], "--leave-running") == 0);
 	CHECK(gcr_criu_restore_argv(&info, "/img", "/img/pid", &a, &err) == 0);
@@ -105,9 +105,24 @@ int main(void)
 	read_log(log, got, sizeof(got));
 	snprintf(want, sizeof(want),
 		 "CRIU_LIBS_DIR=%s restore --images-dir /img --libdir %s --shell-job --tcp-established "
-		 "--ext-unix-sk --file-locks --log-file restore.log --verbosity 4 --restore-detached --pidfile /img/pid",
+		 "--ext-unix-sk --file-locks --log-file restore.log -v4 --restore-detached --pidfile /img/pid",
 		 dir, dir);
 	CHECK_STR(got, want);
+
+	/* Without plugins (a CUDA process's image: the shim has moved its data): no --libdir, and
+	 * no amdgpu plugin needed. */
+	unlink(plugin);
+	struct gcr_criu_cfg bare = { .criu = fake, .plugin_dir = dir, .timeout_ms = 10000, .no_plugin = 1 };
+	struct gcr_criu_info binfo;
+	CHECK(gcr_criu_check(&bare, &binfo, &err) == 0 && binfo.plugin_dir[0] == '\0');
+	CHECK(gcr_criu_dump_argv(&binfo, 7, "/img", GCR_CRIU_KILL, &a, &err) == 0);
+	int libdir = 0;
+	for (int i = 0; i < a.n; i++)
+		libdir |= strcmp(a.v[i], "--libdir") == 0;
+	CHECK(!libdir && strcmp(a.v[a.n - 1], "-v4") == 0);
+	fd = open(plugin, O_CREAT | O_WRONLY, 0644);
+	CHECK(fd >= 0);
+	close(fd);
 
 	/* A failed run: exit status and CRIU's last words. */
 	setenv("FAKE_CRIU_RC", "1", 1);

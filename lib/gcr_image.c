@@ -1,0 +1,575 @@
+/* gcr_image: the image directory (see gcr_image.h): parse, write, commit, verify. Every
+ * field read from disk is checked here; the shim and gcrctl never read a manifest any other
+ * way. */
+#include "gcr_image.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define IO_BUF (1u << 20) /* bytes per read while hashing */
+
+/* ---- small helpers ---- */
+
+static int hex64(const char *s)
+{
+	if (s == NULL || strlen(s) != 2 * GCR_SHA256_LEN)
+		return 0;
+	for (const char *p = s; *p; p++)
+		if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+			return 0;
+	return 1;
+}
+
+/* A relative path inside the image: no leading '/', no "..", no empty or "." parts. */
+static int safe_rel(const char *s)
+{
+	if (s == NULL || s[0] == '\0' || s[0] == '/' || strlen(s) >= GCR_IMAGE_NAME_MAX)
+		return 0;
+	const char *p = s;
+	while (*p) {
+		const char *e = strchr(p, '/');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+			return 0;
+		p += n;
+		if (*p == '/')
+			p++;
+	}
+	return 1;
+}
+
+static int get_u64(json_t *o, const char *k, uint64_t *v)
+{
+	json_t *j = json_object_get(o, k);
+	if (!json_is_integer(j) || json_integer_value(j) < 0)
+		return -1;
+	*v = (uint64_t)json_integer_value(j);
+	return 0;
+}
+
+static int get_str(json_t *o, const char *k, char *out, size_t len)
+{
+	const char *s = json_string_value(json_object_get(o, k));
+	if (s == NULL || strlen(s) >= len)
+		return -1;
+	memcpy(out, s, strlen(s) + 1);
+	return 0;
+}
+
+int gcr_image_read_file(const char *path, size_t max, char **buf, size_t *len, struct gcr_err *err)
+{
+	*buf = NULL;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return gcr_err_set(err, -errno, "cannot open %s: %s", path, strerror(errno));
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+		close(fd);
+		return gcr_err_set(err, -EBADMSG, "%s is not a regular file of at most %zu bytes", path, max);
+	}
+	char *b = malloc((size_t)st.st_size + 1);
+	size_t n = 0;
+	int rc = b ? 0 : gcr_err_set(err, -ENOMEM, "out of memory reading %s", path);
+	while (rc == 0 && n < (size_t)st.st_size) {
+		ssize_t r = read(fd, b + n, (size_t)st.st_size - n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			rc = gcr_err_set(err, -EIO, "reading %s: %s", path, r < 0 ? strerror(errno) : "short file");
+		else
+			n += (size_t)r;
+	}
+	close(fd);
+	if (rc < 0) {
+		free(b);
+		return rc;
+	}
+	b[n] = '\0';
+	*buf = b;
+	*len = n;
+	return 0;
+}
+
+/* ---- the table ---- */
+
+void gcr_image_table_clear(struct gcr_image_table *t)
+{
+	if (t == NULL)
+		return;
+	for (size_t i = 0; i < t->n; i++)
+		free(t->a[i].chunks);
+	free(t->a);
+	t->a = NULL;
+	t->n = 0;
+}
+
+static int alloc_from_json(json_t *o, size_t idx, struct gcr_image_alloc *a, struct gcr_err *err)
+{
+	uint64_t slot, gen;
+	json_t *chunks = json_object_get(o, "chunks");
+	if (!json_is_object(o) || get_u64(o, "address", &a->address) < 0 || get_u64(o, "size", &a->size) < 0 ||
+	    get_u64(o, "slot", &slot) < 0 || get_u64(o, "gen", &gen) < 0 || slot > UINT32_MAX || gen > UINT32_MAX ||
+	    get_str(o, "file", a->file, sizeof(a->file)) < 0 || !json_is_array(chunks))
+		return gcr_err_set(err, -EBADMSG, "allocation %zu: missing or malformed address, size, slot, gen, file "
+				   "or chunks", idx);
+	a->slot = (uint32_t)slot;
+	a->gen = (uint32_t)gen;
+	if (!safe_rel(a->file) || strncmp(a->file, GCR_IMAGE_GPU_DIR "/", 4) != 0)
+		return gcr_err_set(err, -EBADMSG, "allocation %zu: file \"%s\" is not under gpu/", idx, a->file);
+	size_t n = json_array_size(chunks);
+	if (a->size == 0 || a->size > (1ull << 50) || n != (a->size + GCR_IMAGE_CHUNK - 1) / GCR_IMAGE_CHUNK)
+		return gcr_err_set(err, -EBADMSG, "allocation %zu: %zu chunks do not cover %" PRIu64 " bytes", idx, n,
+				   a->size);
+	a->chunks = calloc(n + 1, sizeof(*a->chunks));
+	if (a->chunks == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory for %zu chunks", n);
+	a->nchunks = n;
+	uint64_t next_off = 0;
+	for (size_t c = 0; c < n; c++) {
+		json_t *j = json_array_get(chunks, c);
+		struct gcr_image_chunk *ch = &a->chunks[c];
+		uint64_t want = a->size - c * GCR_IMAGE_CHUNK < GCR_IMAGE_CHUNK ? a->size - c * GCR_IMAGE_CHUNK
+										  : GCR_IMAGE_CHUNK;
+		ch->len = (uint32_t)want;
+		if (json_is_string(j) && strcmp(json_string_value(j), "zero") == 0) {
+			ch->zero = 1;
+			continue;
+		}
+		uint64_t off, len;
+		if (!json_is_object(j) || get_u64(j, "off", &off) < 0 || get_u64(j, "len", &len) < 0 ||
+		    get_str(j, "sha256", ch->sha256, sizeof(ch->sha256)) < 0 || !hex64(ch->sha256))
+			return gcr_err_set(err, -EBADMSG, "allocation %zu chunk %zu: neither \"zero\" nor "
+					   "{off, len, sha256}", idx, c);
+		/* Written in order, back to back: anything else is not an image we wrote. */
+		if (len != want || off != next_off)
+			return gcr_err_set(err, -EBADMSG, "allocation %zu chunk %zu: offset %" PRIu64 " length %" PRIu64
+					   " (expected %" PRIu64 ", %" PRIu64 ")", idx, c, off, len, next_off, want);
+		ch->off = off;
+		next_off += len;
+	}
+	return 0;
+}
+
+int gcr_image_table_from_json(json_t *allocs, struct gcr_image_table *t, struct gcr_err *err)
+{
+	memset(t, 0, sizeof(*t));
+	if (!json_is_array(allocs))
+		return gcr_err_set(err, -EBADMSG, "\"allocs\" is not an array");
+	size_t n = json_array_size(allocs);
+	if (n > GCR_IMAGE_MAX_FILES)
+		return gcr_err_set(err, -EBADMSG, "%zu allocations: too many", n);
+	t->a = calloc(n + 1, sizeof(*t->a));
+	if (t->a == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory for %zu allocations", n);
+	int rc = 0;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		rc = alloc_from_json(json_array_get(allocs, i), i, &t->a[i], err);
+		t->n = i + 1;
+		for (size_t k = 0; k < i && rc == 0; k++)
+			if (strcmp(t->a[k].file, t->a[i].file) == 0 ||
+			    (t->a[k].slot == t->a[i].slot && t->a[k].gen == t->a[i].gen))
+				rc = gcr_err_set(err, -EBADMSG, "allocations %zu and %zu share a file or a record", k, i);
+	}
+	if (rc < 0)
+		gcr_image_table_clear(t);
+	return rc;
+}
+
+json_t *gcr_image_table_to_json(const struct gcr_image_table *t)
+{
+	json_t *arr = json_array();
+	for (size_t i = 0; arr != NULL && i < t->n; i++) {
+		const struct gcr_image_alloc *a = &t->a[i];
+		json_t *ch = json_array();
+		for (size_t c = 0; ch != NULL && c < a->nchunks; c++) {
+			const struct gcr_image_chunk *k = &a->chunks[c];
+			json_array_append_new(ch, k->zero ? json_string("zero")
+							  : json_pack("{s:I, s:I, s:s}", "off", (json_int_t)k->off, "len",
+								      (json_int_t)k->len, "sha256", k->sha256));
+		}
+		json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:s, s:o}", "address", (json_int_t)a->address, "size",
+				      (json_int_t)a->size, "slot", (json_int_t)a->slot, "gen", (json_int_t)a->gen,
+				      "file", a->file, "chunks", ch);
+		if (o == NULL || json_array_append_new(arr, o) < 0) {
+			json_decref(arr);
+			return NULL;
+		}
+	}
+	return arr;
+}
+
+/* ---- the manifest ---- */
+
+void gcr_image_manifest_clear(struct gcr_image_manifest *m)
+{
+	if (m == NULL)
+		return;
+	free(m->files);
+	gcr_image_table_clear(&m->table);
+	memset(m, 0, sizeof(*m));
+}
+
+int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manifest *m, struct gcr_err *err)
+{
+	memset(m, 0, sizeof(*m));
+	json_error_t je;
+	json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+	if (root == NULL)
+		return gcr_err_set(err, -EBADMSG, "manifest is not JSON (line %d: %.80s)", je.line, je.text);
+	int rc = 0;
+	uint64_t format = 0, created = 0, pid = 0;
+	json_t *gpu = json_object_get(root, "gpu"), *files = json_object_get(root, "files");
+	if (!json_is_object(root) || get_u64(root, "format", &format) < 0)
+		rc = gcr_err_set(err, -EBADMSG, "manifest has no \"format\"");
+	else if ((m->format = format > 1000000 ? -1 : (int)format) != GCR_IMAGE_FORMAT)
+		rc = gcr_err_set(err, -ENOTSUP, "image format %" PRIu64 ", this gcr reads format %d", format,
+				 GCR_IMAGE_FORMAT);
+	else if (get_str(root, "gcr_version", m->gcr_version, sizeof(m->gcr_version)) < 0 ||
+		 get_str(root, "shim_version", m->env.shim_version, sizeof(m->env.shim_version)) < 0 ||
+		 get_u64(root, "created", &created) < 0 || get_u64(root, "pid", &pid) < 0 || pid == 0 ||
+		 pid > 4194304 || get_str(root, "socket", m->socket, sizeof(m->socket)) < 0 || !json_is_object(gpu) ||
+		 get_str(gpu, "vendor", m->env.gpu_vendor, sizeof(m->env.gpu_vendor)) < 0 ||
+		 get_str(gpu, "model", m->env.gpu_model, sizeof(m->env.gpu_model)) < 0 ||
+		 get_str(gpu, "driver", m->env.driver, sizeof(m->env.driver)) < 0 || !json_is_array(files))
+		rc = gcr_err_set(err, -EBADMSG, "manifest lacks or mistypes gcr_version, shim_version, created, pid, "
+				 "socket, gpu {vendor, model, driver} or files");
+	if (rc == 0) {
+		m->created = (long long)created;
+		m->pid = (pid_t)pid;
+		m->nfiles = json_array_size(files);
+		if (m->nfiles > GCR_IMAGE_MAX_FILES)
+			rc = gcr_err_set(err, -EBADMSG, "manifest lists %zu files: too many", m->nfiles);
+		else if ((m->files = calloc(m->nfiles + 1, sizeof(*m->files))) == NULL)
+			rc = gcr_err_set(err, -ENOMEM, "out of memory for %zu files", m->nfiles);
+	}
+	for (size_t i = 0; rc == 0 && i < m->nfiles; i++) {
+		json_t *f = json_array_get(files, i);
+		struct gcr_image_file *fi = &m->files[i];
+		if (!json_is_object(f) || get_str(f, "path", fi->path, sizeof(fi->path)) < 0 || !safe_rel(fi->path) ||
+		    get_u64(f, "size", &fi->size) < 0 || get_str(f, "sha256", fi->sha256, sizeof(fi->sha256)) < 0 ||
+		    !hex64(fi->sha256))
+			rc = gcr_err_set(err, -EBADMSG, "manifest file entry %zu: needs a relative path, size and sha256", i);
+		for (size_t k = 0; rc == 0 && k < i; k++)
+			if (strcmp(m->files[k].path, fi->path) == 0)
+				rc = gcr_err_set(err, -EBADMSG, "manifest lists %s twice", fi->path);
+	}
+	if (rc == 0)
+		rc = gcr_image_table_from_json(json_object_get(root, "allocs"), &m->table, err);
+	json_decref(root);
+	if (rc < 0)
+		gcr_image_manifest_clear(m);
+	return rc;
+}
+
+/* SHA-256 and size of a file. */
+static int hash_file(const char *path, uint64_t *size, char hex[GCR_SHA256_HEX], struct gcr_err *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return gcr_err_set(err, -errno, "cannot open %s: %s", path, strerror(errno));
+	char *b = malloc(IO_BUF);
+	if (b == NULL) {
+		close(fd);
+		return gcr_err_set(err, -ENOMEM, "out of memory hashing %s", path);
+	}
+	struct gcr_sha256 s;
+	gcr_sha256_init(&s);
+	uint64_t n = 0;
+	int rc = 0;
+	for (;;) {
+		ssize_t r = read(fd, b, IO_BUF);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			rc = gcr_err_set(err, -EIO, "reading %s: %s", path, strerror(errno));
+			break;
+		}
+		if (r == 0)
+			break;
+		gcr_sha256_update(&s, b, (size_t)r);
+		n += (uint64_t)r;
+	}
+	free(b);
+	close(fd);
+	uint8_t d[GCR_SHA256_LEN];
+	gcr_sha256_final(&s, d);
+	gcr_sha256_to_hex(d, hex);
+	*size = n;
+	return rc;
+}
+
+static int fsync_path(const char *path, int dir, struct gcr_err *err)
+{
+	int fd = open(path, (dir ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return gcr_err_set(err, -errno, "cannot open %s to sync it: %s", path, strerror(errno));
+	int rc = fsync(fd) < 0 ? gcr_err_set(err, -errno, "fsync %s: %s", path, strerror(errno)) : 0;
+	close(fd);
+	return rc;
+}
+
+/* Lists (when files != NULL: hashes and records) every regular file under dir/sub, one level
+ * (CRIU and the shim write flat directories); anything else there is refused. */
+struct walk {
+	struct gcr_image_file *files;
+	size_t n, cap;
+};
+
+static int walk_sub(const char *dir, const char *sub, struct walk *w, int hash, struct gcr_err *err)
+{
+	char p[PATH_MAX];
+	snprintf(p, sizeof(p), "%s/%s", dir, sub);
+	DIR *d = opendir(p);
+	if (d == NULL)
+		return errno == ENOENT ? 0 : gcr_err_set(err, -errno, "cannot read %s: %s", p, strerror(errno));
+	int rc = 0;
+	struct dirent *de;
+	while (rc == 0 && (de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		char rel[GCR_IMAGE_NAME_MAX], full[PATH_MAX];
+		if ((size_t)snprintf(rel, sizeof(rel), "%s/%s", sub, de->d_name) >= sizeof(rel) ||
+		    (size_t)snprintf(full, sizeof(full), "%s/%s", dir, rel) >= sizeof(full)) {
+			rc = gcr_err_set(err, -ENAMETOOLONG, "file name too long in %s", p);
+			break;
+		}
+		struct stat st;
+		if (lstat(full, &st) < 0 || !S_ISREG(st.st_mode)) {
+			rc = gcr_err_set(err, -EBADMSG, "%s is not a regular file", full);
+			break;
+		}
+		if (w->n == w->cap) {
+			size_t cap = w->cap ? 2 * w->cap : 64;
+			struct gcr_image_file *f = cap > GCR_IMAGE_MAX_FILES ? NULL : realloc(w->files, cap * sizeof(*f));
+			if (f == NULL) {
+				rc = gcr_err_set(err, -ENOMEM, "too many files in %s", dir);
+				break;
+			}
+			w->files = f;
+			w->cap = cap;
+		}
+		struct gcr_image_file *f = &w->files[w->n++];
+		memset(f, 0, sizeof(*f));
+		memcpy(f->path, rel, strlen(rel) + 1);
+		f->size = (uint64_t)st.st_size;
+		if (hash) {
+			rc = hash_file(full, &f->size, f->sha256, err);
+			if (rc == 0)
+				rc = fsync_path(full, 0, err);
+		}
+	}
+	closedir(d);
+	if (rc == 0 && hash)
+		rc = fsync_path(p, 1, err);
+	return rc;
+}
+
+int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err)
+{
+	struct walk w = { 0 };
+	int rc = walk_sub(dir, GCR_IMAGE_CRIU_DIR, &w, 1, err);
+	if (rc == 0)
+		rc = walk_sub(dir, GCR_IMAGE_GPU_DIR, &w, 1, err);
+	json_t *files = json_array(), *root = NULL;
+	for (size_t i = 0; rc == 0 && i < w.n; i++)
+		json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", w.files[i].path, "size",
+						       (json_int_t)w.files[i].size, "sha256", w.files[i].sha256));
+	if (rc == 0) {
+		json_t *allocs = gcr_image_table_to_json(&m->table);
+		root = json_pack("{s:i, s:s, s:s, s:I, s:i, s:s, s:{s:s, s:s, s:s}, s:o, s:o}", "format",
+				 GCR_IMAGE_FORMAT, "gcr_version", m->gcr_version, "shim_version", m->env.shim_version,
+				 "created", (json_int_t)m->created, "pid", (int)m->pid, "socket", m->socket, "gpu",
+				 "vendor", m->env.gpu_vendor, "model", m->env.gpu_model, "driver", m->env.driver,
+				 "files", files, "allocs", allocs);
+		files = NULL;
+		if (root == NULL)
+			rc = gcr_err_set(err, -ENOMEM, "out of memory for the manifest");
+	}
+	json_decref(files);
+	free(w.files);
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/%s", dir, GCR_IMAGE_MANIFEST);
+	if (rc == 0 && json_dump_file(root, path, JSON_INDENT(1)) < 0)
+		rc = gcr_err_set(err, -EIO, "cannot write %s", path);
+	json_decref(root);
+	if (rc == 0)
+		rc = fsync_path(path, 0, err);
+	if (rc == 0)
+		rc = fsync_path(dir, 1, err);
+	return rc;
+}
+
+/* ---- the directory ---- */
+
+int gcr_image_partial_name(const char *dir, pid_t pid, char *out, size_t len, struct gcr_err *err)
+{
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	if ((size_t)snprintf(out, len, "%.*s%s%d", (int)n, dir, GCR_IMAGE_PARTIAL, (int)pid) >= len)
+		return gcr_err_set(err, -ENAMETOOLONG, "image path too long: %s", dir);
+	return 0;
+}
+
+int gcr_image_is_partial(const char *dir)
+{
+	const char *base = strrchr(dir, '/');
+	base = base ? base + 1 : dir;
+	return strstr(base, GCR_IMAGE_PARTIAL) != NULL;
+}
+
+int gcr_image_commit(const char *partial, const char *dir, struct gcr_err *err)
+{
+	/* RENAME_NOREPLACE: a plain rename would silently replace an empty directory at dir. */
+	int r = renameat2(AT_FDCWD, partial, AT_FDCWD, dir, RENAME_NOREPLACE);
+	if (r < 0 && (errno == EINVAL || errno == ENOSYS)) { /* a filesystem without it */
+		struct stat st;
+		if (lstat(dir, &st) == 0)
+			errno = EEXIST;
+		else
+			r = rename(partial, dir);
+	}
+	if (r < 0)
+		return gcr_err_set(err, -errno, "cannot rename %s to %s: %s", partial, dir, strerror(errno));
+	char parent[PATH_MAX];
+	snprintf(parent, sizeof(parent), "%s", dir);
+	char *slash = strrchr(parent, '/');
+	if (slash == parent)
+		slash[1] = '\0';
+	else if (slash != NULL)
+		*slash = '\0';
+	else
+		snprintf(parent, sizeof(parent), ".");
+	return fsync_path(parent, 1, err);
+}
+
+static void remove_tree(const char *path, int depth)
+{
+	DIR *d = depth < 8 ? opendir(path) : NULL;
+	struct dirent *de;
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		char p[PATH_MAX];
+		if ((size_t)snprintf(p, sizeof(p), "%s/%s", path, de->d_name) >= sizeof(p))
+			continue;
+		struct stat st;
+		if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+			remove_tree(p, depth + 1);
+		else
+			unlink(p);
+	}
+	if (d != NULL)
+		closedir(d);
+	rmdir(path);
+}
+
+void gcr_image_remove(const char *dir)
+{
+	if (dir != NULL && dir[0] != '\0')
+		remove_tree(dir, 0);
+}
+
+static int env_check(const char *what, const char *have, const char *want, struct gcr_err *err)
+{
+	if (want[0] == '\0' || strcmp(have, want) == 0)
+		return 0;
+	return gcr_err_set(err, -ENOTSUP, "image is for %s \"%s\", this machine has \"%s\": refused", what, have, want);
+}
+
+int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
+		     struct gcr_err *err)
+{
+	memset(m, 0, sizeof(*m));
+	struct stat st;
+	if (gcr_image_is_partial(dir))
+		return gcr_err_set(err, -ENOENT, "%s is a partial image (a checkpoint that did not finish): refused", dir);
+	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
+		return gcr_err_set(err, -ENOENT, "no image at %s", dir);
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/%s", dir, GCR_IMAGE_MANIFEST);
+	char *buf;
+	size_t len;
+	int rc = gcr_image_read_file(path, GCR_IMAGE_MAX_JSON, &buf, &len, err);
+	if (rc == -ENOENT)
+		return gcr_err_set(err, -ENOENT, "%s has no %s: not a whole image, refused", dir, GCR_IMAGE_MANIFEST);
+	if (rc < 0)
+		return rc;
+	rc = gcr_image_manifest_parse(buf, len, m, err);
+	free(buf);
+	if (rc < 0)
+		return gcr_err_wrap(err, "%s", path);
+	if (expect != NULL) {
+		if (rc == 0)
+			rc = env_check("GPU vendor", m->env.gpu_vendor, expect->gpu_vendor, err);
+		if (rc == 0)
+			rc = env_check("GPU model", m->env.gpu_model, expect->gpu_model, err);
+		if (rc == 0)
+			rc = env_check("driver version", m->env.driver, expect->driver, err);
+		if (rc == 0)
+			rc = env_check("shim version", m->env.shim_version, expect->shim_version, err);
+	}
+	/* Sizes and extra files first (cheap), then every checksum. */
+	struct walk w = { 0 };
+	if (rc == 0)
+		rc = walk_sub(dir, GCR_IMAGE_CRIU_DIR, &w, 0, err);
+	if (rc == 0)
+		rc = walk_sub(dir, GCR_IMAGE_GPU_DIR, &w, 0, err);
+	for (size_t i = 0; rc == 0 && i < w.n; i++) {
+		size_t k = 0;
+		while (k < m->nfiles && strcmp(m->files[k].path, w.files[i].path) != 0)
+			k++;
+		/* CRIU writes its restore statistics into the images directory on every restore. */
+		if (k == m->nfiles && strcmp(w.files[i].path, GCR_IMAGE_CRIU_DIR "/stats-restore") == 0)
+			continue;
+		if (k == m->nfiles)
+			rc = gcr_err_set(err, -EIO, "%s/%s is not in the manifest: refused", dir, w.files[i].path);
+		else if (m->files[k].size != w.files[i].size)
+			rc = gcr_err_set(err, -EIO, "%s/%s has %" PRIu64 " bytes, the manifest says %" PRIu64
+					 " (truncated or changed): refused", dir, w.files[i].path, w.files[i].size,
+					 m->files[k].size);
+	}
+	for (size_t k = 0; rc == 0 && k < m->nfiles; k++) {
+		size_t i = 0;
+		while (i < w.n && strcmp(m->files[k].path, w.files[i].path) != 0)
+			i++;
+		if (i == w.n)
+			rc = gcr_err_set(err, -EIO, "%s/%s is missing: refused", dir, m->files[k].path);
+	}
+	free(w.files);
+	/* Each allocation's file is listed and holds every non-zero chunk. */
+	for (size_t i = 0; rc == 0 && i < m->table.n; i++) {
+		const struct gcr_image_alloc *a = &m->table.a[i];
+		uint64_t need = 0;
+		for (size_t c = 0; c < a->nchunks; c++)
+			if (!a->chunks[c].zero)
+				need = a->chunks[c].off + a->chunks[c].len;
+		size_t k = 0;
+		while (k < m->nfiles && strcmp(m->files[k].path, a->file) != 0)
+			k++;
+		if (k == m->nfiles && need > 0)
+			rc = gcr_err_set(err, -EIO, "%s: GPU data file %s is not listed: refused", dir, a->file);
+		else if (k < m->nfiles && m->files[k].size != need)
+			rc = gcr_err_set(err, -EIO, "%s/%s: %" PRIu64 " bytes, its chunks need %" PRIu64 ": refused", dir,
+					 a->file, m->files[k].size, need);
+	}
+	for (size_t k = 0; rc == 0 && k < m->nfiles; k++) {
+		uint64_t size;
+		char hex[GCR_SHA256_HEX];
+		snprintf(path, sizeof(path), "%s/%s", dir, m->files[k].path);
+		rc = hash_file(path, &size, hex, err);
+		if (rc == 0 && (size != m->files[k].size || strcmp(hex, m->files[k].sha256) != 0))
+			rc = gcr_err_set(err, -EIO, "%s: SHA-256 does not match the manifest (corrupt): refused", path);
+	}
+	if (rc < 0)
+		gcr_image_manifest_clear(m);
+	return rc;
+}

@@ -1,0 +1,112 @@
+/* gcr_image: the on-disk image of a process (docs/images.md): a directory holding
+ * manifest.json, criu/ (CRIU's files) and gpu/ (the shim's data files). Writing it under a
+ * partial name and committing it, the manifest's parser (fuzzed) and the verification that
+ * refuses a partial, corrupt, truncated or mismatched image before anything is touched. */
+#ifndef GCR_IMAGE_H
+#define GCR_IMAGE_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gcr_error.h"
+#include "gcr_sha256.h"
+
+#define GCR_IMAGE_FORMAT 1
+#define GCR_IMAGE_MANIFEST "manifest.json"
+#define GCR_IMAGE_CRIU_DIR "criu"
+#define GCR_IMAGE_GPU_DIR "gpu"
+/* The shim's table of its data files (gpu/), copied into the manifest's "allocs". */
+#define GCR_IMAGE_TABLE "gpu/allocs.json"
+#define GCR_IMAGE_PARTIAL ".partial." /* DIR.partial.<pid>: being written, never an image */
+#define GCR_IMAGE_CHUNK (2ull << 20)   /* bytes per chunk of a GPU allocation */
+#define GCR_IMAGE_MAX_JSON (256ull << 20) /* largest manifest or table read (bytes) */
+#define GCR_IMAGE_MAX_FILES 65536
+#define GCR_IMAGE_NAME_MAX 256
+
+/* One chunk of an allocation: all zero (nothing in the file) or len bytes at off. */
+struct gcr_image_chunk {
+	int zero;
+	uint64_t off;
+	uint32_t len;
+	char sha256[GCR_SHA256_HEX];
+};
+
+struct gcr_image_alloc {
+	uint64_t address; /* where the application sees it (0: a handle it never mapped whole) */
+	uint64_t size;
+	uint32_t slot, gen; /* the shim's record, to find it again in the restored process */
+	char file[GCR_IMAGE_NAME_MAX]; /* relative to the image, "gpu/..." */
+	size_t nchunks;
+	struct gcr_image_chunk *chunks; /* owned */
+};
+
+struct gcr_image_table {
+	size_t n;
+	struct gcr_image_alloc *a; /* owned */
+};
+
+struct gcr_image_file {
+	char path[GCR_IMAGE_NAME_MAX]; /* relative, no ".." */
+	uint64_t size;
+	char sha256[GCR_SHA256_HEX];
+};
+
+/* What must match between an image and the machine that restores it. */
+struct gcr_image_expect {
+	char gpu_vendor[32], gpu_model[128], driver[64], shim_version[32];
+};
+
+struct gcr_image_manifest {
+	int format;
+	char gcr_version[32];
+	long long created; /* seconds since the epoch */
+	pid_t pid;
+	char socket[GCR_IMAGE_NAME_MAX]; /* the shim's control socket when written */
+	struct gcr_image_expect env;     /* gpu vendor/model, driver, shim version */
+	size_t nfiles;
+	struct gcr_image_file *files; /* owned */
+	struct gcr_image_table table;
+};
+
+/* ---- the table of GPU allocations (the shim writes it, the manifest carries it) ---- */
+/* Parses an "allocs" array; checks every field: chunks cover size in order, offsets inside
+ * no file twice, names under gpu/. On failure nothing is kept. */
+int gcr_image_table_from_json(json_t *allocs, struct gcr_image_table *t, struct gcr_err *err);
+json_t *gcr_image_table_to_json(const struct gcr_image_table *t); /* NULL: out of memory */
+void gcr_image_table_clear(struct gcr_image_table *t);
+
+/* ---- the manifest ---- */
+/* Parses manifest.json's bytes (buf, len: outside input). 0 or -EBADMSG / -ENOMEM. */
+int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manifest *m, struct gcr_err *err);
+void gcr_image_manifest_clear(struct gcr_image_manifest *m);
+
+/* Writes dir/manifest.json for what dir holds now: every regular file under criu/ and gpu/ with
+ * its size and SHA-256, m's identity fields and table; then fsyncs every file and directory. */
+int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err);
+
+/* ---- the directory ---- */
+/* "DIR.partial.<pid>" into out. */
+int gcr_image_partial_name(const char *dir, pid_t pid, char *out, size_t len, struct gcr_err *err);
+/* Whether a path names a partial image (never to be taken for an image). */
+int gcr_image_is_partial(const char *dir);
+/* Renames partial to dir and fsyncs the parent: the commit point. -EEXIST when dir exists
+ * (even an empty directory: an image is never put over anything). */
+int gcr_image_commit(const char *partial, const char *dir, struct gcr_err *err);
+/* Removes a directory tree (a failed checkpoint's partial image). NULL-safe, best effort. */
+void gcr_image_remove(const char *dir);
+
+/* Checks dir before anything is touched: not partial, manifest there and parsable, format
+ * known, every listed file there with its size and SHA-256, no unlisted file under gpu/ or
+ * criu/, the table's files listed and big enough, and the environment matching expect (empty
+ * fields are not compared). On success *m holds the manifest (caller clears). Messages name
+ * the problem and the file. -ENOENT, -EBADMSG, -EIO (missing, truncated, corrupt) or -ENOTSUP
+ * (another GPU model, driver, shim or format). */
+int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
+		     struct gcr_err *err);
+
+/* Reads a whole file of at most max bytes (NUL-terminated, malloc'd). */
+int gcr_image_read_file(const char *path, size_t max, char **buf, size_t *len, struct gcr_err *err);
+
+#endif

@@ -1,0 +1,378 @@
+/* gcr_imgcr: the image flow (see gcr_imgcr.h). The rule for failures: before the commit the
+ * partial directory goes and the process comes back as it was; after a restore's CRIU step the
+ * restored process is killed, so nothing is left half-running. */
+#include "config.h"
+#include "gcr_imgcr.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gcr/protocol.h"
+#include "gcr_client.h"
+#include "gcr_criu.h"
+#include "gcr_image.h"
+#include "gcr_log.h"
+#include "gcr_nvml.h"
+#include "gcr_sock.h"
+#include "gcr_time.h"
+
+#define IMAGE_OP_MS 3600000 /* image-write / image-read: bounded by the disk, not by us */
+
+void gcr_imgcr_expect_here(struct gcr_image_expect *e)
+{
+	memset(e, 0, sizeof(*e));
+	struct gcr_err err;
+	snprintf(e->gpu_vendor, sizeof(e->gpu_vendor), "nvidia");
+	(void)gcr_nvml_gpu_ident(0, e->gpu_model, sizeof(e->gpu_model), e->driver, sizeof(e->driver), &err);
+	snprintf(e->shim_version, sizeof(e->shim_version), "%s", PACKAGE_VERSION);
+}
+
+/* One request to pid's shim (a fresh connection: the socket may have been renamed). args is
+ * stolen: gcr_client_call takes it, and it is dropped here when no call is made. */
+static int shim_call(pid_t pid, const char *sock_dir, enum gcr_op op, json_t *args, json_t **res, char *path,
+		     size_t plen, struct gcr_err *err)
+{
+	struct gcr_client c;
+	*res = NULL;
+	int rc = gcr_client_open(&c, sock_dir, pid, err);
+	if (rc == 0) {
+		if (path != NULL)
+			snprintf(path, plen, "%s", c.path);
+		rc = gcr_client_call(&c, op, args, IMAGE_OP_MS, res, err);
+	} else {
+		json_decref(args);
+	}
+	gcr_client_close(&c);
+	return rc;
+}
+
+/* The same at a socket path (a restored process: its listening socket, restored by CRIU, does
+ * not carry its pid in its credentials, so gcr_client_open would not take it). The peer
+ * must say it is pid. args is stolen. */
+static int shim_call_at(const char *path, pid_t pid, enum gcr_op op, json_t *args, json_t **res, struct gcr_err *err)
+{
+	struct gcr_client c = { .fd = -1, .pid = pid, .next_id = 1 };
+	json_t *st = NULL;
+	*res = NULL;
+	snprintf(c.path, sizeof(c.path), "%s", path);
+	c.fd = gcr_sock_connect(path, 5000, err);
+	int rc = c.fd < 0 ? c.fd : gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &st, err);
+	if (rc == 0 && json_integer_value(json_object_get(st, "pid")) != pid)
+		rc = gcr_err_set(err, -ESRCH, "the shim at %s is not pid %d's", path, (int)pid);
+	json_decref(st);
+	if (rc == 0)
+		rc = gcr_client_call(&c, op, args, IMAGE_OP_MS, res, err); /* steals args */
+	else
+		json_decref(args);
+	gcr_client_close(&c);
+	return rc;
+}
+
+static long long vm_rss(pid_t pid)
+{
+	char p[64], line[256];
+	snprintf(p, sizeof(p), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(p, "r");
+	long long kb = -1;
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "VmRSS: %lld kB", &kb) == 1)
+			break;
+	if (f != NULL)
+		fclose(f);
+	return kb < 0 ? -1 : kb * 1024;
+}
+
+/* Bytes of the image's files (the manifest, criu/, gpu/: flat directories), by stat alone:
+ * hashing them again to learn their size cost a third of a checkpoint. */
+static long long dir_bytes(const char *dir)
+{
+	static const char *const subs[] = { "", "/" GCR_IMAGE_CRIU_DIR, "/" GCR_IMAGE_GPU_DIR };
+	long long n = 0;
+	for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
+		char p[PATH_MAX], f[PATH_MAX];
+		snprintf(p, sizeof(p), "%s%s", dir, subs[i]);
+		DIR *d = opendir(p);
+		struct dirent *de;
+		struct stat st;
+		while (d != NULL && (de = readdir(d)) != NULL)
+			if ((size_t)snprintf(f, sizeof(f), "%s/%s", p, de->d_name) < sizeof(f) && lstat(f, &st) == 0 &&
+			    S_ISREG(st.st_mode))
+				n += st.st_size;
+		if (d != NULL)
+			closedir(d);
+	}
+	return n;
+}
+
+static int criu_ready(int hip, struct gcr_criu_info *info, struct gcr_err *err)
+{
+	struct gcr_criu_cfg cfg = { .no_plugin = !hip, .timeout_ms = 600000 };
+	int rc = gcr_criu_check(&cfg, info, err);
+	if (rc < 0)
+		gcr_err_wrap(err, "images need CRIU >= %d (scripts/install-criu.sh builds one; set GCR_CRIU)",
+			     GCR_CRIU_MIN_MAJOR);
+	return rc;
+}
+
+/* Data back into staging from the files (the write gave it back), then resume: the undo of
+ * a checkpoint whose dump failed, and the end of one that leaves the process running. */
+static int bring_back(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_err *err)
+{
+	json_t *res = NULL;
+	int rc = shim_call(pid, cro->socket_dir, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", dir), &res, NULL, 0,
+			   err);
+	json_decref(res);
+	struct gcr_cr_result cr;
+	if (rc == 0) {
+		rc = gcr_cr_resume(pid, cro, &cr, err);
+		gcr_cr_result_clear(&cr);
+	}
+	return rc;
+}
+
+int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
+			 struct gcr_err *err)
+{
+	memset(r, 0, sizeof(*r));
+	r->pid = pid;
+	double t_start = gcr_time_mono_ms(), t0;
+	char partial[PATH_MAX], abs_partial[PATH_MAX], criu_dir[PATH_MAX + 8];
+	struct stat st;
+	struct gcr_criu_info info;
+	struct gcr_cr_opts cro = *o->cr;
+	struct gcr_image_manifest m = { 0 };
+	int suspended = 0, written = 0, gone = 0, made = 0;
+	json_t *status = NULL, *res = NULL;
+	int rc = 0;
+	if (stat(dir, &st) == 0 || errno != ENOENT)
+		return gcr_err_set(err, -EEXIST, "%s exists: an image is never overwritten (process untouched)", dir);
+	if (gcr_image_is_partial(dir))
+		return gcr_err_set(err, -EINVAL, "%s: the name of a partial image; choose another", dir);
+	rc = gcr_image_partial_name(dir, getpid(), partial, sizeof(partial), err);
+	if (rc < 0)
+		return rc;
+	/* What the process is (CUDA or HIP, its shim's version) before anything is touched. */
+	rc = shim_call(pid, cro.socket_dir, GCR_OP_STATUS_ID, NULL, &status, m.socket, sizeof(m.socket), err);
+	if (rc < 0)
+		return gcr_err_wrap(err, "process untouched");
+	int hip = json_is_true(json_object_get(json_object_get(status, "backends"), "hip"));
+	const char *ver = json_string_value(json_object_get(status, "version"));
+	snprintf(m.env.shim_version, sizeof(m.env.shim_version), "%s", ver ? ver : "unknown");
+	json_decref(status);
+	rc = criu_ready(hip, &info, err);
+	if (rc < 0)
+		return gcr_err_wrap(err, "process untouched");
+	/* HIP: CRIU with its amdgpu plugin is the control step, so the shim's data step alone. */
+	cro.mode = hip ? GCR_CR_DATA_ONLY : GCR_CR_FULL;
+	if (mkdir(partial, 0700) < 0)
+		return gcr_err_set(err, -errno, "cannot create %s: %s (process untouched)", partial, strerror(errno));
+	made = 1;
+	snprintf(criu_dir, sizeof(criu_dir), "%s/%s", partial, GCR_IMAGE_CRIU_DIR);
+	if (realpath(partial, abs_partial) == NULL || mkdir(criu_dir, 0700) < 0) {
+		rc = gcr_err_set(err, -errno, "cannot prepare %s: %s (process untouched)", partial, strerror(errno));
+		goto out;
+	}
+	t0 = gcr_time_mono_ms();
+	struct gcr_cr_result cr;
+	rc = gcr_cr_suspend(pid, &cro, &cr, err);
+	gcr_cr_result_clear(&cr);
+	r->ms_suspend = gcr_time_mono_ms() - t0;
+	if (rc < 0) {
+		gcr_err_wrap(err, "suspend");
+		goto out;
+	}
+	suspended = 1;
+	t0 = gcr_time_mono_ms();
+	rc = shim_call(pid, cro.socket_dir, GCR_OP_IMAGE_WRITE_ID, json_pack("{s:s}", "dir", abs_partial), &res, NULL,
+		       0, err);
+	r->ms_write = gcr_time_mono_ms() - t0;
+	if (rc < 0) {
+		gcr_err_wrap(err, "image-write");
+		goto out;
+	}
+	written = 1;
+	r->bytes = json_integer_value(json_object_get(res, "bytes"));
+	r->written = json_integer_value(json_object_get(res, "written"));
+	r->zero = json_integer_value(json_object_get(res, "zero"));
+	json_decref(res);
+	r->rss = vm_rss(pid);
+	struct gcr_criu_argv av;
+	t0 = gcr_time_mono_ms();
+	rc = gcr_criu_dump_argv(&info, pid, criu_dir, o->leave_running ? GCR_CRIU_LEAVE_RUNNING : GCR_CRIU_KILL, &av,
+				err);
+	if (rc == 0)
+		rc = gcr_criu_run(&info, &av, err);
+	r->ms_dump = gcr_time_mono_ms() - t0;
+	if (rc < 0)
+		goto out;
+	gone = !o->leave_running;
+	t0 = gcr_time_mono_ms();
+	char table[PATH_MAX + 32], *buf = NULL;
+	size_t len;
+	snprintf(table, sizeof(table), "%s/%s", partial, GCR_IMAGE_TABLE);
+	rc = gcr_image_read_file(table, GCR_IMAGE_MAX_JSON, &buf, &len, err);
+	if (rc == 0) {
+		json_t *root = json_loadb(buf, len, 0, NULL);
+		rc = gcr_image_table_from_json(json_object_get(root, "allocs"), &m.table, err);
+		json_decref(root);
+	}
+	free(buf);
+	struct gcr_image_expect here;
+	gcr_imgcr_expect_here(&here);
+	memcpy(m.env.gpu_vendor, here.gpu_vendor, sizeof(here.gpu_vendor));
+	if (hip)
+		snprintf(m.env.gpu_vendor, sizeof(m.env.gpu_vendor), "amd");
+	memcpy(m.env.gpu_model, here.gpu_model, sizeof(here.gpu_model));
+	memcpy(m.env.driver, here.driver, sizeof(here.driver));
+	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
+	m.format = GCR_IMAGE_FORMAT;
+	m.created = (long long)time(NULL);
+	m.pid = pid;
+	if (rc == 0)
+		rc = gcr_image_manifest_write(partial, &m, err);
+	if (rc == 0)
+		rc = gcr_image_commit(partial, dir, err);
+	r->ms_manifest = gcr_time_mono_ms() - t0;
+	if (rc == 0) {
+		made = 0;
+		r->image = dir_bytes(dir);
+	}
+	if (rc == 0 && o->leave_running) {
+		t0 = gcr_time_mono_ms();
+		char abs_dir[PATH_MAX];
+		if (realpath(dir, abs_dir) == NULL)
+			rc = gcr_err_set(err, -errno, "image %s written, but %s", dir, strerror(errno));
+		else
+			rc = bring_back(pid, abs_dir, &cro, err);
+		r->ms_resume = gcr_time_mono_ms() - t0;
+		if (rc < 0)
+			gcr_err_wrap(err, "image %s written; the process stays suspended, bringing it back failed", dir);
+		suspended = 0;
+	}
+out:
+	if (rc < 0 && made) {
+		if (suspended && !gone) {
+			struct gcr_err e2;
+			int b = 0;
+			if (written) {
+				b = bring_back(pid, abs_partial, &cro, &e2);
+			} else {
+				struct gcr_cr_result cr2;
+				b = gcr_cr_resume(pid, &cro, &cr2, &e2);
+				gcr_cr_result_clear(&cr2);
+			}
+			char first[GCR_ERR_MSG_MAX];
+			snprintf(first, sizeof(first), "%s", err->msg);
+			if (b < 0)
+				gcr_err_set(err, rc, "%s; the process stays suspended (resume failed: %s)", first, e2.msg);
+			else
+				gcr_err_set(err, rc, "%s; process resumed, no image written", first);
+		} else if (gone) {
+			gcr_err_wrap(err, "the process was ended by CRIU's dump; its image is kept at %s", partial);
+			made = 0; /* the only copy of the process: kept */
+		}
+		if (made)
+			gcr_image_remove(partial);
+	}
+	gcr_image_manifest_clear(&m);
+	r->ms_total = gcr_time_mono_ms() - t_start;
+	return rc;
+}
+
+static void kill_restored(pid_t pid)
+{
+	if (pid > 0)
+		kill(pid, SIGKILL);
+}
+
+int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
+		      struct gcr_err *err)
+{
+	memset(r, 0, sizeof(*r));
+	double t_start = gcr_time_mono_ms(), t0 = t_start;
+	struct gcr_image_expect here;
+	struct gcr_image_manifest m;
+	gcr_imgcr_expect_here(&here);
+	int rc = gcr_image_verify(dir, &here, &m, err);
+	r->ms_verify = gcr_time_mono_ms() - t0;
+	if (rc < 0)
+		return rc;
+	r->image = dir_bytes(dir);
+	int hip = strcmp(m.env.gpu_vendor, "amd") == 0;
+	struct gcr_cr_opts cro = *o->cr;
+	cro.mode = hip ? GCR_CR_DATA_ONLY : GCR_CR_FULL;
+	char abs_dir[PATH_MAX], criu_dir[PATH_MAX + 8], tmp[] = "/tmp/gcr-restore-XXXXXX", pidfile[64];
+	struct gcr_criu_info info;
+	pid_t pid = 0;
+	if (realpath(dir, abs_dir) == NULL)
+		rc = gcr_err_set(err, -errno, "%s: %s", dir, strerror(errno));
+	if (rc == 0)
+		rc = criu_ready(hip, &info, err);
+	if (rc == 0 && kill(m.pid, 0) == 0)
+		rc = gcr_err_set(err, -EEXIST, "pid %d, which the image needs, is in use: nothing restored", (int)m.pid);
+	if (rc == 0 && mkdtemp(tmp) == NULL)
+		rc = gcr_err_set(err, -errno, "mkdtemp: %s", strerror(errno));
+	if (rc < 0)
+		goto out;
+	snprintf(pidfile, sizeof(pidfile), "%s/pid", tmp);
+	/* The shim's socket file of the dumped process, if left (it was killed): CRIU binds the
+	 * restored socket at that name. */
+	struct gcr_err e2;
+	(void)gcr_sock_remove_stale(m.socket, &e2);
+	snprintf(info.restore_log, sizeof(info.restore_log), "%s/restore.log", tmp);
+	snprintf(criu_dir, sizeof(criu_dir), "%s/%s", abs_dir, GCR_IMAGE_CRIU_DIR);
+	struct gcr_criu_argv av;
+	t0 = gcr_time_mono_ms();
+	rc = gcr_criu_restore_argv(&info, criu_dir, pidfile, &av, err);
+	if (rc == 0)
+		rc = gcr_criu_run(&info, &av, err);
+	r->ms_restore = gcr_time_mono_ms() - t0;
+	char *buf = NULL;
+	size_t len;
+	if (gcr_image_read_file(pidfile, 64, &buf, &len, &(struct gcr_err){ 0 }) == 0)
+		pid = (pid_t)atoi(buf);
+	free(buf);
+	r->pid = pid;
+	if (rc == 0 && pid <= 0)
+		rc = gcr_err_set(err, -EIO, "criu restore wrote no pid file");
+	if (rc < 0) {
+		gcr_err_wrap(err, "criu restore (log %s)", info.restore_log);
+		kill_restored(pid);
+		goto out;
+	}
+	t0 = gcr_time_mono_ms();
+	json_t *res = NULL;
+	rc = shim_call_at(m.socket, pid, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", abs_dir), &res, err);
+	json_decref(res);
+	r->ms_read = gcr_time_mono_ms() - t0;
+	if (rc == 0) {
+		struct gcr_cr_result cr;
+		t0 = gcr_time_mono_ms();
+		rc = gcr_cr_resume(pid, &cro, &cr, err);
+		r->ms_resume = gcr_time_mono_ms() - t0;
+		r->bytes = cr.bytes_total;
+		gcr_cr_result_clear(&cr);
+	}
+	if (rc < 0) {
+		kill_restored(pid);
+		gcr_err_wrap(err, "restored process %d killed (nothing left half-running)", (int)pid);
+	}
+out:
+	if (strcmp(tmp, "/tmp/gcr-restore-XXXXXX") != 0 && rc == 0) {
+		unlink(info.restore_log);
+		unlink(pidfile);
+		rmdir(tmp);
+	}
+	gcr_image_manifest_clear(&m);
+	r->ms_total = gcr_time_mono_ms() - t_start;
+	return rc;
+}

@@ -1,0 +1,40 @@
+/* gcr_imgcr: a process to an image on disk and back (docs/images.md), in order, undoing on
+ * failure: suspend (gcr_cr), the shim's image-write, CRIU's dump, the manifest, the commit;
+ * and verify, CRIU's restore, the shim's image-read, resume. gcrctl runs it (the agent will). */
+#ifndef GCR_IMGCR_H
+#define GCR_IMGCR_H
+
+#include <jansson.h>
+#include <sys/types.h>
+
+#include "gcr_cr.h"
+#include "gcr_error.h"
+#include "gcr_image.h"
+
+struct gcr_imgcr_opts {
+	const struct gcr_cr_opts *cr; /* socket dir, timeouts */
+	int leave_running;            /* checkpoint: the process goes on (else CRIU ends it) */
+};
+
+struct gcr_imgcr_result {
+	pid_t pid;                      /* checkpointed, or restored */
+	double ms_suspend, ms_write, ms_dump, ms_manifest, ms_resume, ms_total;
+	double ms_verify, ms_restore, ms_read;
+	long long bytes, written, zero; /* GPU bytes: all staged, written to gpu/, recorded as zero */
+	long long rss;                  /* the process's resident bytes when CRIU dumped it */
+	long long image;                /* bytes of the image's files */
+};
+
+/* Checkpoints pid to the image dir (which must not exist). On failure before the commit the
+ * partial directory is removed and the process is left as it was (resumed if this suspended it
+ * and the dump did not end it); err says which step failed and the process's state. */
+int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
+			 struct gcr_err *err);
+/* Restores the image dir: refused before anything is touched unless gcr_image_verify passes
+ * against this machine; a failure after CRIU's restore kills the restored process. */
+int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
+		      struct gcr_err *err);
+/* What this machine offers an image (GPU 0's model, the driver, this gcr's shim version). */
+void gcr_imgcr_expect_here(struct gcr_image_expect *e);
+
+#endif

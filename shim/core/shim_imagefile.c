@@ -1,0 +1,449 @@
+/* shim_imagefile: staged GPU data to image files and back (see shim_imagefile.h).
+ * One file per allocation, its non-zero chunks back to back in chunk order, so a file's
+ * size says how much data it must hold and a reader needs no index beyond the table.
+ * Several threads, one chunk each at a time (pwrite/pread at known offsets): a single
+ * writer reaches one core's SHA-256 speed (~250 MB/s), well below a disk's. */
+#include "shim_imagefile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gcr_image.h"
+#include "gcr_log.h"
+#include "gcr_sha256.h"
+#include "gcr_time.h"
+#include "shim_alloc.h"
+#include "shim_cr.h"
+#include "shim_digest.h"
+#include "shim_image.h"
+#include "shim_staging.h"
+
+#define MAX_THREADS 8
+
+static atomic_int dropped;
+
+int shim_imagefile_dropped(void)
+{
+	return atomic_load(&dropped);
+}
+
+/* The staged allocations, in slot order (allocation calls are gated while suspended, so the
+ * records stay), with the address of a whole mapping at offset 0 where there is one. */
+struct one {
+	struct shim_phys *p;
+	uint64_t va;
+	int fd;
+	struct gcr_image_alloc *a;
+};
+
+struct list {
+	struct one *v;
+	size_t n, cap;
+};
+
+static int list_add(struct shim_phys *p, uint64_t va, void *arg)
+{
+	(void)va;
+	struct list *l = arg;
+	if (!p->staged || p->img == NULL)
+		return 0;
+	if (l->n == l->cap)
+		return -ENOMEM;
+	l->v[l->n++] = (struct one){ .p = p, .fd = -1 };
+	return 0;
+}
+
+static int list_addr(const struct shim_map *m, void *arg)
+{
+	struct list *l = arg;
+	for (size_t i = 0; i < l->n; i++)
+		if (l->v[i].p == m->phys && m->offset == 0 && m->size >= m->phys->size && l->v[i].va == 0)
+			l->v[i].va = m->va;
+	return 0;
+}
+
+static int staged_list(struct list *l, struct gcr_err *err)
+{
+	l->cap = shim_alloc_nphys();
+	l->n = 0;
+	l->v = calloc(l->cap + 1, sizeof(*l->v));
+	if (l->v == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of host memory for the list of allocations");
+	if (shim_alloc_each(0, list_add, l) < 0) {
+		free(l->v);
+		return gcr_err_set(err, -ENOMEM, "allocation table changed while suspended");
+	}
+	(void)shim_alloc_each_map(list_addr, l);
+	return 0;
+}
+
+static uint32_t chunk_len(const struct shim_phys *p, size_t c)
+{
+	uint64_t lo = (uint64_t)c * GCR_DIGEST_CHUNK;
+	return (uint32_t)(p->size - lo < GCR_DIGEST_CHUNK ? p->size - lo : GCR_DIGEST_CHUNK);
+}
+
+/* ---- the copy threads: one job per non-zero chunk ---- */
+
+struct job {
+	struct one *o;
+	size_t c;
+};
+
+struct run {
+	int write;
+	struct job *jobs;
+	size_t n;
+	atomic_size_t next;
+	atomic_int failed;
+	pthread_mutex_t lock;
+	struct gcr_err err; /* the first failure, under lock */
+};
+
+static void run_fail(struct run *r, int code, const char *what, const struct one *o, size_t c)
+{
+	pthread_mutex_lock(&r->lock);
+	if (!atomic_load(&r->failed))
+		gcr_err_set(&r->err, code, "%s chunk %zu of %s: %s", what, c, o->a->file,
+			    code == -EIO && !r->write ? "corrupt (SHA-256 differs)" : strerror(-code));
+	atomic_store(&r->failed, 1);
+	pthread_mutex_unlock(&r->lock);
+}
+
+static void *run_thread(void *arg)
+{
+	struct run *r = arg;
+	for (;;) {
+		size_t i = atomic_fetch_add(&r->next, 1);
+		if (i >= r->n || atomic_load(&r->failed))
+			break;
+		struct one *o = r->jobs[i].o;
+		size_t c = r->jobs[i].c;
+		struct gcr_image_chunk *ch = &o->a->chunks[c];
+		char *host = shim_staging_host(o->p->img->off[c]);
+		if (host == NULL) {
+			run_fail(r, -EFAULT, r->write ? "writing" : "reading", o, c);
+			break;
+		}
+		size_t done = 0;
+		while (done < ch->len) {
+			ssize_t k = r->write ? pwrite(o->fd, host + done, ch->len - done, (off_t)(ch->off + done))
+					     : pread(o->fd, host + done, ch->len - done, (off_t)(ch->off + done));
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0) {
+				run_fail(r, k < 0 ? -errno : -ENODATA, r->write ? "writing" : "reading", o, c);
+				return NULL;
+			}
+			done += (size_t)k;
+		}
+		char hex[GCR_SHA256_HEX];
+		gcr_sha256_hex(host, ch->len, hex);
+		if (r->write) {
+			memcpy(ch->sha256, hex, sizeof(hex));
+		} else if (strcmp(hex, ch->sha256) != 0) {
+			run_fail(r, -EIO, "reading", o, c);
+			break;
+		}
+	}
+	return NULL;
+}
+
+static int run_all(int write, struct job *jobs, size_t n, struct gcr_err *err)
+{
+	struct run r = { .write = write, .jobs = jobs, .n = n };
+	pthread_mutex_init(&r.lock, NULL);
+	pthread_t th[MAX_THREADS];
+	size_t nt = n < MAX_THREADS ? n : MAX_THREADS, started = 0;
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	if (cores > 0 && nt > (size_t)cores)
+		nt = (size_t)cores;
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old); /* the application's signals are not ours */
+	for (; started < nt; started++)
+		if (pthread_create(&th[started], NULL, run_thread, &r) != 0)
+			break;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (started == 0 && n > 0)
+		run_thread(&r); /* no thread to be had: do it here */
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&r.lock);
+	if (atomic_load(&r.failed)) {
+		*err = r.err;
+		return err->code;
+	}
+	return 0;
+}
+
+/* Test hook (tests/flow/test_image.py): with GCR_TEST_IMAGE_HOLD naming a FIFO, a write
+ * stops after its files are created and before their data, until the test has opened the
+ * FIFO and closed it again: the test kills gcrctl meanwhile, with no sleep. */
+static void test_hold(void)
+{
+	const char *fifo = getenv("GCR_TEST_IMAGE_HOLD");
+	if (fifo == NULL || fifo[0] == '\0')
+		return;
+	int fd = open(fifo, O_RDONLY | O_CLOEXEC);
+	char b[16];
+	ssize_t n;
+	/* Until EOF: a stale errno of EINTR must not turn EOF into a spin. */
+	while (fd >= 0 && ((n = read(fd, b, sizeof(b))) > 0 || (n < 0 && errno == EINTR)))
+		;
+	if (fd >= 0)
+		close(fd);
+}
+
+static int write_table(const char *dir, struct list *l, struct gcr_err *err)
+{
+	struct gcr_image_table t = { .n = l->n, .a = calloc(l->n + 1, sizeof(*t.a)) };
+	if (t.a == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory for the table");
+	for (size_t i = 0; i < l->n; i++)
+		t.a[i] = *l->v[i].a;
+	json_t *allocs = gcr_image_table_to_json(&t);
+	free(t.a); /* the chunks belong to l */
+	json_t *root = allocs ? json_pack("{s:o}", "allocs", allocs) : NULL;
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/%s", dir, GCR_IMAGE_TABLE);
+	int rc = 0;
+	if (root == NULL)
+		rc = gcr_err_set(err, -ENOMEM, "out of memory for the table");
+	else if (json_dump_file(root, path, JSON_COMPACT) < 0)
+		rc = gcr_err_set(err, -EIO, "cannot write %s", path);
+	json_decref(root);
+	int fd = rc == 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+	if (rc == 0 && (fd < 0 || fsync(fd) < 0))
+		rc = gcr_err_set(err, -EIO, "cannot sync %s: %s", path, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
+static void list_free(struct list *l)
+{
+	for (size_t i = 0; i < l->n; i++) {
+		if (l->v[i].fd >= 0)
+			close(l->v[i].fd);
+		if (l->v[i].a != NULL)
+			free(l->v[i].a->chunks);
+		free(l->v[i].a);
+	}
+	free(l->v);
+	l->v = NULL;
+	l->n = 0;
+}
+
+static int check_suspended(const char *op, struct gcr_err *err)
+{
+	if (shim_cr_state() != SHIM_CR_SUSPENDED)
+		return gcr_err_set(err, -EINVAL, "%s: not suspended (state %s): suspend first", op,
+				   shim_cr_state_name(shim_cr_state()));
+	return 0;
+}
+
+int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
+{
+	*result = NULL;
+	double t0 = gcr_time_mono_ms();
+	int rc = check_suspended("image-write", err);
+	if (rc == 0 && atomic_load(&dropped))
+		rc = gcr_err_set(err, -EINVAL, "image-write: the data is already in image files only; image-read first");
+	if (rc == 0 && (dir == NULL || dir[0] != '/'))
+		rc = gcr_err_set(err, -EINVAL, "image-write: \"dir\" must be an absolute path");
+	char gdir[PATH_MAX];
+	if (rc == 0 && (size_t)snprintf(gdir, sizeof(gdir), "%s/%s", dir, GCR_IMAGE_GPU_DIR) >= sizeof(gdir) - 64)
+		rc = gcr_err_set(err, -ENAMETOOLONG, "image-write: path too long");
+	if (rc == 0 && mkdir(gdir, 0700) < 0)
+		rc = gcr_err_set(err, -errno, "image-write: cannot create %s: %s", gdir, strerror(errno));
+	struct list l = { 0 };
+	if (rc == 0)
+		rc = staged_list(&l, err);
+	size_t njobs = 0, nj = 0;
+	uint64_t bytes = 0, written = 0, zero = 0;
+	for (size_t i = 0; rc == 0 && i < l.n; i++) {
+		struct one *o = &l.v[i];
+		const struct shim_image *img = o->p->img;
+		o->a = calloc(1, sizeof(*o->a));
+		if (o->a == NULL || (o->a->chunks = calloc(img->nchunks + 1, sizeof(*o->a->chunks))) == NULL) {
+			rc = gcr_err_set(err, -ENOMEM, "out of memory for the table");
+			break;
+		}
+		*o->a = (struct gcr_image_alloc){ .address = o->va, .size = o->p->size, .slot = o->p->slot,
+						  .gen = o->p->gen, .nchunks = img->nchunks, .chunks = o->a->chunks };
+		snprintf(o->a->file, sizeof(o->a->file), "%s/alloc-%u-%u.bin", GCR_IMAGE_GPU_DIR, o->p->slot, o->p->gen);
+		char path[PATH_MAX];
+		snprintf(path, sizeof(path), "%s/%s", dir, o->a->file);
+		o->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (o->fd < 0) {
+			rc = gcr_err_set(err, -errno, "image-write: cannot create %s: %s", path, strerror(errno));
+			break;
+		}
+		uint64_t off = 0;
+		for (size_t c = 0; c < img->nchunks; c++) {
+			struct gcr_image_chunk *ch = &o->a->chunks[c];
+			ch->len = chunk_len(o->p, c);
+			bytes += ch->len;
+			if (img->zero[c]) {
+				ch->zero = 1;
+				zero += ch->len;
+				continue;
+			}
+			if (img->off[c] == SHIM_IMAGE_NONE) {
+				rc = gcr_err_set(err, -EIO, "image-write: a chunk of %s is not in staging", o->a->file);
+				break;
+			}
+			ch->off = off;
+			off += ch->len;
+			written += ch->len;
+			njobs++;
+		}
+	}
+	struct job *jobs = rc == 0 ? calloc(njobs + 1, sizeof(*jobs)) : NULL;
+	if (rc == 0 && jobs == NULL)
+		rc = gcr_err_set(err, -ENOMEM, "out of memory for %zu chunk jobs", njobs);
+	for (size_t i = 0; rc == 0 && i < l.n; i++)
+		for (size_t c = 0; c < l.v[i].a->nchunks; c++)
+			if (!l.v[i].a->chunks[c].zero)
+				jobs[nj++] = (struct job){ .o = &l.v[i], .c = c };
+	if (rc == 0)
+		test_hold();
+	double t1 = gcr_time_mono_ms();
+	if (rc == 0)
+		rc = run_all(1, jobs, nj, err);
+	for (size_t i = 0; rc == 0 && i < l.n; i++)
+		if (fsync(l.v[i].fd) < 0)
+			rc = gcr_err_set(err, -EIO, "image-write: fsync %s: %s", l.v[i].a->file, strerror(errno));
+	double t2 = gcr_time_mono_ms();
+	if (rc == 0)
+		rc = write_table(dir, &l, err);
+	if (rc == 0) {
+		*result = json_pack("{s:I, s:I, s:I, s:I, s:s, s:{s:f, s:f}}", "bytes", (json_int_t)bytes, "written",
+				    (json_int_t)written, "zero", (json_int_t)zero, "allocs", (json_int_t)l.n, "table",
+				    GCR_IMAGE_TABLE, "ms", "data", t2 - t1, "total", gcr_time_mono_ms() - t0);
+		if (*result == NULL)
+			rc = gcr_err_set(err, -ENOMEM, "out of memory for the reply");
+	}
+	free(jobs);
+	list_free(&l);
+	if (rc < 0)
+		gcr_err_wrap(err, "process still suspended, its data in host memory");
+	return rc;
+}
+
+void shim_imagefile_drop(void)
+{
+	shim_staging_drop();
+	atomic_store(&dropped, 1);
+	GCR_LOG(GCR_LOG_INFO, "shim", "host staging given back: the GPU data is in image files only");
+}
+
+int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
+{
+	*result = NULL;
+	double t0 = gcr_time_mono_ms();
+	int rc = check_suspended("image-read", err);
+	if (rc == 0 && (dir == NULL || dir[0] != '/'))
+		rc = gcr_err_set(err, -EINVAL, "image-read: \"dir\" must be an absolute path");
+	char path[PATH_MAX];
+	char *buf = NULL;
+	size_t len = 0;
+	if (rc == 0 && (size_t)snprintf(path, sizeof(path), "%s/%s", dir, GCR_IMAGE_TABLE) >= sizeof(path))
+		rc = gcr_err_set(err, -ENAMETOOLONG, "image-read: path too long");
+	if (rc == 0)
+		rc = gcr_image_read_file(path, GCR_IMAGE_MAX_JSON, &buf, &len, err);
+	struct gcr_image_table t = { 0 };
+	if (rc == 0) {
+		json_error_t je;
+		json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+		rc = root == NULL ? gcr_err_set(err, -EBADMSG, "%s is not JSON", path)
+				  : gcr_image_table_from_json(json_object_get(root, "allocs"), &t, err);
+		json_decref(root);
+	}
+	free(buf);
+	struct list l = { 0 };
+	if (rc == 0)
+		rc = staged_list(&l, err);
+	if (rc == 0 && l.n != t.n)
+		rc = gcr_err_set(err, -EBADMSG, "image-read: the image has %zu allocations, this process %zu", t.n, l.n);
+	uint64_t need = 0, bytes = 0, loaded = 0;
+	size_t njobs = 0;
+	for (size_t i = 0; rc == 0 && i < l.n; i++) {
+		struct one *o = &l.v[i];
+		for (size_t k = 0; k < t.n && o->a == NULL; k++)
+			if (t.a[k].slot == o->p->slot && t.a[k].gen == o->p->gen && t.a[k].size == o->p->size &&
+			    t.a[k].nchunks == o->p->img->nchunks)
+				o->a = &t.a[k];
+		if (o->a == NULL) {
+			rc = gcr_err_set(err, -EBADMSG, "image-read: no allocation in the image matches record %u/%u (%zu bytes)",
+					 o->p->slot, o->p->gen, o->p->size);
+			break;
+		}
+		for (size_t c = 0; c < o->a->nchunks; c++)
+			if (!o->a->chunks[c].zero) {
+				need += GCR_DIGEST_CHUNK;
+				njobs++;
+			}
+	}
+	if (rc == 0)
+		shim_staging_reset(); /* a new pool: offsets from here */
+	if (rc == 0 && l.n > 0)
+		rc = shim_staging_prepare(l.v[0].p->gpu, need, err);
+	struct job *jobs = rc == 0 ? calloc(njobs + 1, sizeof(*jobs)) : NULL;
+	if (rc == 0 && jobs == NULL)
+		rc = gcr_err_set(err, -ENOMEM, "out of memory for %zu chunk jobs", njobs);
+	size_t nj = 0;
+	for (size_t i = 0; rc == 0 && i < l.n; i++) {
+		struct one *o = &l.v[i];
+		struct shim_image *img = o->p->img;
+		snprintf(path, sizeof(path), "%s/%s", dir, o->a->file);
+		o->fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (o->fd < 0) {
+			rc = gcr_err_set(err, -errno, "image-read: cannot open %s: %s", path, strerror(errno));
+			break;
+		}
+		for (size_t c = 0; c < img->nchunks && rc == 0; c++) {
+			bytes += o->a->chunks[c].len;
+			img->zero[c] = (uint8_t)o->a->chunks[c].zero;
+			img->off[c] = SHIM_IMAGE_NONE;
+			if (img->zero[c])
+				continue;
+			rc = shim_staging_alloc(GCR_DIGEST_CHUNK, &img->off[c]);
+			if (rc < 0)
+				gcr_err_set(err, rc, "image-read: staging pool too small");
+			jobs[nj++] = (struct job){ .o = o, .c = c };
+			loaded += o->a->chunks[c].len;
+		}
+	}
+	double t1 = gcr_time_mono_ms();
+	if (rc == 0)
+		rc = run_all(0, jobs, nj, err);
+	double t2 = gcr_time_mono_ms();
+	if (rc == 0) {
+		atomic_store(&dropped, 0);
+		*result = json_pack("{s:I, s:I, s:I, s:{s:f, s:f}}", "bytes", (json_int_t)bytes, "read",
+				    (json_int_t)loaded, "allocs", (json_int_t)l.n, "ms", "data", t2 - t1, "total",
+				    gcr_time_mono_ms() - t0);
+	}
+	for (size_t i = 0; i < l.n; i++) {
+		if (l.v[i].fd >= 0)
+			close(l.v[i].fd);
+		l.v[i].a = NULL; /* t's */
+	}
+	free(l.v);
+	free(jobs);
+	gcr_image_table_clear(&t);
+	if (rc < 0)
+		gcr_err_wrap(err, "process still suspended, its data not loaded (resume refused until an image-read succeeds)");
+	return rc;
+}

@@ -1,0 +1,278 @@
+/* test_gcr_image: the image directory (lib/gcr_image) on crafted directories: the partial
+ * name rule, commit's rename, and each refusal of gcr_image_verify with its code and message. */
+#include "config.h"
+#include "gcr_image.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define DATA_LEN 4096 /* bytes of the one non-zero chunk */
+
+static char root[] = "/tmp/gcr-test-image-XXXXXX";
+
+static void put(const char *dir, const char *rel, const void *data, size_t n)
+{
+	char p[PATH_MAX];
+	snprintf(p, sizeof(p), "%s/%s", dir, rel);
+	FILE *f = fopen(p, "w");
+	CHECK(f != NULL && fwrite(data, 1, n, f) == n);
+	if (f != NULL)
+		fclose(f);
+}
+
+/* One allocation of 2 MiB + DATA_LEN bytes: a zero chunk, then DATA_LEN bytes at offset 0
+ * of gpu/alloc-0-1.bin. nchunks_data > 1 makes the table ask for more than the file holds. */
+static void fill_table(struct gcr_image_table *t, const uint8_t *data, int bigger)
+{
+	t->n = 1;
+	t->a = calloc(2, sizeof(*t->a));
+	struct gcr_image_alloc *a = &t->a[0];
+	a->address = 0x7f0000000000ull;
+	a->size = GCR_IMAGE_CHUNK + (bigger ? GCR_IMAGE_CHUNK : DATA_LEN);
+	a->slot = 0;
+	a->gen = 1;
+	snprintf(a->file, sizeof(a->file), "gpu/alloc-0-1.bin");
+	a->nchunks = 2;
+	a->chunks = calloc(2, sizeof(*a->chunks));
+	a->chunks[0].zero = 1;
+	a->chunks[0].len = (uint32_t)GCR_IMAGE_CHUNK;
+	a->chunks[1].len = bigger ? (uint32_t)GCR_IMAGE_CHUNK : DATA_LEN;
+	gcr_sha256_hex(data, DATA_LEN, a->chunks[1].sha256);
+}
+
+/* A whole image at root/name: criu/ and gpu/ files, a manifest, committed from its partial
+ * name; out gets its path. */
+static int make_image(const char *name, int bigger, char *out, size_t len)
+{
+	static uint8_t data[DATA_LEN];
+	for (size_t i = 0; i < sizeof(data); i++)
+		data[i] = (uint8_t)(i * 7 + 1);
+	char *dir = out, partial[PATH_MAX], sub[PATH_MAX + 8];
+	struct gcr_err err = { 0, "" };
+	snprintf(dir, len, "%s/%s", root, name);
+	CHECK(gcr_image_partial_name(dir, 1234, partial, sizeof(partial), &err) == 0);
+	CHECK(mkdir(partial, 0700) == 0);
+	snprintf(sub, sizeof(sub), "%s/criu", partial);
+	CHECK(mkdir(sub, 0700) == 0);
+	snprintf(sub, sizeof(sub), "%s/gpu", partial);
+	CHECK(mkdir(sub, 0700) == 0);
+	put(partial, "criu/pages-1.img", "criu pages", 10);
+	put(partial, "criu/core-1.img", "criu core", 9);
+	put(partial, "gpu/alloc-0-1.bin", data, sizeof(data));
+	put(partial, "gpu/allocs.json", "{}", 2);
+	struct gcr_image_manifest m = { 0 };
+	m.format = GCR_IMAGE_FORMAT;
+	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
+	m.created = 1763935000;
+	m.pid = 4242;
+	snprintf(m.socket, sizeof(m.socket), "/run/gcr/gcr-4242-1.sock");
+	snprintf(m.env.gpu_vendor, sizeof(m.env.gpu_vendor), "nvidia");
+	snprintf(m.env.gpu_model, sizeof(m.env.gpu_model), "Model A");
+	snprintf(m.env.driver, sizeof(m.env.driver), "570.1");
+	snprintf(m.env.shim_version, sizeof(m.env.shim_version), "0.1.0");
+	fill_table(&m.table, data, bigger);
+	int rc = gcr_image_manifest_write(partial, &m, &err);
+	CHECK(rc == 0);
+	gcr_image_manifest_clear(&m);
+	if (rc == 0)
+		rc = gcr_image_commit(partial, dir, &err);
+	CHECK(rc == 0);
+	return rc;
+}
+
+static const struct gcr_image_expect here = { "nvidia", "Model A", "570.1", "0.1.0" };
+
+/* verify refuses dir with code and a message containing word; m is left empty. */
+static void refused(const char *dir, const struct gcr_image_expect *e, int code, const char *word)
+{
+	struct gcr_image_manifest m;
+	struct gcr_err err = { 0, "" };
+	int rc = gcr_image_verify(dir, e, &m, &err);
+	CHECK(rc == code);
+	CHECK(strstr(err.msg, word) != NULL);
+	CHECK(m.files == NULL && m.table.a == NULL && m.nfiles == 0);
+	if (rc != code || strstr(err.msg, word) == NULL)
+		fprintf(stderr, "  expected %d \"%s\", got %d: %s\n", code, word, rc, err.msg);
+}
+
+static void accepted(const char *dir, const struct gcr_image_expect *e)
+{
+	struct gcr_image_manifest m;
+	struct gcr_err err = { 0, "" };
+	int rc = gcr_image_verify(dir, e, &m, &err);
+	CHECK(rc == 0);
+	if (rc != 0)
+		fprintf(stderr, "  refused: %s\n", err.msg);
+	CHECK(m.pid == 4242 && m.nfiles == 4 && m.table.n == 1 && m.table.a[0].chunks[0].zero == 1);
+	CHECK_STR(m.env.gpu_model, "Model A");
+	gcr_image_manifest_clear(&m);
+}
+
+static void edit(const char *dir, const char *from, const char *to)
+{
+	char p[PATH_MAX], *buf = NULL;
+	size_t len;
+	struct gcr_err err;
+	snprintf(p, sizeof(p), "%s/manifest.json", dir);
+	CHECK(gcr_image_read_file(p, 1 << 20, &buf, &len, &err) == 0);
+	char *at = buf ? strstr(buf, from) : NULL;
+	CHECK(at != NULL);
+	if (at != NULL) {
+		FILE *f = fopen(p, "w");
+		fprintf(f, "%.*s%s%s", (int)(at - buf), buf, to, at + strlen(from));
+		fclose(f);
+	}
+	free(buf);
+}
+
+static void test_names(void)
+{
+	char out[64];
+	struct gcr_err err = { 0, "" };
+	CHECK(gcr_image_partial_name("/a/img//", 77, out, sizeof(out), &err) == 0);
+	CHECK_STR(out, "/a/img.partial.77");
+	CHECK(gcr_image_is_partial(out));
+	CHECK(!gcr_image_is_partial("/a/img"));
+	CHECK(!gcr_image_is_partial("/a/b.partial.3/img")); /* only the last component counts */
+	char longname[128];
+	memset(longname, 'x', sizeof(longname) - 1);
+	longname[sizeof(longname) - 1] = '\0';
+	CHECK(gcr_image_partial_name(longname, 1, out, sizeof(out), &err) == -ENAMETOOLONG);
+}
+
+static void test_commit(void)
+{
+	char a[PATH_MAX], b[PATH_MAX];
+	struct gcr_err err = { 0, "" };
+	snprintf(a, sizeof(a), "%s/c.partial.1", root);
+	snprintf(b, sizeof(b), "%s/c", root);
+	CHECK(mkdir(a, 0700) == 0 && mkdir(b, 0700) == 0);
+	/* An empty directory at the name is not replaced. */
+	CHECK(gcr_image_commit(a, b, &err) == -EEXIST);
+	CHECK(access(a, F_OK) == 0);
+	CHECK(rmdir(b) == 0);
+	CHECK(gcr_image_commit(a, b, &err) == 0);
+	CHECK(access(a, F_OK) != 0 && access(b, F_OK) == 0);
+	gcr_image_remove(b);
+	CHECK(access(b, F_OK) != 0);
+	CHECK(gcr_image_commit(a, b, &err) == -ENOENT); /* nothing to commit */
+}
+
+static void test_verify(void)
+{
+	char img[512], p[PATH_MAX], q[PATH_MAX];
+	if (make_image("img", 0, img, sizeof(img)) < 0)
+		return;
+	accepted(img, &here);
+	accepted(img, NULL);
+	struct gcr_image_expect blank = { "", "", "", "" }; /* empty fields are not compared */
+	accepted(img, &blank);
+
+	/* The machine differs. */
+	struct gcr_image_expect e = here;
+	snprintf(e.gpu_model, sizeof(e.gpu_model), "Model B");
+	refused(img, &e, -ENOTSUP, "GPU model");
+	e = here;
+	snprintf(e.driver, sizeof(e.driver), "580.2");
+	refused(img, &e, -ENOTSUP, "driver version");
+	e = here;
+	snprintf(e.shim_version, sizeof(e.shim_version), "0.2.0");
+	refused(img, &e, -ENOTSUP, "shim version");
+	e = here;
+	snprintf(e.gpu_vendor, sizeof(e.gpu_vendor), "amd");
+	refused(img, &e, -ENOTSUP, "GPU vendor");
+
+	/* A flipped byte in a data file: same size, wrong checksum. */
+	snprintf(p, sizeof(p), "%s/gpu/alloc-0-1.bin", img);
+	int fd = open(p, O_RDWR);
+	CHECK(fd >= 0);
+	uint8_t b;
+	CHECK(pread(fd, &b, 1, 100) == 1);
+	b ^= 0xff;
+	CHECK(pwrite(fd, &b, 1, 100) == 1);
+	refused(img, &here, -EIO, "SHA-256");
+	b ^= 0xff;
+	CHECK(pwrite(fd, &b, 1, 100) == 1);
+	/* Truncated. */
+	CHECK(ftruncate(fd, DATA_LEN - 1) == 0);
+	refused(img, &here, -EIO, "truncated");
+	b = (uint8_t)((DATA_LEN - 1) * 7 + 1);
+	CHECK(pwrite(fd, &b, 1, DATA_LEN - 1) == 1);
+	close(fd);
+	accepted(img, &here);
+
+	/* Missing, extra, and not a regular file. */
+	snprintf(p, sizeof(p), "%s/criu/core-1.img", img);
+	snprintf(q, sizeof(q), "%s/core-1.img", root);
+	CHECK(rename(p, q) == 0);
+	refused(img, &here, -EIO, "missing");
+	CHECK(rename(q, p) == 0);
+	snprintf(p, sizeof(p), "%s/gpu/extra.bin", img);
+	put(img, "gpu/extra.bin", "x", 1);
+	refused(img, &here, -EIO, "not in the manifest");
+	unlink(p);
+	CHECK(symlink("/etc/passwd", p) == 0);
+	refused(img, &here, -EBADMSG, "not a regular file");
+	unlink(p);
+	/* CRIU writes its restore statistics there on every restore: tolerated. */
+	put(img, "criu/stats-restore", "s", 1);
+	accepted(img, &here);
+
+	/* The manifest: deleted, unparsable, another format, a path outside the image. */
+	snprintf(p, sizeof(p), "%s/manifest.json", img);
+	snprintf(q, sizeof(q), "%s/manifest.saved", root);
+	CHECK(rename(p, q) == 0);
+	refused(img, &here, -ENOENT, "no manifest.json");
+	put(img, "manifest.json", "{\"format\": 1,", 13);
+	refused(img, &here, -EBADMSG, "not JSON");
+	CHECK(rename(q, p) == 0);
+	accepted(img, &here);
+	edit(img, "\"format\": 1", "\"format\": 2");
+	refused(img, &here, -ENOTSUP, "format 2");
+	edit(img, "\"format\": 2", "\"format\": 1");
+	edit(img, "\"criu/core-1.img\"", "\"criu/../../core-1.img\"");
+	refused(img, &here, -EBADMSG, "relative path");
+	edit(img, "\"criu/../../core-1.img\"", "\"criu/core-1.img\"");
+	edit(img, "\"file\": \"gpu/alloc-0-1.bin\"", "\"file\": \"criu/core-1.img\"");
+	refused(img, &here, -EBADMSG, "not under gpu/");
+	edit(img, "\"file\": \"criu/core-1.img\"", "\"file\": \"gpu/alloc-0-1.bin\"");
+	accepted(img, &here);
+
+	/* The partial name, and no directory at all. */
+	snprintf(p, sizeof(p), "%s.partial.9", img);
+	CHECK(rename(img, p) == 0);
+	refused(p, &here, -ENOENT, "partial");
+	refused(img, &here, -ENOENT, "no image");
+	CHECK(rename(p, img) == 0);
+	accepted(img, &here);
+}
+
+/* A table whose chunks need more bytes than its (listed, checksummed) file holds. */
+static void test_short_table(void)
+{
+	char img[512];
+	if (make_image("short", 1, img, sizeof(img)) == 0)
+		refused(img, &here, -EIO, "its chunks need");
+}
+
+int main(void)
+{
+	if (mkdtemp(root) == NULL) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_names();
+	test_commit();
+	test_verify();
+	test_short_table();
+	gcr_image_remove(root);
+	return test_summary("test_gcr_image");
+}
