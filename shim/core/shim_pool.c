@@ -802,6 +802,26 @@ out:
 	return rc;
 }
 
+/* A live or graph-owned block goes back: pending under m, or completed (m NULL). */
+static void block_free(struct pool *p, struct extent *x, struct marker *m)
+{
+	hash_del(x);
+	p->used -= x->size;
+	seg_used(x->seg, -1);
+	x->req = 0;
+	if (m != NULL) {
+		x->state = EXT_PENDING;
+		mk_link(x, m);
+	} else {
+		x->state = EXT_DONE;
+	}
+	free_insert(p, x);
+	if (p->removed)
+		gone_sweep();
+	else
+		pool_want_update(p);
+}
+
 int shim_pool_free(uint64_t va, const struct shim_pool_stream *s, unsigned flags)
 {
 	int rc = 0;
@@ -845,21 +865,7 @@ int shim_pool_free(uint64_t va, const struct shim_pool_stream *s, unsigned flags
 		}
 	}
 marked:
-	hash_del(x);
-	p->used -= x->size;
-	seg_used(x->seg, -1);
-	x->req = 0;
-	if (m != NULL) {
-		x->state = EXT_PENDING;
-		mk_link(x, m);
-	} else {
-		x->state = EXT_DONE;
-	}
-	free_insert(p, x);
-	if (p->removed)
-		gone_sweep();
-	else
-		pool_want_update(p);
+	block_free(p, x, m);
 out:
 	pthread_mutex_unlock(&pool_lock);
 	return rc;
@@ -926,22 +932,8 @@ static void graph_release(struct extent *x, int done)
 		if (p->dev_st == NULL || (m = mk_push(p->dev_st, NULL)) == NULL)
 			return; /* stays graph-owned: a leak, never a block reused under a replay */
 	}
-	hash_del(x);
-	p->used -= x->size;
-	seg_used(x->seg, -1);
-	x->req = 0;
 	x->grefs = 0;
-	if (m != NULL) {
-		x->state = EXT_PENDING;
-		mk_link(x, m);
-	} else {
-		x->state = EXT_DONE;
-	}
-	free_insert(p, x);
-	if (p->removed)
-		gone_sweep();
-	else
-		pool_want_update(p);
+	block_free(p, x, m);
 }
 
 int shim_pool_graph_alloc(uint64_t key, size_t bytes, uint64_t holder, uint64_t *va)
