@@ -9,7 +9,9 @@
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "fakecuda_test.h"
@@ -198,6 +200,33 @@ static void test_explicit_nodes(void)
 
 /* Suspend with a graph's memory resident: moved with the rest (no GPU bytes left), and the
  * replay after resume reads and writes the same addresses. */
+/* A pool exported to another process: its memory is shared, suspend refuses with the text
+ * other shared memory gets, until the pool is gone; the process is not touched. */
+static void test_exported_pool(void)
+{
+	CUmemPoolProps props = { .allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+				 .handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+				 .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 } };
+	CUmemoryPool pool = NULL;
+	CUstream s = NULL;
+	CUdeviceptr d = 0;
+	struct gcr_err err = { 0 };
+	CHECK(shim_cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuMemPoolCreate(&pool, &props) == CUDA_SUCCESS && !shim_pool_served((uint64_t)(uintptr_t)pool));
+	CHECK(cuMemAllocFromPoolAsync(&d, MIB, pool, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS);
+	CHECK(shim_alloc_check_movable(&shim_cuda_ops, &err) == 0);
+	int fd = -1;
+	CHECK(cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+	err.msg[0] = '\0';
+	CHECK(shim_alloc_check_movable(&shim_cuda_ops, &err) == -ENOTSUP && strstr(err.msg, "shared") != NULL);
+	if (fd >= 0)
+		close(fd);
+	CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS);
+	CHECK(cuMemPoolDestroy(pool) == CUDA_SUCCESS);
+	CHECK(shim_alloc_check_movable(&shim_cuda_ops, &err) == 0);
+	CHECK(shim_cu.cuStreamDestroy_v2(s) == CUDA_SUCCESS);
+}
+
 static void test_graph_suspend(void)
 {
 	const size_t n = 256 * 1024, words = n / 4;
@@ -327,6 +356,7 @@ int main(void)
 	test_captured_graphs();
 	test_explicit_nodes();
 	test_graph_suspend();
+	test_exported_pool();
 
 	/* Suspend's release: every idle segment goes. */
 	CHECK(shim_pool_release_idle() > 0);
