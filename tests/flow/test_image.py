@@ -69,7 +69,9 @@ class Proc:
         self.buf = b""
         self.lines = []
         e = dict(os.environ, **env)
-        e["LD_PRELOAD"] = SHIM
+        # Sanitizer builds need the ASan runtime first in a preloaded process (tests/run.sh).
+        prefix = os.environ.get("GCR_TEST_PRELOAD_PREFIX", "")
+        e["LD_PRELOAD"] = prefix + ":" + SHIM if prefix else SHIM
         self.p = subprocess.Popen([PROG, "--module", KERNELS] + args, stdin=self.w, stdout=self.keep,
                                   stderr=open(os.path.join(d, "err.txt"), "ab"), env=e, start_new_session=True)
         m = self.expect(r"READY pid=(\d+)", 60)
