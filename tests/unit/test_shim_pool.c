@@ -20,7 +20,18 @@
 struct fev {
 	int done, live;
 	uint64_t stream;
+	struct fev *all; /* every event made, freed by fresh(): tests read them after unmark */
 };
+static struct fev *fevs;
+
+static void fevs_free(void)
+{
+	while (fevs != NULL) {
+		struct fev *n = fevs->all;
+		free(fevs);
+		fevs = n;
+	}
+}
 
 static struct {
 	uint64_t next_va;
@@ -72,6 +83,8 @@ static int f_mark(const struct shim_pool_stream *s, void **ev)
 	struct fev *e = calloc(1, sizeof(*e));
 	if (e == NULL)
 		return -ENOMEM;
+	e->all = fevs;
+	fevs = e;
 	e->live = 1;
 	e->stream = stream;
 	*ev = e;
@@ -79,7 +92,7 @@ static int f_mark(const struct shim_pool_stream *s, void **ev)
 	return 0;
 }
 
-/* Events are kept (leaked on purpose) so the random walk can still read them after unmark. */
+/* Events are kept until the next fresh() so the random walk can still read them after unmark. */
 static int f_done(void *ev)
 {
 	gpu.queries++;
@@ -106,6 +119,7 @@ static const struct shim_pool_ops fops = { f_seg_new, f_seg_free, f_seg_access, 
 static void fresh(size_t cap)
 {
 	shim_pool_reset();
+	fevs_free();
 	memset(&gpu, 0, sizeof(gpu));
 	gpu.next_va = 0x700000000000ULL;
 	gpu.cap = cap;
@@ -562,5 +576,7 @@ int main(void)
 	test_random_walk(1);
 	bench_pair();
 	shim_pool_reset();
+	shim_pool_reset();
+	fevs_free();
 	return test_summary("test_shim_pool");
 }
