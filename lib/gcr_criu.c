@@ -264,7 +264,33 @@ int gcr_criu_run(const struct gcr_criu_info *info, const struct gcr_criu_argv *a
 	char out[OUT_MAX];
 	if (a->n < 2)
 		return gcr_err_set(err, -EINVAL, "empty criu command");
-	int rc = run(a->v, info->plugin_dir[0] ? info->plugin_dir : NULL, info->timeout_ms > 0 ? info->timeout_ms : 60000, out, sizeof(out));
+	/* Without plugins (CUDA: the shim and the driver did the GPU part), CRIU would still load
+	 * every plugin in $CRIU_LIBS_DIR or /usr/lib/criu (its own cuda_plugin.so among them, which
+	 * would act on a process already suspended): give it an empty directory of our own. */
+	struct gcr_criu_argv b;
+	char none[] = "/tmp/gcr-criu-noplugins.XXXXXX";
+	const struct gcr_criu_argv *use = a;
+	if (info->plugin_dir[0] == '\0') {
+		if (mkdtemp(none) == NULL)
+			return gcr_err_set(err, -errno, "criu %s: cannot make an empty plugin directory: %s", a->v[1],
+					   strerror(errno));
+		memset(&b, 0, sizeof(b));
+		int r = 0;
+		for (int i = 0; i < a->n && r == 0; i++) {
+			r = add(&b, a->v[i]);
+			if (r == 0 && i == 1) /* after the command */
+				r = add(&b, "--libdir") == 0 ? add(&b, none) : -ENAMETOOLONG;
+		}
+		if (r < 0) {
+			rmdir(none);
+			return gcr_err_set(err, r, "criu %s command too long", a->v[1]);
+		}
+		use = &b;
+	}
+	int rc = run(use->v, info->plugin_dir[0] ? info->plugin_dir : NULL,
+		     info->timeout_ms > 0 ? info->timeout_ms : 60000, out, sizeof(out));
+	if (use == &b)
+		rmdir(none);
 	if (rc == -ETIMEDOUT)
 		return gcr_err_set(err, -ETIMEDOUT, "criu %s did not finish in %d ms (killed)", a->v[1], info->timeout_ms);
 	if (rc != 0)

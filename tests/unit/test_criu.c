@@ -120,6 +120,22 @@ int main(void)
 	for (int i = 0; i < a.n; i++)
 		libdir |= strcmp(a.v[i], "--libdir") == 0;
 	CHECK(!libdir && strcmp(a.v[a.n - 1], "-v4") == 0);
+	/* Run, it gets an empty directory of its own as --libdir, so CRIU loads no plugin from
+	 * $CRIU_LIBS_DIR or /usr/lib/criu; the directory is gone afterwards. */
+	setenv("FAKE_CRIU_HOOK",
+	       "prev=; for a; do if [ \"$prev\" = --libdir ] && [ -d \"$a\" ] && [ -z \"$(ls -A \"$a\")\" ]; "
+	       "then echo LIBDIR-EMPTY \"$a\"; fi; prev=$a; done",
+	       1);
+	CHECK(gcr_criu_run(&binfo, &a, &err) == 0);
+	unsetenv("FAKE_CRIU_HOOK");
+	read_log(log, got, sizeof(got));
+	const char *empty = strstr(got, "LIBDIR-EMPTY /tmp/gcr-criu-noplugins.");
+	CHECK(strstr(got, " dump --libdir /tmp/gcr-criu-noplugins.") != NULL && empty != NULL);
+	if (empty != NULL) {
+		char gone[64];
+		snprintf(gone, sizeof(gone), "%.*s", (int)strcspn(empty + 13, " "), empty + 13);
+		CHECK(access(gone, F_OK) != 0);
+	}
 	fd = open(plugin, O_CREAT | O_WRONLY, 0644);
 	CHECK(fd >= 0);
 	close(fd);
