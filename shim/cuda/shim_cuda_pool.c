@@ -293,8 +293,12 @@ int shim_cuda_pool_graph_pass(uint64_t to, uint64_t from)
  * served (the driver answers). */
 static int stream_pool(const struct shim_pool_stream *k, CUmemoryPool *out)
 {
+	/* A default stream's device follows the current context; stream_key has already read it
+	 * for the legacy stream (its key holds it), so only the per-thread stream asks again. */
 	CUcontext ctx = NULL;
-	if (is_default_stream(k->handle))
+	if (k->handle == (uint64_t)(uintptr_t)CU_STREAM_LEGACY)
+		ctx = (CUcontext)(uintptr_t)k->thread;
+	else if (is_default_stream(k->handle))
 		(void)shim_cu.cuCtxGetCurrent(&ctx);
 	unsigned gen = atomic_load_explicit(&pool_gen, memory_order_acquire);
 	if (tcache.valid && tcache.gen == gen && tcache.stream == k->handle && tcache.ctx == ctx) {
@@ -660,7 +664,7 @@ static CUresult stream_sync(int v, CUstream hStream)
 		struct shim_pool_stream k = stream_key(hStream, v);
 		/* Only k's frees are known done (the legacy stream does not wait for non-blocking
 		 * streams); the others are asked about. */
-		synced(&k);
+		shim_pool_synced(&k);
 	}
 	return r;
 }
@@ -693,9 +697,9 @@ SHIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult r = real(hEvent);
-	if (r == CUDA_SUCCESS && shim_pool_sync_wanted()) {
+	if (r == CUDA_SUCCESS) {
 		struct shim_pool_stream none = { .handle = 0 };
-		shim_pool_synced(&none);
+		synced(&none);
 	}
 	return r;
 }
