@@ -8,6 +8,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,18 +17,9 @@
 #include <unistd.h>
 
 #define IO_BUF (1u << 20) /* bytes per read while hashing */
+#define VERIFY_THREADS 16
 
 /* ---- small helpers ---- */
-
-static int hex64(const char *s)
-{
-	if (s == NULL || strlen(s) != 2 * GCR_SHA256_LEN)
-		return 0;
-	for (const char *p = s; *p; p++)
-		if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
-			return 0;
-	return 1;
-}
 
 /* A relative path inside the image: no leading '/', no "..", no empty or "." parts. */
 static int safe_rel(const char *s)
@@ -144,10 +137,11 @@ static int alloc_from_json(json_t *o, size_t idx, struct gcr_image_alloc *a, str
 			continue;
 		}
 		uint64_t off, len;
+		char hex[GCR_CRC32C_HEX];
 		if (!json_is_object(j) || get_u64(j, "off", &off) < 0 || get_u64(j, "len", &len) < 0 ||
-		    get_str(j, "sha256", ch->sha256, sizeof(ch->sha256)) < 0 || !hex64(ch->sha256))
+		    get_str(j, "crc32c", hex, sizeof(hex)) < 0 || gcr_crc32c_from_hex(hex, &ch->crc) < 0)
 			return gcr_err_set(err, -EBADMSG, "allocation %zu chunk %zu: neither \"zero\" nor "
-					   "{off, len, sha256}", idx, c);
+					   "{off, len, crc32c}", idx, c);
 		/* Written in order, back to back: anything else is not an image we wrote. */
 		if (len != want || off != next_off)
 			return gcr_err_set(err, -EBADMSG, "allocation %zu chunk %zu: offset %" PRIu64 " length %" PRIu64
@@ -191,9 +185,11 @@ json_t *gcr_image_table_to_json(const struct gcr_image_table *t)
 		json_t *ch = json_array();
 		for (size_t c = 0; ch != NULL && c < a->nchunks; c++) {
 			const struct gcr_image_chunk *k = &a->chunks[c];
+			char hex[GCR_CRC32C_HEX];
+			gcr_crc32c_to_hex(k->crc, hex);
 			json_array_append_new(ch, k->zero ? json_string("zero")
 							  : json_pack("{s:I, s:I, s:s}", "off", (json_int_t)k->off, "len",
-								      (json_int_t)k->len, "sha256", k->sha256));
+								      (json_int_t)k->len, "crc32c", hex));
 		}
 		json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:s, s:o}", "address", (json_int_t)a->address, "size",
 				      (json_int_t)a->size, "slot", (json_int_t)a->slot, "gen", (json_int_t)a->gen,
@@ -204,6 +200,14 @@ json_t *gcr_image_table_to_json(const struct gcr_image_table *t)
 		}
 	}
 	return arr;
+}
+
+static const struct gcr_image_alloc *table_find(const struct gcr_image_table *t, const char *file)
+{
+	for (size_t i = 0; t != NULL && i < t->n; i++)
+		if (strcmp(t->a[i].file, file) == 0)
+			return &t->a[i];
+	return NULL;
 }
 
 /* ---- the manifest ---- */
@@ -242,6 +246,14 @@ int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manif
 		rc = gcr_err_set(err, -EBADMSG, "manifest lacks or mistypes gcr_version, shim_version, created, pid, "
 				 "socket, gpu {vendor, model, driver} or files");
 	if (rc == 0) {
+		json_t *mode = json_object_get(root, "mode");
+		snprintf(m->mode, sizeof(m->mode), "%s", mode == NULL ? GCR_IMAGE_MODE_GCR : "");
+		if (mode != NULL && get_str(root, "mode", m->mode, sizeof(m->mode)) < 0)
+			m->mode[0] = '\0';
+		if (strcmp(m->mode, GCR_IMAGE_MODE_GCR) != 0 && strcmp(m->mode, GCR_IMAGE_MODE_DRIVER) != 0)
+			rc = gcr_err_set(err, -EBADMSG, "manifest \"mode\" is neither \"gcr\" nor \"driver\"");
+	}
+	if (rc == 0) {
 		m->created = (long long)created;
 		m->pid = (pid_t)pid;
 		m->nfiles = json_array_size(files);
@@ -253,24 +265,32 @@ int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manif
 	for (size_t i = 0; rc == 0 && i < m->nfiles; i++) {
 		json_t *f = json_array_get(files, i);
 		struct gcr_image_file *fi = &m->files[i];
+		char hex[GCR_CRC32C_HEX];
+		json_t *crc = json_is_object(f) ? json_object_get(f, "crc32c") : NULL;
+		fi->has_crc = crc != NULL;
 		if (!json_is_object(f) || get_str(f, "path", fi->path, sizeof(fi->path)) < 0 || !safe_rel(fi->path) ||
-		    get_u64(f, "size", &fi->size) < 0 || get_str(f, "sha256", fi->sha256, sizeof(fi->sha256)) < 0 ||
-		    !hex64(fi->sha256))
-			rc = gcr_err_set(err, -EBADMSG, "manifest file entry %zu: needs a relative path, size and sha256", i);
+		    get_u64(f, "size", &fi->size) < 0 ||
+		    (crc != NULL && (get_str(f, "crc32c", hex, sizeof(hex)) < 0 || gcr_crc32c_from_hex(hex, &fi->crc) < 0)))
+			rc = gcr_err_set(err, -EBADMSG, "manifest file entry %zu: needs a relative path, size and crc32c", i);
 		for (size_t k = 0; rc == 0 && k < i; k++)
 			if (strcmp(m->files[k].path, fi->path) == 0)
 				rc = gcr_err_set(err, -EBADMSG, "manifest lists %s twice", fi->path);
 	}
 	if (rc == 0)
 		rc = gcr_image_table_from_json(json_object_get(root, "allocs"), &m->table, err);
+	/* Only an allocation's data file goes without a whole-file checksum. */
+	for (size_t i = 0; rc == 0 && i < m->nfiles; i++)
+		if (!m->files[i].has_crc && table_find(&m->table, m->files[i].path) == NULL)
+			rc = gcr_err_set(err, -EBADMSG, "manifest file %s has no crc32c and is no allocation's data file",
+					 m->files[i].path);
 	json_decref(root);
 	if (rc < 0)
 		gcr_image_manifest_clear(m);
 	return rc;
 }
 
-/* SHA-256 and size of a file. */
-static int hash_file(const char *path, uint64_t *size, char hex[GCR_SHA256_HEX], struct gcr_err *err)
+/* CRC-32C and size of a file. */
+static int crc_file(const char *path, uint64_t *size, uint32_t *crc, struct gcr_err *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -278,10 +298,9 @@ static int hash_file(const char *path, uint64_t *size, char hex[GCR_SHA256_HEX],
 	char *b = malloc(IO_BUF);
 	if (b == NULL) {
 		close(fd);
-		return gcr_err_set(err, -ENOMEM, "out of memory hashing %s", path);
+		return gcr_err_set(err, -ENOMEM, "out of memory reading %s", path);
 	}
-	struct gcr_sha256 s;
-	gcr_sha256_init(&s);
+	uint32_t c = 0;
 	uint64_t n = 0;
 	int rc = 0;
 	for (;;) {
@@ -294,14 +313,12 @@ static int hash_file(const char *path, uint64_t *size, char hex[GCR_SHA256_HEX],
 		}
 		if (r == 0)
 			break;
-		gcr_sha256_update(&s, b, (size_t)r);
+		c = gcr_crc32c_update(c, b, (size_t)r);
 		n += (uint64_t)r;
 	}
 	free(b);
 	close(fd);
-	uint8_t d[GCR_SHA256_LEN];
-	gcr_sha256_final(&s, d);
-	gcr_sha256_to_hex(d, hex);
+	*crc = c;
 	*size = n;
 	return rc;
 }
@@ -316,14 +333,16 @@ static int fsync_path(const char *path, int dir, struct gcr_err *err)
 	return rc;
 }
 
-/* Lists (when files != NULL: hashes and records) every regular file under dir/sub, one level
- * (CRIU and the shim write flat directories); anything else there is refused. */
+/* Lists every regular file under dir/sub, one level (CRIU and the shim write flat directories);
+ * anything else there is refused. With hash: also fsyncs each and records its CRC-32C, except
+ * for the data files of table (the shim wrote and synced them, with a CRC per chunk). */
 struct walk {
 	struct gcr_image_file *files;
 	size_t n, cap;
 };
 
-static int walk_sub(const char *dir, const char *sub, struct walk *w, int hash, struct gcr_err *err)
+static int walk_sub(const char *dir, const char *sub, struct walk *w, int hash, const struct gcr_image_table *table,
+		    struct gcr_err *err)
 {
 	char p[PATH_MAX];
 	snprintf(p, sizeof(p), "%s/%s", dir, sub);
@@ -360,8 +379,9 @@ static int walk_sub(const char *dir, const char *sub, struct walk *w, int hash, 
 		memset(f, 0, sizeof(*f));
 		memcpy(f->path, rel, strlen(rel) + 1);
 		f->size = (uint64_t)st.st_size;
-		if (hash) {
-			rc = hash_file(full, &f->size, f->sha256, err);
+		if (hash && table_find(table, rel) == NULL) {
+			f->has_crc = 1;
+			rc = crc_file(full, &f->size, &f->crc, err);
 			if (rc == 0)
 				rc = fsync_path(full, 0, err);
 		}
@@ -375,17 +395,24 @@ static int walk_sub(const char *dir, const char *sub, struct walk *w, int hash, 
 int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err)
 {
 	struct walk w = { 0 };
-	int rc = walk_sub(dir, GCR_IMAGE_CRIU_DIR, &w, 1, err);
+	int rc = walk_sub(dir, GCR_IMAGE_CRIU_DIR, &w, 1, &m->table, err);
 	if (rc == 0)
-		rc = walk_sub(dir, GCR_IMAGE_GPU_DIR, &w, 1, err);
+		rc = walk_sub(dir, GCR_IMAGE_GPU_DIR, &w, 1, &m->table, err);
 	json_t *files = json_array(), *root = NULL;
-	for (size_t i = 0; rc == 0 && i < w.n; i++)
-		json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", w.files[i].path, "size",
-						       (json_int_t)w.files[i].size, "sha256", w.files[i].sha256));
+	for (size_t i = 0; rc == 0 && i < w.n; i++) {
+		json_t *f = json_pack("{s:s, s:I}", "path", w.files[i].path, "size", (json_int_t)w.files[i].size);
+		if (f != NULL && w.files[i].has_crc) {
+			char hex[GCR_CRC32C_HEX];
+			gcr_crc32c_to_hex(w.files[i].crc, hex);
+			json_object_set_new(f, "crc32c", json_string(hex));
+		}
+		json_array_append_new(files, f);
+	}
 	if (rc == 0) {
 		json_t *allocs = gcr_image_table_to_json(&m->table);
-		root = json_pack("{s:i, s:s, s:s, s:I, s:i, s:s, s:{s:s, s:s, s:s}, s:o, s:o}", "format",
-				 GCR_IMAGE_FORMAT, "gcr_version", m->gcr_version, "shim_version", m->env.shim_version,
+		root = json_pack("{s:i, s:s, s:s, s:s, s:I, s:i, s:s, s:{s:s, s:s, s:s}, s:o, s:o}", "format",
+				 GCR_IMAGE_FORMAT, "mode", m->mode[0] ? m->mode : GCR_IMAGE_MODE_GCR, "gcr_version",
+				 m->gcr_version, "shim_version", m->env.shim_version,
 				 "created", (json_int_t)m->created, "pid", (int)m->pid, "socket", m->socket, "gpu",
 				 "vendor", m->env.gpu_vendor, "model", m->env.gpu_model, "driver", m->env.driver,
 				 "files", files, "allocs", allocs);
@@ -485,6 +512,120 @@ static int env_check(const char *what, const char *have, const char *want, struc
 	return gcr_err_set(err, -ENOTSUP, "image is for %s \"%s\", this machine has \"%s\": refused", what, have, want);
 }
 
+/* ---- every data chunk's CRC-32C, by several threads (a 16 GiB image is read at the page
+ * cache's or the disk's speed, not one core's) ---- */
+
+struct vjob {
+	size_t a, c;
+};
+
+struct vrun {
+	const char *dir;
+	const struct gcr_image_table *t;
+	const int *fds; /* per allocation */
+	const struct vjob *jobs;
+	size_t n;
+	atomic_size_t next;
+	atomic_int failed;
+	pthread_mutex_t lock;
+	struct gcr_err err; /* the first failure, under lock */
+};
+
+static void vrun_fail(struct vrun *r, int code, const char *what, const char *file, size_t c)
+{
+	pthread_mutex_lock(&r->lock);
+	if (!atomic_load(&r->failed))
+		gcr_err_set(&r->err, code, "%s/%s chunk %zu: %s: refused", r->dir, file, c, what);
+	atomic_store(&r->failed, 1);
+	pthread_mutex_unlock(&r->lock);
+}
+
+static void *vrun_thread(void *arg)
+{
+	struct vrun *r = arg;
+	char *buf = malloc(GCR_IMAGE_CHUNK);
+	if (buf == NULL) {
+		vrun_fail(r, -ENOMEM, "out of memory to check it", r->t->a[r->jobs[0].a].file, (size_t)0);
+		return NULL;
+	}
+	for (;;) {
+		size_t i = atomic_fetch_add(&r->next, 1);
+		if (i >= r->n || atomic_load(&r->failed))
+			break;
+		const struct gcr_image_alloc *a = &r->t->a[r->jobs[i].a];
+		const struct gcr_image_chunk *ch = &a->chunks[r->jobs[i].c];
+		size_t done = 0;
+		while (done < ch->len) {
+			ssize_t k = pread(r->fds[r->jobs[i].a], buf + done, ch->len - done, (off_t)(ch->off + done));
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0)
+				break;
+			done += (size_t)k;
+		}
+		if (done < ch->len)
+			vrun_fail(r, -EIO, "cannot be read whole (truncated)", a->file, r->jobs[i].c);
+		else if (gcr_crc32c_update(0, buf, ch->len) != ch->crc)
+			vrun_fail(r, -EIO, "CRC-32C differs from the manifest (corrupt)", a->file, r->jobs[i].c);
+	}
+	free(buf);
+	return NULL;
+}
+
+static int verify_chunks(const char *dir, const struct gcr_image_table *t, struct gcr_err *err)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < t->n; i++)
+		for (size_t c = 0; c < t->a[i].nchunks; c++)
+			n += !t->a[i].chunks[c].zero;
+	if (n == 0)
+		return 0;
+	int *fds = malloc((t->n + 1) * sizeof(*fds));
+	struct vjob *jobs = calloc(n, sizeof(*jobs));
+	int rc = fds && jobs ? 0 : gcr_err_set(err, -ENOMEM, "out of memory to check %zu chunks", n);
+	size_t nfd = 0, nj = 0;
+	for (; rc == 0 && nfd < t->n; nfd++) {
+		char path[PATH_MAX];
+		snprintf(path, sizeof(path), "%s/%s", dir, t->a[nfd].file);
+		fds[nfd] = -1;
+		int any = 0;
+		for (size_t c = 0; c < t->a[nfd].nchunks; c++)
+			if (!t->a[nfd].chunks[c].zero) {
+				jobs[nj++] = (struct vjob){ .a = nfd, .c = c };
+				any = 1;
+			}
+		if (any && (fds[nfd] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+			rc = gcr_err_set(err, -EIO, "cannot open %s: %s: refused", path, strerror(errno));
+	}
+	struct vrun r = { .dir = dir, .t = t, .fds = fds, .jobs = jobs, .n = nj };
+	pthread_mutex_init(&r.lock, NULL);
+	if (rc == 0) {
+		pthread_t th[VERIFY_THREADS];
+		long cores = sysconf(_SC_NPROCESSORS_ONLN);
+		size_t nt = nj < VERIFY_THREADS ? nj : VERIFY_THREADS, started = 0;
+		if (cores > 0 && nt > (size_t)cores)
+			nt = (size_t)cores;
+		for (; started < nt; started++)
+			if (pthread_create(&th[started], NULL, vrun_thread, &r) != 0)
+				break;
+		if (started == 0)
+			vrun_thread(&r); /* no thread to be had: here */
+		for (size_t i = 0; i < started; i++)
+			pthread_join(th[i], NULL);
+		if (atomic_load(&r.failed)) {
+			*err = r.err;
+			rc = err->code;
+		}
+	}
+	pthread_mutex_destroy(&r.lock);
+	for (size_t i = 0; fds != NULL && i < nfd; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	free(fds);
+	free(jobs);
+	return rc;
+}
+
 int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
 		     struct gcr_err *err)
 {
@@ -514,15 +655,16 @@ int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, str
 			rc = env_check("GPU model", m->env.gpu_model, expect->gpu_model, err);
 		if (rc == 0)
 			rc = env_check("driver version", m->env.driver, expect->driver, err);
-		if (rc == 0)
+		/* The baseline's process has no shim to match. */
+		if (rc == 0 && strcmp(m->mode, GCR_IMAGE_MODE_DRIVER) != 0)
 			rc = env_check("shim version", m->env.shim_version, expect->shim_version, err);
 	}
 	/* Sizes and extra files first (cheap), then every checksum. */
 	struct walk w = { 0 };
 	if (rc == 0)
-		rc = walk_sub(dir, GCR_IMAGE_CRIU_DIR, &w, 0, err);
+		rc = walk_sub(dir, GCR_IMAGE_CRIU_DIR, &w, 0, NULL, err);
 	if (rc == 0)
-		rc = walk_sub(dir, GCR_IMAGE_GPU_DIR, &w, 0, err);
+		rc = walk_sub(dir, GCR_IMAGE_GPU_DIR, &w, 0, NULL, err);
 	for (size_t i = 0; rc == 0 && i < w.n; i++) {
 		size_t k = 0;
 		while (k < m->nfiles && strcmp(m->files[k].path, w.files[i].path) != 0)
@@ -562,13 +704,17 @@ int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, str
 					 a->file, m->files[k].size, need);
 	}
 	for (size_t k = 0; rc == 0 && k < m->nfiles; k++) {
+		if (!m->files[k].has_crc)
+			continue;
 		uint64_t size;
-		char hex[GCR_SHA256_HEX];
+		uint32_t crc;
 		snprintf(path, sizeof(path), "%s/%s", dir, m->files[k].path);
-		rc = hash_file(path, &size, hex, err);
-		if (rc == 0 && (size != m->files[k].size || strcmp(hex, m->files[k].sha256) != 0))
-			rc = gcr_err_set(err, -EIO, "%s: SHA-256 does not match the manifest (corrupt): refused", path);
+		rc = crc_file(path, &size, &crc, err);
+		if (rc == 0 && (size != m->files[k].size || crc != m->files[k].crc))
+			rc = gcr_err_set(err, -EIO, "%s: CRC-32C does not match the manifest (corrupt): refused", path);
 	}
+	if (rc == 0)
+		rc = verify_chunks(dir, &m->table, err);
 	if (rc < 0)
 		gcr_image_manifest_clear(m);
 	return rc;

@@ -11,9 +11,9 @@
 #include <sys/types.h>
 
 #include "gcr_error.h"
-#include "gcr_sha256.h"
+#include "gcr_crc32c.h"
 
-#define GCR_IMAGE_FORMAT 1
+#define GCR_IMAGE_FORMAT 2 /* 1: SHA-256 checksums (phase 1), no longer read */
 #define GCR_IMAGE_MANIFEST "manifest.json"
 #define GCR_IMAGE_CRIU_DIR "criu"
 #define GCR_IMAGE_GPU_DIR "gpu"
@@ -30,7 +30,7 @@ struct gcr_image_chunk {
 	int zero;
 	uint64_t off;
 	uint32_t len;
-	char sha256[GCR_SHA256_HEX];
+	uint32_t crc; /* CRC-32C of the len bytes */
 };
 
 struct gcr_image_alloc {
@@ -50,7 +50,8 @@ struct gcr_image_table {
 struct gcr_image_file {
 	char path[GCR_IMAGE_NAME_MAX]; /* relative, no ".." */
 	uint64_t size;
-	char sha256[GCR_SHA256_HEX];
+	int has_crc;  /* 0 only for an allocation's data file: its chunks carry the checksums */
+	uint32_t crc; /* CRC-32C of the whole file */
 };
 
 /* What must match between an image and the machine that restores it. */
@@ -58,8 +59,14 @@ struct gcr_image_expect {
 	char gpu_vendor[32], gpu_model[128], driver[64], shim_version[32];
 };
 
+/* How the image was taken: GCR (the shim wrote gpu/, the driver's checkpoint moved the rest) or
+ * the driver's checkpoint plus CRIU alone (the baseline: GPU data inside CRIU's pages). */
+#define GCR_IMAGE_MODE_GCR "gcr"
+#define GCR_IMAGE_MODE_DRIVER "driver"
+
 struct gcr_image_manifest {
 	int format;
+	char mode[16]; /* GCR_IMAGE_MODE_*; absent in the file means gcr */
 	char gcr_version[32];
 	long long created; /* seconds since the epoch */
 	pid_t pid;
@@ -83,7 +90,8 @@ int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manif
 void gcr_image_manifest_clear(struct gcr_image_manifest *m);
 
 /* Writes dir/manifest.json for what dir holds now: every regular file under criu/ and gpu/ with
- * its size and SHA-256, m's identity fields and table; then fsyncs every file and directory. */
+ * its size and CRC-32C (the table's data files: size only, their chunks carry CRCs), m's
+ * identity fields and table; then fsyncs every file and directory. */
 int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err);
 
 /* ---- the directory ---- */
@@ -98,9 +106,9 @@ int gcr_image_commit(const char *partial, const char *dir, struct gcr_err *err);
 void gcr_image_remove(const char *dir);
 
 /* Checks dir before anything is touched: not partial, manifest there and parsable, format
- * known, every listed file there with its size and SHA-256, no unlisted file under gpu/ or
- * criu/, the table's files listed and big enough, and the environment matching expect (empty
- * fields are not compared). On success *m holds the manifest (caller clears). Messages name
+ * known, every listed file there with its size and CRC-32C, every data chunk's CRC-32C (read
+ * by up to 16 threads), no unlisted file under gpu/ or criu/, the table's files listed and
+ * the right size, and the environment matching expect (empty fields are not compared). On success *m holds the manifest (caller clears). Messages name
  * the problem and the file. -ENOENT, -EBADMSG, -EIO (missing, truncated, corrupt) or -ENOTSUP
  * (another GPU model, driver, shim or format). */
 int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,

@@ -14,12 +14,15 @@
 struct gcr_imgcr_opts {
 	const struct gcr_cr_opts *cr; /* socket dir, timeouts */
 	int leave_running;            /* checkpoint: the process goes on (else CRIU ends it) */
+	/* checkpoint: the baseline, the driver's checkpoint plus CRIU alone (no shim needed: the
+	 * GPU data goes into CRIU's page dump); the image's mode says so and restore follows it */
+	int driver_only;
 };
 
 struct gcr_imgcr_result {
 	pid_t pid;                      /* checkpointed, or restored */
 	double ms_suspend, ms_write, ms_dump, ms_manifest, ms_resume, ms_total;
-	double ms_verify, ms_restore, ms_read;
+	double ms_verify, ms_restore, ms_read; /* read: attaching gpu/ files; resume moves the data */
 	long long bytes, written, zero; /* GPU bytes: all staged, written to gpu/, recorded as zero */
 	long long rss;                  /* the process's resident bytes when CRIU dumped it */
 	long long image;                /* bytes of the image's files */

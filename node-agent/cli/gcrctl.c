@@ -36,8 +36,10 @@ static void usage(FILE *f)
 		"                                             least active first, resumes the most active first,\n"
 		"                                             all at once (one thread per process)\n"
 		"  criu                                       CRIU for AMD processes: found, >= 4.0, amdgpu plugin\n"
-		"  checkpoint --image DIR [--leave-running] PID  the process to an image on disk (docs/images.md);\n"
-		"                                             CRIU ends it unless --leave-running\n"
+		"  checkpoint --image DIR [--leave-running] [--driver-only] PID  the process to an image on\n"
+		"                                             disk (docs/images.md); CRIU ends it unless\n"
+		"                                             --leave-running; --driver-only: the driver's\n"
+		"                                             checkpoint plus CRIU alone, no shim (the baseline)\n"
 		"  restore --image DIR                        the process back from an image, verified first\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
@@ -303,7 +305,11 @@ out:
 /* ---- images (docs/images.md) ---- */
 static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_running, struct gcr_cr_opts *o)
 {
-	struct gcr_imgcr_opts io = { .cr = o, .leave_running = leave_running };
+	/* --driver-only: the baseline (the driver's checkpoint plus CRIU alone); restore reads the
+	 * mode from the image. */
+	struct gcr_imgcr_opts io = { .cr = o, .leave_running = leave_running,
+				     .driver_only = o->mode == GCR_CR_DRIVER_ONLY };
+	o->mode = GCR_CR_FULL;
 	struct gcr_imgcr_result r;
 	struct gcr_err err = { 0 };
 	int ckpt = strcmp(cmd, "checkpoint") == 0;
@@ -326,7 +332,7 @@ static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_runni
 		       (double)r.written / 1048576.0, (double)r.zero / 1048576.0, (double)r.image / 1048576.0,
 		       leave_running ? ", process running" : ", process ended");
 	else
-		printf("restore %d: from %s in %.1f ms (verify %.1f, criu %.1f, read %.1f, resume %.1f ms)\n",
+		printf("restore %d: from %s in %.1f ms (verify %.1f, criu %.1f, attach %.1f, resume with the data %.1f ms)\n",
 		       (int)r.pid, dir, r.ms_total, r.ms_verify, r.ms_restore, r.ms_read, r.ms_resume);
 	json_decref(j);
 	return 0;

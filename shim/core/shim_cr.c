@@ -476,9 +476,14 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 			break;
 		struct shim_image *img = p->img;
 		for (size_t c = 0; c < img->nchunks; c++) {
-			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st->va + c * GCR_DIGEST_CHUNK,
-						      .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
-						      .zero = img->zero[c] };
+			x[nx] = (struct shim_xfer){ .off = img->off[c], .dev = st->va + c * GCR_DIGEST_CHUNK,
+						    .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
+						    .zero = img->zero[c] };
+			if (img->src_fd >= 0 && !img->zero[c]) /* after image-read: from the file */
+				x[nx] = (struct shim_xfer){ .off = img->src_off[c], .dev = x[nx].dev, .size = x[nx].size,
+							    .device = x[nx].device, .file = 1, .fd = img->src_fd,
+							    .crc = img->src_crc[c], .name = img->src_name };
+			nx++;
 			if (img->zero[c])
 				rep->zero += chunk_size(p, c);
 			else
@@ -526,8 +531,15 @@ static int image_clear_staged(struct shim_phys *p, uint64_t va, void *arg)
 	return p->staged ? image_clear(p, va, arg) : 0;
 }
 
+/* Data that came from an image file is not in staging: no incremental copy can build on it. */
+static int image_clear_file(struct shim_phys *p, uint64_t va, void *arg)
+{
+	return p->staged && p->img != NULL && p->img->src_fd >= 0 ? image_clear(p, va, arg) : 0;
+}
+
 static void finish_resume(void)
 {
+	(void)shim_alloc_each(0, image_clear_file, NULL);
 	if (!shim_cfg.incremental) {
 		(void)shim_alloc_each(0, image_clear_staged, NULL);
 		shim_staging_reset();

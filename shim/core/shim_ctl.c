@@ -337,8 +337,10 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 			break;
 		}
 		rc = shim_cr_resume(&rep, &err);
-		if (rc == 0)
+		if (rc == 0) {
+			shim_imagefile_resumed();
 			result = report_json(&rep);
+		}
 		break;
 	default:
 		rc = gcr_err_set(&err, -EOPNOTSUPP, "unsupported op");

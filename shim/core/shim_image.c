@@ -1,14 +1,17 @@
 /* shim_image: per-chunk layout of a staged allocation (see shim_image.h). */
 #include "shim_image.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct shim_image *shim_image_new(uint64_t size)
 {
 	struct shim_image *img = calloc(1, sizeof(*img));
 	if (img == NULL)
 		return NULL;
+	img->src_fd = -1;
 	img->nchunks = shim_digest_nchunks(size);
 	img->off = malloc(img->nchunks * sizeof(*img->off));
 	img->zero = calloc(img->nchunks, 1);
@@ -28,6 +31,32 @@ void shim_image_clear(struct shim_image *img)
 	memset(img->zero, 0, img->nchunks);
 	img->complete = 0;
 	img->have_digests = 0;
+	if (img->src_fd >= 0)
+		close(img->src_fd);
+	img->src_fd = -1;
+	free(img->src_name);
+	free(img->src_off);
+	free(img->src_crc);
+	img->src_name = NULL;
+	img->src_off = NULL;
+	img->src_crc = NULL;
+}
+
+int shim_image_set_source(struct shim_image *img, int fd, const char *name, const uint64_t *off,
+			  const uint32_t *crc)
+{
+	shim_image_clear(img);
+	img->src_fd = fd;
+	img->src_name = strdup(name);
+	img->src_off = malloc((img->nchunks + 1) * sizeof(*img->src_off));
+	img->src_crc = malloc((img->nchunks + 1) * sizeof(*img->src_crc));
+	if (img->src_name == NULL || img->src_off == NULL || img->src_crc == NULL) {
+		shim_image_clear(img);
+		return -ENOMEM;
+	}
+	memcpy(img->src_off, off, img->nchunks * sizeof(*off));
+	memcpy(img->src_crc, crc, img->nchunks * sizeof(*crc));
+	return 0;
 }
 
 uint64_t shim_image_placed(const struct shim_image *img)
@@ -42,6 +71,11 @@ void shim_image_free(struct shim_image *img)
 {
 	if (img == NULL)
 		return;
+	if (img->src_fd >= 0)
+		close(img->src_fd);
+	free(img->src_name);
+	free(img->src_off);
+	free(img->src_crc);
 	free(img->off);
 	free(img->zero);
 	free(img->dig);

@@ -18,14 +18,24 @@ struct shim_image {
 	uint64_t *off;     /* pool offset per chunk, or SHIM_IMAGE_NONE */
 	uint8_t *zero;     /* 1: the chunk is all zero (nothing in the pool) */
 	struct shim_digest *dig;
+	/* After image-read: the data is read from this image file by the resume itself (no
+	 * staging): chunk c's bytes at src_off[c], CRC-32C src_crc[c]. src_fd -1: staging. */
+	int src_fd;
+	char *src_name;    /* owned: the file, for messages */
+	uint64_t *src_off; /* owned */
+	uint32_t *src_crc; /* owned */
 };
 
 /* An image for size bytes, no placements; NULL when out of memory. */
 struct shim_image *shim_image_new(uint64_t size);
-/* Forgets placements and content (the pool was reset). */
+/* Forgets placements, content and the file source (the pool was reset). */
 void shim_image_clear(struct shim_image *img);
 /* Bytes of pool placed for this image. */
 uint64_t shim_image_placed(const struct shim_image *img);
 void shim_image_free(struct shim_image *img); /* NULL-safe */
+/* Takes the data from file fd (owned from here, also on failure) at the given offsets and
+ * checksums (copied): 0 or -ENOMEM. */
+int shim_image_set_source(struct shim_image *img, int fd, const char *name, const uint64_t *off,
+			  const uint32_t *crc);
 
 #endif

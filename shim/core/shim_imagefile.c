@@ -1,8 +1,10 @@
-/* shim_imagefile: staged GPU data to image files and back (see shim_imagefile.h).
- * One file per allocation, its non-zero chunks back to back in chunk order, so a file's
- * size says how much data it must hold and a reader needs no index beyond the table.
- * Several threads, one chunk each at a time (pwrite/pread at known offsets): a single
- * writer reaches one core's SHA-256 speed (~250 MB/s), well below a disk's. */
+/* shim_imagefile: staged GPU data to image files, and image files as the source of the next
+ * resume (see shim_imagefile.h). One file per allocation, its non-zero chunks back to back in
+ * chunk order, so a file's size says how much data it must hold and a reader needs no index
+ * beyond the table. Writing: several threads, one chunk each at a time (pwrite at known
+ * offsets), each chunk's CRC-32C taken from the bytes written. Reading is the resume's: its
+ * copy workers pread each chunk into a pinned slot, check it and send it to the GPU, so a
+ * restored process never needs its data in host memory twice (staging, then page cache). */
 #include "shim_imagefile.h"
 
 #include <errno.h>
@@ -19,7 +21,7 @@
 
 #include "gcr_image.h"
 #include "gcr_log.h"
-#include "gcr_sha256.h"
+#include "gcr_crc32c.h"
 #include "gcr_time.h"
 #include "shim_alloc.h"
 #include "shim_cr.h"
@@ -29,11 +31,19 @@
 
 #define MAX_THREADS 8
 
-static atomic_int dropped;
+/* Where a suspended process's data is: staging (0), image files only, after image-write
+ * and drop (DROPPED: resume refused), or image files the next resume reads (FILES). */
+enum { IN_STAGING, DROPPED, FILES };
+static atomic_int where;
 
 int shim_imagefile_dropped(void)
 {
-	return atomic_load(&dropped);
+	return atomic_load(&where) == DROPPED;
+}
+
+void shim_imagefile_resumed(void)
+{
+	atomic_store(&where, IN_STAGING);
 }
 
 /* The staged allocations, in slot order (allocation calls are gated while suspended, so the
@@ -100,7 +110,6 @@ struct job {
 };
 
 struct run {
-	int write;
 	struct job *jobs;
 	size_t n;
 	atomic_size_t next;
@@ -114,7 +123,7 @@ static void run_fail(struct run *r, int code, const char *what, const struct one
 	pthread_mutex_lock(&r->lock);
 	if (!atomic_load(&r->failed))
 		gcr_err_set(&r->err, code, "%s chunk %zu of %s: %s", what, c, o->a->file,
-			    code == -EIO && !r->write ? "corrupt (SHA-256 differs)" : strerror(-code));
+			    strerror(-code));
 	atomic_store(&r->failed, 1);
 	pthread_mutex_unlock(&r->lock);
 }
@@ -131,36 +140,28 @@ static void *run_thread(void *arg)
 		struct gcr_image_chunk *ch = &o->a->chunks[c];
 		char *host = shim_staging_host(o->p->img->off[c]);
 		if (host == NULL) {
-			run_fail(r, -EFAULT, r->write ? "writing" : "reading", o, c);
+			run_fail(r, -EFAULT, "writing", o, c);
 			break;
 		}
 		size_t done = 0;
 		while (done < ch->len) {
-			ssize_t k = r->write ? pwrite(o->fd, host + done, ch->len - done, (off_t)(ch->off + done))
-					     : pread(o->fd, host + done, ch->len - done, (off_t)(ch->off + done));
+			ssize_t k = pwrite(o->fd, host + done, ch->len - done, (off_t)(ch->off + done));
 			if (k < 0 && errno == EINTR)
 				continue;
 			if (k <= 0) {
-				run_fail(r, k < 0 ? -errno : -ENODATA, r->write ? "writing" : "reading", o, c);
+				run_fail(r, k < 0 ? -errno : -ENOSPC, "writing", o, c);
 				return NULL;
 			}
 			done += (size_t)k;
 		}
-		char hex[GCR_SHA256_HEX];
-		gcr_sha256_hex(host, ch->len, hex);
-		if (r->write) {
-			memcpy(ch->sha256, hex, sizeof(hex));
-		} else if (strcmp(hex, ch->sha256) != 0) {
-			run_fail(r, -EIO, "reading", o, c);
-			break;
-		}
+		ch->crc = gcr_crc32c_update(0, host, ch->len);
 	}
 	return NULL;
 }
 
-static int run_all(int write, struct job *jobs, size_t n, struct gcr_err *err)
+static int run_all(struct job *jobs, size_t n, struct gcr_err *err)
 {
-	struct run r = { .write = write, .jobs = jobs, .n = n };
+	struct run r = { .jobs = jobs, .n = n };
 	pthread_mutex_init(&r.lock, NULL);
 	pthread_t th[MAX_THREADS];
 	size_t nt = n < MAX_THREADS ? n : MAX_THREADS, started = 0;
@@ -257,8 +258,9 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
 	*result = NULL;
 	double t0 = gcr_time_mono_ms();
 	int rc = check_suspended("image-write", err);
-	if (rc == 0 && atomic_load(&dropped))
-		rc = gcr_err_set(err, -EINVAL, "image-write: the data is already in image files only; image-read first");
+	if (rc == 0 && atomic_load(&where) != IN_STAGING)
+		rc = gcr_err_set(err, -EINVAL, "image-write: the data is in image files, not in host memory; resume "
+				 "first (after image-read)");
 	if (rc == 0 && (dir == NULL || dir[0] != '/'))
 		rc = gcr_err_set(err, -EINVAL, "image-write: \"dir\" must be an absolute path");
 	char gdir[PATH_MAX];
@@ -320,7 +322,7 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
 		test_hold();
 	double t1 = gcr_time_mono_ms();
 	if (rc == 0)
-		rc = run_all(1, jobs, nj, err);
+		rc = run_all(jobs, nj, err);
 	for (size_t i = 0; rc == 0 && i < l.n; i++)
 		if (fsync(l.v[i].fd) < 0)
 			rc = gcr_err_set(err, -EIO, "image-write: fsync %s: %s", l.v[i].a->file, strerror(errno));
@@ -344,7 +346,7 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
 void shim_imagefile_drop(void)
 {
 	shim_staging_drop();
-	atomic_store(&dropped, 1);
+	atomic_store(&where, DROPPED);
 	GCR_LOG(GCR_LOG_INFO, "shim", "host staging given back: the GPU data is in image files only");
 }
 
@@ -353,6 +355,8 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 	*result = NULL;
 	double t0 = gcr_time_mono_ms();
 	int rc = check_suspended("image-read", err);
+	if (rc == 0 && atomic_load(&where) == IN_STAGING)
+		rc = gcr_err_set(err, -EINVAL, "image-read: the data is still in host memory: resume instead");
 	if (rc == 0 && (dir == NULL || dir[0] != '/'))
 		rc = gcr_err_set(err, -EINVAL, "image-read: \"dir\" must be an absolute path");
 	char path[PATH_MAX];
@@ -376,74 +380,90 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 		rc = staged_list(&l, err);
 	if (rc == 0 && l.n != t.n)
 		rc = gcr_err_set(err, -EBADMSG, "image-read: the image has %zu allocations, this process %zu", t.n, l.n);
-	uint64_t need = 0, bytes = 0, loaded = 0;
-	size_t njobs = 0;
+	uint64_t bytes = 0, loaded = 0;
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		struct one *o = &l.v[i];
 		for (size_t k = 0; k < t.n && o->a == NULL; k++)
 			if (t.a[k].slot == o->p->slot && t.a[k].gen == o->p->gen && t.a[k].size == o->p->size &&
 			    t.a[k].nchunks == o->p->img->nchunks)
 				o->a = &t.a[k];
-		if (o->a == NULL) {
+		if (o->a == NULL)
 			rc = gcr_err_set(err, -EBADMSG, "image-read: no allocation in the image matches record %u/%u (%zu bytes)",
 					 o->p->slot, o->p->gen, o->p->size);
-			break;
-		}
-		for (size_t c = 0; c < o->a->nchunks; c++)
-			if (!o->a->chunks[c].zero) {
-				need += GCR_DIGEST_CHUNK;
-				njobs++;
-			}
 	}
-	if (rc == 0)
-		shim_staging_reset(); /* a new pool: offsets from here */
+	/* Copy workers for the resume; no pool: the data goes from the files to the GPU. */
 	if (rc == 0 && l.n > 0)
-		rc = shim_staging_prepare(l.v[0].p->gpu, need, err);
-	struct job *jobs = rc == 0 ? calloc(njobs + 1, sizeof(*jobs)) : NULL;
-	if (rc == 0 && jobs == NULL)
-		rc = gcr_err_set(err, -ENOMEM, "out of memory for %zu chunk jobs", njobs);
-	size_t nj = 0;
+		rc = shim_staging_prepare(l.v[0].p->gpu, 0, err);
+	size_t nmax = 0;
+	for (size_t i = 0; rc == 0 && i < l.n; i++)
+		nmax = l.v[i].a->nchunks > nmax ? l.v[i].a->nchunks : nmax;
+	uint64_t *off = rc == 0 ? calloc(nmax + 1, sizeof(*off)) : NULL;
+	uint32_t *crc = rc == 0 ? calloc(nmax + 1, sizeof(*crc)) : NULL;
+	if (rc == 0 && (off == NULL || crc == NULL))
+		rc = gcr_err_set(err, -ENOMEM, "out of memory for the chunk table");
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		struct one *o = &l.v[i];
 		struct shim_image *img = o->p->img;
 		snprintf(path, sizeof(path), "%s/%s", dir, o->a->file);
-		o->fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (o->fd < 0) {
+		int any = 0;
+		for (size_t c = 0; c < img->nchunks; c++)
+			any |= !o->a->chunks[c].zero;
+		int fd = any ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+		if (any && fd < 0) {
 			rc = gcr_err_set(err, -errno, "image-read: cannot open %s: %s", path, strerror(errno));
 			break;
 		}
-		for (size_t c = 0; c < img->nchunks && rc == 0; c++) {
+		struct stat st;
+		uint64_t need = 0;
+		for (size_t c = 0; c < img->nchunks; c++) {
+			off[c] = o->a->chunks[c].off;
+			crc[c] = o->a->chunks[c].crc;
 			bytes += o->a->chunks[c].len;
-			img->zero[c] = (uint8_t)o->a->chunks[c].zero;
-			img->off[c] = SHIM_IMAGE_NONE;
-			if (img->zero[c])
-				continue;
-			rc = shim_staging_alloc(GCR_DIGEST_CHUNK, &img->off[c]);
-			if (rc < 0)
-				gcr_err_set(err, rc, "image-read: staging pool too small");
-			jobs[nj++] = (struct job){ .o = o, .c = c };
-			loaded += o->a->chunks[c].len;
+			if (!o->a->chunks[c].zero) {
+				loaded += o->a->chunks[c].len;
+				need = o->a->chunks[c].off + o->a->chunks[c].len;
+			}
 		}
+		if (fd >= 0 && (fstat(fd, &st) < 0 || (uint64_t)st.st_size != need)) {
+			close(fd);
+			rc = gcr_err_set(err, -EIO, "image-read: %s does not hold %llu bytes (truncated or changed)", path,
+					 (unsigned long long)need);
+			break;
+		}
+		if (fd >= 0) {
+			(void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+			rc = shim_image_set_source(img, fd, o->a->file, off, crc);
+			if (rc < 0) {
+				gcr_err_set(err, rc, "out of memory for the chunk table");
+				break;
+			}
+		} else {
+			shim_image_clear(img);
+		}
+		for (size_t c = 0; c < img->nchunks; c++)
+			img->zero[c] = (uint8_t)o->a->chunks[c].zero;
 	}
-	double t1 = gcr_time_mono_ms();
-	if (rc == 0)
-		rc = run_all(0, jobs, nj, err);
-	double t2 = gcr_time_mono_ms();
+	free(off);
+	free(crc);
 	if (rc == 0) {
-		atomic_store(&dropped, 0);
+		atomic_store(&where, FILES);
 		*result = json_pack("{s:I, s:I, s:I, s:{s:f, s:f}}", "bytes", (json_int_t)bytes, "read",
-				    (json_int_t)loaded, "allocs", (json_int_t)l.n, "ms", "data", t2 - t1, "total",
+				    (json_int_t)loaded, "allocs", (json_int_t)l.n, "ms", "data", 0.0, "total",
 				    gcr_time_mono_ms() - t0);
+	} else if (atomic_load(&where) == FILES) {
+		/* Nothing half-attached: every image forgets its file, and resume waits for an
+		 * image-read that succeeds. */
+		for (size_t i = 0; i < l.n; i++)
+			if (l.v[i].p->img->src_fd >= 0)
+				shim_image_clear(l.v[i].p->img);
+		atomic_store(&where, DROPPED);
 	}
-	for (size_t i = 0; i < l.n; i++) {
-		if (l.v[i].fd >= 0)
-			close(l.v[i].fd);
+	for (size_t i = 0; i < l.n; i++)
 		l.v[i].a = NULL; /* t's */
-	}
 	free(l.v);
-	free(jobs);
 	gcr_image_table_clear(&t);
 	if (rc < 0)
-		gcr_err_wrap(err, "process still suspended, its data not loaded (resume refused until an image-read succeeds)");
+		gcr_err_wrap(err, "process still suspended, its data in image files only (resume refused until an "
+			     "image-read succeeds)");
 	return rc;
 }

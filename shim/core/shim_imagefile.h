@@ -1,7 +1,7 @@
 /* shim_imagefile: the GPU data of a suspended process to image files and back
  * (docs/images.md): staged chunks written by several threads, zero chunks recorded only,
- * each chunk's SHA-256 in the table gpu/allocs.json; read back into a fresh staging pool
- * after a CRIU restore, every chunk checked. */
+ * each chunk's CRC-32C in the table gpu/allocs.json; after a CRIU restore the files become
+ * the source of the next resume, which reads and checks every chunk on its way to the GPU. */
 #ifndef SHIM_IMAGEFILE_H
 #define SHIM_IMAGEFILE_H
 
@@ -17,11 +17,15 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err);
 /* Frees the host staging after a write: the data now lives only in the files, and a resume
  * is refused until shim_imagefile_read loads it back. */
 void shim_imagefile_drop(void);
-/* 1 while the data is in files only (dropped and not read back). */
+/* 1 while the data is in files only (dropped, and no image-read since). */
 int shim_imagefile_dropped(void);
-/* While suspended: reads dir/gpu/ back into staging (a new pool), checking every chunk's
- * SHA-256 and that the table matches this process's allocations. On failure the process
- * stays suspended with its data in files only. */
+/* While suspended with the data in files (after drop): checks that dir/gpu/allocs.json matches
+ * this process's allocations and that every data file has its size, and makes the files the
+ * source of the next resume (shim_staging_transfer reads each chunk into a pinned slot and
+ * checks its CRC-32C before it goes to the GPU). On failure the process stays suspended with
+ * its data in files only. */
 int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err);
+/* After a resume: the data is the GPU's again (and staging's, for the next suspend). */
+void shim_imagefile_resumed(void);
 
 #endif

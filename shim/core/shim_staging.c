@@ -18,7 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include "gcr_crc32c.h"
 #include "gcr_log.h"
 #include "gcr_time.h"
 #include "shim_config.h"
@@ -261,7 +263,27 @@ static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
 	return rc;
 }
 
-/* Pool to device: memcpy into one slot while the other's DMA runs. */
+/* An image file's chunk straight into a pinned slot, checked: a corrupt chunk never
+ * reaches the GPU. The page cache's copy is the only copy the host makes. */
+static int file_fill(char *slot, const struct shim_xfer *x, struct gcr_err *err)
+{
+	size_t done = 0;
+	while (done < x->size) {
+		ssize_t k = pread(x->fd, slot + done, x->size - done, (off_t)(x->off + done));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return gcr_err_set(err, k < 0 ? -errno : -EIO, "reading %s at %llu: %s", x->name,
+					   (unsigned long long)(x->off + done), k < 0 ? strerror(errno) : "file too short");
+		done += (size_t)k;
+	}
+	if (gcr_crc32c_update(0, slot, x->size) != x->crc)
+		return gcr_err_set(err, -EIO, "%s: the chunk at %llu does not match its CRC-32C (corrupt image)",
+				   x->name, (unsigned long long)x->off);
+	return 0;
+}
+
+/* Pool (or image file) to device: fill one slot while the other's DMA runs. */
 static int run_in(struct worker *w, struct job *j, struct gcr_err *err)
 {
 	int pend_dev[2] = { -1, -1 };
@@ -285,7 +307,12 @@ static int run_in(struct worker *w, struct job *j, struct gcr_err *err)
 			rc = step_fail(err, "copy from staging");
 			break;
 		}
-		memcpy(w->slot[cur], host_at(x->off), x->size);
+		if (x->file) {
+			if ((rc = file_fill(w->slot[cur], x, err)) < 0)
+				break;
+		} else {
+			memcpy(w->slot[cur], host_at(x->off), x->size);
+		}
 		if (gpu->copy_htod_async(x->dev, w->slot[cur], x->size, s, err) < 0 ||
 		    gpu->event_record(w->ev[x->device][cur], s, err) < 0) {
 			rc = step_fail(err, "copy from staging");

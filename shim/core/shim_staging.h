@@ -35,12 +35,18 @@ int shim_staging_alloc(uint64_t size, uint64_t *off);
  * (on GPU device) <-> pool offset off. zero (in only): set the bytes to zero on the
  * GPU instead of copying. */
 struct shim_xfer {
-	uint64_t off;
+	uint64_t off; /* pool offset, or with file: the offset in that file */
 	CUdeviceptr dev;
 	uint32_t size;
 	int16_t device;
 	int16_t zero;
 	uint32_t group; /* with groups: which group the piece belongs to */
+	/* In only, file set: the bytes come from an image file (fd, at off), read straight into
+	 * the pinned slot and checked against crc (CRC-32C) before they go to the GPU. */
+	int16_t file;
+	int fd;
+	uint32_t crc;
+	const char *name; /* the file, for messages */
 };
 
 /* Optional, out only: pieces belong to ngroups groups (allocations); done(k) is
@@ -54,7 +60,7 @@ struct shim_staging_groups {
 	void *ctx;
 };
 
-/* Moves every piece (out: device to pool; else back) with all copy workers, and
+/* Moves every piece (out: device to pool; else back, from the pool or an image file) with all copy workers, and
  * returns once every copy finished; 0 or -errno (the first failure). */
 int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const struct shim_staging_groups *g,
 			  struct gcr_err *err);

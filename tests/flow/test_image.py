@@ -6,6 +6,7 @@ cache or criu on $PATH): without one every case FAILS, saying why. The program's
 stdout are FIFOs (CRIU restores them by path); the test holds both ends, so no read sees EOF
 while the process is between dump and restore. No sleeps: every wait is on a line or an exit."""
 
+import ctypes
 import fcntl
 import json
 import os
@@ -352,11 +353,56 @@ def case_killed_mid_write(c):
     finish(p)
 
 
-CASES = [case_roundtrip, case_zero_buffers, case_leave_running, case_corruptions, case_killed_mid_write]
+def case_changed_after_verify(c):
+    """A GPU file changed after verify passed (held by the GCR_TEST_RESTORE_HOLD FIFO between
+    CRIU's restore and the data): the resume checks each chunk's CRC-32C on its way to the GPU,
+    so the restore fails, the restored process is killed, nothing runs; undone, it restores."""
+    p = c.start(["--mib", "16", "--wait", "--iters", "40"])
+    p.send("go")
+    p.expect(r"ITER 3\b", 60)
+    img = os.path.join(c.d, "img")
+    checkpoint(c, p, img)
+    p.reap()
+    gpu = os.path.join(img, "gpu")
+    data = sorted(f for f in os.listdir(gpu) if f.endswith(".bin") and os.path.getsize(os.path.join(gpu, f)) > 0)
+    check(data, "no GPU data file in the image")
+    victim = os.path.join(gpu, data[0])
+    hold = os.path.join(c.d, "restore-hold.fifo")
+    os.mkfifo(hold)
+    g = subprocess.Popen([GCRCTL, "--json", "restore", "--image", img],
+                         env=dict(os.environ, GCR_TEST_RESTORE_HOLD=hold, **c.env),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    fd = os.open(hold, os.O_WRONLY)  # returns once gcrctl is held: verified, CRIU restored
+    with open(victim, "r+b") as f:
+        f.seek(5)
+        b = f.read(1)
+        f.seek(5)
+        f.write(bytes([b[0] ^ 0x5A]))
+    os.close(fd)
+    out, err = g.communicate(timeout=300)
+    check(g.returncode != 0, "restore of a changed image succeeded: %s" % out)
+    check("CRC-32C" in out + err and "killed" in out + err, "unexpected failure: %s %s" % (out, err))
+    check(not c.alive(p.pid), "the restored process still runs after the failed restore")
+    print("  refused during the resume: %s" % (out + err).strip().splitlines()[-1][:300])
+    os.waitpid(p.pid, 0)  # its zombie holds the pid the next restore needs; we are its subreaper
+    with open(victim, "r+b") as f:
+        f.seek(5)
+        f.write(b)
+    restore_ok(c, p, img)
+    finish(p)
+
+
+CASES = [case_roundtrip, case_zero_buffers, case_leave_running, case_corruptions, case_killed_mid_write,
+         case_changed_after_verify]
 
 
 def main():
     only = sys.argv[1:]
+    # Restored processes (CRIU's -d orphans them) come to us, not to init: a case can then reap
+    # one it had killed and know its pid is free again.
+
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     criu, why = find_criu()
     passed = failed = 0
     for fn in CASES:

@@ -77,6 +77,13 @@ tests_unit_test_criu_SOURCES = tests/unit/test_criu.c
 tests_unit_test_criu_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
 tests_unit_test_criu_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 
+# The image checksum (lib/gcr_crc32c): known answers, instruction against table.
+check_PROGRAMS += tests/unit/test_gcr_crc32c
+TESTS += tests/unit/test_gcr_crc32c
+tests_unit_test_gcr_crc32c_SOURCES = tests/unit/test_gcr_crc32c.c
+tests_unit_test_gcr_crc32c_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
+tests_unit_test_gcr_crc32c_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+
 # The image directory (lib/gcr_image): partial names, commit, verify's refusals.
 check_PROGRAMS += tests/unit/test_gcr_image
 TESTS += tests/unit/test_gcr_image

@@ -45,7 +45,7 @@ static void fill_table(struct gcr_image_table *t, const uint8_t *data, int bigge
 	a->chunks[0].zero = 1;
 	a->chunks[0].len = (uint32_t)GCR_IMAGE_CHUNK;
 	a->chunks[1].len = bigger ? (uint32_t)GCR_IMAGE_CHUNK : DATA_LEN;
-	gcr_sha256_hex(data, DATA_LEN, a->chunks[1].sha256);
+	a->chunks[1].crc = gcr_crc32c_update(0, data, DATA_LEN);
 }
 
 /* A whole image at root/name: criu/ and gpu/ files, a manifest, committed from its partial
@@ -116,14 +116,16 @@ static void accepted(const char *dir, const struct gcr_image_expect *e)
 	gcr_image_manifest_clear(&m);
 }
 
-static void edit(const char *dir, const char *from, const char *to)
+/* Replaces the first from after anchor (NULL: from the start) in dir's manifest with to. */
+static void edit_after(const char *dir, const char *anchor, const char *from, const char *to)
 {
 	char p[PATH_MAX], *buf = NULL;
 	size_t len;
 	struct gcr_err err;
 	snprintf(p, sizeof(p), "%s/manifest.json", dir);
 	CHECK(gcr_image_read_file(p, 1 << 20, &buf, &len, &err) == 0);
-	char *at = buf ? strstr(buf, from) : NULL;
+	char *start = buf && anchor ? strstr(buf, anchor) : buf;
+	char *at = start ? strstr(start, from) : NULL;
 	CHECK(at != NULL);
 	if (at != NULL) {
 		FILE *f = fopen(p, "w");
@@ -131,6 +133,11 @@ static void edit(const char *dir, const char *from, const char *to)
 		fclose(f);
 	}
 	free(buf);
+}
+
+static void edit(const char *dir, const char *from, const char *to)
+{
+	edit_after(dir, NULL, from, to);
 }
 
 static void test_names(void)
@@ -198,7 +205,7 @@ static void test_verify(void)
 	CHECK(pread(fd, &b, 1, 100) == 1);
 	b ^= 0xff;
 	CHECK(pwrite(fd, &b, 1, 100) == 1);
-	refused(img, &here, -EIO, "SHA-256");
+	refused(img, &here, -EIO, "CRC-32C");
 	b ^= 0xff;
 	CHECK(pwrite(fd, &b, 1, 100) == 1);
 	/* Truncated. */
@@ -235,9 +242,28 @@ static void test_verify(void)
 	refused(img, &here, -EBADMSG, "not JSON");
 	CHECK(rename(q, p) == 0);
 	accepted(img, &here);
-	edit(img, "\"format\": 1", "\"format\": 2");
-	refused(img, &here, -ENOTSUP, "format 2");
 	edit(img, "\"format\": 2", "\"format\": 1");
+	refused(img, &here, -ENOTSUP, "format 1"); /* phase 1's SHA-256 images are not read */
+	edit(img, "\"format\": 1", "\"format\": 2");
+	/* Only an allocation's data file may go without a whole-file checksum. */
+	edit_after(img, "\"criu/core-1.img\"", "\"crc32c\"", "\"xcrc32c\"");
+	refused(img, &here, -EBADMSG, "no crc32c");
+	edit(img, "\"xcrc32c\"", "\"crc32c\"");
+	/* The mode: unknown refused; the driver's baseline has no shim version to match. */
+	edit(img, "\"mode\": \"gcr\"", "\"mode\": \"other\"");
+	refused(img, &here, -EBADMSG, "mode");
+	edit(img, "\"mode\": \"other\"", "\"mode\": \"driver\"");
+	e = here;
+	snprintf(e.shim_version, sizeof(e.shim_version), "0.2.0");
+	accepted(img, &e);
+	edit(img, "\"mode\": \"driver\"", "\"mode\": \"gcr\"");
+	refused(img, &e, -ENOTSUP, "shim version");
+	accepted(img, &here);
+	/* A flipped byte in a CRIU file: its whole-file CRC-32C. */
+	snprintf(p, sizeof(p), "%s/criu/pages-1.img", img);
+	put(img, "criu/pages-1.img", "criu pagex", 10);
+	refused(img, &here, -EIO, "CRC-32C does not match");
+	put(img, "criu/pages-1.img", "criu pages", 10);
 	edit(img, "\"criu/core-1.img\"", "\"criu/../../core-1.img\"");
 	refused(img, &here, -EBADMSG, "relative path");
 	edit(img, "\"criu/../../core-1.img\"", "\"criu/core-1.img\"");
