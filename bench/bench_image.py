@@ -299,26 +299,31 @@ class Bench:
         cases = a.cases
         if wl.file is not None:
             free = disk_free(a.dir)
+            both = free >= size + GIB + image_need  # the file and an image at once
+            rec = {}
+            if not both and any(c in cases for c in ("ref", "gcr", "driver")):
+                rec["note"] = ("the ref/C-R processes generate their weights on the GPU (the same bytes): %s free "
+                               "on %s holds the file (%s) or an image (up to %s), not both" %
+                               (fmt_gib(free), a.dir, fmt_gib(size), fmt_gib(image_need)))
+                print("  note: " + rec["note"], flush=True)
             if free < size + GIB:
                 file_why = "disk: weights file needs %s, %s free on %s" % (fmt_gib(size + GIB), fmt_gib(free), a.dir)
-            else:
-                rec = {}
+            elif "cold" in cases or (both and any(c in cases for c in ("ref", "gcr", "driver"))):
                 try:
                     self.plan("weights file %g GiB" % gib, 15 + gib * GIB / self.bw("write_buffered_fsync", GIB))
                     t0 = time.perf_counter()
                     rec["saved"] = wl.save()
                     rec["s"] = round(time.perf_counter() - t0, 3)
                     rec["summary"] = "%s (%.1f s)" % (rec["saved"], rec["s"])
-                    src = "file" if free >= size + GIB + image_need else "gen"
-                    if src == "gen":
-                        rec["note"] = ("the C/R processes generate their weights on the GPU (same bytes): %s free "
-                                       "holds the file (%s) or an image (%s), not both" %
-                                       (fmt_gib(free), fmt_gib(size), fmt_gib(image_need)))
-                        print("  note: " + rec["note"], flush=True)
+                    src = "file" if both else "gen"
                 except (NotRun, I.Fail, subprocess.TimeoutExpired) as e:
                     file_why = "weights file: %s" % e
                     rec.update(status="NOT RUN" if isinstance(e, NotRun) else "FAIL", why=str(e), error=str(e))
-                self.record(gib, "weights", rec)
+            else:
+                file_why = "not needed by these cases"
+                rec["summary"] = "not written (" + file_why + ")"
+            rec["weights_src"] = src
+            self.record(gib, "weights", rec)
         ref = self.case(gib, "ref", cases, lambda: self.ref(wl, src), self.est_start(gib) + 20)
         if "cold" in cases:
             for kind in ("cold", "warm"):
@@ -521,14 +526,13 @@ def image_ratio(rec):
     return rec["image_du"] / float(nz + rss)
 
 
-def table(bench):
-    a = bench.a
-    d = bench.disk
+def table(a, d, res, criu):
+    """The markdown tables: a (sizes, dir, prog, steps), d the disk floor record, res {gib: {case: record}}."""
     out = []
     out.append("## Disk floor (%s, %s file)" % (a.dir, fmt_gib(d.get("bytes", 0)) if d else "-"))
     out.append("")
     if not d:
-        drec = bench.res.get(0, {}).get("disk")
+        drec = res.get(0, {}).get("disk")
         out.append(cell_status(drec) or "not measured")
     else:
         out.append("| direct write | buffered write + fsync | direct read | page-cache read |")
@@ -540,7 +544,7 @@ def table(bench):
     wbw = max([d[k] for k in ("write_direct", "write_buffered_fsync") if k in d] or [0])
     sizes = [g for g in a.sizes]
     out.append("")
-    out.append("## Images: %s, %d + %d steps, criu %s" % (a.prog, a.steps_before, a.steps_after, bench.place.criu))
+    out.append("## Images: %s, %d + %d steps, criu %s" % (a.prog, a.steps_before, a.steps_after, criu))
     out.append("")
     out.append("| | " + " | ".join("%g GiB" % g for g in sizes) + " |")
     out.append("|---|" + "---|" * len(sizes))
@@ -549,7 +553,7 @@ def table(bench):
         cells = []
         for g in sizes:
             try:
-                v = fn(bench.res.get(g, {}), g)
+                v = fn(res.get(g, {}), g)
             except (KeyError, TypeError, ZeroDivisionError) as e:
                 v = "n/a (%s)" % e
             cells.append(v if v is not None else "-")
@@ -667,6 +671,33 @@ def table(bench):
     return "\n".join(out)
 
 
+def table_from(a):
+    import json
+
+    disk, res, criu, sizes = {}, {}, None, set()
+    for path in a.table_from:
+        with open(path) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("kind") == "bench_image_start" and r.get("prog") == a.prog:
+                    criu = r.get("criu")
+                    if r.get("dir"):
+                        a.dir = r["dir"]
+                elif r.get("kind") == "bench_image" and r.get("prog") == a.prog:
+                    res.setdefault(r["gib"], {})[r["case"]] = r
+                    if r["case"] == "disk" and r.get("status") == "ok":
+                        disk = r
+                    elif r["gib"]:
+                        sizes.add(r["gib"])
+    if "--sizes" not in sys.argv:
+        a.sizes = sorted(sizes)
+    print(table(a, disk, res, criu))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1 16 64", help="GiB of weights (testprog: of buffers), space-separated")
@@ -685,8 +716,13 @@ def main(argv=None):
     ap.add_argument("--stand-in", metavar="BUILD", help="run on the stand-in driver of this build dir (testprog)")
     ap.add_argument("--stand-in-mib", type=int, default=4096, help="the stand-in GPU's memory (MiB)")
     ap.add_argument("--keep-logs", action="store_true", help="keep --dir/run-PID (FIFO programs' output, shim logs)")
+    ap.add_argument("--table-from", nargs="+", metavar="LOG",
+                    help="run nothing: the table from these logs' records (later records of a size and case "
+                         "win), e.g. 64 GiB measured in several commands")
     a = ap.parse_args(argv)
     a.sizes = [float(x) for x in a.sizes.replace(",", " ").split()]
+    if a.table_from:
+        return table_from(a)
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     if a.stand_in and a.prog == "torch":
         ap.error("--stand-in runs gcr-testprog only: add --prog testprog")
@@ -707,7 +743,7 @@ def main(argv=None):
                 b.disk_floor()
             for g in a.sizes:
                 b.run_size(g)
-        t = table(b)
+        t = table(a, b.disk, b.res, b.place.criu)
         print()
         print(t, flush=True)
         b.log.write(kind="bench_image_table", table=t)
