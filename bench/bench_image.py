@@ -724,8 +724,9 @@ def main(argv=None):
     if a.table_from:
         return table_from(a)
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
-    if a.stand_in and a.prog == "torch":
-        ap.error("--stand-in runs gcr-testprog only: add --prog testprog")
+    if a.stand_in and a.prog == "torch" and not os.environ.get("TORCH_SERVE"):
+        ap.error("--stand-in: PyTorch does not run on the stand-in driver: --prog testprog (or TORCH_SERVE=a program "
+                 "speaking torch_serve's protocol on it)")
     b = Bench(a)
     b.log.write(kind="bench_image_start", argv=sys.argv, sizes=a.sizes, prog=a.prog, dir=a.dir,
                 criu=b.place.criu, stand_in=a.stand_in, mem_available=mem_available(), disk_free=disk_free(a.dir))

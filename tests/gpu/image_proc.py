@@ -55,7 +55,9 @@ class Place:
         self.stand_in = os.path.abspath(stand_in) if stand_in else None
         os.makedirs(work_dir, exist_ok=True)
         self.socket_dir = tempfile.mkdtemp(prefix="sock-", dir=work_dir)
-        self.log_dir = os.path.join(work_dir, "logs")
+        # $GCR_LOG_DIR (run.sh packs it into logs.tar.gz) outlives the work dir; else the work dir.
+        base = os.environ.get("GCR_LOG_DIR")
+        self.log_dir = os.path.join(base, "image-%d" % os.getpid()) if base else os.path.join(work_dir, "logs")
         os.makedirs(self.log_dir, exist_ok=True)
         self.env = {"GCR_SOCKET_DIR": self.socket_dir, "GCR_LOG_DIR": self.log_dir}
         cfg = H.Config()
