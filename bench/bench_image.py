@@ -24,6 +24,8 @@ weights file, host memory, the time left in --budget-s / GCR_DEADLINE) or cannot
 cache not droppable) prints "NOT RUN: <why>" and the table says so. Raw JSON lines go to --log; a
 markdown table with the done-when checks (issue 18) goes to stdout. Exit: 0 every case ran and was
 bit-exact, 1 a case failed, 3 none failed but some did not run (the done-when checks are in the table).
+A size too long for one command (64 GiB) runs as several, e.g. --cases disk,ref,gcr / ref,driver / cold,
+each with its own --log; --table-from LOG... then prints one table from all of them (no GPU needed).
 """
 
 import argparse
