@@ -3,11 +3,12 @@
 # record the machine, run the GPU tests and (with --bench) the benchmarks; results land in $OUT.
 #
 # Usage, from anywhere (it cd's to the repo root):
-#   OUT=/dir bash tests/gpu/run.sh [--no-tests] [--only REGEX]... [--skip REGEX]...
+#   OUT=/dir bash tests/gpu/run.sh [--no-tests] [--only REGEX]... [--skip REGEX]... [--image]
 #        [--bench] [--no-cr] [--no-overhead] [--bench-sizes "1 4 16 64"] [--bench-reps 3]
 #        [--bench-cases sizes,keep,serving,reserved] [--bench-keep "1 16"] [--bench-reserved 60:4]
 #        [--bench-serving 16:1] [--bench-serving-cycles 4] [--driver-reps-big 1]
 #        [--bench-torch | --bench-torch-progs "torch torch-async"] [--overhead-reps 3] [--overhead-args "ARGS for bench_overhead.py"]
+# --image also runs tests/gpu/test_image_gpu.py (process images: CRIU from $GCR_CRIU, else .gpubuild/criu/criu).
 # (bench/bench_cr.py --help says what each case runs; "none" turns --bench-reserved/--bench-serving off,
 # and --bench-cases none runs only the --bench-torch-progs programs' size runs.)
 # Env: GCR_BUILD_DONE=1 skips the autotools build; GCR_TIME_BUDGET_S (540) bounds the whole run and
@@ -29,7 +30,7 @@ mkdir -p "$OUT"
 LOGS=$(mktemp -d /tmp/gcr-run-logs.XXXXXX)
 exec > >(tee -a "$OUT/run.log") 2>&1
 
-RUN_TESTS=1 RUN_BENCH=0 RUN_CR=1 RUN_OVERHEAD=1 BENCH_TORCH_PROGS=
+RUN_TESTS=1 RUN_IMAGE=0 RUN_BENCH=0 RUN_CR=1 RUN_OVERHEAD=1 BENCH_TORCH_PROGS=
 BENCH_SIZES="1 4 16 64" BENCH_REPS=3 OVERHEAD_REPS=3 OVERHEAD_ARGS=
 BENCH_CASES=sizes,keep,serving,reserved BENCH_KEEP="1 16" BENCH_RESERVED=60:4 BENCH_SERVING=16:1
 BENCH_SERVING_CYCLES=4 DRIVER_REPS_BIG=1
@@ -37,6 +38,7 @@ TEST_ARGS=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--no-tests) RUN_TESTS=0 ;;
+	--image) RUN_IMAGE=1 ;;
 	--only | --skip) TEST_ARGS+=("$1" "$2"); shift ;;
 	--bench) RUN_BENCH=1 ;;
 	--no-cr) RUN_CR=0 ;;
@@ -176,6 +178,19 @@ if [ "$RUN_TESTS" = 1 ]; then
 	3) note "tests: none failed, some NOT RUN" ;;
 	125) ;;
 	*) note "tests: FAILURES (exit status $rc)" ;;
+	esac
+	pack
+fi
+
+if [ "$RUN_IMAGE" = 1 ]; then
+	section "GPU image tests"
+	bounded image_tests $PYTHON tests/gpu/test_image_gpu.py
+	rc=$?
+	case $rc in
+	0) note "image tests: all passed" ;;
+	3) note "image tests: none failed, some NOT RUN" ;;
+	125) ;;
+	*) note "image tests: FAILURES (exit status $rc)" ;;
 	esac
 	pack
 fi

@@ -16,6 +16,12 @@ all: every element, every step; ring: one 2 MiB slot per step, as a KV cache fil
 --commands (implies --wait), after "go" the steps run only when asked: stdin "steps N" runs N
 more and prints "STEPS total=<n>", until "check"; so a run with suspends in between does the
 same steps as one without. The DIGEST then also covers the state; the weights are checked exactly.
+
+Cold start (issue 18): --save-weights F with --weights-gib W writes those patterned weights as a
+safetensors file F (written chunk by chunk, never all in host memory; CUDA is not touched), prints
+"SAVED bytes=<n> tensors=<k> s=<seconds>" and exits; --weights-file F instead of --weights-gib loads
+them from F straight to the GPU at start (safetensors' safe_open, one tensor at a time), then serves
+as with --weights-gib: READY once they are on the GPU, checked exactly at the end.
 """
 
 import argparse
@@ -45,6 +51,10 @@ def parse_args(argv=None):
     ap.add_argument("--wait", action="store_true", help="wait for stdin 'go' and 'check'")
     ap.add_argument("--commands", action="store_true", help="steps only on stdin 'steps N' (implies --wait)")
     ap.add_argument("--weights-gib", type=float, default=0.0, help="read-only patterned weights (GiB)")
+    ap.add_argument("--save-weights", metavar="FILE",
+                    help="write the --weights-gib weights to FILE as safetensors and exit (no CUDA)")
+    ap.add_argument("--weights-file", metavar="FILE",
+                    help="load the weights from this safetensors file (as --save-weights wrote it) to the GPU")
     ap.add_argument("--state-gib", type=float, default=0.0, help="int32 state updated in place each step (GiB)")
     ap.add_argument("--state-update", choices=["all", "ring"], default="all")
     ap.add_argument("--bench-steps", type=int, default=0, help="time this many steps instead (no digest)")
@@ -158,17 +168,25 @@ class Extra:
 
     CHUNK = 256 << 20  # bytes
 
-    def __init__(self, gib, dev):
-        self.chunks = []
+    def __init__(self, gib, dev, loaded=()):
+        self.chunks = list(loaded)  # --weights-file: chunks 0.. came from the file
+        j = len(self.chunks)
+        for n in self.sizes(gib):
+            self.chunks.append(self.expected(j, n, dev))
+            j += 1
+
+    @classmethod
+    def sizes(cls, gib):
+        """Elements of each chunk for gib GiB."""
+        out = []
         left = int(gib * (1 << 30))
-        j = 0
         while left > 0:
-            n = min(self.CHUNK, left) // 4
+            n = min(cls.CHUNK, left) // 4
             if n == 0:
                 break
-            self.chunks.append(self.expected(j, n, dev))
+            out.append(n)
             left -= n * 4
-            j += 1
+        return out
 
     @staticmethod
     def expected(j, n, dev):
@@ -211,6 +229,64 @@ class State:
             self.t.add_(inc)
         else:
             self.t[step % self.t.shape[0]].add_(inc)
+
+
+def weight_name(j):
+    return "w%06d" % j
+
+
+def save_weights(a):
+    """--save-weights: the safetensors layout (8-byte little-endian header length, a JSON header
+    naming each tensor's dtype, shape and byte range, the data back to back), written one chunk at
+    a time under a temporary name, fsynced, renamed."""
+    import json
+    import struct
+
+    t0 = time.perf_counter()
+    sizes = Extra.sizes(a.weights_gib)
+    if not sizes:
+        raise RuntimeError("--save-weights needs --weights-gib > 0")
+    header, off = {"__metadata__": {"format": "pt", "writer": "gcr torch_serve"}}, 0
+    for j, n in enumerate(sizes):
+        header[weight_name(j)] = {"dtype": "I32", "shape": [n], "data_offsets": [off, off + n * 4]}
+        off += n * 4
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)  # the data starts 8-byte aligned
+    tmp = "%s.tmp.%d" % (a.save_weights, os.getpid())
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for j, n in enumerate(sizes):
+            f.write(Extra.expected(j, n, torch.device("cpu")).numpy().data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, a.save_weights)
+    say("SAVED bytes=%d tensors=%d s=%.3f" % (off, len(sizes), time.perf_counter() - t0))
+    return 0
+
+
+def load_weights(path, dev):
+    """--weights-file: every tensor of the file, in name order, straight to dev; the file is
+    closed (and unmapped) on return, so a checkpoint of this process holds no mapping of it."""
+    from safetensors import safe_open
+
+    t0 = time.perf_counter()
+    chunks = []
+    with safe_open(path, framework="pt", device=str(dev)) as f:
+        names = sorted(f.keys())
+        if names != [weight_name(j) for j in range(len(names))]:
+            raise RuntimeError("%s: tensors %s... are not the w000000.. this script writes" % (path, names[:3]))
+        for k in names:
+            t = f.get_tensor(k)
+            if t.dtype != torch.int32 or t.dim() != 1:
+                raise RuntimeError("%s: %s is %s %s, not 1-D int32" % (path, k, t.dtype, tuple(t.shape)))
+            chunks.append(t)
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    info("weights: %d tensors, %d bytes from %s in %.3f s" % (
+        len(chunks), sum(c.numel() * 4 for c in chunks), path, time.perf_counter() - t0))
+    return chunks
 
 
 def build(a, dev, dtype):
@@ -406,6 +482,10 @@ def serve(a, runner, dev, extra, state):
 
 
 def main(a):
+    if a.save_weights:
+        return save_weights(a)
+    if a.weights_file and a.weights_gib > 0:
+        raise RuntimeError("--weights-file and --weights-gib: one or the other")
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("CUDA is not available to torch")
@@ -422,9 +502,10 @@ def main(a):
     if a.commands:
         a.wait = True
     model = build(a, dev, dtype)
-    extra = Extra(a.extra_gib + a.weights_gib, dev)
+    loaded = load_weights(a.weights_file, dev) if a.weights_file else ()
+    extra = Extra(a.extra_gib + a.weights_gib, dev, loaded)
     state = State(a.state_gib, a.state_update, dev)
-    if dev.type == "cuda" and (a.weights_gib > 0 or a.state_gib > 0):
+    if dev.type == "cuda" and (a.weights_gib > 0 or a.weights_file or a.state_gib > 0):
         # Free what building them left cached, so the process holds what it uses.
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
