@@ -35,6 +35,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,6 +45,7 @@ import image_proc as I  # noqa: E402
 
 GIB = 1 << 30
 BLOCK = 64 << 20  # bytes per write/read call in the disk floor (O_DIRECT needs aligned buffers: mmap is)
+PAR_THREADS = 8  # the shim's image writers (shim_imagefile.c MAX_THREADS)
 RSS_MARGIN = 4 * GIB  # bytes: CPU side of a process in its image (torch: a few GiB of resident memory)
 
 
@@ -211,7 +213,8 @@ class Bench:
         return 1.0 + gib * 0.5
 
     def est_cr(self, gib, mode):
-        w = max(self.bw("write_direct", 1.0 * GIB), self.bw("write_buffered_fsync", 1.0 * GIB))
+        w = max(self.bw("write_direct", 1.0 * GIB), self.bw("write_direct_par", 1.0 * GIB),
+                self.bw("write_buffered_fsync", 1.0 * GIB))
         c = self.bw("read_cache", 4.0 * GIB)
         per = 1.5 if mode == "driver" else 0.5  # s/GiB beyond the disk: driver checkpoint/restore, hashing
         return self.est_start(gib) + 2 * gib * GIB / w + gib * GIB / c + per * gib + 10.0
@@ -231,6 +234,9 @@ class Bench:
             buf.write(os.urandom(BLOCK))  # incompressible
             try:
                 rec["write_direct"], rec["read_direct"] = self._direct(path, buf, n)
+                # The shim writes 2 MiB chunks from several threads: the disk's floor is the best of
+                # one stream and as many as the shim uses, so the bound is never against a slower disk.
+                rec["write_direct_par"], rec["read_direct_par"] = self._direct_par(path, buf, n, PAR_THREADS)
             except OSError as e:
                 rec["direct_not_run"] = "O_DIRECT on %s: %s" % (a.dir, e)
                 print("NOT RUN disk direct I/O: %s" % rec["direct_not_run"], flush=True)
@@ -258,13 +264,57 @@ class Bench:
             os.unlink(path)
             self.disk = rec
             rec["summary"] = ", ".join("%s %.2f GiB/s" % (k, rec[k] / GIB) for k in
-                                       ("write_direct", "write_buffered_fsync", "read_direct", "read_cache")
+                                       ("write_direct", "write_direct_par", "write_buffered_fsync", "read_direct",
+                                        "read_direct_par", "read_cache")
                                        if k in rec)
         except NotRun as e:
             rec.update(status="NOT RUN", why=str(e))
         except OSError as e:
             rec.update(status="FAIL", error="disk floor: %s" % e)
         self.record(0, "disk", rec)
+
+    @staticmethod
+    def _direct_par(path, buf, n, threads):
+        """n bytes in 2 MiB pieces by `threads` threads with O_DIRECT pwrite/pread (the GIL is
+        released during the call), fsync after the writes; returns (write, read) bytes/s."""
+        piece = 2 << 20
+        view = memoryview(buf)[:piece]
+        count = n // piece
+
+        def run(fd, write):
+            errs = []
+
+            def worker(k):
+                try:
+                    for i in range(k, count, threads):
+                        got = os.pwrite(fd, view, i * piece) if write else os.preadv(fd, [view], i * piece)
+                        if got != piece:
+                            raise OSError("short O_DIRECT %s" % ("write" if write else "read"))
+                except OSError as e:
+                    errs.append(e)
+            ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+            t0 = time.perf_counter()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            if write:
+                os.fsync(fd)
+            dt = time.perf_counter() - t0
+            if errs:
+                raise errs[0]
+            return count * piece / dt
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+        try:
+            w = run(fd, True)
+        finally:
+            os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            r = run(fd, False)
+        finally:
+            os.close(fd)
+        return w, r
 
     @staticmethod
     def _direct(path, buf, n):
@@ -537,13 +587,14 @@ def table(a, d, res, criu):
         drec = res.get(0, {}).get("disk")
         out.append(cell_status(drec) or "not measured")
     else:
-        out.append("| direct write | buffered write + fsync | direct read | page-cache read |")
-        out.append("|---|---|---|---|")
+        out.append("| direct write, 1 stream | direct write, %d threads | buffered write + fsync | direct read, 1 "
+                   "stream | direct read, %d threads | page-cache read |" % (PAR_THREADS, PAR_THREADS))
+        out.append("|---|---|---|---|---|---|")
         out.append("| %s |" % " | ".join(("%.2f GiB/s" % (d[k] / GIB)) if k in d else
                                           ("NOT RUN: %s" % d.get("direct_not_run", "?"))
-                                          for k in ("write_direct", "write_buffered_fsync", "read_direct",
-                                                    "read_cache")))
-    wbw = max([d[k] for k in ("write_direct", "write_buffered_fsync") if k in d] or [0])
+                                          for k in ("write_direct", "write_direct_par", "write_buffered_fsync",
+                                                    "read_direct", "read_direct_par", "read_cache")))
+    wbw = max([d[k] for k in ("write_direct", "write_direct_par", "write_buffered_fsync") if k in d] or [0])
     sizes = [g for g in a.sizes]
     out.append("")
     out.append("## Images: %s, %d + %d steps, criu %s" % (a.prog, a.steps_before, a.steps_after, criu))
@@ -667,9 +718,9 @@ def table(a, d, res, criu):
     row("**check** image <= 1.02 x", chk_image)
     row("**check** GCR >= 3x faster than driver+CRIU", chk_vs_driver)
     out.append("")
-    out.append("Write bandwidth used for the bound: the faster of direct and buffered+fsync (%s). Times are "
-               "gcrctl's wall time (its own total in brackets). MISS = measured, bound not met." %
-               ("%.2f GiB/s" % (wbw / GIB) if wbw else "not measured"))
+    out.append("Write bandwidth used for the bound: the fastest of direct (1 stream, %d threads) and buffered+fsync "
+               "(%s). Times are gcrctl's wall time (its own total in brackets). MISS = measured, bound not met." %
+               (PAR_THREADS, "%.2f GiB/s" % (wbw / GIB) if wbw else "not measured"))
     return "\n".join(out)
 
 

@@ -23,6 +23,7 @@
 
 /* A suspend of 64 GiB copies for about 1.5 s; leave ample room. */
 #define SHIM_CALL_MS 600000
+#define IMAGE_CALL_MS 3600000 /* a suspend to an image: bounded by the disk */
 
 const char *gcr_cr_mode_name(enum gcr_cr_mode m)
 {
@@ -239,12 +240,22 @@ static int room_check(pid_t pid, json_t *status, struct gcr_err *err)
 	return 0;
 }
 
-/* Asks the shim to undo its data step after a later step failed. */
-static void undo_data(struct gcr_client *c, struct gcr_err *err)
+/* Asks the shim to undo its data step after a later step failed (after a suspend to an image,
+ * the data comes back from its files: image-read first). */
+static void undo_data(struct gcr_client *c, const char *image_dir, struct gcr_err *err)
 {
 	json_t *res = NULL;
 	struct gcr_err e2;
-	if (gcr_client_call(c, GCR_OP_RESUME_ID, NULL, SHIM_CALL_MS, &res, &e2) < 0)
+	int rc = 0;
+	if (image_dir != NULL) {
+		rc = gcr_client_call(c, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", image_dir), SHIM_CALL_MS, &res,
+				     &e2);
+		json_decref(res);
+		res = NULL;
+	}
+	if (rc == 0)
+		rc = gcr_client_call(c, GCR_OP_RESUME_ID, NULL, SHIM_CALL_MS, &res, &e2);
+	if (rc < 0)
 		gcr_err_wrap(err, "and undoing the data step failed too (%s); run resume again", e2.msg);
 	else
 		gcr_err_wrap(err, "GPU data restored, process running");
@@ -292,7 +303,7 @@ static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client
 			if (gcr_client_open(c, o->socket_dir, pid, &e2) < 0)
 				gcr_err_wrap(err, "and the shim no longer answers (%s)", e2.msg);
 			else
-				undo_data(c, err);
+				undo_data(c, NULL, err);
 			goto out;
 		}
 	}
@@ -341,7 +352,11 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 	t0 = gcr_time_mono_ms();
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		json_t *args = json_pack("{s:i}", "timeout_ms", o->timeout_ms);
-		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args, SHIM_CALL_MS, &r->shim, err);
+		if (o->image_dir != NULL)
+			json_object_set_new(args, "image", json_string(o->image_dir));
+		/* To an image the copies go at the disk's speed: minutes for the largest GPUs. */
+		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args, o->image_dir != NULL ? IMAGE_CALL_MS : SHIM_CALL_MS,
+				     &r->shim, err);
 		if (rc < 0)
 			goto out; /* the shim unwound itself: still running */
 		shim_bytes(pid, r);
@@ -353,7 +368,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		r->ms_room = gcr_time_mono_ms() - t;
 		if (rc < 0) {
 			gcr_err_wrap(err, "cannot record the GPU memory a restore will need (--unchecked skips)");
-			undo_data(&c, err);
+			undo_data(&c, o->image_dir, err);
 			goto out;
 		}
 		/* Kept by the shim before the driver's checkpoint: if this suspend is cut short after
@@ -371,7 +386,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		r->ms_lock = gcr_time_mono_ms() - t;
 		if (rc < 0) {
 			if (o->mode == GCR_CR_FULL)
-				undo_data(&c, err);
+				undo_data(&c, o->image_dir, err);
 			goto out;
 		}
 		t = gcr_time_mono_ms();
@@ -382,7 +397,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 			if (gcr_driver_unlock(pid, &e2) < 0)
 				gcr_err_wrap(err, "unlock failed too (%s)", e2.msg);
 			else if (o->mode == GCR_CR_FULL)
-				undo_data(&c, err);
+				undo_data(&c, o->image_dir, err);
 			goto out;
 		}
 	}

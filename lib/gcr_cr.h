@@ -34,6 +34,9 @@ struct gcr_cr_opts {
 	/* Skip the restore room check (suspend: record no need; resume: restore without knowing
 	 * there is room). An out-of-memory driver restore loses the process: the user's call. */
 	int unchecked;
+	/* Suspend straight to this image directory's gpu/ (gcr_imgcr; CUDA, full mode): the shim
+	 * writes every chunk to a file instead of host memory. NULL: to host memory. */
+	const char *image_dir;
 };
 
 /* Bytes the driver's restore gets beyond what NVML showed the process holding before its

@@ -190,9 +190,19 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 		rc = gcr_err_set(err, -errno, "cannot prepare %s: %s (process untouched)", partial, strerror(errno));
 		goto out;
 	}
+	/* CUDA: the suspend itself writes gpu/ (the copies go from the pinned slots to the files, no
+	 * staging). HIP keeps the staged path: suspend, then image-write. */
+	int stream = !drv && !hip;
+	if (stream)
+		cro.image_dir = abs_partial;
 	t0 = gcr_time_mono_ms();
 	struct gcr_cr_result cr;
 	rc = gcr_cr_suspend(pid, &cro, &cr, err);
+	json_t *img = json_object_get(cr.shim, "image");
+	if (rc == 0 && stream) {
+		res = json_incref(img);
+		r->ms_write = json_real_value(json_object_get(json_object_get(cr.shim, "ms"), "copy"));
+	}
 	gcr_cr_result_clear(&cr);
 	r->ms_suspend = gcr_time_mono_ms() - t0;
 	if (rc < 0) {
@@ -200,16 +210,20 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 		goto out;
 	}
 	suspended = 1;
+	if (rc == 0 && stream && res == NULL)
+		rc = gcr_err_set(err, -EPROTO, "the shim's suspend reported no image: is its version too old?");
 	t0 = gcr_time_mono_ms();
-	if (!drv)
+	if (rc == 0 && hip)
 		rc = shim_call(pid, cro.socket_dir, GCR_OP_IMAGE_WRITE_ID, json_pack("{s:s}", "dir", abs_partial), &res,
 			       NULL, 0, err);
-	r->ms_write = gcr_time_mono_ms() - t0;
+	if (hip)
+		r->ms_write = gcr_time_mono_ms() - t0;
+	/* From here the data is in the partial image only: the undo is image-read + resume. */
+	written = stream || (rc == 0 && hip);
 	if (rc < 0) {
 		gcr_err_wrap(err, "image-write");
 		goto out;
 	}
-	written = !drv;
 	r->bytes = json_integer_value(json_object_get(res, "bytes"));
 	r->written = json_integer_value(json_object_get(res, "written"));
 	r->zero = json_integer_value(json_object_get(res, "zero"));

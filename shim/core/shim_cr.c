@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gcr_log.h"
 #include "gcr_time.h"
@@ -303,6 +304,7 @@ struct release_ctx {
 	int rc;
 	struct gcr_err err;
 	double ms;
+	size_t released; /* calls made (a failed one may have released part) */
 };
 
 static int release_one(size_t k, void *arg)
@@ -310,6 +312,7 @@ static int release_one(size_t k, void *arg)
 	struct release_ctx *c = arg;
 	struct shim_phys *p = c->st[k].p;
 	double t0 = gcr_time_mono_ms();
+	c->released++;
 	scratch_unmap_all(&c->st[k], 1);
 	/* Staged even when half done: its data is all in staging, and the unwind re-creates the
 	 * handle if it went and re-maps what was unmapped. */
@@ -326,15 +329,30 @@ static int release_one(size_t k, void *arg)
 /* Suspend's data step after the gate closed and the GPU went idle: digests,
  * decides per chunk (zero / unchanged / copy), copies. On failure nothing on the
  * GPU was touched and the images are reset. */
-static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_report *rep,
-		    struct gcr_err *err)
+/* A suspend to files failed after releasing some handles: their data is only in the files
+ * (every chunk was written before any release), so every image reads its file back on the
+ * unwind; the data still on the GPU is overwritten with the same bytes. */
+static void sink_attach(struct staged *st, size_t n, const struct shim_cr_sink *sink)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct shim_image *img = st[i].p->img;
+		int fd = -1, dfd = -1;
+		const char *name = NULL;
+		struct gcr_err e2;
+		if (img->src_off != NULL && sink->open(st[i].p, &fd, &dfd, &name, sink->ctx, &e2) == 0)
+			img->src_fd = dup(fd);
+	}
+}
+
+static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_cr_sink *sink,
+		    size_t *released, struct shim_cr_report *rep, struct gcr_err *err)
 {
 	int rc = 0;
 	struct shim_digest *dig = NULL;
 	struct shim_digest_req *req = NULL;
 	struct shim_xfer *x = NULL;
 	double t0 = gcr_time_mono_ms();
-	int keep = shim_cfg.incremental;
+	int keep = shim_cfg.incremental && sink == NULL;
 	if (!keep)
 		images_reset();
 	else
@@ -367,7 +385,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 	rep->ms_digest = gcr_time_mono_ms() - t0;
 	/* Decide per chunk; count the pool bytes new placements need. */
 	uint64_t need = 0;
-	for (size_t i = 0; i < n && rc == 0; i++) {
+	for (size_t i = 0; i < n && rc == 0 && sink == NULL; i++) {
 		struct shim_image *img = st[i].p->img;
 		for (size_t c = 0; c < img->nchunks; c++)
 			if (img->off[c] == SHIM_IMAGE_NONE &&
@@ -382,6 +400,15 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		struct shim_phys *p = st[i].p;
 		struct shim_image *img = p->img;
+		int fd = -1, dfd = -1;
+		const char *name = NULL;
+		uint64_t foff = 0; /* the file's chunks back to back, in chunk order */
+		if (sink != NULL && ((rc = sink->open(p, &fd, &dfd, &name, sink->ctx, err)) < 0 ||
+				     (rc = shim_image_record(img, name)) < 0)) {
+			if (rc == -ENOMEM)
+				gcr_err_set(err, rc, "out of host memory for the chunk table");
+			break;
+		}
 		for (size_t c = 0; c < img->nchunks && rc == 0; c++) {
 			enum chunk_plan what = plan_chunk(img, c, have_dig ? &dig[st[i].first + c] : NULL, keep);
 			rep->bytes += chunk_size(p, c);
@@ -395,6 +422,16 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 				continue;
 			}
 			img->zero[c] = 0;
+			if (sink != NULL) {
+				img->src_off[c] = foff;
+				x[nx++] = (struct shim_xfer){ .off = foff, .dev = st[i].va + c * GCR_DIGEST_CHUNK,
+							      .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
+							      .group = (uint32_t)i, .file = 1, .fd = fd, .dfd = dfd,
+							      .crc_out = &img->src_crc[c], .name = img->src_name };
+				foff += chunk_size(p, c);
+				rep->copied += chunk_size(p, c);
+				continue;
+			}
 			if (img->off[c] == SHIM_IMAGE_NONE && (rc = shim_staging_alloc(GCR_DIGEST_CHUNK, &img->off[c])) < 0) {
 				gcr_err_set(err, rc, "staging pool too small");
 				break;
@@ -411,7 +448,11 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 	struct release_ctx rctx = { .st = st };
 	struct shim_staging_groups groups = { .ngroups = n, .done = release_one, .ctx = &rctx };
 	if (rc == 0) {
-		rc = shim_staging_transfer(1, x, nx, &groups, err);
+		/* To files: nothing is released until every chunk is written, so a failed write
+		 * (a full disk) leaves the GPU as it was. */
+		rc = shim_staging_transfer(1, x, nx, sink != NULL ? NULL : &groups, err);
+		for (size_t i = 0; rc == 0 && sink != NULL && i < n && rctx.rc == 0; i++)
+			(void)release_one(i, &rctx);
 		if (rc == 0 && rctx.rc < 0) {
 			rc = rctx.rc;
 			*err = rctx.err;
@@ -419,6 +460,9 @@ static int save_all(struct staged *st, size_t n, size_t nch, struct shim_cr_repo
 	}
 	rep->ms_copy = gcr_time_mono_ms() - t1;
 	rep->ms_release = rctx.ms;
+	*released = rctx.released;
+	if (rc < 0 && sink != NULL && rctx.released > 0)
+		sink_attach(st, n, sink);
 	if (rc == 0) {
 		for (size_t i = 0; i < n; i++) {
 			struct shim_image *img = st[i].p->img;
@@ -553,7 +597,8 @@ static uint64_t host_bytes(void)
 	return ss.capacity + ss.ring;
 }
 
-int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err)
+static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, struct shim_cr_report *rep,
+			struct gcr_err *err)
 {
 	memset(rep, 0, sizeof(*rep));
 	n_suspend++;
@@ -594,9 +639,16 @@ int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *
 	if (rc == 0 && st == NULL)
 		rc = err->code;
 	rep->mappings = shim_alloc_nmaps();
+	size_t released = 0;
 	if (rc == 0)
-		rc = save_all(st, nstaged, nch, rep, err);
+		rc = save_all(st, nstaged, nch, sink, &released, rep, err);
 	free(st);
+	if (rc < 0 && sink != NULL && released == 0) {
+		/* To files: nothing was released or unmapped, the data never left the GPU. */
+		shim_alloc_resumed();
+		images_reset();
+		goto unwind_gate;
+	}
 	if (rc < 0) {
 		/* What was already released comes back from staging (its data is all
 		 * there); the rest never left the GPU. */
@@ -647,6 +699,17 @@ out:
 	alloc_window(0);
 	pthread_mutex_unlock(&cr_lock);
 	return rc;
+}
+
+int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err)
+{
+	return suspend_impl(NULL, timeout_ms, rep, err);
+}
+
+int shim_cr_suspend_to(const struct shim_cr_sink *sink, int timeout_ms, struct shim_cr_report *rep,
+		       struct gcr_err *err)
+{
+	return suspend_impl(sink, timeout_ms, rep, err);
 }
 
 void shim_cr_trim(void)

@@ -43,6 +43,20 @@ void shim_cr_requests(unsigned long long *suspends, unsigned long long *resumes)
 int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err);
 int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err);
 
+/* Suspend to an image (shim_imagefile): each copied chunk goes from its pinned slot to a file,
+ * no staging. open gives each staged allocation's file (fd; dfd the same opened O_DIRECT, or
+ * -1) and a name for messages (kept until the suspend returns). On success each image holds,
+ * for the table, zero[c] and (shim_image_record) the file offset and CRC-32C of every other
+ * chunk, back to back in chunk order; the handles are released only once every chunk is
+ * written, so on failure nothing left the GPU and the process runs on. */
+struct shim_phys;
+struct shim_cr_sink {
+	int (*open)(struct shim_phys *p, int *fd, int *dfd, const char **name, void *ctx, struct gcr_err *err);
+	void *ctx;
+};
+int shim_cr_suspend_to(const struct shim_cr_sink *sink, int timeout_ms, struct shim_cr_report *rep,
+		       struct gcr_err *err);
+
 /* Once the whole suspend is over (the driver's checkpoint included: giving memory
  * back while it runs slows it), the staging pool beyond the saved data is returned
  * to the system in the background. No-op unless suspended. */

@@ -295,16 +295,45 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 			}
 			timeout = (int)json_integer_value(t);
 		}
+		/* "image": suspend straight to that image directory (gcr_imgcr), no staging. */
+		json_t *img = json_object_get(req.args, "image");
+		const char *dir = json_string_value(img);
+		if (img != NULL && (dir == NULL || dir[0] != '/' || strlen(dir) > 3000)) {
+			rc = gcr_err_set(&err, -EINVAL, "\"image\" must be an absolute path");
+			break;
+		}
 		need_set(NULL);
-		rc = shim_cr_suspend(timeout, &rep, &err);
+		json_t *imgres = NULL;
+		rc = dir != NULL ? shim_imagefile_suspend(dir, timeout, &rep, &imgres, &err)
+				 : shim_cr_suspend(timeout, &rep, &err);
 		if (rc == 0 && peer_gone(fd)) {
-			undo_suspend("the client that asked for it went away while it ran");
+			/* Nobody will dump or resume it: back from the files just written. */
+			json_t *r2 = NULL;
+			struct gcr_err e2;
+			if (dir != NULL && shim_imagefile_read(dir, &r2, &e2) < 0)
+				GCR_LOG(GCR_LOG_ERROR, "shim", "suspend to %s undone because its client went away: %s; "
+					"process left suspended (gcrctl restore cannot help: image-read it)", dir, e2.msg);
+			else
+				undo_suspend("the client that asked for it went away while it ran");
+			json_decref(r2);
+			json_decref(imgres);
 			gcr_req_clear(&req);
 			return NULL;
 		}
 		if (rc == 0) {
 			*suspended = true;
 			result = report_json(&rep);
+			if (imgres != NULL)
+				json_object_set_new(result, "image", imgres);
+		}
+		if (rc == 0 && dir != NULL) {
+			/* As after image-write: CRIU must find neither a connection to the agent nor the
+			 * socket under its published name. */
+			struct gcr_err e2;
+			drop_agent();
+			if (rebind_for_dump(&e2) < 0)
+				GCR_LOG(GCR_LOG_WARN, "shim", "control socket not re-bound for the dump (a restore will not "
+					"find it): %s", e2.msg);
 		}
 		break;
 	}

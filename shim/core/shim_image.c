@@ -42,6 +42,19 @@ void shim_image_clear(struct shim_image *img)
 	img->src_crc = NULL;
 }
 
+int shim_image_record(struct shim_image *img, const char *name)
+{
+	shim_image_clear(img);
+	img->src_name = strdup(name);
+	img->src_off = calloc(img->nchunks + 1, sizeof(*img->src_off));
+	img->src_crc = calloc(img->nchunks + 1, sizeof(*img->src_crc));
+	if (img->src_name == NULL || img->src_off == NULL || img->src_crc == NULL) {
+		shim_image_clear(img);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 int shim_image_set_source(struct shim_image *img, int fd, const char *name, const uint64_t *off,
 			  const uint32_t *crc)
 {

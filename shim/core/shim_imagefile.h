@@ -14,6 +14,15 @@
  * shim_imagefile_drop gives it back once the caller knows the files are wanted. *result: a
  * summary (bytes, written, zero, allocs, files, ms). -EINVAL when not suspended. */
 int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err);
+/* Suspends straight to dir (an existing absolute directory): every copied chunk goes from the
+ * copy workers' pinned slots to dir/gpu/ (no staging), zero chunks recorded only, then the
+ * table dir/gpu/allocs.json; all fsynced; the staging pool is given back. On failure the
+ * process runs on (nothing was released before every chunk was written). rep: the suspend's
+ * report; *result: bytes, written, zero, allocs, table, ms. Resume is refused until an
+ * image-read attaches the files. */
+struct shim_cr_report;
+int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_report *rep, json_t **result,
+			   struct gcr_err *err);
 /* Frees the host staging after a write: the data now lives only in the files, and a resume
  * is refused until shim_imagefile_read loads it back. */
 void shim_imagefile_drop(void);

@@ -215,6 +215,31 @@ static void job_fail(struct job *j, const struct gcr_err *e)
 	}
 }
 
+/* A chunk from a pinned slot straight to its image file (suspend to an image: no staging).
+ * Direct I/O where offset and length allow (the slot is page-aligned): the disk's own speed,
+ * where the page cache's write-back reached about half of it (1.4 of 2.2 GB/s on the H200
+ * machine). */
+static int file_drain(const char *slot, const struct shim_xfer *x, struct gcr_err *err)
+{
+	int fd = x->dfd >= 0 && (x->off | x->size) % 4096 == 0 ? x->dfd : x->fd;
+	size_t done = 0;
+	while (done < x->size) {
+		ssize_t k = pwrite(fd, slot + done, x->size - done, (off_t)(x->off + done));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0 && errno == EINVAL && fd == x->dfd) {
+			fd = x->fd; /* took O_DIRECT at open, not for this write */
+			continue;
+		}
+		if (k <= 0)
+			return gcr_err_set(err, k < 0 ? -errno : -ENOSPC, "writing %s at %llu: %s", x->name,
+					   (unsigned long long)(x->off + done), k < 0 ? strerror(errno) : "no space");
+		done += (size_t)k;
+	}
+	*x->crc_out = gcr_crc32c_update(0, slot, x->size);
+	return 0;
+}
+
 /* Device to pool: DMA into one slot while memcpy'ing the other out. */
 static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
 {
@@ -246,7 +271,9 @@ static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
 				*err = e2;
 				rc = step_fail(err, "copy to staging");
 			}
-			if (rc == 0)
+			if (rc == 0 && x->file)
+				rc = file_drain(w->slot[k], x, err);
+			else if (rc == 0)
 				memcpy(host_at(x->off), w->slot[k], x->size);
 			if (rc == 0 && j->left != NULL && atomic_fetch_sub(&j->left[x->group], 1) == 1) {
 				pthread_mutex_lock(&job_lock);

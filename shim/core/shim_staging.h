@@ -41,11 +41,14 @@ struct shim_xfer {
 	int16_t device;
 	int16_t zero;
 	uint32_t group; /* with groups: which group the piece belongs to */
-	/* In only, file set: the bytes come from an image file (fd, at off), read straight into
-	 * the pinned slot and checked against crc (CRC-32C) before they go to the GPU. */
+	/* file set, in: the bytes come from an image file (fd, at off), read straight into the
+	 * pinned slot and checked against crc (CRC-32C) before they go to the GPU. Out: they go
+	 * from the pinned slot to the file at off (through dfd, the file opened O_DIRECT, when
+	 * offset and length are page multiples and dfd >= 0), and their CRC-32C to *crc_out. */
 	int16_t file;
-	int fd;
+	int fd, dfd;
 	uint32_t crc;
+	uint32_t *crc_out;
 	const char *name; /* the file, for messages */
 };
 
