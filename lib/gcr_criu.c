@@ -207,9 +207,16 @@ static int common(const struct gcr_criu_info *info, const char *images_dir, cons
 		  struct gcr_criu_argv *a)
 {
 	int rc = 0;
+	/* CRIU's own default level (2: errors and warnings). Debug logging (4) wrote a line per memory
+	 * area and page range and slowed a PyTorch process's dump and restore; GCR_CRIU_LOG_LEVEL=4
+	 * brings it back to debug a failure. An optional argument: "-v 4" would make "4" a stray
+	 * parameter. */
+	const char *lvl = getenv("GCR_CRIU_LOG_LEVEL");
+	const char *v = lvl != NULL && lvl[0] >= '0' && lvl[0] <= '4' && lvl[1] == '\0'
+				? (const char *[]){ "-v0", "-v1", "-v2", "-v3", "-v4" }[lvl[0] - '0']
+				: "-v2";
 	const char *opts[] = { "--images-dir", images_dir, "--libdir", info->plugin_dir, "--shell-job",
-			       "--tcp-established", "--ext-unix-sk", "--file-locks", "--log-file", log,
-			       "-v4" /* an optional argument: "--verbosity 4" would make "4" a stray parameter */ };
+			       "--tcp-established", "--ext-unix-sk", "--file-locks", "--log-file", log, v };
 	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]) && rc == 0; i++) {
 		if (i < 4 && i >= 2 && info->plugin_dir[0] == '\0')
 			continue; /* no plugins (gcr_criu_cfg.no_plugin) */

@@ -626,8 +626,22 @@ static int verify_chunks(const char *dir, const struct gcr_image_table *t, struc
 	return rc;
 }
 
+int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err)
+{
+	return verify_chunks(dir, &m->table, err);
+}
+
 int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
 		     struct gcr_err *err)
+{
+	int rc = gcr_image_verify_meta(dir, expect, m, err);
+	if (rc == 0 && (rc = gcr_image_verify_data(dir, m, err)) < 0)
+		gcr_image_manifest_clear(m);
+	return rc;
+}
+
+int gcr_image_verify_meta(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
+			  struct gcr_err *err)
 {
 	memset(m, 0, sizeof(*m));
 	struct stat st;
@@ -713,8 +727,6 @@ int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, str
 		if (rc == 0 && (size != m->files[k].size || crc != m->files[k].crc))
 			rc = gcr_err_set(err, -EIO, "%s: CRC-32C does not match the manifest (corrupt): refused", path);
 	}
-	if (rc == 0)
-		rc = verify_chunks(dir, &m->table, err);
 	if (rc < 0)
 		gcr_image_manifest_clear(m);
 	return rc;

@@ -113,6 +113,13 @@ void gcr_image_remove(const char *dir);
  * (another GPU model, driver, shim or format). */
 int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
 		     struct gcr_err *err);
+/* The same in two halves, so a restore can check the GPU data while CRIU restores the CPU side
+ * (the restored process stays held at the shim's gate until the data step): meta is everything
+ * but the data chunks (manifest, environment, sizes, every whole-file CRC-32C); data is every
+ * data chunk's CRC-32C (m from meta; m is not cleared on failure). */
+int gcr_image_verify_meta(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
+			  struct gcr_err *err);
+int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err);
 
 /* Reads a whole file of at most max bytes (NUL-terminated, malloc'd). */
 int gcr_image_read_file(const char *path, size_t max, char **buf, size_t *len, struct gcr_err *err);

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,6 +353,23 @@ static void kill_restored(pid_t pid)
 	}
 }
 
+struct data_check {
+	pthread_t th;
+	char dir[PATH_MAX];
+	const struct gcr_image_manifest *m;
+	double t0, ms;
+	int rc;
+	struct gcr_err err;
+};
+
+static void *data_check_run(void *arg)
+{
+	struct data_check *d = arg;
+	d->rc = gcr_image_verify_data(d->dir, d->m, &d->err);
+	d->ms = gcr_time_mono_ms() - d->t0;
+	return NULL;
+}
+
 int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
 		      struct gcr_err *err)
 {
@@ -360,10 +378,27 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
 	struct gcr_image_expect here;
 	struct gcr_image_manifest m;
 	gcr_imgcr_expect_here(&here);
-	int rc = gcr_image_verify(dir, &here, &m, err);
+	int rc = gcr_image_verify_meta(dir, &here, &m, err);
 	r->ms_verify = gcr_time_mono_ms() - t0;
 	if (rc < 0)
 		return rc;
+	/* The GPU data's checksums while CRIU restores the CPU side: the restored process stays
+	 * held at the shim's gate (it was dumped suspended) and is killed, never resumed, if a
+	 * chunk is corrupt. */
+	struct data_check dc = { .m = &m };
+	snprintf(dc.dir, sizeof(dc.dir), "%s", dir);
+	dc.t0 = gcr_time_mono_ms();
+	int dc_started = !o->verify_first && pthread_create(&dc.th, NULL, data_check_run, &dc) == 0;
+	if (!dc_started)
+		data_check_run(&dc); /* first, here (asked for, or no thread to be had) */
+	if (!dc_started && dc.rc < 0) {
+		rc = dc.rc;
+		*err = dc.err;
+		r->ms_verify += dc.ms;
+		gcr_image_manifest_clear(&m);
+		r->ms_total = gcr_time_mono_ms() - t_start;
+		return rc;
+	}
 	r->image = dir_bytes(dir);
 	int hip = strcmp(m.env.gpu_vendor, "amd") == 0, drv = strcmp(m.mode, GCR_IMAGE_MODE_DRIVER) == 0;
 	struct gcr_cr_opts cro = *o->cr;
@@ -403,6 +438,18 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
 	r->pid = pid;
 	if (rc == 0 && pid <= 0)
 		rc = gcr_err_set(err, -EIO, "criu restore wrote no pid file");
+	if (dc_started)
+		pthread_join(dc.th, NULL);
+	dc_started = 0;
+	r->ms_verify += dc.ms;
+	if (dc.rc < 0) {
+		kill_restored(pid);
+		char first[GCR_ERR_MSG_MAX];
+		snprintf(first, sizeof(first), "%s", dc.err.msg);
+		rc = gcr_err_set(err, dc.rc, "%s%s", first,
+				 pid > 0 ? " (the restored process, held before its data step, was removed)" : "");
+		goto out;
+	}
 	if (rc < 0) {
 		gcr_err_wrap(err, "criu restore (log %s)", info.restore_log);
 		kill_restored(pid);
@@ -428,6 +475,8 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
 		gcr_err_wrap(err, "restored process %d killed (nothing left half-running)", (int)pid);
 	}
 out:
+	if (dc_started)
+		pthread_join(dc.th, NULL);
 	if (strcmp(tmp, "/tmp/gcr-restore-XXXXXX") != 0 && rc == 0) {
 		unlink(info.restore_log);
 		unlink(pidfile);

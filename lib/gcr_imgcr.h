@@ -17,6 +17,10 @@ struct gcr_imgcr_opts {
 	/* checkpoint: the baseline, the driver's checkpoint plus CRIU alone (no shim needed: the
 	 * GPU data goes into CRIU's page dump); the image's mode says so and restore follows it */
 	int driver_only;
+	/* restore: check every GPU data chunk before CRIU runs, rather than while it restores the
+	 * CPU side (then a corrupt chunk removes the restored process, which was held at the gate
+	 * and never resumed). Slower by the time of that check. */
+	int verify_first;
 };
 
 struct gcr_imgcr_result {

@@ -40,7 +40,9 @@ static void usage(FILE *f)
 		"                                             disk (docs/images.md); CRIU ends it unless\n"
 		"                                             --leave-running; --driver-only: the driver's\n"
 		"                                             checkpoint plus CRIU alone, no shim (the baseline)\n"
-		"  restore --image DIR                        the process back from an image, verified first\n"
+		"  restore --image DIR [--verify-first]       the process back from an image: manifest, sizes\n"
+		"                                             and CRIU files checked first, the GPU data while\n"
+		"                                             CRIU restores (or first, with --verify-first)\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
 		"HIP (AMD) processes: the control step is CRIU (criu dump, which ends the process, and\n"
@@ -303,12 +305,13 @@ out:
 }
 
 /* ---- images (docs/images.md) ---- */
-static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_running, struct gcr_cr_opts *o)
+static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_running, int verify_first,
+		    struct gcr_cr_opts *o)
 {
 	/* --driver-only: the baseline (the driver's checkpoint plus CRIU alone); restore reads the
 	 * mode from the image. */
 	struct gcr_imgcr_opts io = { .cr = o, .leave_running = leave_running,
-				     .driver_only = o->mode == GCR_CR_DRIVER_ONLY };
+				     .driver_only = o->mode == GCR_CR_DRIVER_ONLY, .verify_first = verify_first };
 	o->mode = GCR_CR_FULL;
 	struct gcr_imgcr_result r;
 	struct gcr_err err = { 0 };
@@ -376,12 +379,13 @@ int main(int argc, char **argv)
 		{ "sample-ms", required_argument, NULL, 'S' },	 { "images-dir", required_argument, NULL, 'I' },
 		{ "version", no_argument, NULL, 'V' },	 { "unchecked", no_argument, NULL, 'U' },
 		{ "image", required_argument, NULL, 'i' }, { "leave-running", no_argument, NULL, 'L' },
+		{ "verify-first", no_argument, NULL, 'F' },
 		{ NULL, 0, NULL, 0 },
 	};
-	int ch, replicas = -1, sample_ms = 0, leave_running = 0;
+	int ch, replicas = -1, sample_ms = 0, leave_running = 0, verify_first = 0;
 	const char *image = NULL;
 	/* GNU getopt permutes, so options may also follow the command. */
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:L", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LF", opts, NULL)) != -1) {
 		switch (ch) {
 		case 's': o.socket_dir = optarg; break;
 		case 'I': o.images_dir = optarg; break;
@@ -412,6 +416,7 @@ int main(int argc, char **argv)
 		case 'U': o.unchecked = 1; break;
 		case 'i': image = optarg; break;
 		case 'L': leave_running = 1; break;
+		case 'F': verify_first = 1; break;
 		case 'N': o.mode = GCR_CR_DATA_ONLY; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("gcrctl %s\n", PACKAGE_VERSION); return 0;
@@ -456,7 +461,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "gcrctl: %s needs --image DIR%s\n", cmd, ckpt ? " and one PID" : " and no PID");
 			return 2;
 		}
-		return do_image(cmd, pid, image, leave_running, &o);
+		return do_image(cmd, pid, image, leave_running, verify_first, &o);
 	}
 	int needs_pid = strcmp(cmd, "list") != 0 && strcmp(cmd, "criu") != 0;
 	if (needs_pid && (optind + 2 != argc || parse_pid(argv[optind + 1], &pid) < 0)) {

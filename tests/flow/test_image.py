@@ -270,8 +270,10 @@ def edit_manifest(img, fn):
 
 
 def case_corruptions(c):
-    """Each corruption is refused before anything is touched (no process appears, the image
-    stays), with a message naming it; undone, the image restores."""
+    """Each corruption is refused with a message naming it, the image stays, and no process is
+    left: all before anything is touched, except a GPU data chunk, which is checked while CRIU
+    restores the CPU side, so the restored process (held at the gate, never resumed) is removed;
+    with --verify-first that one too is refused before CRIU runs. Undone, the image restores."""
     p = c.start(["--mib", "32", "--wait", "--iters", "30"])
     p.send("go")
     p.expect(r"ITER 2\b", 60)
@@ -316,14 +318,24 @@ def case_corruptions(c):
          restore_manifest, "shim version"),
         ("another format", lambda: edit_manifest(img, lambda m: m.update(format=99)), restore_manifest, "format"),
     ]
+    cases.insert(1, ("flipped byte in a GPU file, --verify-first", lambda: flip(gpuf), lambda: flip(gpuf),
+                     "corrupt"))
     for what, do, undo, word in cases:
         r = do()
         undo = undo or r
         target = partial if what == "partial name" else img
-        rc, rep, err = c.ctl("restore", "--image", target)
+        first = what.endswith("--verify-first")
+        rc, rep, err = c.ctl("restore", "--image", target, *(["--verify-first"] if first else []))
         check(rc != 0, "%s: restore succeeded" % what)
         check(word.lower() in err.lower(), "%s: message does not say %r: %s" % (what, word, err))
-        check(not c.alive(p.pid), "%s: a process appeared" % what)
+        check(not c.alive(p.pid), "%s: a process is left" % what)
+        held = what == "flipped byte in a GPU file"
+        check(("was removed" in err) == held, "%s: %s" % (what, "no process should have been made" if not held
+                                                            else "the held process is not said to be removed"))
+        try:
+            os.waitpid(p.pid, 0)  # the removed one's zombie (we are its subreaper) holds the pid
+        except ChildProcessError:
+            check(not held, "%s: no restored process to reap" % what)
         undo()
         print("  refused: %s (%s)" % (what, err[:110]))
     restore_ok(c, p, img)

@@ -91,13 +91,13 @@ int main(void)
 	CHECK(a.v[a.n] == NULL);
 	snprintf(want, sizeof(want),
 		 "CRIU_LIBS_DIR=%s dump --tree 4242 --images-dir /img --libdir %s --shell-job --tcp-established "
-		 "--ext-unix-sk --file-locks --log-file dump.log -v4 --leave-stopped",
+		 "--ext-unix-sk --file-locks --log-file dump.log -v2 --leave-stopped",
 		 dir, dir);
 	CHECK(gcr_criu_run(&info, &a, &err) == 0);
 	read_log(log, got, sizeof(got));
 	CHECK_STR(got, want);
 	CHECK(gcr_criu_dump_argv(&info, 7, "/img", GCR_CRIU_KILL, &a, &err) == 0 &&
-	      strcmp(a.v[a.n - 1], "-v4") == 0); /* no leave-* option: CRIU kills the tree */
+	      strcmp(a.v[a.n - 1], "-v2") == 0); /* no leave-* option: CRIU kills the tree */
 	CHECK(gcr_criu_dump_argv(&info, 7, "/img", GCR_CRIU_LEAVE_RUNNING, &a, &err) == 0 &&
 	      strcmp(a.v[a.n - 1], "--leave-running") == 0);
 	CHECK(gcr_criu_restore_argv(&info, "/img", "/img/pid", &a, &err) == 0);
@@ -105,7 +105,7 @@ int main(void)
 	read_log(log, got, sizeof(got));
 	snprintf(want, sizeof(want),
 		 "CRIU_LIBS_DIR=%s restore --images-dir /img --libdir %s --shell-job --tcp-established "
-		 "--ext-unix-sk --file-locks --log-file restore.log -v4 --restore-detached --pidfile /img/pid",
+		 "--ext-unix-sk --file-locks --log-file restore.log -v2 --restore-detached --pidfile /img/pid",
 		 dir, dir);
 	CHECK_STR(got, want);
 
@@ -119,7 +119,7 @@ int main(void)
 	int libdir = 0;
 	for (int i = 0; i < a.n; i++)
 		libdir |= strcmp(a.v[i], "--libdir") == 0;
-	CHECK(!libdir && strcmp(a.v[a.n - 1], "-v4") == 0);
+	CHECK(!libdir && strcmp(a.v[a.n - 1], "-v2") == 0);
 	/* Run, it gets an empty directory of its own as --libdir, so CRIU loads no plugin from
 	 * $CRIU_LIBS_DIR or /usr/lib/criu; the directory is gone afterwards. */
 	setenv("FAKE_CRIU_HOOK",
