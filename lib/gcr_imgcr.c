@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -337,8 +339,8 @@ static void test_hold(void)
 }
 
 /* Kills a restored process and returns once it has died (its pidfd polls readable at exit),
- * so "nothing left half-running" holds when the caller reports. Not our child (CRIU's -d
- * leaves it to init or a subreaper): whoever reaps it frees its pid. */
+ * so "nothing left half-running" holds when the caller reports. CRIU's -d leaves it to the
+ * nearest subreaper, else init: whoever reaps it frees its pid, which the image needs. */
 static void kill_restored(pid_t pid)
 {
 	if (pid <= 0)
@@ -351,6 +353,10 @@ static void kill_restored(pid_t pid)
 			;
 		close(pfd);
 	}
+	/* Ours when the caller is a subreaper (gcr_imgcr_opts.subreaper): reaped here, so its pid is
+	 * free for the next restore at once. */
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
 }
 
 struct data_check {
@@ -417,6 +423,10 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
 	if (rc < 0)
 		goto out;
 	snprintf(pidfile, sizeof(pidfile), "%s/pid", tmp);
+	/* The restored process comes to us when CRIU exits, so a failed restore can reap it (an
+	 * init that reaps late would keep its pid, and the next restore would be refused). */
+	if (o->subreaper)
+		(void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 	/* The shim's socket file of the dumped process, if left (it was killed): CRIU binds the
 	 * restored socket at that name. */
 	struct gcr_err e2;

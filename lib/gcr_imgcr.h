@@ -21,6 +21,10 @@ struct gcr_imgcr_opts {
 	 * CPU side (then a corrupt chunk removes the restored process, which was held at the gate
 	 * and never resumed). Slower by the time of that check. */
 	int verify_first;
+	/* restore: become a child subreaper, so the restored process is ours once CRIU exits and a
+	 * failed restore reaps it at once (gcrctl: it exits next, and the process goes to init). A
+	 * daemon that sets it must reap the processes it restores when they end. */
+	int subreaper;
 };
 
 struct gcr_imgcr_result {

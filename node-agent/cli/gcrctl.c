@@ -311,7 +311,8 @@ static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_runni
 	/* --driver-only: the baseline (the driver's checkpoint plus CRIU alone); restore reads the
 	 * mode from the image. */
 	struct gcr_imgcr_opts io = { .cr = o, .leave_running = leave_running,
-				     .driver_only = o->mode == GCR_CR_DRIVER_ONLY, .verify_first = verify_first };
+				     .driver_only = o->mode == GCR_CR_DRIVER_ONLY, .verify_first = verify_first,
+				     .subreaper = 1 };
 	o->mode = GCR_CR_FULL;
 	struct gcr_imgcr_result r;
 	struct gcr_err err = { 0 };
