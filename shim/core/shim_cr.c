@@ -423,11 +423,21 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 			}
 			img->zero[c] = 0;
 			if (sink != NULL) {
+				/* Runs of chunks go in one write, up to SHIM_STAGING_FILE_PIECE: they lie back
+				 * to back on the GPU and in the file. */
 				img->src_off[c] = foff;
-				x[nx++] = (struct shim_xfer){ .off = foff, .dev = st[i].va + c * GCR_DIGEST_CHUNK,
-							      .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
-							      .group = (uint32_t)i, .file = 1, .fd = fd, .dfd = dfd,
-							      .crc_out = &img->src_crc[c], .name = img->src_name };
+				struct shim_xfer *prev = nx > 0 ? &x[nx - 1] : NULL;
+				if (prev != NULL && prev->file && prev->group == (uint32_t)i &&
+				    prev->dev + prev->size == st[i].va + c * GCR_DIGEST_CHUNK &&
+				    prev->size % GCR_DIGEST_CHUNK == 0 &&
+				    prev->size + chunk_size(p, c) <= SHIM_STAGING_FILE_PIECE)
+					prev->size += chunk_size(p, c);
+				else
+					x[nx++] = (struct shim_xfer){ .off = foff, .dev = st[i].va + c * GCR_DIGEST_CHUNK,
+								      .size = chunk_size(p, c),
+								      .device = (int16_t)phys_device(p), .group = (uint32_t)i,
+								      .file = 1, .fd = fd, .dfd = dfd,
+								      .crc_out = &img->src_crc[c], .name = img->src_name };
 				foff += chunk_size(p, c);
 				rep->copied += chunk_size(p, c);
 				continue;

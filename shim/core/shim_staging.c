@@ -55,6 +55,7 @@ struct job {
 	int out;
 	const struct shim_xfer *x;
 	size_t n;
+	uint32_t piece; /* the largest piece: above SHIM_STAGING_CHUNK, workers use big slots */
 	atomic_size_t next;
 	atomic_int failed;
 	int rc;
@@ -236,7 +237,10 @@ static int file_drain(const char *slot, const struct shim_xfer *x, struct gcr_er
 					   (unsigned long long)(x->off + done), k < 0 ? strerror(errno) : "no space");
 		done += (size_t)k;
 	}
-	*x->crc_out = gcr_crc32c_update(0, slot, x->size);
+	/* One checksum per chunk: a piece is whole chunks, the last one maybe short. */
+	for (uint32_t k = 0; k < x->size; k += SHIM_STAGING_CHUNK)
+		x->crc_out[k / SHIM_STAGING_CHUNK] =
+			gcr_crc32c_update(0, slot + k, x->size - k < SHIM_STAGING_CHUNK ? x->size - k : SHIM_STAGING_CHUNK);
 	return 0;
 }
 
@@ -368,7 +372,20 @@ static void *worker_main(void *arg)
 		pthread_mutex_unlock(&job_lock);
 		struct gcr_err err = { 0 };
 		memset(w->used, 0, sizeof(w->used));
-		int rc = j->out ? run_out(w, j, &err) : run_in(w, j, &err);
+		/* Pieces larger than a slot (a suspend to files writes up to SHIM_STAGING_FILE_PIECE at
+		 * once: the disk takes larger writes faster) get two pinned slots of that size for this
+		 * job only, so no more memory stays pinned than usual. */
+		char *small[2] = { w->slot[0], w->slot[1] }, *big[2] = { NULL, NULL };
+		int rc = 0;
+		if (j->piece > SHIM_STAGING_CHUNK && pin_ctx != NULL) /* pinned in the slots' context */
+			rc = gpu->ctx_set(pin_ctx, &err);
+		for (int k = 0; k < 2 && j->piece > SHIM_STAGING_CHUNK && rc == 0; k++)
+			if ((rc = gpu->host_alloc((void **)&big[k], j->piece, &err)) == 0)
+				w->slot[k] = big[k];
+		if (rc < 0)
+			job_fail(j, &err);
+		else
+			rc = j->out ? run_out(w, j, &err) : run_in(w, j, &err);
 		for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
 			if (!w->used[d])
 				continue;
@@ -381,6 +398,12 @@ static void *worker_main(void *arg)
 				rc = err.code;
 			}
 		}
+		/* After the streams drained: no copy into them is left in flight. */
+		w->slot[0] = small[0];
+		w->slot[1] = small[1];
+		for (int k = 0; k < 2; k++)
+			if (big[k] != NULL)
+				gpu->host_free(big[k], j->piece);
 		if (rc < 0)
 			job_fail(j, &err);
 		pthread_mutex_lock(&job_lock);
@@ -593,6 +616,12 @@ int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const st
 			return lrc;
 	}
 	struct job j = { .out = out, .x = x, .n = n };
+	for (size_t i = 0; i < n; i++) {
+		if (x[i].size > SHIM_STAGING_FILE_PIECE || (x[i].size > SHIM_STAGING_CHUNK && !(out && x[i].file)))
+			return gcr_err_set(err, -EINVAL, "a piece of %u bytes (only a write to a file may exceed %llu)",
+					   x[i].size, (unsigned long long)SHIM_STAGING_CHUNK);
+		j.piece = x[i].size > j.piece ? x[i].size : j.piece;
+	}
 	size_t ng = out && g != NULL ? g->ngroups : 0, reported = 0;
 	int cb_stop = 0;
 	if (ng > 0) {
