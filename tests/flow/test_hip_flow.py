@@ -296,7 +296,7 @@ def case_full_fake_criu(d):
         opts = ["--libdir", plugins, "--shell-job", "--tcp-established", "--ext-unix-sk", "--file-locks"]
         pdir = os.path.join(img, str(p.pid))
         want = (["CRIU_LIBS_DIR=" + plugins, "dump", "--tree", str(p.pid), "--images-dir", pdir] + opts +
-                ["--log-file", "dump.log", "-v4", "mem=%d" % SMALL])
+                ["--log-file", "dump.log", "-v2", "mem=%d" % SMALL])
         runs = criu_runs(d)
         check(len(runs) == 1 and runs[0] == want, "dump run %s, expected %s" % (runs, want))
         check(os.path.exists(os.path.join(pdir, "gcr-dump")), "no dump mark")
@@ -305,7 +305,7 @@ def case_full_fake_criu(d):
         check(rc == 0 and rep.get("control") == "criu", "full resume: %s %s" % (rep, err))
         runs = criu_runs(d)
         want = (["CRIU_LIBS_DIR=" + plugins, "restore", "--images-dir", pdir] + opts +
-                ["--log-file", "restore.log", "-v4", "--restore-detached", "--pidfile",
+                ["--log-file", "restore.log", "-v2", "--restore-detached", "--pidfile",
                  os.path.join(pdir, "restore.pid"), "mem=%d" % SMALL])
         check(len(runs) == 2 and runs[1] == want, "restore run %s, expected %s" % (runs[1:], want))
         check(not os.path.exists(os.path.join(pdir, "gcr-dump")), "dump mark left after the restore")
