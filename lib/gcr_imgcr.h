@@ -14,6 +14,10 @@
 struct gcr_imgcr_opts {
 	const struct gcr_cr_opts *cr; /* socket dir, timeouts */
 	int leave_running;            /* checkpoint: the process goes on (else CRIU ends it) */
+	/* checkpoint: the process is in a container, so CRIU dumps the container's whole tree
+	 * from its PID namespace's init, bind mounts and sandbox netns external (gcr_ctrdump;
+	 * docs/images.md, "Pods"). Restoring such an image is the container runtime's part. */
+	int whole_container;
 };
 
 struct gcr_imgcr_result {

@@ -36,8 +36,10 @@ static void usage(FILE *f)
 		"                                             least active first, resumes the most active first,\n"
 		"                                             all at once (one thread per process)\n"
 		"  criu                                       CRIU for AMD processes: found, >= 4.0, amdgpu plugin\n"
-		"  checkpoint --image DIR [--leave-running] PID  the process to an image on disk (docs/images.md);\n"
-		"                                             CRIU ends it unless --leave-running\n"
+		"  checkpoint --image DIR [--leave-running] [--container] PID  the process to an image on disk\n"
+		"                                             (docs/images.md); CRIU ends it unless --leave-running;\n"
+		"                                             --container: PID is in a container, CRIU dumps the\n"
+		"                                             container's whole tree (its PID namespace's init)\n"
 		"  restore --image DIR                        the process back from an image, verified first\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
@@ -301,9 +303,10 @@ out:
 }
 
 /* ---- images (docs/images.md) ---- */
-static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_running, struct gcr_cr_opts *o)
+static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_running, int container,
+		    struct gcr_cr_opts *o)
 {
-	struct gcr_imgcr_opts io = { .cr = o, .leave_running = leave_running };
+	struct gcr_imgcr_opts io = { .cr = o, .leave_running = leave_running, .whole_container = container };
 	struct gcr_imgcr_result r;
 	struct gcr_err err = { 0 };
 	int ckpt = strcmp(cmd, "checkpoint") == 0;
@@ -370,12 +373,12 @@ int main(int argc, char **argv)
 		{ "sample-ms", required_argument, NULL, 'S' },	 { "images-dir", required_argument, NULL, 'I' },
 		{ "version", no_argument, NULL, 'V' },	 { "unchecked", no_argument, NULL, 'U' },
 		{ "image", required_argument, NULL, 'i' }, { "leave-running", no_argument, NULL, 'L' },
-		{ NULL, 0, NULL, 0 },
+		{ "container", no_argument, NULL, 'C' },	 { NULL, 0, NULL, 0 },
 	};
-	int ch, replicas = -1, sample_ms = 0, leave_running = 0;
+	int ch, replicas = -1, sample_ms = 0, leave_running = 0, container = 0;
 	const char *image = NULL;
 	/* GNU getopt permutes, so options may also follow the command. */
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:L", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LC", opts, NULL)) != -1) {
 		switch (ch) {
 		case 's': o.socket_dir = optarg; break;
 		case 'I': o.images_dir = optarg; break;
@@ -406,6 +409,7 @@ int main(int argc, char **argv)
 		case 'U': o.unchecked = 1; break;
 		case 'i': image = optarg; break;
 		case 'L': leave_running = 1; break;
+		case 'C': container = 1; break;
 		case 'N': o.mode = GCR_CR_DATA_ONLY; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("gcrctl %s\n", PACKAGE_VERSION); return 0;
@@ -450,7 +454,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "gcrctl: %s needs --image DIR%s\n", cmd, ckpt ? " and one PID" : " and no PID");
 			return 2;
 		}
-		return do_image(cmd, pid, image, leave_running, &o);
+		return do_image(cmd, pid, image, leave_running, container, &o);
 	}
 	int needs_pid = strcmp(cmd, "list") != 0 && strcmp(cmd, "criu") != 0;
 	if (needs_pid && (optind + 2 != argc || parse_pid(argv[optind + 1], &pid) < 0)) {
