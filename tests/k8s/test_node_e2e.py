@@ -605,9 +605,32 @@ def case_delete_suspended_checkpoint():
     finish(ns, "del")
 
 
+def case_image_refused_on_pod():
+    """spec.action Image on a real pod, which the agent cannot image yet (no CRIU in its image, and
+    the pod route is not complete: docs/images.md, "Pods"): Failed ImageFailed with a Warning
+    Event naming the step, nothing under the images root, the process running untouched and
+    passing its own check."""
+    ns = "team-img"
+    namespace(ns)
+    pid, nbytes = workload_pod(ns, "img", 1010)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "img", "namespace": ns},
+           "spec": {"podName": "img", "action": "Image"}})
+    wait_phase("checkpoint", ns, "img", ("Failed",))
+    s = kjson("get", "checkpoint", "-n", ns, "img")["status"]
+    msg = s.get("message", "")
+    check("/var/lib/gcr/images/team-img/img/img" in msg and "process untouched" in msg, f"message: {msg}")
+    wait_until("an ImageFailed Warning", lambda: any(e.get("reason") == "ImageFailed" and e.get("type") == "Warning"
+                                                     for e in events_for(ns, "img")), 30)
+    check(not os.path.exists("/var/lib/gcr/images/team-img/img/img"), "an image directory was left")
+    check(smi(ns, "img", "state", pid) == "running", "the driver state changed")
+    check(int(smi(ns, "img", "mem", pid)) >= nbytes, "the process lost GPU memory")
+    finish(ns, "img")
+
+
 CASES = [case_chart_defaults, case_heartbeat_lease, case_injection_and_checkpoint_restore, case_keep_context,
          case_checkpoints_at_once, case_residency_scale, case_tenant_isolation, case_tenant_forged_status,
-         case_delete_suspended_checkpoint, case_pod_deleted_while_suspended, case_agent_deleted_mid_operation]
+         case_delete_suspended_checkpoint, case_pod_deleted_while_suspended, case_agent_deleted_mid_operation,
+         case_image_refused_on_pod]
 
 
 def dump_logs():
