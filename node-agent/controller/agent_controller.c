@@ -26,6 +26,7 @@
 #include "agent_record.h"
 #include "gcr_cr.h"
 #include "gcr_imgcr.h"
+#include "gcr_procns.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
@@ -849,7 +850,11 @@ static void run_image(struct agent_controller *c, struct op *o, const struct pro
 		return;
 	}
 	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms_of(d) };
-	struct gcr_imgcr_opts io = { .cr = &cro, .leave_running = 1 };
+	/* A process in a container (not in our PID and mount namespaces: a pod's) is dumped with its
+	 * container's whole tree (gcr_ctrdump); one on the host alone. */
+	struct gcr_err nserr;
+	struct gcr_imgcr_opts io = { .cr = &cro, .leave_running = 1,
+				     .whole_container = gcr_procns_same(p[0].pid, &nserr) == 0 };
 	struct gcr_imgcr_result r;
 	test_pause(c, "before-cr");
 	rc = gcr_imgcr_checkpoint(p[0].pid, path, &io, &r, &err);
