@@ -36,10 +36,22 @@ int gcr_ctrdump_parse_status(const char *text, size_t len, struct gcr_ctrdump_st
 int gcr_ctrdump_find_init(const char *proc_root, pid_t pid, pid_t *init, unsigned long *netns,
 			  struct gcr_err *err) __attribute__((warn_unused_result));
 
+/* From the text of the container's /proc/<init>/mountinfo (len bytes), CRIU configuration lines
+ * "external mnt[MOUNTPOINT]:MOUNTPOINT", one per mount CRIU cannot dump from the agent's own
+ * mount namespace: every mount but "/" (and nsfs) that is a bind of a subdirectory (root not "/") or of a
+ * file system other than the pseudo ones CRIU recreates (proc, sysfs, tmpfs, devpts, mqueue,
+ * cgroup, overlay...), as runc marks its bind mounts. Into out (outlen bytes, NUL-terminated);
+ * *n gets the count. 0, -EINVAL (a malformed line, or a path with an escape or a bracket),
+ * -ENOSPC (out too small). */
+int gcr_ctrdump_externals(const char *text, size_t len, char *out, size_t outlen, int *n, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
 /* The dump command of the container holding pid: gcr_criu_dump_argv of its init, plus
- * "--external mnt[]" (every bind mount whose source CRIU cannot see is recorded as external)
- * and, when its network namespace is not ours, "--external net[INODE]:GCR_CTRDUMP_NET_KEY".
- * 0, or the errors above, or -ENAMETOOLONG. */
+ * "--config images_dir/ctrdump.conf" (written here: its external mounts, above),
+ * "--network-lock nftables" (an agent image has no iptables), "--ghost-limit 16M" (the shim's
+ * library, replaced under a running pod when the DaemonSet rolls, is a deleted mapped file) and, when its network namespace is
+ * not ours, "--external net[INODE]:GCR_CTRDUMP_NET_KEY". 0, or the errors above, -errno writing
+ * the file, or -ENAMETOOLONG. */
 int gcr_ctrdump_argv(const struct gcr_criu_info *info, pid_t pid, const char *images_dir,
 		     enum gcr_criu_after after, struct gcr_criu_argv *a, struct gcr_err *err)
 	__attribute__((warn_unused_result));

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -820,6 +821,36 @@ static void start_checkpoint(struct agent_controller *c, struct op *o, struct ag
 
 /* ---- Checkpoint with action Image ---- */
 
+/* Where the image of pid, a process in a pod, is written first: its allocation's image directory
+ * (the device plugin's GCR_IMAGE_DIR, mounted at the same path in the container, so the shim and
+ * CRIU mean the same directory), checked to be <images_dir>/.alloc/<id> and, opened inside the
+ * process's own root, the very directory the agent has there. out gets <that dir>/<uid>. */
+static int pod_image_dir(struct agent_controller *c, pid_t pid, const char *uid, char *out, size_t len,
+			 struct gcr_err *err)
+{
+	char v[PATH_MAX];
+	int rc = gcr_procns_env(pid, "GCR_IMAGE_DIR", v, sizeof(v), err);
+	if (rc < 0)
+		return gcr_err_set(err, rc, "the pod has no image directory (GCR_IMAGE_DIR: the chart's images.pods is "
+				   "off, or the pod started before it was on)");
+	if (!agent_images_is_alloc_dir(c->images_dir, v))
+		return gcr_err_set(err, -EPERM, "GCR_IMAGE_DIR %.200s is not an allocation's image directory under %s", v,
+				   c->images_dir);
+	struct stat ours, theirs;
+	int fd = gcr_procns_open_dir(pid, v, err);
+	if (fd < 0)
+		return fd;
+	rc = fstat(fd, &theirs) < 0 || lstat(v, &ours) < 0 ? -errno : 0;
+	close(fd);
+	if (rc < 0)
+		return gcr_err_set(err, rc, "cannot read %s: %s", v, strerror(-rc));
+	if (!S_ISDIR(ours.st_mode) || ours.st_dev != theirs.st_dev || ours.st_ino != theirs.st_ino)
+		return gcr_err_set(err, -EPERM, "%s in the pod is not the agent's %s", v, v);
+	if (snprintf(out, len, "%s/%s", v, uid) >= (int)len)
+		return gcr_err_set(err, -ENAMETOOLONG, "image path too long");
+	return 0;
+}
+
 /* Writes an image of the pod's one GCR process (gcr_imgcr, leaving it running) to
  * <images_dir>/<ns>/<pod>/<name>, then prunes the pod's images past images_keep. No record:
  * the process is never left suspended on purpose; a failure leaves it as gcr_imgcr says
@@ -855,10 +886,21 @@ static void run_image(struct agent_controller *c, struct op *o, const struct pro
 	struct gcr_err nserr;
 	struct gcr_imgcr_opts io = { .cr = &cro, .leave_running = 1,
 				     .whole_container = gcr_procns_same(p[0].pid, &nserr) == 0 };
-	struct gcr_imgcr_result r;
-	test_pause(c, "before-cr");
-	rc = gcr_imgcr_checkpoint(p[0].pid, path, &io, &r, &err);
-	test_pause(c, "after-cr");
+	struct gcr_imgcr_result r = { 0 };
+	/* A pod's process: written in its allocation's image directory, then moved to path. */
+	char work[PATH_MAX] = "";
+	struct stat st;
+	if (io.whole_container && (rc = pod_image_dir(c, p[0].pid, d->uid, work, sizeof(work), &err)) < 0)
+		gcr_err_wrap(&err, "process untouched");
+	else if (io.whole_container && lstat(path, &st) == 0)
+		rc = gcr_err_set(&err, -EEXIST, "%s exists: an image is never overwritten (process untouched)", path);
+	if (rc == 0) {
+		test_pause(c, "before-cr");
+		rc = gcr_imgcr_checkpoint(p[0].pid, work[0] ? work : path, &io, &r, &err);
+		test_pause(c, "after-cr");
+	}
+	if (rc == 0 && work[0] && (rc = agent_images_move(work, path, &err)) < 0)
+		gcr_err_wrap(&err, "the image is whole at %s; the process runs on", work);
 	if (rc < 0) {
 		snprintf(msg, sizeof(msg), "image of pid %d to %s failed: %s", (int)p[0].pid, path, err.msg);
 		set_status(c, o, "Failed", "ImageFailed", msg,

@@ -4,12 +4,15 @@
  * by a crash is deleted by the next sweep. */
 #include "agent_images.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,6 +61,35 @@ int agent_images_mkparents(const char *path, struct gcr_err *err)
 		if (end)
 			break;
 	}
+	return 0;
+}
+
+int agent_images_is_alloc_dir(const char *root, const char *dir)
+{
+	if (root == NULL || dir == NULL)
+		return 0;
+	size_t rl = strlen(root);
+	while (rl > 1 && root[rl - 1] == '/')
+		rl--;
+	if (strncmp(dir, root, rl) != 0 || strncmp(dir + rl, "/.alloc/", 8) != 0)
+		return 0;
+	const char *id = dir + rl + 8;
+	size_t n = strlen(id);
+	if (n == 0 || n > 64)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!isxdigit((unsigned char)id[i]) || isupper((unsigned char)id[i]))
+			return 0;
+	return 1;
+}
+
+int agent_images_move(const char *from, const char *to, struct gcr_err *err)
+{
+	int rc = agent_images_mkparents(to, err);
+	if (rc < 0)
+		return rc;
+	if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) < 0)
+		return gcr_err_set(err, -errno, "cannot move %s to %s: %s", from, to, strerror(errno));
 	return 0;
 }
 

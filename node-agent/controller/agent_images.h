@@ -20,6 +20,14 @@ int agent_images_path(const char *root, const char *ns, const char *pod, const c
  * 0 or -errno. */
 int agent_images_mkparents(const char *path, struct gcr_err *err) __attribute__((warn_unused_result));
 
+/* Whether dir is an allocation's image directory under root: exactly <root>/.alloc/<id>, id 1..64
+ * lowercase hex digits (what the device plugin makes; nothing else is ever written to). */
+int agent_images_is_alloc_dir(const char *root, const char *dir);
+
+/* Moves the whole image from to (its parents made first), never over anything (RENAME_NOREPLACE:
+ * -EEXIST). 0 or -errno. */
+int agent_images_move(const char *from, const char *to, struct gcr_err *err) __attribute__((warn_unused_result));
+
 /* Removes the oldest committed images in pod_dir (<root>/<ns>/<pod>) past keep (>= 1), oldest
  * by the manifest's "created", then by name. Returns how many were removed (>= 0), or -errno
  * when pod_dir cannot be read. */

@@ -50,7 +50,7 @@
 struct dp_cfg {
 	bool enabled; /* off unless the file says true: the chart turns it on */
 	char *resource_name, *kubelet_dir, *endpoint, *shim_host_dir, *shim_container_dir, *socket_root,
-		*socket_container_dir, *agent_container_dir, *cdi_device;
+		*socket_container_dir, *agent_container_dir, *cdi_device, *image_root;
 	unsigned slots, poll_ms;
 	char *env[2 * AGENT_DP_SHIM_ENV_MAX]; /* shimEnv: name, value, ... */
 	size_t n_env;                         /* pairs */
@@ -123,6 +123,7 @@ static const struct {
 	{ "socketContainerDir", DP_SLOT(socket_container_dir) },
 	{ "agentContainerDir", DP_SLOT(agent_container_dir) },
 	{ "cdiDevice", DP_SLOT(cdi_device) },
+	{ "imageRoot", DP_SLOT(image_root) },
 };
 #define NDP_STRINGS (sizeof(dp_strings) / sizeof(dp_strings[0]))
 #define DP_SECTION AGENT_CONFIG_SECTION
@@ -483,6 +484,7 @@ static int dp_start(const struct cfg *c, struct agent_dp **out, struct gcr_err *
 		.agent_socket = c->registry_socket,
 		.agent_container_dir = d->agent_container_dir,
 		.cdi_device = d->cdi_device,
+		.image_root = d->image_root,
 		.poll_ms = d->poll_ms,
 	};
 	struct agent_dp_env env[AGENT_DP_SHIM_ENV_MAX];

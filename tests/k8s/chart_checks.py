@@ -255,6 +255,9 @@ def cmd_default(render, ns):
     check("hostPath volumes: exactly sockets, registry dir, shim dir, device-plugin dir, images dir", hp == want, hp)
     check("images: the agent's config names the mounted root, keep 2",
           cfg.get("imagesDir") == "/var/lib/gcr/images" and cfg.get("imagesKeep") == 2, cfg)
+    check("images of pods off by default: no image dirs for pods, no capability for CRIU",
+          "imageRoot" not in cfg["devicePlugin"]
+          and "SYS_ADMIN" not in (agent["securityContext"].get("capabilities") or {}).get("add", []), cfg)
     mounts = {m["name"]: m for m in agent.get("volumeMounts") or []}
     check("agent does not mount the shim dir (the kubelet does, for workloads)",
           "shim" not in mounts, sorted(mounts))

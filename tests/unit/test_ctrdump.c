@@ -96,6 +96,39 @@ static void test_find_init(void)
 	CHECK(gcr_ctrdump_find_init(root, 999, &init, &net, &err) == -ENOENT);
 }
 
+static void test_externals(void)
+{
+	/* A pod container's mountinfo, abridged: overlay root, proc, a tmpfs, bind mounts of
+	 * directories and files, a bind of a whole file system, an nsfs mount. */
+	const char *mi =
+		"320 300 0:71 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w\n"
+		"321 320 0:75 / /proc rw,nosuid - proc proc rw\n"
+		"322 320 0:76 / /dev rw,nosuid - tmpfs tmpfs rw,size=65536k\n"
+		"336 320 254:0 /run/gcr/alloc/a6c3 /run/gcr rw,relatime - ext4 /dev/vda rw\n"
+		"337 320 254:0 /var/lib/kubelet/pods/3d17/etc-hosts /etc/hosts rw shared:1 - ext4 /dev/vda rw\n"
+		"342 320 254:0 / /data ro,relatime - ext4 /dev/vdb rw\n"
+		"350 322 0:4 net:[4026532179] /dev/netns rw - nsfs nsfs rw\n"
+		"351 321 0:76 /null /proc/kcore rw,nosuid - tmpfs tmpfs rw\n";
+	char out[4096];
+	int n = -1;
+	struct gcr_err err = { 0, "" };
+	CHECK(gcr_ctrdump_externals(mi, strlen(mi), out, sizeof(out), &n, &err) == 0);
+	CHECK(n == 4);
+	CHECK_STR(out, "external mnt[/run/gcr]:/run/gcr\nexternal mnt[/etc/hosts]:/etc/hosts\n"
+		       "external mnt[/data]:/data\nexternal mnt[/proc/kcore]:/proc/kcore\n");
+	CHECK(gcr_ctrdump_externals(mi, strlen(mi), out, 40, &n, &err) == -ENOSPC);
+	const char *bad[] = {
+		"1 2 3:4 /x\n",                                      /* too few fields */
+		"1 2 3:4 /x /y rw shared:1 ext4 /dev/vda rw\n",      /* no "-" */
+		"1 2 3:4 /x /y rw -\n",                              /* no type */
+		"1 2 3:4 /x /a\\040b rw - ext4 /dev/vda rw\n",       /* an escaped space */
+		"1 2 3:4 /x /a]b rw - ext4 /dev/vda rw\n",           /* a bracket */
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK(gcr_ctrdump_externals(bad[i], strlen(bad[i]), out, sizeof(out), &n, &err) == -EINVAL);
+	CHECK(gcr_ctrdump_externals("", 0, out, sizeof(out), &n, &err) == 0 && n == 0 && out[0] == '\0');
+}
+
 static void test_argv(void)
 {
 	struct gcr_criu_info info = { 0 };
@@ -113,6 +146,7 @@ int main(void)
 		return 1;
 	test_parse();
 	test_find_init();
+	test_externals();
 	test_argv();
 	gcr_image_remove(root);
 	return test_summary("test_ctrdump");
