@@ -30,7 +30,10 @@ RUN ./autogen.sh && \
     ../configure -q --prefix=/usr/local && \
     make -j"$(nproc)" && \
     if [ "$CHECK" = 1 ]; then make -j"$(nproc)" check; fi
-RUN scripts/image-stage.sh build /stage
+# CRIU >= 4 for images of pods (docs/images.md, "Pods"; chart value images.pods): Debian
+# trixie's criu 4.1.1 built from its source package (bookworm's 3.17 fails on 6.x kernels),
+# shipped as /usr/local/sbin/criu with the packages of its libraries.
+RUN criu=$(scripts/install-criu.sh) && GCR_STAGE_CRIU=$criu scripts/image-stage.sh build /stage
 
 FROM ${DEBIAN_IMAGE}-slim
 LABEL org.opencontainers.image.title="gcr" \
@@ -43,11 +46,13 @@ RUN apt-get update -qq && \
     xargs -a /tmp/runtime-packages.txt apt-get install -y -qq --no-install-recommends ca-certificates && \
     rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt
 COPY --from=build /stage/usr/local/bin/ /usr/local/bin/
+COPY --from=build /stage/usr/local/sbin/ /usr/local/sbin/
 COPY --from=build /stage/opt/gcr/lib/ /opt/gcr/lib/
 # Fail the build, not the node, if a library is missing.
-RUN for f in /usr/local/bin/* /opt/gcr/lib/libgcr.so; do \
+RUN for f in /usr/local/bin/* /usr/local/sbin/criu /opt/gcr/lib/libgcr.so; do \
         if ldd "$f" | grep 'not found'; then echo "$f: missing libraries" >&2; exit 1; fi; \
     done && \
     test -x /usr/local/bin/gcr-agent && test -x /usr/local/bin/gcrctl && \
+    /usr/local/sbin/criu --version | grep -q '^Version: 4' && \
     test -f /opt/gcr/lib/libgcr.so && test -f /opt/gcr/lib/libjansson.so.4
 ENTRYPOINT ["/usr/local/bin/gcr-agent"]

@@ -24,6 +24,7 @@
 #include "gcr/protocol.h"
 #include "gcr_client.h"
 #include "gcr_criu.h"
+#include "gcr_ctrdump.h"
 #include "gcr_image.h"
 #include "gcr_log.h"
 #include "gcr_nvml.h"
@@ -234,8 +235,9 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 	r->rss = vm_rss(pid);
 	struct gcr_criu_argv av;
 	t0 = gcr_time_mono_ms();
-	rc = gcr_criu_dump_argv(&info, pid, criu_dir, o->leave_running ? GCR_CRIU_LEAVE_RUNNING : GCR_CRIU_KILL, &av,
-				err);
+	enum gcr_criu_after after = o->leave_running ? GCR_CRIU_LEAVE_RUNNING : GCR_CRIU_KILL;
+	rc = o->whole_container ? gcr_ctrdump_argv(&info, pid, criu_dir, after, &av, err)
+				: gcr_criu_dump_argv(&info, pid, criu_dir, after, &av, err);
 	if (rc == 0)
 		rc = gcr_criu_run(&info, &av, err);
 	r->ms_dump = gcr_time_mono_ms() - t0;

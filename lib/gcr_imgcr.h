@@ -25,6 +25,10 @@ struct gcr_imgcr_opts {
 	 * failed restore reaps it at once (gcrctl: it exits next, and the process goes to init). A
 	 * daemon that sets it must reap the processes it restores when they end. */
 	int subreaper;
+	/* checkpoint: the process is in a container, so CRIU dumps the container's whole tree
+	 * from its PID namespace's init, bind mounts and sandbox netns external (gcr_ctrdump;
+	 * docs/images.md, "Pods"). Restoring such an image is the container runtime's part. */
+	int whole_container;
 };
 
 struct gcr_imgcr_result {

@@ -22,6 +22,7 @@ lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_driver.c lib/gcr_driver.h \
 	lib/gcr_nvml.c lib/gcr_nvml.h lib/gcr_nvml_abi.h \
 	lib/gcr_criu.c lib/gcr_criu.h \
+	lib/gcr_ctrdump.c lib/gcr_ctrdump.h \
 	lib/gcr_imgcr.c lib/gcr_imgcr.h \
 	lib/gcr_cr.c lib/gcr_cr.h \
 	lib/gcr_scale.c lib/gcr_scale.h \
@@ -30,3 +31,5 @@ lib_libgcrcontrol_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS
 lib_libgcrcontrol_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 # The manifest parser's libFuzzer target (tests/fuzz/run.sh builds and runs it).
 EXTRA_DIST += tests/fuzz/fuzz_manifest.c tests/fuzz/dict/fuzz_manifest.dict tests/fuzz/corpus/fuzz_manifest
+# The container status parser's libFuzzer target (lib/gcr_ctrdump.c).
+EXTRA_DIST += tests/fuzz/fuzz_ctrdump.c tests/fuzz/corpus/fuzz_ctrdump

@@ -10,7 +10,8 @@ node_agent_libgcragent_la_SOURCES = \
 	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
 	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \
 	node-agent/controller/agent_crobj.c node-agent/controller/agent_crobj.h \
-	node-agent/controller/agent_record.c node-agent/controller/agent_record.h
+	node-agent/controller/agent_record.c node-agent/controller/agent_record.h \
+	node-agent/controller/agent_images.c node-agent/controller/agent_images.h
 node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcragent_la_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LIBS)

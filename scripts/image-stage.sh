@@ -35,6 +35,13 @@ dyn=$(readelf -d "$stage$shimdir/libgcr.so")
 grep -q 'RUNPATH.*\[\$ORIGIN\]' <<<"$dyn" || die "libgcr.so has no RUNPATH \$ORIGIN"
 rm -rf "${stage:?}$prefix/lib" "${stage:?}$prefix/include" "${stage:?}$prefix/share"
 
+# GCR_STAGE_CRIU: a CRIU >= 4 binary shipped as /usr/local/sbin/criu (images of pods, docs/images.md
+# "Pods"; the test bed's images set it; the Dockerfile does not yet), its libraries' packages below.
+if [[ -n ${GCR_STAGE_CRIU:-} ]]; then
+	[[ -x $GCR_STAGE_CRIU ]] || die "GCR_STAGE_CRIU=$GCR_STAGE_CRIU is not an executable"
+	install -D -m 0755 "$GCR_STAGE_CRIU" "$stage$prefix/sbin/criu"
+fi
+
 # Every shipped ELF file must resolve its libraries; the shim from its own dir.
 libs=()
 while IFS= read -r -d '' f; do

@@ -36,10 +36,12 @@ static void usage(FILE *f)
 		"                                             least active first, resumes the most active first,\n"
 		"                                             all at once (one thread per process)\n"
 		"  criu                                       CRIU for AMD processes: found, >= 4.0, amdgpu plugin\n"
-		"  checkpoint --image DIR [--leave-running] [--driver-only] PID  the process to an image on\n"
-		"                                             disk (docs/images.md); CRIU ends it unless\n"
-		"                                             --leave-running; --driver-only: the driver's\n"
-		"                                             checkpoint plus CRIU alone, no shim (the baseline)\n"
+		"  checkpoint --image DIR [--leave-running] [--driver-only] [--container] PID  the process to an\n"
+		"                                             image on disk (docs/images.md); CRIU ends it unless\n"
+		"                                             --leave-running; --driver-only: the driver's checkpoint\n"
+		"                                             plus CRIU alone, no shim (the baseline); --container:\n"
+		"                                             PID is in a container, CRIU dumps the container's\n"
+		"                                             whole tree (its PID namespace's init)\n"
 		"  restore --image DIR [--verify-first]       the process back from an image: manifest, sizes\n"
 		"                                             and CRIU files checked first, the GPU data while\n"
 		"                                             CRIU restores (or first, with --verify-first)\n"
@@ -306,13 +308,13 @@ out:
 
 /* ---- images (docs/images.md) ---- */
 static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_running, int verify_first,
-		    struct gcr_cr_opts *o)
+		    int container, struct gcr_cr_opts *o)
 {
 	/* --driver-only: the baseline (the driver's checkpoint plus CRIU alone); restore reads the
 	 * mode from the image. */
 	struct gcr_imgcr_opts io = { .cr = o, .leave_running = leave_running,
 				     .driver_only = o->mode == GCR_CR_DRIVER_ONLY, .verify_first = verify_first,
-				     .subreaper = 1 };
+				     .subreaper = 1, .whole_container = container };
 	o->mode = GCR_CR_FULL;
 	struct gcr_imgcr_result r;
 	struct gcr_err err = { 0 };
@@ -380,13 +382,13 @@ int main(int argc, char **argv)
 		{ "sample-ms", required_argument, NULL, 'S' },	 { "images-dir", required_argument, NULL, 'I' },
 		{ "version", no_argument, NULL, 'V' },	 { "unchecked", no_argument, NULL, 'U' },
 		{ "image", required_argument, NULL, 'i' }, { "leave-running", no_argument, NULL, 'L' },
-		{ "verify-first", no_argument, NULL, 'F' },
+		{ "verify-first", no_argument, NULL, 'F' }, { "container", no_argument, NULL, 'C' },
 		{ NULL, 0, NULL, 0 },
 	};
-	int ch, replicas = -1, sample_ms = 0, leave_running = 0, verify_first = 0;
+	int ch, replicas = -1, sample_ms = 0, leave_running = 0, verify_first = 0, container = 0;
 	const char *image = NULL;
 	/* GNU getopt permutes, so options may also follow the command. */
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LF", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LFC", opts, NULL)) != -1) {
 		switch (ch) {
 		case 's': o.socket_dir = optarg; break;
 		case 'I': o.images_dir = optarg; break;
@@ -418,6 +420,7 @@ int main(int argc, char **argv)
 		case 'i': image = optarg; break;
 		case 'L': leave_running = 1; break;
 		case 'F': verify_first = 1; break;
+		case 'C': container = 1; break;
 		case 'N': o.mode = GCR_CR_DATA_ONLY; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("gcrctl %s\n", PACKAGE_VERSION); return 0;
@@ -462,7 +465,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "gcrctl: %s needs --image DIR%s\n", cmd, ckpt ? " and one PID" : " and no PID");
 			return 2;
 		}
-		return do_image(cmd, pid, image, leave_running, verify_first, &o);
+		return do_image(cmd, pid, image, leave_running, verify_first, container, &o);
 	}
 	int needs_pid = strcmp(cmd, "list") != 0 && strcmp(cmd, "criu") != 0;
 	if (needs_pid && (optind + 2 != argc || parse_pid(argv[optind + 1], &pid) < 0)) {

@@ -9,20 +9,25 @@
 #include "agent_controller.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "agent_crobj.h"
 #include "agent_gate.h"
+#include "agent_images.h"
 #include "agent_lease.h"
 #include "agent_record.h"
 #include "gcr_cr.h"
+#include "gcr_imgcr.h"
+#include "gcr_procns.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
@@ -53,10 +58,16 @@
 /* Operations run at once by default, and at most (different pods only). */
 #define DEFAULT_PARALLEL 4
 #define MAX_PARALLEL 64
-/* Records whose Checkpoint is gone are looked for this often (ms). */
+/* Checkpoints with action Image: where, and how many per pod (agent_controller_cfg). */
+#define DEFAULT_IMAGES_DIR "/var/lib/gcr/images"
+#define DEFAULT_IMAGES_KEEP 2
+/* Records whose Checkpoint is gone, and images whose Checkpoint is gone, are looked for this
+ * often (ms). */
 #define SWEEP_MS 2000
 
 enum kind { K_POD, K_CK, K_RS, NK };
+/* The queue's key of the images sweep (agent_images_sweep), one at a time. */
+#define IMAGES_SWEEP_KEY "i:images"
 static const char *const watch_paths[NK] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
 
 struct agent_controller;
@@ -73,8 +84,8 @@ struct agent_controller {
 	struct agent_registry *reg;
 	struct agent_metrics *metrics;
 	struct agent_record_store *rec;
-	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance;
-	int pause_s, grace_ms;
+	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir;
+	int pause_s, grace_ms, images_keep;
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;
@@ -84,7 +95,7 @@ struct agent_controller {
 	 * far as needed to recognise them (slim). */
 	json_t *cache[NK];
 	int listed[NK];
-	json_t *queue;      /* array of "c:ns/name", "r:ns/name", "o:<record uid>" */
+	json_t *queue;      /* array of "c:ns/name", "r:ns/name", "o:<record uid>", IMAGES_SWEEP_KEY */
 	json_t *queued;     /* the same keys as a set */
 	json_t *retry;      /* key -> when to queue it again (CLOCK_MONOTONIC ms) */
 	json_t *backoff;    /* key -> its last retry delay (ms) */
@@ -808,6 +819,144 @@ static void start_checkpoint(struct agent_controller *c, struct op *o, struct ag
 	run_checkpoint(c, o, r, p, n);
 }
 
+/* ---- Checkpoint with action Image ---- */
+
+/* Where the image of pid, a process in a pod, is written first: its allocation's image directory
+ * (the device plugin's GCR_IMAGE_DIR, mounted at the same path in the container, so the shim and
+ * CRIU mean the same directory), checked to be <images_dir>/.alloc/<id> and, opened inside the
+ * process's own root, the very directory the agent has there. out gets <that dir>/<uid>. */
+static int pod_image_dir(struct agent_controller *c, pid_t pid, const char *uid, char *out, size_t len,
+			 struct gcr_err *err)
+{
+	char v[PATH_MAX];
+	int rc = gcr_procns_env(pid, "GCR_IMAGE_DIR", v, sizeof(v), err);
+	if (rc < 0)
+		return gcr_err_set(err, rc, "the pod has no image directory (GCR_IMAGE_DIR: the chart's images.pods is "
+				   "off, or the pod started before it was on)");
+	if (!agent_images_is_alloc_dir(c->images_dir, v))
+		return gcr_err_set(err, -EPERM, "GCR_IMAGE_DIR %.200s is not an allocation's image directory under %s", v,
+				   c->images_dir);
+	struct stat ours, theirs;
+	int fd = gcr_procns_open_dir(pid, v, err);
+	if (fd < 0)
+		return fd;
+	rc = fstat(fd, &theirs) < 0 || lstat(v, &ours) < 0 ? -errno : 0;
+	close(fd);
+	if (rc < 0)
+		return gcr_err_set(err, rc, "cannot read %s: %s", v, strerror(-rc));
+	if (!S_ISDIR(ours.st_mode) || ours.st_dev != theirs.st_dev || ours.st_ino != theirs.st_ino)
+		return gcr_err_set(err, -EPERM, "%s in the pod is not the agent's %s", v, v);
+	if (snprintf(out, len, "%s/%s", v, uid) >= (int)len)
+		return gcr_err_set(err, -ENAMETOOLONG, "image path too long");
+	return 0;
+}
+
+/* Writes an image of the pod's one GCR process (gcr_imgcr, leaving it running) to
+ * <images_dir>/<ns>/<pod>/<name>, then prunes the pod's images past images_keep. No record:
+ * the process is never left suspended on purpose; a failure leaves it as gcr_imgcr says
+ * (resumed, or suspended and resumable), and the status and Event carry that message. */
+static void run_image(struct agent_controller *c, struct op *o, const struct proc *p, int n)
+{
+	const struct agent_crobj *d = &o->d;
+	char path[PATH_MAX], msg[PATH_MAX + 2 * GCR_ERR_MSG_MAX];
+	struct gcr_err err;
+	if (n != 1) {
+		fail(c, o, "ImageFailed",
+		     "pod %s/%s has %d processes under the GCR shim; an image holds one (name its container in "
+		     "spec.containerName); nothing was done",
+		     d->ns, d->target, n);
+		return;
+	}
+	if (agent_images_path(c->images_dir, d->ns, d->target, d->name, path, sizeof(path), &err) < 0 ||
+	    agent_images_mkparents(path, &err) < 0) {
+		fail(c, o, "ImageFailed", "%s; nothing was done", err.msg);
+		return;
+	}
+	snprintf(msg, sizeof(msg), "writing an image of pid %d to %s", (int)p[0].pid, path);
+	int rc = set_status(c, o, "Running", "InProgress", msg,
+			    json_pack("{s:o}", "processes", procs_json(p, n, "Running")));
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: not run (its status cannot be written)", d->ns,
+			d->name);
+		return;
+	}
+	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms_of(d) };
+	/* A process in a container (not in our PID and mount namespaces: a pod's) is dumped with its
+	 * container's whole tree (gcr_ctrdump); one on the host alone. */
+	struct gcr_err nserr;
+	struct gcr_imgcr_opts io = { .cr = &cro, .leave_running = 1,
+				     .whole_container = gcr_procns_same(p[0].pid, &nserr) == 0 };
+	struct gcr_imgcr_result r = { 0 };
+	/* A pod's process: written in its allocation's image directory, then moved to path. */
+	char work[PATH_MAX] = "";
+	struct stat st;
+	if (io.whole_container && (rc = pod_image_dir(c, p[0].pid, d->uid, work, sizeof(work), &err)) < 0)
+		gcr_err_wrap(&err, "process untouched");
+	else if (io.whole_container && lstat(path, &st) == 0)
+		rc = gcr_err_set(&err, -EEXIST, "%s exists: an image is never overwritten (process untouched)", path);
+	if (rc == 0) {
+		test_pause(c, "before-cr");
+		rc = gcr_imgcr_checkpoint(p[0].pid, work[0] ? work : path, &io, &r, &err);
+		test_pause(c, "after-cr");
+	}
+	if (rc == 0 && work[0] && (rc = agent_images_move(work, path, &err)) < 0)
+		gcr_err_wrap(&err, "the image is whole at %s; the process runs on", work);
+	if (rc < 0) {
+		snprintf(msg, sizeof(msg), "image of pid %d to %s failed: %s", (int)p[0].pid, path, err.msg);
+		set_status(c, o, "Failed", "ImageFailed", msg,
+			   json_pack("{s:o}", "processes", procs_json(p, n, "Failed")));
+		event(c, o->obj, "Checkpoint", "Warning", "ImageFailed", msg);
+		agent_metrics_op(c->metrics, "checkpoint", 0, r.ms_total, 0);
+		mark_done(c, d->uid);
+		return;
+	}
+	char pod_dir[PATH_MAX];
+	snprintf(pod_dir, sizeof(pod_dir), "%s", path);
+	char *slash = strrchr(pod_dir, '/');
+	if (slash != NULL)
+		*slash = '\0';
+	int pruned = agent_images_prune(pod_dir, c->images_keep, &err);
+	if (pruned < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: pruning %s: %s", d->ns, d->name, pod_dir, err.msg);
+	snprintf(msg, sizeof(msg), "image of pid %d written to %s: %lld bytes (%lld GPU bytes, %lld written); the "
+		 "process runs on%s",
+		 (int)p[0].pid, path, r.image, r.bytes, r.written,
+		 pruned > 0 ? "; older images of the pod past the limit removed" : "");
+	json_t *extra = json_pack(
+		"{s:o, s:s, s:{s:s, s:I, s:I, s:I}, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "processes",
+		procs_json(p, n, "Running"), "mode", "Full", "image", "path", path, "bytes", (json_int_t)r.image,
+		"gpuBytes", (json_int_t)r.bytes, "writtenBytes", (json_int_t)r.written, "bytes", "vmm",
+		(json_int_t)r.bytes, "total", (json_int_t)r.bytes, "durations", "suspend", (json_int_t)r.ms_suspend,
+		"write", (json_int_t)r.ms_write, "dump", (json_int_t)r.ms_dump, "manifest", (json_int_t)r.ms_manifest,
+		"resume", (json_int_t)r.ms_resume, "total", (json_int_t)r.ms_total);
+	set_status(c, o, "Succeeded", "ImageWritten", msg, extra);
+	event(c, o->obj, "Checkpoint", "Normal", "ImageWritten", msg);
+	agent_metrics_op(c->metrics, "checkpoint", 1, r.ms_total, r.image);
+	mark_done(c, d->uid);
+}
+
+/* Whether Checkpoint ns/name is in the (listed) cache: agent_images_sweep's question. */
+static int ck_exists(void *data, const char *ns, const char *name)
+{
+	struct agent_controller *c = data;
+	char key[600];
+	snprintf(key, sizeof(key), "%s/%s", ns, name);
+	pthread_mutex_lock(&c->lock);
+	int have = !c->listed[K_CK] ? -1 : json_object_get(c->cache[K_CK], key) != NULL;
+	pthread_mutex_unlock(&c->lock);
+	return have;
+}
+
+static void sweep_images(struct agent_controller *c)
+{
+	struct gcr_err err;
+	int n = agent_images_sweep(c->images_dir, ck_exists, c, &err);
+	if (n < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "images sweep: %s", err.msg);
+	else if (n > 0)
+		GCR_LOG(GCR_LOG_INFO, "controller", "images sweep: %d image(s) whose Checkpoint is gone removed", n);
+}
+
 /* A new Checkpoint: the pod named in this namespace, its processes from the registry (by the
  * pod's UID), recorded before anything is touched. */
 static void new_checkpoint(struct agent_controller *c, struct op *o)
@@ -847,6 +996,16 @@ static void new_checkpoint(struct agent_controller *c, struct op *o)
 		fail(c, o, "NoGCRProcess", "pod %s/%s has no process running under the GCR shim on node %s; nothing was done",
 		     d->ns, d->target, c->node);
 		json_decref(pod);
+		return;
+	}
+	if (d->action == AGENT_ACTION_IMAGE) {
+		struct proc ip[MAX_PROCS];
+		for (int i = 0; i < n; i++) {
+			ip[i].pid = rp[i].pid;
+			container_name_of(pod, rp[i].container_id, ip[i].container, sizeof(ip[i].container));
+		}
+		json_decref(pod);
+		run_image(c, o, ip, n);
 		return;
 	}
 	struct agent_record r = { .keep_context = d->keep_context, .state = AGENT_REC_SUSPENDING, .n = n };
@@ -1400,6 +1559,10 @@ static void release(struct agent_controller *c, const char *pod)
 static void process(struct agent_controller *c, const char *key)
 {
 	char pod[700];
+	if (strcmp(key, IMAGES_SWEEP_KEY) == 0) {
+		sweep_images(c);
+		return;
+	}
 	if (key[0] != 'o' && strchr(key + 2, '/') == NULL)
 		return;
 	pod_key(c, key, pod, sizeof(pod));
@@ -1454,6 +1617,7 @@ static void *worker_main(void *data)
 		if (ready && now - c->last_sweep >= SWEEP_MS) {
 			c->last_sweep = now;
 			sweep_locked(c);
+			enqueue_locked(c, IMAGES_SWEEP_KEY);
 		}
 		if (!ready || json_array_size(c->queue) == 0) {
 			struct timespec dl;
@@ -1494,6 +1658,8 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->node = strdup(cfg->node_name);
 	c->lease_ns = strdup(cfg->lease_namespace ? cfg->lease_namespace : "gcr-system");
 	c->socket_dir = strdup(cfg->socket_dir);
+	c->images_dir = strdup(cfg->images_dir ? cfg->images_dir : DEFAULT_IMAGES_DIR);
+	c->images_keep = cfg->images_keep > 0 ? cfg->images_keep : DEFAULT_IMAGES_KEEP;
 	c->pause = cfg->test_pause ? strdup(cfg->test_pause) : NULL;
 	size_t qn = strlen(cfg->node_name) + 64;
 	c->pod_query = malloc(qn);
@@ -1510,7 +1676,8 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->nworkers = cfg->max_parallel > 0 ? cfg->max_parallel : DEFAULT_PARALLEL;
 	if (c->nworkers > MAX_PARALLEL)
 		c->nworkers = MAX_PARALLEL;
-	if (c->node == NULL || c->busy == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->pod_query == NULL ||
+	if (c->node == NULL || c->busy == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->images_dir == NULL ||
+	    c->pod_query == NULL ||
 	    c->instance == NULL || c->queue == NULL || c->queued == NULL || c->retry == NULL || c->backoff == NULL ||
 	    c->done == NULL || c->first_seen == NULL || (cfg->test_pause && c->pause == NULL)) {
 		agent_controller_free(c);
@@ -1586,6 +1753,7 @@ void agent_controller_free(struct agent_controller *c)
 	free(c->node);
 	free(c->lease_ns);
 	free(c->socket_dir);
+	free(c->images_dir);
 	free(c->pause);
 	free(c->pod_query);
 	free(c->instance);

@@ -19,6 +19,10 @@ struct agent_controller_cfg {
 	const char *socket_dir; /* shims' control sockets */
 	const char *record_dir; /* the agent's own records (agent_record), root only */
 	int restore_grace_s;    /* 0: AGENT_CONTROLLER_GRACE_S */
+	/* Checkpoints with action Image: <images_dir>/<namespace>/<pod>/<name>, images_keep of
+	 * them per pod (NULL, 0: /var/lib/gcr/images, 2). */
+	const char *images_dir;
+	int images_keep;
 	/* Test hook (GCR_AGENT_TEST_PAUSE): "before-cr" or "after-cr" makes the
 	 * worker sleep pause_s seconds at that point of a Checkpoint, "before-rs" before
 	 * a Restore's resume, "after-rs" after it (before its final status); NULL: none. */

@@ -118,6 +118,18 @@ int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_cro
 	if (kc != NULL && !json_is_boolean(kc))
 		return gcr_err_set(err, -EINVAL, "spec.keepContext is not a boolean");
 	o->keep_context = kind == AGENT_CROBJ_CHECKPOINT && json_is_true(kc);
+	json_t *ac = json_object_get(spec, "action");
+	if (kind == AGENT_CROBJ_CHECKPOINT && ac != NULL) {
+		const char *a = json_string_value(ac);
+		if (a != NULL && strcmp(a, "Suspend") == 0)
+			o->action = AGENT_ACTION_SUSPEND;
+		else if (a != NULL && strcmp(a, "Image") == 0)
+			o->action = AGENT_ACTION_IMAGE;
+		else
+			return gcr_err_set(err, -EINVAL, "spec.action is neither Suspend nor Image");
+		if (o->action == AGENT_ACTION_IMAGE && o->keep_context)
+			return gcr_err_set(err, -EINVAL, "spec.keepContext does not apply to action Image");
+	}
 	json_t *to = json_object_get(spec, "timeoutSeconds");
 	if (to != NULL) {
 		json_int_t t = json_integer_value(to);

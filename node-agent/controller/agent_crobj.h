@@ -21,6 +21,10 @@
 
 enum agent_crobj_kind { AGENT_CROBJ_CHECKPOINT, AGENT_CROBJ_RESTORE };
 
+/* Checkpoint spec.action: Suspend (the default) keeps the processes alive with their GPU data in
+ * host memory; Image writes an image of them on the node and leaves them running. */
+enum agent_crobj_action { AGENT_ACTION_SUSPEND, AGENT_ACTION_IMAGE };
+
 enum agent_crobj_phase {
 	AGENT_PHASE_NONE, /* no status.phase */
 	AGENT_PHASE_PENDING,
@@ -41,6 +45,7 @@ struct agent_crobj {
 	char target[AGENT_CROBJ_NAME_LEN];
 	char container[AGENT_CROBJ_NS_LEN]; /* Checkpoint spec.containerName, "" for all */
 	int keep_context;                   /* Checkpoint spec.keepContext */
+	enum agent_crobj_action action;     /* Checkpoint spec.action */
 	int timeout_s;                      /* spec.timeoutSeconds, 0 when absent */
 	/* status: hints only */
 	enum agent_crobj_phase phase;

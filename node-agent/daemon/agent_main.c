@@ -50,7 +50,7 @@
 struct dp_cfg {
 	bool enabled; /* off unless the file says true: the chart turns it on */
 	char *resource_name, *kubelet_dir, *endpoint, *shim_host_dir, *shim_container_dir, *socket_root,
-		*socket_container_dir, *agent_container_dir, *cdi_device;
+		*socket_container_dir, *agent_container_dir, *cdi_device, *image_root;
 	unsigned slots, poll_ms;
 	char *env[2 * AGENT_DP_SHIM_ENV_MAX]; /* shimEnv: name, value, ... */
 	size_t n_env;                         /* pairs */
@@ -59,7 +59,7 @@ struct dp_cfg {
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
-		*record_dir, *restore_grace_s;
+		*record_dir, *restore_grace_s, *images_dir, *images_keep;
 	struct dp_cfg dp;
 };
 
@@ -87,6 +87,10 @@ static const struct opt_row opts_table[] = {
 	  "the agent's own record of each Checkpoint, root only (default: <socket-dir>" RECORDS_IN_SOCKET_DIR ")" },
 	{ "restore-grace-seconds", "restoreGraceSeconds", SLOT(restore_grace_s), "30",
 	  "a Restore whose Checkpoint does not exist waits this long (Pending) before it fails (1..3600)" },
+	{ "images-dir", "imagesDir", SLOT(images_dir), "/var/lib/gcr/images",
+	  "root of the images Checkpoints with action Image write, as <root>/<namespace>/<pod>/<name>" },
+	{ "images-keep", "imagesKeep", SLOT(images_keep), "2",
+	  "images kept per pod: the oldest past this many are removed when a new one commits (1..100)" },
 	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
 	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
 	  LEASE_NS_DEFAULT ")" },
@@ -119,12 +123,15 @@ static const struct {
 	{ "socketContainerDir", DP_SLOT(socket_container_dir) },
 	{ "agentContainerDir", DP_SLOT(agent_container_dir) },
 	{ "cdiDevice", DP_SLOT(cdi_device) },
+	{ "imageRoot", DP_SLOT(image_root) },
 };
 #define NDP_STRINGS (sizeof(dp_strings) / sizeof(dp_strings[0]))
 #define DP_SECTION AGENT_CONFIG_SECTION
 /* Most device-plugin slots, and the longest kubelet poll period (ms). */
 #define DP_SLOTS_MAX 1024
 #define DP_POLL_MS_MAX 60000
+/* Most images kept per pod (images-keep). */
+#define IMAGES_KEEP_MAX 100
 #define NOPTS (sizeof(opts_table) / sizeof(opts_table[0]))
 
 static char **slot(struct cfg *c, const struct opt_row *r)
@@ -441,8 +448,11 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 		return gcr_err_set(err, -EINVAL, "no node name: pass --node-name or set NODE_NAME");
 	if (seconds_opt("heartbeat-seconds", c->heartbeat_s, AGENT_LEASE_DURATION_S - 1, NULL, err) < 0 ||
 	    seconds_opt("leader-lease-seconds", c->leader_lease_s, 300, NULL, err) < 0 ||
-	    seconds_opt("max-parallel", c->max_parallel, MAX_PARALLEL_MAX, NULL, err) < 0)
+	    seconds_opt("max-parallel", c->max_parallel, MAX_PARALLEL_MAX, NULL, err) < 0 ||
+	    seconds_opt("images-keep", c->images_keep, IMAGES_KEEP_MAX, NULL, err) < 0)
 		return -EINVAL;
+	if (c->images_dir[0] != '/')
+		return gcr_err_set(err, -EINVAL, "--images-dir: '%s' is not an absolute path", c->images_dir);
 	return 0;
 }
 
@@ -474,6 +484,7 @@ static int dp_start(const struct cfg *c, struct agent_dp **out, struct gcr_err *
 		.agent_socket = c->registry_socket,
 		.agent_container_dir = d->agent_container_dir,
 		.cdi_device = d->cdi_device,
+		.image_root = d->image_root,
 		.poll_ms = d->poll_ms,
 	};
 	struct agent_dp_env env[AGENT_DP_SHIM_ENV_MAX];
@@ -579,12 +590,14 @@ int main(int argc, char **argv)
 		.lease_namespace = cfg.lease_namespace,
 		.socket_dir = cfg.socket_dir,
 		.record_dir = cfg.record_dir,
+		.images_dir = cfg.images_dir,
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};
 	int heartbeat_s = 10, leader_lease_s = AGENT_LEADER_LEASE_S;
 	seconds_opt("max-parallel", cfg.max_parallel, MAX_PARALLEL_MAX, &ccfg.max_parallel, &err);
 	seconds_opt("restore-grace-seconds", cfg.restore_grace_s, 3600, &ccfg.restore_grace_s, &err);
+	seconds_opt("images-keep", cfg.images_keep, IMAGES_KEEP_MAX, &ccfg.images_keep, &err);
 	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
 	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
 	if (node) {

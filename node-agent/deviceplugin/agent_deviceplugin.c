@@ -101,7 +101,7 @@ struct agent_dp {
 	/* configuration, owned copies */
 	char *resource_name, *kubelet_dir, *endpoint, *shim_host_dir, *shim_container_dir;
 	char *socket_root, *socket_container_dir, *agent_socket, *agent_host_dir;
-	char *agent_container_dir, *agent_container_socket, *cdi_device;
+	char *agent_container_dir, *agent_container_socket, *cdi_device, *image_root;
 	char **shim_env; /* name, value, ... (2 * n_shim_env strings) */
 	size_t n_shim_env;
 	char sock_path[PATH_MAX], kubelet_sock[PATH_MAX];
@@ -246,6 +246,7 @@ struct agent_dp *agent_dp_new(const struct agent_dp_config *cfg, struct gcr_err 
 	dp->agent_socket = dup_or(cfg->agent_socket, "/run/gcr/agent/agent.sock");
 	dp->agent_container_dir = dup_or(cfg->agent_container_dir, "/run/gcr/agent");
 	dp->cdi_device = cfg->cdi_device != NULL && cfg->cdi_device[0] ? strdup(cfg->cdi_device) : NULL;
+	dp->image_root = cfg->image_root != NULL && cfg->image_root[0] ? strdup(cfg->image_root) : NULL;
 	dp->slots = cfg->slots ? cfg->slots : 16;
 	dp->poll_ms = cfg->poll_ms ? cfg->poll_ms : 100;
 	atomic_init(&dp->healthy, true);
@@ -255,7 +256,8 @@ struct agent_dp *agent_dp_new(const struct agent_dp_config *cfg, struct gcr_err 
 	if (!dp->resource_name || !dp->kubelet_dir || !dp->endpoint || !dp->shim_host_dir ||
 	    !dp->shim_container_dir || !dp->socket_root || !dp->socket_container_dir ||
 	    !dp->agent_socket || !dp->agent_container_dir ||
-	    (cfg->cdi_device && cfg->cdi_device[0] && !dp->cdi_device)) {
+	    (cfg->cdi_device && cfg->cdi_device[0] && !dp->cdi_device) ||
+	    (cfg->image_root && cfg->image_root[0] && !dp->image_root)) {
 		gcr_err_set(err, -ENOMEM, "device plugin: out of memory");
 		goto fail;
 	}
@@ -291,7 +293,8 @@ struct agent_dp *agent_dp_new(const struct agent_dp_config *cfg, struct gcr_err 
 	    check_path("socket root", dp->socket_root, err) < 0 ||
 	    check_path("socket container dir", dp->socket_container_dir, err) < 0 ||
 	    check_path("agent socket", dp->agent_socket, err) < 0 ||
-	    check_path("agent container dir", dp->agent_container_dir, err) < 0)
+	    check_path("agent container dir", dp->agent_container_dir, err) < 0 ||
+	    (dp->image_root != NULL && check_path("image root", dp->image_root, err) < 0))
 		goto fail;
 	/* Every container sees the agent socket's directory: other pods' dirs must not be in it. */
 	if (agent_dp_path_under(dp->socket_root, dp->agent_host_dir)) {
@@ -482,13 +485,34 @@ static int alloc_dir_make(struct agent_dp *dp, char *path, size_t size)
 	return 0;
 }
 
+/* <image_root>/.alloc/<the socket dir's id> (and its parents), mode 01733 as the socket dir:
+ * the workload's user writes its image's GPU files there, the agent renames the whole image out. */
+static int image_dir_make(struct agent_dp *dp, const char *sock_dir, char *path, size_t size)
+{
+	const char *id = strrchr(sock_dir, '/');
+	char parent[DIR_MAX];
+	snprintf(parent, sizeof(parent), "%s/.alloc", dp->image_root);
+	if ((mkdir(dp->image_root, 0700) < 0 && errno != EEXIST) || (mkdir(parent, 0711) < 0 && errno != EEXIST))
+		return -errno;
+	if (id == NULL || snprintf(path, size, "%s%s", parent, id) >= (int)size)
+		return -ENAMETOOLONG;
+	if (mkdir(path, 0700) < 0)
+		return -errno;
+	if (chmod(path, 01733) < 0) {
+		int e = -errno;
+		rmdir(path);
+		return e;
+	}
+	return 0;
+}
+
 static void handle_allocate(struct dp_call *c, const uint8_t *buf, size_t len)
 {
 	struct agent_dp *dp = c->dp;
 	struct gcr_err err = { 0 };
 	V1beta1__AllocateRequest *req = agent_dpmsg_allocate_decode(buf, len, dp->slots, &err);
 	struct agent_dpmsg_alloc allocs[AGENT_DPMSG_MAX_CONTAINERS];
-	char dirs[AGENT_DPMSG_MAX_CONTAINERS][DIR_MAX];
+	char dirs[AGENT_DPMSG_MAX_CONTAINERS][DIR_MAX], idirs[AGENT_DPMSG_MAX_CONTAINERS][DIR_MAX];
 	size_t n = 0, out = 0;
 	uint8_t *msg = NULL;
 	int rc = 0;
@@ -501,6 +525,11 @@ static void handle_allocate(struct dp_call *c, const uint8_t *buf, size_t len)
 	n = req->n_container_requests;
 	for (size_t i = 0; i < n; i++) {
 		rc = alloc_dir_make(dp, dirs[i], sizeof(dirs[i]));
+		if (rc == 0 && dp->image_root != NULL) {
+			rc = image_dir_make(dp, dirs[i], idirs[i], sizeof(idirs[i]));
+			if (rc < 0)
+				rmdir(dirs[i]);
+		}
 		if (rc < 0) {
 			n = i;
 			break;
@@ -514,6 +543,7 @@ static void handle_allocate(struct dp_call *c, const uint8_t *buf, size_t len)
 			.agent_container_dir = dp->agent_container_dir,
 			.agent_container_socket = dp->agent_container_socket,
 			.cdi_device = dp->cdi_device,
+			.image_dir = dp->image_root != NULL ? idirs[i] : NULL,
 			.extra_env = (const char *const *)dp->shim_env,
 			.n_extra_env = dp->n_shim_env,
 		};
@@ -978,6 +1008,7 @@ void agent_dp_free(struct agent_dp *dp)
 	free(dp->shim_container_dir);
 	free(dp->socket_root);
 	free(dp->socket_container_dir);
+	free(dp->image_root);
 	free(dp->agent_socket);
 	free(dp->agent_host_dir);
 	free(dp->agent_container_dir);

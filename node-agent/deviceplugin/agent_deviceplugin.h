@@ -29,6 +29,9 @@ struct agent_dp_config {
 	const char *agent_socket;        /* the agent's registry socket [/run/gcr/agent/agent.sock] */
 	const char *agent_container_dir; /* where containers see its directory [/run/gcr/agent] */
 	const char *cdi_device;          /* CDI device name for Allocate; NULL: none */
+	/* Images of pods: each allocation gets <image_root>/.alloc/<its id> (mode 01733, as its
+	 * socket dir), mounted at the same path; NULL or "": none. */
+	const char *image_root;
 	unsigned poll_ms;                /* kubelet restart / health check period [100 ms] */
 	const struct agent_dp_env *shim_env; /* added to Allocate's envs; checked by agent_dp_env_check */
 	size_t n_shim_env;

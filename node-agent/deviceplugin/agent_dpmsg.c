@@ -303,10 +303,10 @@ out:
 /* The storage of one container response; fixed counts, so no allocation per field. */
 struct alloc_resp {
 	V1beta1__ContainerAllocateResponse r;
-	V1beta1__ContainerAllocateResponse__EnvsEntry env[3 + AGENT_DPMSG_MAX_EXTRA_ENV];
-	V1beta1__ContainerAllocateResponse__EnvsEntry *envp[3 + AGENT_DPMSG_MAX_EXTRA_ENV];
-	V1beta1__Mount mnt[3];
-	V1beta1__Mount *mntp[3];
+	V1beta1__ContainerAllocateResponse__EnvsEntry env[4 + AGENT_DPMSG_MAX_EXTRA_ENV];
+	V1beta1__ContainerAllocateResponse__EnvsEntry *envp[4 + AGENT_DPMSG_MAX_EXTRA_ENV];
+	V1beta1__Mount mnt[4];
+	V1beta1__Mount *mntp[4];
 	V1beta1__CDIDevice cdi;
 	V1beta1__CDIDevice *cdip[1];
 	char preload[512]; /* <shim container dir>/libgcr.so; the agent checks dirs < 100 bytes */
@@ -354,11 +354,15 @@ uint8_t *agent_dpmsg_allocate_encode(const struct agent_dpmsg_alloc *allocs, siz
 		for (size_t e = 0; e < al->n_extra_env; e++)
 			env_set(a, 3 + e, al->extra_env[2 * e], al->extra_env[2 * e + 1]);
 		a->r.n_envs = 3 + al->n_extra_env;
+		if (al->image_dir != NULL)
+			env_set(a, a->r.n_envs++, AGENT_DPMSG_IMAGE_DIR_ENV, al->image_dir);
 		a->r.envs = a->envp;
 		mount_set(a, 0, al->shim_host_dir, al->shim_container_dir, true);
 		mount_set(a, 1, al->sock_host_dir, al->sock_container_dir, false);
 		mount_set(a, 2, al->agent_host_dir, al->agent_container_dir, true);
 		a->r.n_mounts = 3;
+		if (al->image_dir != NULL)
+			mount_set(a, a->r.n_mounts++, al->image_dir, al->image_dir, false);
 		a->r.mounts = a->mntp;
 		if (al->cdi_device != NULL && al->cdi_device[0] != '\0') {
 			v1beta1__cdidevice__init(&a->cdi);

@@ -44,9 +44,16 @@ struct agent_dpmsg_alloc {
 	const char *cdi_device;                                /* NULL: none */
 	const char *const *extra_env; /* name, value, name, value...: after the three above */
 	size_t n_extra_env;           /* pairs, at most AGENT_DPMSG_MAX_EXTRA_ENV */
+	/* This allocation's image directory (Checkpoints with action Image), mounted read-write
+	 * at the same path, so that a path the agent names means the same directory to the shim,
+	 * and named in GCR_IMAGE_DIR after the others; NULL: none. */
+	const char *image_dir;
 };
 
 #define AGENT_DPMSG_MAX_EXTRA_ENV 32
+/* The image directory's path, in the container's environment (the agent reads it back from
+ * /proc/<pid>/environ and checks it is that directory before it writes there). */
+#define AGENT_DPMSG_IMAGE_DIR_ENV "GCR_IMAGE_DIR"
 
 /* Encoders: a malloc'd buffer (*len bytes) the caller frees, or NULL on ENOMEM. */
 uint8_t *agent_dpmsg_options_encode(size_t *len);

@@ -16,6 +16,9 @@ EXTRA_DIST += tests/flow/test_alloc_sweep.sh tests/flow/test_alloc_sweep.py
 # Process images with the real CRIU (GCR_CRIU, scripts/install-criu.sh): fails, never skips, without one.
 TESTS += tests/flow/test_image.sh
 EXTRA_DIST += tests/flow/test_image.sh tests/flow/test_image.py
+# Images of a process in a PID namespace (a container's shape): gcrctl checkpoint --container.
+TESTS += tests/flow/test_image_container.sh
+EXTRA_DIST += tests/flow/test_image_container.sh tests/flow/test_image_container.py
 # Stream-ordered memory (pools, graph memory) on the shim's fast path, suspended at random moments.
 TESTS += tests/flow/test_pools.sh
 EXTRA_DIST += tests/flow/test_pools.sh tests/flow/test_pools.py

@@ -21,6 +21,7 @@ fuzz_watch|node-agent/kube/agent_watch.c|jansson
 fuzz_dpmsg|node-agent/deviceplugin/agent_dpmsg.c node-agent/deviceplugin/api.pb-c.c|libprotobuf-c
 fuzz_scalemsg|node-agent/scaler/agent_scalemsg.c lib/gcr_shimreply.c|jansson
 fuzz_criu|lib/gcr_criu.c|
+fuzz_ctrdump|lib/gcr_ctrdump.c lib/gcr_criu.c|
 fuzz_linebuf|lib/gcr_sock.c|
 fuzz_shimreply|lib/gcr_shimreply.c|jansson
 fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_record.c|jansson

@@ -251,8 +251,13 @@ def cmd_default(render, ns):
           spec.get("nodeSelector") == {"nvidia.com/gpu.present": "true"}, spec.get("nodeSelector"))
     hp = host_paths(spec)
     want = {"sockets": "/run/gcr", "registry": "/run/gcr/agent", "shim": "/opt/gcr/lib",
-            "device-plugins": "/var/lib/kubelet/device-plugins"}
-    check("hostPath volumes: exactly sockets, registry dir, shim dir, device-plugin dir", hp == want, hp)
+            "device-plugins": "/var/lib/kubelet/device-plugins", "images": "/var/lib/gcr/images"}
+    check("hostPath volumes: exactly sockets, registry dir, shim dir, device-plugin dir, images dir", hp == want, hp)
+    check("images: the agent's config names the mounted root, keep 2",
+          cfg.get("imagesDir") == "/var/lib/gcr/images" and cfg.get("imagesKeep") == 2, cfg)
+    check("images of pods off by default: no image dirs for pods, no capability for CRIU",
+          "imageRoot" not in cfg["devicePlugin"]
+          and "SYS_ADMIN" not in (agent["securityContext"].get("capabilities") or {}).get("add", []), cfg)
     mounts = {m["name"]: m for m in agent.get("volumeMounts") or []}
     check("agent does not mount the shim dir (the kubelet does, for workloads)",
           "shim" not in mounts, sorted(mounts))
@@ -304,7 +309,7 @@ def cmd_test(render, ns):
           == "/usr/local/nvidia/lib64/libcuda.so.1", sc)
     hp = host_paths(spec)
     check("hostPath volumes: sockets, shim, device plugins, driver libs (no CDI spec dir: the agent writes none)",
-          set(hp) == {"sockets", "registry", "shim", "device-plugins", "driver-libs"}
+          set(hp) == {"sockets", "registry", "shim", "device-plugins", "driver-libs", "images"}
           and "cdiSpecDir" not in cfg["devicePlugin"], hp)
     check("metrics on port 9500, IPv6 bind address bracketed",
           "--metrics-address=[::]:9500" in agent["args"]

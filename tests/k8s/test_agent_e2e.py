@@ -125,6 +125,8 @@ class Env:
         for d in (self.sock_dir, self.proc_root, self.fake_dir):
             os.makedirs(d, mode=0o700)
         self.registry = os.path.join(self.sock_dir, "agent.sock")
+        # Checkpoints with action Image write under it (the chart's images.hostPath).
+        self.images_dir = os.path.join(self.dir, "images")
         self.started_testbed = False
         self.agent = None
         self.agent_log = None
@@ -308,13 +310,16 @@ class Env:
         self.agent_log = logp
         env = self.fake_env()
         env["GCR_LOG_LEVEL"] = "debug"  # the whole story in the log a failed case prints
+        if find_criu():  # images (action Image): the agent runs CRIU
+            env["GCR_CRIU"] = find_criu()
         env.update(extra_env or {})
         # Half the options in a config file shaped like the Helm chart's (camelCase keys,
         # sections the agent does not read), half as flags, as the DaemonSet passes them.
         cfg = os.path.join(self.dir, "config.yaml")
         with open(cfg, "w") as f:
             f.write('logLevel: "info"\nleaseNamespace: "%s"\ndevicePlugin:\n  enabled: false\n'
-                    '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\nmaxParallel: 3\n' % (LEASE_NS, NODE, self.proc_root))
+                    '  slots: 32\n  shimEnv: {}\nnodeName: %s\nprocRoot: "%s"\nmaxParallel: 3\n'
+                    'imagesDir: "%s"\nimagesKeep: 2\n' % (LEASE_NS, NODE, self.proc_root, self.images_dir))
         argv = [AGENT, "--config=%s" % cfg, "--role", "node", "--kubeconfig", self.kubeconfig,
                 "--socket-dir", self.sock_dir,
                 "--registry-socket", self.registry, "--metrics-address", "127.0.0.1:%d" % self.metrics_port,
@@ -491,6 +496,15 @@ class Prog:
             self.p.wait(30)
         except subprocess.TimeoutExpired:
             pass
+
+
+def find_criu():
+    """CRIU >= 4 as tests/flow/test_image.py finds it: $GCR_CRIU, else scripts/install-criu.sh's
+    cache, else criu on PATH; None when there is none (the image cases then fail, saying so)."""
+    for c in (os.environ.get("GCR_CRIU"), os.path.expanduser("~/.cache/gcr-criu/4.1.1/criu"), shutil.which("criu")):
+        if c and os.access(c, os.X_OK):
+            return c
+    return None
 
 
 def free_port():
@@ -803,6 +817,66 @@ def main():
                   "gcr_agent_registered_processes 1"):
             check(m in body, "/metrics lacks %s" % m)
 
+    def image_dir(name, pod="gpu-pod"):
+        return os.path.join(E.images_dir, NS, pod, name)
+
+    def image_ok(name):
+        """Checkpoint name with action Image of gpu-pod: Succeeded, status and Event, a whole
+        image at its path, the process running on untouched."""
+        check(find_criu(), "no CRIU >= 4 ($GCR_CRIU, ~/.cache/gcr-criu/4.1.1/criu, PATH): run scripts/install-criu.sh")
+        E.apply(checkpoint(name, "gpu-pod", action="Image"))
+        c = E.wait_phase("checkpoint", name, ("Succeeded", "Failed"), timeout=180)["status"]
+        check(c["phase"] == "Succeeded", "Image: %s: %s" % (c["phase"], c.get("message")))
+        img = c.get("image") or {}
+        check(img.get("path") == image_dir(name), "status.image.path %s, not %s" % (img.get("path"), image_dir(name)))
+        check(img.get("gpuBytes", 0) >= 16 << 20 and 0 < img.get("bytes", 0), "status.image %s" % img)
+        d = c.get("durations") or {}
+        check({"suspend", "write", "dump", "manifest", "resume", "total"} <= set(d), "durations %s" % d)
+        check(os.path.exists(os.path.join(image_dir(name), "manifest.json")), "no manifest in %s" % image_dir(name))
+        check(not [n for n in os.listdir(os.path.dirname(image_dir(name))) if ".partial." in n],
+              "a partial image is left: %s" % os.listdir(os.path.dirname(image_dir(name))))
+        E.wait_event(name, "Normal", "ImageWritten")
+        untouched(fx["pid"])
+        check(E.shim(fx["pid"]).get("state") == "running", "the shim is not running after the image")
+        return c
+
+    def image_and_retention():
+        """Three Checkpoints with action Image of one pod, one after another: each a whole image
+        under <images>/<ns>/<pod>/<name>, the process running on; with imagesKeep 2 the first is
+        removed when the third commits. Deleting a Checkpoint removes its image (the sweep)."""
+        for n in ("ck-img1", "ck-img2", "ck-img3"):
+            image_ok(n)
+        check(not os.path.exists(image_dir("ck-img1")), "the oldest image is still there past imagesKeep 2")
+        check(os.path.exists(image_dir("ck-img2")) and os.path.exists(image_dir("ck-img3")), "a newer image is gone")
+        E.k("delete", "checkpoint", "ck-img2", "-n", NS)
+        E.wait("the image of the deleted Checkpoint ck-img2 removed", lambda: not os.path.exists(image_dir("ck-img2")))
+        check(os.path.exists(image_dir("ck-img3")), "the image of the live Checkpoint ck-img3 went too")
+        untouched(fx["pid"])
+
+    def image_refused():
+        """Action Image where a directory already is: Failed ImageFailed + Warning Event, nothing
+        written over, the process untouched and running; Image with keepContext is refused by
+        the API server (the CRD's rule)."""
+        taken = image_dir("ck-img-taken")
+        os.makedirs(taken)
+        with open(os.path.join(taken, "mine"), "w") as f:
+            f.write("not an image")
+        E.apply(checkpoint("ck-img-taken", "gpu-pod", action="Image"))
+        c = E.wait_phase("checkpoint", "ck-img-taken", ("Succeeded", "Failed"), timeout=120)["status"]
+        check(c["phase"] == "Failed", "phase %s: %s" % (c["phase"], c.get("message")))
+        check("never overwritten" in c.get("message", "") and "process untouched" in c.get("message", ""),
+              "message: %s" % c.get("message"))
+        E.wait_event("ck-img-taken", "Warning", "ImageFailed")
+        check(os.listdir(taken) == ["mine"], "the directory was written to: %s" % os.listdir(taken))
+        untouched(fx["pid"])
+        check(E.shim(fx["pid"]).get("state") == "running", "the shim is not running")
+        out = E.k("apply", "-f", "-", stdin=json.dumps(checkpoint("ck-img-kc", "gpu-pod", action="Image",
+                                                                  keepContext=True)), ok=False)
+        check(out.returncode != 0 and "keepContext" in out.stderr, "Image with keepContext accepted: %s" % out.stderr)
+        out = E.k("apply", "-f", "-", stdin=json.dumps(checkpoint("ck-img-bad", "gpu-pod", action="Snapshot")),
+                  ok=False)
+        check(out.returncode != 0, "action Snapshot accepted")
+
     def program_ok():
         p = fx["prog"]
         p.expect(r"DONE$", 120)
@@ -852,6 +926,10 @@ def main():
             case("SIGTERM mid-Checkpoint: it finishes, agent exits 0", sigterm)
             case("kube-apiserver restarted mid-watch: agent recovers; the expired watch (410) is relisted",
                  apiserver_restart)
+            case("action Image: three images of one pod, the process running on; imagesKeep 2 removes the "
+                 "oldest; a deleted Checkpoint's image removed", image_and_retention)
+            case("action Image refused: a directory already there -> Failed + Warning Event, nothing overwritten, "
+                 "process running; Image with keepContext refused by the API server", image_refused)
             case("finished objects are never redone", nothing_twice)
             case("/healthz and /metrics answer", metrics)
             case("program's own check after all cycles: RESULT ok", program_ok)

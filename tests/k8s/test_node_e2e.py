@@ -91,7 +91,7 @@ def workload_pod(ns, name, uid, labels=None, gate=False):
         "runtimeClassName": "nvidia",
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 5,
-        "securityContext": {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True},
+        "securityContext": {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": uid != 0},
         "containers": [{
             "name": "main", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
             "command": ["/bin/sh", "-c", script],
@@ -605,9 +605,78 @@ def case_delete_suspended_checkpoint():
     finish(ns, "del")
 
 
+def case_image_refused_on_pod():
+    """spec.action Image on a real pod with the chart's defaults (images.pods off: the pod has no
+    image directory, the agent no capability for CRIU): Failed ImageFailed with a Warning Event
+    naming the step, nothing under the images root, the process running untouched and passing
+    its own check."""
+    ns = "team-img"
+    namespace(ns)
+    pid, nbytes = workload_pod(ns, "img", 1010)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "img", "namespace": ns},
+           "spec": {"podName": "img", "action": "Image"}})
+    wait_phase("checkpoint", ns, "img", ("Failed",))
+    s = kjson("get", "checkpoint", "-n", ns, "img")["status"]
+    msg = s.get("message", "")
+    check("/var/lib/gcr/images/team-img/img/img" in msg and "process untouched" in msg, f"message: {msg}")
+    wait_until("an ImageFailed Warning", lambda: any(e.get("reason") == "ImageFailed" and e.get("type") == "Warning"
+                                                     for e in events_for(ns, "img")), 30)
+    check(not os.path.exists("/var/lib/gcr/images/team-img/img/img"), "an image directory was left")
+    check(smi(ns, "img", "state", pid) == "running", "the driver state changed")
+    check(int(smi(ns, "img", "mem", pid)) >= nbytes, "the process lost GPU memory")
+    finish(ns, "img")
+
+
+def case_image_of_pod():
+    """images.pods.enabled (helm upgrade; without SYS_RESOURCE, which root on these machines lacks,
+    so the pod runs as uid 0): a Checkpoint with action Image of a running pod writes a whole image
+    under /var/lib/gcr/images/<ns>/<pod>/<name> (CRIU's dump of the container from its init, the
+    shim's GPU files), Succeeded with an ImageWritten Event; the program runs on and passes its own
+    check. Then the chart's defaults again."""
+    ns = "team-imgpod"
+    namespace(ns)
+    helm = os.path.join(ENV["GCR_TESTBED_BIN"], "helm")
+    base = ["--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={IMAGE_TAG}"]
+    run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS] + base +
+        ["--set", "images.pods.enabled=true", "--set", "images.pods.capabilities={SYS_ADMIN,SYS_CHROOT,NET_ADMIN}",
+         "--wait", "--timeout", "180s"], timeout=200)
+    try:
+        def pods_agent():
+            p = agent_ready()
+            caps = p and p["spec"]["containers"][0]["securityContext"]["capabilities"].get("add", [])
+            return p if p and "SYS_ADMIN" in caps else None
+        wait_until("the agent Ready with images.pods", pods_agent, 120)
+        pid, nbytes = workload_pod(ns, "imgpod", 0)
+        env = kubectl("exec", "-n", ns, "imgpod", "--", "env").stdout
+        check("GCR_IMAGE_DIR=/var/lib/gcr/images/.alloc/" in env, f"no GCR_IMAGE_DIR from Allocate: {env}")
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint",
+               "metadata": {"name": "snap", "namespace": ns}, "spec": {"podName": "imgpod", "action": "Image"}})
+        wait_phase("checkpoint", ns, "snap", timeout=180)
+        s = kjson("get", "checkpoint", "-n", ns, "snap")["status"]
+        img = "/var/lib/gcr/images/team-imgpod/imgpod/snap"
+        check(s.get("image", {}).get("path") == img, f"status.image {s.get('image')}")
+        check(os.path.isfile(os.path.join(img, "manifest.json")), f"no manifest in {img}")
+        crius = os.listdir(os.path.join(img, "criu"))
+        check("core-1.img" in crius and f"core-{pid}.img" in crius, f"the dump lacks the container's init or the "
+              f"program: {sorted(crius)}")
+        check(s.get("image", {}).get("gpuBytes", 0) >= 48 << 20, f"status.image {s.get('image')}")
+        log(f"image of a pod: {s.get('message')}; durations {s.get('durations')}")
+        wait_until("an ImageWritten Event", lambda: any(e.get("reason") == "ImageWritten"
+                                                        for e in events_for(ns, "snap")), 30)
+        check(smi(ns, "imgpod", "state", pid) == "running", "the driver state is not running after the image")
+        check(int(smi(ns, "imgpod", "mem", pid)) >= nbytes, "the memory did not come back")
+        finish(ns, "imgpod")
+    finally:
+        run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS, "--reset-values"] + base +
+            ["--wait", "--timeout", "180s"], timeout=200)
+        wait_until("the agent Ready with its defaults", lambda: (p := agent_ready()) and "SYS_ADMIN" not in
+                   p["spec"]["containers"][0]["securityContext"]["capabilities"].get("add", []) and p, 120)
+
+
 CASES = [case_chart_defaults, case_heartbeat_lease, case_injection_and_checkpoint_restore, case_keep_context,
          case_checkpoints_at_once, case_residency_scale, case_tenant_isolation, case_tenant_forged_status,
-         case_delete_suspended_checkpoint, case_pod_deleted_while_suspended, case_agent_deleted_mid_operation]
+         case_delete_suspended_checkpoint, case_pod_deleted_while_suspended, case_agent_deleted_mid_operation,
+         case_image_refused_on_pod, case_image_of_pod]
 
 
 def dump_logs():

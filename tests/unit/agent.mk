@@ -7,7 +7,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_registry \
 	tests/unit/test_agent_metrics \
 	tests/unit/test_agent_activity \
-	tests/unit/test_agent_record
+	tests/unit/test_agent_record \
+	tests/unit/test_agent_images
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -39,6 +40,11 @@ tests_unit_test_agent_record_SOURCES = tests/unit/test_agent_record.c
 tests_unit_test_agent_record_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_record_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_record_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
+tests_unit_test_agent_images_SOURCES = tests/unit/test_agent_images.c
+tests_unit_test_agent_images_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_images_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_images_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 
 # The agent's daemon modules, compiled into their tests from source.
 tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c

@@ -69,6 +69,13 @@ tests_unit_hip_dlsym_check_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(SH
 tests_unit_hip_dlsym_check_LDADD = -ldl
 EXTRA_tests_unit_hip_dlsym_check_DEPENDENCIES = $(FAKEHIP_LIB) shim/libgcr.la
 
+# A container's CRIU dump (lib/gcr_ctrdump.c): status parser, init walk on a fake /proc.
+check_PROGRAMS += tests/unit/test_ctrdump
+TESTS += tests/unit/test_ctrdump
+tests_unit_test_ctrdump_SOURCES = tests/unit/test_ctrdump.c
+tests_unit_test_ctrdump_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
+tests_unit_test_ctrdump_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+
 # CRIU detection and commands (lib/gcr_criu.c) against a fake criu script.
 check_PROGRAMS += tests/unit/test_criu
 TESTS += tests/unit/test_criu

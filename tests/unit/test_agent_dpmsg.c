@@ -135,7 +135,7 @@ static void test_answers(void)
 {
 	struct agent_dpmsg_alloc a = { "/opt/gcr/lib", "/gcr/lib", "/run/gcr/alloc/x", "/run/gcr/sock",
 				       "/run/gcr/agent", "/run/gcr/agent", "/run/gcr/agent/agent.sock",
-				       "gpucr.dev/shim=all", NULL, 0 };
+				       "gpucr.dev/shim=all", NULL, 0, NULL };
 	V1beta1__ListAndWatchResponse *lw;
 	V1beta1__AllocateResponse *ar;
 	V1beta1__RegisterRequest *rr;
@@ -170,6 +170,27 @@ static void test_answers(void)
 	if (ar)
 		v1beta1__allocate_response__free_unpacked(ar, NULL);
 	free(out);
+
+	/* images of pods: the allocation's image directory, at the same path, named last */
+	a.image_dir = "/var/lib/gcr/images/.alloc/x";
+	out = agent_dpmsg_allocate_encode(&a, 1, &len);
+	ar = out ? v1beta1__allocate_response__unpack(NULL, len, out) : NULL;
+	CHECK(ar != NULL && ar->n_container_responses == 1);
+	if (ar && ar->n_container_responses == 1) {
+		V1beta1__ContainerAllocateResponse *c = ar->container_responses[0];
+		CHECK(c->n_envs == 4 && c->n_mounts == 4);
+		if (c->n_envs == 4 && c->n_mounts == 4) {
+			CHECK_STR(c->envs[3]->key, AGENT_DPMSG_IMAGE_DIR_ENV);
+			CHECK_STR(c->envs[3]->value, "/var/lib/gcr/images/.alloc/x");
+			CHECK_STR(c->mounts[3]->host_path, "/var/lib/gcr/images/.alloc/x");
+			CHECK_STR(c->mounts[3]->container_path, "/var/lib/gcr/images/.alloc/x");
+			CHECK(!c->mounts[3]->read_only);
+		}
+	}
+	if (ar)
+		v1beta1__allocate_response__free_unpacked(ar, NULL);
+	free(out);
+	a.image_dir = NULL;
 
 	/* the chart's shimEnv, after the plugin's own three; over the bound: no answer */
 	static const char *const extra[] = { "GCR_VMM_MIN_BYTES", "1048576", "X", "" };

@@ -9,7 +9,8 @@
 #   docker.io/gcr-test/pause:1      /pause (pause.c, static) and nothing else; user 65535
 #   docker.io/gcr-test/gcr:dev      the Dockerfile's runtime stage: Debian bookworm minbase +
 #                                   STAGE/runtime-packages.txt + ca-certificates, then
-#                                   scripts/image-stage.sh's /usr/local/bin and /opt/gcr/lib;
+#                                   scripts/image-stage.sh's /usr/local/bin and /opt/gcr/lib,
+#                                   plus CRIU (scripts/install-criu.sh) in /usr/local/sbin;
 #                                   ENTRYPOINT gcr-agent; ldd-checked like the Dockerfile
 #   docker.io/gcr-test/workload:dev the same Debian root file system + gcr-testprog, fakesmi and
 #                                   gcrctl in /usr/local/bin, the stand-in libcuda.so.1 and libnvidia-ml.so.1 in
@@ -57,7 +58,9 @@ trap 'rm -rf "$work" ${tmp:+"$tmp"}' EXIT
 # ---- the build tree: what the images ship ----
 make -C "$BUILD" -s -j2 all tests/progs/gcr-testprog tests/fakecuda/fakesmi \
 	tests/fakecuda/libcuda.so.1 tests/fakecuda/libnvidia-ml.so.1 >/dev/null
-"$TOP/scripts/image-stage.sh" "$BUILD" "$work/stage" >&2
+# CRIU in the GCR image (images of pods): scripts/install-criu.sh's (cached) build.
+criu=$("$TOP/scripts/install-criu.sh" 2>>"$work/install-criu.log") || die "scripts/install-criu.sh failed: $(tail -n 3 "$work/install-criu.log")"
+GCR_STAGE_CRIU=$criu "$TOP/scripts/image-stage.sh" "$BUILD" "$work/stage" >&2
 mapfile -t packages < <(cat "$work/stage/runtime-packages.txt"; echo ca-certificates)
 
 # ---- the Debian root file system (cached) ----
@@ -148,15 +151,17 @@ echo "$name $OUT/pause.tar"
 
 # ---- gcr: the Dockerfile's runtime stage ----
 app=$work/gcr
-mkdir -p "$app/usr/local/bin" "$app/opt/gcr/lib"
+mkdir -p "$app/usr/local/bin" "$app/usr/local/sbin" "$app/opt/gcr/lib"
 cp -a "$work/stage/usr/local/bin/." "$app/usr/local/bin/"
+cp -a "$work/stage/usr/local/sbin/." "$app/usr/local/sbin/"
 cp -a "$work/stage/opt/gcr/lib/." "$app/opt/gcr/lib/"
 # shellcheck disable=SC2016 # runs in the image
 check_in_root "$rootfs" "$app" '
-	for f in /usr/local/bin/* /opt/gcr/lib/libgcr.so; do
+	for f in /usr/local/bin/* /usr/local/sbin/criu /opt/gcr/lib/libgcr.so; do
 		if ldd "$f" | grep "not found"; then echo "$f: missing libraries" >&2; exit 1; fi
 	done
 	test -x /usr/local/bin/gcr-agent && test -x /usr/local/bin/gcrctl
+	/usr/local/sbin/criu --version | grep -q "^Version: 4"
 	test -f /opt/gcr/lib/libgcr.so && test -f /opt/gcr/lib/libjansson.so.4
 	for c in sh cp chmod mv ls basename; do command -v $c >/dev/null; done
 	test -s /etc/ssl/certs/ca-certificates.crt

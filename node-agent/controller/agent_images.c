@@ -1,0 +1,269 @@
+/* agent_images: the images directory of Checkpoints with action Image, and its retention
+ * (agent_images.h). An image is removed by renaming it to ".gc-<name>" in its pod directory
+ * first (one rename: it stops being an image at once), then deleting the tree; a ".gc-" left
+ * by a crash is deleted by the next sweep. */
+#include "agent_images.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent_crobj.h"
+#include "gcr_image.h"
+
+#define GC_PREFIX ".gc-"
+/* Most images looked at in one pod directory (more are left for the next prune). */
+#define MAX_SCAN 4096
+
+int agent_images_path(const char *root, const char *ns, const char *pod, const char *name, char *out, size_t len,
+		      struct gcr_err *err)
+{
+	if (root == NULL || root[0] != '/')
+		return gcr_err_set(err, -EINVAL, "images root '%s' is not an absolute path", root ? root : "");
+	if (!agent_crobj_is_label(ns) || !agent_crobj_is_subdomain(pod) || !agent_crobj_is_subdomain(name))
+		return gcr_err_set(err, -EINVAL, "'%s/%s/%s' is not a namespace, pod and Checkpoint name", ns ? ns : "",
+				   pod ? pod : "", name ? name : "");
+	size_t rl = strlen(root);
+	while (rl > 1 && root[rl - 1] == '/')
+		rl--;
+	int n = snprintf(out, len, "%.*s/%s/%s/%s", (int)rl, root, ns, pod, name);
+	if (n < 0 || (size_t)n >= len)
+		return gcr_err_set(err, -ENAMETOOLONG, "image path under %s is too long", root);
+	return 0;
+}
+
+int agent_images_mkparents(const char *path, struct gcr_err *err)
+{
+	char p[PATH_MAX];
+	if (snprintf(p, sizeof(p), "%s", path) >= (int)sizeof(p))
+		return gcr_err_set(err, -ENAMETOOLONG, "path too long: %s", path);
+	char *last = strrchr(p, '/');
+	if (last == NULL || last == p)
+		return 0;
+	*last = '\0';
+	for (char *s = p + 1;; s++) {
+		int end = *s == '\0';
+		if (*s == '/' || end) {
+			char c = *s;
+			*s = '\0';
+			if (mkdir(p, 0700) < 0 && errno != EEXIST)
+				return gcr_err_set(err, -errno, "cannot create %s: %s", p, strerror(errno));
+			*s = c;
+		}
+		if (end)
+			break;
+	}
+	return 0;
+}
+
+int agent_images_is_alloc_dir(const char *root, const char *dir)
+{
+	if (root == NULL || dir == NULL)
+		return 0;
+	size_t rl = strlen(root);
+	while (rl > 1 && root[rl - 1] == '/')
+		rl--;
+	if (strncmp(dir, root, rl) != 0 || strncmp(dir + rl, "/.alloc/", 8) != 0)
+		return 0;
+	const char *id = dir + rl + 8;
+	size_t n = strlen(id);
+	if (n == 0 || n > 64)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!isxdigit((unsigned char)id[i]) || isupper((unsigned char)id[i]))
+			return 0;
+	return 1;
+}
+
+int agent_images_move(const char *from, const char *to, struct gcr_err *err)
+{
+	int rc = agent_images_mkparents(to, err);
+	if (rc < 0)
+		return rc;
+	if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) < 0)
+		return gcr_err_set(err, -errno, "cannot move %s to %s: %s", from, to, strerror(errno));
+	return 0;
+}
+
+/* Whether pod_dir/name is a committed image: a valid Checkpoint name (so never partial nor
+ * ".gc-"), a directory holding a manifest that parses. *created gets its time. */
+static int committed(const char *pod_dir, const char *name, long long *created)
+{
+	if (!agent_crobj_is_subdomain(name) || gcr_image_is_partial(name))
+		return 0;
+	char path[PATH_MAX];
+	if (snprintf(path, sizeof(path), "%s/%s/%s", pod_dir, name, GCR_IMAGE_MANIFEST) >= (int)sizeof(path))
+		return 0;
+	char *buf = NULL;
+	size_t len = 0;
+	struct gcr_err err;
+	struct gcr_image_manifest m;
+	if (gcr_image_read_file(path, GCR_IMAGE_MAX_JSON, &buf, &len, &err) < 0)
+		return 0;
+	int ok = gcr_image_manifest_parse(buf, len, &m, &err) == 0;
+	free(buf);
+	if (ok) {
+		*created = m.created;
+		gcr_image_manifest_clear(&m);
+	}
+	return ok;
+}
+
+/* Takes pod_dir/name out of the images (rename to .gc-name), then deletes it. */
+static int remove_image(const char *pod_dir, const char *name)
+{
+	char from[PATH_MAX], to[PATH_MAX];
+	if (snprintf(from, sizeof(from), "%s/%s", pod_dir, name) >= (int)sizeof(from) ||
+	    snprintf(to, sizeof(to), "%s/" GC_PREFIX "%s", pod_dir, name) >= (int)sizeof(to))
+		return -ENAMETOOLONG;
+	gcr_image_remove(to); /* an old one left by a crash */
+	if (rename(from, to) < 0)
+		return -errno;
+	gcr_image_remove(to);
+	return 0;
+}
+
+/* Deletes ".gc-" leftovers of pod_dir. */
+static void remove_leftovers(const char *pod_dir)
+{
+	DIR *d = opendir(pod_dir);
+	struct dirent *de;
+	char p[PATH_MAX];
+	while (d != NULL && (de = readdir(d)) != NULL)
+		if (strncmp(de->d_name, GC_PREFIX, strlen(GC_PREFIX)) == 0 &&
+		    snprintf(p, sizeof(p), "%s/%s", pod_dir, de->d_name) < (int)sizeof(p))
+			gcr_image_remove(p);
+	if (d != NULL)
+		closedir(d);
+}
+
+struct entry {
+	long long created;
+	char name[AGENT_CROBJ_NAME_LEN];
+};
+
+static int older_first(const void *a, const void *b)
+{
+	const struct entry *x = a, *y = b;
+	if (x->created != y->created)
+		return x->created < y->created ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+int agent_images_prune(const char *pod_dir, int keep, struct gcr_err *err)
+{
+	if (keep < 1)
+		return gcr_err_set(err, -EINVAL, "images to keep must be at least 1 (got %d)", keep);
+	DIR *d = opendir(pod_dir);
+	if (d == NULL)
+		return gcr_err_set(err, -errno, "cannot read %s: %s", pod_dir, strerror(errno));
+	struct entry *e = calloc(MAX_SCAN, sizeof(*e));
+	if (e == NULL) {
+		closedir(d);
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	int n = 0, removed = 0;
+	struct dirent *de;
+	while (n < MAX_SCAN && (de = readdir(d)) != NULL) {
+		long long created;
+		if (committed(pod_dir, de->d_name, &created)) {
+			e[n].created = created;
+			snprintf(e[n].name, sizeof(e[n].name), "%.253s", de->d_name); /* a subdomain: <= 253 */
+			n++;
+		}
+	}
+	closedir(d);
+	qsort(e, (size_t)n, sizeof(*e), older_first);
+	for (int i = 0; i < n - keep; i++)
+		if (remove_image(pod_dir, e[i].name) == 0)
+			removed++;
+	free(e);
+	return removed;
+}
+
+/* Calls fn(data, path, name) for each entry of dir that is a directory and a valid name by
+ * valid(); stops at the first negative return. */
+static int each_dir(const char *dir, int (*valid)(const char *), int (*fn)(void *, const char *, const char *),
+		    void *data)
+{
+	DIR *d = opendir(dir);
+	if (d == NULL)
+		return errno == ENOENT ? 0 : -errno;
+	struct dirent *de;
+	char p[PATH_MAX];
+	struct stat st;
+	int rc = 0;
+	while (rc >= 0 && (de = readdir(d)) != NULL) {
+		if (!valid(de->d_name) || snprintf(p, sizeof(p), "%s/%s", dir, de->d_name) >= (int)sizeof(p) ||
+		    lstat(p, &st) < 0 || !S_ISDIR(st.st_mode))
+			continue;
+		rc = fn(data, p, de->d_name);
+	}
+	closedir(d);
+	return rc;
+}
+
+struct sweep {
+	agent_images_exists_fn exists;
+	void *data;
+	const char *ns;
+	int removed;
+};
+
+static int sweep_image(void *data, const char *path, const char *name)
+{
+	struct sweep *s = data;
+	long long created;
+	char pod_dir[PATH_MAX];
+	snprintf(pod_dir, sizeof(pod_dir), "%s", path);
+	char *slash = strrchr(pod_dir, '/');
+	if (slash == NULL)
+		return 0;
+	*slash = '\0';
+	/* Existence first: reading every manifest every sweep would cost more than the sweep. */
+	if (s->exists(s->data, s->ns, name) != 0 || !committed(pod_dir, name, &created))
+		return 0;
+	if (remove_image(pod_dir, name) == 0)
+		s->removed++;
+	return 0;
+}
+
+static int sweep_pod(void *data, const char *path, const char *name)
+{
+	(void)name;
+	remove_leftovers(path);
+	each_dir(path, agent_crobj_is_subdomain, sweep_image, data);
+
+	return 0;
+}
+
+static int sweep_ns(void *data, const char *path, const char *name)
+{
+	struct sweep *s = data;
+	s->ns = name;
+	each_dir(path, agent_crobj_is_subdomain, sweep_pod, data);
+
+	return 0;
+}
+
+static int is_ns(const char *s)
+{
+	return agent_crobj_is_label(s);
+}
+
+int agent_images_sweep(const char *root, agent_images_exists_fn exists, void *data, struct gcr_err *err)
+{
+	struct sweep s = { .exists = exists, .data = data };
+	int rc = each_dir(root, is_ns, sweep_ns, &s);
+	if (rc < 0)
+		return gcr_err_set(err, rc, "cannot read %s: %s", root, strerror(-rc));
+	return s.removed;
+}

@@ -1,0 +1,44 @@
+/* agent_images: the node's directory of images written for Checkpoints with action Image,
+ * <root>/<namespace>/<pod>/<checkpoint name>, and what removes them (docs/images.md, "Pods"):
+ * the oldest of a pod past the limit once a new one commits, and those whose Checkpoint is gone.
+ * A partial image (a name holding ".partial.") or a directory without a manifest is never
+ * removed here: it may be a checkpoint being written. */
+#ifndef AGENT_IMAGES_H
+#define AGENT_IMAGES_H
+
+#include <stddef.h>
+
+#include "gcr_error.h"
+
+/* The image directory of Checkpoint ns/name of pod (each a valid Kubernetes name) under root
+ * (absolute), into out (len bytes). 0, -EINVAL (a name that is not one, a relative root) or
+ * -ENAMETOOLONG. */
+int agent_images_path(const char *root, const char *ns, const char *pod, const char *name, char *out, size_t len,
+		      struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Creates the parent directories of path (mode 0700; existing ones are left as they are).
+ * 0 or -errno. */
+int agent_images_mkparents(const char *path, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Whether dir is an allocation's image directory under root: exactly <root>/.alloc/<id>, id 1..64
+ * lowercase hex digits (what the device plugin makes; nothing else is ever written to). */
+int agent_images_is_alloc_dir(const char *root, const char *dir);
+
+/* Moves the whole image from to (its parents made first), never over anything (RENAME_NOREPLACE:
+ * -EEXIST). 0 or -errno. */
+int agent_images_move(const char *from, const char *to, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Removes the oldest committed images in pod_dir (<root>/<ns>/<pod>) past keep (>= 1), oldest
+ * by the manifest's "created", then by name. Returns how many were removed (>= 0), or -errno
+ * when pod_dir cannot be read. */
+int agent_images_prune(const char *pod_dir, int keep, struct gcr_err *err);
+
+/* Whether Checkpoint ns/name exists: 1 yes, 0 no, < 0 unknown (nothing is removed). */
+typedef int (*agent_images_exists_fn)(void *data, const char *ns, const char *name);
+
+/* Removes every committed image under root whose Checkpoint does not exist (empty pod
+ * directories stay: one may be about to get an image). Returns how many images were removed
+ * (>= 0); a root that does not exist is 0. */
+int agent_images_sweep(const char *root, agent_images_exists_fn exists, void *data, struct gcr_err *err);
+
+#endif

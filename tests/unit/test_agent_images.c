@@ -1,0 +1,181 @@
+/* test_agent_images: the images directory of Checkpoints with action Image (agent_images):
+ * paths from names, the per-pod limit (oldest by the manifest's time removed first), the sweep
+ * of images whose Checkpoint is gone, and what neither ever removes (partial images, a
+ * directory without a manifest, an unknown answer); also agent_crobj's spec.action. */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent_crobj.h"
+#include "agent_images.h"
+#include "gcr_image.h"
+#include "util.h"
+
+static char root[64];
+
+static int exists_path(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0;
+}
+
+/* A committed image at dir (empty criu/ and gpu/, a manifest created at t). */
+static void make_image(const char *dir, long long t)
+{
+	char partial[PATH_MAX], sub[PATH_MAX + 8];
+	struct gcr_err err = { 0, "" };
+	CHECK(agent_images_mkparents(dir, &err) == 0);
+	CHECK(gcr_image_partial_name(dir, 99, partial, sizeof(partial), &err) == 0);
+	CHECK(mkdir(partial, 0700) == 0);
+	snprintf(sub, sizeof(sub), "%s/criu", partial);
+	CHECK(mkdir(sub, 0700) == 0);
+	snprintf(sub, sizeof(sub), "%s/gpu", partial);
+	CHECK(mkdir(sub, 0700) == 0);
+	struct gcr_image_manifest m = { 0 };
+	m.format = GCR_IMAGE_FORMAT;
+	m.created = t;
+	m.pid = 7;
+	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
+	snprintf(m.env.gpu_vendor, sizeof(m.env.gpu_vendor), "nvidia");
+	snprintf(m.env.gpu_model, sizeof(m.env.gpu_model), "unknown");
+	snprintf(m.env.driver, sizeof(m.env.driver), "unknown");
+	snprintf(m.env.shim_version, sizeof(m.env.shim_version), "%s", PACKAGE_VERSION);
+	CHECK(gcr_image_manifest_write(partial, &m, &err) == 0);
+	CHECK(gcr_image_commit(partial, dir, &err) == 0);
+}
+
+static void path_of(const char *ns, const char *pod, const char *name, char *out)
+{
+	struct gcr_err err = { 0, "" };
+	CHECK(agent_images_path(root, ns, pod, name, out, PATH_MAX, &err) == 0);
+}
+
+static void test_path(void)
+{
+	char p[PATH_MAX];
+	struct gcr_err err = { 0, "" };
+	CHECK(agent_images_path("/var/lib/gcr/images/", "team-a", "pod-1", "ck.1", p, sizeof(p), &err) == 0);
+	CHECK_STR(p, "/var/lib/gcr/images/team-a/pod-1/ck.1");
+	CHECK(agent_images_path("rel", "a", "b", "c", p, sizeof(p), &err) == -EINVAL);
+	CHECK(agent_images_path("/r", "..", "b", "c", p, sizeof(p), &err) == -EINVAL);
+	CHECK(agent_images_path("/r", "a", "b/../..", "c", p, sizeof(p), &err) == -EINVAL);
+	CHECK(agent_images_path("/r", "a", "b", "", p, sizeof(p), &err) == -EINVAL);
+	CHECK(agent_images_path("/r", "a", "b", "c", p, 8, &err) == -ENAMETOOLONG);
+}
+
+static void test_prune(void)
+{
+	char a[PATH_MAX], b[PATH_MAX], c[PATH_MAX], partial[PATH_MAX], bare[PATH_MAX], pod_dir[PATH_MAX];
+	struct gcr_err err = { 0, "" };
+	path_of("ns", "p1", "newest", a);
+	path_of("ns", "p1", "oldest", b);
+	path_of("ns", "p1", "middle", c);
+	make_image(a, 300);
+	make_image(b, 100);
+	make_image(c, 200);
+	/* A checkpoint being written, and a directory without a manifest: never removed. */
+	snprintf(partial, sizeof(partial), "%s/ns/p1/writing.partial.77", root);
+	CHECK(mkdir(partial, 0700) == 0);
+	snprintf(bare, sizeof(bare), "%s/ns/p1/bare", root);
+	CHECK(mkdir(bare, 0700) == 0);
+	snprintf(pod_dir, sizeof(pod_dir), "%s/ns/p1", root);
+	CHECK(agent_images_prune(pod_dir, 0, &err) == -EINVAL);
+	CHECK(agent_images_prune(pod_dir, 2, &err) == 1);
+	CHECK(!exists_path(b) && exists_path(a) && exists_path(c));
+	CHECK(exists_path(partial) && exists_path(bare));
+	CHECK(agent_images_prune(pod_dir, 2, &err) == 0);
+	CHECK(agent_images_prune(pod_dir, 1, &err) == 1);
+	CHECK(!exists_path(c) && exists_path(a));
+	/* Nothing named .gc-* is left behind. */
+	char gc[PATH_MAX];
+	snprintf(gc, sizeof(gc), "%s/ns/p1/.gc-oldest", root);
+	CHECK(!exists_path(gc));
+	CHECK(agent_images_prune("/nonexistent/gcr-images", 2, &err) == -ENOENT);
+}
+
+/* Checkpoints that exist: "ns/keep"; "ns/unknown" answers unknown. */
+static int exists_fn(void *data, const char *ns, const char *name)
+{
+	int *calls = data;
+	(*calls)++;
+	if (strcmp(ns, "ns") == 0 && strcmp(name, "keep") == 0)
+		return 1;
+	if (strcmp(name, "unknown") == 0)
+		return -1;
+	return 0;
+}
+
+static void test_sweep(void)
+{
+	char keep[PATH_MAX], gone[PATH_MAX], unknown[PATH_MAX], partial[PATH_MAX], bare[PATH_MAX], left[PATH_MAX];
+	struct gcr_err err = { 0, "" };
+	path_of("ns", "p2", "keep", keep);
+	path_of("ns", "p2", "gone", gone);
+	path_of("other", "p3", "unknown", unknown);
+	make_image(keep, 1);
+	make_image(gone, 2);
+	make_image(unknown, 3);
+	snprintf(partial, sizeof(partial), "%s/ns/p2/gone2.partial.12", root);
+	CHECK(mkdir(partial, 0700) == 0);
+	snprintf(bare, sizeof(bare), "%s/ns/p2/nomanifest", root);
+	CHECK(mkdir(bare, 0700) == 0);
+	/* A removal cut short by a crash: the next sweep finishes it. */
+	snprintf(left, sizeof(left), "%s/ns/p2/.gc-crashed", root);
+	CHECK(mkdir(left, 0700) == 0);
+	int calls = 0;
+	/* ns/p2/gone, and test_prune's ns/p1/newest (no Checkpoint "newest" either). */
+	CHECK(agent_images_sweep(root, exists_fn, &calls, &err) == 2);
+	CHECK(exists_path(keep) && !exists_path(gone) && exists_path(unknown));
+	CHECK(exists_path(partial) && exists_path(bare) && !exists_path(left));
+	CHECK(calls >= 3);
+	CHECK(agent_images_sweep("/nonexistent/gcr-images", exists_fn, &calls, &err) == 0);
+}
+
+static void test_action(void)
+{
+	struct agent_crobj o;
+	struct gcr_err err = { 0, "" };
+	const char *head = "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"c\",\"uid\":\"u-1\"},\"spec\":{\"podName\":\"p\"";
+	const struct {
+		const char *spec;
+		int rc;
+		enum agent_crobj_action action;
+	} cases[] = {
+		{ "", 0, AGENT_ACTION_SUSPEND },
+		{ ",\"action\":\"Suspend\"", 0, AGENT_ACTION_SUSPEND },
+		{ ",\"action\":\"Image\"", 0, AGENT_ACTION_IMAGE },
+		{ ",\"action\":\"image\"", -EINVAL, AGENT_ACTION_SUSPEND },
+		{ ",\"action\":7", -EINVAL, AGENT_ACTION_SUSPEND },
+		{ ",\"action\":\"Image\",\"keepContext\":true", -EINVAL, AGENT_ACTION_IMAGE },
+		{ ",\"action\":\"Image\",\"keepContext\":false", 0, AGENT_ACTION_IMAGE },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char text[512];
+		snprintf(text, sizeof(text), "%s%s}}", head, cases[i].spec);
+		json_t *obj = json_loads(text, 0, NULL);
+		int rc = agent_crobj_decode(obj, AGENT_CROBJ_CHECKPOINT, &o, &err);
+		CHECK(rc == cases[i].rc);
+		if (rc == 0)
+			CHECK(o.action == cases[i].action);
+		json_decref(obj);
+	}
+}
+
+int main(void)
+{
+	snprintf(root, sizeof(root), "/tmp/test-agent-images-XXXXXX");
+	if (mkdtemp(root) == NULL)
+		return 1;
+	test_path();
+	test_prune();
+	test_sweep();
+	test_action();
+	gcr_image_remove(root);
+	return test_summary("test_agent_images");
+}
