@@ -121,6 +121,17 @@ int gcr_image_verify_meta(const char *dir, const struct gcr_image_expect *expect
 			  struct gcr_err *err);
 int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err);
 
+/* Writes len bytes of buf at off: through dfd (the file opened O_DIRECT; -1: none) when off and
+ * len are multiples of GCR_IMAGE_DIRECT_ALIGN (the caller vouches for buf's alignment by passing
+ * dfd), else, or where the filesystem refuses that write, through fd. 0 or -errno (-ENOSPC for a
+ * write that made no progress). */
+#define GCR_IMAGE_DIRECT_ALIGN 4096
+int gcr_image_pwrite(int fd, int dfd, const void *buf, size_t len, uint64_t off);
+
+/* Test hook: with the environment variable env naming a FIFO, waits until a test has opened it
+ * and closed it again (the test acts meanwhile: kills a client, changes a file; no sleep). */
+void gcr_image_test_hold(const char *env);
+
 /* Reads a whole file of at most max bytes (NUL-terminated, malloc'd). */
 int gcr_image_read_file(const char *path, size_t max, char **buf, size_t *len, struct gcr_err *err);
 

@@ -323,23 +323,6 @@ out:
 	return rc;
 }
 
-/* Test hook (tests/flow/test_image.py case_changed_after_verify): with GCR_TEST_RESTORE_HOLD
- * naming a FIFO, a restore stops after CRIU's restore, before the data is attached, until the
- * test has opened and closed the FIFO: the test changes the image meanwhile, with no sleep. */
-static void test_hold(void)
-{
-	const char *fifo = getenv("GCR_TEST_RESTORE_HOLD");
-	if (fifo == NULL || fifo[0] == '\0')
-		return;
-	int fd = open(fifo, O_RDONLY | O_CLOEXEC);
-	char b[16];
-	ssize_t n;
-	while (fd >= 0 && ((n = read(fd, b, sizeof(b))) > 0 || (n < 0 && errno == EINTR)))
-		;
-	if (fd >= 0)
-		close(fd);
-}
-
 /* Kills a restored process and returns once it has died (its pidfd polls readable at exit),
  * so "nothing left half-running" holds when the caller reports. CRIU's -d leaves it to the
  * nearest subreaper, else init: whoever reaps it frees its pid, which the image needs. */
@@ -467,7 +450,7 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
 		kill_restored(pid);
 		goto out;
 	}
-	test_hold();
+	gcr_image_test_hold("GCR_TEST_RESTORE_HOLD"); /* tests/flow/test_image.py case_changed_after_verify */
 	t0 = gcr_time_mono_ms();
 	json_t *res = NULL;
 	if (!drv) /* attaches the files: the resume reads them straight to the GPU */

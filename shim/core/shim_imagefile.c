@@ -31,7 +31,6 @@
 #include "shim_staging.h"
 
 #define MAX_THREADS 8
-#define DIRECT_ALIGN 4096
 
 /* Where a suspended process's data is: staging (0), image files only, after image-write
  * and drop (DROPPED: resume refused), or image files the next resume reads (FILES). */
@@ -149,21 +148,11 @@ static void *run_thread(void *arg)
 		/* Direct I/O where the staging address, the file offset and the length allow it: the
 		 * disk's own speed, where the page cache's write-back reached about half of it (1.4 of
 		 * 2.2 GB/s on the H200 machine). */
-		int fd = o->dfd >= 0 && ((uintptr_t)host | ch->off | ch->len) % DIRECT_ALIGN == 0 ? o->dfd : o->fd;
-		size_t done = 0;
-		while (done < ch->len) {
-			ssize_t k = pwrite(fd, host + done, ch->len - done, (off_t)(ch->off + done));
-			if (k < 0 && errno == EINTR)
-				continue;
-			if (k < 0 && errno == EINVAL && fd == o->dfd) {
-				fd = o->fd; /* a filesystem that takes O_DIRECT at open but not this write */
-				continue;
-			}
-			if (k <= 0) {
-				run_fail(r, k < 0 ? -errno : -ENOSPC, "writing", o, c);
-				return NULL;
-			}
-			done += (size_t)k;
+		int wrc = gcr_image_pwrite(o->fd, (uintptr_t)host % GCR_IMAGE_DIRECT_ALIGN == 0 ? o->dfd : -1, host,
+					   ch->len, ch->off);
+		if (wrc < 0) {
+			run_fail(r, wrc, "writing", o, c);
+			return NULL;
 		}
 		ch->crc = gcr_crc32c_update(0, host, ch->len);
 	}
@@ -196,24 +185,6 @@ static int run_all(struct job *jobs, size_t n, struct gcr_err *err)
 		return err->code;
 	}
 	return 0;
-}
-
-/* Test hook (tests/flow/test_image.py): with GCR_TEST_IMAGE_HOLD naming a FIFO, a write
- * stops after its files are created and before their data, until the test has opened the
- * FIFO and closed it again: the test kills gcrctl meanwhile, with no sleep. */
-static void test_hold(void)
-{
-	const char *fifo = getenv("GCR_TEST_IMAGE_HOLD");
-	if (fifo == NULL || fifo[0] == '\0')
-		return;
-	int fd = open(fifo, O_RDONLY | O_CLOEXEC);
-	char b[16];
-	ssize_t n;
-	/* Until EOF: a stale errno of EINTR must not turn EOF into a spin. */
-	while (fd >= 0 && ((n = read(fd, b, sizeof(b))) > 0 || (n < 0 && errno == EINTR)))
-		;
-	if (fd >= 0)
-		close(fd);
 }
 
 static int write_table(const char *dir, struct list *l, struct gcr_err *err)
@@ -258,6 +229,19 @@ static void list_free(struct list *l)
 	l->n = 0;
 }
 
+/* The table entry of o (allocated here, freed by list_free): its allocation's identity, no chunks
+ * filled yet. */
+static int one_table(struct one *o, struct gcr_err *err)
+{
+	const struct shim_image *img = o->p->img;
+	o->a = calloc(1, sizeof(*o->a));
+	if (o->a == NULL || (o->a->chunks = calloc(img->nchunks + 1, sizeof(*o->a->chunks))) == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory for the table");
+	*o->a = (struct gcr_image_alloc){ .address = o->va, .size = o->p->size, .slot = o->p->slot, .gen = o->p->gen,
+					  .nchunks = img->nchunks, .chunks = o->a->chunks };
+	return 0;
+}
+
 static int check_suspended(const char *op, struct gcr_err *err)
 {
 	if (shim_cr_state() != SHIM_CR_SUSPENDED)
@@ -289,13 +273,8 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		struct one *o = &l.v[i];
 		const struct shim_image *img = o->p->img;
-		o->a = calloc(1, sizeof(*o->a));
-		if (o->a == NULL || (o->a->chunks = calloc(img->nchunks + 1, sizeof(*o->a->chunks))) == NULL) {
-			rc = gcr_err_set(err, -ENOMEM, "out of memory for the table");
+		if ((rc = one_table(o, err)) < 0)
 			break;
-		}
-		*o->a = (struct gcr_image_alloc){ .address = o->va, .size = o->p->size, .slot = o->p->slot,
-						  .gen = o->p->gen, .nchunks = img->nchunks, .chunks = o->a->chunks };
 		snprintf(o->a->file, sizeof(o->a->file), "%s/alloc-%u-%u.bin", GCR_IMAGE_GPU_DIR, o->p->slot, o->p->gen);
 		char path[PATH_MAX];
 		snprintf(path, sizeof(path), "%s/%s", dir, o->a->file);
@@ -333,7 +312,7 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
 			if (!l.v[i].a->chunks[c].zero)
 				jobs[nj++] = (struct job){ .o = &l.v[i], .c = c };
 	if (rc == 0)
-		test_hold();
+		gcr_image_test_hold("GCR_TEST_IMAGE_HOLD"); /* tests/flow/test_image.py */
 	double t1 = gcr_time_mono_ms();
 	if (rc == 0)
 		rc = run_all(jobs, nj, err);
@@ -421,13 +400,8 @@ static int sink_table(const char *dir, struct sink_ctx *c, uint64_t *bytes, uint
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		struct one *o = &l.v[i];
 		const struct shim_image *img = o->p->img;
-		o->a = calloc(1, sizeof(*o->a));
-		if (o->a == NULL || (o->a->chunks = calloc(img->nchunks + 1, sizeof(*o->a->chunks))) == NULL) {
-			rc = gcr_err_set(err, -ENOMEM, "out of memory for the table");
+		if ((rc = one_table(o, err)) < 0)
 			break;
-		}
-		*o->a = (struct gcr_image_alloc){ .address = o->va, .size = o->p->size, .slot = o->p->slot,
-						  .gen = o->p->gen, .nchunks = img->nchunks, .chunks = o->a->chunks };
 		if (img->src_name == NULL || img->src_off == NULL) {
 			rc = gcr_err_set(err, -EIO, "image: allocation %u/%u was not written", o->p->slot, o->p->gen);
 			break;
@@ -484,7 +458,7 @@ int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_repor
 		rc = gcr_err_set(err, -ENOMEM, "out of memory for the image files");
 	struct shim_cr_sink sink = { .open = sink_open, .ctx = &c };
 	if (rc == 0)
-		test_hold();
+		gcr_image_test_hold("GCR_TEST_IMAGE_HOLD"); /* tests/flow/test_image.py */
 	if (rc == 0)
 		rc = shim_cr_suspend_to(&sink, timeout_ms, rep, err); /* on failure: running, nothing written counts */
 	uint64_t bytes = 0, written = 0, zero = 0;

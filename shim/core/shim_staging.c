@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "gcr_crc32c.h"
+#include "gcr_image.h"
 #include "gcr_log.h"
 #include "gcr_time.h"
 #include "shim_config.h"
@@ -222,21 +223,9 @@ static void job_fail(struct job *j, const struct gcr_err *e)
  * machine). */
 static int file_drain(const char *slot, const struct shim_xfer *x, struct gcr_err *err)
 {
-	int fd = x->dfd >= 0 && (x->off | x->size) % 4096 == 0 ? x->dfd : x->fd;
-	size_t done = 0;
-	while (done < x->size) {
-		ssize_t k = pwrite(fd, slot + done, x->size - done, (off_t)(x->off + done));
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0 && errno == EINVAL && fd == x->dfd) {
-			fd = x->fd; /* took O_DIRECT at open, not for this write */
-			continue;
-		}
-		if (k <= 0)
-			return gcr_err_set(err, k < 0 ? -errno : -ENOSPC, "writing %s at %llu: %s", x->name,
-					   (unsigned long long)(x->off + done), k < 0 ? strerror(errno) : "no space");
-		done += (size_t)k;
-	}
+	int rc = gcr_image_pwrite(x->fd, x->dfd, slot, x->size, x->off); /* the slot is page-aligned */
+	if (rc < 0)
+		return gcr_err_set(err, rc, "writing %s at %llu: %s", x->name, (unsigned long long)x->off, strerror(-rc));
 	/* One checksum per chunk: a piece is whole chunks, the last one maybe short. */
 	for (uint32_t k = 0; k < x->size; k += SHIM_STAGING_CHUNK)
 		x->crc_out[k / SHIM_STAGING_CHUNK] =
