@@ -606,7 +606,7 @@ static void *vrun_thread(void *arg)
 	return NULL;
 }
 
-static int verify_chunks(const char *dir, const struct gcr_image_table *t, struct gcr_err *err)
+static int verify_chunks(const char *dir, const struct gcr_image_table *t, int threads, struct gcr_err *err)
 {
 	size_t n = 0;
 	for (size_t i = 0; i < t->n; i++)
@@ -636,7 +636,8 @@ static int verify_chunks(const char *dir, const struct gcr_image_table *t, struc
 	if (rc == 0) {
 		pthread_t th[VERIFY_THREADS];
 		long cores = sysconf(_SC_NPROCESSORS_ONLN);
-		size_t nt = nj < VERIFY_THREADS ? nj : VERIFY_THREADS, started = 0;
+		size_t want = threads > 0 && threads < VERIFY_THREADS ? (size_t)threads : VERIFY_THREADS;
+		size_t nt = nj < want ? nj : want, started = 0;
 		if (cores > 0 && nt > (size_t)cores)
 			nt = (size_t)cores;
 		for (; started < nt; started++)
@@ -660,16 +661,30 @@ static int verify_chunks(const char *dir, const struct gcr_image_table *t, struc
 	return rc;
 }
 
-int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err)
+int gcr_image_env_check(const struct gcr_image_manifest *m, const struct gcr_image_expect *expect,
+			struct gcr_err *err)
 {
-	return verify_chunks(dir, &m->table, err);
+	int rc = env_check("GPU vendor", m->env.gpu_vendor, expect->gpu_vendor, err);
+	if (rc == 0)
+		rc = env_check("GPU model", m->env.gpu_model, expect->gpu_model, err);
+	if (rc == 0)
+		rc = env_check("driver version", m->env.driver, expect->driver, err);
+	/* The baseline's process has no shim to match. */
+	if (rc == 0 && strcmp(m->mode, GCR_IMAGE_MODE_DRIVER) != 0)
+		rc = env_check("shim version", m->env.shim_version, expect->shim_version, err);
+	return rc;
+}
+
+int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, int threads, struct gcr_err *err)
+{
+	return verify_chunks(dir, &m->table, threads, err);
 }
 
 int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
 		     struct gcr_err *err)
 {
 	int rc = gcr_image_verify_meta(dir, expect, m, err);
-	if (rc == 0 && (rc = gcr_image_verify_data(dir, m, err)) < 0)
+	if (rc == 0 && (rc = gcr_image_verify_data(dir, m, 0, err)) < 0)
 		gcr_image_manifest_clear(m);
 	return rc;
 }
@@ -696,17 +711,8 @@ int gcr_image_verify_meta(const char *dir, const struct gcr_image_expect *expect
 	free(buf);
 	if (rc < 0)
 		return gcr_err_wrap(err, "%s", path);
-	if (expect != NULL) {
-		if (rc == 0)
-			rc = env_check("GPU vendor", m->env.gpu_vendor, expect->gpu_vendor, err);
-		if (rc == 0)
-			rc = env_check("GPU model", m->env.gpu_model, expect->gpu_model, err);
-		if (rc == 0)
-			rc = env_check("driver version", m->env.driver, expect->driver, err);
-		/* The baseline's process has no shim to match. */
-		if (rc == 0 && strcmp(m->mode, GCR_IMAGE_MODE_DRIVER) != 0)
-			rc = env_check("shim version", m->env.shim_version, expect->shim_version, err);
-	}
+	if (expect != NULL)
+		rc = gcr_image_env_check(m, expect, err);
 	/* Sizes and extra files first (cheap), then every checksum. */
 	struct walk w = { 0 };
 	if (rc == 0)

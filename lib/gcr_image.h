@@ -119,7 +119,12 @@ int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, str
  * data chunk's CRC-32C (m from meta; m is not cleared on failure). */
 int gcr_image_verify_meta(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
 			  struct gcr_err *err);
-int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err);
+/* threads: at most this many readers (0: up to 16, never more than the cores). */
+int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, int threads, struct gcr_err *err);
+/* The machine check of verify_meta alone (expect's empty fields are not compared; the driver
+ * mode's shim version neither): for a caller that learns the machine while it verifies. */
+int gcr_image_env_check(const struct gcr_image_manifest *m, const struct gcr_image_expect *expect,
+			struct gcr_err *err);
 
 /* Writes len bytes of buf at off: through dfd (the file opened O_DIRECT; -1: none) when off and
  * len are multiples of GCR_IMAGE_DIRECT_ALIGN (the caller vouches for buf's alignment by passing

@@ -35,6 +35,7 @@ struct gcr_imgcr_result {
 	pid_t pid;                      /* checkpointed, or restored */
 	double ms_suspend, ms_write, ms_dump, ms_manifest, ms_resume, ms_total;
 	double ms_verify, ms_restore, ms_read; /* read: attaching gpu/ files; resume moves the data */
+	double ms_check; /* the GPU data's checksums: beside ms_restore, or before it (verify_first) */
 	long long bytes, written, zero; /* GPU bytes: all staged, written to gpu/, recorded as zero */
 	long long rss;                  /* the process's resident bytes when CRIU dumped it */
 	long long image;                /* bytes of the image's files */

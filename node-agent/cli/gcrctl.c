@@ -322,11 +322,12 @@ static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_runni
 	int rc = ckpt ? gcr_imgcr_checkpoint(pid, dir, &io, &r, &err) : gcr_imgcr_restore(dir, &io, &r, &err);
 	if (rc < 0)
 		return fail(cmd, ckpt ? pid : r.pid, &err);
-	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f},"
+	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f},"
 			      " s:{s:I, s:I, s:I, s:I, s:I}}",
 			      "pid", (int)r.pid, "op", cmd, "ok", 1, "image", dir, "ms", "suspend", r.ms_suspend,
 			      "write", r.ms_write, "dump", r.ms_dump, "manifest", r.ms_manifest, "verify", r.ms_verify,
-			      "restore", r.ms_restore, "read", r.ms_read, "resume", r.ms_resume, "total", r.ms_total,
+			      "check", r.ms_check, "restore", r.ms_restore, "read", r.ms_read, "resume", r.ms_resume,
+			      "total", r.ms_total,
 			      "bytes", "gpu", (json_int_t)r.bytes, "written", (json_int_t)r.written, "zero",
 			      (json_int_t)r.zero, "rss", (json_int_t)r.rss, "image", (json_int_t)r.image);
 	if (json_out)
@@ -338,8 +339,9 @@ static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_runni
 		       (double)r.written / 1048576.0, (double)r.zero / 1048576.0, (double)r.image / 1048576.0,
 		       leave_running ? ", process running" : ", process ended");
 	else
-		printf("restore %d: from %s in %.1f ms (verify %.1f, criu %.1f, attach %.1f, resume with the data %.1f ms)\n",
-		       (int)r.pid, dir, r.ms_total, r.ms_verify, r.ms_restore, r.ms_read, r.ms_resume);
+		printf("restore %d: from %s in %.1f ms (verify %.1f, GPU data check %.1f%s, criu %.1f, attach %.1f, "
+		       "resume with the data %.1f ms)\n", (int)r.pid, dir, r.ms_total, r.ms_verify, r.ms_check,
+		       verify_first ? "" : " beside criu", r.ms_restore, r.ms_read, r.ms_resume);
 	json_decref(j);
 	return 0;
 }
