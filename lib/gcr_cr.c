@@ -206,7 +206,7 @@ static int room_need(pid_t pid, json_t **need, struct gcr_err *err)
 
 /* Whether every GPU in the shim status's restore record has its bytes plus the margin free
  * now; -ENOSPC if one has not, -ENOTSUP if there is no record we can read. */
-static int room_check(pid_t pid, json_t *status, struct gcr_err *err)
+static int room_check(pid_t pid, json_t *status, const struct gcr_cr_opts *o, struct gcr_err *err)
 {
 	unsigned long long margin = room_margin();
 	struct gcr_shimreply_need need;
@@ -222,6 +222,9 @@ static int room_check(pid_t pid, json_t *status, struct gcr_err *err)
 				   e.msg);
 	for (size_t i = 0; i < need.n; i++) {
 		const char *uuid = need.dev[i].uuid;
+		for (size_t k = 0; k < o->ngpu_pairs; k++) /* restored onto another GPU: its room counts */
+			if (strcmp(o->gpu_pairs[k].from, uuid) == 0)
+				uuid = o->gpu_pairs[k].to;
 		unsigned long long bytes = (unsigned long long)need.dev[i].bytes;
 		unsigned long long fr = 0, total = 0;
 		rc = gcr_nvml_mem(uuid, &fr, &total, err);
@@ -472,7 +475,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		t = gcr_time_mono_ms();
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
 		if (rc == 0)
-			rc = room_check(pid, status, err);
+			rc = room_check(pid, status, o, err);
 		json_decref(status);
 		status = NULL;
 		r->ms_room = gcr_time_mono_ms() - t;
@@ -481,7 +484,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	}
 	if (ds == GCR_DRIVER_CHECKPOINTED) {
 		t = gcr_time_mono_ms();
-		rc = gcr_driver_restore(pid, err);
+		rc = gcr_driver_restore(pid, o->gpu_pairs, o->ngpu_pairs, err);
 		r->ms_restore = gcr_time_mono_ms() - t;
 		if (rc == -ENOMEM) /* past the room check: someone allocated meanwhile */
 			gcr_err_wrap(err, "the driver's restore ran out of GPU memory after the room check passed; "

@@ -37,6 +37,10 @@ struct gcr_cr_opts {
 	/* Suspend straight to this image directory's gpu/ (gcr_imgcr; CUDA, full mode): the shim
 	 * writes every chunk to a file instead of host memory. NULL: to host memory. */
 	const char *image_dir;
+	/* Resume onto other GPUs (the driver's gpuPairs; CUDA, full and driver-only modes): the
+	 * room check looks at each pair's new GPU. */
+	const struct gcr_gpu_pair *gpu_pairs;
+	size_t ngpu_pairs;
 };
 
 /* Bytes the driver's restore gets beyond what NVML showed the process holding before its

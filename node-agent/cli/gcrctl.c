@@ -42,9 +42,12 @@ static void usage(FILE *f)
 		"                                             plus CRIU alone, no shim (the baseline); --container:\n"
 		"                                             PID is in a container, CRIU dumps the container's\n"
 		"                                             whole tree (its PID namespace's init)\n"
-		"  restore --image DIR [--verify-first]       the process back from an image: manifest, sizes\n"
+		"  restore --image DIR [--verify-first] [--gpu-pair FROM=TO]...  the process back from an image:\n"
+		"                                             manifest, sizes\n"
 		"                                             and CRIU files checked first, the GPU data while\n"
 		"                                             CRIU restores (or first, with --verify-first)\n"
+		"--gpu-pair FROM=TO (resume, restore; repeatable): the driver restores the GPU with UUID FROM's\n"
+		"state onto the GPU with UUID TO (same model; nvidia-smi -L lists UUIDs).\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
 		"HIP (AMD) processes: the control step is CRIU (criu dump, which ends the process, and\n"
@@ -385,12 +388,14 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, 'V' },	 { "unchecked", no_argument, NULL, 'U' },
 		{ "image", required_argument, NULL, 'i' }, { "leave-running", no_argument, NULL, 'L' },
 		{ "verify-first", no_argument, NULL, 'F' }, { "container", no_argument, NULL, 'C' },
+		{ "gpu-pair", required_argument, NULL, 'P' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int ch, replicas = -1, sample_ms = 0, leave_running = 0, verify_first = 0, container = 0;
 	const char *image = NULL;
 	/* GNU getopt permutes, so options may also follow the command. */
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LFC", opts, NULL)) != -1) {
+	static struct gcr_gpu_pair pairs[GCR_DRIVER_MAX_PAIRS];
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LFCP:", opts, NULL)) != -1) {
 		switch (ch) {
 		case 's': o.socket_dir = optarg; break;
 		case 'I': o.images_dir = optarg; break;
@@ -423,6 +428,20 @@ int main(int argc, char **argv)
 		case 'L': leave_running = 1; break;
 		case 'F': verify_first = 1; break;
 		case 'C': container = 1; break;
+		case 'P': {
+			struct gcr_err perr = { 0 };
+			if (o.ngpu_pairs == GCR_DRIVER_MAX_PAIRS) {
+				fprintf(stderr, "gcrctl: at most %d --gpu-pair\n", GCR_DRIVER_MAX_PAIRS);
+				return 2;
+			}
+			if (gcr_driver_parse_pair(optarg, &pairs[o.ngpu_pairs], &perr) < 0) {
+				fprintf(stderr, "gcrctl: %s\n", perr.msg);
+				return 2;
+			}
+			o.gpu_pairs = pairs;
+			o.ngpu_pairs++;
+			break;
+		}
 		case 'N': o.mode = GCR_CR_DATA_ONLY; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("gcrctl %s\n", PACKAGE_VERSION); return 0;

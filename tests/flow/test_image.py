@@ -434,8 +434,31 @@ def case_write_fails(c):
     finish(p)
 
 
+def case_gpu_pair_unknown(c):
+    """--gpu-pair reaches the driver's restore (the stand-in checks its arguments: reserved fields
+    zero, both UUIDs known): a pair naming GPUs this machine lacks fails the driver's restore, the
+    restored process is killed and reaped, nothing runs; without the pair the image restores.
+    Restoring onto another GPU for real needs a two-GPU machine (tests/gpu/test_image_gpu.py)."""
+    p = c.start(["--mib", "16", "--wait", "--iters", "30"])
+    p.send("go")
+    p.expect(r"ITER 2\b", 60)
+    img = os.path.join(c.d, "img")
+    checkpoint(c, p, img)
+    p.reap()
+    pair = "GPU-00000000-1111-2222-3333-444444444444=GPU-55555555-6666-7777-8888-999999999999"
+    rc, rep, err = c.ctl("restore", "--image", img, "--gpu-pair", pair)
+    check(rc != 0, "restore onto GPUs that do not exist succeeded: %s" % rep)
+    check("cuCheckpointProcessRestore" in err and "killed" in err, "unexpected failure: %s" % err)
+    check(not c.alive(p.pid), "the restored process still runs")
+    print("  refused: %s" % err.strip().splitlines()[-1][:240])
+    rc, rep, err = c.ctl("restore", "--image", img, "--gpu-pair", "GPU-12")
+    check(rc == 2 and "GPU UUID" in err, "a malformed pair: rc %d %s" % (rc, err))
+    restore_ok(c, p, img)
+    finish(p)
+
+
 CASES = [case_roundtrip, case_zero_buffers, case_leave_running, case_corruptions, case_killed_mid_write,
-         case_changed_after_verify, case_write_fails]
+         case_changed_after_verify, case_write_fails, case_gpu_pair_unknown]
 
 
 def main():
