@@ -463,6 +463,21 @@ static void stream_start(struct dp_call *c)
 	stream_send(c, true);
 }
 
+/* A new directory any user may write into but not list, and only remove their own entries from
+ * (mode 01733, set after mkdir so the umask cannot narrow it): the workload's shim creates its
+ * socket or its image files there. Removed again if the mode cannot be set. */
+static int mkdir_drop_box(const char *path)
+{
+	if (mkdir(path, 0700) < 0)
+		return -errno;
+	if (chmod(path, 01733) < 0) {
+		int e = -errno;
+		rmdir(path);
+		return e;
+	}
+	return 0;
+}
+
 /* A fresh directory for one container's shim sockets: <socket_root>/<32 hex>, mode 01733
  * (any uid may create its socket; nobody may list or remove the others'). */
 static int alloc_dir_make(struct agent_dp *dp, char *path, size_t size)
@@ -475,14 +490,7 @@ static int alloc_dir_make(struct agent_dp *dp, char *path, size_t size)
 	for (size_t i = 0; i < sizeof(rnd); i++)
 		snprintf(id + 2 * i, 3, "%02x", rnd[i]);
 	snprintf(path, size, "%s/%s", dp->socket_root, id);
-	if (mkdir(path, 0700) < 0)
-		return -errno;
-	if (chmod(path, 01733) < 0) {
-		int e = -errno;
-		rmdir(path);
-		return e;
-	}
-	return 0;
+	return mkdir_drop_box(path);
 }
 
 /* <image_root>/.alloc/<the socket dir's id> (and its parents), mode 01733 as the socket dir:
@@ -496,14 +504,7 @@ static int image_dir_make(struct agent_dp *dp, const char *sock_dir, char *path,
 		return -errno;
 	if (id == NULL || snprintf(path, size, "%s%s", parent, id) >= (int)size)
 		return -ENAMETOOLONG;
-	if (mkdir(path, 0700) < 0)
-		return -errno;
-	if (chmod(path, 01733) < 0) {
-		int e = -errno;
-		rmdir(path);
-		return e;
-	}
-	return 0;
+	return mkdir_drop_box(path);
 }
 
 static void handle_allocate(struct dp_call *c, const uint8_t *buf, size_t len)
