@@ -489,8 +489,8 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		if (rc == -ENOMEM) /* past the room check: someone allocated meanwhile */
 			gcr_err_wrap(err, "the driver's restore ran out of GPU memory after the room check passed; "
 				     "drivers up to 580 cannot restore this process again (docs/design.md)");
-		else if (rc < 0)
-			gcr_err_wrap(err, "process still suspended; retry when the GPU has room");
+		else if (rc < 0) /* not memory (that is -ENOMEM above): a bad GPU pair, a lost GPU... */
+			gcr_err_wrap(err, "process still suspended (driver checkpointed); resume again to retry");
 		if (rc < 0)
 			goto out;
 		ds = GCR_DRIVER_LOCKED;
