@@ -513,7 +513,8 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 			rc = gcr_client_call(&c, GCR_OP_RESUME_ID, NULL, SHIM_CALL_MS, &r->shim, err);
 			r->ms_data = gcr_time_mono_ms() - t;
 			if (rc < 0) {
-				gcr_err_wrap(err, "GPU data kept (in host memory, or in the image files after image-read), process held at the gate; retry resume");
+				gcr_err_wrap(err, "GPU data kept (in host memory, or in the image files after image-read), "
+					     "process held at the gate; retry resume");
 				goto out;
 			}
 			shim_bytes(pid, r);

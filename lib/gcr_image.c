@@ -110,6 +110,20 @@ int gcr_image_pwrite(int fd, int dfd, const void *buf, size_t len, uint64_t off)
 	return 0;
 }
 
+int gcr_image_pread(int fd, void *buf, size_t len, uint64_t off)
+{
+	size_t done = 0;
+	while (done < len) {
+		ssize_t k = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 ? -errno : -EIO;
+		done += (size_t)k;
+	}
+	return 0;
+}
+
 void gcr_image_test_hold(const char *env)
 {
 	const char *fifo = getenv(env);
@@ -280,9 +294,10 @@ int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manif
 		rc = gcr_err_set(err, -EBADMSG, "manifest lacks or mistypes gcr_version, shim_version, created, pid, "
 				 "socket, gpu {vendor, model, driver} or files");
 	if (rc == 0) {
-		json_t *mode = json_object_get(root, "mode");
-		snprintf(m->mode, sizeof(m->mode), "%s", mode == NULL ? GCR_IMAGE_MODE_GCR : "");
-		if (mode != NULL && get_str(root, "mode", m->mode, sizeof(m->mode)) < 0)
+		/* Absent: an image of GCR's (the field came with the driver's baseline). */
+		if (json_object_get(root, "mode") == NULL)
+			snprintf(m->mode, sizeof(m->mode), "%s", GCR_IMAGE_MODE_GCR);
+		else if (get_str(root, "mode", m->mode, sizeof(m->mode)) < 0)
 			m->mode[0] = '\0';
 		if (strcmp(m->mode, GCR_IMAGE_MODE_GCR) != 0 && strcmp(m->mode, GCR_IMAGE_MODE_DRIVER) != 0)
 			rc = gcr_err_set(err, -EBADMSG, "manifest \"mode\" is neither \"gcr\" nor \"driver\"");
@@ -588,16 +603,7 @@ static void *vrun_thread(void *arg)
 			break;
 		const struct gcr_image_alloc *a = &r->t->a[r->jobs[i].a];
 		const struct gcr_image_chunk *ch = &a->chunks[r->jobs[i].c];
-		size_t done = 0;
-		while (done < ch->len) {
-			ssize_t k = pread(r->fds[r->jobs[i].a], buf + done, ch->len - done, (off_t)(ch->off + done));
-			if (k < 0 && errno == EINTR)
-				continue;
-			if (k <= 0)
-				break;
-			done += (size_t)k;
-		}
-		if (done < ch->len)
+		if (gcr_image_pread(r->fds[r->jobs[i].a], buf, ch->len, ch->off) < 0)
 			vrun_fail(r, -EIO, "cannot be read whole (truncated)", a->file, r->jobs[i].c);
 		else if (gcr_crc32c_update(0, buf, ch->len) != ch->crc)
 			vrun_fail(r, -EIO, "CRC-32C differs from the manifest (corrupt)", a->file, r->jobs[i].c);

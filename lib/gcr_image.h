@@ -133,6 +133,9 @@ int gcr_image_env_check(const struct gcr_image_manifest *m, const struct gcr_ima
 #define GCR_IMAGE_DIRECT_ALIGN 4096
 int gcr_image_pwrite(int fd, int dfd, const void *buf, size_t len, uint64_t off);
 
+/* Reads len bytes at off into buf, whole: 0, -EIO when the file ends first, or -errno. */
+int gcr_image_pread(int fd, void *buf, size_t len, uint64_t off);
+
 /* Test hook: with the environment variable env naming a FIFO, waits until a test has opened it
  * and closed it again (the test acts meanwhile: kills a client, changes a file; no sleep). */
 void gcr_image_test_hold(const char *env);

@@ -202,9 +202,8 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 	t0 = gcr_time_mono_ms();
 	struct gcr_cr_result cr;
 	rc = gcr_cr_suspend(pid, &cro, &cr, err);
-	json_t *img = json_object_get(cr.shim, "image");
 	if (rc == 0 && stream) {
-		res = json_incref(img);
+		res = json_incref(json_object_get(cr.shim, "image"));
 		r->ms_write = json_real_value(json_object_get(json_object_get(cr.shim, "ms"), "copy"));
 	}
 	gcr_cr_result_clear(&cr);
@@ -214,7 +213,7 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 		goto out;
 	}
 	suspended = 1;
-	if (rc == 0 && stream && res == NULL)
+	if (stream && res == NULL)
 		rc = gcr_err_set(err, -EPROTO, "the shim's suspend reported no image: is its version too old?");
 	t0 = gcr_time_mono_ms();
 	if (rc == 0 && hip)

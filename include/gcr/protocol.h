@@ -55,7 +55,12 @@
 #define GCR_OP_STATUS "status"
 /* suspend: data out: gate closed, buffers staged, memory released. Args: "timeout_ms"
  * (1 .. 3600000: how long the gate waits for calls in flight; default the shim's
- * GCR_GATE_TIMEOUT_MS). Result: a report (below). */
+ * GCR_GATE_TIMEOUT_MS); "image" (optional, absolute: an existing directory, the image being
+ * written): the copies go from the pinned slots straight to image/gpu/ files, no staging, and
+ * nothing is released before every chunk is written; then the table image/gpu/allocs.json, all
+ * fsynced, the staging pool given back, the agent's registry connection closed and the control
+ * socket re-bound for CRIU, as after image-write; resume is refused until image-read. Result: a
+ * report (below), with "image": {"bytes","written","zero","allocs","table","ms":{"total"}}. */
 #define GCR_OP_SUSPEND "suspend"
 /* resume: data in: memory re-created at the same addresses, data copied back, gate opened.
  * No args. Result: a report (below). */
@@ -77,9 +82,10 @@
  * Result: {}. */
 #define GCR_OP_TRIM "trim"
 /* ---- images (docs/images.md) ---- */
-/* image-write: only while suspended. Args: "dir" (absolute; an existing directory, the
- * image being written). Writes every staged allocation's non-zero 2 MiB chunks to
- * dir/gpu/ (several threads), the per-chunk table (zero or offset + SHA-256) to
+/* image-write: only while suspended with the data in staging (HIP; CUDA suspends with
+ * "image" instead). Args: "dir" (absolute; an existing directory, the image being written).
+ * Writes every staged allocation's non-zero 2 MiB chunks to
+ * dir/gpu/ (several threads), the per-chunk table (zero or offset + CRC-32C) to
  * dir/gpu/allocs.json, all fsynced; then gives the host staging back (so CRIU's dump does
  * not hold the data twice) and closes the node agent's registry connection (an external
  * socket would fail the dump). From then on resume is refused (-EINVAL) until image-read.
@@ -87,13 +93,15 @@
  * is gone by the end gets no reply and the staging is kept. Errors: -EINVAL not
  * suspended, or already written; -EIO and others from the files (staging kept). */
 #define GCR_OP_IMAGE_WRITE "image-write"
-/* image-read: only while suspended (after a CRIU restore, or to undo an image-write). Args:
- * "dir". Re-creates staging, reads dir/gpu/ back checking each chunk's SHA-256 and that the
- * table matches the process's allocations, re-publishes the control socket under the name of
- * the restored process's new start time, registers with the node agent again. Then the
- * normal resume moves the data to the GPU at the same addresses. Result: {"bytes","read",
- * "allocs","socket","ms":{"data","total"}}. Errors: -EINVAL not suspended; -EIO a chunk
- * corrupt, -EBADMSG a table that does not match (the process stays suspended). */
+/* image-read: only while suspended with the data in image files (after a CRIU restore, or to
+ * undo a suspend to an image or an image-write). Args: "dir". Checks that the table matches the
+ * process's allocations and each data file's size, and attaches the files: the next resume
+ * reads each chunk from them into a pinned slot, checks its CRC-32C and sends it to the GPU at
+ * its address. Re-publishes the control socket under the name of the restored process's new
+ * start time, registers with the node agent again. Result: {"bytes","read" (bytes the resume
+ * will read),"allocs","ms":{"total"}}. Errors: -EINVAL not suspended or the data still in
+ * staging; -EIO a data file of the wrong size, -EBADMSG a table that does not match (the
+ * process stays suspended, resume refused). */
 #define GCR_OP_IMAGE_READ "image-read"
 
 /* Shim -> node agent, once, on the agent's registry socket: {"socket": control socket

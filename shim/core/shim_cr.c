@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "gcr_log.h"
 #include "gcr_time.h"
@@ -329,21 +328,6 @@ static int release_one(size_t k, void *arg)
 /* Suspend's data step after the gate closed and the GPU went idle: digests,
  * decides per chunk (zero / unchanged / copy), copies. On failure nothing on the
  * GPU was touched and the images are reset. */
-/* A suspend to files failed after releasing some handles: their data is only in the files
- * (every chunk was written before any release), so every image reads its file back on the
- * unwind; the data still on the GPU is overwritten with the same bytes. */
-static void sink_attach(struct staged *st, size_t n, const struct shim_cr_sink *sink)
-{
-	for (size_t i = 0; i < n; i++) {
-		struct shim_image *img = st[i].p->img;
-		int fd = -1, dfd = -1;
-		const char *name = NULL;
-		struct gcr_err e2;
-		if (img->src_off != NULL && sink->open(st[i].p, &fd, &dfd, &name, sink->ctx, &e2) == 0)
-			img->src_fd = dup(fd);
-	}
-}
-
 static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_cr_sink *sink,
 		    size_t *released, struct shim_cr_report *rep, struct gcr_err *err)
 {
@@ -471,8 +455,11 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 	rep->ms_copy = gcr_time_mono_ms() - t1;
 	rep->ms_release = rctx.ms;
 	*released = rctx.released;
+	/* Released handles' data is only in the files now (every chunk was written before any
+	 * release): the unwind reads every image back from its file, the data still on the GPU
+	 * overwritten with the same bytes. */
 	if (rc < 0 && sink != NULL && rctx.released > 0)
-		sink_attach(st, n, sink);
+		sink->attach(sink->ctx);
 	if (rc == 0) {
 		for (size_t i = 0; i < n; i++) {
 			struct shim_image *img = st[i].p->img;
@@ -530,14 +517,12 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 			break;
 		struct shim_image *img = p->img;
 		for (size_t c = 0; c < img->nchunks; c++) {
-			x[nx] = (struct shim_xfer){ .off = img->off[c], .dev = st->va + c * GCR_DIGEST_CHUNK,
-						    .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
-						    .zero = img->zero[c] };
-			if (img->src_fd >= 0 && !img->zero[c]) /* after image-read: from the file */
-				x[nx] = (struct shim_xfer){ .off = img->src_off[c], .dev = x[nx].dev, .size = x[nx].size,
-							    .device = x[nx].device, .file = 1, .fd = img->src_fd,
-							    .crc = img->src_crc[c], .name = img->src_name };
-			nx++;
+			int file = img->src_fd >= 0 && !img->zero[c]; /* after image-read: from the file */
+			x[nx++] = (struct shim_xfer){ .off = file ? img->src_off[c] : img->off[c],
+						      .dev = st->va + c * GCR_DIGEST_CHUNK, .size = chunk_size(p, c),
+						      .device = (int16_t)phys_device(p), .zero = img->zero[c],
+						      .file = (int16_t)file, .fd = img->src_fd,
+						      .crc = file ? img->src_crc[c] : 0, .name = img->src_name };
 			if (img->zero[c])
 				rep->zero += chunk_size(p, c);
 			else
@@ -588,7 +573,7 @@ static int image_clear_staged(struct shim_phys *p, uint64_t va, void *arg)
 /* Data that came from an image file is not in staging: no incremental copy can build on it. */
 static int image_clear_file(struct shim_phys *p, uint64_t va, void *arg)
 {
-	return p->staged && p->img != NULL && p->img->src_fd >= 0 ? image_clear(p, va, arg) : 0;
+	return p->staged && p->img != NULL && p->img->src_off != NULL ? image_clear(p, va, arg) : 0;
 }
 
 static void finish_resume(void)

@@ -52,6 +52,9 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err);
 struct shim_phys;
 struct shim_cr_sink {
 	int (*open)(struct shim_phys *p, int *fd, int *dfd, const char **name, void *ctx, struct gcr_err *err);
+	/* Makes every image read its file on the next resume (sets src_fd): the unwind of a suspend
+	 * that failed after releasing handles, whose data is then only in the files. */
+	void (*attach)(void *ctx);
 	void *ctx;
 };
 int shim_cr_suspend_to(const struct shim_cr_sink *sink, int timeout_ms, struct shim_cr_report *rep,

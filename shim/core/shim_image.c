@@ -24,13 +24,9 @@ struct shim_image *shim_image_new(uint64_t size)
 	return img;
 }
 
-void shim_image_clear(struct shim_image *img)
+/* Closes and frees the file source (shim_image_record / src_fd). */
+static void source_drop(struct shim_image *img)
 {
-	for (size_t c = 0; c < img->nchunks; c++)
-		img->off[c] = SHIM_IMAGE_NONE;
-	memset(img->zero, 0, img->nchunks);
-	img->complete = 0;
-	img->have_digests = 0;
 	if (img->src_fd >= 0)
 		close(img->src_fd);
 	img->src_fd = -1;
@@ -40,6 +36,16 @@ void shim_image_clear(struct shim_image *img)
 	img->src_name = NULL;
 	img->src_off = NULL;
 	img->src_crc = NULL;
+}
+
+void shim_image_clear(struct shim_image *img)
+{
+	for (size_t c = 0; c < img->nchunks; c++)
+		img->off[c] = SHIM_IMAGE_NONE;
+	memset(img->zero, 0, img->nchunks);
+	img->complete = 0;
+	img->have_digests = 0;
+	source_drop(img);
 }
 
 int shim_image_record(struct shim_image *img, const char *name)
@@ -55,23 +61,6 @@ int shim_image_record(struct shim_image *img, const char *name)
 	return 0;
 }
 
-int shim_image_set_source(struct shim_image *img, int fd, const char *name, const uint64_t *off,
-			  const uint32_t *crc)
-{
-	shim_image_clear(img);
-	img->src_fd = fd;
-	img->src_name = strdup(name);
-	img->src_off = malloc((img->nchunks + 1) * sizeof(*img->src_off));
-	img->src_crc = malloc((img->nchunks + 1) * sizeof(*img->src_crc));
-	if (img->src_name == NULL || img->src_off == NULL || img->src_crc == NULL) {
-		shim_image_clear(img);
-		return -ENOMEM;
-	}
-	memcpy(img->src_off, off, img->nchunks * sizeof(*off));
-	memcpy(img->src_crc, crc, img->nchunks * sizeof(*crc));
-	return 0;
-}
-
 uint64_t shim_image_placed(const struct shim_image *img)
 {
 	uint64_t n = 0;
@@ -84,11 +73,7 @@ void shim_image_free(struct shim_image *img)
 {
 	if (img == NULL)
 		return;
-	if (img->src_fd >= 0)
-		close(img->src_fd);
-	free(img->src_name);
-	free(img->src_off);
-	free(img->src_crc);
+	source_drop(img);
 	free(img->off);
 	free(img->zero);
 	free(img->dig);

@@ -33,12 +33,9 @@ void shim_image_clear(struct shim_image *img);
 /* Bytes of pool placed for this image. */
 uint64_t shim_image_placed(const struct shim_image *img);
 void shim_image_free(struct shim_image *img); /* NULL-safe */
-/* Makes room for a file's chunk offsets and checksums (suspend to an image fills them) with
- * no file attached: 0 or -ENOMEM. */
+/* Forgets everything (shim_image_clear) and makes room for a file's chunk offsets and checksums
+ * (src_off, src_crc, zeroed), no file attached yet (src_fd -1): the suspend to an image fills
+ * them, image-read fills them and sets src_fd. 0 or -ENOMEM. */
 int shim_image_record(struct shim_image *img, const char *name);
-/* Takes the data from file fd (owned from here, also on failure) at the given offsets and
- * checksums (copied): 0 or -ENOMEM. */
-int shim_image_set_source(struct shim_image *img, int fd, const char *name, const uint64_t *off,
-			  const uint32_t *crc);
 
 #endif

@@ -24,7 +24,6 @@
 #include "gcr_crc32c.h"
 #include "gcr_time.h"
 #include "shim_alloc.h"
-#include "shim_config.h"
 #include "shim_cr.h"
 #include "shim_digest.h"
 #include "shim_image.h"
@@ -429,8 +428,9 @@ static int sink_table(const char *dir, struct sink_ctx *c, uint64_t *bytes, uint
 }
 
 /* Every image reads its file on the next resume (the undo of a suspend to files). */
-static void sink_attach(struct sink_ctx *c)
+static void sink_attach(void *arg)
 {
+	struct sink_ctx *c = arg;
 	for (size_t i = 0; i < c->n; i++) {
 		struct shim_image *img = c->v[i].p->img;
 		if (img != NULL && img->src_off != NULL && img->src_fd < 0)
@@ -456,7 +456,7 @@ int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_repor
 	struct sink_ctx c = { .dir = dir, .cap = shim_alloc_nphys() + 1 };
 	if (rc == 0 && (c.v = calloc(c.cap, sizeof(*c.v))) == NULL)
 		rc = gcr_err_set(err, -ENOMEM, "out of memory for the image files");
-	struct shim_cr_sink sink = { .open = sink_open, .ctx = &c };
+	struct shim_cr_sink sink = { .open = sink_open, .attach = sink_attach, .ctx = &c };
 	if (rc == 0)
 		gcr_image_test_hold("GCR_TEST_IMAGE_HOLD"); /* tests/flow/test_image.py */
 	if (rc == 0)
@@ -542,68 +542,47 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 	/* Copy workers for the resume; no pool: the data goes from the files to the GPU. */
 	if (rc == 0 && l.n > 0)
 		rc = shim_staging_prepare(l.v[0].p->gpu, 0, err);
-	size_t nmax = 0;
-	for (size_t i = 0; rc == 0 && i < l.n; i++)
-		nmax = l.v[i].a->nchunks > nmax ? l.v[i].a->nchunks : nmax;
-	uint64_t *off = rc == 0 ? calloc(nmax + 1, sizeof(*off)) : NULL;
-	uint32_t *crc = rc == 0 ? calloc(nmax + 1, sizeof(*crc)) : NULL;
-	if (rc == 0 && (off == NULL || crc == NULL))
-		rc = gcr_err_set(err, -ENOMEM, "out of memory for the chunk table");
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		struct one *o = &l.v[i];
 		struct shim_image *img = o->p->img;
-		snprintf(path, sizeof(path), "%s/%s", dir, o->a->file);
-		int any = 0;
-		for (size_t c = 0; c < img->nchunks; c++)
-			any |= !o->a->chunks[c].zero;
-		int fd = any ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-		if (any && fd < 0) {
-			rc = gcr_err_set(err, -errno, "image-read: cannot open %s: %s", path, strerror(errno));
+		if ((rc = shim_image_record(img, o->a->file)) < 0) {
+			gcr_err_set(err, rc, "out of memory for the chunk table");
 			break;
 		}
-		struct stat st;
 		uint64_t need = 0;
 		for (size_t c = 0; c < img->nchunks; c++) {
-			off[c] = o->a->chunks[c].off;
-			crc[c] = o->a->chunks[c].crc;
-			bytes += o->a->chunks[c].len;
-			if (!o->a->chunks[c].zero) {
-				loaded += o->a->chunks[c].len;
-				need = o->a->chunks[c].off + o->a->chunks[c].len;
+			const struct gcr_image_chunk *ch = &o->a->chunks[c];
+			img->zero[c] = (uint8_t)ch->zero;
+			img->src_off[c] = ch->off;
+			img->src_crc[c] = ch->crc;
+			bytes += ch->len;
+			if (!ch->zero) {
+				loaded += ch->len;
+				need = ch->off + ch->len;
 			}
 		}
-		if (fd >= 0 && (fstat(fd, &st) < 0 || (uint64_t)st.st_size != need)) {
-			close(fd);
+		if (need == 0)
+			continue; /* all zero: no file, the resume zeroes it on the GPU */
+		snprintf(path, sizeof(path), "%s/%s", dir, o->a->file);
+		struct stat st;
+		img->src_fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (img->src_fd < 0)
+			rc = gcr_err_set(err, -errno, "image-read: cannot open %s: %s", path, strerror(errno));
+		else if (fstat(img->src_fd, &st) < 0 || (uint64_t)st.st_size != need)
 			rc = gcr_err_set(err, -EIO, "image-read: %s does not hold %llu bytes (truncated or changed)", path,
 					 (unsigned long long)need);
-			break;
-		}
-		if (fd >= 0) {
-			(void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-			rc = shim_image_set_source(img, fd, o->a->file, off, crc);
-			if (rc < 0) {
-				gcr_err_set(err, rc, "out of memory for the chunk table");
-				break;
-			}
-		} else {
-			shim_image_clear(img);
-		}
-		for (size_t c = 0; c < img->nchunks; c++)
-			img->zero[c] = (uint8_t)o->a->chunks[c].zero;
+		else
+			(void)posix_fadvise(img->src_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	}
-	free(off);
-	free(crc);
 	if (rc == 0) {
 		atomic_store(&where, FILES);
-		*result = json_pack("{s:I, s:I, s:I, s:{s:f, s:f}}", "bytes", (json_int_t)bytes, "read",
-				    (json_int_t)loaded, "allocs", (json_int_t)l.n, "ms", "data", 0.0, "total",
-				    gcr_time_mono_ms() - t0);
-	} else if (atomic_load(&where) == FILES) {
+		*result = json_pack("{s:I, s:I, s:I, s:{s:f}}", "bytes", (json_int_t)bytes, "read", (json_int_t)loaded,
+				    "allocs", (json_int_t)l.n, "ms", "total", gcr_time_mono_ms() - t0);
+	} else {
 		/* Nothing half-attached: every image forgets its file, and resume waits for an
 		 * image-read that succeeds. */
 		for (size_t i = 0; i < l.n; i++)
-			if (l.v[i].p->img->src_fd >= 0)
-				shim_image_clear(l.v[i].p->img);
+			shim_image_clear(l.v[i].p->img);
 		atomic_store(&where, DROPPED);
 	}
 	for (size_t i = 0; i < l.n; i++)

@@ -287,16 +287,10 @@ static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
  * reaches the GPU. The page cache's copy is the only copy the host makes. */
 static int file_fill(char *slot, const struct shim_xfer *x, struct gcr_err *err)
 {
-	size_t done = 0;
-	while (done < x->size) {
-		ssize_t k = pread(x->fd, slot + done, x->size - done, (off_t)(x->off + done));
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return gcr_err_set(err, k < 0 ? -errno : -EIO, "reading %s at %llu: %s", x->name,
-					   (unsigned long long)(x->off + done), k < 0 ? strerror(errno) : "file too short");
-		done += (size_t)k;
-	}
+	int rc = gcr_image_pread(x->fd, slot, x->size, x->off);
+	if (rc < 0)
+		return gcr_err_set(err, rc, "reading %s at %llu: %s", x->name, (unsigned long long)x->off,
+				   rc == -EIO ? "file too short" : strerror(-rc));
 	if (gcr_crc32c_update(0, slot, x->size) != x->crc)
 		return gcr_err_set(err, -EIO, "%s: the chunk at %llu does not match its CRC-32C (corrupt image)",
 				   x->name, (unsigned long long)x->off);
