@@ -65,6 +65,16 @@ def mem_available():
     return None
 
 
+def read_all(fd, buf):
+    """Reads fd from its offset to the end through buf; the bytes read."""
+    got = 0
+    while True:
+        k = os.readv(fd, [buf])
+        if k <= 0:
+            return got
+        got += k
+
+
 def disk_free(path):
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
@@ -259,12 +269,7 @@ class Bench:
             for timed in (False, True):  # once to be sure it is all cached, then timed
                 os.lseek(fd, 0, os.SEEK_SET)
                 t0 = time.perf_counter()
-                got = 0
-                while True:
-                    k = os.readv(fd, [buf])
-                    if k <= 0:
-                        break
-                    got += k
+                got = read_all(fd, buf)
                 if timed:
                     rec["read_cache"] = got / (time.perf_counter() - t0)
             os.close(fd)
@@ -338,13 +343,7 @@ class Bench:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         try:
             t0 = time.perf_counter()
-            got = 0
-            while True:
-                k = os.readv(fd, [buf])
-                if k <= 0:
-                    break
-                got += k
-            r = got / (time.perf_counter() - t0)
+            r = read_all(fd, buf) / (time.perf_counter() - t0)
         finally:
             os.close(fd)
         return w, r
@@ -487,7 +486,7 @@ class Bench:
             rec.update(pid=pid, bytes_ready=nbytes, ready_s=round(ready_s, 3))
             wl.begin(p, to)
             if shim:
-                rec["staging_wait_s"] = self._staging_ready(pid, 120 + wl.gib * 5)
+                rec["staging_wait_s"] = H.wait_staging_ready(self.place, pid, 120 + wl.gib * 5)
             rec["gpu_mib_running"] = self.place.gpu_mib(pid)
             c = self.place.ctl("checkpoint", "--image", img, *flags, pid, timeout=int(to))
             rec["checkpoint"] = ctl_record(c)
@@ -524,20 +523,6 @@ class Bench:
         finally:
             p.close()
             self._rm_image(img)
-
-    def _staging_ready(self, pid, timeout):
-        """As harness.wait_staging_ready: the shim pins its host staging in the background after
-        the buffers appear; a checkpoint before that would pin on its critical path. Polls the
-        condition the shim reports (bounded); seconds waited, None when it never said ready."""
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout:
-            r = self.place.ctl("status", pid, timeout=30)
-            if H.dig(r.data, "shim", "staging", "ready") is True:
-                return round(time.perf_counter() - t0, 3)
-            if r.rc != 0:
-                return None
-            time.sleep(0.1)  # polling a reported condition, bounded by timeout
-        return None
 
     def _rm_image(self, img):
         parent = os.path.dirname(img)

@@ -461,16 +461,11 @@ CASES = [case_roundtrip, case_zero_buffers, case_leave_running, case_corruptions
          case_changed_after_verify, case_write_fails, case_gpu_pair_unknown]
 
 
-def main():
-    only = sys.argv[1:]
-    # Restored processes (CRIU's -d orphans them) come to us, not to init: a case can then reap
-    # one it had killed and know its pid is free again.
-
-    PR_SET_CHILD_SUBREAPER = 36
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    criu, why = find_criu()
+def run_cases(cases, criu, why, only=()):
+    """Runs each case (those named in only, if any) in its own Case; without CRIU each FAILS with
+    why. Prints one line per case and "N passed, N failed", and exits 1 if any failed."""
     passed = failed = 0
-    for fn in CASES:
+    for fn in cases:
         if only and fn.__name__ not in only:
             continue
         if criu is None:
@@ -493,6 +488,15 @@ def main():
         sys.stdout.flush()
     print("%d passed, %d failed" % (passed, failed))
     sys.exit(1 if failed else 0)
+
+
+def main():
+    # Restored processes come to us when gcrctl exits, not to an init that may reap late: a
+    # finished case's zombie never holds a pid a later case's restore needs.
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    criu, why = find_criu()
+    run_cases(CASES, criu, why, sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_image as ti  # noqa: E402  (its Proc, Case, helpers)
@@ -110,28 +108,7 @@ def main():
         criu, why = None, "no unshare(1) on PATH"
     if criu is not None and os.geteuid() != 0:
         criu, why = None, "needs root (a PID namespace and CRIU)"
-    passed = failed = 0
-    for fn in CASES:
-        if criu is None:
-            print("FAIL %s: %s" % (fn.__name__, why))
-            failed += 1
-            continue
-        c = ti.Case(fn.__name__, criu)
-        t0 = time.monotonic()
-        try:
-            fn(c)
-            print("PASS %s (%.1f s)" % (fn.__name__, time.monotonic() - t0))
-            passed += 1
-        except Exception as e:  # noqa: BLE001
-            print("FAIL %s: %s" % (fn.__name__, e))
-            if not isinstance(e, ti.Fail):
-                traceback.print_exc()
-            failed += 1
-        finally:
-            c.close()
-        sys.stdout.flush()
-    print("%d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    ti.run_cases(CASES, criu, why)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
@@ -457,6 +458,37 @@ def wait_socket(socket_dir, pid, timeout=15.0):
         if now() >= deadline:
             return False
         time.sleep(0.02)  # polling a file system condition, bounded by timeout
+
+
+def run_case(T, fn, not_run, fails):
+    """Runs one test, fn(T), and T.cleanup() whatever happens: ("PASS", ""), ("NOT RUN", why) on
+    not_run, ("FAIL", why) on an exception of the types fails or any other (with its traceback);
+    a cleanup that fails adds its traceback to the reason."""
+    status, reason = "PASS", ""
+    try:
+        fn(T)
+    except not_run as e:
+        status, reason = "NOT RUN", str(e)
+    except fails as e:
+        status, reason = "FAIL", str(e)
+    except Exception:
+        status, reason = "FAIL", "unexpected error in the test itself:\n" + traceback.format_exc()
+    finally:
+        try:
+            T.cleanup()
+        except Exception:
+            reason += "\n(cleanup failed: %s)" % traceback.format_exc()
+    return status, reason
+
+
+def report_case(log, name, status, reason, notes, t0):
+    """One test's outcome: a JSON line to log, a PASS/FAIL/NOT RUN line on stdout."""
+    secs = time.time() - t0
+    log.write(kind="test", name=name, status=status, reason=reason, notes=notes, secs=round(secs, 2))
+    if status == "PASS":
+        print("PASS %s (%.1f s)%s" % (name, secs, "".join("; " + n for n in notes)), flush=True)
+    else:
+        print("%s %s: %s" % (status, name, reason), flush=True)
 
 
 def wait_staging_ready(session, pid, timeout=120.0):

@@ -115,8 +115,9 @@ class Place:
             e["GCR_LOG_LEVEL"] = self.cfg.shim_log_level
         return e
 
-    def ctl(self, *args, timeout=600):
-        """gcrctl --json ARGS -> harness.CtlResult (never raises)."""
+    def ctl(self, *args, timeout=600, note=None):
+        """gcrctl --json ARGS -> harness.CtlResult (never raises). note: as harness.Session.ctl's
+        (its callers pass one), unused here."""
         argv = [self.gcrctl, "--json"] + [str(a) for a in args]
         env = dict(os.environ, **self.ctl_env)
         env.pop("LD_PRELOAD", None)

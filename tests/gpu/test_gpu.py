@@ -21,7 +21,6 @@ import re
 import statistics
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
@@ -772,27 +771,10 @@ def main(argv=None):
                 print("--- %s %s (%.0f s left)" % (time.strftime("%H:%M:%S"), name, min(cfg.remaining_s(), 1e9)),
                       flush=True)
                 T = Ctx(session, name)
-                try:
-                    fn(T)
-                except NotRun as e:
-                    status, reason = "NOT RUN", str(e)
-                except (Fail, H.HarnessError) as e:
-                    status, reason = "FAIL", str(e)
-                except Exception:
-                    status, reason = "FAIL", "unexpected error in the test itself:\n" + traceback.format_exc()
-                finally:
-                    try:
-                        T.cleanup()
-                    except Exception:
-                        reason += "\n(cleanup failed: %s)" % traceback.format_exc()
+                status, reason = H.run_case(T, fn, NotRun, (Fail, H.HarnessError))
                 notes = T.notes
             counts[status] += 1
-            secs = time.time() - t0
-            session.log.write(kind="test", name=name, status=status, reason=reason, notes=notes, secs=round(secs, 2))
-            if status == "PASS":
-                print("PASS %s (%.1f s)%s" % (name, secs, "".join("; " + n for n in notes)), flush=True)
-            else:
-                print("%s %s: %s" % (status, name, reason), flush=True)
+            H.report_case(session.log, name, status, reason, notes, t0)
     finally:
         session.close()
     print("%d passed, %d failed, %d skipped" % (counts["PASS"], counts["FAIL"], counts["NOT RUN"]), flush=True)
