@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define IO_BUF (1u << 20) /* bytes per read while hashing */
@@ -344,6 +345,10 @@ static int crc_file(const char *path, uint64_t *size, uint32_t *crc, struct gcr_
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return gcr_err_set(err, -errno, "cannot open %s: %s", path, strerror(errno));
+	/* The fsync that follows waits for the disk: start the write-back now, so it runs while
+	 * the checksum reads the page cache (CRIU's pages, 1.7 GB for PyTorch: 0.85 s serial). A
+	 * filesystem without it just syncs later. */
+	(void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 	char *b = malloc(IO_BUF);
 	if (b == NULL) {
 		close(fd);
@@ -481,6 +486,94 @@ int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m
 	if (rc == 0)
 		rc = fsync_path(dir, 1, err);
 	return rc;
+}
+
+/* ---- write-back while CRIU writes ---- */
+
+#define FLUSH_MS 25
+
+struct gcr_image_flusher {
+	char dir[PATH_MAX];
+	pthread_t th;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int stop; /* under lock */
+};
+
+static void flush_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (d == NULL)
+		return;
+	struct dirent *de;
+	while ((de = readdir(d)) != NULL) {
+		if (de->d_type != DT_REG)
+			continue;
+		int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		if (fd < 0)
+			continue;
+		(void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+		close(fd);
+	}
+	closedir(d);
+}
+
+static void *flusher_main(void *arg)
+{
+	struct gcr_image_flusher *f = arg;
+	pthread_mutex_lock(&f->lock);
+	while (!f->stop) {
+		pthread_mutex_unlock(&f->lock);
+		flush_dir(f->dir);
+		struct timespec until;
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_nsec += FLUSH_MS * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_mutex_lock(&f->lock);
+		while (!f->stop && pthread_cond_timedwait(&f->cond, &f->lock, &until) == 0)
+			;
+	}
+	pthread_mutex_unlock(&f->lock);
+	return NULL;
+}
+
+struct gcr_image_flusher *gcr_image_flusher_start(const char *dir)
+{
+	struct gcr_image_flusher *f = calloc(1, sizeof(*f));
+	if (f == NULL || (size_t)snprintf(f->dir, sizeof(f->dir), "%s", dir) >= sizeof(f->dir)) {
+		free(f);
+		return NULL;
+	}
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&f->cond, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_mutex_init(&f->lock, NULL);
+	if (pthread_create(&f->th, NULL, flusher_main, f) != 0) {
+		pthread_cond_destroy(&f->cond);
+		pthread_mutex_destroy(&f->lock);
+		free(f);
+		return NULL;
+	}
+	return f;
+}
+
+void gcr_image_flusher_stop(struct gcr_image_flusher *f)
+{
+	if (f == NULL)
+		return;
+	pthread_mutex_lock(&f->lock);
+	f->stop = 1;
+	pthread_cond_signal(&f->cond);
+	pthread_mutex_unlock(&f->lock);
+	pthread_join(f->th, NULL);
+	pthread_cond_destroy(&f->cond);
+	pthread_mutex_destroy(&f->lock);
+	free(f);
 }
 
 /* ---- the directory ---- */

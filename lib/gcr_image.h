@@ -94,6 +94,14 @@ void gcr_image_manifest_clear(struct gcr_image_manifest *m);
  * identity fields and table; then fsyncs every file and directory. */
 int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err);
 
+/* While another program (CRIU) writes files into dir: a thread starts the disk write-back of
+ * what they hold every few ms, so the manifest's fsync finds little left (the kernel itself
+ * waits for 10% of memory to be dirty). start returns NULL when no thread could be made (then
+ * the fsync does it all); stop joins it and frees it (NULL-safe). */
+struct gcr_image_flusher;
+struct gcr_image_flusher *gcr_image_flusher_start(const char *dir);
+void gcr_image_flusher_stop(struct gcr_image_flusher *f);
+
 /* ---- the directory ---- */
 /* "DIR.partial.<pid>" into out. */
 int gcr_image_partial_name(const char *dir, pid_t pid, char *out, size_t len, struct gcr_err *err);

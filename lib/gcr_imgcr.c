@@ -237,8 +237,11 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 	enum gcr_criu_after after = o->leave_running ? GCR_CRIU_LEAVE_RUNNING : GCR_CRIU_KILL;
 	rc = o->whole_container ? gcr_ctrdump_argv(&info, pid, criu_dir, after, &av, err)
 				: gcr_criu_dump_argv(&info, pid, criu_dir, after, &av, err);
-	if (rc == 0)
+	if (rc == 0) {
+		struct gcr_image_flusher *fl = gcr_image_flusher_start(criu_dir);
 		rc = gcr_criu_run(&info, &av, err);
+		gcr_image_flusher_stop(fl);
+	}
 	r->ms_dump = gcr_time_mono_ms() - t0;
 	if (rc < 0)
 		goto out;

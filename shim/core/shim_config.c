@@ -78,6 +78,10 @@ static const struct option options[] = {
 	 * runs 19-23); GCR_CTX_SHRINK=0 leaves the context's local memory in the checkpoint. */
 	{ "GCR_CTX_SHRINK", parse_int, &shim_cfg.ctx_shrink, "1", 0, INT_MAX_SETTING },
 	{ "GCR_GATE_TIMEOUT_MS", parse_int, &shim_cfg.gate_timeout_ms, "30000", 0, INT_MAX_SETTING },
+	/* A suspend to an image is bound by the disk, which takes few large sequential writes
+	 * faster than many small ones: docs/images.md, "Numbers". */
+	{ "GCR_IMAGE_WRITERS", parse_int, &shim_cfg.image_writers, "2", 1, 64 },
+	{ "GCR_IMAGE_PIECE_MIB", parse_int, &shim_cfg.image_piece_mib, "64", 2, 256 },
 };
 
 static void load(void)

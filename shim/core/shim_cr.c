@@ -379,6 +379,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 	if (rc == 0)
 		rc = shim_staging_prepare(backend, need, err);
 	size_t nx = 0;
+	const uint64_t piece = shim_staging_file_piece();
 	if (rc == 0 && (x = calloc(nch + 1, sizeof(*x))) == NULL)
 		rc = gcr_err_set(err, -ENOMEM, "out of host memory for the copy list of %zu chunks", nch);
 	for (size_t i = 0; i < n && rc == 0; i++) {
@@ -407,14 +408,14 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 			}
 			img->zero[c] = 0;
 			if (sink != NULL) {
-				/* Runs of chunks go in one write, up to SHIM_STAGING_FILE_PIECE: they lie back
-				 * to back on the GPU and in the file. */
+				/* Runs of chunks go in one write, up to shim_staging_file_piece(): they lie
+				 * back to back on the GPU and in the file. */
 				img->src_off[c] = foff;
 				struct shim_xfer *prev = nx > 0 ? &x[nx - 1] : NULL;
 				if (prev != NULL && prev->file && prev->group == (uint32_t)i &&
 				    prev->dev + prev->size == st[i].va + c * GCR_DIGEST_CHUNK &&
 				    prev->size % GCR_DIGEST_CHUNK == 0 &&
-				    prev->size + chunk_size(p, c) <= SHIM_STAGING_FILE_PIECE)
+				    prev->size + chunk_size(p, c) <= piece)
 					prev->size += chunk_size(p, c);
 				else
 					x[nx++] = (struct shim_xfer){ .off = foff, .dev = st[i].va + c * GCR_DIGEST_CHUNK,

@@ -13,10 +13,14 @@
 
 /* The unit of transfer and of host placement (one pinned slot). */
 #define SHIM_STAGING_CHUNK (2ull << 20)
-/* The largest piece of a suspend to files: consecutive chunks of one allocation, written at
- * once (on the H200 machine's disk, 8 MiB direct writes from 4 threads reached 2.46 GB/s, 2 MiB
- * ones 2.2). */
-#define SHIM_STAGING_FILE_PIECE (8ull << 20)
+/* The bound on a piece of a suspend to files: consecutive chunks of one allocation, written
+ * at once. The size used is shim_staging_file_piece(). */
+#define SHIM_STAGING_FILE_PIECE (256ull << 20)
+
+/* A suspend to files writes pieces of up to this many bytes (GCR_IMAGE_PIECE_MIB, whole
+ * chunks), from GCR_IMAGE_WRITERS copy workers: disks take a few large sequential writes
+ * faster than many small ones. */
+uint64_t shim_staging_file_piece(void);
 
 /* The allocation path reports the bytes that may need staging; the background
  * thread grows the pool and starts copy workers to match. gpu: the vendor whose calls
@@ -49,7 +53,7 @@ struct shim_xfer {
 	 * pinned slot and checked against crc (CRC-32C) before they go to the GPU. Out: they go
 	 * from the pinned slot to the file at off (through dfd, the file opened O_DIRECT, when
 	 * offset and length are page multiples and dfd >= 0), and the CRC-32C of each chunk of the
-	 * piece (up to SHIM_STAGING_FILE_PIECE, whole chunks) to crc_out[0], [1], ... */
+	 * piece (up to shim_staging_file_piece(), whole chunks) to crc_out[0], [1], ... */
 	int16_t file;
 	int fd, dfd;
 	uint32_t crc;

@@ -457,8 +457,36 @@ def case_gpu_pair_unknown(c):
     finish(p)
 
 
+def case_writers_and_pieces(c):
+    """GCR_IMAGE_WRITERS x GCR_IMAGE_PIECE_MIB (the disk's pattern): pieces that are not a divisor
+    of the buffers, runs broken by zero chunks, one writer with 2 MiB pieces (no big slots) and
+    three with 6 MiB ones: every chunk's CRC-32C checked before CRIU runs (--verify-first), the
+    data bit-exact after the restore."""
+    for writers, piece in (("3", "6"), ("1", "2")):
+        p = c.start(["--chunks", "--buffers", "4", "--mib", "40", "--write-mib", "22", "--iters", "2", "--wait"],
+                    env={"GCR_IMAGE_WRITERS": writers, "GCR_IMAGE_PIECE_MIB": piece})
+        p.send("go")
+        p.expect(r"^DONE$", 120)
+        before = verify(p)
+        img = os.path.join(c.d, "img-%s-%s" % (writers, piece))
+        rep = checkpoint(c, p, img)
+        b = rep["bytes"]
+        check(b["zero"] > 0 and b["written"] > 0, "zero chunks and data: %s" % b)
+        p.reap()
+        rc, r, err = c.ctl("restore", "--image", img, "--verify-first")
+        check(rc == 0 and r.get("ok"), "restore (%s writers, %s MiB): rc %d %s %s" % (writers, piece, rc, r, err))
+        after = verify(p)
+        check(after == before, "%s writers, %s MiB pieces: after the restore %s, before %s"
+              % (writers, piece, after, before))
+        p.send("check")
+        m = p.expect(r"RESULT (.*)", 120)
+        check(m.group(1) == "ok", "RESULT %s" % m.group(1))
+        print("  %s writers, %s MiB pieces: %.1f MiB written in %.1f ms, bit-exact"
+              % (writers, piece, b["written"] / 2**20, rep["ms"]["write"]))
+
+
 CASES = [case_roundtrip, case_zero_buffers, case_leave_running, case_corruptions, case_killed_mid_write,
-         case_changed_after_verify, case_write_fails, case_gpu_pair_unknown]
+         case_changed_after_verify, case_write_fails, case_gpu_pair_unknown, case_writers_and_pieces]
 
 
 def run_cases(cases, criu, why, only=()):
