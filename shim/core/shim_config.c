@@ -78,6 +78,11 @@ static const struct option options[] = {
 	 * runs 19-23); GCR_CTX_SHRINK=0 leaves the context's local memory in the checkpoint. */
 	{ "GCR_CTX_SHRINK", parse_int, &shim_cfg.ctx_shrink, "1", 0, INT_MAX_SETTING },
 	{ "GCR_GATE_TIMEOUT_MS", parse_int, &shim_cfg.gate_timeout_ms, "30000", 0, INT_MAX_SETTING },
+	/* Overcommit by suspend (docs/preemption.md): the device plugin sets it for opted-in pods. */
+	{ GCR_OVERCOMMIT_ENV, parse_int, &shim_cfg.overcommit, "0", 0, 1 },
+	/* A suspend of a 16 GiB process takes about 0.9 s on the H100 (docs/design.md); 5 s leaves
+	 * room for a few of them, and an application that gets no room still fails fast. */
+	{ GCR_ROOM_TIMEOUT_ENV, parse_int, &shim_cfg.room_timeout_ms, "5000", 1, 600000 },
 };
 
 static void load(void)

@@ -16,6 +16,8 @@ struct shim_config {
 	int ctx_shrink;         /* GCR_CTX_SHRINK (1): give the contexts' local memory back while suspended */
 	int gate_timeout_ms;    /* GCR_GATE_TIMEOUT_MS */
 	int agent_register;     /* reserved for the node agent's registry */
+	int overcommit;         /* GCR_OVERCOMMIT=1: ask the agent for room on out-of-memory */
+	int room_timeout_ms;    /* GCR_ROOM_TIMEOUT_MS: the bound on that request, in all */
 };
 
 extern struct shim_config shim_cfg;
