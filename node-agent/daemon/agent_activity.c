@@ -115,6 +115,8 @@ char *agent_activity_note(void *data)
 		if (recent > 0)
 			last = now;
 		json_object_set_new(seen, key, json_pack("[I, f]", (json_int_t)calls, last));
+		if (procs[i].pod_uid[0] == '\0')
+			continue; /* a process outside pods (--processes-outside-pods): in no pod's note */
 		/* A pod's activity: its most recently active process, the sum of recent calls. */
 		/* A pod's states: how many of its processes are in each (the node's truth). */
 		json_t *pp = json_object_get(per_pod, procs[i].pod_uid);

@@ -61,7 +61,8 @@ struct dp_cfg {
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
-		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib;
+		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib,
+		*outside_pods;
 	struct dp_cfg dp;
 };
 
@@ -98,6 +99,9 @@ static const struct opt_row opts_table[] = {
 	  "of GPU memory gets room by the suspend of lower-priority ones (docs/preemption.md); false: never" },
 	{ "overcommit-margin-mib", "overcommitMarginMiB", SLOT(overcommit_margin_mib), "0",
 	  "MiB made free beyond an allocation that asks for room (0..65536)" },
+	{ "processes-outside-pods", "processesOutsidePods", SLOT(outside_pods), "false",
+	  "true: shims of processes outside pods register too (a machine without Kubernetes: gcrctl and "
+	  "overcommit work on them; Checkpoint objects cannot name them)" },
 	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
 	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
 	  LEASE_NS_DEFAULT ")" },
@@ -458,6 +462,8 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	    seconds_opt("max-parallel", c->max_parallel, MAX_PARALLEL_MAX, NULL, err) < 0 ||
 	    seconds_opt("images-keep", c->images_keep, IMAGES_KEEP_MAX, NULL, err) < 0)
 		return -EINVAL;
+	if (strcmp(c->outside_pods, "true") != 0 && strcmp(c->outside_pods, "false") != 0)
+		return gcr_err_set(err, -EINVAL, "--processes-outside-pods: '%s' is not true or false", c->outside_pods);
 	if (strcmp(c->overcommit, "true") != 0 && strcmp(c->overcommit, "false") != 0)
 		return gcr_err_set(err, -EINVAL, "--overcommit: '%s' is not true or false", c->overcommit);
 	{
@@ -623,7 +629,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (node && (agent_registry_new(cfg.registry_socket, cfg.socket_dir, cfg.dp.enabled ? cfg.dp.socket_root : NULL,
-				       cfg.proc_root, &reg, &err) < 0 ||
+				       cfg.proc_root, strcmp(cfg.outside_pods, "true") == 0 ? AGENT_REGISTRY_OUTSIDE_PODS : 0,
+				       &reg, &err) < 0 ||
 		     agent_registry_start(reg, &err) < 0))
 		goto out;
 	if (agent_metrics_new(cfg.metrics_address, registered_gauge, reg, &metrics, &err) < 0)

@@ -42,7 +42,8 @@ struct agent_registry {
 	pthread_t th;
 	int started;
 	atomic_int stop;
-	struct agent_registry_handler h; /* set before the thread starts */
+	int flags; /* AGENT_REGISTRY_* */
+	struct agent_registry_handler h;
 	pthread_mutex_t lock; /* guards e */
 	struct entry e[AGENT_REGISTRY_MAX];
 };
@@ -103,6 +104,10 @@ static int identify(struct agent_registry *r, pid_t pid, struct agent_registry_p
 	struct agent_cgroup_pod pod;
 	snprintf(path, sizeof(path), "%s/%d/cgroup", r->proc_root, (int)pid);
 	int rc = agent_cgroup_read_file(path, &pod, err);
+	if (rc == -ENOENT && (r->flags & AGENT_REGISTRY_OUTSIDE_PODS)) {
+		memset(&pod, 0, sizeof(pod)); /* a process on the machine: no pod, no container */
+		rc = 0;
+	}
 	if (rc < 0)
 		return rc;
 	p->pid = pid;
@@ -185,7 +190,7 @@ static void scan_alloc_root(struct agent_registry *r, const char *alloc_root)
 }
 
 int agent_registry_new(const char *socket_path, const char *socket_dir, const char *alloc_root,
-		       const char *proc_root, struct agent_registry **out, struct gcr_err *err)
+		       const char *proc_root, int flags, struct agent_registry **out, struct gcr_err *err)
 {
 	*out = NULL;
 	struct agent_registry *r = calloc(1, sizeof(*r));
@@ -193,6 +198,7 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	pthread_mutex_init(&r->lock, NULL);
 	r->lfd = -1;
+	r->flags = flags;
 	r->socket_path = strdup(socket_path);
 	r->proc_root = strdup(proc_root);
 	if (r->socket_path == NULL || r->proc_root == NULL) {

@@ -36,11 +36,15 @@ struct agent_registry_handler {
 
 struct agent_registry;
 
+/* agent_registry_new's flags: also take processes outside pods (gcr-agent on a machine without
+ * Kubernetes, --processes-outside-pods): their pod uid and container id are "". */
+#define AGENT_REGISTRY_OUTSIDE_PODS 1
+
 /* Listens on socket_path; proc_root is "/proc" or a test tree. Then scans socket_dir, and
  * each directory in alloc_root (the device plugin's socket root; NULL: none), for shims
  * that registered with an earlier agent (gcr_client_list). */
 int agent_registry_new(const char *socket_path, const char *socket_dir, const char *alloc_root,
-		       const char *proc_root, struct agent_registry **out, struct gcr_err *err)
+		       const char *proc_root, int flags, struct agent_registry **out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
 /* Sets (or, all NULL, clears) the overcommit handler; once this returns, the old one is never

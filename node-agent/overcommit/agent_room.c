@@ -92,14 +92,17 @@ static int alive(struct agent_room *r, pid_t pid, unsigned long long start)
 	return start == 0 || agent_registry_start_time(r->reg, pid) == start;
 }
 
-/* "namespace/name" from Kubernetes when known, else the uid. */
-static void pod_label(struct agent_room *r, const char *uid, char *out, size_t len)
+/* "namespace/name" from Kubernetes when known, else the uid; "pid/<pid>" outside pods. */
+static void pod_label(struct agent_room *r, const char *uid, pid_t pid, char *out, size_t len)
 {
 	struct agent_room_pod pod = { 0 };
-	if (r->hooks.pod != NULL && r->hooks.pod(r->hooks.data, uid, &pod) == 0 && pod.name[0] != '\0')
+	if (uid[0] != '\0' && r->hooks.pod != NULL && r->hooks.pod(r->hooks.data, uid, &pod) == 0 &&
+	    pod.name[0] != '\0')
 		snprintf(out, len, "%s", pod.name);
+	else if (uid[0] != '\0')
+		snprintf(out, len, "%s", uid);
 	else
-		snprintf(out, len, "%s", uid[0] != '\0' ? uid : "none");
+		snprintf(out, len, "pid/%d", (int)pid);
 }
 
 /* Queued; events_flush posts them once the reply is gone. Past the bound, dropped (logged). */
@@ -338,7 +341,7 @@ static int resume_one(struct agent_room *r, int i, const char *why, struct gcr_e
 	if (rc == 0) {
 		double held = now_s() - h->since;
 		char label[320], note[512];
-		pod_label(r, h->pod, label, sizeof(label));
+		pod_label(r, h->pod, h->pid, label, sizeof(label));
 		GCR_LOG(GCR_LOG_INFO, "overcommit", "resumed pid %d (pod %s, priority %d) after %.1f s held, %s: "
 			"%.1f ms, %lld bytes moved", (int)h->pid, label, h->priority, held, why,
 			gcr_time_mono_ms() - t0, res.bytes_moved);
@@ -358,7 +361,7 @@ static int suspend_victims(struct agent_room *r, const struct agent_registry_pro
 {
 	int done = 0;
 	char req_label[320];
-	pod_label(r, req->pod_uid, req_label, sizeof(req_label));
+	pod_label(r, req->pod_uid, req->pid, req_label, sizeof(req_label));
 	*freed = 0;
 	for (int j = 0; j < k; j++) {
 		const struct agent_registry_proc *p = &cand[pick[j]];
@@ -367,7 +370,7 @@ static int suspend_victims(struct agent_room *r, const struct agent_registry_pro
 		struct gcr_cr_result res = { 0 };
 		struct gcr_err err = { 0 };
 		char label[320], note[640];
-		pod_label(r, p->pod_uid, label, sizeof(label));
+		pod_label(r, p->pod_uid, p->pid, label, sizeof(label));
 		double t0 = gcr_time_mono_ms();
 		int rc = gcr_cr_suspend(p->pid, &o, &res, &err);
 		if (rc < 0) {

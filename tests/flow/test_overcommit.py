@@ -101,10 +101,14 @@ class Node:
         self.procs = []
         self.n = 0
 
-    def start_agent(self, *flags):
+    def start_agent(self, *flags, real_proc=False):
+        """real_proc: the machine's /proc and processes outside pods (the GPU measurement's way)."""
+        self.real_proc = real_proc
         argv = [AGENT, "--kubeconfig", self.kubeconfig, "--node-name", "node-oc", "--socket-dir", self.sock,
                 "--record-dir", self.records, "--metrics-address", "127.0.0.1:%d" % self.port,
-                "--proc-root", self.proc, *flags]
+                "--proc-root", "/proc" if real_proc else self.proc, *flags]
+        if real_proc:
+            argv += ["--processes-outside-pods", "true"]
         p = H.Proc(self.cfg, "agent", ["sh", "-c", 'exec "$@" 2>&1', "sh"] + argv,
                    extra_env=dict(self.env, GCR_LOG_LEVEL="info"))
         self.procs.append(p)
@@ -136,6 +140,10 @@ class Node:
              "1", "--iters", "3", "--wait"]
         p = H.Proc(self.cfg, name, argv, extra_env=self.env)
         self.procs.append(p)
+        p.uid = ""
+        if getattr(self, "real_proc", False):
+            p.send("go")  # its own environment, read from /proc/<pid>/environ
+            return p
         d = os.path.join(self.proc, str(p.pid))
         os.makedirs(d)
         uid = "0c0c0c0c-0000-4000-8000-%012d" % self.n
@@ -355,8 +363,26 @@ def case_restart(n):
     n.finish(low)
 
 
+def case_outside_pods(n):
+    """gcr-agent on a machine without Kubernetes (--processes-outside-pods, the real /proc): the
+    processes' own environment opts them in and ranks them; the low one is suspended for the high
+    one and resumed after it, bit-exact (how the GPU measurement runs)."""
+    n.start_agent(real_proc=True)
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    check(held(n, low), "low not suspended while high runs: %s" % n.state(low))
+    check(re.search(r'gcr_agent_overcommit_suspensions_total\{pod="pid/%d"\} 1' % low.pid, n.metrics()),
+          "suspension not counted under pid/%d" % low.pid)
+    mark = n.agent_mark()
+    n.finish(high)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    n.finish(low)
+
+
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512),
-         (case_not_enough, 512), (case_bound, 512), (case_restart, 512)]
+         (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_outside_pods, 512)]
 
 
 def main():
