@@ -125,10 +125,8 @@ static int exchange_locked(size_t bytes, int device, double deadline, struct gcr
 		return gcr_err_set(err, -ENOMEM, "out of memory for the request");
 	int rc = gcr_sock_write_all(fd, line, strlen(line), (int)left_ms(deadline), err);
 	free(line);
-	if (rc == -ETIMEDOUT)
-		return rc;
-	if (rc < 0)
-		return gcr_err_set(err, -EPIPE, "the agent's connection broke: %s", err->msg);
+	if (rc < 0) /* a line cut short would garble the next one: the connection is done either way */
+		return gcr_err_set(err, -EPIPE, "the request could not be sent: %s", err->msg);
 	for (;;) {
 		char *l;
 		int n = gcr_linebuf_next(&lb, &l, err);

@@ -29,14 +29,16 @@ int shim_agent_overcommit(void);
  * another's request was granted gets 0 without asking again. */
 int shim_agent_room(size_t bytes, int device);
 
-/* The retry loop of an allocation wrapper: true when the attempt that just ended failed for
- * want of memory (oom), this process opted in, fewer than SHIM_AGENT_ROOM_TRIES rooms were
- * asked for this call (*tries counts them) and the agent made room: then try again. Without
- * overcommit or without out-of-memory it costs one comparison. */
+/* The retry loop of an allocation wrapper, after an attempt failed for want of memory: true
+ * when this process opted in, fewer than SHIM_AGENT_ROOM_TRIES rooms were
+ * asked for this call (*tries counts them) and the agent made room: then try again. Callers
+ * test the out-of-memory first (`r == OOM && shim_agent_room_retry(...)`), so that the
+ * arguments (the current device) are only computed after one: a successful allocation pays
+ * one comparison. */
 #define SHIM_AGENT_ROOM_TRIES 2
-static inline int shim_agent_room_retry(int oom, size_t bytes, int device, int *tries)
+static inline int shim_agent_room_retry(size_t bytes, int device, int *tries)
 {
-	return oom && shim_agent_overcommit() && (*tries)++ < SHIM_AGENT_ROOM_TRIES &&
+	return shim_agent_overcommit() && (*tries)++ < SHIM_AGENT_ROOM_TRIES &&
 	       shim_agent_room(bytes, device) == 0;
 }
 

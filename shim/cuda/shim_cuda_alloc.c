@@ -70,7 +70,7 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	CUresult r;
 	do
 		r = mem_alloc_once(dptr, bytesize);
-	while (shim_agent_room_retry(r == CUDA_ERROR_OUT_OF_MEMORY, bytesize, cur_device(), &tries));
+	while (r == CUDA_ERROR_OUT_OF_MEMORY && shim_agent_room_retry(bytesize, cur_device(), &tries));
 	return r;
 }
 
@@ -114,8 +114,8 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
 	CUresult r;
 	do
 		r = mem_alloc_pitch_once(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-	while (shim_agent_room_retry(r == CUDA_ERROR_OUT_OF_MEMORY,
-				     Height <= SIZE_MAX / (WidthInBytes | 1) ? WidthInBytes * Height : SIZE_MAX,
+	while (r == CUDA_ERROR_OUT_OF_MEMORY &&
+	       shim_agent_room_retry(Height <= SIZE_MAX / (WidthInBytes | 1) ? WidthInBytes * Height : SIZE_MAX,
 				     cur_device(), &tries));
 	return r;
 }
@@ -215,7 +215,8 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 	CUresult r;
 	do
 		r = mem_create_once(handle, size, prop, flags);
-	while (shim_agent_room_retry(r == CUDA_ERROR_OUT_OF_MEMORY, size,
+	while (r == CUDA_ERROR_OUT_OF_MEMORY &&
+	       shim_agent_room_retry(size,
 				     prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
 					     ? prop->location.id
 					     : -1,

@@ -386,7 +386,7 @@ static CUresult alloc_async(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryP
 	CUresult r;
 	do
 		r = alloc_async_once(v, dptr, bytesize, pool, hStream, from_pool);
-	while (shim_agent_room_retry(r == CUDA_ERROR_OUT_OF_MEMORY, bytesize, -1, &tries));
+	while (r == CUDA_ERROR_OUT_OF_MEMORY && shim_agent_room_retry(bytesize, -1, &tries));
 	return r;
 }
 
