@@ -16,7 +16,9 @@
 #include <unistd.h>
 
 #include "agent_victims.h"
+#include "gcr_client.h"
 #include "gcr_cr.h"
+#include "gcr_shimreply.h"
 #include "gcr_log.h"
 #include "gcr_nvml.h"
 #include "gcr_proto.h"
@@ -29,6 +31,8 @@
 #define REPLY_MS 1000
 /* Longest record file read back (bytes). */
 #define RECORD_MAX 8192
+/* How long a candidate's shim may take to say what it holds (ms), in data-only mode. */
+#define STATUS_MS 1000
 /* The records' folder under record_dir. */
 #define RECORD_SUBDIR "overcommit"
 
@@ -45,6 +49,7 @@ struct hold {
 	char for_pod[AGENT_CGROUP_UID_LEN + 1];
 	char uuid[GCR_NVML_UUID_LEN];
 	int said; /* the last resume failure logged (its -errno), so each is said once */
+	int data_only; /* suspended in data-only mode: resumed in the same */
 };
 
 struct request {
@@ -158,10 +163,11 @@ static void record_write(struct agent_room *r, const struct hold *h)
 	char path[600], tmp[640];
 	record_path(r, h->pid, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	json_t *j = json_pack("{s:i, s:I, s:s, s:i, s:I, s:f, s:i, s:I, s:s, s:s}", "pid", (int)h->pid, "start",
+	json_t *j = json_pack("{s:i, s:I, s:s, s:i, s:I, s:f, s:i, s:I, s:s, s:s, s:s}", "pid", (int)h->pid, "start",
 			      (json_int_t)h->start, "pod", h->pod, "priority", h->priority, "bytes",
 			      (json_int_t)h->bytes, "since", h->since, "for_pid", (int)h->for_pid, "for_start",
-			      (json_int_t)h->for_start, "for_pod", h->for_pod, "gpu", h->uuid);
+			      (json_int_t)h->for_start, "for_pod", h->for_pod, "gpu", h->uuid, "mode",
+			      h->data_only ? "data" : "full");
 	int rc = j != NULL ? json_dump_file(j, tmp, JSON_COMPACT) : -1;
 	json_decref(j);
 	if (rc == 0 && rename(tmp, path) == 0)
@@ -188,11 +194,12 @@ static int record_parse(const char *text, size_t len, struct hold *h)
 	json_int_t pid, start, bytes, for_pid, for_start;
 	int prio;
 	double since;
-	const char *pod, *for_pod, *gpu;
-	int rc = j != NULL && json_unpack(j, "{s:I, s:I, s:s, s:i, s:I, s:F, s:I, s:I, s:s, s:s}", "pid", &pid,
+	const char *pod, *for_pod, *gpu, *mode;
+	int rc = j != NULL && json_unpack(j, "{s:I, s:I, s:s, s:i, s:I, s:F, s:I, s:I, s:s, s:s, s:s}", "pid", &pid,
 					  "start", &start, "pod", &pod, "priority", &prio, "bytes", &bytes, "since",
 					  &since, "for_pid", &for_pid, "for_start", &for_start, "for_pod", &for_pod,
-					  "gpu", &gpu) == 0 &&
+					  "gpu", &gpu, "mode", &mode) == 0 &&
+			 (strcmp(mode, "data") == 0 || strcmp(mode, "full") == 0) &&
 			 pid > 0 && pid < (1 << 22) && for_pid > 0 && for_pid < (1 << 22) && start >= 0 &&
 			 for_start >= 0 && bytes >= 0 && strlen(pod) <= AGENT_CGROUP_UID_LEN &&
 			 strlen(for_pod) <= AGENT_CGROUP_UID_LEN && strlen(gpu) < GCR_NVML_UUID_LEN
@@ -201,7 +208,8 @@ static int record_parse(const char *text, size_t len, struct hold *h)
 	if (rc == 0) {
 		*h = (struct hold){ .pid = (pid_t)pid, .start = (unsigned long long)start, .priority = prio,
 				    .bytes = (unsigned long long)bytes, .since = since, .for_pid = (pid_t)for_pid,
-				    .for_start = (unsigned long long)for_start };
+				    .for_start = (unsigned long long)for_start,
+				    .data_only = strcmp(mode, "data") == 0 };
 		snprintf(h->pod, sizeof(h->pod), "%s", pod);
 		snprintf(h->for_pod, sizeof(h->for_pod), "%s", for_pod);
 		snprintf(h->uuid, sizeof(h->uuid), "%s", gpu);
@@ -301,6 +309,24 @@ static unsigned long long bytes_on(pid_t pid, const char *uuid)
 	return 0;
 }
 
+/* What a data-only suspend of pid frees: its buffers on the shim's fast path (0 when the shim
+ * does not answer in time), at most what NVML shows it holding on the GPU. */
+static unsigned long long data_bytes(struct agent_room *r, pid_t pid, unsigned long long on_gpu)
+{
+	struct gcr_client c;
+	struct gcr_err err;
+	json_t *st = NULL;
+	long long fast = 0, drv = 0;
+	if (gcr_client_open(&c, r->socket_dir, pid, &err) < 0)
+		return 0;
+	int rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, STATUS_MS, &st, &err);
+	gcr_client_close(&c);
+	if (rc < 0 || gcr_shimreply_sizes(st, &fast, &drv, &err) < 0)
+		fast = 0;
+	json_decref(st);
+	return (unsigned long long)fast < on_gpu ? (unsigned long long)fast : on_gpu;
+}
+
 static unsigned long long free_on(const char *uuid, unsigned long long *total)
 {
 	unsigned long long fr = 0, t = 0;
@@ -334,7 +360,8 @@ static void drop_hold(struct agent_room *r, int i)
 static int resume_one(struct agent_room *r, int i, const char *why, struct gcr_err *err)
 {
 	struct hold *h = &r->held[i];
-	struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = r->cfg.timeout_ms };
+	struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = h->data_only ? GCR_CR_DATA_ONLY : GCR_CR_FULL,
+				 .timeout_ms = r->cfg.timeout_ms };
 	struct gcr_cr_result res = { 0 };
 	double t0 = gcr_time_mono_ms();
 	int rc = gcr_cr_resume(h->pid, &o, &res, err);
@@ -365,7 +392,8 @@ static int suspend_victims(struct agent_room *r, const struct agent_registry_pro
 	*freed = 0;
 	for (int j = 0; j < k; j++) {
 		const struct agent_registry_proc *p = &cand[pick[j]];
-		struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = GCR_CR_FULL,
+		struct gcr_cr_opts o = { .socket_dir = r->socket_dir,
+					 .mode = r->cfg.data_only ? GCR_CR_DATA_ONLY : GCR_CR_FULL,
 					 .timeout_ms = r->cfg.timeout_ms };
 		struct gcr_cr_result res = { 0 };
 		struct gcr_err err = { 0 };
@@ -383,7 +411,7 @@ static int suspend_victims(struct agent_room *r, const struct agent_registry_pro
 		}
 		struct hold h = { .pid = p->pid, .start = p->start, .priority = v[pick[j]].priority,
 				  .bytes = v[pick[j]].bytes, .since = now_s(), .for_pid = req->pid,
-				  .for_start = req->start };
+				  .for_start = req->start, .data_only = r->cfg.data_only };
 		snprintf(h.pod, sizeof(h.pod), "%s", p->pod_uid);
 		snprintf(h.for_pod, sizeof(h.for_pod), "%s", req->pod_uid);
 		snprintf(h.uuid, sizeof(h.uuid), "%s", uuid);
@@ -458,6 +486,8 @@ static void handle(struct agent_room *r, struct request *q)
 		v[i] = (struct agent_victim){ .pid = cand[i].pid, .priority = cp, .preemptible = ce, .eligible = other,
 					      .last_active = agent_activity_last(r->act, cand[i].pid),
 					      .bytes = other ? bytes_on(cand[i].pid, uuid) : 0 };
+		if (v[i].bytes > 0 && r->cfg.data_only)
+			v[i].bytes = data_bytes(r, cand[i].pid, v[i].bytes);
 	}
 	k = agent_victims_pick(v, nc, prio, want - fr, pick, &freed);
 	if (k < 0) {
@@ -535,7 +565,7 @@ static void monitor(struct agent_room *r)
 			continue;
 		}
 		struct gcr_cr_proc_state st;
-		struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = GCR_CR_FULL };
+		struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = h->data_only ? GCR_CR_DATA_ONLY : GCR_CR_FULL };
 		struct gcr_err e2;
 		if (gcr_cr_state(h->pid, &o, &st, &e2) == 0 && st.state == GCR_CR_ST_RUNNING) {
 			GCR_LOG(GCR_LOG_INFO, "overcommit", "held pid %d was resumed by someone else", (int)h->pid);
@@ -670,8 +700,8 @@ int agent_room_start(struct agent_room *r, struct gcr_err *err)
 	if (rc != 0)
 		return gcr_err_set(err, -rc, "cannot start the overcommit thread: %s", strerror(rc));
 	r->started = 1;
-	GCR_LOG(GCR_LOG_INFO, "overcommit", "policy %s; %d processes held; records in %s",
-		r->cfg.enabled ? "on" : "off", r->nheld, r->dir);
+	GCR_LOG(GCR_LOG_INFO, "overcommit", "policy %s (%s suspends); %d processes held; records in %s",
+		r->cfg.enabled ? "on" : "off", r->cfg.data_only ? "data-only" : "full", r->nheld, r->dir);
 	return 0;
 }
 

@@ -363,6 +363,26 @@ def case_restart(n):
     n.finish(low)
 
 
+def case_data_only(n):
+    """--overcommit-mode data: the victim's buffers leave the GPU, its context stays (the shim says
+    suspended, the driver running); the high one's allocation fits; the victim comes back bit-exact."""
+    n.start_agent("--overcommit-mode", "data")
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    st = H.gcrctl(n.cfg, n.sock, "status", low.pid)
+    check(H.dig(st.data, "shim", "state") == "suspended" and H.driver_state_of(st) == "running",
+          "low: shim %s, driver %s (want suspended, running)" % (H.dig(st.data, "shim", "state"),
+                                                                H.dig(st.data, "driver")))
+    check(any("data-only suspends" in l for l in n.agent.lines), "agent did not say data-only")
+    mark = n.agent_mark()
+    n.finish(high)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    check(H.dig(H.gcrctl(n.cfg, n.sock, "status", low.pid).data, "shim", "state") == "running", "low not running")
+    n.finish(low)
+
+
 def case_outside_pods(n):
     """gcr-agent on a machine without Kubernetes (--processes-outside-pods, the real /proc): the
     processes' own environment opts them in and ranks them; the low one is suspended for the high
@@ -382,7 +402,8 @@ def case_outside_pods(n):
 
 
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512),
-         (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_outside_pods, 512)]
+         (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
+         (case_outside_pods, 512)]
 
 
 def main():
