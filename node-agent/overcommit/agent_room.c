@@ -309,22 +309,33 @@ static unsigned long long bytes_on(pid_t pid, const char *uuid)
 	return 0;
 }
 
-/* What a data-only suspend of pid frees: its buffers on the shim's fast path (0 when the shim
- * does not answer in time), at most what NVML shows it holding on the GPU. */
+/* What a data-only suspend of pid frees: the buffers on the shim's fast path (its status's
+ * "bytes": vmm, app_vmm and pool; 0 when the shim does not answer in time or says nonsense), at
+ * most what NVML shows it holding on the GPU. */
 static unsigned long long data_bytes(struct agent_room *r, pid_t pid, unsigned long long on_gpu)
 {
+	static const char *const kinds[] = { "vmm", "app_vmm", "pool" };
 	struct gcr_client c;
 	struct gcr_err err;
 	json_t *st = NULL;
-	long long fast = 0, drv = 0;
+	unsigned long long sum = 0;
 	if (gcr_client_open(&c, r->socket_dir, pid, &err) < 0)
 		return 0;
 	int rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, STATUS_MS, &st, &err);
 	gcr_client_close(&c);
-	if (rc < 0 || gcr_shimreply_sizes(st, &fast, &drv, &err) < 0)
-		fast = 0;
+	json_t *bytes = rc == 0 ? json_object_get(st, "bytes") : NULL;
+	for (size_t i = 0; bytes != NULL && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		json_t *v = json_object_get(bytes, kinds[i]);
+		if (v == NULL)
+			continue; /* an older shim: no pool */
+		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= GCR_SHIMREPLY_BYTES_MAX) {
+			sum = 0;
+			break;
+		}
+		sum += (unsigned long long)json_integer_value(v);
+	}
 	json_decref(st);
-	return (unsigned long long)fast < on_gpu ? (unsigned long long)fast : on_gpu;
+	return sum < on_gpu ? sum : on_gpu;
 }
 
 static unsigned long long free_on(const char *uuid, unsigned long long *total)

@@ -304,6 +304,26 @@ def case_policy_off(n):
     n.finish(low)
 
 
+def case_opt_in(n):
+    """Only opted-in processes take part: a requester whose process did not opt in (its shim asks,
+    its environ as the agent reads it says no) is refused; a low-priority process that did not opt
+    in is never suspended."""
+    n.start_agent()
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high-not-in", 384, prio=10, opt_in=False, extra_env={"GCR_OVERCOMMIT": "1"})
+    n.oom(high)
+    check(any("pid %d has not opted in" % high.pid in l for l in n.agent.lines), "agent did not refuse it")
+    check(n.state(low) == "running", "low: %s" % n.state(low))
+    n.finish(low)
+    other = n.start("low-not-in", 192, prio=1, opt_in=False)
+    n.ready(other)
+    high2 = n.start("high2", 384, prio=10)
+    n.oom(high2)
+    check(n.state(other) == "running", "a process that did not opt in was suspended: %s" % n.state(other))
+    n.finish(other)
+
+
 def case_not_enough(n):
     """Lower-priority memory cannot cover the allocation: nobody is suspended, the application
     gets out-of-memory. Twice: an allocation larger than the GPU, and one that the low process's
@@ -401,7 +421,7 @@ def case_outside_pods(n):
     n.finish(low)
 
 
-CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512),
+CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
          (case_outside_pods, 512)]
 
