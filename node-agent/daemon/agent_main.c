@@ -62,7 +62,7 @@ struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
 		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib,
-		*outside_pods, *overcommit_mode;
+		*outside_pods, *overcommit_mode, *overcommit_env;
 	struct dp_cfg dp;
 };
 
@@ -102,6 +102,10 @@ static const struct opt_row opts_table[] = {
 	{ "overcommit-mode", "overcommitMode", SLOT(overcommit_mode), "full",
 	  "full: a victim leaves the GPU whole (data, then the driver's checkpoint); data: only its buffers "
 	  "leave, its context stays (faster suspend and resume, a few hundred MiB left per victim)" },
+	{ "overcommit-env", "overcommitEnv", SLOT(overcommit_env), "true",
+	  "true: a process whose pod Kubernetes does not show is opted in and ranked by its environment "
+	  "(GCR_OVERCOMMIT, GCR_PRIORITY, GCR_PREEMPTIBLE); false: only pods labelled gpucr.dev/overcommit take part "
+	  "(the chart: its device plugin sets GCR_OVERCOMMIT for every container)" },
 	{ "processes-outside-pods", "processesOutsidePods", SLOT(outside_pods), "false",
 	  "true: shims of processes outside pods register too (a machine without Kubernetes: gcrctl and "
 	  "overcommit work on them; Checkpoint objects cannot name them)" },
@@ -465,6 +469,8 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	    seconds_opt("max-parallel", c->max_parallel, MAX_PARALLEL_MAX, NULL, err) < 0 ||
 	    seconds_opt("images-keep", c->images_keep, IMAGES_KEEP_MAX, NULL, err) < 0)
 		return -EINVAL;
+	if (strcmp(c->overcommit_env, "true") != 0 && strcmp(c->overcommit_env, "false") != 0)
+		return gcr_err_set(err, -EINVAL, "--overcommit-env: '%s' is not true or false", c->overcommit_env);
 	if (strcmp(c->overcommit_mode, "full") != 0 && strcmp(c->overcommit_mode, "data") != 0)
 		return gcr_err_set(err, -EINVAL, "--overcommit-mode: '%s' is not full or data", c->overcommit_mode);
 	if (strcmp(c->outside_pods, "true") != 0 && strcmp(c->outside_pods, "false") != 0)
@@ -701,7 +707,8 @@ int main(int argc, char **argv)
 		struct agent_room_cfg ocfg = { .socket_dir = cfg.socket_dir, .record_dir = cfg.record_dir,
 					       .enabled = strcmp(cfg.overcommit, "true") == 0,
 					       .margin = strtoull(cfg.overcommit_margin_mib, NULL, 10) << 20,
-					       .data_only = strcmp(cfg.overcommit_mode, "data") == 0 };
+					       .data_only = strcmp(cfg.overcommit_mode, "data") == 0,
+					       .trust_env = strcmp(cfg.overcommit_env, "true") == 0 };
 		struct agent_room_hooks hooks = { .pod = oc_pod, .event = oc_event, .data = ctl };
 		if (agent_room_new(reg, activity, metrics, &ocfg, &hooks, &room, &err) < 0 ||
 		    agent_room_start(room, &err) < 0)

@@ -134,12 +134,12 @@ static void events_flush(struct agent_room *r)
 }
 
 /* Opt-in, priority and never-suspend of p: its pod's (Kubernetes) when the pod is known, else
- * the process's environment. */
+ * the process's environment if trusted (cfg.trust_env), else not opted in. */
 static void settings_of(struct agent_room *r, const struct agent_registry_proc *p, int *opted, int *prio,
 			int *preemptible)
 {
 	struct agent_room_pod pod = { 0 };
-	*opted = p->env.overcommit;
+	*opted = r->cfg.trust_env && p->env.overcommit;
 	*prio = p->env.priority;
 	*preemptible = p->env.preemptible;
 	if (r->hooks.pod != NULL && p->pod_uid[0] != '\0' && r->hooks.pod(r->hooks.data, p->pod_uid, &pod) == 0) {

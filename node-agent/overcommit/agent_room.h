@@ -31,6 +31,11 @@ struct agent_room_cfg {
 	 * 0.5 s and 1 s for 16 GiB on the H100) and their bytes are what the shim holds on its fast
 	 * path; 0: the whole process leaves the GPU (NVML's bytes). */
 	int data_only;
+	/* 1: a process whose pod Kubernetes does not show (outside pods, or the API not listed yet)
+	 * is judged by its environment (GCR_OVERCOMMIT, GCR_PRIORITY, GCR_PREEMPTIBLE); 0: it takes
+	 * no part (the chart's setting: there the device plugin gives every container
+	 * GCR_OVERCOMMIT=1, and only the pod's label opts in). */
+	int trust_env;
 };
 
 /* What Kubernetes says of a pod. A pod Kubernetes knows opts in by its label or annotation

@@ -304,6 +304,19 @@ def case_policy_off(n):
     n.finish(low)
 
 
+def case_env_untrusted(n):
+    """--overcommit-env false (the chart's setting): processes whose pod the agent does not see
+    (here: no API server) take no part, whatever their environment says: out-of-memory."""
+    n.start_agent("--overcommit-env", "false")
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.oom(high)
+    check(any("pid %d has not opted in" % high.pid in l for l in n.agent.lines), "agent did not refuse it")
+    check(n.state(low) == "running", "low: %s" % n.state(low))
+    n.finish(low)
+
+
 def case_opt_in(n):
     """Only opted-in processes take part: a requester whose process did not opt in (its shim asks,
     its environ as the agent reads it says no) is refused; a low-priority process that did not opt
@@ -421,7 +434,7 @@ def case_outside_pods(n):
     n.finish(low)
 
 
-CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512),
+CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
          (case_outside_pods, 512)]
 

@@ -277,7 +277,7 @@ def cmd_default(render, ns):
           not objs(docs, "ServiceMonitor") and not objs(docs, "Service"))
     check("overcommit on by default: the agent's policy, GCR_OVERCOMMIT=1 for opted-in containers",
           cfg.get("overcommit") == "true" and cfg.get("overcommitMarginMiB") == 0
-          and cfg.get("overcommitMode") == "full"
+          and cfg.get("overcommitMode") == "full" and cfg.get("overcommitEnv") == "false"
           and cfg["devicePlugin"].get("shimEnv") == {"GCR_OVERCOMMIT": "1"}, cfg)
     check("config: device plugin on, 32 slots of gpucr.dev/shim",
           cfg["devicePlugin"]["enabled"] is True and cfg["devicePlugin"]["slots"] == 32
