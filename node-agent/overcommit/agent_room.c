@@ -380,13 +380,13 @@ static int resume_one(struct agent_room *r, int i, const char *why, struct gcr_e
 		double held = now_s() - h->since;
 		char label[320], note[512];
 		pod_label(r, h->pod, h->pid, label, sizeof(label));
+		agent_metrics_overcommit(r->m, label, 1, held, res.bytes_moved); /* counted before it is said */
 		GCR_LOG(GCR_LOG_INFO, "overcommit", "resumed pid %d (pod %s, priority %d) after %.1f s held, %s: "
 			"%.1f ms, %lld bytes moved", (int)h->pid, label, h->priority, held, why,
 			gcr_time_mono_ms() - t0, res.bytes_moved);
 		snprintf(note, sizeof(note), "resumed after %.1f s suspended for another pod (%s); %lld MiB moved "
 			 "back to the GPU in %.0f ms", held, why, res.bytes_moved >> 20, res.ms_total);
 		event(r, h->pod, "Normal", "OvercommitResumed", note);
-		agent_metrics_overcommit(r->m, label, 1, held, res.bytes_moved);
 	}
 	gcr_cr_result_clear(&res);
 	return rc;

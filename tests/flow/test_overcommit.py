@@ -227,7 +227,7 @@ def case_two(n):
     n.finish(high)
     n.agent_line(r"resumed pid %d " % low.pid, mark)
     check(n.state(low) == "running", "low after its resume: %s" % n.state(low))
-    check(not os.path.exists(rec), "record %s left after the resume" % rec)
+    poll(lambda: not os.path.exists(rec), "record %s removed after the resume" % rec)
     n.finish(low)
     check(re.search(r'gcr_agent_overcommit_resumes_total\{pod="%s"\} 1' % low.uid, n.metrics()),
           "resume not counted in /metrics")
@@ -263,6 +263,8 @@ def case_order(n):
     c = n.start("c-prio10", 448, prio=10)
     n.ready(c)
     check(held(n, a) and held(n, b), "a %s, b %s: want both suspended" % (n.state(a), n.state(b)))
+    n.agent_line(r"suspended pid %d " % a.pid)  # logged before the reply; read by another thread
+    n.agent_line(r"suspended pid %d " % b.pid)
     lines = n.agent.lines
     sa = [i for i, l in enumerate(lines) if re.search(r"suspended pid %d " % a.pid, l)]
     sb = [i for i, l in enumerate(lines) if re.search(r"suspended pid %d " % b.pid, l)]
@@ -270,6 +272,7 @@ def case_order(n):
     mark = n.agent_mark()
     n.finish(c)
     n.agent_line(r"resumed pid %d " % a.pid, mark)
+    n.agent_line(r"resumed pid %d " % b.pid, mark)
     lines = n.agent.lines[mark:]
     ra = [i for i, l in enumerate(lines) if re.search(r"resumed pid %d " % a.pid, l)]
     rb = [i for i, l in enumerate(lines) if re.search(r"resumed pid %d " % b.pid, l)]
@@ -299,7 +302,7 @@ def case_policy_off(n):
     n.ready(low)
     high = n.start("high", 384, prio=10)
     n.oom(high)
-    check(any("overcommit is off" in l for l in n.agent.lines), "agent did not say the policy is off")
+    n.agent_line(r"overcommit is off")
     check(n.state(low) == "running", "low: %s" % n.state(low))
     n.finish(low)
 
@@ -312,7 +315,7 @@ def case_env_untrusted(n):
     n.ready(low)
     high = n.start("high", 384, prio=10)
     n.oom(high)
-    check(any("pid %d has not opted in" % high.pid in l for l in n.agent.lines), "agent did not refuse it")
+    n.agent_line(r"pid %d has not opted in" % high.pid)
     check(n.state(low) == "running", "low: %s" % n.state(low))
     n.finish(low)
 
@@ -326,7 +329,7 @@ def case_opt_in(n):
     n.ready(low)
     high = n.start("high-not-in", 384, prio=10, opt_in=False, extra_env={"GCR_OVERCOMMIT": "1"})
     n.oom(high)
-    check(any("pid %d has not opted in" % high.pid in l for l in n.agent.lines), "agent did not refuse it")
+    n.agent_line(r"pid %d has not opted in" % high.pid)
     check(n.state(low) == "running", "low: %s" % n.state(low))
     n.finish(low)
     other = n.start("low-not-in", 192, prio=1, opt_in=False)
@@ -346,13 +349,13 @@ def case_not_enough(n):
     n.ready(low)
     high = n.start("high", 1200, prio=10, buffers=1)
     n.oom(high)
-    check(any("more than GPU" in l for l in n.agent.lines), "agent did not say the allocation exceeds the GPU")
+    n.agent_line(r"more than GPU")
     check(n.state(low) == "running", "low suspended for nothing: %s" % n.state(low))
     keep = n.start("keep-never", 192, prio=0, preemptible=False)
     n.ready(keep)
     high2 = n.start("high2", 352, prio=10, buffers=1)
     n.oom(high2)
-    check(any("may be suspended hold" in l for l in n.agent.lines), "agent did not say why")
+    n.agent_line(r"may be suspended hold")
     n.finish(keep)
     check(n.state(low) == "running", "low suspended for nothing: %s" % n.state(low))
     n.finish(low)
@@ -408,7 +411,7 @@ def case_data_only(n):
     check(H.dig(st.data, "shim", "state") == "suspended" and H.driver_state_of(st) == "running",
           "low: shim %s, driver %s (want suspended, running)" % (H.dig(st.data, "shim", "state"),
                                                                 H.dig(st.data, "driver")))
-    check(any("data-only suspends" in l for l in n.agent.lines), "agent did not say data-only")
+    n.agent_line(r"data-only suspends")
     mark = n.agent_mark()
     n.finish(high)
     n.agent_line(r"resumed pid %d " % low.pid, mark)
