@@ -169,6 +169,19 @@ int gcr_nvml_mem(const char *uuid, unsigned long long *free_bytes, unsigned long
 	return rc < 0 ? rc : gcr_err_set(err, -ENODEV, "no GPU %s on this node", uuid);
 }
 
+int gcr_nvml_gpus(char (*uuids)[GCR_NVML_UUID_LEN], int max, int *n, struct gcr_err *err)
+{
+	unsigned int count = 0;
+	*n = 0;
+	int rc = nv_count(&count, err);
+	for (unsigned int i = 0; rc == 0 && i < count && *n < max; i++) {
+		gcr_nvml_device dev;
+		if ((rc = nv_device(i, &dev, uuids[*n], err)) == 0)
+			(*n)++;
+	}
+	return rc;
+}
+
 /* ---- images (gcr_imgcr): what a restore must match ---- */
 typedef gcr_nvml_return gcr_nvml_name_fn(gcr_nvml_device dev, char *name, unsigned int len);
 typedef gcr_nvml_return gcr_nvml_driver_fn(char *version, unsigned int len);

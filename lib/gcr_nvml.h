@@ -29,6 +29,9 @@ int gcr_nvml_proc_use(pid_t pid, struct gcr_nvml_use *out, int max, int *n, stru
 int gcr_nvml_mem(const char *uuid, unsigned long long *free_bytes, unsigned long long *total,
 		 struct gcr_err *err);
 
+/* The UUIDs of the node's GPUs in NVML's order (*n of them, at most max). */
+int gcr_nvml_gpus(char (*uuids)[GCR_NVML_UUID_LEN], int max, int *n, struct gcr_err *err);
+
 /* GPU index's model name and the driver's version ("unknown" where this NVML cannot say;
  * the stand-in has neither). 0, or -ENOENT without NVML (both "unknown"). */
 int gcr_nvml_gpu_ident(unsigned int index, char *model, size_t mlen, char *driver, size_t dlen,

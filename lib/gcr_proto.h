@@ -19,6 +19,8 @@ enum gcr_op {
 	/* images (docs/images.md) */
 	GCR_OP_IMAGE_WRITE_ID,
 	GCR_OP_IMAGE_READ_ID,
+	/* overcommit: shim -> agent (docs/preemption.md) */
+	GCR_OP_ROOM_ID,
 };
 
 struct gcr_req {

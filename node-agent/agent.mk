@@ -11,7 +11,9 @@ node_agent_libgcragent_la_SOURCES = \
 	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \
 	node-agent/controller/agent_crobj.c node-agent/controller/agent_crobj.h \
 	node-agent/controller/agent_record.c node-agent/controller/agent_record.h \
-	node-agent/controller/agent_images.c node-agent/controller/agent_images.h
+	node-agent/controller/agent_images.c node-agent/controller/agent_images.h \
+	node-agent/overcommit/agent_roommsg.c node-agent/overcommit/agent_roommsg.h \
+	node-agent/overcommit/agent_victims.c node-agent/overcommit/agent_victims.h
 node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcragent_la_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LIBS)
@@ -29,7 +31,8 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/scaler/agent_scaler.c node-agent/scaler/agent_scaler.h \
 	node-agent/scaler/agent_gate.c node-agent/scaler/agent_gate.h \
 	node-agent/daemon/agent_activity.c node-agent/daemon/agent_activity.h \
-	node-agent/daemon/agent_metrics.c node-agent/daemon/agent_metrics.h
+	node-agent/daemon/agent_metrics.c node-agent/daemon/agent_metrics.h \
+	node-agent/overcommit/agent_room.c node-agent/overcommit/agent_room.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
 node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrdp.la lib/libgcrcontrol.la \

@@ -111,6 +111,34 @@
 #define GCR_OP_REGISTER "register"
 #define GCR_AGENT_SOCKET_ENV "GCR_AGENT_SOCKET"
 
+/* ---- overcommit by suspend (docs/preemption.md) ----
+ * room: shim -> node agent, on the registry connection, from a process whose GPU allocation
+ * just failed with out-of-memory. Args: "bytes" (1 .. 2^50: the allocation's size), "device"
+ * (-1 .. 63: the process's own ordinal of the GPU, -1 unknown; a hint: the agent finds the GPU
+ * from NVML). The agent answers on the same connection, within the shim's bound or not at all
+ * (the shim then gives the application its out-of-memory error; a late reply is dropped by
+ * its id). Result: {"granted": bool, "suspended": processes suspended for this request,
+ * "freed": their bytes on the GPU, "reason": why not (when not granted)}. The agent grants
+ * only to a process that opted in (GCR_OVERCOMMIT_ENV below), by suspending opted-in processes
+ * of strictly lower priority on the same GPU; it resumes them when the requester is gone.
+ * Errors: -EBADMSG a bad "bytes" or "device"; -EBUSY too many requests waiting. */
+#define GCR_OP_ROOM "room"
+/* The process's environment as the agent reads it (<procRoot>/<pid>/environ; the device
+ * plugin sets the first for pods that opted in):
+ *   GCR_OVERCOMMIT=1     ask the agent for room on out-of-memory, and may be suspended for
+ *                        a process of higher priority;
+ *   GCR_PRIORITY=N       the priority outside Kubernetes (-2^31 .. 2^31-1; default 0); in a
+ *                        pod, the pod's spec.priority wins;
+ *   GCR_PREEMPTIBLE=0    never suspended for another (in a pod also the annotation
+ *                        gpucr.dev/preemptible: "false");
+ *   GCR_ROOM_TIMEOUT_MS  how long the shim waits for the answer (1 .. 600000; default 5000). */
+#define GCR_OVERCOMMIT_ENV "GCR_OVERCOMMIT"
+#define GCR_PRIORITY_ENV "GCR_PRIORITY"
+#define GCR_PREEMPTIBLE_ENV "GCR_PREEMPTIBLE"
+#define GCR_ROOM_TIMEOUT_ENV "GCR_ROOM_TIMEOUT_MS"
+#define GCR_ROOM_MAX_BYTES (1LL << 50)
+#define GCR_ROOM_MAX_DEVICE 63
+
 /* ---- reports: the result of suspend and resume ----
  *   "state"  GCR_STATE_* after the operation
  *   "bytes"  the staged buffers' size; "copied" what crossed PCIe (absent in older shims:

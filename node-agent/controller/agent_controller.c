@@ -1759,3 +1759,37 @@ void agent_controller_free(struct agent_controller *c)
 	free(c->instance);
 	free(c);
 }
+
+json_t *agent_controller_pod_by_uid(struct agent_controller *c, const char *uid)
+{
+	json_t *found = NULL, *pod;
+	const char *key;
+	pthread_mutex_lock(&c->lock);
+	json_object_foreach(c->cache[K_POD], key, pod)
+	{
+		const char *u = md_str(pod, "uid");
+		if (u != NULL && strcmp(u, uid) == 0) {
+			found = json_deep_copy(pod);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	return found;
+}
+
+void agent_controller_pod_event(struct agent_controller *c, const char *uid, const char *type, const char *reason,
+				const char *action, const char *note)
+{
+	json_t *pod = agent_controller_pod_by_uid(c, uid);
+	struct gcr_err err;
+	if (pod == NULL)
+		return;
+	/* The watch's objects may lack these (a list's items do). */
+	if (json_object_get(pod, "apiVersion") == NULL)
+		json_object_set_new(pod, "apiVersion", json_string("v1"));
+	if (json_object_get(pod, "kind") == NULL)
+		json_object_set_new(pod, "kind", json_string("Pod"));
+	if (agent_kube_event(c->kube, pod, type, reason, action, note, c->instance, &err) < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "event %s on pod %s not posted: %s", reason, uid, err.msg);
+	json_decref(pod);
+}

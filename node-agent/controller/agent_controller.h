@@ -46,6 +46,14 @@ int agent_controller_start(struct agent_controller *c, struct gcr_err *err);
  * operation is bounded by its timeout), then the threads are joined. */
 void agent_controller_stop(struct agent_controller *c);
 
+/* A deep copy of this node's pod with metadata.uid uid from the pods watch (caller decrefs),
+ * or NULL when not seen. */
+json_t *agent_controller_pod_by_uid(struct agent_controller *c, const char *uid);
+
+/* An Event on this node's pod with uid (best effort: logged when it cannot be posted). */
+void agent_controller_pod_event(struct agent_controller *c, const char *uid, const char *type, const char *reason,
+				const char *action, const char *note);
+
 /* NULL-safe; stops first if needed. */
 void agent_controller_free(struct agent_controller *c);
 

@@ -21,6 +21,9 @@ struct agent_activity {
 	char *socket_dir;
 	int stats_ms; /* how long one sample waits for the shims' replies, all together */
 	pthread_mutex_t lock;
+	/* seen_lock guards replacing seen (the sampler, under lock) against agent_activity_last's
+	 * reads, which must not wait for a whole sample. seen is never changed in place. */
+	pthread_mutex_t seen_lock;
 	json_t *seen; /* "pid" -> [calls, last_active]: the previous sample */
 };
 
@@ -34,6 +37,7 @@ struct agent_activity *agent_activity_new(struct agent_registry *reg, const char
 	a->socket_dir = strdup(socket_dir);
 	a->seen = json_object();
 	pthread_mutex_init(&a->lock, NULL);
+	pthread_mutex_init(&a->seen_lock, NULL);
 	if (a->socket_dir == NULL || a->seen == NULL) {
 		agent_activity_free(a);
 		return NULL;
@@ -47,6 +51,7 @@ void agent_activity_free(struct agent_activity *a)
 		return;
 	json_decref(a->seen);
 	pthread_mutex_destroy(&a->lock);
+	pthread_mutex_destroy(&a->seen_lock);
 	free(a->socket_dir);
 	free(a);
 }
@@ -110,6 +115,8 @@ char *agent_activity_note(void *data)
 		if (recent > 0)
 			last = now;
 		json_object_set_new(seen, key, json_pack("[I, f]", (json_int_t)calls, last));
+		if (procs[i].pod_uid[0] == '\0')
+			continue; /* a process outside pods (--processes-outside-pods): in no pod's note */
 		/* A pod's activity: its most recently active process, the sum of recent calls. */
 		/* A pod's states: how many of its processes are in each (the node's truth). */
 		json_t *pp = json_object_get(per_pod, procs[i].pod_uid);
@@ -137,8 +144,10 @@ char *agent_activity_note(void *data)
 			goto out;
 	}
 	text = agent_scalemsg_activity_text(note);
+	pthread_mutex_lock(&a->seen_lock);
 	json_decref(a->seen);
 	a->seen = seen; /* processes gone since the last sample drop out */
+	pthread_mutex_unlock(&a->seen_lock);
 	seen = NULL;
 out:
 	pthread_mutex_unlock(&a->lock);
@@ -148,4 +157,16 @@ out:
 	if (text == NULL)
 		GCR_LOG(GCR_LOG_WARN, "activity", "out of memory building the activity note");
 	return text;
+}
+
+double agent_activity_last(struct agent_activity *a, pid_t pid)
+{
+	if (a == NULL)
+		return 0;
+	char key[16];
+	snprintf(key, sizeof(key), "%d", (int)pid);
+	pthread_mutex_lock(&a->seen_lock);
+	double last = json_real_value(json_array_get(json_object_get(a->seen, key), 1));
+	pthread_mutex_unlock(&a->seen_lock);
+	return last;
 }

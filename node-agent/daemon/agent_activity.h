@@ -30,4 +30,8 @@ void agent_activity_set_stats_ms(struct agent_activity *a, int ms);
  * void * so it can be the heartbeat's note callback. */
 char *agent_activity_note(void *a);
 
+/* When pid was last seen calling the driver, in seconds since the epoch, as of the last sample
+ * (0: not sampled yet). NULL-safe (0). */
+double agent_activity_last(struct agent_activity *a, pid_t pid);
+
 #endif

@@ -2,6 +2,7 @@
  * start-up of the registry, metrics, device plugin and controller, and the SIGTERM shutdown. */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include "agent_activity.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
+#include "agent_room.h"
 #include "gcr/protocol.h"
 #include "gcr_log.h"
 
@@ -59,7 +61,8 @@ struct dp_cfg {
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
-		*record_dir, *restore_grace_s, *images_dir, *images_keep;
+		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib,
+		*outside_pods, *overcommit_mode, *overcommit_env;
 	struct dp_cfg dp;
 };
 
@@ -91,6 +94,21 @@ static const struct opt_row opts_table[] = {
 	  "root of the images Checkpoints with action Image write, as <root>/<namespace>/<pod>/<name>" },
 	{ "images-keep", "imagesKeep", SLOT(images_keep), "2",
 	  "images kept per pod: the oldest past this many are removed when a new one commits (1..100)" },
+	{ "overcommit", "overcommit", SLOT(overcommit), "true",
+	  "true: a pod that opted in (gpucr.dev/overcommit: suspend; GCR_OVERCOMMIT=1 outside Kubernetes) and runs out "
+	  "of GPU memory gets room by the suspend of lower-priority ones (docs/preemption.md); false: never" },
+	{ "overcommit-margin-mib", "overcommitMarginMiB", SLOT(overcommit_margin_mib), "0",
+	  "MiB made free beyond an allocation that asks for room (0..65536)" },
+	{ "overcommit-mode", "overcommitMode", SLOT(overcommit_mode), "full",
+	  "full: a victim leaves the GPU whole (data, then the driver's checkpoint); data: only its buffers "
+	  "leave, its context stays (faster suspend and resume, a few hundred MiB left per victim)" },
+	{ "overcommit-env", "overcommitEnv", SLOT(overcommit_env), "true",
+	  "true: a process whose pod Kubernetes does not show is opted in and ranked by its environment "
+	  "(GCR_OVERCOMMIT, GCR_PRIORITY, GCR_PREEMPTIBLE); false: only pods labelled gpucr.dev/overcommit take part "
+	  "(the chart: its device plugin sets GCR_OVERCOMMIT for every container)" },
+	{ "processes-outside-pods", "processesOutsidePods", SLOT(outside_pods), "false",
+	  "true: shims of processes outside pods register too (a machine without Kubernetes: gcrctl and "
+	  "overcommit work on them; Checkpoint objects cannot name them)" },
 	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
 	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
 	  LEASE_NS_DEFAULT ")" },
@@ -451,6 +469,21 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	    seconds_opt("max-parallel", c->max_parallel, MAX_PARALLEL_MAX, NULL, err) < 0 ||
 	    seconds_opt("images-keep", c->images_keep, IMAGES_KEEP_MAX, NULL, err) < 0)
 		return -EINVAL;
+	if (strcmp(c->overcommit_env, "true") != 0 && strcmp(c->overcommit_env, "false") != 0)
+		return gcr_err_set(err, -EINVAL, "--overcommit-env: '%s' is not true or false", c->overcommit_env);
+	if (strcmp(c->overcommit_mode, "full") != 0 && strcmp(c->overcommit_mode, "data") != 0)
+		return gcr_err_set(err, -EINVAL, "--overcommit-mode: '%s' is not full or data", c->overcommit_mode);
+	if (strcmp(c->outside_pods, "true") != 0 && strcmp(c->outside_pods, "false") != 0)
+		return gcr_err_set(err, -EINVAL, "--processes-outside-pods: '%s' is not true or false", c->outside_pods);
+	if (strcmp(c->overcommit, "true") != 0 && strcmp(c->overcommit, "false") != 0)
+		return gcr_err_set(err, -EINVAL, "--overcommit: '%s' is not true or false", c->overcommit);
+	{
+		char *end = NULL;
+		long v = strtol(c->overcommit_margin_mib, &end, 10);
+		if (end == c->overcommit_margin_mib || *end != '\0' || v < 0 || v > 65536)
+			return gcr_err_set(err, -EINVAL, "--overcommit-margin-mib: '%s' is not an integer in 0..65536",
+					   c->overcommit_margin_mib);
+	}
 	if (c->images_dir[0] != '/')
 		return gcr_err_set(err, -EINVAL, "--images-dir: '%s' is not an absolute path", c->images_dir);
 	return 0;
@@ -523,6 +556,38 @@ static void leader_identity(const struct cfg *c, char *out, size_t len)
 	snprintf(out, len, "%.240s-%08x", who && who[0] ? who : "gcr-scaler", rnd);
 }
 
+/* ---- overcommit (agent_room) in Kubernetes: pods from the controller's watch ---- */
+static int oc_pod(void *data, const char *uid, struct agent_room_pod *out)
+{
+	struct agent_controller *ctl = data;
+	json_t *pod = agent_controller_pod_by_uid(ctl, uid);
+	if (pod == NULL)
+		return -ENOENT;
+	json_t *md = json_object_get(pod, "metadata");
+	const char *lab = json_string_value(json_object_get(json_object_get(md, "labels"), AGENT_ROOM_OPT_IN_KEY));
+	const char *ann = json_string_value(json_object_get(json_object_get(md, "annotations"), AGENT_ROOM_OPT_IN_KEY));
+	const char *never = json_string_value(json_object_get(json_object_get(md, "annotations"), AGENT_ROOM_NEVER_KEY));
+	json_t *prio = json_object_get(json_object_get(pod, "spec"), "priority");
+	*out = (struct agent_room_pod){ 0 };
+	out->overcommit = (lab != NULL && strcmp(lab, AGENT_ROOM_OPT_IN_VALUE) == 0) ||
+			  (ann != NULL && strcmp(ann, AGENT_ROOM_OPT_IN_VALUE) == 0);
+	out->never = never != NULL && strcmp(never, "false") == 0;
+	if (json_is_integer(prio) && json_integer_value(prio) >= INT_MIN && json_integer_value(prio) <= INT_MAX) {
+		out->has_priority = 1;
+		out->priority = (int)json_integer_value(prio);
+	}
+	snprintf(out->name, sizeof(out->name), "%.150s/%.150s", json_string_value(json_object_get(md, "namespace"))
+		 ? json_string_value(json_object_get(md, "namespace")) : "", json_string_value(json_object_get(md, "name"))
+		 ? json_string_value(json_object_get(md, "name")) : uid);
+	json_decref(pod);
+	return 0;
+}
+
+static void oc_event(void *data, const char *uid, const char *type, const char *reason, const char *note)
+{
+	agent_controller_pod_event(data, uid, type, reason, "Overcommit", note);
+}
+
 static int gate_synced(void *data)
 {
 	return agent_gate_synced(data);
@@ -543,6 +608,7 @@ int main(int argc, char **argv)
 	struct agent_gate *gate = NULL;
 	struct agent_activity *activity = NULL;
 	struct agent_dp *dp = NULL;
+	struct agent_room *room = NULL;
 	int rc, status = 1;
 
 	gcr_log_init(GCR_LOG_INFO);
@@ -574,7 +640,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (node && (agent_registry_new(cfg.registry_socket, cfg.socket_dir, cfg.dp.enabled ? cfg.dp.socket_root : NULL,
-				       cfg.proc_root, &reg, &err) < 0 ||
+				       cfg.proc_root, strcmp(cfg.outside_pods, "true") == 0 ? AGENT_REGISTRY_OUTSIDE_PODS : 0,
+				       &reg, &err) < 0 ||
 		     agent_registry_start(reg, &err) < 0))
 		goto out;
 	if (agent_metrics_new(cfg.metrics_address, registered_gauge, reg, &metrics, &err) < 0)
@@ -635,6 +702,17 @@ int main(int argc, char **argv)
 		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
 		    agent_controller_start(ctl, &err) < 0)
 			goto out;
+		/* Overcommit: the room requests on the registry; pods' settings and Events through the
+		 * controller's pod watch. */
+		struct agent_room_cfg ocfg = { .socket_dir = cfg.socket_dir, .record_dir = cfg.record_dir,
+					       .enabled = strcmp(cfg.overcommit, "true") == 0,
+					       .margin = strtoull(cfg.overcommit_margin_mib, NULL, 10) << 20,
+					       .data_only = strcmp(cfg.overcommit_mode, "data") == 0,
+					       .trust_env = strcmp(cfg.overcommit_env, "true") == 0 };
+		struct agent_room_hooks hooks = { .pod = oc_pod, .event = oc_event, .data = ctl };
+		if (agent_room_new(reg, activity, metrics, &ocfg, &hooks, &room, &err) < 0 ||
+		    agent_room_start(room, &err) < 0)
+			goto out;
 		GCR_LOG(GCR_LOG_INFO, "agent",
 			"node %s: registry %s, shim sockets %s, metrics http://%s, proc %s, lease %s/gcr-agent-%s",
 			cfg.node_name, cfg.registry_socket, cfg.socket_dir, cfg.metrics_address, cfg.proc_root,
@@ -661,6 +739,7 @@ out:
 	agent_scaler_free(scaler);  /* stops creating work for the nodes */
 	agent_gate_free(gate);
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
+	agent_room_free(room);      /* held processes stay held, with their records, for the next agent */
 	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
 	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */

@@ -45,6 +45,13 @@ struct agent_metrics {
 	double sum_s[NKINDS];
 	unsigned long long count[NKINDS];
 	unsigned long long bytes[NKINDS];
+	/* Overcommit by suspend, per pod (agent_metrics_overcommit). */
+	struct {
+		char pod[128];
+		unsigned long long suspended, resumed, bytes;
+		double held_s;
+	} oc[AGENT_METRICS_OC_PODS + 1]; /* the last: "other" */
+	int noc;
 };
 
 /* /readyz: 200 "ok" once the lists are done and the extra check holds; else 503 naming
@@ -103,6 +110,24 @@ static char *render(struct agent_metrics *m)
 		fprintf(f, "gcr_agent_operation_duration_seconds_count{kind=\"%s\"} %llu\n", kind_names[k],
 			m->count[k]);
 	}
+	/* "other" sits right after the AGENT_METRICS_OC_PODS named pods, once they are all taken. */
+	int oc_rows = m->noc + (m->oc[AGENT_METRICS_OC_PODS].pod[0] != '\0');
+	fprintf(f, "# HELP gcr_agent_overcommit_suspensions_total Times a pod was suspended to make room for a "
+		   "pod of higher priority.\n# TYPE gcr_agent_overcommit_suspensions_total counter\n");
+	for (int i = 0; i < oc_rows; i++)
+		fprintf(f, "gcr_agent_overcommit_suspensions_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].suspended);
+	fprintf(f, "# HELP gcr_agent_overcommit_resumes_total Times a pod suspended for another was resumed.\n"
+		   "# TYPE gcr_agent_overcommit_resumes_total counter\n");
+	for (int i = 0; i < oc_rows; i++)
+		fprintf(f, "gcr_agent_overcommit_resumes_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].resumed);
+	fprintf(f, "# HELP gcr_agent_overcommit_held_seconds_total Time pods spent suspended for another, counted "
+		   "at their resume.\n# TYPE gcr_agent_overcommit_held_seconds_total counter\n");
+	for (int i = 0; i < oc_rows; i++)
+		fprintf(f, "gcr_agent_overcommit_held_seconds_total{pod=\"%s\"} %.3f\n", m->oc[i].pod, m->oc[i].held_s);
+	fprintf(f, "# HELP gcr_agent_overcommit_bytes_moved_total Bytes moved by overcommit suspends and resumes.\n"
+		   "# TYPE gcr_agent_overcommit_bytes_moved_total counter\n");
+	for (int i = 0; i < oc_rows; i++)
+		fprintf(f, "gcr_agent_overcommit_bytes_moved_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].bytes);
 	fprintf(f, "# HELP gcr_agent_bytes_moved_total Bytes moved between GPU and host memory.\n"
 		   "# TYPE gcr_agent_bytes_moved_total counter\n");
 	for (int k = 0; k < NKINDS; k++)
@@ -324,5 +349,42 @@ void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double 
 	m->count[k]++;
 	if (bytes > 0)
 		m->bytes[k] += (unsigned long long)bytes;
+	pthread_mutex_unlock(&m->lock);
+}
+
+void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resumed, double held_s, long long bytes)
+{
+	if (m == NULL)
+		return;
+	/* A label value: only characters of namespaces, names and uids (no quote, no newline). */
+	char label[128];
+	size_t n = 0;
+	for (const char *c = pod; *c != '\0' && n < sizeof(label) - 1; c++)
+		if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-' ||
+		    *c == '.' || *c == '/' || *c == '_')
+			label[n++] = *c;
+	label[n] = '\0';
+	pthread_mutex_lock(&m->lock);
+	int i = 0;
+	while (i < m->noc && strcmp(m->oc[i].pod, label) != 0)
+		i++;
+	if (i == m->noc) {
+		if (m->noc == AGENT_METRICS_OC_PODS) {
+			i = AGENT_METRICS_OC_PODS;
+			snprintf(m->oc[i].pod, sizeof(m->oc[i].pod), "other");
+		} else {
+			snprintf(m->oc[i].pod, sizeof(m->oc[i].pod), "%s", label);
+		}
+		if (m->noc < AGENT_METRICS_OC_PODS)
+			m->noc++;
+	}
+	if (resumed) {
+		m->oc[i].resumed++;
+		m->oc[i].held_s += held_s;
+	} else {
+		m->oc[i].suspended++;
+	}
+	if (bytes > 0)
+		m->oc[i].bytes += (unsigned long long)bytes;
 	pthread_mutex_unlock(&m->lock);
 }

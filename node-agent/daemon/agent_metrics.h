@@ -60,4 +60,10 @@ void agent_metrics_set_ready_check(struct agent_metrics *m, const char *what, ag
  * duration in ms and bytes moved. */
 void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double ms, long long bytes);
 
+/* Pods the overcommit counters keep apart; later ones are counted under pod="other". */
+#define AGENT_METRICS_OC_PODS 256
+/* One overcommit decision about pod ("namespace/name", else its uid): suspended for another
+ * (resumed 0) or resumed after held_s seconds (resumed 1); bytes moved by it. */
+void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resumed, double held_s, long long bytes);
+
 #endif

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -16,14 +17,22 @@
 
 #include "gcr_client.h"
 #include "gcr_log.h"
+#include "gcr_proto.h"
 #include "gcr_sock.h"
 
 /* How long the server thread sleeps in poll, in ms: the bound on noticing stop. */
 #define POLL_MS 200
+/* Longest line a shim sends here (bytes): "register" and "room" are far shorter. */
+#define LINE_MAX_BYTES 4096
+/* Most of a process's environ read for its overcommit settings (bytes). */
+#define ENVIRON_MAX (256 * 1024)
+/* How long a reply from this thread may take to leave (ms); the shim reads it at once. */
+#define REPLY_MS 200
 
 struct entry {
 	int used;
 	int fd; /* registry connection, or -1 for a shim found by the start-up scan */
+	struct gcr_linebuf lb; /* what the shim sent, by lines */
 	struct agent_registry_proc p;
 };
 
@@ -33,6 +42,8 @@ struct agent_registry {
 	pthread_t th;
 	int started;
 	atomic_int stop;
+	int flags; /* AGENT_REGISTRY_* */
+	struct agent_registry_handler h;
 	pthread_mutex_t lock; /* guards e */
 	struct entry e[AGENT_REGISTRY_MAX];
 };
@@ -61,6 +72,30 @@ static unsigned long long start_time(const char *proc_root, pid_t pid)
 	return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
 }
 
+unsigned long long agent_registry_start_time(struct agent_registry *r, pid_t pid)
+{
+	return start_time(r->proc_root, pid);
+}
+
+/* The overcommit settings in <proc_root>/<pid>/environ (defaults when unreadable). */
+static void read_environ(const char *proc_root, pid_t pid, struct agent_roommsg_env *env)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%d/environ", proc_root, (int)pid);
+	char *buf = malloc(ENVIRON_MAX);
+	size_t n = 0;
+	FILE *f = buf != NULL ? fopen(path, "re") : NULL;
+	if (f != NULL) {
+		n = fread(buf, 1, ENVIRON_MAX, f);
+		fclose(f);
+	}
+	agent_roommsg_environ(buf != NULL ? buf : "", n, env);
+	free(buf);
+	if (env->bad)
+		GCR_LOG(GCR_LOG_WARN, "registry", "pid %d: an invalid %s, %s or %s in its environment; the default "
+			"taken", (int)pid, GCR_OVERCOMMIT_ENV, GCR_PRIORITY_ENV, GCR_PREEMPTIBLE_ENV);
+}
+
 /* Fills p's pod from the cgroup file; -ENOENT when the process is not in a pod. */
 static int identify(struct agent_registry *r, pid_t pid, struct agent_registry_proc *p,
 		    struct gcr_err *err)
@@ -69,10 +104,15 @@ static int identify(struct agent_registry *r, pid_t pid, struct agent_registry_p
 	struct agent_cgroup_pod pod;
 	snprintf(path, sizeof(path), "%s/%d/cgroup", r->proc_root, (int)pid);
 	int rc = agent_cgroup_read_file(path, &pod, err);
+	if (rc == -ENOENT && (r->flags & AGENT_REGISTRY_OUTSIDE_PODS)) {
+		memset(&pod, 0, sizeof(pod)); /* a process on the machine: no pod, no container */
+		rc = 0;
+	}
 	if (rc < 0)
 		return rc;
 	p->pid = pid;
 	p->start = start_time(r->proc_root, pid);
+	read_environ(r->proc_root, pid, &p->env);
 	snprintf(p->pod_uid, sizeof(p->pod_uid), "%s", pod.pod_uid);
 	snprintf(p->container_id, sizeof(p->container_id), "%s", pod.container_id);
 	return 0;
@@ -85,10 +125,14 @@ static void add_locked(struct agent_registry *r, int fd, const struct agent_regi
 	for (int i = 0; i < AGENT_REGISTRY_MAX; i++) {
 		struct entry *e = &r->e[i];
 		if (e->used && e->p.pid == p->pid) {
-			if (e->fd >= 0 && fd >= 0)
+			if (e->fd >= 0 && fd >= 0) {
 				close(e->fd);
-			if (fd >= 0)
+				gcr_linebuf_free(&e->lb);
+			}
+			if (fd >= 0) {
 				e->fd = fd;
+				gcr_linebuf_init(&e->lb, LINE_MAX_BYTES);
+			}
 			e->p = *p;
 			return;
 		}
@@ -102,6 +146,7 @@ static void add_locked(struct agent_registry *r, int fd, const struct agent_regi
 		return;
 	}
 	*free_e = (struct entry){ .used = 1, .fd = fd, .p = *p };
+	gcr_linebuf_init(&free_e->lb, LINE_MAX_BYTES);
 }
 
 static void scan_cb(pid_t pid, const char *path, void *data)
@@ -145,7 +190,7 @@ static void scan_alloc_root(struct agent_registry *r, const char *alloc_root)
 }
 
 int agent_registry_new(const char *socket_path, const char *socket_dir, const char *alloc_root,
-		       const char *proc_root, struct agent_registry **out, struct gcr_err *err)
+		       const char *proc_root, int flags, struct agent_registry **out, struct gcr_err *err)
 {
 	*out = NULL;
 	struct agent_registry *r = calloc(1, sizeof(*r));
@@ -153,6 +198,7 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	pthread_mutex_init(&r->lock, NULL);
 	r->lfd = -1;
+	r->flags = flags;
 	r->socket_path = strdup(socket_path);
 	r->proc_root = strdup(proc_root);
 	if (r->socket_path == NULL || r->proc_root == NULL) {
@@ -212,17 +258,60 @@ static void accept_one(struct agent_registry *r)
 		p.pod_uid, p.container_id);
 }
 
-/* Reads what the shim sent; EOF or an error means the process is gone. */
+static void reply_line(int fd, char *line)
+{
+	struct gcr_err err;
+	if (line != NULL && gcr_sock_write_all(fd, line, strlen(line), REPLY_MS, &err) < 0)
+		GCR_LOG(GCR_LOG_DEBUG, "registry", "reply not sent: %s", err.msg);
+	free(line);
+}
+
+/* One line from e's shim: "register" is a hint and believed in nothing; "room" goes to the
+ * overcommit handler. Caller holds the lock. */
+static void handle_line(struct agent_registry *r, struct entry *e, const char *line)
+{
+	struct agent_roommsg_room req;
+	struct gcr_err err;
+	int kind = agent_roommsg_parse(line, strlen(line), &req, &err);
+	if (kind < 0) {
+		GCR_LOG(GCR_LOG_WARN, "registry", "pid %d sent a bad line: %s", (int)e->p.pid, err.msg);
+		reply_line(e->fd, gcr_proto_reply_err_line(req.id, kind, err.msg));
+		return;
+	}
+	if (kind != AGENT_ROOMMSG_ROOM)
+		return;
+	int dup_fd = r->h.room != NULL ? fcntl(e->fd, F_DUPFD_CLOEXEC, 0) : -1;
+	if (dup_fd < 0) {
+		reply_line(e->fd, gcr_proto_reply_ok_line(req.id, json_pack("{s:b, s:i, s:i, s:s}", "granted", 0,
+			"suspended", 0, "freed", 0, "reason", r->h.room == NULL ? "overcommit is off on this node"
+										   : "the agent is out of descriptors")));
+		return;
+	}
+	r->h.room(r->h.data, &e->p, dup_fd, &req);
+}
+
+/* Reads what the shim sent; EOF or an error means the process is gone. Caller holds the lock. */
 static void read_one(struct agent_registry *r, struct entry *e)
 {
-	char tmp[512];
-	ssize_t n = read(e->fd, tmp, sizeof(tmp));
-	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
-		return; /* the register line is a hint only; nothing in it is believed */
+	struct gcr_err err;
+	long n = gcr_linebuf_fill(&e->lb, e->fd, &err);
+	char *line;
+	int rc;
+	while ((rc = gcr_linebuf_next(&e->lb, &line, &err)) > 0)
+		handle_line(r, e, line);
+	if (rc < 0 || n == -EMSGSIZE || n == -EBADMSG) {
+		GCR_LOG(GCR_LOG_WARN, "registry", "pid %d: %s; its connection is closed", (int)e->p.pid, err.msg);
+		n = -ECONNRESET;
+	}
+	if (n >= 0 || n == -EAGAIN || n == -EWOULDBLOCK || n == -EINTR)
+		return;
 	GCR_LOG(GCR_LOG_INFO, "registry", "pid %d gone (connection closed)", (int)e->p.pid);
 	close(e->fd);
+	gcr_linebuf_free(&e->lb);
 	e->used = 0;
 	e->fd = -1;
+	if (r->h.gone != NULL)
+		r->h.gone(r->h.data, &e->p);
 }
 
 static void *serve(void *data)
@@ -259,6 +348,13 @@ out:
 	return NULL;
 }
 
+void agent_registry_set_handler(struct agent_registry *r, const struct agent_registry_handler *h)
+{
+	pthread_mutex_lock(&r->lock); /* the thread calls the handler under it */
+	r->h = *h;
+	pthread_mutex_unlock(&r->lock);
+}
+
 int agent_registry_start(struct agent_registry *r, struct gcr_err *err)
 {
 	int rc = pthread_create(&r->th, NULL, serve, r);
@@ -276,9 +372,11 @@ void agent_registry_free(struct agent_registry *r)
 		atomic_store(&r->stop, 1);
 		pthread_join(r->th, NULL);
 	}
-	for (int i = 0; i < AGENT_REGISTRY_MAX; i++)
+	for (int i = 0; i < AGENT_REGISTRY_MAX; i++) {
 		if (r->e[i].used && r->e[i].fd >= 0)
 			close(r->e[i].fd);
+		gcr_linebuf_free(&r->e[i].lb);
+	}
 	if (r->lfd >= 0) {
 		close(r->lfd);
 		unlink(r->socket_path);

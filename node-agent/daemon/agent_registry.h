@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include "agent_cgroup.h"
+#include "agent_roommsg.h"
 #include "gcr_error.h"
 
 /* Processes one agent tracks at most (one node's GPU processes). */
@@ -18,16 +19,40 @@ struct agent_registry_proc {
 	/* starttime of <procRoot>/<pid>/stat (0 when unreadable): with the pid, names one process
 	 * for good, so a record made before a restart never matches a later process with its pid. */
 	unsigned long long start;
+	/* Overcommit settings from <procRoot>/<pid>/environ (agent_roommsg), read once. */
+	struct agent_roommsg_env env;
+};
+
+/* What the overcommit policy hears from the registry's thread; each callback must return at
+ * once (queue the work). */
+struct agent_registry_handler {
+	/* A valid room request from p. fd is a duplicate of p's connection, owned by the callee: it
+	 * replies there (one line with req->id) and closes it. */
+	void (*room)(void *data, const struct agent_registry_proc *p, int fd, const struct agent_roommsg_room *req);
+	/* p's registry connection closed: the process is gone (or dropped it for a CRIU dump). */
+	void (*gone)(void *data, const struct agent_registry_proc *p);
+	void *data;
 };
 
 struct agent_registry;
+
+/* agent_registry_new's flags: also take processes outside pods (gcr-agent on a machine without
+ * Kubernetes, --processes-outside-pods): their pod uid and container id are "". */
+#define AGENT_REGISTRY_OUTSIDE_PODS 1
 
 /* Listens on socket_path; proc_root is "/proc" or a test tree. Then scans socket_dir, and
  * each directory in alloc_root (the device plugin's socket root; NULL: none), for shims
  * that registered with an earlier agent (gcr_client_list). */
 int agent_registry_new(const char *socket_path, const char *socket_dir, const char *alloc_root,
-		       const char *proc_root, struct agent_registry **out, struct gcr_err *err)
+		       const char *proc_root, int flags, struct agent_registry **out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
+
+/* Sets (or, all NULL, clears) the overcommit handler; once this returns, the old one is never
+ * called again. Without one, room requests are answered "not granted" at once. */
+void agent_registry_set_handler(struct agent_registry *r, const struct agent_registry_handler *h);
+
+/* Start time of pid as <procRoot>/<pid>/stat says (0 when unreadable): with the pid, one process. */
+unsigned long long agent_registry_start_time(struct agent_registry *r, pid_t pid);
 
 /* Starts the server thread. */
 int agent_registry_start(struct agent_registry *r, struct gcr_err *err);

@@ -82,6 +82,11 @@ static const struct option options[] = {
 	 * faster than many small ones: docs/images.md, "Numbers". */
 	{ "GCR_IMAGE_WRITERS", parse_int, &shim_cfg.image_writers, "2", 1, 64 },
 	{ "GCR_IMAGE_PIECE_MIB", parse_int, &shim_cfg.image_piece_mib, "64", 2, 256 },
+	/* Overcommit by suspend (docs/preemption.md): the device plugin sets it for opted-in pods. */
+	{ GCR_OVERCOMMIT_ENV, parse_int, &shim_cfg.overcommit, "0", 0, 1 },
+	/* A suspend of a 16 GiB process takes about 0.9 s on the H100 (docs/design.md); 5 s leaves
+	 * room for a few of them, and an application that gets no room still fails fast. */
+	{ GCR_ROOM_TIMEOUT_ENV, parse_int, &shim_cfg.room_timeout_ms, "5000", 1, 600000 },
 };
 
 static void load(void)

@@ -18,6 +18,8 @@ struct shim_config {
 	int image_writers;      /* GCR_IMAGE_WRITERS: copy workers that write a suspend to an image */
 	int image_piece_mib;    /* GCR_IMAGE_PIECE_MIB: the largest write of a suspend to an image */
 	int agent_register;     /* reserved for the node agent's registry */
+	int overcommit;         /* GCR_OVERCOMMIT=1: ask the agent for room on out-of-memory */
+	int room_timeout_ms;    /* GCR_ROOM_TIMEOUT_MS: the bound on that request, in all */
 };
 
 extern struct shim_config shim_cfg;

@@ -23,6 +23,7 @@
 #include "gcr_proto.h"
 #include "gcr_sock.h"
 #include "gcr_time.h"
+#include "shim_agent.h"
 #include "shim_alloc.h"
 #include "shim_pool.h"
 #include "shim_config.h"
@@ -552,42 +553,17 @@ static void remove_socket(void)
 }
 
 /* Tells the node agent this process exists (GCR_AGENT_SOCKET, set by the device
- * plugin). Best effort and bounded: the application must never wait on the agent. */
-static int agent_fd = -1;
-
+ * plugin): shim_agent. Best effort and bounded: the application must never wait on the agent. */
 static void register_with_agent(void)
 {
-	const char *path = getenv(GCR_AGENT_SOCKET_ENV);
-	if (path == NULL || path[0] == '\0')
-		return;
-	struct gcr_err err;
-	int fd = gcr_sock_connect(path, 1000, &err);
-	if (fd < 0) {
-		gcr_log_problem("shim", "pid %d not registered with the node agent at %s: %s; it will not find "
-				"this process for Checkpoints", (int)getpid(), path, err.msg);
-		return;
-	}
-	char *line = gcr_proto_request_line(0, GCR_OP_REGISTER_ID,
-					    json_pack("{s:s, s:s}", "socket", sock_path, "version", PACKAGE_VERSION));
-	if (line == NULL || gcr_sock_write_all(fd, line, strlen(line), 1000, &err) < 0) {
-		gcr_log_problem("shim", "pid %d not registered with the node agent at %s: %s; it will not find "
-				"this process for Checkpoints", (int)getpid(), path,
-				line == NULL ? "out of memory for the request" : err.msg);
-		close(fd);
-	} else {
-		agent_fd = fd; /* kept open: the agent sees EOF when the process exits */
-	}
-	free(line);
+	shim_agent_register(sock_path);
 }
 
 /* Before a CRIU dump: the registry connection is an external socket CRIU would refuse. The
  * agent sees EOF, as for an exit; image-read registers again. */
 static void drop_agent(void)
 {
-	if (agent_fd >= 0) {
-		close(agent_fd);
-		agent_fd = -1;
-	}
+	shim_agent_drop();
 }
 
 /* Before a CRIU dump: CRIU re-binds a listening socket at the name it was bound to, and
@@ -704,10 +680,7 @@ static void reset_after_fork(void)
 	/* The child has no control thread; it gets its own socket if it initialises CUDA. */
 	start_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	sock_path[0] = '\0';
-	if (agent_fd >= 0) {
-		close(agent_fd); /* the parent's registration, not ours */
-		agent_fd = -1;
-	}
+	shim_agent_after_fork();
 }
 
 void shim_ctl_start(void)

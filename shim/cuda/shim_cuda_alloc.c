@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "gcr_log.h"
+#include "shim_agent.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_cuda_pool.h"
@@ -26,7 +27,19 @@ static int convert(size_t bytes)
 	return shim_cfg.vmm && bytes >= shim_cfg.vmm_min_bytes;
 }
 
-SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+/* The current context's device for a room request (-1 unknown); only asked after an
+ * out-of-memory. */
+static int cur_device(void)
+{
+	int dev = -1;
+	void *ctx = NULL;
+	struct gcr_err err;
+	if (shim_cuda_ops.current_device(&dev, &ctx, &err) < 0)
+		return -1;
+	return dev;
+}
+
+static CUresult mem_alloc_once(CUdeviceptr *dptr, size_t bytesize)
 {
 	__typeof__(&cuMemAlloc_v2) real = SHIM_REAL(cuMemAlloc_v2, 0);
 	if (real == NULL)
@@ -50,12 +63,23 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	return r;
 }
 
+/* Overcommit (shim_agent): out of memory asks the agent for room, then tries again. */
+SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	int tries = 0;
+	CUresult r;
+	do
+		r = mem_alloc_once(dptr, bytesize);
+	while (r == CUDA_ERROR_OUT_OF_MEMORY && shim_agent_room_retry(bytesize, cur_device(), &tries));
+	return r;
+}
+
 /* Pitch as the driver picks it for these devices; any pitch >= width is valid
  * for a program that uses the returned value. */
 #define SHIM_PITCH_ALIGN 512
 
-SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
-					size_t Height, unsigned int ElementSizeBytes)
+static CUresult mem_alloc_pitch_once(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+				     unsigned int ElementSizeBytes)
 {
 	__typeof__(&cuMemAllocPitch_v2) real = SHIM_REAL(cuMemAllocPitch_v2, 0);
 	if (real == NULL)
@@ -80,6 +104,19 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
 			shim_alloc_note(&shim_cuda_ops, *dptr, *pPitch * Height, SHIM_ALLOC_PLAIN);
 	}
 	shim_gate_exit(t);
+	return r;
+}
+
+SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+					size_t Height, unsigned int ElementSizeBytes)
+{
+	int tries = 0;
+	CUresult r;
+	do
+		r = mem_alloc_pitch_once(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+	while (r == CUDA_ERROR_OUT_OF_MEMORY &&
+	       shim_agent_room_retry(Height <= SIZE_MAX / (WidthInBytes | 1) ? WidthInBytes * Height : SIZE_MAX,
+				     cur_device(), &tries));
 	return r;
 }
 
@@ -143,8 +180,8 @@ SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
 
 /* ---- the application's own virtual-memory allocations ---- */
 
-SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-				 const CUmemAllocationProp *prop, unsigned long long flags)
+static CUresult mem_create_once(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+				unsigned long long flags)
 {
 	__typeof__(&cuMemCreate) real = SHIM_REAL(cuMemCreate, 0);
 	if (real == NULL)
@@ -167,6 +204,23 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 			SHIM_REAL(cuMemRelease, 0)(h);
 	}
 	shim_gate_exit(t);
+	return r;
+}
+
+/* PyTorch's expandable segments grow through here. */
+SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+				 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	int tries = 0;
+	CUresult r;
+	do
+		r = mem_create_once(handle, size, prop, flags);
+	while (r == CUDA_ERROR_OUT_OF_MEMORY &&
+	       shim_agent_room_retry(size,
+				     prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+					     ? prop->location.id
+					     : -1,
+				     &tries));
 	return r;
 }
 

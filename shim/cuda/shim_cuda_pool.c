@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "gcr_log.h"
+#include "shim_agent.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_cuda_pool.h"
@@ -338,7 +339,7 @@ static CUresult code_of(int rc)
 /* ---- allocation and free ---- */
 
 /* pool NULL: the stream's device's current pool. -ENOENT from the arena: the driver's. */
-static CUresult alloc_async(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream,
+static CUresult alloc_async_once(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream,
 			    int from_pool)
 {
 	__typeof__(&cuMemAllocAsync) real_a = SHIM_REAL(cuMemAllocAsync, v);
@@ -374,6 +375,18 @@ static CUresult alloc_async(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryP
 			shim_alloc_note(&shim_cuda_ops, *dptr, bytesize, SHIM_ALLOC_ASYNC);
 	}
 	shim_gate_exit(t);
+	return r;
+}
+
+/* Overcommit (shim_agent): out of memory asks the agent for room, then tries again. */
+static CUresult alloc_async(int v, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream,
+			    int from_pool)
+{
+	int tries = 0;
+	CUresult r;
+	do
+		r = alloc_async_once(v, dptr, bytesize, pool, hStream, from_pool);
+	while (r == CUDA_ERROR_OUT_OF_MEMORY && shim_agent_room_retry(bytesize, -1, &tries));
 	return r;
 }
 

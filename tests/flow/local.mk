@@ -22,3 +22,7 @@ EXTRA_DIST += tests/flow/test_image_container.sh tests/flow/test_image_container
 # Stream-ordered memory (pools, graph memory) on the shim's fast path, suspended at random moments.
 TESTS += tests/flow/test_pools.sh
 EXTRA_DIST += tests/flow/test_pools.sh tests/flow/test_pools.py
+# Overcommit by suspend: gcr-agent without Kubernetes, processes of different priority on one
+# small stand-in GPU (docs/preemption.md).
+TESTS += tests/flow/test_overcommit.sh
+EXTRA_DIST += tests/flow/test_overcommit.sh tests/flow/test_overcommit.py

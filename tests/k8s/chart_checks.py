@@ -275,6 +275,10 @@ def cmd_default(render, ns):
           and cfg["devicePlugin"].get("socketRoot") == "/run/gcr/alloc", (agent["args"], cfg["devicePlugin"]))
     check("no ServiceMonitor or metrics Service by default",
           not objs(docs, "ServiceMonitor") and not objs(docs, "Service"))
+    check("overcommit on by default: the agent's policy, GCR_OVERCOMMIT=1 for opted-in containers",
+          cfg.get("overcommit") == "true" and cfg.get("overcommitMarginMiB") == 0
+          and cfg.get("overcommitMode") == "full" and cfg.get("overcommitEnv") == "false"
+          and cfg["devicePlugin"].get("shimEnv") == {"GCR_OVERCOMMIT": "1"}, cfg)
     check("config: device plugin on, 32 slots of gpucr.dev/shim",
           cfg["devicePlugin"]["enabled"] is True and cfg["devicePlugin"]["slots"] == 32
           and cfg["devicePlugin"]["resourceName"] == "gpucr.dev/shim", cfg)
@@ -291,7 +295,7 @@ def cmd_test(render, ns):
           spec.get("nodeSelector"))
     check("config: 7 slots, shim settings, CDI device",
           cfg["devicePlugin"]["slots"] == 7
-          and cfg["devicePlugin"]["shimEnv"] == {"GCR_VMM_MIN_BYTES": "4194304"}
+          and cfg["devicePlugin"]["shimEnv"] == {"GCR_VMM_MIN_BYTES": "4194304", "GCR_OVERCOMMIT": "1"}
           and cfg["devicePlugin"]["cdiDevice"] == "gpucr.dev/shim=all", cfg)
     sm = objs(docs, "ServiceMonitor")
     svc = objs(docs, "Service")

@@ -159,6 +159,12 @@ no_kubelet_dir() {
 	r=$(h template x "$CHART" --set devicePlugin.enabled=false) && [[ $r != *"path: /var/lib/kubelet"* ]]
 }
 run "devicePlugin.enabled=false: no kubelet hostPath" no_kubelet_dir
+overcommit_off() {
+	local r
+	r=$(h template x "$CHART" --set overcommit.enabled=false) &&
+		[[ $r == *'overcommit: "false"'* && $r != *GCR_OVERCOMMIT* && $r == *'shimEnv: {}'* ]]
+}
+run "overcommit.enabled=false: the policy off, no GCR_OVERCOMMIT for the shims" overcommit_off
 
 # --- Dockerfile (no Docker engine here: lint, and the install layout) ------------
 

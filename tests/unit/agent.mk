@@ -8,7 +8,9 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_metrics \
 	tests/unit/test_agent_activity \
 	tests/unit/test_agent_record \
-	tests/unit/test_agent_images
+	tests/unit/test_agent_images \
+	tests/unit/test_agent_victims \
+	tests/unit/test_agent_roommsg
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -45,6 +47,16 @@ tests_unit_test_agent_images_SOURCES = tests/unit/test_agent_images.c
 tests_unit_test_agent_images_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_images_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_images_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
+tests_unit_test_agent_victims_SOURCES = tests/unit/test_agent_victims.c
+tests_unit_test_agent_victims_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_victims_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_victims_LDADD = $(AGENT_TEST_LDADD)
+
+tests_unit_test_agent_roommsg_SOURCES = tests/unit/test_agent_roommsg.c
+tests_unit_test_agent_roommsg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_roommsg_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_roommsg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 
 # The agent's daemon modules, compiled into their tests from source.
 tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c

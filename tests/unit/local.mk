@@ -137,3 +137,10 @@ tests_unit_test_shim_cuda_pool_SOURCES = tests/unit/test_shim_cuda_pool.c $(SHIM
 tests_unit_test_shim_cuda_pool_CPPFLAGS = $(SHIM_TEST_CPPFLAGS) -I$(srcdir)/tests/fakecuda
 tests_unit_test_shim_cuda_pool_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 EXTRA_tests_unit_test_shim_cuda_pool_DEPENDENCIES = $(FAKECUDA_LIB)
+
+# The shim's side of overcommit (shim_agent) against a scripted agent: no GPU, no driver.
+check_PROGRAMS += tests/unit/test_shim_agent
+TESTS += tests/unit/test_shim_agent
+tests_unit_test_shim_agent_SOURCES = tests/unit/test_shim_agent.c shim/core/shim_agent.c shim/core/shim_config.c
+tests_unit_test_shim_agent_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_agent_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)

@@ -204,7 +204,7 @@ int main(void)
 	snprintf(path, sizeof(path), "%s/agent.sock", dir);
 	char proc[600];
 	snprintf(proc, sizeof(proc), "%s/proc", dir);
-	CHECK(agent_registry_new(path, run, NULL, proc, &reg, &err) == 0);
+	CHECK(agent_registry_new(path, run, NULL, proc, 0, &reg, &err) == 0);
 	if (reg == NULL)
 		goto out;
 	CHECK(agent_registry_count(reg) == NSHIMS);

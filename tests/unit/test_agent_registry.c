@@ -44,7 +44,7 @@ int main(void)
 	CHECK(system(cmd) == 0);
 	snprintf(path, sizeof(path), "%s/proc", dir);
 
-	CHECK(agent_registry_new(sock, run, NULL, path, &r, &err) == 0);
+	CHECK(agent_registry_new(sock, run, NULL, path, 0, &r, &err) == 0);
 	CHECK(agent_registry_start(r, &err) == 0);
 	CHECK(agent_registry_count(r) == 0);
 	/* Any local user may connect (a shim in a non-root container); only credentials count. */

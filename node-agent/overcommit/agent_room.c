@@ -1,0 +1,749 @@
+/* agent_room: the overcommit policy's engine: one worker thread takes the shims' room
+ * requests in order, suspends victims (agent_victims) through gcr_cr, records each hold, and
+ * resumes held processes once the process they were suspended for is gone. */
+#include "agent_room.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent_victims.h"
+#include "gcr_client.h"
+#include "gcr_cr.h"
+#include "gcr_shimreply.h"
+#include "gcr_log.h"
+#include "gcr_nvml.h"
+#include "gcr_proto.h"
+#include "gcr_sock.h"
+#include "gcr_time.h"
+
+/* Processes held at once at most (a node's GPU processes: the registry's bound). */
+#define MAX_HELD AGENT_REGISTRY_MAX
+/* How long a reply may take to leave (ms): the shim is waiting for it. */
+#define REPLY_MS 1000
+/* Longest record file read back (bytes). */
+#define RECORD_MAX 8192
+/* How long a candidate's shim may take to say what it holds (ms), in data-only mode. */
+#define STATUS_MS 1000
+/* The records' folder under record_dir. */
+#define RECORD_SUBDIR "overcommit"
+
+/* One process suspended for another. */
+struct hold {
+	pid_t pid;
+	unsigned long long start; /* 0: not known */
+	char pod[AGENT_CGROUP_UID_LEN + 1];
+	int priority;
+	unsigned long long bytes; /* on the GPU, when suspended */
+	double since;             /* CLOCK_REALTIME seconds */
+	pid_t for_pid;
+	unsigned long long for_start;
+	char for_pod[AGENT_CGROUP_UID_LEN + 1];
+	char uuid[GCR_NVML_UUID_LEN];
+	int said; /* the last resume failure logged (its -errno), so each is said once */
+	int data_only; /* suspended in data-only mode: resumed in the same */
+};
+
+struct request {
+	struct agent_registry_proc p;
+	int fd;
+	struct agent_roommsg_room req;
+	double queued; /* monotonic ms */
+};
+
+struct agent_room {
+	struct agent_registry *reg;
+	struct agent_activity *act;
+	struct agent_metrics *m;
+	struct agent_room_cfg cfg;
+	char *socket_dir, *dir; /* dir: <record_dir>/overcommit */
+	struct agent_room_hooks hooks;
+	pthread_t th;
+	int started;
+	pthread_mutex_t lock; /* guards q, nq, nudge, stop */
+	pthread_cond_t cv;
+	struct request q[AGENT_ROOM_QUEUE];
+	int nq, nudge, stop;
+	/* Events decided by the worker, posted after its reply (the worker's own). */
+	struct {
+		char uid[AGENT_CGROUP_UID_LEN + 1], type[8], reason[40], note[640];
+	} ev[2 * AGENT_ROOM_EVENTS];
+	int nev;
+	/* The worker's own, read by agent_room_held under hlock. */
+	pthread_mutex_t hlock;
+	struct hold *held;
+	int nheld;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int alive(struct agent_room *r, pid_t pid, unsigned long long start)
+{
+	if (pid <= 0 || (kill(pid, 0) < 0 && errno != EPERM))
+		return 0;
+	return start == 0 || agent_registry_start_time(r->reg, pid) == start;
+}
+
+/* "namespace/name" from Kubernetes when known, else the uid; "pid/<pid>" outside pods. */
+static void pod_label(struct agent_room *r, const char *uid, pid_t pid, char *out, size_t len)
+{
+	struct agent_room_pod pod = { 0 };
+	if (uid[0] != '\0' && r->hooks.pod != NULL && r->hooks.pod(r->hooks.data, uid, &pod) == 0 &&
+	    pod.name[0] != '\0')
+		snprintf(out, len, "%s", pod.name);
+	else if (uid[0] != '\0')
+		snprintf(out, len, "%s", uid);
+	else
+		snprintf(out, len, "pid/%d", (int)pid);
+}
+
+/* Queued; events_flush posts them once the reply is gone. Past the bound, dropped (logged). */
+static void event(struct agent_room *r, const char *uid, const char *type, const char *reason, const char *note)
+{
+	if (r->hooks.event == NULL || uid[0] == '\0')
+		return;
+	if (r->nev == (int)(sizeof(r->ev) / sizeof(r->ev[0]))) {
+		GCR_LOG(GCR_LOG_WARN, "overcommit", "event %s on pod %s dropped: too many at once", reason, uid);
+		return;
+	}
+	snprintf(r->ev[r->nev].uid, sizeof(r->ev[r->nev].uid), "%s", uid);
+	snprintf(r->ev[r->nev].type, sizeof(r->ev[r->nev].type), "%s", type);
+	snprintf(r->ev[r->nev].reason, sizeof(r->ev[r->nev].reason), "%s", reason);
+	snprintf(r->ev[r->nev].note, sizeof(r->ev[r->nev].note), "%s", note);
+	r->nev++;
+}
+
+static void events_flush(struct agent_room *r)
+{
+	for (int i = 0; i < r->nev; i++)
+		r->hooks.event(r->hooks.data, r->ev[i].uid, r->ev[i].type, r->ev[i].reason, r->ev[i].note);
+	r->nev = 0;
+}
+
+/* Opt-in, priority and never-suspend of p: its pod's (Kubernetes) when the pod is known, else
+ * the process's environment if trusted (cfg.trust_env), else not opted in. */
+static void settings_of(struct agent_room *r, const struct agent_registry_proc *p, int *opted, int *prio,
+			int *preemptible)
+{
+	struct agent_room_pod pod = { 0 };
+	*opted = r->cfg.trust_env && p->env.overcommit;
+	*prio = p->env.priority;
+	*preemptible = p->env.preemptible;
+	if (r->hooks.pod != NULL && p->pod_uid[0] != '\0' && r->hooks.pod(r->hooks.data, p->pod_uid, &pod) == 0) {
+		*opted = pod.overcommit;
+		if (pod.has_priority)
+			*prio = pod.priority;
+		if (pod.never)
+			*preemptible = 0;
+	}
+}
+
+/* ---- records: <dir>/<pid>.json, written whole then renamed ---- */
+
+static void record_path(struct agent_room *r, pid_t pid, char *out, size_t len)
+{
+	snprintf(out, len, "%s/%d.json", r->dir, (int)pid);
+}
+
+static void record_write(struct agent_room *r, const struct hold *h)
+{
+	char path[600], tmp[640];
+	record_path(r, h->pid, path, sizeof(path));
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	json_t *j = json_pack("{s:i, s:I, s:s, s:i, s:I, s:f, s:i, s:I, s:s, s:s, s:s}", "pid", (int)h->pid, "start",
+			      (json_int_t)h->start, "pod", h->pod, "priority", h->priority, "bytes",
+			      (json_int_t)h->bytes, "since", h->since, "for_pid", (int)h->for_pid, "for_start",
+			      (json_int_t)h->for_start, "for_pod", h->for_pod, "gpu", h->uuid, "mode",
+			      h->data_only ? "data" : "full");
+	int rc = j != NULL ? json_dump_file(j, tmp, JSON_COMPACT) : -1;
+	json_decref(j);
+	if (rc == 0 && rename(tmp, path) == 0)
+		return;
+	GCR_LOG(GCR_LOG_WARN, "overcommit", "record of held pid %d not written to %s: %s; an agent restarted "
+		"before its resume will not resume it (gcrctl resume %d does)", (int)h->pid, path, strerror(errno),
+		(int)h->pid);
+	unlink(tmp);
+}
+
+static void record_remove(struct agent_room *r, pid_t pid)
+{
+	char path[600];
+	record_path(r, pid, path, sizeof(path));
+	if (unlink(path) < 0 && errno != ENOENT)
+		GCR_LOG(GCR_LOG_WARN, "overcommit", "record %s not removed: %s", path, strerror(errno));
+}
+
+/* One record read back; -EBADMSG when a field is missing or of the wrong type. */
+static int record_parse(const char *text, size_t len, struct hold *h)
+{
+	json_error_t je;
+	json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+	json_int_t pid, start, bytes, for_pid, for_start;
+	int prio;
+	double since;
+	const char *pod, *for_pod, *gpu, *mode;
+	int rc = j != NULL && json_unpack(j, "{s:I, s:I, s:s, s:i, s:I, s:F, s:I, s:I, s:s, s:s, s:s}", "pid", &pid,
+					  "start", &start, "pod", &pod, "priority", &prio, "bytes", &bytes, "since",
+					  &since, "for_pid", &for_pid, "for_start", &for_start, "for_pod", &for_pod,
+					  "gpu", &gpu, "mode", &mode) == 0 &&
+			 (strcmp(mode, "data") == 0 || strcmp(mode, "full") == 0) &&
+			 pid > 0 && pid < (1 << 22) && for_pid > 0 && for_pid < (1 << 22) && start >= 0 &&
+			 for_start >= 0 && bytes >= 0 && strlen(pod) <= AGENT_CGROUP_UID_LEN &&
+			 strlen(for_pod) <= AGENT_CGROUP_UID_LEN && strlen(gpu) < GCR_NVML_UUID_LEN
+		 ? 0
+		 : -EBADMSG;
+	if (rc == 0) {
+		*h = (struct hold){ .pid = (pid_t)pid, .start = (unsigned long long)start, .priority = prio,
+				    .bytes = (unsigned long long)bytes, .since = since, .for_pid = (pid_t)for_pid,
+				    .for_start = (unsigned long long)for_start,
+				    .data_only = strcmp(mode, "data") == 0 };
+		snprintf(h->pod, sizeof(h->pod), "%s", pod);
+		snprintf(h->for_pod, sizeof(h->for_pod), "%s", for_pod);
+		snprintf(h->uuid, sizeof(h->uuid), "%s", gpu);
+	}
+	json_decref(j);
+	return rc;
+}
+
+static void records_load(struct agent_room *r)
+{
+	DIR *d = opendir(r->dir);
+	if (d == NULL)
+		return;
+	struct dirent *de;
+	while ((de = readdir(d)) != NULL && r->nheld < MAX_HELD) {
+		size_t n = strlen(de->d_name);
+		if (n < 6 || strcmp(de->d_name + n - 5, ".json") != 0)
+			continue;
+		char path[600], buf[RECORD_MAX];
+		snprintf(path, sizeof(path), "%s/%s", r->dir, de->d_name);
+		FILE *f = fopen(path, "re");
+		size_t len = f != NULL ? fread(buf, 1, sizeof(buf), f) : 0;
+		if (f != NULL)
+			fclose(f);
+		struct hold h;
+		if (len == 0 || len == sizeof(buf) || record_parse(buf, len, &h) < 0) {
+			GCR_LOG(GCR_LOG_WARN, "overcommit", "record %s unreadable: removed (resume that process with "
+				"gcrctl resume if it is suspended)", path);
+			unlink(path);
+			continue;
+		}
+		r->held[r->nheld++] = h;
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) held since an earlier agent for pid %d: "
+			"resumed once that one is gone", (int)h.pid, h.priority, (int)h.for_pid);
+	}
+	closedir(d);
+}
+
+/* ---- requests ---- */
+
+static void reply(int fd, long long id, int granted, int suspended, unsigned long long freed, const char *reason)
+{
+	json_t *res = json_pack("{s:b, s:i, s:I}", "granted", granted, "suspended", suspended, "freed",
+				(json_int_t)freed);
+	if (res != NULL && reason != NULL)
+		json_object_set_new(res, "reason", json_string(reason));
+	char *line = gcr_proto_reply_ok_line(id, res);
+	struct gcr_err err;
+	if (line == NULL || gcr_sock_write_all(fd, line, strlen(line), REPLY_MS, &err) < 0)
+		GCR_LOG(GCR_LOG_WARN, "overcommit", "room reply not sent: %s",
+			line == NULL ? "out of memory" : err.msg);
+	free(line);
+	close(fd);
+}
+
+static int is_held(struct agent_room *r, pid_t pid)
+{
+	for (int i = 0; i < r->nheld; i++)
+		if (r->held[i].pid == pid)
+			return 1;
+	return 0;
+}
+
+/* The GPU pid allocates on: the one NVML shows it on (the first, when several), else the
+ * node's only GPU. */
+static int gpu_of(pid_t pid, char *uuid, struct gcr_err *err)
+{
+	struct gcr_nvml_use use[GCR_NVML_MAX_DEVICES];
+	int n = 0;
+	int rc = gcr_nvml_proc_use(pid, use, GCR_NVML_MAX_DEVICES, &n, err);
+	if (rc < 0)
+		return rc;
+	if (n > 0) {
+		snprintf(uuid, GCR_NVML_UUID_LEN, "%s", use[0].uuid);
+		return 0;
+	}
+	char gpus[GCR_NVML_MAX_DEVICES][GCR_NVML_UUID_LEN];
+	if ((rc = gcr_nvml_gpus(gpus, GCR_NVML_MAX_DEVICES, &n, err)) < 0)
+		return rc;
+	if (n != 1)
+		return gcr_err_set(err, -ENODEV, "NVML shows pid %d on no GPU and the node has %d", (int)pid, n);
+	snprintf(uuid, GCR_NVML_UUID_LEN, "%s", gpus[0]);
+	return 0;
+}
+
+/* pid's bytes on the GPU uuid (0: none, or NVML cannot say). */
+static unsigned long long bytes_on(pid_t pid, const char *uuid)
+{
+	struct gcr_nvml_use use[GCR_NVML_MAX_DEVICES];
+	int n = 0;
+	struct gcr_err err;
+	if (gcr_nvml_proc_use(pid, use, GCR_NVML_MAX_DEVICES, &n, &err) < 0)
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (strcmp(use[i].uuid, uuid) == 0)
+			return use[i].bytes;
+	return 0;
+}
+
+/* What a data-only suspend of pid frees: the buffers on the shim's fast path (its status's
+ * "bytes": vmm, app_vmm and pool; 0 when the shim does not answer in time or says nonsense), at
+ * most what NVML shows it holding on the GPU. */
+static unsigned long long data_bytes(struct agent_room *r, pid_t pid, unsigned long long on_gpu)
+{
+	static const char *const kinds[] = { "vmm", "app_vmm", "pool" };
+	struct gcr_client c;
+	struct gcr_err err;
+	json_t *st = NULL;
+	unsigned long long sum = 0;
+	if (gcr_client_open(&c, r->socket_dir, pid, &err) < 0)
+		return 0;
+	int rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, STATUS_MS, &st, &err);
+	gcr_client_close(&c);
+	json_t *bytes = rc == 0 ? json_object_get(st, "bytes") : NULL;
+	for (size_t i = 0; bytes != NULL && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		json_t *v = json_object_get(bytes, kinds[i]);
+		if (v == NULL)
+			continue; /* an older shim: no pool */
+		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= GCR_SHIMREPLY_BYTES_MAX) {
+			sum = 0;
+			break;
+		}
+		sum += (unsigned long long)json_integer_value(v);
+	}
+	json_decref(st);
+	return sum < on_gpu ? sum : on_gpu;
+}
+
+static unsigned long long free_on(const char *uuid, unsigned long long *total)
+{
+	unsigned long long fr = 0, t = 0;
+	struct gcr_err err;
+	if (gcr_nvml_mem(uuid, &fr, &t, &err) < 0)
+		fr = t = 0;
+	if (total != NULL)
+		*total = t;
+	return fr;
+}
+
+static void set_hold(struct agent_room *r, const struct hold *h)
+{
+	pthread_mutex_lock(&r->hlock);
+	if (r->nheld < MAX_HELD)
+		r->held[r->nheld++] = *h;
+	pthread_mutex_unlock(&r->hlock);
+	record_write(r, h);
+}
+
+static void drop_hold(struct agent_room *r, int i)
+{
+	pid_t pid = r->held[i].pid;
+	pthread_mutex_lock(&r->hlock);
+	r->held[i] = r->held[--r->nheld];
+	pthread_mutex_unlock(&r->hlock);
+	record_remove(r, pid);
+}
+
+/* Resumes held process i (the caller drops the hold on 0). */
+static int resume_one(struct agent_room *r, int i, const char *why, struct gcr_err *err)
+{
+	struct hold *h = &r->held[i];
+	struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = h->data_only ? GCR_CR_DATA_ONLY : GCR_CR_FULL,
+				 .timeout_ms = r->cfg.timeout_ms };
+	struct gcr_cr_result res = { 0 };
+	double t0 = gcr_time_mono_ms();
+	int rc = gcr_cr_resume(h->pid, &o, &res, err);
+	if (rc == 0) {
+		double held = now_s() - h->since;
+		char label[320], note[512];
+		pod_label(r, h->pod, h->pid, label, sizeof(label));
+		agent_metrics_overcommit(r->m, label, 1, held, res.bytes_moved); /* counted before it is said */
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "resumed pid %d (pod %s, priority %d) after %.1f s held, %s: "
+			"%.1f ms, %lld bytes moved", (int)h->pid, label, h->priority, held, why,
+			gcr_time_mono_ms() - t0, res.bytes_moved);
+		snprintf(note, sizeof(note), "resumed after %.1f s suspended for another pod (%s); %lld MiB moved "
+			 "back to the GPU in %.0f ms", held, why, res.bytes_moved >> 20, res.ms_total);
+		event(r, h->pod, "Normal", "OvercommitResumed", note);
+	}
+	gcr_cr_result_clear(&res);
+	return rc;
+}
+
+/* Suspends the chosen victims; returns how many, their bytes in *freed. */
+static int suspend_victims(struct agent_room *r, const struct agent_registry_proc *req, int req_prio,
+			   const struct agent_registry_proc *cand, const struct agent_victim *v, const int *pick,
+			   int k, const char *uuid, unsigned long long *freed)
+{
+	int done = 0;
+	char req_label[320];
+	pod_label(r, req->pod_uid, req->pid, req_label, sizeof(req_label));
+	*freed = 0;
+	for (int j = 0; j < k; j++) {
+		const struct agent_registry_proc *p = &cand[pick[j]];
+		struct gcr_cr_opts o = { .socket_dir = r->socket_dir,
+					 .mode = r->cfg.data_only ? GCR_CR_DATA_ONLY : GCR_CR_FULL,
+					 .timeout_ms = r->cfg.timeout_ms };
+		struct gcr_cr_result res = { 0 };
+		struct gcr_err err = { 0 };
+		char label[320], note[640];
+		pod_label(r, p->pod_uid, p->pid, label, sizeof(label));
+		double t0 = gcr_time_mono_ms();
+		int rc = gcr_cr_suspend(p->pid, &o, &res, &err);
+		if (rc < 0) {
+			GCR_LOG(GCR_LOG_WARN, "overcommit", "suspend of pid %d (pod %s) for pid %d failed: %s", (int)p->pid,
+				label, (int)req->pid, err.msg);
+			snprintf(note, sizeof(note), "not suspended for pod %s: %s", req_label, err.msg);
+			event(r, p->pod_uid, "Warning", "OvercommitSuspendFailed", note);
+			gcr_cr_result_clear(&res);
+			continue;
+		}
+		struct hold h = { .pid = p->pid, .start = p->start, .priority = v[pick[j]].priority,
+				  .bytes = v[pick[j]].bytes, .since = now_s(), .for_pid = req->pid,
+				  .for_start = req->start, .data_only = r->cfg.data_only };
+		snprintf(h.pod, sizeof(h.pod), "%s", p->pod_uid);
+		snprintf(h.for_pod, sizeof(h.for_pod), "%s", req->pod_uid);
+		snprintf(h.uuid, sizeof(h.uuid), "%s", uuid);
+		set_hold(r, &h);
+		done++;
+		*freed += h.bytes;
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "suspended pid %d (pod %s, priority %d, %llu bytes on %s) for pid %d "
+			"(pod %s, priority %d): %.1f ms, %lld bytes moved", (int)p->pid, label, h.priority, h.bytes,
+			uuid, (int)req->pid, req_label, req_prio, gcr_time_mono_ms() - t0, res.bytes_moved);
+		snprintf(note, sizeof(note), "suspended to make room on GPU %s for pod %s (priority %d > %d): %llu MiB "
+			 "freed; resumed when that pod ends", uuid, req_label, req_prio, h.priority, h.bytes >> 20);
+		event(r, p->pod_uid, "Warning", "OvercommitSuspended", note);
+		snprintf(note, sizeof(note), "pod %s (priority %d) suspended to make room for an allocation on GPU %s",
+			 label, h.priority, uuid);
+		event(r, req->pod_uid, "Normal", "OvercommitRoomMade", note);
+		agent_metrics_overcommit(r->m, label, 0, 0, res.bytes_moved);
+		gcr_cr_result_clear(&res);
+	}
+	return done;
+}
+
+static void handle(struct agent_room *r, struct request *q)
+{
+	const struct agent_registry_proc *p = &q->p;
+	char reason[512], uuid[GCR_NVML_UUID_LEN];
+	struct gcr_err err = { 0 };
+	unsigned long long freed = 0;
+	int opted, prio, preemptible, k = 0, nc = 0;
+	struct agent_registry_proc *cand = NULL;
+	struct agent_victim *v = NULL;
+	int *pick = NULL;
+	settings_of(r, p, &opted, &prio, &preemptible);
+	if (!r->cfg.enabled) {
+		snprintf(reason, sizeof(reason), "overcommit is off on this node");
+		goto deny;
+	}
+	if (!opted) {
+		snprintf(reason, sizeof(reason), "pid %d has not opted in (pod %s: %s, or %s=1 outside Kubernetes)",
+			 (int)p->pid, AGENT_ROOM_OPT_IN_KEY, AGENT_ROOM_OPT_IN_VALUE, GCR_OVERCOMMIT_ENV);
+		goto deny;
+	}
+	if (gpu_of(p->pid, uuid, &err) < 0) {
+		snprintf(reason, sizeof(reason), "cannot tell the GPU of pid %d: %s", (int)p->pid, err.msg);
+		goto deny;
+	}
+	unsigned long long want = (q->req.bytes + AGENT_ROOM_GRANULE - 1) / AGENT_ROOM_GRANULE * AGENT_ROOM_GRANULE +
+				  r->cfg.margin;
+	unsigned long long total = 0, fr = free_on(uuid, &total);
+	if (want > total) {
+		snprintf(reason, sizeof(reason), "%llu MiB wanted, more than GPU %s has (%llu MiB)", want >> 20, uuid,
+			 total >> 20);
+		goto deny;
+	}
+	if (fr >= want) {
+		reply(q->fd, q->req.id, 1, 0, 0, NULL); /* room came back meanwhile */
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d: %llu bytes already free on %s; granted", (int)p->pid, fr,
+			uuid);
+		return;
+	}
+	cand = calloc(AGENT_REGISTRY_MAX, sizeof(*cand));
+	v = calloc(AGENT_REGISTRY_MAX, sizeof(*v));
+	pick = calloc(AGENT_REGISTRY_MAX, sizeof(*pick));
+	if (cand == NULL || v == NULL || pick == NULL) {
+		snprintf(reason, sizeof(reason), "the agent is out of memory");
+		goto deny;
+	}
+	nc = agent_registry_find(r->reg, NULL, NULL, cand, AGENT_REGISTRY_MAX);
+	for (int i = 0; i < nc; i++) {
+		int co, cp, ce;
+		settings_of(r, &cand[i], &co, &cp, &ce);
+		int other = cand[i].pid != p->pid && co && !is_held(r, cand[i].pid);
+		v[i] = (struct agent_victim){ .pid = cand[i].pid, .priority = cp, .preemptible = ce, .eligible = other,
+					      .last_active = agent_activity_last(r->act, cand[i].pid),
+					      .bytes = other ? bytes_on(cand[i].pid, uuid) : 0 };
+		if (v[i].bytes > 0 && r->cfg.data_only)
+			v[i].bytes = data_bytes(r, cand[i].pid, v[i].bytes);
+	}
+	k = agent_victims_pick(v, nc, prio, want - fr, pick, &freed);
+	if (k < 0) {
+		snprintf(reason, sizeof(reason), "%llu MiB free on GPU %s, %llu MiB wanted; processes of priority below "
+			 "%d that may be suspended hold %llu MiB", fr >> 20, uuid, want >> 20, prio, freed >> 20);
+		goto deny;
+	}
+	double t_suspend = now_s();
+	int done = suspend_victims(r, p, prio, cand, v, pick, k, uuid, &freed);
+	fr = free_on(uuid, NULL);
+	if (fr >= q->req.bytes) {
+		reply(q->fd, q->req.id, 1, done, freed, NULL);
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d: room for %llu bytes made on %s (%d suspended, %llu bytes) "
+			"in %.1f ms", (int)p->pid, q->req.bytes, uuid, done, freed, gcr_time_mono_ms() - q->queued);
+		goto out;
+	}
+	/* Not enough after all (a suspend failed, or the memory went to someone else): the
+	 * processes just suspended gain nobody anything; back they go. */
+	snprintf(reason, sizeof(reason), "suspending %d of %d chosen processes left %llu MiB free on GPU %s, "
+		 "%llu MiB wanted", done, k, fr >> 20, uuid, want >> 20);
+	for (int i = r->nheld - 1; i >= 0; i--) {
+		if (r->held[i].for_pid != p->pid || r->held[i].since < t_suspend)
+			continue;
+		struct gcr_err e2;
+		if (resume_one(r, i, "the room made was not enough", &e2) == 0)
+			drop_hold(r, i);
+		else
+			GCR_LOG(GCR_LOG_WARN, "overcommit", "pid %d stays held: %s", (int)r->held[i].pid, e2.msg);
+	}
+deny:
+	GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d: no room for %llu bytes: %s", (int)p->pid, q->req.bytes, reason);
+	reply(q->fd, q->req.id, 0, 0, 0, reason);
+out:
+	free(cand);
+	free(v);
+	free(pick);
+}
+
+/* ---- resumes ---- */
+
+/* Highest priority first, then the longest held. */
+static int resume_order(const void *a, const void *b)
+{
+	const struct hold *x = a, *y = b;
+	if (x->priority != y->priority)
+		return x->priority > y->priority ? -1 : 1;
+	return x->since < y->since ? -1 : x->since > y->since;
+}
+
+static void monitor(struct agent_room *r)
+{
+	for (int i = r->nheld - 1; i >= 0; i--)
+		if (!alive(r, r->held[i].pid, r->held[i].start)) {
+			GCR_LOG(GCR_LOG_INFO, "overcommit", "held pid %d is gone", (int)r->held[i].pid);
+			drop_hold(r, i);
+		}
+	pthread_mutex_lock(&r->hlock);
+	qsort(r->held, (size_t)r->nheld, sizeof(*r->held), resume_order);
+	pthread_mutex_unlock(&r->hlock);
+	for (int i = 0; i < r->nheld;) {
+		struct hold *h = &r->held[i];
+		if (alive(r, h->for_pid, h->for_start)) {
+			i++;
+			continue;
+		}
+		struct gcr_err err = { 0 };
+		char why[64];
+		snprintf(why, sizeof(why), "pid %d it was held for is gone", (int)h->for_pid);
+		int rc = resume_one(r, i, why, &err);
+		if (rc == 0) {
+			drop_hold(r, i);
+			pthread_mutex_lock(&r->hlock);
+			qsort(r->held, (size_t)r->nheld, sizeof(*r->held), resume_order);
+			pthread_mutex_unlock(&r->hlock);
+			continue;
+		}
+		struct gcr_cr_proc_state st;
+		struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = h->data_only ? GCR_CR_DATA_ONLY : GCR_CR_FULL };
+		struct gcr_err e2;
+		if (gcr_cr_state(h->pid, &o, &st, &e2) == 0 && st.state == GCR_CR_ST_RUNNING) {
+			GCR_LOG(GCR_LOG_INFO, "overcommit", "held pid %d was resumed by someone else", (int)h->pid);
+			drop_hold(r, i);
+			continue;
+		}
+		if (h->said != rc) {
+			GCR_LOG(rc == -ENOSPC ? GCR_LOG_INFO : GCR_LOG_WARN, "overcommit", "pid %d (priority %d) not resumed "
+				"yet: %s; retrying every %d ms", (int)h->pid, h->priority, err.msg, r->cfg.check_ms);
+			h->said = rc;
+		}
+		/* Strict priority: while the highest waits for room, lower ones do not take it. */
+		if (rc == -ENOSPC)
+			break;
+		i++;
+	}
+}
+
+static void *worker(void *data)
+{
+	struct agent_room *r = data;
+	pthread_mutex_lock(&r->lock);
+	while (!r->stop) {
+		if (r->nq == 0 && !r->nudge) {
+			struct timespec dl;
+			gcr_time_deadline(&dl, r->cfg.check_ms);
+			pthread_cond_timedwait(&r->cv, &r->lock, &dl);
+		}
+		if (r->stop)
+			break;
+		if (r->nq > 0) {
+			struct request q = r->q[0];
+			memmove(&r->q[0], &r->q[1], (size_t)(r->nq - 1) * sizeof(r->q[0]));
+			r->nq--;
+			pthread_mutex_unlock(&r->lock);
+			handle(r, &q);
+			events_flush(r);
+			pthread_mutex_lock(&r->lock);
+			continue; /* requests first: an allocation is waiting */
+		}
+		r->nudge = 0;
+		pthread_mutex_unlock(&r->lock);
+		monitor(r);
+		events_flush(r);
+		pthread_mutex_lock(&r->lock);
+	}
+	pthread_mutex_unlock(&r->lock);
+	return NULL;
+}
+
+/* ---- the registry's callbacks (its thread: queue and return) ---- */
+
+static void on_room(void *data, const struct agent_registry_proc *p, int fd, const struct agent_roommsg_room *req)
+{
+	struct agent_room *r = data;
+	pthread_mutex_lock(&r->lock);
+	if (r->nq == AGENT_ROOM_QUEUE) {
+		pthread_mutex_unlock(&r->lock);
+		char *line = gcr_proto_reply_err_line(req->id, -EBUSY, "too many room requests waiting");
+		struct gcr_err err;
+		if (line != NULL)
+			(void)gcr_sock_write_all(fd, line, strlen(line), 0, &err);
+		free(line);
+		close(fd);
+		return;
+	}
+	r->q[r->nq++] = (struct request){ .p = *p, .fd = fd, .req = *req, .queued = gcr_time_mono_ms() };
+	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->lock);
+}
+
+static void on_gone(void *data, const struct agent_registry_proc *p)
+{
+	struct agent_room *r = data;
+	(void)p;
+	pthread_mutex_lock(&r->lock);
+	r->nudge = 1; /* a requester may have gone: look at the holds now */
+	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->lock);
+}
+
+int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struct agent_metrics *m,
+		   const struct agent_room_cfg *cfg, const struct agent_room_hooks *hooks, struct agent_room **out,
+		   struct gcr_err *err)
+{
+	*out = NULL;
+	struct agent_room *r = calloc(1, sizeof(*r));
+	if (r == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	r->reg = reg;
+	r->act = act;
+	r->m = m;
+	r->cfg = *cfg;
+	if (r->cfg.timeout_ms <= 0)
+		r->cfg.timeout_ms = AGENT_ROOM_TIMEOUT_MS;
+	if (r->cfg.check_ms <= 0)
+		r->cfg.check_ms = AGENT_ROOM_CHECK_MS;
+	if (hooks != NULL)
+		r->hooks = *hooks;
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_mutex_init(&r->hlock, NULL);
+	pthread_cond_init(&r->cv, NULL);
+	r->socket_dir = strdup(cfg->socket_dir);
+	r->held = calloc(MAX_HELD, sizeof(*r->held));
+	if (r->socket_dir == NULL || r->held == NULL ||
+	    asprintf(&r->dir, "%s/%s", cfg->record_dir, RECORD_SUBDIR) < 0) {
+		r->dir = NULL;
+		agent_room_free(r);
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	if (mkdir(cfg->record_dir, 0700) < 0 && errno != EEXIST) {
+		int e = errno;
+		agent_room_free(r);
+		return gcr_err_set(err, -e, "record dir %s: %s", cfg->record_dir, strerror(e));
+	}
+	if (mkdir(r->dir, 0700) < 0 && errno != EEXIST) {
+		int e = errno;
+		gcr_err_set(err, -e, "record dir %s: %s", r->dir, strerror(e));
+		agent_room_free(r);
+		return -e;
+	}
+	records_load(r);
+	struct agent_registry_handler h = { .room = on_room, .gone = on_gone, .data = r };
+	agent_registry_set_handler(reg, &h);
+	*out = r;
+	return 0;
+}
+
+int agent_room_start(struct agent_room *r, struct gcr_err *err)
+{
+	int rc = pthread_create(&r->th, NULL, worker, r);
+	if (rc != 0)
+		return gcr_err_set(err, -rc, "cannot start the overcommit thread: %s", strerror(rc));
+	r->started = 1;
+	GCR_LOG(GCR_LOG_INFO, "overcommit", "policy %s (%s suspends); %d processes held; records in %s",
+		r->cfg.enabled ? "on" : "off", r->cfg.data_only ? "data-only" : "full", r->nheld, r->dir);
+	return 0;
+}
+
+void agent_room_free(struct agent_room *r)
+{
+	if (r == NULL)
+		return;
+	struct agent_registry_handler none = { 0 };
+	agent_registry_set_handler(r->reg, &none); /* no more requests queued here */
+	if (r->started) {
+		pthread_mutex_lock(&r->lock);
+		r->stop = 1;
+		pthread_cond_signal(&r->cv);
+		pthread_mutex_unlock(&r->lock);
+		pthread_join(r->th, NULL);
+	}
+	for (int i = 0; i < r->nq; i++)
+		reply(r->q[i].fd, r->q[i].req.id, 0, 0, 0, "the agent is stopping");
+	pthread_cond_destroy(&r->cv);
+	pthread_mutex_destroy(&r->lock);
+	pthread_mutex_destroy(&r->hlock);
+	free(r->held);
+	free(r->socket_dir);
+	free(r->dir);
+	free(r);
+}
+
+int agent_room_held(struct agent_room *r)
+{
+	pthread_mutex_lock(&r->hlock);
+	int n = r->nheld;
+	pthread_mutex_unlock(&r->hlock);
+	return n;
+}

@@ -1,0 +1,83 @@
+/* agent_room: GPU memory overcommit by suspend (docs/preemption.md): a shim's "room" request
+ * makes the agent suspend lower-priority processes on that GPU, just enough of them; they are
+ * resumed, highest priority first, once the process they were suspended for is gone. */
+#ifndef AGENT_ROOM_H
+#define AGENT_ROOM_H
+
+#include <sys/types.h>
+
+#include "agent_activity.h"
+#include "agent_metrics.h"
+#include "agent_registry.h"
+#include "gcr_error.h"
+
+/* Defaults of struct agent_room_cfg's numbers (0 there means these). */
+#define AGENT_ROOM_TIMEOUT_MS 10000 /* each suspend and resume: the gate and the driver's lock */
+#define AGENT_ROOM_CHECK_MS 500     /* how often held processes are looked at */
+#define AGENT_ROOM_QUEUE 64         /* room requests waiting at most; more are answered -EBUSY */
+#define AGENT_ROOM_EVENTS 64        /* Events one decision posts at most (two per victim) */
+/* Bytes asked beyond the allocation, its size rounded up to this (the VMM granularity). */
+#define AGENT_ROOM_GRANULE (2ULL << 20)
+
+struct agent_room_cfg {
+	const char *socket_dir; /* the shims' control sockets (gcr_cr) */
+	const char *record_dir; /* <record_dir>/overcommit/<pid>.json: who is held for whom (root only) */
+	int enabled;            /* 0: every request is refused (the policy is off) */
+	int timeout_ms;
+	int check_ms;
+	unsigned long long margin; /* bytes asked beyond the allocation (rounded), for the driver's own */
+	/* 1: victims are suspended data only (gcr_cr's GCR_CR_DATA_ONLY: their buffers leave the GPU,
+	 * their context stays; a suspend and a resume each skip the driver's checkpoint step, about
+	 * 0.5 s and 1 s for 16 GiB on the H100) and their bytes are what the shim holds on its fast
+	 * path; 0: the whole process leaves the GPU (NVML's bytes). */
+	int data_only;
+	/* 1: a process whose pod Kubernetes does not show (outside pods, or the API not listed yet)
+	 * is judged by its environment (GCR_OVERCOMMIT, GCR_PRIORITY, GCR_PREEMPTIBLE); 0: it takes
+	 * no part (the chart's setting: there the device plugin gives every container
+	 * GCR_OVERCOMMIT=1, and only the pod's label opts in). */
+	int trust_env;
+};
+
+/* What Kubernetes says of a pod. A pod Kubernetes knows opts in by its label or annotation
+ * gpucr.dev/overcommit: suspend, whatever its processes' environment says. */
+#define AGENT_ROOM_OPT_IN_KEY "gpucr.dev/overcommit"
+#define AGENT_ROOM_OPT_IN_VALUE "suspend"
+#define AGENT_ROOM_NEVER_KEY "gpucr.dev/preemptible"
+struct agent_room_pod {
+	int overcommit; /* label or annotation gpucr.dev/overcommit: suspend */
+	int has_priority;
+	int priority;  /* spec.priority */
+	int never;     /* annotation gpucr.dev/preemptible: "false" */
+	char name[320]; /* "namespace/name" */
+};
+
+struct agent_room_hooks {
+	/* The pod of uid: 0 and *out filled, or -ENOENT (not known: the process's environ rules). */
+	int (*pod)(void *data, const char *pod_uid, struct agent_room_pod *out);
+	/* An Event on the pod of uid: type "Normal" or "Warning". Called from the worker after the
+	 * decision's reply has gone (an API call must not delay an allocation). */
+	void (*event)(void *data, const char *pod_uid, const char *type, const char *reason, const char *note);
+	void *data;
+};
+
+struct agent_room;
+
+/* Borrows reg, act (may be NULL: no activity, least recently active unknown) and m (may be
+ * NULL); copies cfg and hooks (may be NULL). Reads the records of an earlier agent: processes
+ * it held stay held, and are resumed when their requester is gone. */
+int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struct agent_metrics *m,
+		   const struct agent_room_cfg *cfg, const struct agent_room_hooks *hooks, struct agent_room **out,
+		   struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Takes the registry's room requests (agent_registry_set_handler: before the registry's
+ * thread starts) and starts the worker thread. */
+int agent_room_start(struct agent_room *r, struct gcr_err *err);
+
+/* Stops the thread (the suspend or resume in flight ends first); NULL-safe. Held processes
+ * stay suspended with their records: the next agent resumes them. */
+void agent_room_free(struct agent_room *r);
+
+/* Processes suspended for another and not resumed yet. */
+int agent_room_held(struct agent_room *r);
+
+#endif

@@ -1,0 +1,474 @@
+# tests/flow/test_overcommit.py: GPU memory overcommit by suspend (docs/preemption.md) on the
+# stand-in driver: gcr-agent without Kubernetes, processes of different priority sharing one
+# small stand-in GPU (FAKECUDA_MEM_MIB), each suspended and resumed in the right order,
+# their data checked by the test program itself.
+"""Needs a build dir (top_builddir): gcr-agent, gcrctl, the shim, gcr-testprog, tests/fakecuda;
+root. No Kubernetes: the API server is unreachable, which the agent rides out; pods come from a
+fake <procRoot>/<pid>/cgroup and the processes' overcommit settings from a fake
+<procRoot>/<pid>/environ (what the agent reads on a node). Each case prints PASS/FAIL; the last
+line is 'N passed, N failed'. No sleeps: every wait is on a log line, a program's line or a
+polled state, bounded."""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BUILD = os.path.abspath(os.environ.get("top_builddir", os.path.join(SRC, "build")))
+sys.path.insert(0, os.path.join(SRC, "tests", "gpu"))
+import harness as H  # noqa: E402
+
+AGENT = os.path.join(BUILD, "node-agent", "gcr-agent")
+GCRCTL = os.path.join(BUILD, "node-agent", "gcrctl")
+FAKE_DIR = os.path.join(BUILD, "tests", "fakecuda")
+MODULE = os.path.join(SRC, "tests", "progs", "gcr_kernels.h")
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: none, user: u}}]
+current-context: c
+"""
+WAIT_S = 60  # the bound on any one wait
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def poll(fn, what, timeout=WAIT_S):
+    """fn() until it returns a true value, at most timeout seconds (a bounded poll of state)."""
+    end = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise Fail("timed out after %d s waiting for %s" % (timeout, what))
+        time.sleep(0.05)
+
+
+class Node:
+    """A work dir standing for a node: the agent's dirs, a fake /proc, one stand-in GPU."""
+
+    def __init__(self, mem_mib):
+        self.dir = tempfile.mkdtemp(prefix="gcr-overcommit-")
+        self.cfg = H.Config()
+        self.cfg.log_dir = os.path.join(self.dir, "logs")
+        self.cfg.shim = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
+        prefix = os.environ.get("GCR_TEST_PRELOAD_PREFIX", "")
+        if prefix:
+            self.cfg.shim = prefix + ":" + self.cfg.shim
+        self.cfg.testprog = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
+        self.cfg.gcrctl = GCRCTL
+        self.sock = os.path.join(self.dir, "sock")
+        self.records = os.path.join(self.dir, "records")
+        self.proc = os.path.join(self.dir, "proc")
+        self.fake = os.path.join(self.dir, "fake")
+        for d in (self.sock, self.proc, self.fake):
+            os.makedirs(d)
+        self.kubeconfig = os.path.join(self.dir, "kubeconfig")
+        with open(self.kubeconfig, "w") as f:
+            f.write(KUBECONFIG)
+        # The agent, gcrctl and every process see the same stand-in GPU (and NVML on it).
+        self.env = {"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake, "FAKECUDA_MEM_MIB": str(mem_mib),
+                    "GCR_RESTORE_MARGIN_MIB": "8", "GCR_SOCKET_DIR": self.sock}
+        os.environ.update(self.env)
+        self.registry = os.path.join(self.sock, "agent", "agent.sock")
+        self.port = free_port()
+        self.agent = None
+        self.procs = []
+        self.n = 0
+
+    def start_agent(self, *flags, real_proc=False):
+        """real_proc: the machine's /proc and processes outside pods (the GPU measurement's way)."""
+        self.real_proc = real_proc
+        argv = [AGENT, "--kubeconfig", self.kubeconfig, "--node-name", "node-oc", "--socket-dir", self.sock,
+                "--record-dir", self.records, "--metrics-address", "127.0.0.1:%d" % self.port,
+                "--proc-root", "/proc" if real_proc else self.proc, *flags]
+        if real_proc:
+            argv += ["--processes-outside-pods", "true"]
+        p = H.Proc(self.cfg, "agent", ["sh", "-c", 'exec "$@" 2>&1', "sh"] + argv,
+                   extra_env=dict(self.env, GCR_LOG_LEVEL="info"))
+        self.procs.append(p)
+        p.expect(r".*overcommit.*policy (on|off)", WAIT_S, what="the overcommit policy's start line")
+        self.agent = p
+        return p
+
+    def stop_agent(self):
+        self.agent.p.send_signal(signal.SIGTERM)
+        check(self.agent.p.wait(WAIT_S) == 0, "agent exit status")
+        self.agent = None
+
+    def start(self, name, mib, prio=None, opt_in=True, preemptible=True, buffers=4, extra_env=None):
+        """gcr-testprog under the shim; it starts (and registers) only once its pid has a pod
+        and an environment in the fake /proc."""
+        self.n += 1
+        env = {"LD_PRELOAD": self.cfg.shim, "GCR_LOG_LEVEL": "info", "GCR_AGENT_SOCKET": self.registry}
+        environ = {}
+        if opt_in:
+            environ["GCR_OVERCOMMIT"] = "1"
+        if prio is not None:
+            environ["GCR_PRIORITY"] = str(prio)
+        if not preemptible:
+            environ["GCR_PREEMPTIBLE"] = "0"
+        env.update(environ)
+        env.update(extra_env or {})
+        argv = ["sh", "-c", 'read go && exec env "$@"', "sh"] + ["%s=%s" % kv for kv in env.items()] + \
+            [self.cfg.testprog, "--module", MODULE, "--mib", str(mib), "--buffers", str(buffers), "--threads",
+             "1", "--iters", "3", "--wait"]
+        p = H.Proc(self.cfg, name, argv, extra_env=self.env)
+        self.procs.append(p)
+        p.uid = ""
+        if getattr(self, "real_proc", False):
+            p.send("go")  # its own environment, read from /proc/<pid>/environ
+            return p
+        d = os.path.join(self.proc, str(p.pid))
+        os.makedirs(d)
+        uid = "0c0c0c0c-0000-4000-8000-%012d" % self.n
+        with open(os.path.join(d, "cgroup"), "w") as f:
+            f.write("0::/kubepods.slice/kubepods-pod%s.slice/cri-containerd-%064x.scope\n"
+                    % (uid.replace("-", "_"), self.n))
+        with open(os.path.join(d, "environ"), "wb") as f:
+            f.write(b"".join(("%s=%s" % kv).encode() + b"\0" for kv in environ.items()))
+        p.uid = uid
+        p.send("go")
+        return p
+
+    def ready(self, p):
+        m = p.expect(r"READY pid=(\d+)|ERROR ", WAIT_S, what="READY of %s" % p.name)
+        check(m.group(0).startswith("READY"), "%s: %s" % (p.name, m.group(0)))
+        check(int(m.group(1)) == p.pid, "READY pid %s != %d" % (m.group(1), p.pid))
+        # Registered: the agent has it (it reads the fake environ at registration).
+        self.agent_line(r"registered pid %d " % p.pid)
+
+    def agent_line(self, pattern, since=0):
+        """Waits for an agent log line matching pattern (anywhere after line since)."""
+        rx = re.compile(pattern)
+        return poll(lambda: any(rx.search(l) for l in self.agent.lines[since:]), "agent line /%s/" % pattern)
+
+    def agent_mark(self):
+        return len(self.agent.lines)
+
+    def state(self, p):
+        return H.state_of(H.gcrctl(self.cfg, self.sock, "status", p.pid))
+
+    def finish(self, p):
+        """Runs p's iterations and its own exact check of every buffer; it must print RESULT ok."""
+        p.send("go")
+        p.expect(r"^DONE", WAIT_S, what="DONE of %s" % p.name)
+        p.send("check")
+        m = p.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of %s" % p.name)
+        check(m.group(0) == "RESULT ok", "%s: %s" % (p.name, m.group(0)))
+        check(p.p.wait(WAIT_S) == 0, "%s exit status" % p.name)
+
+    def oom(self, p):
+        """p's allocation failed with out-of-memory, as without GCR (gcr-testprog exits 2)."""
+        m = p.expect(r"READY|ERROR (\S+) (\S+)", WAIT_S, what="the allocation's failure in %s" % p.name)
+        check(m.group(0).startswith("ERROR") and m.group(2) == "CUDA_ERROR_OUT_OF_MEMORY",
+              "%s: want CUDA_ERROR_OUT_OF_MEMORY, got %s" % (p.name, m.group(0)))
+        check(p.p.wait(WAIT_S) == 2, "%s exit status" % p.name)
+
+    def metrics(self):
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.port, timeout=10) as r:
+            return r.read().decode()
+
+    def close(self):
+        for p in self.procs:
+            if p.p.poll() is None:
+                p.kill()
+        os.environ.pop("FAKECUDA_MEM_MIB", None)
+        if os.environ.get("GCR_KEEP") != "1":
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def held(n, p):
+    return n.state(p) == "suspended"
+
+
+# ---- cases ----
+
+def case_two(n):
+    """A low-priority process holds most of the GPU; a high-priority one allocates past it: the
+    low one is suspended (a record says for whom), the allocation succeeds; once the high one
+    ends, the low one is resumed and its data is bit-exact."""
+    n.start_agent()
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    check(held(n, low), "low not suspended while high runs: %s" % n.state(low))
+    rec = os.path.join(n.records, "overcommit", "%d.json" % low.pid)
+    check(os.path.exists(rec), "no record of the hold at %s" % rec)
+    check(re.search(r'gcr_agent_overcommit_suspensions_total\{pod="%s"\} 1' % low.uid, n.metrics()),
+          "suspension not counted in /metrics")
+    mark = n.agent_mark()
+    n.finish(high)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    check(n.state(low) == "running", "low after its resume: %s" % n.state(low))
+    poll(lambda: not os.path.exists(rec), "record %s removed after the resume" % rec)
+    n.finish(low)
+    check(re.search(r'gcr_agent_overcommit_resumes_total\{pod="%s"\} 1' % low.uid, n.metrics()),
+          "resume not counted in /metrics")
+
+
+def case_just_enough(n):
+    """Three processes: the high one needs room one process can give: only the lowest priority is
+    suspended, the middle one keeps running."""
+    n.start_agent()
+    a = n.start("a-prio1", 160, prio=1)
+    n.ready(a)
+    b = n.start("b-prio5", 160, prio=5)
+    n.ready(b)
+    c = n.start("c-prio10", 256, prio=10)
+    n.ready(c)
+    check(held(n, a), "a (priority 1) not suspended: %s" % n.state(a))
+    check(n.state(b) == "running", "b (priority 5) suspended though a alone made room: %s" % n.state(b))
+    mark = n.agent_mark()
+    n.finish(c)
+    n.agent_line(r"resumed pid %d " % a.pid, mark)
+    n.finish(b)
+    n.finish(a)
+
+
+def case_order(n):
+    """Three processes; the high one needs both others' memory: both suspended, the lower
+    priority first; once it ends they are resumed highest priority first, both bit-exact."""
+    n.start_agent()
+    a = n.start("a-prio1", 160, prio=1)
+    n.ready(a)
+    b = n.start("b-prio5", 160, prio=5)
+    n.ready(b)
+    c = n.start("c-prio10", 448, prio=10)
+    n.ready(c)
+    check(held(n, a) and held(n, b), "a %s, b %s: want both suspended" % (n.state(a), n.state(b)))
+    n.agent_line(r"suspended pid %d " % a.pid)  # logged before the reply; read by another thread
+    n.agent_line(r"suspended pid %d " % b.pid)
+    lines = n.agent.lines
+    sa = [i for i, l in enumerate(lines) if re.search(r"suspended pid %d " % a.pid, l)]
+    sb = [i for i, l in enumerate(lines) if re.search(r"suspended pid %d " % b.pid, l)]
+    check(sa and sb and sa[0] < sb[0], "suspend order: a at %s, b at %s (want a first)" % (sa, sb))
+    mark = n.agent_mark()
+    n.finish(c)
+    n.agent_line(r"resumed pid %d " % a.pid, mark)
+    n.agent_line(r"resumed pid %d " % b.pid, mark)
+    lines = n.agent.lines[mark:]
+    ra = [i for i, l in enumerate(lines) if re.search(r"resumed pid %d " % a.pid, l)]
+    rb = [i for i, l in enumerate(lines) if re.search(r"resumed pid %d " % b.pid, l)]
+    check(ra and rb and rb[0] < ra[0], "resume order: b at %s, a at %s (want b, priority 5, first)" % (rb, ra))
+    n.finish(a)
+    n.finish(b)
+
+
+def case_never(n):
+    """The low-priority process says never suspend me (GCR_PREEMPTIBLE=0): the high one's
+    allocation fails with out-of-memory, the low one is never touched."""
+    n.start_agent()
+    low = n.start("low-never", 192, prio=1, preemptible=False)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.oom(high)
+    check(n.state(low) == "running", "never-suspend process: %s" % n.state(low))
+    check(not any(re.search(r"suspended pid %d " % low.pid, l) for l in n.agent.lines), "suspend logged")
+    n.finish(low)
+
+
+def case_policy_off(n):
+    """--overcommit false: the same two processes as case_two, the high one gets out-of-memory
+    (this is the case that fails when the policy does nothing)."""
+    n.start_agent("--overcommit", "false")
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.oom(high)
+    n.agent_line(r"overcommit is off")
+    check(n.state(low) == "running", "low: %s" % n.state(low))
+    n.finish(low)
+
+
+def case_env_untrusted(n):
+    """--overcommit-env false (the chart's setting): processes whose pod the agent does not see
+    (here: no API server) take no part, whatever their environment says: out-of-memory."""
+    n.start_agent("--overcommit-env", "false")
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.oom(high)
+    n.agent_line(r"pid %d has not opted in" % high.pid)
+    check(n.state(low) == "running", "low: %s" % n.state(low))
+    n.finish(low)
+
+
+def case_opt_in(n):
+    """Only opted-in processes take part: a requester whose process did not opt in (its shim asks,
+    its environ as the agent reads it says no) is refused; a low-priority process that did not opt
+    in is never suspended."""
+    n.start_agent()
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high-not-in", 384, prio=10, opt_in=False, extra_env={"GCR_OVERCOMMIT": "1"})
+    n.oom(high)
+    n.agent_line(r"pid %d has not opted in" % high.pid)
+    check(n.state(low) == "running", "low: %s" % n.state(low))
+    n.finish(low)
+    other = n.start("low-not-in", 192, prio=1, opt_in=False)
+    n.ready(other)
+    high2 = n.start("high2", 384, prio=10)
+    n.oom(high2)
+    check(n.state(other) == "running", "a process that did not opt in was suspended: %s" % n.state(other))
+    n.finish(other)
+
+
+def case_not_enough(n):
+    """Lower-priority memory cannot cover the allocation: nobody is suspended, the application
+    gets out-of-memory. Twice: an allocation larger than the GPU, and one that the low process's
+    memory cannot cover because a never-suspend process holds the rest."""
+    n.start_agent()
+    low = n.start("low", 128, prio=1)
+    n.ready(low)
+    high = n.start("high", 1200, prio=10, buffers=1)
+    n.oom(high)
+    n.agent_line(r"more than GPU")
+    check(n.state(low) == "running", "low suspended for nothing: %s" % n.state(low))
+    keep = n.start("keep-never", 192, prio=0, preemptible=False)
+    n.ready(keep)
+    high2 = n.start("high2", 352, prio=10, buffers=1)
+    n.oom(high2)
+    n.agent_line(r"may be suspended hold")
+    n.finish(keep)
+    check(n.state(low) == "running", "low suspended for nothing: %s" % n.state(low))
+    n.finish(low)
+
+
+def case_bound(n):
+    """An agent that does not answer (stopped): the allocation gets out-of-memory within
+    GCR_ROOM_TIMEOUT_MS, not later."""
+    n.start_agent()
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    os.kill(n.agent.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        high = n.start("high", 384, prio=10, extra_env={"GCR_ROOM_TIMEOUT_MS": "1500"})
+        n.oom(high)
+        took = time.monotonic() - t0
+        check(took < 1.5 + 5.0, "out-of-memory after %.1f s (bound 1.5 s + start-up)" % took)
+    finally:
+        os.kill(n.agent.pid, signal.SIGCONT)
+    check(n.state(low) == "running", "low: %s" % n.state(low))
+    n.finish(low)
+
+
+def case_restart(n):
+    """The agent is restarted while the low process is held: the next agent finds the record and
+    resumes it once the high one ends; data bit-exact."""
+    n.start_agent()
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    check(held(n, low), "low: %s" % n.state(low))
+    n.stop_agent()
+    check(held(n, low), "low after the agent stopped: %s" % n.state(low))
+    n.start_agent()
+    n.agent_line(r"pid %d \(priority 1\) held since an earlier agent" % low.pid)
+    mark = n.agent_mark()
+    n.finish(high)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    n.finish(low)
+
+
+def case_data_only(n):
+    """--overcommit-mode data: the victim's buffers leave the GPU, its context stays (the shim says
+    suspended, the driver running); the high one's allocation fits; the victim comes back bit-exact."""
+    n.start_agent("--overcommit-mode", "data")
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    st = H.gcrctl(n.cfg, n.sock, "status", low.pid)
+    check(H.dig(st.data, "shim", "state") == "suspended" and H.driver_state_of(st) == "running",
+          "low: shim %s, driver %s (want suspended, running)" % (H.dig(st.data, "shim", "state"),
+                                                                H.dig(st.data, "driver")))
+    n.agent_line(r"data-only suspends")
+    mark = n.agent_mark()
+    n.finish(high)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    check(H.dig(H.gcrctl(n.cfg, n.sock, "status", low.pid).data, "shim", "state") == "running", "low not running")
+    n.finish(low)
+
+
+def case_outside_pods(n):
+    """gcr-agent on a machine without Kubernetes (--processes-outside-pods, the real /proc): the
+    processes' own environment opts them in and ranks them; the low one is suspended for the high
+    one and resumed after it, bit-exact (how the GPU measurement runs)."""
+    n.start_agent(real_proc=True)
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    check(held(n, low), "low not suspended while high runs: %s" % n.state(low))
+    check(re.search(r'gcr_agent_overcommit_suspensions_total\{pod="pid/%d"\} 1' % low.pid, n.metrics()),
+          "suspension not counted under pid/%d" % low.pid)
+    mark = n.agent_mark()
+    n.finish(high)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    n.finish(low)
+
+
+CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
+         (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
+         (case_outside_pods, 512)]
+
+
+def main():
+    if os.geteuid() != 0:
+        print("FAIL: needs root (the agent's record dir, gcrctl on other processes)")
+        return 1
+    want = set(sys.argv[1:])
+    passed = failed = 0
+    for fn, mem in CASES:
+        name = fn.__name__[5:]
+        if want and name not in want:
+            continue
+        n = Node(mem)
+        try:
+            fn(n)
+            print("PASS %s" % name, flush=True)
+            passed += 1
+        except Exception as e:  # noqa: BLE001
+            print("FAIL %s: %s" % (name, e), flush=True)
+            if not isinstance(e, Fail):
+                traceback.print_exc()
+            for p in n.procs:
+                print(p.tail(15))
+            failed += 1
+        finally:
+            n.close()
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
