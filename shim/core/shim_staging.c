@@ -123,6 +123,58 @@ static int slab_make(uint64_t size, struct slab *out, struct gcr_err *err)
 	return 0;
 }
 
+/* One "Name: N kB" value of /proc/meminfo, in bytes; 0 if absent. */
+static uint64_t meminfo_bytes(const char *name)
+{
+	FILE *f = fopen("/proc/meminfo", "re");
+	if (f == NULL)
+		return 0;
+	char line[128];
+	unsigned long long kb = 0;
+	size_t n = strlen(name);
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, name, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%llu", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb << 10;
+}
+
+/* A number from a cgroup file ("max" and anything unparsable: none, UINT64_MAX). */
+static uint64_t cgroup_value(const char *path)
+{
+	FILE *f = fopen(path, "re");
+	if (f == NULL)
+		return UINT64_MAX;
+	unsigned long long v;
+	int ok = fscanf(f, "%llu", &v) == 1;
+	fclose(f);
+	return ok ? (uint64_t)v : UINT64_MAX;
+}
+
+/* How much more the pool may fault in now: host memory available less a reserve (1/16 of the
+ * machine, at least 2 GiB), and within the container's memory limit (cgroup v2 or v1, as the
+ * container sees its own) less 1/16 of it. Pre-faulting is a bet that a suspend comes; it must
+ * never get the process killed by the kernel's or the cgroup's OOM killer (a process taking
+ * most of a GPU on a host not much bigger than the GPU did). */
+static uint64_t host_room(void)
+{
+	uint64_t total = meminfo_bytes("MemTotal"), avail = meminfo_bytes("MemAvailable");
+	uint64_t reserve = total / 16 > (2ull << 30) ? total / 16 : 2ull << 30;
+	uint64_t room = total == 0 ? UINT64_MAX : avail > reserve ? avail - reserve : 0;
+	static const char *const lim[2][2] = { { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current" },
+					       { "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+						 "/sys/fs/cgroup/memory/memory.usage_in_bytes" } };
+	for (int i = 0; i < 2; i++) {
+		uint64_t limit = cgroup_value(lim[i][0]), used = cgroup_value(lim[i][1]);
+		if (limit == UINT64_MAX || used == UINT64_MAX || limit >= (1ull << 60))
+			continue;
+		uint64_t keep = used + limit / 16, cg = limit > keep ? limit - keep : 0;
+		room = cg < room ? cg : room;
+		break;
+	}
+	return room;
+}
+
 /* Grows the pool by size bytes; called and returns with pool_lock held, drops it
  * while faulting. One grower at a time. */
 static int pool_grow(uint64_t size, struct gcr_err *err)
@@ -589,8 +641,19 @@ static void *grow_thread(void *arg)
 		}
 		uint64_t need = target - capacity;
 		need = need < SLAB_MIN ? SLAB_MIN : need > SLAB_MAX ? SLAB_MAX : need;
+		uint64_t room = host_room();
+		if (need > room)
+			need = room / SLAB_MIN * SLAB_MIN;
 		struct gcr_err err;
-		if (pool_grow(need, &err) < 0) {
+		if (need == 0) {
+			GCR_LOG(GCR_LOG_WARN, "shim",
+				"staging: host memory is short (%llu MiB may still be faulted in, %llu MiB wanted): "
+				"the rest is faulted in at suspend",
+				(unsigned long long)(room >> 20), (unsigned long long)((target - capacity) >> 20));
+			uint64_t t = noted; /* look again when the process allocates or frees */
+			while (noted == t)
+				pthread_cond_wait(&pool_cond, &pool_lock);
+		} else if (pool_grow(need, &err) < 0) {
 			GCR_LOG(GCR_LOG_WARN, "shim", "staging: %s; will fault in at suspend instead", err.msg);
 			uint64_t t = noted; /* no retry loop: wait for new growth */
 			while (noted == t)
