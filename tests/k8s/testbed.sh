@@ -577,8 +577,10 @@ node_containerd() {
 	cat >"$STATE/bin/nvidia-container-runtime" <<-EOF
 	#!/bin/sh
 	exec python3 '$HERE/node/nvidia-runtime-standin.py' --driver-dir '$driver' --gpu-dir '$STATE/gpu' \\
-		--mem-mib '${GCR_TESTBED_GPU_MIB:-4096}' -- "\$@"
+		--mem-mib '${GCR_TESTBED_GPU_MIB:-4096}' --criu-config '$STATE/criu-runc.conf' -- "\$@"
 	EOF
+	# What runc's CRIU needs for GPU containers here (the stand-in driver's pool lock).
+	printf 'file-locks\n' >"$STATE/criu-runc.conf"
 	chmod 755 "$STATE/bin/nvidia-container-runtime"
 	# CRIU for runc's checkpoint and restore (the CRI's checkpoint, restore into a new pod):
 	# runc and containerd look for "criu" in PATH.
