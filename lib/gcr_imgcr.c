@@ -412,6 +412,11 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
 	if (rc == 0 && (rc = gcr_image_env_check(&m, &here, err)) < 0)
 		gcr_image_manifest_clear(&m);
 	r->ms_verify = gcr_time_mono_ms() - t0;
+	if (rc == 0 && strcmp(m.mode, GCR_IMAGE_MODE_RUNTIME) == 0) {
+		rc = gcr_err_set(err, -ENOTSUP, "%s holds a container runtime's checkpoint: a new pod created from it is "
+				 "restored by the runtime, then its GPU data (docs/images.md); nothing restored", dir);
+		gcr_image_manifest_clear(&m);
+	}
 	if (rc < 0)
 		return rc;
 	/* The GPU data's checksums while CRIU restores the CPU side: the restored process stays
