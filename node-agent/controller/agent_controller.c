@@ -1637,20 +1637,15 @@ static void end_container(const pid_t *pids, int n)
 }
 
 /* The restored GCR process among pids: the one whose shim answers and is suspended (held at
- * its gate, as dumped). 0 when none (yet). */
+ * its gate, as dumped: gcr_cr_state's suspended in the full mode). 0 when none (yet). */
 static pid_t restored_shim(struct agent_controller *c, const pid_t *pids, int n)
 {
 	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = 5000 };
 	for (int i = 0; i < n; i++) {
-		json_t *st = NULL;
+		struct gcr_cr_proc_state ps;
 		struct gcr_err e;
-		const char *state = NULL;
-		if (gcr_cr_status(pids[i], &cro, &st, &e) == 0 &&
-		    gcr_shimreply_state(json_object_get(st, "shim"), &state, &e) == 0 && strcmp(state, "suspended") == 0) {
-			json_decref(st);
+		if (gcr_cr_state(pids[i], &cro, &ps, &e) == 0 && ps.shim && ps.state == GCR_CR_ST_SUSPENDED)
 			return pids[i];
-		}
-		json_decref(st);
 	}
 	return 0;
 }
