@@ -1,5 +1,7 @@
 // Test tooling only (not part of the product): builds containerd 2.x (CRI with
 // container checkpoint and restore), its runc shim and ctr for the real-node test bed.
+// v2.3.7: the newest release whose CRI restores a container created from a checkpoint
+// image (2.4 removed it; tests/k8s/node/README.md). It requires Go 1.26.8.
 module gcr.test/k8s/tools/containerd
 
 go 1.26.8
