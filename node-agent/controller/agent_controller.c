@@ -1117,6 +1117,8 @@ out:
 		close(pfd);
 	}
 	double total = gcr_time_mono_ms() - t0;
+	if (rc < 0 && archive[0] != '\0')
+		(void)unlink(archive); /* the container's memory: not left in the kubelet's directory */
 	if (rc < 0) {
 		snprintf(msg, sizeof(msg), "image of pid %d to %s failed: %s", (int)p[0].pid, path, err.msg);
 		set_status(c, o, "Failed", "ImageFailed", msg,
