@@ -10,17 +10,17 @@
 
 #include "agent_controller.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -956,8 +956,8 @@ static int kubelet_checkpoint(struct agent_controller *c, const char *ns, const 
 	long st = 0;
 	json_t *out = NULL;
 	int rc = agent_kube_request_at(c->kube, c->kubelet_url, "POST", path, KUBELET_CHECKPOINT_S + 30, &st, &out, err);
-	if (rc == 0 && st != 200)
-		rc = err->code ? err->code : gcr_err_set(err, -EIO, "HTTP %ld", st);
+	if (rc == 0 && st != 200) /* >= 400: the request said why */
+		rc = st >= 400 ? -EIO : gcr_err_set(err, -EIO, "HTTP %ld", st);
 	const char *a = json_string_value(json_array_get(json_object_get(out, "items"), 0));
 	if (rc == 0 && (a == NULL || a[0] != '/' || strstr(a, "/../") != NULL || strlen(a) >= len))
 		rc = gcr_err_set(err, -EPROTO, "the kubelet's answer names no checkpoint archive");

@@ -624,6 +624,13 @@ def case_image_refused_on_pod():
     check(not os.path.exists("/var/lib/gcr/images/team-img/img/img"), "an image directory was left")
     check(smi(ns, "img", "state", pid) == "running", "the driver state changed")
     check(int(smi(ns, "img", "mem", pid)) >= nbytes, "the process lost GPU memory")
+    # The kubelet's CPU side without images.kubelet: Failed before anything is touched.
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "img-k", "namespace": ns},
+           "spec": {"podName": "img", "action": "Image", "cpuCheckpoint": "Kubelet"}})
+    wait_phase("checkpoint", ns, "img-k", ("Failed",))
+    msg = kjson("get", "checkpoint", "-n", ns, "img-k")["status"].get("message", "")
+    check("no kubelet URL" in msg and "nothing was done" in msg, f"message: {msg}")
+    check(smi(ns, "img", "state", pid) == "running", "the driver state changed")
     finish(ns, "img")
 
 
@@ -665,6 +672,13 @@ def case_image_of_pod():
                                                         for e in events_for(ns, "snap")), 30)
         check(smi(ns, "imgpod", "state", pid) == "running", "the driver state is not running after the image")
         check(int(smi(ns, "imgpod", "mem", pid)) >= nbytes, "the memory did not come back")
+        # The agent's own CRIU dump cannot become a pod: a Restore of it into one is refused.
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "snap", "namespace": ns},
+               "spec": {"checkpointName": "snap", "podName": "imgpod"}})
+        wait_phase("restore", ns, "snap", ("Failed",))
+        msg = kjson("get", "restore", "-n", ns, "snap")["status"].get("message", "")
+        check("cpuCheckpoint Kubelet" in msg and "nothing was done" in msg, f"message: {msg}")
+        check(smi(ns, "imgpod", "state", pid) == "running", "the refused Restore touched the process")
         finish(ns, "imgpod")
     finally:
         run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS, "--reset-values"] + base +
@@ -786,7 +800,8 @@ def case_pod_restored_from_image():
     through containerd 2.x's CRI), the pod deleted, a new pod created from the checkpoint image
     (containerd restores the container; the process waits at its shim's gate) and a Restore naming
     it: the agent checks the image, gives the process its GPU data and resumes it. The program
-    continues from where it was (its log from before, its own bit-exact check)."""
+    continues from where it was (its log from before, its own bit-exact check), registered with
+    the agent again (an ordinary Checkpoint and Restore of the new pod work)."""
     ns = "team-restore"
     namespace(ns)
     kubelet_images_on()
@@ -804,6 +819,14 @@ def case_pod_restored_from_image():
     pid = int(logs.split("READY pid=")[1].split()[0])
     check(smi(ns, "dst", "state", pid) == "running", "the restored process's driver state is not running")
     check(int(smi(ns, "dst", "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
+    # Registered again with the agent (image-read does it): an ordinary suspend and resume of it.
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "dst", "namespace": ns},
+           "spec": {"podName": "dst"}})
+    wait_phase("checkpoint", ns, "dst")
+    check(smi(ns, "dst", "mem", pid) == "0", "the restored process still holds GPU memory once suspended")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "dst", "namespace": ns},
+           "spec": {"checkpointName": "dst"}})
+    wait_phase("restore", ns, "dst")
     finish(ns, "dst")
 
 
