@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -88,6 +89,30 @@ static int try_own_view(char *shown, size_t shown_len, pid_t pid, uid_t owner, i
 	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s.sock", dfd, stem);
 	snprintf(shown, shown_len, "/proc/%d/root%.180s/%.50s.sock", (int)pid, dir, stem);
 	int fd = try_socket(path, shown, pid, owner, connect_ms, err);
+	/* Every other socket there: a process a container runtime restored keeps the name its shim
+	 * had when dumped (another start time) until image-read publishes it anew; the peer
+	 * credentials still tell whose it is. */
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", dfd);
+	int lfd = fd < 0 && fd != -EPERM ? open(self, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+	struct dirent *de;
+	struct gcr_err e2;
+	while (d != NULL && fd < 0 && fd != -EPERM && (de = readdir(d)) != NULL) {
+		if (strncmp(de->d_name, "gcr-", 4) != 0 || strstr(de->d_name, ".sock") == NULL ||
+		    (size_t)snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dfd, de->d_name) >= sizeof(path))
+			continue;
+		snprintf(shown, shown_len, "/proc/%d/root%.180s/%.50s", (int)pid, dir, de->d_name);
+		int f2 = try_socket(path, shown, pid, owner, connect_ms, &e2);
+		if (f2 >= 0 || f2 == -EPERM) {
+			fd = f2;
+			*err = e2;
+		}
+	}
+	if (d != NULL)
+		closedir(d);
+	else if (lfd >= 0)
+		close(lfd);
 	close(dfd);
 	return fd;
 }

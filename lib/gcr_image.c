@@ -300,8 +300,9 @@ int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manif
 			snprintf(m->mode, sizeof(m->mode), "%s", GCR_IMAGE_MODE_GCR);
 		else if (get_str(root, "mode", m->mode, sizeof(m->mode)) < 0)
 			m->mode[0] = '\0';
-		if (strcmp(m->mode, GCR_IMAGE_MODE_GCR) != 0 && strcmp(m->mode, GCR_IMAGE_MODE_DRIVER) != 0)
-			rc = gcr_err_set(err, -EBADMSG, "manifest \"mode\" is neither \"gcr\" nor \"driver\"");
+		if (strcmp(m->mode, GCR_IMAGE_MODE_GCR) != 0 && strcmp(m->mode, GCR_IMAGE_MODE_DRIVER) != 0 &&
+		    strcmp(m->mode, GCR_IMAGE_MODE_RUNTIME) != 0)
+			rc = gcr_err_set(err, -EBADMSG, "manifest \"mode\" is neither \"gcr\", \"driver\" nor \"runtime\"");
 	}
 	if (rc == 0) {
 		m->created = (long long)created;

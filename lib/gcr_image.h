@@ -63,6 +63,11 @@ struct gcr_image_expect {
  * the driver's checkpoint plus CRIU alone (the baseline: GPU data inside CRIU's pages). */
 #define GCR_IMAGE_MODE_GCR "gcr"
 #define GCR_IMAGE_MODE_DRIVER "driver"
+/* The CPU side is the container runtime's checkpoint (the kubelet's archive, in
+ * GCR_IMAGE_RUNTIME_ARCHIVE): restored by the runtime into a new pod, then the GPU data by
+ * gcr_imgcr_resume_restored (docs/images.md, "Restore into a new pod"); never by CRIU here. */
+#define GCR_IMAGE_MODE_RUNTIME "runtime"
+#define GCR_IMAGE_RUNTIME_ARCHIVE GCR_IMAGE_CRIU_DIR "/kubelet-checkpoint.tar"
 
 struct gcr_image_manifest {
 	int format;

@@ -325,6 +325,30 @@ out:
 	return rc;
 }
 
+int gcr_imgcr_resume_restored(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_imgcr_result *r,
+			      struct gcr_err *err)
+{
+	memset(r, 0, sizeof(*r));
+	r->pid = pid;
+	double t0 = gcr_time_mono_ms();
+	json_t *args = json_pack("{s:s}", "dir", dir), *res = NULL;
+	int rc = shim_call(pid, cro->socket_dir, GCR_OP_IMAGE_READ_ID, args, &res, NULL, 0, err);
+	json_decref(res);
+	r->ms_read = gcr_time_mono_ms() - t0;
+	if (rc < 0) {
+		r->ms_total = r->ms_read;
+		return gcr_err_wrap(err, "image-read from %s (process %d still suspended)", dir, (int)pid);
+	}
+	struct gcr_cr_result cr;
+	double t1 = gcr_time_mono_ms();
+	rc = gcr_cr_resume(pid, cro, &cr, err);
+	r->ms_resume = gcr_time_mono_ms() - t1;
+	r->bytes = cr.bytes_total;
+	gcr_cr_result_clear(&cr);
+	r->ms_total = gcr_time_mono_ms() - t0;
+	return rc;
+}
+
 /* Kills a restored process and returns once it has died (its pidfd polls readable at exit),
  * so "nothing left half-running" holds when the caller reports. CRIU's -d leaves it to the
  * nearest subreaper, else init: whoever reaps it frees its pid, which the image needs. */
@@ -391,6 +415,11 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
 	if (rc == 0 && (rc = gcr_image_env_check(&m, &here, err)) < 0)
 		gcr_image_manifest_clear(&m);
 	r->ms_verify = gcr_time_mono_ms() - t0;
+	if (rc == 0 && strcmp(m.mode, GCR_IMAGE_MODE_RUNTIME) == 0) {
+		rc = gcr_err_set(err, -ENOTSUP, "%s holds a container runtime's checkpoint: a new pod created from it is "
+				 "restored by the runtime, then its GPU data (docs/images.md); nothing restored", dir);
+		gcr_image_manifest_clear(&m);
+	}
 	if (rc < 0)
 		return rc;
 	/* The GPU data's checksums while CRIU restores the CPU side: the restored process stays

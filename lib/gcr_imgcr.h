@@ -50,6 +50,14 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
  * against this machine; a failure after CRIU's restore kills the restored process. */
 int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
 		      struct gcr_err *err);
+/* The GPU part of a restore a container runtime did (docs/images.md, "Restore into a new
+ * pod"), and the end of a suspend to an image a runtime's checkpoint followed: pid, held at
+ * its shim's gate with its GPU data in dir/gpu (dir as pid's mount namespace sees it), reads
+ * that data back (image-read; its shim found through cro->socket_dir, or its own view of it
+ * for a process in a container) and resumes. On failure pid is left suspended; the caller
+ * decides whether it ends (err says which step failed). */
+int gcr_imgcr_resume_restored(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_imgcr_result *r,
+			      struct gcr_err *err);
 /* What this machine offers an image (GPU 0's model, the driver, this gcr's shim version). */
 void gcr_imgcr_expect_here(struct gcr_image_expect *e);
 

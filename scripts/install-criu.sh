@@ -2,7 +2,7 @@
 # Prints the path of a criu >= 4 binary. Uses $GCR_CRIU or a criu on $PATH when it is 4.x or
 # newer; else builds Debian trixie's criu 4.1.1 from its source package (trixie's binary needs
 # glibc 2.38, bookworm has 2.36), cached under ~/.cache/gcr-criu/<version>/ (a second run
-# takes 0 s). The tarball is checked against the SHA256 in Debian's signed Sources index.
+# takes 0 s; with --cached it never builds). The tarball is checked against the SHA256 in Debian's signed Sources index.
 set -euo pipefail
 VERSION=4.1.1
 cache=${GCR_CRIU_CACHE:-$HOME/.cache/gcr-criu}/$VERSION
@@ -10,6 +10,8 @@ is4() { "$1" --version 2>/dev/null | grep -qE '^Version: *([4-9]|[1-9][0-9])\.';
 for c in "${GCR_CRIU:-}" "$cache/criu" "$(command -v criu 2>/dev/null || true)"; do
 	if [ -n "$c" ] && [ -x "$c" ] && is4 "$c"; then echo "$c"; exit 0; fi
 done
+# --cached: only say where one is, never build (the test bed's containerd, tests/k8s/testbed.sh).
+if [ "${1:-}" = --cached ]; then echo "install-criu: no criu >= 4 built or installed" >&2; exit 1; fi
 echo "install-criu: building criu $VERSION from Debian's source into $cache" >&2
 work=$(mktemp -d); chmod 755 "$work"; trap 'rm -rf "$work"' EXIT
 need=(libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev libprotobuf-c-dev

@@ -26,7 +26,13 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: gcrctl [--socket-dir DIR] [--json] [--timeout-ms N] [--images-dir DIR] COMMAND\n"
 		"  suspend [--driver-only|--no-driver] PID   GPU state to host memory, 0 bytes left on the GPU\n"
+		"  suspend --image DIR PID                   the same with the GPU data written to DIR/gpu (DIR\n"
+		"                                             as the process sees it), ready for a container\n"
+		"                                             runtime's checkpoint (docs/images.md)\n"
 		"  resume  [--driver-only|--no-driver] PID   back on the GPU at the same addresses\n"
+		"  resume --image DIR PID                    after a container runtime's restore (or a suspend\n"
+		"                                             --image): the GPU data from DIR/gpu (DIR as the\n"
+		"                                             process sees it), then resume\n"
 		"  status PID                                 the process's state (running, suspended, partial,\n"
 		"                                             unmanaged, gone; in the mode given), and its\n"
 		"                                             shim's and driver's\n"
@@ -349,6 +355,26 @@ static int do_image(const char *cmd, pid_t pid, const char *dir, int leave_runni
 	return 0;
 }
 
+/* resume --image: the GPU part of a restore the container runtime did (its CRIU restored the
+ * container, the process waits at its shim's gate with its data in DIR/gpu). */
+static int do_resume_restored(pid_t pid, const char *dir, struct gcr_cr_opts *o)
+{
+	struct gcr_imgcr_result r;
+	struct gcr_err err = { 0 };
+	if (gcr_imgcr_resume_restored(pid, dir, o, &r, &err) < 0)
+		return fail("resume", pid, &err);
+	json_t *j = json_pack("{s:i, s:s, s:b, s:s, s:{s:f, s:f, s:f}, s:{s:I}}", "pid", (int)pid, "op", "resume",
+			      "ok", 1, "image", dir, "ms", "read", r.ms_read, "resume", r.ms_resume, "total",
+			      r.ms_total, "bytes", "gpu", (json_int_t)r.bytes);
+	if (json_out)
+		print_json(j);
+	else
+		printf("resume %d: from %s in %.1f ms (attach %.1f, resume with the data %.1f ms), %.1f MiB\n",
+		       (int)pid, dir, r.ms_total, r.ms_read, r.ms_resume, (double)r.bytes / 1048576.0);
+	json_decref(j);
+	return 0;
+}
+
 /* Whether this node can save AMD processes' control state: CRIU ($GCR_CRIU or on $PATH),
  * 4.0 or newer, with its amdgpu plugin ($CRIU_LIBS_DIR or /usr/lib/criu). */
 static int do_criu(void)
@@ -495,6 +521,18 @@ int main(int argc, char **argv)
 	}
 	if (!needs_pid && optind + 1 != argc) {
 		usage(stderr);
+		return 2;
+	}
+	if (image != NULL && strcmp(cmd, "suspend") == 0) {
+		if (o.mode != GCR_CR_FULL || image[0] != '/') {
+			fprintf(stderr, "gcrctl: suspend --image needs an absolute DIR and the full mode\n");
+			return 2;
+		}
+		o.image_dir = image;
+	} else if (image != NULL && strcmp(cmd, "resume") == 0) {
+		return do_resume_restored(pid, image, &o);
+	} else if (image != NULL) {
+		fprintf(stderr, "gcrctl: --image goes with checkpoint, restore, suspend or resume\n");
 		return 2;
 	}
 	if (strcmp(cmd, "suspend") == 0 || strcmp(cmd, "resume") == 0)

@@ -6,11 +6,16 @@
  * a recovery, a Restore or a deletion acts on comes from the node: the registry (peer
  * credentials, the cgroup's pod UID, the start time) and the agent's own record of each
  * Checkpoint (agent_record, root-only on the node), written before any process is touched. */
+#include "config.h"
+
 #include "agent_controller.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -84,7 +89,7 @@ struct agent_controller {
 	struct agent_registry *reg;
 	struct agent_metrics *metrics;
 	struct agent_record_store *rec;
-	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir;
+	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir, *kubelet_url;
 	int pause_s, grace_ms, images_keep;
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
@@ -935,6 +940,217 @@ static void run_image(struct agent_controller *c, struct op *o, const struct pro
 	mark_done(c, d->uid);
 }
 
+/* ---- Checkpoint with action Image, the CPU side by the kubelet (spec.cpuCheckpoint Kubelet) ---- */
+
+/* The kubelet's checkpoint of a container, at most this long (s): its CRIU dump of the CPU side. */
+#define KUBELET_CHECKPOINT_S 300
+
+/* POST /checkpoint/<ns>/<pod>/<container> on this node's kubelet (its checkpoint API, the
+ * container runtime's CRI CheckpointContainer, which leaves the container running): archive
+ * (len bytes) gets the archive's path on the node. */
+static int kubelet_checkpoint(struct agent_controller *c, const char *ns, const char *pod, const char *container,
+			      char *archive, size_t len, struct gcr_err *err)
+{
+	char path[900];
+	snprintf(path, sizeof(path), "/checkpoint/%s/%s/%s?timeout=%d", ns, pod, container, KUBELET_CHECKPOINT_S);
+	long st = 0;
+	json_t *out = NULL;
+	int rc = agent_kube_request_at(c->kube, c->kubelet_url, "POST", path, KUBELET_CHECKPOINT_S + 30, &st, &out, err);
+	if (rc == 0 && st != 200) /* >= 400: the request said why */
+		rc = st >= 400 ? -EIO : gcr_err_set(err, -EIO, "HTTP %ld", st);
+	const char *a = json_string_value(json_array_get(json_object_get(out, "items"), 0));
+	if (rc == 0 && (a == NULL || a[0] != '/' || strstr(a, "/../") != NULL || strlen(a) >= len))
+		rc = gcr_err_set(err, -EPROTO, "the kubelet's answer names no checkpoint archive");
+	if (rc == 0)
+		snprintf(archive, len, "%s", a);
+	json_decref(out);
+	if (rc < 0)
+		gcr_err_wrap(err, "the kubelet's checkpoint of %s/%s/%s", ns, pod, container);
+	return rc;
+}
+
+/* Image of a pod's process whose CPU side is the container runtime's checkpoint, restorable
+ * into a new pod (docs/images.md, "Restore into a new pod"): the shim suspends with its GPU
+ * data written to image-<uid> in the pod's socket directory, the kubelet checkpoints the
+ * container (its runtime's CRIU, the process held suspended), the process resumes from those
+ * files; then the files and the kubelet's archive go to <images_dir>/<ns>/<pod>/<name> with a
+ * manifest (mode runtime). A failure before the resume resumes the process from the files. */
+static void run_image_kubelet(struct agent_controller *c, struct op *o, const struct proc *p, int n)
+{
+	const struct agent_crobj *d = &o->d;
+	char path[PATH_MAX], partial[PATH_MAX], inside[PATH_MAX], archive[PATH_MAX] = "";
+	char msg[PATH_MAX + 2 * GCR_ERR_MSG_MAX];
+	struct gcr_err err = { 0 };
+	struct stat st;
+	int pfd = -1, suspended = 0, made = 0, rc = 0;
+	struct gcr_imgcr_result rr = { 0 };
+	struct gcr_cr_result cr = { 0 };
+	double t0 = gcr_time_mono_ms(), t_dump = 0, t_copy = 0;
+	long long gpu_bytes = 0;
+	if (n != 1) {
+		fail(c, o, "ImageFailed", "pod %s/%s has %d processes under the GCR shim; an image holds one (name its "
+		     "container in spec.containerName); nothing was done", d->ns, d->target, n);
+		return;
+	}
+	if (c->kubelet_url == NULL) {
+		fail(c, o, "ImageFailed", "spec.cpuCheckpoint Kubelet: this agent has no kubelet URL (the chart's "
+		     "images.kubelet.enabled is off); nothing was done");
+		return;
+	}
+	if (agent_images_path(c->images_dir, d->ns, d->target, d->name, path, sizeof(path), &err) < 0 ||
+	    agent_images_mkparents(path, &err) < 0) {
+		fail(c, o, "ImageFailed", "%s; nothing was done", err.msg);
+		return;
+	}
+	if (lstat(path, &st) == 0) {
+		fail(c, o, "ImageFailed", "%s exists: an image is never overwritten (process untouched)", path);
+		return;
+	}
+	snprintf(msg, sizeof(msg), "writing an image of pid %d to %s (CPU side by the kubelet)", (int)p[0].pid, path);
+	if (set_status(c, o, "Running", "InProgress", msg, json_pack("{s:o}", "processes", procs_json(p, n, "Running"))) <
+	    0)
+		return;
+	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms_of(d) };
+	rc = agent_images_pod_dir(p[0].pid, d->uid, &pfd, inside, sizeof(inside), &err);
+	if (rc < 0) {
+		gcr_err_wrap(&err, "process untouched");
+		goto out;
+	}
+	cro.image_dir = inside;
+	test_pause(c, "before-cr");
+	rc = gcr_cr_suspend(p[0].pid, &cro, &cr, &err);
+	gcr_cr_result_clear(&cr);
+	if (rc < 0) {
+		gcr_err_wrap(&err, "suspend to %s", inside);
+		goto out;
+	}
+	suspended = 1;
+	double t1 = gcr_time_mono_ms();
+	rc = kubelet_checkpoint(c, d->ns, d->target, p[0].container, archive, sizeof(archive), &err);
+	t_dump = gcr_time_mono_ms() - t1;
+	test_pause(c, "after-cr");
+	cro.image_dir = NULL;
+	struct gcr_err rerr;
+	int back = gcr_imgcr_resume_restored(p[0].pid, inside, &cro, &rr, &rerr);
+	if (back < 0) {
+		char first[GCR_ERR_MSG_MAX];
+		snprintf(first, sizeof(first), "%s", rc < 0 ? err.msg : "image taken");
+		rc = gcr_err_set(&err, back, "%s; the process stays suspended with its GPU data in %s (resume failed: %s)",
+				 first, inside, rerr.msg);
+		pfd = pfd >= 0 ? (close(pfd), -1) : -1; /* the only copy of its data: kept */
+		goto out;
+	}
+	suspended = 0;
+	if (rc < 0) {
+		gcr_err_wrap(&err, "process resumed, no image written");
+		goto out;
+	}
+	/* The process runs on: the image is put together from the files and the archive. */
+	t1 = gcr_time_mono_ms();
+	rc = gcr_image_partial_name(path, getpid(), partial, sizeof(partial), &err);
+	if (rc == 0 && mkdir(partial, 0700) < 0)
+		rc = gcr_err_set(&err, -errno, "cannot create %s: %s", partial, strerror(errno));
+	made = rc == 0;
+	int idfd = made ? open(partial, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+	if (rc == 0 && idfd < 0)
+		rc = gcr_err_set(&err, -errno, "cannot open %s: %s", partial, strerror(errno));
+	if (rc == 0) {
+		gpu_bytes = agent_images_copy_dir(pfd, idfd, GCR_IMAGE_GPU_DIR, &err);
+		rc = gpu_bytes < 0 ? (int)gpu_bytes : 0;
+	}
+	if (idfd >= 0)
+		close(idfd);
+	char dst[PATH_MAX + 64], table[PATH_MAX + 32];
+	snprintf(dst, sizeof(dst), "%s/%s", partial, GCR_IMAGE_CRIU_DIR);
+	if (rc == 0 && mkdir(dst, 0700) < 0)
+		rc = gcr_err_set(&err, -errno, "cannot create %s: %s", dst, strerror(errno));
+	snprintf(dst, sizeof(dst), "%s/%s", partial, GCR_IMAGE_RUNTIME_ARCHIVE);
+	if (rc == 0) {
+		long long an = agent_images_copy_file(archive, dst, &err);
+		rc = an < 0 ? (int)an : 0;
+	}
+	struct gcr_image_manifest m = { .format = GCR_IMAGE_FORMAT, .created = (long long)time(NULL), .pid = p[0].pid };
+	snprintf(m.mode, sizeof(m.mode), "%s", GCR_IMAGE_MODE_RUNTIME);
+	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
+	struct gcr_image_expect here;
+	gcr_imgcr_expect_here(&here);
+	m.env = here;
+	snprintf(table, sizeof(table), "%s/%s", partial, GCR_IMAGE_TABLE);
+	char *buf = NULL;
+	size_t len = 0;
+	if (rc == 0)
+		rc = gcr_image_read_file(table, GCR_IMAGE_MAX_JSON, &buf, &len, &err);
+	if (rc == 0) {
+		json_t *root = json_loadb(buf, len, 0, NULL);
+		rc = gcr_image_table_from_json(json_object_get(root, "allocs"), &m.table, &err);
+		json_decref(root);
+	}
+	free(buf);
+	if (rc == 0)
+		rc = gcr_image_manifest_write(partial, &m, &err);
+	if (rc == 0)
+		rc = gcr_image_commit(partial, path, &err);
+	gcr_image_manifest_clear(&m);
+	t_copy = gcr_time_mono_ms() - t1;
+	if (rc == 0) {
+		made = 0;
+		(void)unlink(archive); /* the kubelet's copy: the image holds it now */
+	} else {
+		gcr_err_wrap(&err, "the process runs on");
+	}
+out:
+	if (made)
+		gcr_image_remove(partial);
+	if (pfd >= 0) {
+		int sfd = -1;
+		char parent[PATH_MAX];
+		snprintf(parent, sizeof(parent), "%s", inside);
+		char *slash = strrchr(parent, '/');
+		if (slash != NULL) {
+			*slash = '\0';
+			sfd = gcr_procns_open_dir(p[0].pid, parent, &(struct gcr_err){ 0 });
+		}
+		if (sfd >= 0) {
+			agent_images_remove_at(sfd, slash + 1);
+			close(sfd);
+		}
+		close(pfd);
+	}
+	double total = gcr_time_mono_ms() - t0;
+	if (rc < 0 && archive[0] != '\0')
+		(void)unlink(archive); /* the container's memory: not left in the kubelet's directory */
+	if (rc < 0) {
+		snprintf(msg, sizeof(msg), "image of pid %d to %s failed: %s", (int)p[0].pid, path, err.msg);
+		set_status(c, o, "Failed", "ImageFailed", msg,
+			   json_pack("{s:o}", "processes", procs_json(p, n, suspended ? "Checkpointed" : "Failed")));
+		event(c, o->obj, "Checkpoint", "Warning", "ImageFailed", msg);
+		agent_metrics_op(c->metrics, "checkpoint", 0, total, 0);
+		mark_done(c, d->uid);
+		return;
+	}
+	char pod_dir[PATH_MAX];
+	snprintf(pod_dir, sizeof(pod_dir), "%s", path);
+	char *slash = strrchr(pod_dir, '/');
+	if (slash != NULL)
+		*slash = '\0';
+	int pruned = agent_images_prune(pod_dir, c->images_keep, &err);
+	char f[PATH_MAX + 64];
+	snprintf(f, sizeof(f), "%s/%s", path, GCR_IMAGE_RUNTIME_ARCHIVE);
+	long long image = gpu_bytes + (stat(f, &st) == 0 ? (long long)st.st_size : 0);
+	snprintf(msg, sizeof(msg), "image of pid %d written to %s: %lld bytes (%lld GPU bytes; CPU side by the kubelet, "
+		 "restorable into a new pod); the process runs on%s", (int)p[0].pid, path, image, rr.bytes,
+		 pruned > 0 ? "; older images of the pod past the limit removed" : "");
+	json_t *extra = json_pack(
+		"{s:o, s:s, s:{s:s, s:I, s:I, s:s}, s:{s:I, s:I, s:I, s:I}}", "processes", procs_json(p, n, "Running"),
+		"mode", "Full", "image", "path", path, "bytes", (json_int_t)image, "gpuBytes", (json_int_t)rr.bytes,
+		"cpuCheckpoint", "Kubelet", "durations", "dump", (json_int_t)t_dump, "resume", (json_int_t)rr.ms_total,
+		"manifest", (json_int_t)t_copy, "total", (json_int_t)total);
+	set_status(c, o, "Succeeded", "ImageWritten", msg, extra);
+	event(c, o->obj, "Checkpoint", "Normal", "ImageWritten", msg);
+	agent_metrics_op(c->metrics, "checkpoint", 1, total, image);
+	mark_done(c, d->uid);
+}
+
 /* Whether Checkpoint ns/name is in the (listed) cache: agent_images_sweep's question. */
 static int ck_exists(void *data, const char *ns, const char *name)
 {
@@ -1005,7 +1221,10 @@ static void new_checkpoint(struct agent_controller *c, struct op *o)
 			container_name_of(pod, rp[i].container_id, ip[i].container, sizeof(ip[i].container));
 		}
 		json_decref(pod);
-		run_image(c, o, ip, n);
+		if (d->cpu_kubelet)
+			run_image_kubelet(c, o, ip, n);
+		else
+			run_image(c, o, ip, n);
 		return;
 	}
 	struct agent_record r = { .keep_context = d->keep_context, .state = AGENT_REC_SUSPENDING, .n = n };
@@ -1386,6 +1605,207 @@ static void restore_unrecorded(struct agent_controller *c, struct op *o, json_t 
 	     o->d.ns, ckd->name, ckd->uid);
 }
 
+/* ---- Restore of an Image into a new pod (docs/images.md, "Restore into a new pod") ---- */
+
+/* The processes of pod_uid's container cid on this node (host pids, by /proc/<pid>/cgroup),
+ * at most max. */
+static int container_pids(const char *pod_uid, const char *cid, pid_t *out, int max)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *de;
+	int n = 0;
+	while (d != NULL && n < max && (de = readdir(d)) != NULL) {
+		char *end;
+		long v = strtol(de->d_name, &end, 10);
+		if (*end != '\0' || v <= 0)
+			continue;
+		struct agent_cgroup_pod cp;
+		struct gcr_err e;
+		if (agent_cgroup_read_pid((pid_t)v, &cp, &e) == 0 && strcmp(cp.pod_uid, pod_uid) == 0 &&
+		    strcmp(cp.container_id, cid) == 0)
+			out[n++] = (pid_t)v;
+	}
+	if (d != NULL)
+		closedir(d);
+	return n;
+}
+
+/* Ends every process of the restored container (its init with them, so the runtime sees it
+ * exit): what is left of a restore that failed is never left half-running. */
+static void end_container(const pid_t *pids, int n)
+{
+	for (int i = 0; i < n; i++)
+		(void)kill(pids[i], SIGKILL);
+}
+
+/* The restored GCR process among pids: the one whose shim answers and is suspended (held at
+ * its gate, as dumped: gcr_cr_state's suspended in the full mode). 0 when none (yet). */
+static pid_t restored_shim(struct agent_controller *c, const pid_t *pids, int n)
+{
+	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = 5000 };
+	for (int i = 0; i < n; i++) {
+		struct gcr_cr_proc_state ps;
+		struct gcr_err e;
+		if (gcr_cr_state(pids[i], &cro, &ps, &e) == 0 && ps.shim && ps.state == GCR_CR_ST_SUSPENDED)
+			return pids[i];
+	}
+	return 0;
+}
+
+/* A Restore whose Checkpoint is an Image with the kubelet's CPU side: the new pod spec.podName,
+ * created from that checkpoint (the runtime restored its container, the process held at its
+ * shim's gate), gets the GPU data: the image checked whole first (manifest, sizes, every
+ * checksum), copied into the pod's socket directory, read by the shim, resumed. Any failure
+ * ends the restored container (nothing half-running) with a Failed status and a Warning Event. */
+static void restore_image(struct agent_controller *c, struct op *o, const struct agent_crobj *ckd)
+{
+	const struct agent_crobj *d = &o->d;
+	char path[PATH_MAX], inside[PATH_MAX], node[256], what[600], msg[PATH_MAX + 2 * GCR_ERR_MSG_MAX];
+	struct gcr_err err = { 0 };
+	if (!ckd->cpu_kubelet) {
+		fail(c, o, "NotRestorable", "Checkpoint %s/%s is an Image whose CPU side is the agent's CRIU dump: no pod "
+		     "can be created from it (spec.cpuCheckpoint Kubelet makes one that can); nothing was done", d->ns,
+		     ckd->name);
+		return;
+	}
+	if (d->pod[0] == '\0') {
+		fail(c, o, "InvalidSpec", "restoring Image %s needs spec.podName, the new pod created from its checkpoint; "
+		     "nothing was done", ckd->name);
+		return;
+	}
+	if (ckd->phase != AGENT_PHASE_SUCCEEDED) {
+		if (ckd->phase == AGENT_PHASE_FAILED)
+			fail(c, o, "CheckpointFailed", "Checkpoint %s/%s failed; there is no image to restore", d->ns, ckd->name);
+		else if (d->phase == AGENT_PHASE_NONE)
+			set_status(c, o, "Pending", "WaitingForCheckpoint", "waiting for the Checkpoint to finish", NULL);
+		return;
+	}
+	enum pod_where where;
+	json_t *pod = find_pod(c, d->ns, d->pod, &where, node, sizeof(node));
+	snprintf(what, sizeof(what), "pod %s/%s", d->ns, d->pod);
+	if (pod == NULL) {
+		if (where == POD_OTHER_NODE)
+			other_node(c, o, node, what);
+		else if (where == POD_MISSING)
+			fail(c, o, "PodNotFound", "pod %s/%s not found; nothing was done", d->ns, d->pod);
+		else
+			retry_later(c, o->key, 1000); /* unknown, or not scheduled yet */
+		return;
+	}
+	if (ckd->node[0] != '\0' && strcmp(ckd->node, c->node) != 0) {
+		json_decref(pod);
+		fail(c, o, "ImageElsewhere", "the image of Checkpoint %s is on node %s, the pod on %s (images are node-local); "
+		     "nothing was done", ckd->name, ckd->node, c->node);
+		return;
+	}
+	/* The restored container: the pod's one container running (the image holds one process). */
+	json_t *cst = json_array_get(json_object_get(json_object_get(pod, "status"), "containerStatuses"), 0);
+	char cid[AGENT_CGROUP_CID_LEN + 8], uid[AGENT_CROBJ_UID_LEN];
+	const char *id = cst && json_object_get(json_object_get(cst, "state"), "running") ? status_container_id(cst) : NULL;
+	const char *pu = md_str(pod, "uid");
+	snprintf(cid, sizeof(cid), "%s", id ? id : "");
+	snprintf(uid, sizeof(uid), "%s", pu ? pu : "");
+	json_decref(pod);
+	pid_t pids[64];
+	int n = cid[0] ? container_pids(uid, cid, pids, 64) : 0;
+	pid_t pid = n > 0 ? restored_shim(c, pids, n) : 0;
+	if (pid == 0) {
+		/* Not restored yet (the runtime restores when the container starts): wait, bounded. */
+		double now = gcr_time_mono_ms();
+		pthread_mutex_lock(&c->lock);
+		json_t *seen = json_object_get(c->first_seen, d->uid);
+		double first = seen ? (double)json_integer_value(seen) : now;
+		if (seen == NULL)
+			json_object_set_new(c->first_seen, d->uid, json_integer((json_int_t)now));
+		pthread_mutex_unlock(&c->lock);
+		int bound = d->timeout_s > 0 ? d->timeout_s * 1000 : c->grace_ms;
+		if (now - first < bound) {
+			if (d->phase == AGENT_PHASE_NONE)
+				set_status(c, o, "Pending", "WaitingForPod",
+					   "waiting for the pod's restored process (held at its shim's gate)", NULL);
+			retry_later(c, o->key, 500);
+			return;
+		}
+		if (n > 0)
+			end_container(pids, n);
+		fail(c, o, "NoRestoredProcess", "pod %s/%s has no restored GCR process waiting for its GPU data after %d s "
+		     "(was it created from Checkpoint %s's image?)%s", d->ns, d->pod, bound / 1000, ckd->name,
+		     n > 0 ? "; its container was ended" : "; nothing was done");
+		return;
+	}
+	double t0 = gcr_time_mono_ms();
+	snprintf(msg, sizeof(msg), "restoring the GPU data of Checkpoint %s into pid %d of pod %s", ckd->name, (int)pid,
+		 d->pod);
+	if (set_status(c, o, "Running", "InProgress", msg, json_pack("{s:s}", "podName", d->pod)) < 0)
+		return;
+	int rc = agent_images_path(c->images_dir, d->ns, ckd->target, ckd->name, path, sizeof(path), &err);
+	struct gcr_image_manifest m = { 0 };
+	struct gcr_image_expect here;
+	gcr_imgcr_expect_here(&here);
+	/* The whole image before anything runs: the process stays held while it is checked. */
+	if (rc == 0 && (rc = gcr_image_verify(path, &here, &m, &err)) == 0 && strcmp(m.mode, GCR_IMAGE_MODE_RUNTIME) != 0)
+		rc = gcr_err_set(&err, -ENOTSUP, "%s is not an image with the kubelet's CPU side (mode %s)", path, m.mode);
+	gcr_image_manifest_clear(&m);
+	if (rc < 0)
+		gcr_err_wrap(&err, "image refused");
+	double t_verify = gcr_time_mono_ms() - t0;
+	int pfd = -1, sfd = -1;
+	struct gcr_imgcr_result rr = { 0 };
+	if (rc == 0)
+		rc = agent_images_pod_dir(pid, d->uid, &pfd, inside, sizeof(inside), &err);
+	if (rc == 0 && (sfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		rc = gcr_err_set(&err, -errno, "cannot open %s: %s", path, strerror(errno));
+	if (rc == 0) {
+		long long b = agent_images_copy_dir(sfd, pfd, GCR_IMAGE_GPU_DIR, &err);
+		rc = b < 0 ? (int)b : 0;
+	}
+	if (sfd >= 0)
+		close(sfd);
+	if (rc == 0) {
+		struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL,
+					   .timeout_ms = timeout_ms_of(d) };
+		test_pause(c, "before-rs");
+		rc = gcr_imgcr_resume_restored(pid, inside, &cro, &rr, &err);
+	}
+	if (pfd >= 0) {
+		char parent[PATH_MAX];
+		snprintf(parent, sizeof(parent), "%s", inside);
+		char *slash = strrchr(parent, '/');
+		int dfd = -1;
+		if (slash != NULL) {
+			*slash = '\0';
+			dfd = gcr_procns_open_dir(pid, parent, &(struct gcr_err){ 0 });
+		}
+		if (dfd >= 0) {
+			agent_images_remove_at(dfd, slash + 1);
+			close(dfd);
+		}
+		close(pfd);
+	}
+	double total = gcr_time_mono_ms() - t0;
+	if (rc < 0) {
+		n = container_pids(uid, cid, pids, 64);
+		end_container(pids, n);
+		snprintf(msg, sizeof(msg), "restore of Checkpoint %s into pod %s failed: %s; the restored container was "
+			 "ended (nothing left running)", ckd->name, d->pod, err.msg);
+		set_status(c, o, "Failed", "RestoreFailed", msg, json_pack("{s:s}", "podName", d->pod));
+		event(c, o->obj, "Restore", "Warning", "RestoreFailed", msg);
+		agent_metrics_op(c->metrics, "restore", 0, total, 0);
+		mark_done(c, d->uid);
+		return;
+	}
+	snprintf(msg, sizeof(msg), "pid %d of pod %s resumed with the GPU data of Checkpoint %s (%lld bytes)", (int)pid,
+		 d->pod, ckd->name, rr.bytes);
+	json_t *extra = json_pack("{s:s, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "podName", d->pod, "mode",
+				  "Full", "bytes", "vmm", (json_int_t)rr.bytes, "total", (json_int_t)rr.bytes,
+				  "durations", "verify", (json_int_t)t_verify, "data", (json_int_t)rr.ms_read,
+				  "restore", (json_int_t)rr.ms_resume, "total", (json_int_t)total);
+	set_status(c, o, "Succeeded", "Restored", msg, extra);
+	event(c, o->obj, "Restore", "Normal", "Restored", msg);
+	agent_metrics_op(c->metrics, "restore", 1, total, rr.bytes);
+	mark_done(c, d->uid);
+}
+
 static void reconcile_restore(struct agent_controller *c, struct op *o)
 {
 	const struct agent_crobj *d = &o->d;
@@ -1405,6 +1825,8 @@ static void reconcile_restore(struct agent_controller *c, struct op *o)
 	struct gcr_err err;
 	if (agent_crobj_decode(ck, AGENT_CROBJ_CHECKPOINT, &ckd, &err) < 0) {
 		fail(c, o, "CheckpointInvalid", "Checkpoint %s/%s: %s; nothing was done", d->ns, d->target, err.msg);
+	} else if (ckd.action == AGENT_ACTION_IMAGE) {
+		restore_image(c, o, &ckd);
 	} else if (agent_record_get(c->rec, ckd.uid, &r) < 0) {
 		restore_unrecorded(c, o, ck, &ckd);
 	} else {
@@ -1660,6 +2082,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->socket_dir = strdup(cfg->socket_dir);
 	c->images_dir = strdup(cfg->images_dir ? cfg->images_dir : DEFAULT_IMAGES_DIR);
 	c->images_keep = cfg->images_keep > 0 ? cfg->images_keep : DEFAULT_IMAGES_KEEP;
+	c->kubelet_url = cfg->kubelet_url && cfg->kubelet_url[0] ? strdup(cfg->kubelet_url) : NULL;
 	c->pause = cfg->test_pause ? strdup(cfg->test_pause) : NULL;
 	size_t qn = strlen(cfg->node_name) + 64;
 	c->pod_query = malloc(qn);
@@ -1754,6 +2177,7 @@ void agent_controller_free(struct agent_controller *c)
 	free(c->lease_ns);
 	free(c->socket_dir);
 	free(c->images_dir);
+	free(c->kubelet_url);
 	free(c->pause);
 	free(c->pod_query);
 	free(c->instance);

@@ -23,6 +23,9 @@ struct agent_controller_cfg {
 	 * them per pod (NULL, 0: /var/lib/gcr/images, 2). */
 	const char *images_dir;
 	int images_keep;
+	/* This node's kubelet, https://HOST:PORT (its checkpoint API: an Image with spec.cpuCheckpoint
+	 * Kubelet, restorable into a new pod); NULL or "": none. */
+	const char *kubelet_url;
 	/* Test hook (GCR_AGENT_TEST_PAUSE): "before-cr" or "after-cr" makes the
 	 * worker sleep pause_s seconds at that point of a Checkpoint, "before-rs" before
 	 * a Restore's resume, "after-rs" after it (before its final status); NULL: none. */

@@ -130,6 +130,21 @@ int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_cro
 		if (o->action == AGENT_ACTION_IMAGE && o->keep_context)
 			return gcr_err_set(err, -EINVAL, "spec.keepContext does not apply to action Image");
 	}
+	json_t *cc = json_object_get(spec, "cpuCheckpoint");
+	if (kind == AGENT_CROBJ_CHECKPOINT && cc != NULL) {
+		const char *v = json_string_value(cc);
+		if (v == NULL || (strcmp(v, "Agent") != 0 && strcmp(v, "Kubelet") != 0))
+			return gcr_err_set(err, -EINVAL, "spec.cpuCheckpoint is neither Agent nor Kubelet");
+		o->cpu_kubelet = strcmp(v, "Kubelet") == 0;
+		if (o->cpu_kubelet && o->action != AGENT_ACTION_IMAGE)
+			return gcr_err_set(err, -EINVAL, "spec.cpuCheckpoint applies to action Image only");
+	}
+	json_t *pn = json_object_get(spec, "podName");
+	if (kind == AGENT_CROBJ_RESTORE && pn != NULL) {
+		if (!agent_crobj_is_subdomain(json_string_value(pn)))
+			return gcr_err_set(err, -EINVAL, "spec.podName is not a valid pod name");
+		snprintf(o->pod, sizeof(o->pod), "%s", json_string_value(pn));
+	}
 	json_t *to = json_object_get(spec, "timeoutSeconds");
 	if (to != NULL) {
 		json_int_t t = json_integer_value(to);

@@ -46,6 +46,12 @@ struct agent_crobj {
 	char container[AGENT_CROBJ_NS_LEN]; /* Checkpoint spec.containerName, "" for all */
 	int keep_context;                   /* Checkpoint spec.keepContext */
 	enum agent_crobj_action action;     /* Checkpoint spec.action */
+	/* Checkpoint spec.cpuCheckpoint Kubelet (action Image): the CPU side by the kubelet's
+	 * checkpoint API (the container runtime's), restorable into a new pod; 0: the agent's CRIU */
+	int cpu_kubelet;
+	/* Restore spec.podName: the new pod (created from the runtime's checkpoint) whose restored
+	 * process gets the GPU data of an Image; "" when absent (a Suspend's own processes). */
+	char pod[AGENT_CROBJ_NAME_LEN];
 	int timeout_s;                      /* spec.timeoutSeconds, 0 when absent */
 	/* status: hints only */
 	enum agent_crobj_phase phase;

@@ -17,6 +17,8 @@
 
 #include "agent_crobj.h"
 #include "gcr_image.h"
+#include "gcr_procns.h"
+#include "gcr/protocol.h"
 
 #define GC_PREFIX ".gc-"
 /* Most images looked at in one pod directory (more are left for the next prune). */
@@ -265,4 +267,176 @@ int agent_images_sweep(const char *root, agent_images_exists_fn exists, void *da
 	if (rc < 0)
 		return gcr_err_set(err, rc, "cannot read %s: %s", root, strerror(-rc));
 	return s.removed;
+}
+
+/* ---- a pod's side of an image whose CPU side is the kubelet's ---- */
+
+int agent_images_pod_dir(pid_t pid, const char *uid, int *dfd, char *inside, size_t len, struct gcr_err *err)
+{
+	char sock[PATH_MAX], name[96];
+	*dfd = -1;
+	if (!agent_crobj_is_token(uid))
+		return gcr_err_set(err, -EINVAL, "not a uid: %.80s", uid);
+	if (gcr_procns_env(pid, GCR_SOCKET_DIR_ENV, sock, sizeof(sock), err) < 0)
+		snprintf(sock, sizeof(sock), "%s", GCR_DEFAULT_SOCKET_DIR);
+	if (sock[0] != '/')
+		return gcr_err_set(err, -EINVAL, "pid %d's %s is not absolute: %.200s", (int)pid, GCR_SOCKET_DIR_ENV, sock);
+	snprintf(name, sizeof(name), "image-%s", uid);
+	if ((size_t)snprintf(inside, len, "%s/%s", sock, name) >= len)
+		return gcr_err_set(err, -ENAMETOOLONG, "path too long");
+	int pfd = gcr_procns_open_dir(pid, sock, err);
+	if (pfd < 0)
+		return pfd;
+	int rc = 0;
+	if (mkdirat(pfd, name, 0700) < 0)
+		rc = gcr_err_set(err, -errno, "cannot create %s in pid %d's root: %s", inside, (int)pid, strerror(errno));
+	else if ((*dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		rc = gcr_err_set(err, -errno, "cannot open %s in pid %d's root: %s", inside, (int)pid, strerror(errno));
+	close(pfd);
+	return rc;
+}
+
+/* Copies the open file in to the open file out; the bytes, or -errno. */
+static long long copy_fd(int in, int out, const char *what, struct gcr_err *err)
+{
+	static const size_t buf_len = 1u << 20;
+	char *buf = malloc(buf_len);
+	long long total = 0;
+	if (buf == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	for (;;) {
+		ssize_t n = read(in, buf, buf_len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			total = gcr_err_set(err, -errno, "reading %s: %s", what, strerror(errno));
+			break;
+		}
+		if (n == 0)
+			break;
+		for (ssize_t off = 0; off < n;) {
+			ssize_t w = write(out, buf + off, (size_t)(n - off));
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0) {
+				free(buf);
+				return gcr_err_set(err, -errno, "writing %s: %s", what, strerror(errno));
+			}
+			off += w;
+		}
+		total += n;
+	}
+	free(buf);
+	if (total >= 0 && fsync(out) < 0)
+		total = gcr_err_set(err, -errno, "fsync of %s: %s", what, strerror(errno));
+	return total;
+}
+
+long long agent_images_copy_dir(int src_dfd, int dst_dfd, const char *sub, struct gcr_err *err)
+{
+	int sfd = openat(src_dfd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (sfd < 0)
+		return gcr_err_set(err, -errno, "cannot open %s/: %s", sub, strerror(errno));
+	if (mkdirat(dst_dfd, sub, 0700) < 0) {
+		int e = errno;
+		close(sfd);
+		return gcr_err_set(err, -e, "cannot create %s/: %s", sub, strerror(e));
+	}
+	int dfd = openat(dst_dfd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *d = dfd < 0 ? NULL : fdopendir(sfd);
+	if (d == NULL) {
+		int e = errno;
+		close(sfd);
+		if (dfd >= 0)
+			close(dfd);
+		return gcr_err_set(err, -e, "cannot open %s/: %s", sub, strerror(e));
+	}
+	long long total = 0;
+	struct dirent *de;
+	int files = 0;
+	while (total >= 0 && (de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		char what[GCR_IMAGE_NAME_MAX + 64];
+		snprintf(what, sizeof(what), "%s/%.200s", sub, de->d_name);
+		if (++files > GCR_IMAGE_MAX_FILES) {
+			total = gcr_err_set(err, -E2BIG, "more than %d files in %s/", GCR_IMAGE_MAX_FILES, sub);
+			break;
+		}
+		int in = openat(sfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		struct stat st;
+		if (in < 0 || fstat(in, &st) < 0 || !S_ISREG(st.st_mode)) {
+			total = gcr_err_set(err, in < 0 ? -errno : -EINVAL, "%s: %s", what,
+					    in < 0 ? strerror(errno) : "not a regular file (refused)");
+			if (in >= 0)
+				close(in);
+			break;
+		}
+		int out = openat(dfd, de->d_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (out < 0) {
+			total = gcr_err_set(err, -errno, "cannot create %s: %s", what, strerror(errno));
+			close(in);
+			break;
+		}
+		long long n = copy_fd(in, out, what, err);
+		close(in);
+		close(out);
+		total = n < 0 ? n : total + n;
+	}
+	closedir(d); /* closes sfd */
+	if (total >= 0 && fsync(dfd) < 0)
+		total = gcr_err_set(err, -errno, "fsync of %s/: %s", sub, strerror(errno));
+	close(dfd);
+	return total;
+}
+
+long long agent_images_copy_file(const char *src, const char *dst, struct gcr_err *err)
+{
+	int in = open(src, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	if (in < 0 || fstat(in, &st) < 0 || !S_ISREG(st.st_mode)) {
+		int e = in < 0 ? errno : EINVAL;
+		if (in >= 0)
+			close(in);
+		return gcr_err_set(err, -e, "%s: %s", src, in < 0 ? strerror(e) : "not a regular file");
+	}
+	int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (out < 0) {
+		int e = errno;
+		close(in);
+		return gcr_err_set(err, -e, "cannot create %s: %s", dst, strerror(e));
+	}
+	long long n = copy_fd(in, out, src, err);
+	close(in);
+	close(out);
+	return n;
+}
+
+void agent_images_remove_at(int dfd, const char *name)
+{
+	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	struct dirent *de;
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (unlinkat(fd, de->d_name, 0) == 0 || errno != EISDIR)
+			continue;
+		int sfd = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		DIR *sd = sfd < 0 ? NULL : fdopendir(sfd);
+		struct dirent *se;
+		while (sd != NULL && (se = readdir(sd)) != NULL)
+			if (strcmp(se->d_name, ".") != 0 && strcmp(se->d_name, "..") != 0)
+				(void)unlinkat(sfd, se->d_name, 0);
+		if (sd != NULL)
+			closedir(sd);
+		else if (sfd >= 0)
+			close(sfd);
+		(void)unlinkat(fd, de->d_name, AT_REMOVEDIR);
+	}
+	if (d != NULL)
+		closedir(d);
+	else if (fd >= 0)
+		close(fd);
+	(void)unlinkat(dfd, name, AT_REMOVEDIR);
 }

@@ -7,6 +7,7 @@
 #define AGENT_IMAGES_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "gcr_error.h"
 
@@ -40,5 +41,32 @@ typedef int (*agent_images_exists_fn)(void *data, const char *ns, const char *na
  * directories stay: one may be about to get an image). Returns how many images were removed
  * (>= 0); a root that does not exist is 0. */
 int agent_images_sweep(const char *root, agent_images_exists_fn exists, void *data, struct gcr_err *err);
+
+/* ---- a pod's side of an image whose CPU side is the kubelet's (docs/images.md) ----
+ * The shim writes and reads GPU data in its own mount namespace, so the agent works in a
+ * directory of the pod's socket directory (always mounted, at the same path in every pod),
+ * reached through descriptors opened inside the pod's root (gcr_procns_open_dir), never by
+ * following a name the pod could have swapped for a symbolic link. */
+
+/* Creates <sockdir>/image-<uid> (mode 0700) for pid, sockdir being pid's GCR_SOCKET_DIR (or
+ * /run/gcr): *dfd gets a descriptor of it (the caller closes it), inside (len bytes) its path
+ * as pid sees it. -EEXIST when it exists. */
+int agent_images_pod_dir(pid_t pid, const char *uid, int *dfd, char *inside, size_t len, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* Copies the regular files of directory sub of src_dfd into a new directory sub of dst_dfd
+ * (mode 0700, files 0600, fsynced), refusing any entry that is not a regular file. Returns
+ * the bytes copied, or -errno. */
+long long agent_images_copy_dir(int src_dfd, int dst_dfd, const char *sub, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* Copies the regular file src (opened without following a final symbolic link) to the new file
+ * dst (0600, fsynced). Returns the bytes copied, or -errno. */
+long long agent_images_copy_file(const char *src, const char *dst, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* Removes the entries of directory name in dfd, one level down (files, and the files of its
+ * subdirectories), then name itself. Best effort. */
+void agent_images_remove_at(int dfd, const char *name);
 
 #endif

@@ -62,7 +62,7 @@ struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
 		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib,
-		*outside_pods, *overcommit_mode, *overcommit_env;
+		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url;
 	struct dp_cfg dp;
 };
 
@@ -109,6 +109,9 @@ static const struct opt_row opts_table[] = {
 	{ "processes-outside-pods", "processesOutsidePods", SLOT(outside_pods), "false",
 	  "true: shims of processes outside pods register too (a machine without Kubernetes: gcrctl and "
 	  "overcommit work on them; Checkpoint objects cannot name them)" },
+	{ "kubelet-url", "kubeletURL", SLOT(kubelet_url), NULL,
+	  "https://HOST:PORT of this node's kubelet, whose checkpoint API writes the CPU side of an Image with "
+	  "spec.cpuCheckpoint Kubelet (default: none, such Images fail)" },
 	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
 	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
 	  LEASE_NS_DEFAULT ")" },
@@ -486,6 +489,9 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	}
 	if (c->images_dir[0] != '/')
 		return gcr_err_set(err, -EINVAL, "--images-dir: '%s' is not an absolute path", c->images_dir);
+	if (c->kubelet_url != NULL && c->kubelet_url[0] != '\0' &&
+	    (strncmp(c->kubelet_url, "https://", 8) != 0 || c->kubelet_url[strlen(c->kubelet_url) - 1] == '/'))
+		return gcr_err_set(err, -EINVAL, "--kubelet-url: '%s' is not https://HOST:PORT", c->kubelet_url);
 	return 0;
 }
 
@@ -658,6 +664,7 @@ int main(int argc, char **argv)
 		.socket_dir = cfg.socket_dir,
 		.record_dir = cfg.record_dir,
 		.images_dir = cfg.images_dir,
+		.kubelet_url = cfg.kubelet_url,
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};

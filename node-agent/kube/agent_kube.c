@@ -66,17 +66,20 @@ void agent_kube_time(char *buf, size_t len, int micro)
 		snprintf(buf, len, "%sZ", base);
 }
 
-/* Sets URL, TLS (always verified) and authentication on h; *hdrs gets the
- * header list the caller frees after the transfer. */
-static int setup(struct agent_kube *k, CURL *h, const char *path, struct curl_slist **hdrs,
-		 struct gcr_err *err)
+/* Sets URL (base, or the API server's when NULL, then path), TLS (always verified, against
+ * the cluster's CA) and authentication on h; *hdrs gets the header list the caller frees
+ * after the transfer. */
+static int setup_at(struct agent_kube *k, CURL *h, const char *base, const char *path, struct curl_slist **hdrs,
+		    struct gcr_err *err)
 {
 	struct agent_kubeconfig *kc = k->kc;
-	size_t n = strlen(kc->server) + strlen(path) + 1;
+	if (base == NULL)
+		base = kc->server;
+	size_t n = strlen(base) + strlen(path) + 1;
 	char *url = malloc(n);
 	if (url == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
-	snprintf(url, n, "%s%s", kc->server, path);
+	snprintf(url, n, "%s%s", base, path);
 	curl_easy_setopt(h, CURLOPT_URL, url);
 	free(url); /* curl copies it */
 	curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
@@ -120,6 +123,11 @@ static int setup(struct agent_kube *k, CURL *h, const char *path, struct curl_sl
 	return 0;
 }
 
+static int setup(struct agent_kube *k, CURL *h, const char *path, struct curl_slist **hdrs, struct gcr_err *err)
+{
+	return setup_at(k, h, NULL, path, hdrs, err);
+}
+
 struct body {
 	char *buf;
 	size_t len, cap;
@@ -152,9 +160,11 @@ static int stop_progress(void *data, curl_off_t a, curl_off_t b, curl_off_t c, c
 	return atomic_load((atomic_int *)data) ? 1 : 0;
 }
 
-/* agent_kube_request, abandoned early when *stop becomes non-zero (stop may be NULL). */
-static int request(struct agent_kube *k, const char *method, const char *path, const char *content_type,
-		   const char *body, long *status, json_t **out, atomic_int *stop, struct gcr_err *err)
+/* agent_kube_request at base (NULL: the API server), abandoned early when *stop becomes
+ * non-zero (stop may be NULL); timeout_s bounds the whole transfer. */
+static int request_at(struct agent_kube *k, const char *base, const char *method, const char *path,
+		      const char *content_type, const char *body, long *status, json_t **out, atomic_int *stop,
+		      long timeout_s, struct gcr_err *err)
 {
 	struct body b = { 0 };
 	struct curl_slist *hdrs = NULL;
@@ -165,7 +175,7 @@ static int request(struct agent_kube *k, const char *method, const char *path, c
 	CURL *h = curl_easy_init();
 	if (h == NULL)
 		return gcr_err_set(err, -ENOMEM, "curl_easy_init failed");
-	rc = setup(k, h, path, &hdrs, err);
+	rc = setup_at(k, h, base, path, &hdrs, err);
 	if (rc < 0)
 		goto out;
 	if (content_type != NULL) {
@@ -177,7 +187,7 @@ static int request(struct agent_kube *k, const char *method, const char *path, c
 	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
 	if (body != NULL)
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT, (long)AGENT_KUBE_REQUEST_TIMEOUT_S);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT, timeout_s);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, body_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
 	if (stop != NULL) {
@@ -206,11 +216,24 @@ out:
 	return rc;
 }
 
+static int request(struct agent_kube *k, const char *method, const char *path, const char *content_type,
+		   const char *body, long *status, json_t **out, atomic_int *stop, struct gcr_err *err)
+{
+	return request_at(k, NULL, method, path, content_type, body, status, out, stop,
+			  (long)AGENT_KUBE_REQUEST_TIMEOUT_S, err);
+}
+
 int agent_kube_request(struct agent_kube *k, const char *method, const char *path,
 		       const char *content_type, const char *body, long *status, json_t **out,
 		       struct gcr_err *err)
 {
 	return request(k, method, path, content_type, body, status, out, NULL, err);
+}
+
+int agent_kube_request_at(struct agent_kube *k, const char *base, const char *method, const char *path,
+			  long timeout_s, long *status, json_t **out, struct gcr_err *err)
+{
+	return request_at(k, base, method, path, NULL, NULL, status, out, NULL, timeout_s, err);
 }
 
 int agent_kube_patch_status(struct agent_kube *k, const char *path, json_t *patch, struct gcr_err *err)

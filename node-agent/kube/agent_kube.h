@@ -29,6 +29,13 @@ int agent_kube_request(struct agent_kube *k, const char *method, const char *pat
 		       const char *content_type, const char *body, long *status, json_t **out,
 		       struct gcr_err *err) __attribute__((warn_unused_result));
 
+/* The same at another server of the cluster (base: "https://host:port", no trailing '/'),
+ * with the cluster's CA and the agent's credentials, no body, within timeout_s seconds:
+ * the kubelet's API (its checkpoint endpoint, docs/images.md). */
+int agent_kube_request_at(struct agent_kube *k, const char *base, const char *method, const char *path,
+			  long timeout_s, long *status, json_t **out, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
 /* PATCH <path>/status with application/merge-patch+json. 0, -ENOENT (404),
  * -EINVAL (422: e.g. the status is already final) or -EIO. */
 int agent_kube_patch_status(struct agent_kube *k, const char *path, json_t *patch,

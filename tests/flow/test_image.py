@@ -485,8 +485,46 @@ def case_writers_and_pieces(c):
               % (writers, piece, b["written"] / 2**20, rep["ms"]["write"]))
 
 
+def case_suspend_to_files(c):
+    """gcrctl suspend --image DIR / resume --image DIR (what a container runtime's checkpoint and
+    restore are wrapped in, docs/images.md "Restore into a new pod"): the GPU data goes to DIR/gpu,
+    0 bytes left on the GPU, a plain resume refused until the data is read back; resume --image
+    reads it and the program's data is bit-exact. An image whose manifest says mode runtime is
+    refused by gcrctl restore, nothing restored."""
+    p = c.start(["--chunks", "--buffers", "3", "--mib", "24", "--iters", "3", "--wait"])
+    p.send("go")
+    p.expect(r"^DONE$", 120)
+    before = verify(p)
+    d = os.path.join(c.d, "files")
+    os.mkdir(d)
+    rc, rep, err = c.ctl("--unchecked", "suspend", "--image", d, str(p.pid))
+    check(rc == 0 and rep.get("ok"), "suspend --image: rc %d %s %s" % (rc, rep, err))
+    check(c.gpu_bytes(p.pid) == 0, "GPU bytes held after suspend --image")
+    files = os.listdir(os.path.join(d, "gpu"))
+    check("allocs.json" in files and any(f.endswith(".bin") for f in files), "gpu/ holds %s" % files)
+    rc, _, err = c.ctl("resume", str(p.pid))
+    check(rc != 0, "a plain resume of a process whose data is in files was not refused")
+    rc, _, err = c.ctl("suspend", "--image", "relative", str(p.pid))
+    check(rc == 2 and "absolute" in err, "a relative DIR: rc %d %s" % (rc, err))
+    rc, rep, err = c.ctl("--unchecked", "resume", "--image", d, str(p.pid))
+    check(rc == 0 and rep.get("ok") and rep["bytes"]["gpu"] > 0, "resume --image: rc %d %s %s" % (rc, rep, err))
+    check(c.gpu_bytes(p.pid) > 0, "no GPU memory after resume --image")
+    after = verify(p)
+    check(after == before, "after resume --image %s, before %s" % (after, before))
+    # A runtime-mode image (the kubelet's CPU side) is never restored by gcrctl.
+    img = os.path.join(c.d, "img")
+    checkpoint(c, p, img, "--leave-running")
+    edit_manifest(img, lambda m: m.update(mode="runtime"))
+    rc, rep, err = c.ctl("restore", "--image", img)
+    check(rc != 0 and "container runtime" in err, "restore of a runtime image: rc %d %s" % (rc, err))
+    p.send("check")
+    m = p.expect(r"RESULT (.*)", 120)
+    check(m.group(1) == "ok", "RESULT %s" % m.group(1))
+
+
 CASES = [case_roundtrip, case_zero_buffers, case_leave_running, case_corruptions, case_killed_mid_write,
-         case_changed_after_verify, case_write_fails, case_gpu_pair_unknown, case_writers_and_pieces]
+         case_changed_after_verify, case_write_fails, case_gpu_pair_unknown, case_writers_and_pieces,
+         case_suspend_to_files]
 
 
 def run_cases(cases, criu, why, only=()):

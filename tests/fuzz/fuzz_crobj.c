@@ -37,8 +37,13 @@ static void check_obj(json_t *j, enum agent_crobj_kind kind)
 	check_str(o.target, sizeof(o.target), 0);
 	check_str(o.container, sizeof(o.container), 1);
 	check_str(o.node, sizeof(o.node), 1);
+	check_str(o.pod, sizeof(o.pod), 1);
 	if (!agent_crobj_is_label(o.ns) || !agent_crobj_is_subdomain(o.target) || (unsigned)o.phase > AGENT_PHASE_UNKNOWN ||
 	    o.timeout_s < 0 || o.timeout_s > 3600 || (kind == AGENT_CROBJ_RESTORE && o.keep_context))
+		abort();
+	/* The kubelet's CPU side only for an Image; a new pod only named by a Restore, and validly. */
+	if ((o.cpu_kubelet && (kind != AGENT_CROBJ_CHECKPOINT || o.action != AGENT_ACTION_IMAGE)) ||
+	    (o.pod[0] != '\0' && (kind != AGENT_CROBJ_RESTORE || !agent_crobj_is_subdomain(o.pod))))
 		abort();
 }
 

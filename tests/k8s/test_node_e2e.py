@@ -624,6 +624,13 @@ def case_image_refused_on_pod():
     check(not os.path.exists("/var/lib/gcr/images/team-img/img/img"), "an image directory was left")
     check(smi(ns, "img", "state", pid) == "running", "the driver state changed")
     check(int(smi(ns, "img", "mem", pid)) >= nbytes, "the process lost GPU memory")
+    # The kubelet's CPU side without images.kubelet: Failed before anything is touched.
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "img-k", "namespace": ns},
+           "spec": {"podName": "img", "action": "Image", "cpuCheckpoint": "Kubelet"}})
+    wait_phase("checkpoint", ns, "img-k", ("Failed",))
+    msg = kjson("get", "checkpoint", "-n", ns, "img-k")["status"].get("message", "")
+    check("no kubelet URL" in msg and "nothing was done" in msg, f"message: {msg}")
+    check(smi(ns, "img", "state", pid) == "running", "the driver state changed")
     finish(ns, "img")
 
 
@@ -665,6 +672,13 @@ def case_image_of_pod():
                                                         for e in events_for(ns, "snap")), 30)
         check(smi(ns, "imgpod", "state", pid) == "running", "the driver state is not running after the image")
         check(int(smi(ns, "imgpod", "mem", pid)) >= nbytes, "the memory did not come back")
+        # The agent's own CRIU dump cannot become a pod: a Restore of it into one is refused.
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "snap", "namespace": ns},
+               "spec": {"checkpointName": "snap", "podName": "imgpod"}})
+        wait_phase("restore", ns, "snap", ("Failed",))
+        msg = kjson("get", "restore", "-n", ns, "snap")["status"].get("message", "")
+        check("cpuCheckpoint Kubelet" in msg and "nothing was done" in msg, f"message: {msg}")
+        check(smi(ns, "imgpod", "state", pid) == "running", "the refused Restore touched the process")
         finish(ns, "imgpod")
     finally:
         run([helm, "upgrade", RELEASE, CHART, "-n", SYSTEM_NS, "--reset-values"] + base +
@@ -673,10 +687,198 @@ def case_image_of_pod():
                    p["spec"]["containers"][0]["securityContext"]["capabilities"].get("add", []) and p, 120)
 
 
+# ---- restore into a new pod (docs/images.md, "Restore into a new pod") ----
+
+def kubelet_images_on():
+    """The chart with images.kubelet (the agent calls its kubelet's checkpoint API); idempotent."""
+    p = agent_ready()
+    args = p and p["spec"]["containers"][0].get("args", [])
+    if p and any(a.startswith("--kubelet-url=") for a in args):
+        return
+    port = open(os.path.join(ENV["GCR_TESTBED_DIR"], "kubelet.port")).read().strip()
+    run([os.path.join(ENV["GCR_TESTBED_BIN"], "helm"), "upgrade", RELEASE, CHART, "-n", SYSTEM_NS,
+         "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={IMAGE_TAG}",
+         "--set", "images.kubelet.enabled=true", "--set", f"images.kubelet.port={port}",
+         "--wait", "--timeout", "180s"], timeout=200)
+    wait_until("the agent Ready with images.kubelet", lambda: (p := agent_ready()) and any(
+        a.startswith("--kubelet-url=") for a in p["spec"]["containers"][0].get("args", [])) and p, 120)
+
+
+def kubelet_images_off():
+    run([os.path.join(ENV["GCR_TESTBED_BIN"], "helm"), "upgrade", RELEASE, CHART, "-n", SYSTEM_NS, "--reset-values",
+         "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={IMAGE_TAG}", "--wait", "--timeout", "180s"],
+        timeout=200)
+    wait_until("the agent Ready with its defaults", lambda: (p := agent_ready()) and not any(
+        a.startswith("--kubelet-url=") for a in p["spec"]["containers"][0].get("args", [])) and p, 120)
+
+
+def checkpoint_oci_image(archive, ref, container):
+    """Test tooling, as containerd's own test does with buildah: the kubelet's checkpoint archive
+    as the one layer of an OCI image annotated org.criu.checkpoint.container.name (what
+    containerd's CRI restores a container from), imported into the node's containerd."""
+    import hashlib
+    import io
+    import tarfile
+    out = tempfile.mktemp(prefix="gcr-ckimg.", suffix=".tar")
+    ann = {"org.criu.checkpoint.container.name": container}
+
+    def add(tf, name, data):
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.mode = len(data), 0o644
+        tf.addfile(ti, io.BytesIO(data))
+
+    def blob(tf, data):
+        d = hashlib.sha256(data).hexdigest()
+        add(tf, f"blobs/sha256/{d}", data)
+        return {"digest": "sha256:" + d, "size": len(data)}
+    layer = open(archive, "rb").read()
+    with tarfile.open(out, "w") as tf:
+        lb = blob(tf, layer)
+        cb = blob(tf, json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                                  "rootfs": {"type": "layers", "diff_ids": [lb["digest"]]}}).encode())
+        mb = blob(tf, json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                  "config": dict(cb, mediaType="application/vnd.oci.image.config.v1+json"),
+                                  "layers": [dict(lb, mediaType="application/vnd.oci.image.layer.v1.tar")],
+                                  "annotations": ann}).encode())
+        add(tf, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        add(tf, "index.json", json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "annotations": ann,
+            "manifests": [dict(mb, mediaType="application/vnd.oci.image.manifest.v1+json",
+                               platform={"architecture": "amd64", "os": "linux"},
+                               annotations={"io.containerd.image.name": ref,
+                                            "org.opencontainers.image.ref.name": ref})]}).encode())
+    try:
+        run([os.path.join(ENV["GCR_TESTBED_CTRD"], "ctr"), "--address",
+             os.path.join(ENV["GCR_TESTBED_DIR"], "containerd", "containerd.sock"), "-n", "k8s.io",
+             "images", "import", out])
+    finally:
+        os.unlink(out)
+
+
+def restored_pod(ns, name, image):
+    """A pod created from a checkpoint image: the runtime restores the checkpointed container
+    (its command, never run, would exit 99); same runtime class and GCR resource as the original."""
+    apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {"case": name}},
+           "spec": {"runtimeClassName": "nvidia", "restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+                    "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
+                    "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                                    "command": ["/bin/sh", "-c", "exit 99"],
+                                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                                    "resources": {"limits": {"gpucr.dev/shim": "1"}},
+                                    "securityContext": {"allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]}}}]}})
+
+
+def image_for_new_pod(ns, pod, ck):
+    """A uid-0 workload pod (root here lacks CAP_SYS_RESOURCE, which CRIU needs for other uids),
+    imaged by a Checkpoint with cpuCheckpoint Kubelet, then deleted; returns the image's
+    directory and the checkpoint archive's OCI image, imported."""
+    pid, nbytes = workload_pod(ns, pod, 0)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": ck, "namespace": ns},
+           "spec": {"podName": pod, "action": "Image", "cpuCheckpoint": "Kubelet"}})
+    wait_phase("checkpoint", ns, ck, timeout=180)
+    s = kjson("get", "checkpoint", "-n", ns, ck)["status"]
+    img = f"/var/lib/gcr/images/{ns}/{pod}/{ck}"
+    check(s.get("image", {}).get("path") == img and s["image"].get("cpuCheckpoint") == "Kubelet",
+          f"status.image {s.get('image')}")
+    man = json.load(open(os.path.join(img, "manifest.json")))
+    check(man.get("mode") == "runtime", f"manifest mode {man.get('mode')}")
+    archive = os.path.join(img, "criu", "kubelet-checkpoint.tar")
+    check(os.path.isfile(archive), f"no kubelet archive in {img}: {os.listdir(img)}")
+    check(sorted(os.listdir(img)) == ["criu", "gpu", "manifest.json"], f"image holds {sorted(os.listdir(img))}")
+    log(f"image for a new pod: {s.get('message')}; durations {s.get('durations')}")
+    check(smi(ns, pod, "state", pid) == "running", "the imaged process is not running on")
+    check(int(smi(ns, pod, "mem", pid)) >= nbytes, "the imaged process did not get its memory back")
+    kubectl("delete", "pod", "-n", ns, pod, "--wait=true", timeout=90)
+    ref = f"localhost/gcr-restore/{ns}-{ck}:1"
+    checkpoint_oci_image(archive, ref, "main")
+    return img, ref, nbytes
+
+
+def case_pod_restored_from_image():
+    """A pod's GPU process imaged (the shim's GPU files, the kubelet's checkpoint of its container
+    through containerd 2.x's CRI), the pod deleted, a new pod created from the checkpoint image
+    (containerd restores the container; the process waits at its shim's gate) and a Restore naming
+    it: the agent checks the image, gives the process its GPU data and resumes it. The program
+    continues from where it was (its log from before, its own bit-exact check), registered with
+    the agent again (an ordinary Checkpoint and Restore of the new pod work)."""
+    ns = "team-restore"
+    namespace(ns)
+    kubelet_images_on()
+    img, ref, nbytes = image_for_new_pod(ns, "src", "snap")
+    t0 = time.monotonic()
+    restored_pod(ns, "dst", ref)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "back", "namespace": ns},
+           "spec": {"checkpointName": "snap", "podName": "dst"}})
+    wait_phase("restore", ns, "back", timeout=120)
+    log(f"restored into a new pod in {time.monotonic() - t0:.1f} s (pod created to Restore Succeeded): "
+        f"{kjson('get', 'restore', '-n', ns, 'back')['status'].get('durations')}")
+    wait_until("a Restored Event", lambda: any(e.get("reason") == "Restored" for e in events_for(ns, "back")), 30)
+    logs = kubectl("logs", "-n", ns, "dst").stdout
+    check("READY pid=" in logs, f"the new pod's log is not the restored program's: {logs[-500:]}")
+    pid = int(logs.split("READY pid=")[1].split()[0])
+    check(smi(ns, "dst", "state", pid) == "running", "the restored process's driver state is not running")
+    check(int(smi(ns, "dst", "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
+    # Registered again with the agent (image-read does it): an ordinary suspend and resume of it.
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "dst", "namespace": ns},
+           "spec": {"podName": "dst"}})
+    wait_phase("checkpoint", ns, "dst")
+    check(smi(ns, "dst", "mem", pid) == "0", "the restored process still holds GPU memory once suspended")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "dst", "namespace": ns},
+           "spec": {"checkpointName": "dst"}})
+    wait_phase("restore", ns, "dst")
+    finish(ns, "dst")
+
+
+def case_pod_restore_refused():
+    """The same with one byte of the image's GPU data changed after it was written: the Restore is
+    Failed (the image refused before anything ran) with a Warning Event, and the restored
+    container, held at its shim's gate and never resumed, is ended: nothing runs."""
+    ns = "team-restore2"
+    namespace(ns)
+    try:
+        kubelet_images_on()
+        img, ref, _ = image_for_new_pod(ns, "src", "snap")
+        data = sorted(f for f in os.listdir(os.path.join(img, "gpu")) if f.endswith(".bin") and
+                      os.path.getsize(os.path.join(img, "gpu", f)) > 0)[0]
+        with open(os.path.join(img, "gpu", data), "r+b") as f:
+            f.seek(4096)
+            b = f.read(1)
+            f.seek(4096)
+            f.write(bytes([b[0] ^ 0x5a]))
+        restored_pod(ns, "dst", ref)
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "back", "namespace": ns},
+               "spec": {"checkpointName": "snap", "podName": "dst"}})
+        wait_phase("restore", ns, "back", ("Failed",), timeout=120)
+        msg = kjson("get", "restore", "-n", ns, "back")["status"].get("message", "")
+        check("image refused" in msg and data in msg and "ended" in msg, f"message: {msg}")
+        wait_until("a RestoreFailed Warning", lambda: any(e.get("reason") == "RestoreFailed" and
+                                                          e.get("type") == "Warning" for e in events_for(ns, "back")), 30)
+
+        def ended():
+            st = kjson("get", "pod", "-n", ns, "dst")["status"].get("containerStatuses", [{}])[0].get("state", {})
+            return st.get("terminated")
+        term = wait_until("the restored container ended", ended, 60)
+        log(f"corrupt image refused: {msg}; container {term.get('reason')} ({term.get('exitCode')})")
+        cid = kjson("get", "pod", "-n", ns, "dst")["status"]["containerStatuses"][0]["containerID"].split("//")[-1]
+        check(cid and not [p for p in os.listdir("/proc") if p.isdigit() and _in_cgroup(p, cid)],
+              "processes of the refused pod's container still run")
+    finally:
+        kubelet_images_off()
+
+
+def _in_cgroup(pid, cid):
+    """Whether host pid is in the container of that id (its cgroup path names it)."""
+    try:
+        return cid in open(f"/proc/{pid}/cgroup").read()
+    except OSError:
+        return False
+
+
 CASES = [case_chart_defaults, case_heartbeat_lease, case_injection_and_checkpoint_restore, case_keep_context,
          case_checkpoints_at_once, case_residency_scale, case_tenant_isolation, case_tenant_forged_status,
          case_delete_suspended_checkpoint, case_pod_deleted_while_suspended, case_agent_deleted_mid_operation,
-         case_image_refused_on_pod, case_image_of_pod]
+         case_image_refused_on_pod, case_image_of_pod, case_pod_restored_from_image, case_pod_restore_refused]
 
 
 def dump_logs():

@@ -7,13 +7,16 @@
 # an admin kubeconfig, and an audit log of every request at Metadata level
 # (DIR/audit.log, policy DIR/audit-policy.yaml) so tests can see which calls a
 # client made. `up-node` (root): a real single-node cluster: the same plus the
-# controller manager, the scheduler, containerd and runc (Debian's packages), a
-# real kubelet, kube-proxy and a bridge CNI network (tests/k8s/node/README.md).
+# controller manager, the scheduler, containerd 2.x (built from its Go module) with
+# runc (Debian's package), a real kubelet, kube-proxy and a bridge CNI network
+# (tests/k8s/node/README.md).
 #
 #   tests/k8s/testbed.sh build        build (or reuse) etcd, kube-apiserver,
 #                                     kubectl, helm, kubelet, kube-scheduler,
-#                                     kube-controller-manager, kube-proxy;
-#                                     prints the bin dir
+#                                     kube-controller-manager, kube-proxy, and
+#                                     (in a cache of its own) containerd,
+#                                     containerd-shim-runc-v2, ctr;
+#                                     prints the Kubernetes bin dir
 #   eval "$(tests/k8s/testbed.sh up)" start; exports KUBECONFIG,
 #                                     GCR_TESTBED_DIR and GCR_TESTBED_BIN
 #   eval "$(tests/k8s/testbed.sh up-node)"
@@ -54,6 +57,8 @@
 #   GCR_TESTBED_DRIVER_DIR      up-node: the stand-in driver (libcuda.so.1,
 #                               libnvidia-ml.so.1, fakesmi) the "nvidia" runtime class injects
 #   GCR_TESTBED_GPU_MIB         up-node: the stand-in GPU's memory (4096 MiB)
+#   GCR_CRIU                    up-node: CRIU (>= 4) for runc's checkpoint and restore
+#                               (default: scripts/install-criu.sh's cached build, if any)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -64,6 +69,9 @@ TIMEOUT=${GCR_TESTBED_TIMEOUT:-120}
 RECIPE=3
 MODULES=(etcd kube helm)
 BINARIES=(etcd kube-apiserver kubectl helm kubelet kube-controller-manager kube-scheduler kube-proxy)
+# containerd has a cache of its own: bumping it does not rebuild the Kubernetes binaries.
+CTRD_RECIPE=1
+CTRD_BINARIES=(containerd containerd-shim-runc-v2 ctr)
 
 log() { printf 'testbed: %s\n' "$*" >&2; }
 die() { printf 'testbed: error: %s\n' "$*" >&2; exit 1; }
@@ -99,7 +107,72 @@ bin_dir() {
 	printf '%s/bin-%s\n' "$CACHE" "$key"
 }
 
-cmd_build() {
+ctrd_dir() {
+	find_go
+	need sha256sum
+	local key
+	key=$({
+		echo "recipe $CTRD_RECIPE"
+		GOTOOLCHAIN=local "$GO" env GOVERSION GOOS GOARCH
+		cat "$TOOLS/containerd/go.mod" "$TOOLS/containerd/go.sum"
+	} | sha256sum | cut -c1-16)
+	printf '%s/containerd-%s\n' "$CACHE" "$key"
+}
+
+# containerd 2.x (tools/containerd/go.mod): its CRI checkpoints containers and restores them
+# into new pods, which bookworm's containerd 1.6 cannot. Static Go (no cgo): the btrfs,
+# devmapper and zfs snapshotters, which need cgo or are not used here, are left out.
+build_containerd() {
+	local dir tmp start ver b
+	find_go
+	dir=$(ctrd_dir)
+	if [[ -f $dir/.complete ]]; then
+		touch "$dir"
+		log "using cached containerd in $dir"
+		printf '%s\n' "$dir"
+		return 0
+	fi
+	mkdir -p "$CACHE"
+	if command -v flock >/dev/null 2>&1; then
+		exec 9>"$CACHE/build.lock"
+		flock 9
+		if [[ -f $dir/.complete ]]; then
+			log "using cached containerd in $dir"
+			printf '%s\n' "$dir"
+			return 0
+		fi
+	fi
+	tmp=$(mktemp -d "$CACHE/build-ctrd.XXXXXX")
+	start=$SECONDS
+	ver=$(modver "$TOOLS/containerd/go.mod" github.com/containerd/containerd/v2)
+	[[ $ver == v2.* ]] || { rm -rf "$tmp"; die "cannot tell the containerd version from $TOOLS/containerd/go.mod"; }
+	log "building containerd $ver into $dir (uncached: about 3 min on 2 cores)"
+	if ! (cd "$TOOLS/containerd" && export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=readonly CGO_ENABLED=0 &&
+		"$GO" mod download && "$GO" build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+		"-ldflags=-s -w -X github.com/containerd/containerd/v2/version.Version=$ver" -o "$tmp/" \
+		github.com/containerd/containerd/v2/cmd/containerd \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+		github.com/containerd/containerd/v2/cmd/ctr); then
+		rm -rf "$tmp"
+		die "building containerd failed"
+	fi
+	for b in "${CTRD_BINARIES[@]}"; do
+		[[ -x $tmp/$b ]] || { rm -rf "$tmp"; die "build did not produce $b"; }
+	done
+	"$tmp/containerd" --version >"$tmp/versions.txt"
+	sed 's/^/testbed:   /' "$tmp/versions.txt" >&2
+	touch "$tmp/.complete"
+	rm -rf "$dir"
+	mv "$tmp" "$dir" || die "cannot move $tmp to $dir"
+	ls -1dt "$CACHE"/containerd-* 2>/dev/null | tail -n +3 | while read -r b; do
+		log "pruning old containerd $b"
+		rm -rf "$b"
+	done
+	log "containerd built in $((SECONDS - start)) s"
+	printf '%s\n' "$dir"
+}
+
+build_kube() {
 	local dir tmp start m b
 	find_go
 	dir=$(bin_dir)
@@ -179,6 +252,13 @@ cmd_build() {
 	done
 	log "built in $((SECONDS - start)) s"
 	printf '%s\n' "$dir"
+}
+
+cmd_build() {
+	local kube
+	kube=$(build_kube) || exit 1
+	build_containerd >/dev/null || exit 1
+	printf '%s\n' "$kube"
 }
 
 # modver GO.MOD MODULE: the version GO.MOD requires of MODULE.
@@ -421,7 +501,7 @@ write_env() {
 	export GCR_TESTBED_DIR='$STATE'
 	export GCR_TESTBED_BIN='$BIN'
 	EOF
-	[[ ${1:-} == node ]] && printf "export GCR_TESTBED_NODE='%s'\n" "$NODE_NAME" >>"$STATE/env"
+	[[ ${1:-} == node ]] && printf "export GCR_TESTBED_NODE='%s'\nexport GCR_TESTBED_CTRD='%s'\n" "$NODE_NAME" "$CTRD" >>"$STATE/env"
 	return 0
 }
 
@@ -497,56 +577,70 @@ node_containerd() {
 	cat >"$STATE/bin/nvidia-container-runtime" <<-EOF
 	#!/bin/sh
 	exec python3 '$HERE/node/nvidia-runtime-standin.py' --driver-dir '$driver' --gpu-dir '$STATE/gpu' \\
-		--mem-mib '${GCR_TESTBED_GPU_MIB:-4096}' -- "\$@"
+		--mem-mib '${GCR_TESTBED_GPU_MIB:-4096}' --criu-config '$STATE/criu-runc.conf' -- "\$@"
 	EOF
+	# What runc's CRIU needs for GPU containers here (the stand-in driver's pool lock).
+	printf 'file-locks\n' >"$STATE/criu-runc.conf"
 	chmod 755 "$STATE/bin/nvidia-container-runtime"
+	# CRIU for runc's checkpoint and restore (the CRI's checkpoint, restore into a new pod):
+	# runc and containerd look for "criu" in PATH.
+	local criu=${GCR_CRIU:-}
+	[[ -n $criu ]] || criu=$("$HERE/../../scripts/install-criu.sh" --cached 2>/dev/null) || criu=
+	[[ -n $criu && -x $criu ]] && ln -sf "$criu" "$STATE/bin/criu"
+	# Version 3 (containerd 2.x): the CRI's image and runtime halves are plugins of their own.
 	cat >"$STATE/containerd/config.toml" <<-EOF
-	version = 2
+	version = 3
 	root = "$STATE/containerd/root"
 	state = "$STATE/containerd/state"
-	disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-	  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+	disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+	  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
 	  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
 	[grpc]
 	  address = "$STATE/containerd/containerd.sock"
-	[plugins."io.containerd.grpc.v1.cri"]
-	  sandbox_image = "$PAUSE_IMAGE"
+	[plugins."io.containerd.cri.v1.images"]
+	  snapshotter = "overlayfs"
+	  [plugins."io.containerd.cri.v1.images".pinned_images]
+	    sandbox = "$PAUSE_IMAGE"
+	[plugins."io.containerd.cri.v1.runtime"]
 	  enable_selinux = false
 	  disable_apparmor = true
 	  # These machines withhold CAP_SYS_RESOURCE even from root, so no process may lower its
 	  # oom_score_adj: runc's "failed to update /proc/self/oom_score_adj: Permission denied"
 	  # (the kubelet asks -998 for sandboxes). Clamp to our own value, as rootless setups do.
 	  restrict_oom_score_adj = true
-	  [plugins."io.containerd.grpc.v1.cri".containerd]
-	    snapshotter = "overlayfs"
+	  # A container created from a checkpoint image is restored (containerd PR 10365); off by
+	  # default since 2.2.x/2.3.x, gone in 2.4 (tests/k8s/node/README.md).
+	  enable_experimental_restore_via_create = true
+	  [plugins."io.containerd.cri.v1.runtime".containerd]
 	    default_runtime_name = "runc"
-	    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+	    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
 	      runtime_type = "io.containerd.runc.v2"
-	      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+	      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
 	        SystemdCgroup = false
-	    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+	    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia]
 	      runtime_type = "io.containerd.runc.v2"
-	      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+	      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia.options]
 	        BinaryName = "$STATE/bin/nvidia-container-runtime"
 	        SystemdCgroup = false
-	  [plugins."io.containerd.grpc.v1.cri".cni]
-	    bin_dir = "/usr/lib/cni"
+	  [plugins."io.containerd.cri.v1.runtime".cni]
+	    bin_dirs = ["/usr/lib/cni"]
 	    conf_dir = "$STATE/cni/net.d"
 	EOF
-	log "starting containerd ($(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'))"
-	start_proc containerd "$STATE/containerd.log" containerd --config "$STATE/containerd/config.toml"
-	wait_for "containerd" containerd ctr --address "$STATE/containerd/containerd.sock" version
+	log "starting containerd ($("$CTRD/containerd" --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), criu ${criu:-none})"
+	# Its own runc shim and CRIU first in PATH (containerd finds the shim there).
+	PATH="$STATE/bin:$CTRD:$PATH" start_proc containerd "$STATE/containerd.log" "$CTRD/containerd" --config "$STATE/containerd/config.toml"
+	wait_for "containerd" containerd "$CTRD/ctr" --address "$STATE/containerd/containerd.sock" version
 	local img n=0
 	for img in "${GCR_TESTBED_IMAGES:-/nonexistent}"/*.tar; do
 		[[ -f $img ]] || continue
-		ctr --address "$STATE/containerd/containerd.sock" -n k8s.io images import --no-unpack "$img" >>"$STATE/images.log" 2>&1 ||
+		"$CTRD/ctr" --address "$STATE/containerd/containerd.sock" -n k8s.io images import --no-unpack "$img" >>"$STATE/images.log" 2>&1 ||
 			{ cat "$STATE/images.log" >&2; die "importing $img into containerd failed"; }
 		n=$((n + 1))
 	done
 	# Listed first, then searched: with pipefail, grep -q ending early can kill ctr by SIGPIPE
 	# and fail the pipeline although the image is there (seen once in CI-like runs).
 	local listed
-	listed=$(ctr --address "$STATE/containerd/containerd.sock" -n k8s.io images ls -q) || die "ctr images ls failed"
+	listed=$("$CTRD/ctr" --address "$STATE/containerd/containerd.sock" -n k8s.io images ls -q) || die "ctr images ls failed"
 	grep -qxF "$PAUSE_IMAGE" <<<"$listed" ||
 		die "the sandbox image $PAUSE_IMAGE is not among the images in ${GCR_TESTBED_IMAGES:-(GCR_TESTBED_IMAGES unset)}"
 	log "imported $n image archive(s)"
@@ -654,11 +748,13 @@ node_ready() {
 }
 
 cmd_up_node() {
-	need openssl curl setsid ip iptables containerd ctr runc python3
+	need openssl curl setsid ip iptables runc python3
 	[[ $(id -u) == 0 ]] || die "up-node needs root (containerd, kubelet, network)"
 	local t0=$SECONDS
 	PAUSE_IMAGE=${GCR_TESTBED_PAUSE_IMAGE:-docker.io/gcr-test/pause:1}
 	BIN=$(cmd_build)
+	CTRD=$(ctrd_dir)
+	[[ -f $CTRD/.complete ]] || die "containerd is not in $CTRD after the build"
 	[[ -e $KUBELET_ROOT/.gcr-testbed ]] && die "$KUBELET_ROOT belongs to another test bed; run down first"
 	new_state
 	touch "$STATE/.gcr-testbed-node"
@@ -726,11 +822,13 @@ node_cleanup() {
 node_stop() {
 	local dir=$1 sock=$1/containerd/containerd.sock ids
 	[[ -n ${BIN:-} ]] || BIN=$(sed -n "s/^export GCR_TESTBED_BIN='\(.*\)'$/\1/p" "$dir/env" 2>/dev/null)
+	[[ -n ${CTRD:-} ]] || CTRD=$(sed -n "s/^export GCR_TESTBED_CTRD='\(.*\)'$/\1/p" "$dir/env" 2>/dev/null)
+	local ctr=${CTRD:+$CTRD/}ctr
 	stop_one "$dir" kubelet
 	if [[ -S $sock ]]; then
-		ids=$(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null || true)
-		for c in $ids; do ctr --address "$sock" -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true; done
-		for c in $ids; do timeout 10 ctr --address "$sock" -n k8s.io tasks delete -f "$c" >/dev/null 2>&1 || true; done
+		ids=$("$ctr" --address "$sock" -n k8s.io tasks ls -q 2>/dev/null || true)
+		for c in $ids; do "$ctr" --address "$sock" -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true; done
+		for c in $ids; do timeout 10 "$ctr" --address "$sock" -n k8s.io tasks delete -f "$c" >/dev/null 2>&1 || true; done
 	fi
 	stop_one "$dir" kube-proxy
 	stop_one "$dir" scheduler

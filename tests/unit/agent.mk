@@ -46,7 +46,7 @@ tests_unit_test_agent_record_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 tests_unit_test_agent_images_SOURCES = tests/unit/test_agent_images.c
 tests_unit_test_agent_images_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_images_CFLAGS = $(AGENT_TEST_CFLAGS)
-tests_unit_test_agent_images_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+tests_unit_test_agent_images_LDADD = $(AGENT_TEST_LDADD) lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
 
 tests_unit_test_agent_victims_SOURCES = tests/unit/test_agent_victims.c
 tests_unit_test_agent_victims_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)

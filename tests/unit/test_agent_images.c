@@ -1,10 +1,13 @@
 /* test_agent_images: the images directory of Checkpoints with action Image (agent_images):
  * paths from names, the per-pod limit (oldest by the manifest's time removed first), the sweep
  * of images whose Checkpoint is gone, and what neither ever removes (partial images, a
- * directory without a manifest, an unknown answer); also agent_crobj's spec.action. */
+ * directory without a manifest, an unknown answer); the descriptor-based copies of an image
+ * whose CPU side is the kubelet's (regular files only, never through a symbolic link); also
+ * agent_crobj's spec.action, spec.cpuCheckpoint and a Restore's spec.podName. */
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,6 +170,102 @@ static void test_action(void)
 	}
 }
 
+static void test_cpu_checkpoint(void)
+{
+	struct agent_crobj o;
+	struct gcr_err err = { 0, "" };
+	const char *md = "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"c\",\"uid\":\"u-1\"},\"spec\":{";
+	const struct {
+		enum agent_crobj_kind kind;
+		const char *spec;
+		int rc, kubelet;
+		const char *pod;
+	} cases[] = {
+		{ AGENT_CROBJ_CHECKPOINT, "\"podName\":\"p\",\"action\":\"Image\"", 0, 0, "" },
+		{ AGENT_CROBJ_CHECKPOINT, "\"podName\":\"p\",\"action\":\"Image\",\"cpuCheckpoint\":\"Agent\"", 0, 0, "" },
+		{ AGENT_CROBJ_CHECKPOINT, "\"podName\":\"p\",\"action\":\"Image\",\"cpuCheckpoint\":\"Kubelet\"", 0, 1, "" },
+		{ AGENT_CROBJ_CHECKPOINT, "\"podName\":\"p\",\"cpuCheckpoint\":\"Kubelet\"", -EINVAL, 0, "" },
+		{ AGENT_CROBJ_CHECKPOINT, "\"podName\":\"p\",\"action\":\"Image\",\"cpuCheckpoint\":\"kubelet\"", -EINVAL, 0, "" },
+		{ AGENT_CROBJ_CHECKPOINT, "\"podName\":\"p\",\"action\":\"Image\",\"cpuCheckpoint\":1", -EINVAL, 0, "" },
+		{ AGENT_CROBJ_RESTORE, "\"checkpointName\":\"c\"", 0, 0, "" },
+		{ AGENT_CROBJ_RESTORE, "\"checkpointName\":\"c\",\"podName\":\"new-pod\"", 0, 0, "new-pod" },
+		{ AGENT_CROBJ_RESTORE, "\"checkpointName\":\"c\",\"podName\":\"../x\"", -EINVAL, 0, "" },
+		{ AGENT_CROBJ_RESTORE, "\"checkpointName\":\"c\",\"podName\":\"\"", -EINVAL, 0, "" },
+		{ AGENT_CROBJ_RESTORE, "\"checkpointName\":\"c\",\"podName\":3", -EINVAL, 0, "" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char text[512];
+		snprintf(text, sizeof(text), "%s%s}}", md, cases[i].spec);
+		json_t *obj = json_loads(text, 0, NULL);
+		CHECK(obj != NULL);
+		int rc = agent_crobj_decode(obj, cases[i].kind, &o, &err);
+		CHECK(rc == cases[i].rc);
+		if (rc == 0) {
+			CHECK(o.cpu_kubelet == cases[i].kubelet);
+			CHECK_STR(o.pod, cases[i].pod);
+		}
+		json_decref(obj);
+	}
+}
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	CHECK(f != NULL);
+	if (f != NULL) {
+		fputs(text, f);
+		fclose(f);
+	}
+}
+
+static void test_copy(void)
+{
+	char src[PATH_MAX], dst[PATH_MAX], p[PATH_MAX + 64];
+	struct gcr_err err = { 0, "" };
+	snprintf(src, sizeof(src), "%s/copy-src", root);
+	snprintf(dst, sizeof(dst), "%s/copy-dst", root);
+	CHECK(mkdir(src, 0700) == 0 && mkdir(dst, 0700) == 0);
+	snprintf(p, sizeof(p), "%s/gpu", src);
+	CHECK(mkdir(p, 0700) == 0);
+	snprintf(p, sizeof(p), "%s/gpu/a.bin", src);
+	write_file(p, "0123456789");
+	snprintf(p, sizeof(p), "%s/gpu/allocs.json", src);
+	write_file(p, "{}");
+	int sfd = open(src, O_RDONLY | O_DIRECTORY), dfd = open(dst, O_RDONLY | O_DIRECTORY);
+	CHECK(sfd >= 0 && dfd >= 0);
+	CHECK(agent_images_copy_dir(sfd, dfd, "gpu", &err) == 12);
+	snprintf(p, sizeof(p), "%s/gpu/a.bin", dst);
+	struct stat st;
+	CHECK(stat(p, &st) == 0 && st.st_size == 10 && (st.st_mode & 0777) == 0600);
+	/* Again: the destination exists, never written over. */
+	CHECK(agent_images_copy_dir(sfd, dfd, "gpu", &err) == -EEXIST);
+	/* A symbolic link among the files, or as the directory: refused. */
+	snprintf(p, sizeof(p), "%s/gpu/link", src);
+	CHECK(symlink("/etc/passwd", p) == 0);
+	agent_images_remove_at(dfd, "gpu");
+	snprintf(p, sizeof(p), "%s/gpu", dst);
+	CHECK(!exists_path(p));
+	CHECK(agent_images_copy_dir(sfd, dfd, "gpu", &err) < 0);
+	CHECK(strstr(err.msg, "link") != NULL);
+	snprintf(p, sizeof(p), "%s/lgpu", src);
+	CHECK(symlink("gpu", p) == 0);
+	CHECK(agent_images_copy_dir(sfd, dfd, "lgpu", &err) == -ELOOP || err.code == -ENOTDIR);
+	/* One file: a link refused, a regular file copied, never over an existing one. */
+	char a[PATH_MAX + 64], b[PATH_MAX + 64];
+	snprintf(a, sizeof(a), "%s/gpu/a.bin", src);
+	snprintf(b, sizeof(b), "%s/one.tar", dst);
+	CHECK(agent_images_copy_file(a, b, &err) == 10);
+	CHECK(agent_images_copy_file(a, b, &err) == -EEXIST);
+	snprintf(a, sizeof(a), "%s/gpu/link", src);
+	snprintf(b, sizeof(b), "%s/two.tar", dst);
+	CHECK(agent_images_copy_file(a, b, &err) == -ELOOP);
+	agent_images_remove_at(sfd, "gpu");
+	snprintf(p, sizeof(p), "%s/gpu", src);
+	CHECK(!exists_path(p));
+	close(sfd);
+	close(dfd);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/test-agent-images-XXXXXX");
@@ -176,6 +275,8 @@ int main(void)
 	test_prune();
 	test_sweep();
 	test_action();
+	test_cpu_checkpoint();
+	test_copy();
 	gcr_image_remove(root);
 	return test_summary("test_agent_images");
 }

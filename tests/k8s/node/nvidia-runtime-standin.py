@@ -11,7 +11,15 @@ is a stand-in. The node's one stand-in GPU is the pool file every GPU container 
 (--gpu-dir, mounted at /run/fakecuda-gpu: FAKECUDA_POOL), of --mem-mib MiB, as containers
 on a node share its GPU.
 
-    nvidia-runtime-standin.py --driver-dir DIR --gpu-dir DIR --mem-mib N [--runc PATH] -- RUNC-ARGS...
+`restore` (a container created from a checkpoint: containerd's CRI restore) gets the same
+spec edits as `create`, or CRIU would not find the driver's mounts the dump recorded.
+--criu-config FILE names, as the annotation org.criu.config, a CRIU configuration runc
+passes to CRIU's dump and restore of GPU containers: the stand-in driver holds an
+open-file-description lock on its pool slot for the process's life (CRIU's --file-locks),
+which the real driver, its device files closed by its checkpoint, does not.
+
+    nvidia-runtime-standin.py --driver-dir DIR --gpu-dir DIR --mem-mib N [--criu-config FILE]
+                              [--runc PATH] -- RUNC-ARGS...
 """
 import json
 import os
@@ -29,7 +37,7 @@ def wants_gpu(env):
     return False
 
 
-def inject(bundle, driver_dir, gpu_dir, mem_mib):
+def inject(bundle, driver_dir, gpu_dir, mem_mib, criu_config):
     path = os.path.join(bundle, "config.json")
     with open(path) as f:
         spec = json.load(f)
@@ -49,6 +57,8 @@ def inject(bundle, driver_dir, gpu_dir, mem_mib):
     env = [e for e in spec["process"].get("env", [])
            if not e.startswith(("FAKECUDA_POOL=", "FAKECUDA_MEM_MIB="))]
     spec["process"]["env"] = env + [f"FAKECUDA_POOL={GPU_DEST}/pool", f"FAKECUDA_MEM_MIB={mem_mib}"]
+    if criu_config:
+        spec.setdefault("annotations", {})["org.criu.config"] = criu_config
     tmp = path + ".gcr-tmp"
     with open(tmp, "w") as f:
         json.dump(spec, f)
@@ -56,7 +66,7 @@ def inject(bundle, driver_dir, gpu_dir, mem_mib):
 
 
 def main(argv):
-    driver_dir, gpu_dir, mem_mib, runc = None, None, None, "runc"
+    driver_dir, gpu_dir, mem_mib, runc, criu_config = None, None, None, "runc", None
     while argv and argv[0] != "--":
         if argv[0] == "--driver-dir" and len(argv) > 1:
             driver_dir, argv = argv[1], argv[2:]
@@ -64,6 +74,8 @@ def main(argv):
             gpu_dir, argv = argv[1], argv[2:]
         elif argv[0] == "--mem-mib" and len(argv) > 1:
             mem_mib, argv = argv[1], argv[2:]
+        elif argv[0] == "--criu-config" and len(argv) > 1:
+            criu_config, argv = argv[1], argv[2:]
         elif argv[0] == "--runc" and len(argv) > 1:
             runc, argv = argv[1], argv[2:]
         else:
@@ -72,10 +84,10 @@ def main(argv):
     args = argv[1:]
     if driver_dir is None or gpu_dir is None or mem_mib is None:
         sys.exit("nvidia-runtime-standin: --driver-dir, --gpu-dir and --mem-mib are required")
-    if "create" in args and "--bundle" in args:
+    if ("create" in args or "restore" in args) and "--bundle" in args:
         i = args.index("--bundle")
         if i + 1 < len(args):
-            inject(args[i + 1], driver_dir, gpu_dir, mem_mib)
+            inject(args[i + 1], driver_dir, gpu_dir, mem_mib, criu_config)
     os.execvp(runc, [runc] + args)
 
 
