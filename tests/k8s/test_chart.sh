@@ -162,7 +162,7 @@ run "devicePlugin.enabled=false: no kubelet hostPath" no_kubelet_dir
 overcommit_off() {
 	local r
 	r=$(h template x "$CHART" --set overcommit.enabled=false) &&
-		[[ $r == *'overcommit: "false"'* && $r != *GCR_OVERCOMMIT* && $r == *'shimEnv: {}'* ]]
+		[[ $r == *'overcommit: "false"'* && $r != *'GCR_OVERCOMMIT: '* && $r == *'shimEnv: {}'* ]]
 }
 run "overcommit.enabled=false: the policy off, no GCR_OVERCOMMIT for the shims" overcommit_off
 
