@@ -490,6 +490,8 @@ static void handle(struct agent_room *r, struct request *q)
 		goto deny;
 	}
 	nc = agent_registry_find(r->reg, NULL, NULL, cand, AGENT_REGISTRY_MAX);
+	char seen[1024] = "";
+	size_t used = 0;
 	for (int i = 0; i < nc; i++) {
 		int co, cp, ce;
 		settings_of(r, &cand[i], &co, &cp, &ce);
@@ -499,7 +501,18 @@ static void handle(struct agent_room *r, struct request *q)
 					      .bytes = other ? bytes_on(cand[i].pid, uuid) : 0 };
 		if (v[i].bytes > 0 && r->cfg.data_only)
 			v[i].bytes = data_bytes(r, cand[i].pid, v[i].bytes);
+		const char *why = cand[i].pid == p->pid ? ",self"
+				  : !co				? ",not-opted-in"
+				  : !other			? ",held"
+				  : !ce				? ",never"
+								: "";
+		int w = snprintf(seen + used, sizeof(seen) - used, " %d:%d/%lluMiB%s", (int)cand[i].pid, cp,
+				 v[i].bytes >> 20, why);
+		used = w > 0 && (size_t)w < sizeof(seen) - used ? used + (size_t)w : used;
 	}
+	/* Why these victims: the whole field, once per request (requests come only on out-of-memory). */
+	GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) needs %llu MiB more on %s; pid:priority/bytes:%s",
+		(int)p->pid, prio, (want - fr) >> 20, uuid, seen);
 	k = agent_victims_pick(v, nc, prio, want - fr, pick, &freed);
 	if (k < 0) {
 		snprintf(reason, sizeof(reason), "%llu MiB free on GPU %s, %llu MiB wanted; processes of priority below "

@@ -91,6 +91,11 @@ static struct fake_pool_slot *fake_pool; /* NULL: the file could not be used; co
 static int fake_pool_fd = -1;
 static bool fake_pool_tried;
 static pid_t fake_pool_opener; /* a forked child opens the pool anew: see fake_slot_alive */
+/* The slot whose lock this process holds, -1 none yet. Not (pid, pidns): a PID namespace's inode
+ * number is reused once it is gone, so a dead process's slot can carry a live process's pid and
+ * namespace (found on the real node: a new pod's program wrote its bytes into such a slot,
+ * which it held no lock on, and the next pod's program reaped them as a dead process's). */
+static int fake_pool_mine = -1;
 
 static void fake_pool_open(void)
 {
@@ -101,6 +106,7 @@ static void fake_pool_open(void)
 
 	fake_pool_tried = true;
 	fake_pool_opener = getpid();
+	fake_pool_mine = -1;
 	fake_pool_path(path, sizeof(path));
 	fake_pool_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fake_pool_fd < 0)
@@ -183,7 +189,7 @@ static CUresult fake_charge(int dev, size_t bytes)
 	for (i = 0; i < FAKE_POOL_SLOTS; i++) {
 		struct fake_pool_slot *s = &fake_pool[i];
 
-		if (s->pid == me && s->pidns == myns) {
+		if (i == fake_pool_mine) {
 			mine = s;
 		} else if (s->pid != 0 && !fake_slot_alive(i)) {
 			memset(s, 0, sizeof(*s));
@@ -196,6 +202,7 @@ static CUresult fake_charge(int dev, size_t bytes)
 
 		if (fake_pool[i].pid == 0 && fcntl(fake_pool_fd, F_OFD_SETLK, &fl) == 0) {
 			mine = &fake_pool[i];
+			fake_pool_mine = i;
 			memset(mine, 0, sizeof(*mine));
 			mine->pid = me;
 			mine->pidns = myns;
@@ -214,8 +221,6 @@ static CUresult fake_charge(int dev, size_t bytes)
 
 static size_t fake_pool_others(int dev)
 {
-	pid_t me = getpid();
-	uint32_t myns = fake_pidns();
 	size_t others = 0;
 	int i;
 
@@ -224,8 +229,7 @@ static size_t fake_pool_others(int dev)
 		return 0;
 	flock(fake_pool_fd, LOCK_EX);
 	for (i = 0; i < FAKE_POOL_SLOTS; i++)
-		if (fake_pool[i].pid != 0 && !(fake_pool[i].pid == me && fake_pool[i].pidns == myns) &&
-		    fake_slot_alive(i))
+		if (fake_pool[i].pid != 0 && i != fake_pool_mine && fake_slot_alive(i))
 			others += fake_pool[i].used[dev];
 	flock(fake_pool_fd, LOCK_UN);
 	return others;
@@ -233,18 +237,12 @@ static size_t fake_pool_others(int dev)
 
 static void fake_discharge(int dev, size_t bytes)
 {
-	pid_t me = getpid();
-	uint32_t myns = fake_pidns();
-	int i;
-
 	fake_used[dev] -= bytes;
 	fake_pool_reopen_after_fork();
-	if (fake_pool == NULL)
+	if (fake_pool == NULL || fake_pool_mine < 0)
 		return;
 	flock(fake_pool_fd, LOCK_EX);
-	for (i = 0; i < FAKE_POOL_SLOTS; i++)
-		if (fake_pool[i].pid == me && fake_pool[i].pidns == myns)
-			memcpy(fake_pool[i].used, fake_used, sizeof(fake_used));
+	memcpy(fake_pool[fake_pool_mine].used, fake_used, sizeof(fake_used));
 	flock(fake_pool_fd, LOCK_UN);
 }
 

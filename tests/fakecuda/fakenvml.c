@@ -133,15 +133,21 @@ static int fake_nvml_pool(struct fake_pool_slot *out)
 	memcpy(out, p, len);
 	flock(fd, LOCK_UN);
 	munmap(p, len);
-	close(fd);
 	for (i = 0; i < FAKE_POOL_SLOTS; i++) {
-		pid_t ours = out[i].pid != 0 ? fake_nvml_our_pid(out[i].pid, out[i].pidns) : 0;
+		/* A live process holds a write lock on its slot (fakecuda_mem.c); a dead one's slot may
+		 * name a live process, its PID namespace's inode number having been reused. */
+		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET,
+				    .l_start = (off_t)i * (off_t)sizeof(struct fake_pool_slot),
+				    .l_len = (off_t)sizeof(struct fake_pool_slot) };
+		int held = fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
+		pid_t ours = out[i].pid != 0 && held ? fake_nvml_our_pid(out[i].pid, out[i].pidns) : 0;
 
 		if (ours == 0)
 			memset(&out[i], 0, sizeof(out[i]));
 		else
 			out[i].pid = ours;
 	}
+	close(fd);
 	return 0;
 }
 

@@ -31,12 +31,14 @@ check() { local what=$1; shift; if "$@"; then ok "$what"; else not_ok "$what"; f
 equals() { [ "$1" = "$2" ] || { echo "  got '$1', expected '$2'" >&2; return 1; }; }
 fails() { ! "$@" 2>/dev/null; }
 
-# start NAME ARGS...: runs gcr-testprog in the background, its stdin and stdout on fifos.
+# start NAME ARGS...: runs gcr-testprog in the background, its stdin and stdout on fifos
+# (through the command in PROG_PREFIX, if set).
+PROG_PREFIX=()
 start() {
 	local n=$1 fd
 	shift
 	mkfifo "$FAKECUDA_DIR/$n.in" "$FAKECUDA_DIR/$n.out"
-	"$PROG" --module "$MODULE" "$@" <"$FAKECUDA_DIR/$n.in" >"$FAKECUDA_DIR/$n.out" \
+	"${PROG_PREFIX[@]}" "$PROG" --module "$MODULE" "$@" <"$FAKECUDA_DIR/$n.in" >"$FAKECUDA_DIR/$n.out" \
 		2>"$FAKECUDA_DIR/$n.err" &
 	pid_of[$n]=$!
 	exec {fd}>"$FAKECUDA_DIR/$n.in"
@@ -224,6 +226,37 @@ check "shared memory: data intact" equals "$(expect j RESULT)" "RESULT ok"
 finish j
 unset FAKECUDA_MEM_MIB
 check "socket removed at exit" test ! -e "$FAKECUDA_DIR/fakecuda-$pid.sock"
+
+# ---- the shared pool: a dead process's slot naming a live one ----
+# A PID namespace's inode number is reused once the namespace is gone, so a dead process's slot
+# can carry the pid and namespace of a new one (pid 1 of a new container here; seen on the real
+# node). The new process must not adopt it (it holds no lock on it), or the next process reaps
+# its bytes as a dead process's and allocates them again.
+stale_slot='import os, struct
+fd = os.open(os.environ["FAKECUDA_DIR"] + "/fakecuda-pool", os.O_RDWR | os.O_CREAT, 0o600)
+if os.fstat(fd).st_size < 256 * 72:
+    os.ftruncate(fd, 256 * 72)
+ns = os.stat("/proc/self/ns/pid").st_ino & 0xFFFFFFFF
+os.pwrite(fd, struct.pack("<iI8Q", 1, ns, 48 << 20, 0, 0, 0, 0, 0, 0, 0), 255 * 72)'
+if unshare --pid --fork true 2>/dev/null; then
+	export FAKECUDA_MEM_MIB=64
+	PROG_PREFIX=(unshare --pid --fork sh -c 'python3 -c "$0" && exec "$@"' "$stale_slot")
+	start k --wait --mib 40 --iters 2 --threads 1
+	PROG_PREFIX=()
+	check "pid 1 of a new PID namespace starts over a stale slot of its pid" equals "$(expect k READY | cut -d' ' -f2)" "pid=1"
+	start l --wait --mib 40 --iters 2 --threads 1
+	check "its bytes still count for the next process: out of memory" \
+		equals "$(expect l ERROR | awk '{print $NF}')" CUDA_ERROR_OUT_OF_MEMORY
+	finish l
+	say k go
+	expect k DONE >/dev/null
+	say k check
+	check "the first process's data intact" equals "$(expect k RESULT)" "RESULT ok"
+	finish k
+	unset FAKECUDA_MEM_MIB
+else
+	echo "# skip: no PID namespaces here (unshare --pid), the stale-slot case did not run"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
