@@ -190,7 +190,18 @@ static CUresult fake_charge(int dev, size_t bytes)
 		struct fake_pool_slot *s = &fake_pool[i];
 
 		if (i == fake_pool_mine) {
-			mine = s;
+			struct flock fl = fake_slot_range(i, F_WRLCK);
+
+			/* After a CRIU restore (into a new pod: another PID namespace) the slot must name
+			 * this process as it is now, and its lock must be ours again: CRIU restores it
+			 * (file-locks), and if it could not, another slot is taken below. */
+			if (fcntl(fake_pool_fd, F_OFD_SETLK, &fl) == 0) {
+				mine = s;
+				s->pid = me;
+				s->pidns = myns;
+			} else {
+				fake_pool_mine = -1;
+			}
 		} else if (s->pid != 0 && !fake_slot_alive(i)) {
 			memset(s, 0, sizeof(*s));
 		} else if (s->pid != 0) {
