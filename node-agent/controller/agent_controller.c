@@ -860,6 +860,34 @@ static int pod_image_dir(struct agent_controller *c, pid_t pid, const char *uid,
  * <images_dir>/<ns>/<pod>/<name>, then prunes the pod's images past images_keep. No record:
  * the process is never left suspended on purpose; a failure leaves it as gcr_imgcr says
  * (resumed, or suspended and resumable), and the status and Event carry that message. */
+/* An Image that failed: status Failed with the processes' state, a Warning Event, the metric. */
+static void image_failed(struct agent_controller *c, struct op *o, const struct proc *p, int n, const char *path,
+			 const struct gcr_err *err, const char *state, double total_ms)
+{
+	char msg[PATH_MAX + 2 * GCR_ERR_MSG_MAX];
+	snprintf(msg, sizeof(msg), "image of pid %d to %s failed: %s", (int)p[0].pid, path, err->msg);
+	set_status(c, o, "Failed", "ImageFailed", msg, json_pack("{s:o}", "processes", procs_json(p, n, state)));
+	event(c, o->obj, "Checkpoint", "Warning", "ImageFailed", msg);
+	agent_metrics_op(c->metrics, "checkpoint", 0, total_ms, 0);
+	mark_done(c, o->d.uid);
+}
+
+/* After an image of a pod committed at path: its pod directory keeps images.keep images.
+ * Returns how many were removed (0 when pruning failed: logged, the image stands). */
+static int image_prune(struct agent_controller *c, const struct agent_crobj *d, const char *path)
+{
+	char pod_dir[PATH_MAX];
+	struct gcr_err err;
+	snprintf(pod_dir, sizeof(pod_dir), "%s", path);
+	char *slash = strrchr(pod_dir, '/');
+	if (slash != NULL)
+		*slash = '\0';
+	int pruned = agent_images_prune(pod_dir, c->images_keep, &err);
+	if (pruned < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: pruning %s: %s", d->ns, d->name, pod_dir, err.msg);
+	return pruned > 0 ? pruned : 0;
+}
+
 static void run_image(struct agent_controller *c, struct op *o, const struct proc *p, int n)
 {
 	const struct agent_crobj *d = &o->d;
@@ -907,22 +935,10 @@ static void run_image(struct agent_controller *c, struct op *o, const struct pro
 	if (rc == 0 && work[0] && (rc = agent_images_move(work, path, &err)) < 0)
 		gcr_err_wrap(&err, "the image is whole at %s; the process runs on", work);
 	if (rc < 0) {
-		snprintf(msg, sizeof(msg), "image of pid %d to %s failed: %s", (int)p[0].pid, path, err.msg);
-		set_status(c, o, "Failed", "ImageFailed", msg,
-			   json_pack("{s:o}", "processes", procs_json(p, n, "Failed")));
-		event(c, o->obj, "Checkpoint", "Warning", "ImageFailed", msg);
-		agent_metrics_op(c->metrics, "checkpoint", 0, r.ms_total, 0);
-		mark_done(c, d->uid);
+		image_failed(c, o, p, n, path, &err, "Failed", r.ms_total);
 		return;
 	}
-	char pod_dir[PATH_MAX];
-	snprintf(pod_dir, sizeof(pod_dir), "%s", path);
-	char *slash = strrchr(pod_dir, '/');
-	if (slash != NULL)
-		*slash = '\0';
-	int pruned = agent_images_prune(pod_dir, c->images_keep, &err);
-	if (pruned < 0)
-		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: pruning %s: %s", d->ns, d->name, pod_dir, err.msg);
+	int pruned = image_prune(c, d, path);
 	snprintf(msg, sizeof(msg), "image of pid %d written to %s: %lld bytes (%lld GPU bytes, %lld written); the "
 		 "process runs on%s",
 		 (int)p[0].pid, path, r.image, r.bytes, r.written,
@@ -1120,20 +1136,10 @@ out:
 	if (rc < 0 && archive[0] != '\0')
 		(void)unlink(archive); /* the container's memory: not left in the kubelet's directory */
 	if (rc < 0) {
-		snprintf(msg, sizeof(msg), "image of pid %d to %s failed: %s", (int)p[0].pid, path, err.msg);
-		set_status(c, o, "Failed", "ImageFailed", msg,
-			   json_pack("{s:o}", "processes", procs_json(p, n, suspended ? "Checkpointed" : "Failed")));
-		event(c, o->obj, "Checkpoint", "Warning", "ImageFailed", msg);
-		agent_metrics_op(c->metrics, "checkpoint", 0, total, 0);
-		mark_done(c, d->uid);
+		image_failed(c, o, p, n, path, &err, suspended ? "Checkpointed" : "Failed", total);
 		return;
 	}
-	char pod_dir[PATH_MAX];
-	snprintf(pod_dir, sizeof(pod_dir), "%s", path);
-	char *slash = strrchr(pod_dir, '/');
-	if (slash != NULL)
-		*slash = '\0';
-	int pruned = agent_images_prune(pod_dir, c->images_keep, &err);
+	int pruned = image_prune(c, d, path);
 	char f[PATH_MAX + 64];
 	snprintf(f, sizeof(f), "%s/%s", path, GCR_IMAGE_RUNTIME_ARCHIVE);
 	long long image = gpu_bytes + (stat(f, &st) == 0 ? (long long)st.st_size : 0);
