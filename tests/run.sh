@@ -106,7 +106,7 @@ tier k8s-chart tests/k8s/test_chart.sh
 # A real node: kubelet, containerd, runc, the chart with its defaults (tests/k8s/node/README.md).
 tier k8s-node python3 tests/k8s/test_node_e2e.py build
 # GPU memory overcommit by suspend on the real node (docs/preemption.md): pods of different
-# PriorityClass on one 512 MiB stand-in GPU, an agent restart, the policy switched off.
+# PriorityClass on one 512 MiB stand-in GPU, an agent restart, readiness, the policy switched off (3 min).
 tier k8s-overcommit python3 tests/k8s/test_overcommit_e2e.py build
 
 echo

@@ -699,7 +699,7 @@ int main(int argc, char **argv)
 				     &leader, &err) < 0 ||
 		    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, leader, &scfg, &scaler, &err) < 0 ||
 		    agent_scaler_start(scaler, &err) < 0 || agent_gate_new(kube, leader, &gate, &err) < 0 ||
-		    agent_gate_start(gate, &err) < 0)
+		    agent_gate_read_notes(gate, cfg.lease_namespace, &err) < 0 || agent_gate_start(gate, &err) < 0)
 			goto out;
 		GCR_LOG(GCR_LOG_INFO, "agent", "scaler: candidate %s for lease %s/gcr-scaler-leader; %s%s", identity,
 			cfg.lease_namespace, cfg.agent_selector ? "creates the heartbeat Leases of nodes with pods " : "",

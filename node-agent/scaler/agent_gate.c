@@ -1,6 +1,8 @@
 /* agent_gate: the readiness gate gpucr.dev/resident. Node agents may not write pods (their
  * RBAC has no pods/status), so the scaler's process derives each gated pod's condition from
- * the Checkpoints and Restores naming it and writes it; node agents wait for it (controller). */
+ * the Checkpoints and Restores naming it, and from the node agents' heartbeat notes (a pod
+ * suspended with no Checkpoint: for another pod's room), and writes it; node agents wait for it
+ * (controller). */
 #include "agent_gate.h"
 
 #include <errno.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "agent_scalemsg.h"
 #include "gcr_log.h"
 #include "gcr_time.h"
 
@@ -45,17 +48,22 @@ struct agent_gate {
 	struct gate_watch w[GN];
 	pthread_t writer;
 	int writer_started;
+	char *lease_ns; /* where the heartbeat Leases are; NULL: notes not read */
+	json_t *notes;  /* their activity notes' texts, listed at each resync */
 };
 
-/* The gate's three values: a requested or running suspend, a finished one not restored, none. */
+/* The gate's values: a requested or running suspend, a finished one not restored, none, and a
+ * suspend its node reports with no Checkpoint. */
 static const struct {
 	const char *status, *reason, *msg;
 } states[] = {
 	{ "False", "Suspending", "GPU state being suspended by GCR: not ready, so traffic goes elsewhere" },
 	{ "False", "Suspended", "GPU state suspended by GCR" },
 	{ "True", "Resident", "GPU state resident (not suspended by GCR)" },
+	{ "False", "SuspendedOnNode",
+	  "GPU state suspended by GCR on its node without a Checkpoint (to make room for a pod of higher priority)" },
 };
-enum gstate { S_SUSPENDING, S_SUSPENDED, S_RESIDENT };
+enum gstate { S_SUSPENDING, S_SUSPENDED, S_RESIDENT, S_SUSPENDED_ON_NODE };
 
 static const char *at(json_t *o, const char *a, const char *b)
 {
@@ -103,6 +111,13 @@ static void mark_locked(struct agent_gate *g, const char *ns, const char *pod)
 	pthread_cond_signal(&g->cond);
 }
 
+/* Seconds since the epoch of an RFC 3339 UTC time (fraction ignored); 0 when absent or malformed. */
+static double parse_time(const char *s)
+{
+	struct tm tm = { 0 };
+	return s != NULL && strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) != NULL ? (double)timegm(&tm) : 0;
+}
+
 /* What the gate keeps of obj, NULL for a pod without the gate (not kept at all). */
 static json_t *slim(enum gkind k, json_t *obj)
 {
@@ -111,12 +126,13 @@ static json_t *slim(enum gkind k, json_t *obj)
 		if (!agent_gate_declared(obj))
 			return NULL;
 		json_t *c = condition(obj);
-		return json_pack("{s:s?, s:s?}", "status", json_string_value(json_object_get(c, "status")), "reason",
-				 json_string_value(json_object_get(c, "reason")));
+		return json_pack("{s:s?, s:s?, s:s?}", "status", json_string_value(json_object_get(c, "status")), "reason",
+				 json_string_value(json_object_get(c, "reason")), "uid", at(obj, "metadata", "uid"));
 	}
 	if (k == G_CK)
 		return json_pack("{s:s?, s:s?, s:s?}", "ns", ns, "pod", at(obj, "spec", "podName"), "phase", ph);
-	return json_pack("{s:s?, s:s?, s:s?}", "ns", ns, "ck", at(obj, "spec", "checkpointName"), "phase", ph);
+	return json_pack("{s:s?, s:s?, s:s?, s:f}", "ns", ns, "ck", at(obj, "spec", "checkpointName"), "phase", ph,
+			 "done", parse_time(at(obj, "status", "completionTime")));
 }
 
 /* The pod an entry of map k concerns (a Restore's through its Checkpoint), marked dirty. */
@@ -193,9 +209,10 @@ static void *watch_main(void *data)
 /* The pod's state from the objects naming it: a Checkpoint not yet final (requested or
  * running) means suspending, so traffic leaves before the node agent suspends (it waits for
  * this); a Succeeded one without a Succeeded Restore of it means suspended. */
-static enum gstate want_locked(struct agent_gate *g, const char *ns, const char *pod)
+static enum gstate want_locked(struct agent_gate *g, const char *ns, const char *pod, const char *uid)
 {
 	enum gstate s = S_RESIDENT;
+	double restored_at = 0; /* the last Succeeded Restore's completion: older notes say nothing after it */
 	const char *ck;
 	json_t *c;
 	json_object_foreach(g->map[G_CK], ck, c)
@@ -217,13 +234,67 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 			const char *rns = json_string_value(json_object_get(r, "ns")),
 				   *rck = json_string_value(json_object_get(r, "ck")),
 				   *rph = json_string_value(json_object_get(r, "phase"));
-			restored |= rns && rck && rph && strcmp(rns, ns) == 0 && strcmp(rck, name) == 0 &&
-				    strcmp(rph, "Succeeded") == 0;
+			int it = rns && rck && rph && strcmp(rns, ns) == 0 && strcmp(rck, name) == 0 &&
+				 strcmp(rph, "Succeeded") == 0;
+			double done = json_real_value(json_object_get(r, "done"));
+			restored |= it;
+			if (it && done > restored_at)
+				restored_at = done;
 		}
 		if (!restored)
 			s = S_SUSPENDED;
 	}
+	if (s != S_RESIDENT || uid == NULL)
+		return s;
+	/* No Checkpoint says so, but its node reports processes of it suspended, sampled after its
+	 * last Restore (both times from the node's clock): suspended for another pod's room
+	 * (docs/preemption.md). */
+	size_t i;
+	json_t *t;
+	json_array_foreach(g->notes, i, t)
+	{
+		struct agent_scalemsg_activity act;
+		struct gcr_err err;
+		const char *text = json_string_value(t);
+		if (agent_scalemsg_activity_find(text, strlen(text), uid, &act, &err) == 0 && act.have_states &&
+		    act.procs[GCR_SHIMREPLY_ST_SUSPENDED] + act.procs[GCR_SHIMREPLY_ST_SUSPENDING] > 0 &&
+		    act.sampled > restored_at + 1) /* completionTime has whole seconds */
+			return S_SUSPENDED_ON_NODE;
+	}
 	return s;
+}
+
+/* The heartbeat Leases' activity notes (texts), NULL when they cannot be listed (logged once per
+ * change of outcome: the notes only add a state, the Checkpoints' view stands without them). */
+static json_t *read_notes(struct agent_gate *g, int *said)
+{
+	char path[400];
+	snprintf(path, sizeof(path), "/apis/coordination.k8s.io/v1/namespaces/%s/leases", g->lease_ns);
+	long st = 0;
+	json_t *list = NULL, *out = NULL;
+	struct gcr_err err;
+	int rc = agent_kube_request(g->kube, "GET", path, NULL, NULL, &st, &list, &err);
+	if (rc == 0 && st >= 300)
+		rc = gcr_err_set(&err, -EIO, "HTTP %ld", st);
+	if (rc == 0 && (out = json_array()) != NULL) {
+		size_t i;
+		json_t *l;
+		json_array_foreach(json_object_get(list, "items"), i, l)
+		{
+			json_t *t = json_object_get(json_object_get(json_object_get(l, "metadata"), "annotations"),
+						    AGENT_SCALEMSG_ACTIVITY_KEY);
+			if (json_is_string(t))
+				json_array_append(out, t);
+		}
+	}
+	if ((out == NULL) != (*said == 1)) {
+		if (out == NULL)
+			GCR_LOG(GCR_LOG_WARN, "gate", "heartbeat notes in %s not read (%s): pods suspended without a "
+				"Checkpoint stay %s=True", g->lease_ns, rc < 0 ? err.msg : "out of memory", AGENT_GATE_TYPE);
+		*said = out == NULL;
+	}
+	json_decref(list);
+	return out;
 }
 
 /* Strategic merge of the one condition (merged by type): nothing else of the pod is written. */
@@ -262,12 +333,22 @@ static void *writer_main(void *data)
 {
 	struct agent_gate *g = data;
 	double last = gcr_time_mono_ms();
+	int said = 0;
 	pthread_mutex_lock(&g->lock);
 	while (!atomic_load(&g->stop)) {
 		double now = gcr_time_mono_ms();
 		if (now - last >= RESYNC_MS) {
 			g->all_dirty = 1;
 			last = now;
+			if (g->lease_ns != NULL) { /* a request: not under the lock */
+				pthread_mutex_unlock(&g->lock);
+				json_t *notes = read_notes(g, &said);
+				pthread_mutex_lock(&g->lock);
+				if (notes != NULL) {
+					json_decref(g->notes);
+					g->notes = notes;
+				}
+			}
 		}
 		int synced = g->listed[G_POD] && g->listed[G_CK] && g->listed[G_RS];
 		if (!synced || (!g->all_dirty && json_object_size(g->dirty) == 0)) {
@@ -296,7 +377,7 @@ static void *writer_main(void *data)
 				continue; /* not (or no longer) a pod declaring the gate */
 			char ns[300];
 			snprintf(ns, sizeof(ns), "%.*s", (int)(slash - k), k);
-			enum gstate s = want_locked(g, ns, slash + 1);
+			enum gstate s = want_locked(g, ns, slash + 1, json_string_value(json_object_get(p, "uid")));
 			const char *cs = json_string_value(json_object_get(p, "status")),
 				   *cr = json_string_value(json_object_get(p, "reason"));
 			if (cs == NULL || strcmp(cs, states[s].status) != 0 ||
@@ -338,7 +419,7 @@ int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct 
 	g->leader = leader;
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_cond_init(&g->cond, NULL);
-	int ok = (g->dirty = json_object()) != NULL;
+	int ok = (g->dirty = json_object()) != NULL && (g->notes = json_array()) != NULL;
 	for (int k = 0; k < GN; k++)
 		ok &= (g->map[k] = json_object()) != NULL;
 	if (!ok) {
@@ -347,6 +428,13 @@ int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct 
 	}
 	*out = g;
 	return 0;
+}
+
+int agent_gate_read_notes(struct agent_gate *g, const char *lease_ns, struct gcr_err *err)
+{
+	free(g->lease_ns);
+	g->lease_ns = lease_ns != NULL ? strdup(lease_ns) : NULL;
+	return lease_ns != NULL && g->lease_ns == NULL ? gcr_err_set(err, -ENOMEM, "out of memory") : 0;
 }
 
 int agent_gate_start(struct agent_gate *g, struct gcr_err *err)
@@ -389,6 +477,8 @@ void agent_gate_free(struct agent_gate *g)
 		json_decref(g->map[k]);
 	}
 	json_decref(g->dirty);
+	json_decref(g->notes);
+	free(g->lease_ns);
 	pthread_mutex_destroy(&g->lock);
 	pthread_cond_destroy(&g->cond);
 	free(g);

@@ -25,6 +25,12 @@ struct agent_gate;
 int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct agent_gate **out,
 		   struct gcr_err *err) __attribute__((warn_unused_result));
 
+/* Before start: also read the node agents' heartbeat notes on the Leases in lease_ns (listed
+ * every resync), so that a pod the node reports suspended without a Checkpoint (for another
+ * pod's room, docs/preemption.md) is not resident. */
+int agent_gate_read_notes(struct agent_gate *g, const char *lease_ns, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
 /* Starts the watches (pods, checkpoints, restores) and the writer. */
 int agent_gate_start(struct agent_gate *g, struct gcr_err *err) __attribute__((warn_unused_result));
 

@@ -52,7 +52,7 @@ def case_install():
 
 # ---- pods and what they show ----
 
-def pod(ns, name, uid, mib, cls, buffers=4, optin=True, annotations=None):
+def pod(ns, name, uid, mib, cls, buffers=4, optin=True, annotations=None, gate=False):
     """A non-root pod of PriorityClass cls running gcr-testprog (mib MiB in buffers buffers) under
     the injected shim; steered through /tmp/ctl as in test_node_e2e. Returns its first line:
     READY (allocated) or ERROR (its allocation failed). The program's exit status follows as EXIT."""
@@ -74,7 +74,7 @@ def pod(ns, name, uid, mib, cls, buffers=4, optin=True, annotations=None):
             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "GCR_LOG_LEVEL", "value": "info"}],
             "resources": {"limits": {"gpucr.dev/shim": "1"}},
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        }]}})
+        }]} | ({"readinessGates": [{"conditionType": "gpucr.dev/resident"}]} if gate else {})})
     return line(ns, name, r"^(READY|ERROR) ")
 
 
@@ -156,11 +156,16 @@ def agent_log(a=None):
     return kubectl("logs", "-n", N.SYSTEM_NS, a["metadata"]["name"], "-c", "agent", check=False).stdout.splitlines()
 
 
-def metric(name, podname, a=None):
-    """A per-pod counter from the agent's /metrics, read through the API server's proxy."""
+def metrics_text(a=None):
+    """The agent's /metrics, read through the API server's proxy."""
     a = a or agent()
-    text = kubectl("get", "--raw", f"/api/v1/namespaces/{N.SYSTEM_NS}/pods/{a['metadata']['name']}:9464"
+    return kubectl("get", "--raw", f"/api/v1/namespaces/{N.SYSTEM_NS}/pods/{a['metadata']['name']}:9464"
                    "/proxy/metrics").stdout
+
+
+def metric(name, podname, a=None):
+    """A per-pod counter from the agent's /metrics."""
+    text = metrics_text(a)
     m = re.search(r'^%s\{pod="%s"\} (\S+)$' % (re.escape(name), re.escape(podname)), text, re.M)
     return float(m.group(1)) if m else None
 
@@ -218,9 +223,45 @@ def case_two(ns):
     wait_event(ns, "low", "OvercommitResumed", "Normal", "resumed after")
     check(metric("gcr_agent_overcommit_resumes_total", f"{ns}/low") == 1, "resume not counted in /metrics")
     check((metric("gcr_agent_overcommit_held_seconds_total", f"{ns}/low") or 0) > 0, "time held not counted")
+    log("/metrics:\n" + "\n".join(x for x in metrics_text().splitlines() if f'pod="{ns}/' in x))
     finish(ns, "low")
     log("kubectl get events:\n" + kubectl("get", "events", "-n", ns, "--field-selector",
                                           "involvedObject.kind=Pod", "--sort-by=.lastTimestamp").stdout[-3000:])
+
+
+def conditions(ns, name):
+    return {c["type"]: c for c in kjson("get", "pod", "-n", ns, name)["status"].get("conditions", [])}
+
+
+def wait_readiness(ns, name, resident, reason):
+    """The pod's gate gpucr.dev/resident (and so Ready) becomes resident ("True"/"False") with reason."""
+    want = "True" if resident else "False"
+
+    def seen():
+        c = conditions(ns, name)
+        g = c.get("gpucr.dev/resident", {})
+        return (g.get("status") == want and g.get("reason") == reason and c.get("Ready", {}).get("status") == want
+                and g)
+    g = wait_until(f"{ns}/{name}: gpucr.dev/resident={want} ({reason}), Ready={want}", seen, 60)
+    log(f"{ns}/{name}: gpucr.dev/resident={want} {reason}: {g.get('message')}")
+
+
+@in_namespace("oc-ready")
+def case_readiness(ns):
+    """The victim's readiness gate gpucr.dev/resident shows whether it is resident: Ready while it
+    runs, not Ready (SuspendedOnNode, from its node's heartbeat note) while it is held for the high
+    pod, Ready again once it is resumed."""
+    lpid, lbytes = ready(ns, "low", 2061, 192, "gcr-oc-low", gate=True)
+    wait_readiness(ns, "low", True, "Resident")
+    ready(ns, "high", 2062, 384, "gcr-oc-high")
+    held(ns, "low", lpid)
+    wait_readiness(ns, "low", False, "SuspendedOnNode")
+    log("kubectl get pods while held:\n" + kubectl("get", "pods", "-n", ns, "-o", "wide").stdout)
+    held(ns, "low", lpid)
+    finish(ns, "high")
+    wait_resumed(ns, "low", lpid, lbytes)
+    wait_readiness(ns, "low", True, "Resident")
+    finish(ns, "low")
 
 
 @in_namespace("oc-enough")
@@ -310,13 +351,14 @@ def case_policy_off(ns):
     old = agent()
     N.run([helm, "upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS] + helm_base() +
           ["--set", "overcommit.enabled=false", "--wait", "--timeout", "180s"], timeout=200)
-    new = wait_until("the agent with the policy off Ready", lambda: (p := N.agent_ready()) and p["metadata"]["uid"] !=
-                     old["metadata"]["uid"] and p, 120)
-    wait_until("the agent says the policy is off", lambda: any(re.search(r"overcommit.*policy off", x)
-                                                              for x in agent_log(new)), 30)
+    # A new agent (the chart's config changed), unless it was installed so (GCR_OC_E2E_SET).
+    wait_until("the agent with the policy off Ready", lambda: (p := N.agent_ready()) and (
+        p["metadata"]["uid"] != old["metadata"]["uid"] or "overcommit.enabled=false" in helm_base()) and any(
+        re.search(r"overcommit: policy off", x) for x in agent_log(p)), 120)
     lpid, lbytes = ready(ns, "low", 2051, 192, "gcr-oc-low")
     oom(ns, "high", 2052, 384, "gcr-oc-high")
-    env = kubectl("exec", "-n", ns, "high", "--", "env").stdout
+    # high's container ends with its program (tail -f sees its pipe close); low's is there.
+    env = kubectl("exec", "-n", ns, "low", "--", "env").stdout
     check("GCR_OVERCOMMIT=" not in env, "the device plugin still gives GCR_OVERCOMMIT with the policy off")
     running(ns, "low", lpid, lbytes)
     no_suspensions(ns)
@@ -324,7 +366,7 @@ def case_policy_off(ns):
 
 
 CASES = [case_install, case_two, case_three_just_enough, case_three_order, case_never_preemptible,
-         case_agent_restart, case_policy_off]
+         case_agent_restart, case_readiness, case_policy_off]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_OC_E2E_CASES")  # a comma list of names: those cases only, after the install
