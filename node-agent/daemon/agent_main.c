@@ -61,7 +61,7 @@ struct dp_cfg {
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
-		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib,
+		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib, *overcommit_return_ms,
 		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url;
 	struct dp_cfg dp;
 };
@@ -99,6 +99,9 @@ static const struct opt_row opts_table[] = {
 	  "of GPU memory gets room by the suspend of lower-priority ones (docs/preemption.md); false: never" },
 	{ "overcommit-margin-mib", "overcommitMarginMiB", SLOT(overcommit_margin_mib), "0",
 	  "MiB made free beyond an allocation that asks for room (0..65536)" },
+	{ "overcommit-return-ms", "overcommitReturnMs", SLOT(overcommit_return_ms), "2000",
+	  "a suspended pod is resumed once its GPU has had room for it this long (ms, 1..600000) while the pod it "
+	  "made room for still runs (that pod freed memory); -1: only when that pod ends" },
 	{ "overcommit-mode", "overcommitMode", SLOT(overcommit_mode), "full",
 	  "full: a victim leaves the GPU whole (data, then the driver's checkpoint); data: only its buffers "
 	  "leave, its context stays (faster suspend and resume, a few hundred MiB left per victim)" },
@@ -487,6 +490,13 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 			return gcr_err_set(err, -EINVAL, "--overcommit-margin-mib: '%s' is not an integer in 0..65536",
 					   c->overcommit_margin_mib);
 	}
+	{
+		char *end = NULL;
+		long v = strtol(c->overcommit_return_ms, &end, 10);
+		if (end == c->overcommit_return_ms || *end != '\0' || v < -1 || v == 0 || v > 600000)
+			return gcr_err_set(err, -EINVAL, "--overcommit-return-ms: '%s' is not -1 or an integer in 1..600000",
+					   c->overcommit_return_ms);
+	}
 	if (c->images_dir[0] != '/')
 		return gcr_err_set(err, -EINVAL, "--images-dir: '%s' is not an absolute path", c->images_dir);
 	if (c->kubelet_url != NULL && c->kubelet_url[0] != '\0' &&
@@ -714,6 +724,7 @@ int main(int argc, char **argv)
 		struct agent_room_cfg ocfg = { .socket_dir = cfg.socket_dir, .record_dir = cfg.record_dir,
 					       .enabled = strcmp(cfg.overcommit, "true") == 0,
 					       .margin = strtoull(cfg.overcommit_margin_mib, NULL, 10) << 20,
+					       .return_ms = (int)strtol(cfg.overcommit_return_ms, NULL, 10),
 					       .data_only = strcmp(cfg.overcommit_mode, "data") == 0,
 					       .trust_env = strcmp(cfg.overcommit_env, "true") == 0 };
 		struct agent_room_hooks hooks = { .pod = oc_pod, .event = oc_event, .data = ctl };

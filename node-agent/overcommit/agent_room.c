@@ -50,6 +50,7 @@ struct hold {
 	char uuid[GCR_NVML_UUID_LEN];
 	int said; /* the last resume failure logged (its -errno), so each is said once */
 	int data_only; /* suspended in data-only mode: resumed in the same */
+	double room_since; /* monotonic ms since its GPU has had room for it, requester alive; 0: not */
 };
 
 struct request {
@@ -561,6 +562,28 @@ static int resume_order(const void *a, const void *b)
 	return x->since < y->since ? -1 : x->since > y->since;
 }
 
+/* Whether held process h, whose requester still runs, gets its room back now: its GPU has had
+ * h's bytes plus the margin free for return_ms. NVML unreadable counts as no room. */
+static int room_returned(struct agent_room *r, struct hold *h, char *why, size_t len)
+{
+	if (r->cfg.return_ms < 0)
+		return 0;
+	unsigned long long fr = 0, total = 0, need = h->bytes + r->cfg.margin;
+	struct gcr_err err;
+	double now = gcr_time_mono_ms();
+	if (gcr_nvml_mem(h->uuid, &fr, &total, &err) < 0 || fr < need) {
+		h->room_since = 0;
+		return 0;
+	}
+	if (h->room_since == 0)
+		h->room_since = now;
+	if (now - h->room_since < r->cfg.return_ms)
+		return 0;
+	snprintf(why, len, "room returned: %llu MiB free on %s for %.1f s while pid %d runs", fr >> 20, h->uuid,
+		 (now - h->room_since) / 1000, (int)h->for_pid);
+	return 1;
+}
+
 static void monitor(struct agent_room *r)
 {
 	for (int i = r->nheld - 1; i >= 0; i--)
@@ -573,13 +596,16 @@ static void monitor(struct agent_room *r)
 	pthread_mutex_unlock(&r->hlock);
 	for (int i = 0; i < r->nheld;) {
 		struct hold *h = &r->held[i];
+		char why[320];
 		if (alive(r, h->for_pid, h->for_start)) {
-			i++;
-			continue;
+			if (!room_returned(r, h, why, sizeof(why))) {
+				i++;
+				continue;
+			}
+		} else {
+			snprintf(why, sizeof(why), "pid %d it was held for is gone", (int)h->for_pid);
 		}
 		struct gcr_err err = { 0 };
-		char why[64];
-		snprintf(why, sizeof(why), "pid %d it was held for is gone", (int)h->for_pid);
 		int rc = resume_one(r, i, why, &err);
 		if (rc == 0) {
 			drop_hold(r, i);
@@ -687,6 +713,8 @@ int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struc
 		r->cfg.timeout_ms = AGENT_ROOM_TIMEOUT_MS;
 	if (r->cfg.check_ms <= 0)
 		r->cfg.check_ms = AGENT_ROOM_CHECK_MS;
+	if (r->cfg.return_ms == 0)
+		r->cfg.return_ms = AGENT_ROOM_RETURN_MS;
 	if (hooks != NULL)
 		r->hooks = *hooks;
 	pthread_mutex_init(&r->lock, NULL);

@@ -1,6 +1,7 @@
 /* agent_room: GPU memory overcommit by suspend (docs/preemption.md): a shim's "room" request
  * makes the agent suspend lower-priority processes on that GPU, just enough of them; they are
- * resumed, highest priority first, once the process they were suspended for is gone. */
+ * resumed, highest priority first, once the process they were suspended for is gone, or once
+ * their GPU has had room for them for a while (the requester freed memory). */
 #ifndef AGENT_ROOM_H
 #define AGENT_ROOM_H
 
@@ -14,6 +15,7 @@
 /* Defaults of struct agent_room_cfg's numbers (0 there means these). */
 #define AGENT_ROOM_TIMEOUT_MS 10000 /* each suspend and resume: the gate and the driver's lock */
 #define AGENT_ROOM_CHECK_MS 500     /* how often held processes are looked at */
+#define AGENT_ROOM_RETURN_MS 2000   /* room seen free this long gives a victim back (return_ms) */
 #define AGENT_ROOM_QUEUE 64         /* room requests waiting at most; more are answered -EBUSY */
 #define AGENT_ROOM_EVENTS 64        /* Events one decision posts at most (two per victim) */
 /* Bytes asked beyond the allocation, its size rounded up to this (the VMM granularity). */
@@ -36,6 +38,11 @@ struct agent_room_cfg {
 	 * no part (the chart's setting: there the device plugin gives every container
 	 * GCR_OVERCOMMIT=1, and only the pod's label opts in). */
 	int trust_env;
+	/* A held process whose requester still runs is resumed once its GPU has had its bytes plus
+	 * the margin free for this long (ms): the requester freed memory. The wait keeps an
+	 * allocator that frees and soon allocates again from suspending the victim at each turn.
+	 * 0 means AGENT_ROOM_RETURN_MS; negative: only when the requester ends. */
+	int return_ms;
 };
 
 /* What Kubernetes says of a pod. A pod Kubernetes knows opts in by its label or annotation

@@ -121,7 +121,7 @@ class Node:
         check(self.agent.p.wait(WAIT_S) == 0, "agent exit status")
         self.agent = None
 
-    def start(self, name, mib, prio=None, opt_in=True, preemptible=True, buffers=4, extra_env=None):
+    def start(self, name, mib, prio=None, opt_in=True, preemptible=True, buffers=4, extra_env=None, linger=False):
         """gcr-testprog under the shim; it starts (and registers) only once its pid has a pod
         and an environment in the fake /proc."""
         self.n += 1
@@ -137,7 +137,7 @@ class Node:
         env.update(extra_env or {})
         argv = ["sh", "-c", 'read go && exec env "$@"', "sh"] + ["%s=%s" % kv for kv in env.items()] + \
             [self.cfg.testprog, "--module", MODULE, "--mib", str(mib), "--buffers", str(buffers), "--threads",
-             "1", "--iters", "3", "--wait"]
+             "1", "--iters", "3", "--wait"] + (["--linger"] if linger else [])
         p = H.Proc(self.cfg, name, argv, extra_env=self.env)
         self.procs.append(p)
         p.uid = ""
@@ -419,6 +419,32 @@ def case_data_only(n):
     n.finish(low)
 
 
+def case_room_returned(n):
+    """The high process frees its memory and lives on (gcr-testprog --linger): with the default
+    --overcommit-return-ms the low one is resumed once the GPU has had room for it that long,
+    while the high one still runs; bit-exact."""
+    n.start_agent()
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10, linger=True)
+    n.ready(high)
+    check(held(n, low), "low not suspended while high runs: %s" % n.state(low))
+    mark = n.agent_mark()
+    high.send("go")
+    high.expect(r"^DONE", WAIT_S, what="DONE of high")
+    high.send("check")
+    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
+    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
+    high.expect(r"^FREED", WAIT_S, what="FREED of high")
+    n.agent_line(r"resumed pid %d .*room returned: \d+ MiB free on \S+ for [\d.]+ s while pid %d runs"
+                 % (low.pid, high.pid), mark)
+    check(high.p.poll() is None, "high ended before low's resume: not a return of freed memory")
+    check(n.state(low) == "running", "low after its resume: %s" % n.state(low))
+    n.finish(low)
+    high.send("exit")
+    check(high.p.wait(WAIT_S) == 0, "high exit status")
+
+
 def case_outside_pods(n):
     """gcr-agent on a machine without Kubernetes (--processes-outside-pods, the real /proc): the
     processes' own environment opts them in and ranks them; the low one is suspended for the high
@@ -439,7 +465,7 @@ def case_outside_pods(n):
 
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
-         (case_outside_pods, 512)]
+         (case_room_returned, 512), (case_outside_pods, 512)]
 
 
 def main():

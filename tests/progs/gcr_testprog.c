@@ -125,7 +125,7 @@ enum gcr_api_mode { GCR_API_LINK, GCR_API_DLSYM, GCR_API_PROCADDR };
 
 static struct {
 	enum gcr_api_mode api;
-	bool ptds, pitch, small, async, vmm, managed, graph, wait, hold_after, chunks;
+	bool ptds, pitch, small, async, vmm, managed, graph, wait, hold_after, linger, chunks;
 	const char *module;
 	unsigned long mib, buffers, threads, iters, write_mib, stack;
 	int device;
@@ -135,7 +135,7 @@ static void gcr_usage(FILE *f)
 {
 	fputs("usage: gcr-testprog [--api link|dlsym|procaddr] [--ptds] [--module PATH]\n"
 	      "         [--mib N] [--buffers K] [--pitch] [--small] [--async] [--vmm] [--managed]\n"
-	      "         [--device N] [--threads T] [--iters I] [--graph] [--wait] [--hold-after]\n"
+	      "         [--device N] [--threads T] [--iters I] [--graph] [--wait] [--hold-after] [--linger]\n"
 	      "         [--chunks] [--write-mib W] [--stack BYTES]\n"
 	      "--stack: set the context's stack limit and step with a kernel that uses local memory;\n"
 	      "  the final check wants the limit unchanged (the shim lowers it while suspended and\n"
@@ -211,6 +211,8 @@ static void gcr_options(int argc, char **argv)
 			opt.wait = true;
 		} else if (strcmp(a, "--hold-after") == 0) {
 			opt.hold_after = true;
+		} else if (strcmp(a, "--linger") == 0) {
+			opt.linger = true;
 		} else if (strcmp(a, "--chunks") == 0) {
 			opt.chunks = true;
 		} else if (strcmp(a, "--write-mib") == 0) {
@@ -1574,5 +1576,11 @@ int main(int argc, char **argv)
 	gcr_teardown(module, dev);
 	if (!opt.hold_after)
 		printf("RESULT ok\n");
+	/* With --linger the process lives on with its GPU memory freed until "exit" (overcommit: a
+	 * requester that frees memory without ending). */
+	if (opt.linger) {
+		printf("FREED\n");
+		gcr_wait_for("exit", true);
+	}
 	return 0;
 }
