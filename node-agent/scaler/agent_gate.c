@@ -126,8 +126,13 @@ static json_t *slim(enum gkind k, json_t *obj)
 		if (!agent_gate_declared(obj))
 			return NULL;
 		json_t *c = condition(obj);
+		/* Only pods that opted in to overcommit are ever held without a Checkpoint. */
+		json_t *md = json_object_get(obj, "metadata");
+		const char *lab = json_string_value(json_object_get(json_object_get(md, "labels"), "gpucr.dev/overcommit")),
+			   *ann = json_string_value(json_object_get(json_object_get(md, "annotations"), "gpucr.dev/overcommit"));
+		int oc = (lab != NULL && strcmp(lab, "suspend") == 0) || (ann != NULL && strcmp(ann, "suspend") == 0);
 		return json_pack("{s:s?, s:s?, s:s?}", "status", json_string_value(json_object_get(c, "status")), "reason",
-				 json_string_value(json_object_get(c, "reason")), "uid", at(obj, "metadata", "uid"));
+				 json_string_value(json_object_get(c, "reason")), "uid", oc ? json_string_value(json_object_get(md, "uid")) : NULL);
 	}
 	if (k == G_CK)
 		return json_pack("{s:s?, s:s?, s:s?}", "ns", ns, "pod", at(obj, "spec", "podName"), "phase", ph);
@@ -213,6 +218,7 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 {
 	enum gstate s = S_RESIDENT;
 	double restored_at = 0; /* the last Succeeded Restore's completion: older notes say nothing after it */
+	int named = 0;          /* some Checkpoint names the pod */
 	const char *ck;
 	json_t *c;
 	json_object_foreach(g->map[G_CK], ck, c)
@@ -222,6 +228,7 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 			   *ph = json_string_value(json_object_get(c, "phase"));
 		if (cns == NULL || cpod == NULL || strcmp(cns, ns) != 0 || strcmp(cpod, pod) != 0)
 			continue;
+		named = 1;
 		if (ph == NULL || strcmp(ph, "Pending") == 0 || strcmp(ph, "Running") == 0)
 			return S_SUSPENDING;
 		if (strcmp(ph, "Succeeded") != 0)
@@ -244,7 +251,11 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 		if (!restored)
 			s = S_SUSPENDED;
 	}
-	if (s != S_RESIDENT || uid == NULL)
+	/* Notes are read only for pods opted in to overcommit (uid NULL otherwise), and a pod
+	 * Checkpoints name is judged by them alone: a note taken while a Checkpoint held the pod can
+	 * outlive that hold's Restore, and the Restore itself (a GPUResidency removes its objects
+	 * when deleted): k8s-agent's GPUResidency cases flapped to SuspendedOnNode. */
+	if (s != S_RESIDENT || uid == NULL || named)
 		return s;
 	/* No Checkpoint says so, but its node reports processes of it suspended, sampled after its
 	 * last Restore (both times from the node's clock): suspended for another pod's room
