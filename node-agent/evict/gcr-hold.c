@@ -61,7 +61,7 @@ int main(int argc, char **argv)
 	const char *line = HOLD_LINE;
 	size_t off = 0, n = strlen(line);
 	while (off < n) {
-		ssize_t w = write(fd, line + off, n - off);
+		ssize_t w = send(fd, line + off, n - off, MSG_NOSIGNAL); /* a closed peer: an error, not SIGPIPE */
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0)
