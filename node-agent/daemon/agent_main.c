@@ -495,7 +495,9 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	if (seconds_opt("eviction-rate-mib-s", c->eviction_rate, 100000, NULL, err) < 0 ||
 	    seconds_opt("eviction-fixed-seconds", c->eviction_fixed_s, 3600, NULL, err) < 0)
 		return -EINVAL;
-	if (strcmp(c->eviction, "true") == 0 && (c->kubelet_url == NULL || c->kubelet_url[0] == '\0'))
+	/* The scaler reads the same file and images nothing. */
+	if (strcmp(c->eviction, "true") == 0 && strcmp(c->role, "scaler") != 0 &&
+	    (c->kubelet_url == NULL || c->kubelet_url[0] == '\0'))
 		return gcr_err_set(err, -EINVAL, "--eviction true needs --kubelet-url: an eviction image's CPU side is the "
 				   "kubelet's checkpoint (the chart's images.kubelet.enabled)");
 	if (strcmp(c->overcommit, "true") != 0 && strcmp(c->overcommit, "false") != 0)
