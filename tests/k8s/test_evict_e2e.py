@@ -114,11 +114,13 @@ def deployment(ns, name, grace=60):
     return pod, pid, nbytes
 
 
-def bare_pod(ns, name, grace, annotations=None):
+def bare_pod(ns, name, grace, annotations=None, extra=None, limits=None):
+    spec = dict(pod_spec(grace), restartPolicy="Never", **(extra or {}))
+    spec["containers"][0]["resources"]["limits"].update(limits or {})
     apply({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": ns, "labels": {"gpucr.dev/evict": "image"},
                         "annotations": annotations or {}},
-           "spec": dict(pod_spec(grace), restartPolicy="Never")})
+           "spec": spec})
     return ready_line(ns, name)
 
 
@@ -322,7 +324,67 @@ def case_policy_off():
         cleanup(ns)
 
 
-CASES = [case_install, case_drain_images, case_plain_delete, case_no_time, case_policy_off]
+TOKEN = "gcr.test/token"
+
+
+def node_token(n):
+    """Advertises n of an extended resource on the node (as the Kubernetes docs do, a status
+    patch), or removes it (n None): a resource one pod at a time can hold."""
+    path = "/status/capacity/" + TOKEN.replace("/", "~1")
+    op = {"op": "add", "path": path, "value": str(n)} if n is not None else {"op": "remove", "path": path}
+    kubectl("patch", "node", N.ENV["GCR_TESTBED_NODE"], "--subresource=status", "--type=json", "-p",
+            json.dumps([op]), check=n is not None)
+    if n is not None:
+        wait_until("the token allocatable", lambda: kjson("get", "node", N.ENV["GCR_TESTBED_NODE"])["status"]
+                   .get("allocatable", {}).get(TOKEN) == str(n), 30)
+
+
+def case_preempted():
+    """A real preemption by the scheduler: an opted-in pod of a low PriorityClass holds the
+    node's one token (an extended resource); a pod of a high PriorityClass asks for it. The
+    scheduler marks the victim DisruptionTarget/PreemptionByScheduler and deletes it: its image
+    is written before its program ends (Checkpoint Succeeded, cause PreemptionByScheduler,
+    EvictionImageWritten), and the preemptor runs."""
+    ns = "ev-preempt"
+    N.namespace(ns)
+    for name, value in (("gcr-ev-low", 10), ("gcr-ev-high", 1000)):
+        apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+               "value": value, "description": "GCR eviction tier"})
+    node_token(1)
+    try:
+        bare_pod(ns, "victim", 60, extra={"priorityClassName": "gcr-ev-low"}, limits={TOKEN: "1"})
+        uid = kjson("get", "pod", "-n", ns, "victim")["metadata"]["uid"]
+        ck = ck_name("victim", uid)
+        hpid = N.host_pid(ns, "victim")
+        w = Watch(hpid, ns, ck)
+        t0 = time.time()
+        apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "preemptor", "namespace": ns},
+               "spec": {"priorityClassName": "gcr-ev-high", "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "main", "image": N.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                                        "command": ["/bin/sh", "-c", "sleep 3600"],
+                                        "resources": {"limits": {TOKEN: "1"}}}]}})
+        wait_until("the victim's program gone", lambda: w.gone, 120)
+        w.stop = True
+        c = kjson("get", "checkpoint", "-n", ns, ck)
+        s = c.get("status", {})
+        check(s.get("phase") == "Succeeded", f"Checkpoint {ck}: {s.get('phase')}: {s.get('message')}")
+        cause = c["metadata"].get("annotations", {}).get("gpucr.dev/evict-cause")
+        check(cause == "PreemptionByScheduler", f"cause {cause}")
+        check(w.succeeded is not None and w.succeeded_alive and w.succeeded < w.gone,
+              f"the Checkpoint was not seen Succeeded before the program ended ({w.succeeded}, {w.gone})")
+        e = wait_until("an EvictionImageWritten Event", lambda: event(ns, "victim", "EvictionImageWritten"), 30)
+        img = s["image"]["path"]
+        check(os.path.isfile(os.path.join(img, "manifest.json")), f"no manifest in {img}")
+        wait_until("the preemptor Running", lambda: kjson("get", "pod", "-n", ns, "preemptor")["status"]
+                   .get("phase") == "Running", 60)
+        log(f"preempted: Checkpoint {ck} Succeeded {w.succeeded - t0:.1f} s after the preemptor was created, the "
+            f"victim's program ended {w.gone - t0:.1f} s after; Event: {e.get('note')}")
+    finally:
+        cleanup(ns)
+        node_token(None)
+
+
+CASES = [case_install, case_drain_images, case_plain_delete, case_no_time, case_preempted, case_policy_off]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_EVICT_E2E_CASES")
