@@ -222,6 +222,11 @@ def case_drain_images():
         e = wait_until("an EvictionImageWritten Event", lambda: event(ns, pod, "EvictionImageWritten"), 30)
         check(e.get("type") == "Normal" and ck in e.get("note", ""), f"Event {e}")
         log(f"Event: {e.get('note')}")
+        # What a user sees (docs/preemption.md pastes these).
+        log("kubectl get checkpoints -l gpucr.dev/eviction=true:\n" + kubectl(
+            "get", "checkpoints", "-n", ns, "-l", "gpucr.dev/eviction=true").stdout)
+        log("kubectl get events (the pod):\n" + kubectl(
+            "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}").stdout)
         img = s["image"]["path"]
         check(img == f"{IMAGES}/{ns}/{pod}/{ck}", f"status.image {s.get('image')}")
         man = json.load(open(os.path.join(img, "manifest.json")))
