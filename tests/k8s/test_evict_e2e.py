@@ -143,24 +143,33 @@ def cleanup(ns):
 class Watch:
     """Watches, every 0.1 s, a host pid and a Checkpoint's phase: when each happened."""
 
-    def __init__(self, pid, ns, ck):
+    def __init__(self, pid, ns, ck, pod=None):
         self.pid, self.ns, self.ck = pid, ns, ck
-        self.succeeded = self.gone = None
+        self.manifest = f"{IMAGES}/{ns}/{pod}/{ck}/manifest.json" if pod else None
+        self.succeeded = self.gone = self.manifest_seen = self.manifest_lost = None
         self.stop = False
         self.t = threading.Thread(target=self.loop, daemon=True)
         self.t.start()
 
     def loop(self):
-        while not self.stop and self.gone is None:
+        while not self.stop:
             alive = os.path.exists(f"/proc/{self.pid}")
+            if self.manifest:
+                there = os.path.exists(self.manifest)
+                if there and self.manifest_seen is None:
+                    self.manifest_seen = time.time()
+                if not there and self.manifest_seen is not None and self.manifest_lost is None:
+                    self.manifest_lost = time.time()
             if self.succeeded is None:
                 r = kubectl("get", "checkpoint", "-n", self.ns, self.ck, "-o", "jsonpath={.status.phase}",
                             check=False)
                 if r.stdout.strip() == "Succeeded":
                     self.succeeded = time.time()
                     self.succeeded_alive = alive
-            if not os.path.exists(f"/proc/{self.pid}"):
+            if self.gone is None and not os.path.exists(f"/proc/{self.pid}"):
                 self.gone = time.time()
+            if self.gone is not None and not self.manifest:
+                break
             time.sleep(0.1)
 
 
@@ -192,7 +201,7 @@ def case_drain_images():
         uid, owner = p["metadata"]["uid"], p["metadata"]["ownerReferences"][0]["uid"]
         ck = ck_name(pod, uid)
         hpid = N.host_pid(ns, pod)
-        w = Watch(hpid, ns, ck)
+        w = Watch(hpid, ns, ck, pod)
         t0 = time.time()
         d = drain("app=web")
         try:
@@ -201,7 +210,6 @@ def case_drain_images():
             uncordon()
         check(d.returncode == 0, f"kubectl drain failed: {out[-1500:]}")
         wait_until("the program's process gone", lambda: w.gone, 60)
-        w.stop = True
         c = kjson("get", "checkpoint", "-n", ns, ck)
         s = c.get("status", {})
         check(s.get("phase") == "Succeeded", f"Checkpoint {ck}: {s.get('phase')}: {s.get('message')}")
@@ -229,6 +237,10 @@ def case_drain_images():
             "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}").stdout)
         img = s["image"]["path"]
         check(img == f"{IMAGES}/{ns}/{pod}/{ck}", f"status.image {s.get('image')}")
+        w.stop = True
+        check(w.manifest_seen is not None and w.manifest_lost is None and os.path.isdir(img),
+              f"the image on the node: manifest seen at {w.manifest_seen}, gone at {w.manifest_lost} (t0 {t0}); "
+              f"{os.listdir(os.path.dirname(img)) if os.path.isdir(os.path.dirname(img)) else 'no pod dir'}")
         man = json.load(open(os.path.join(img, "manifest.json")))
         check(man.get("mode") == "runtime", f"manifest mode {man.get('mode')}")
         check(sorted(os.listdir(img)) == ["criu", "gpu", "manifest.json"], f"image holds {sorted(os.listdir(img))}")
