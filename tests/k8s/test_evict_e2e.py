@@ -246,7 +246,7 @@ def case_drain_images():
         check(sorted(os.listdir(img)) == ["criu", "gpu", "manifest.json"], f"image holds {sorted(os.listdir(img))}")
         archive = os.path.join(img, "criu", "kubelet-checkpoint.tar")
         check(os.path.getsize(archive) > 0, "empty kubelet archive")
-        check(s["image"].get("gpuBytes", 0) >= nbytes, f"status.image {s.get('image')}")
+        check(s["image"].get("gpuBytes", 0) >= 48 << 20, f"status.image {s.get('image')}")  # the program's 48 MiB
         check(metric("written") >= 1, "the agent's /metrics counts no written eviction image")
         # Restorable: the checkpoint image, a new pod, a Restore naming it.
         kubectl("delete", "deployment", "-n", ns, "web", "--wait=true", timeout=90)
@@ -260,6 +260,9 @@ def case_drain_images():
         N.wait_phase("restore", ns, "back", timeout=120)
         logs = kubectl("logs", "-n", ns, "dst").stdout
         check("READY pid=" in logs, f"the new pod's log is not the restored program's: {logs[-500:]}")
+        rpid = int(logs.split("READY pid=")[1].split()[0])
+        check(N.smi(ns, "dst", "state", rpid) == "running", "the restored process's driver state is not running")
+        check(int(N.smi(ns, "dst", "mem", rpid)) >= nbytes, "the restored process lacks its GPU memory")
         N.finish(ns, "dst")
         log("the drained pod's image restored into a new pod: RESULT ok")
     finally:
