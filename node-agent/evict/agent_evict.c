@@ -103,8 +103,10 @@ static json_t *fresh_pod(struct agent_evict *e, const char *uid, struct gcr_err 
 			size_t i;
 			json_array_foreach(json_object_get(list, "items"), i, it) {
 				const char *u = json_string_value(json_object_get(json_object_get(it, "metadata"), "uid"));
-				if (u != NULL && strcmp(u, uid) == 0)
+				if (u != NULL && strcmp(u, uid) == 0) {
 					pod = json_incref(it);
+					break;
+				}
 			}
 		}
 		json_decref(list);
