@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # GCR image: gcr-agent, gcrctl and the shim, built from source on Debian bookworm.
-# The shim (libgcr.so) and its libjansson.so.4 sit together in /opt/gcr/lib, which
+# The shim (libgcr.so), its libjansson.so.4 and gcr-hold (a static preStop hook) sit in /opt/gcr/lib, which
 # the Helm chart's init container copies to the node for the device plugin.
 #
 #   docker build -t gcr:dev .
@@ -54,5 +54,5 @@ RUN for f in /usr/local/bin/* /usr/local/sbin/criu /opt/gcr/lib/libgcr.so; do \
     done && \
     test -x /usr/local/bin/gcr-agent && test -x /usr/local/bin/gcrctl && \
     /usr/local/sbin/criu --version | grep -q '^Version: 4' && \
-    test -f /opt/gcr/lib/libgcr.so && test -f /opt/gcr/lib/libjansson.so.4
+    test -f /opt/gcr/lib/libgcr.so && test -f /opt/gcr/lib/libjansson.so.4 && test -x /opt/gcr/lib/gcr-hold
 ENTRYPOINT ["/usr/local/bin/gcr-agent"]

@@ -13,7 +13,8 @@ node_agent_libgcragent_la_SOURCES = \
 	node-agent/controller/agent_record.c node-agent/controller/agent_record.h \
 	node-agent/controller/agent_images.c node-agent/controller/agent_images.h \
 	node-agent/overcommit/agent_roommsg.c node-agent/overcommit/agent_roommsg.h \
-	node-agent/overcommit/agent_victims.c node-agent/overcommit/agent_victims.h
+	node-agent/overcommit/agent_victims.c node-agent/overcommit/agent_victims.h \
+	node-agent/evict/agent_evictmsg.c node-agent/evict/agent_evictmsg.h
 node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcragent_la_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LIBS)
@@ -32,11 +33,21 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/scaler/agent_gate.c node-agent/scaler/agent_gate.h \
 	node-agent/daemon/agent_activity.c node-agent/daemon/agent_activity.h \
 	node-agent/daemon/agent_metrics.c node-agent/daemon/agent_metrics.h \
-	node-agent/overcommit/agent_room.c node-agent/overcommit/agent_room.h
+	node-agent/overcommit/agent_room.c node-agent/overcommit/agent_room.h \
+	node-agent/evict/agent_evict.c node-agent/evict/agent_evict.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
 node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrdp.la lib/libgcrcontrol.la \
 	$(JANSSON_LIBS) $(YAML_LIBS) $(CURL_LIBS) $(MHD_LIBS) -ldl
+# gcr-hold: a pod's preStop hook (eviction imaging), shipped beside the shim in /opt/gcr/lib
+# (scripts/image-stage.sh). Static and libc-only, so it runs in any container image; hence
+# no sanitizers either (they cannot link statically).
+bin_PROGRAMS += node-agent/gcr-hold
+node_agent_gcr_hold_SOURCES = node-agent/evict/gcr-hold.c
+node_agent_gcr_hold_CPPFLAGS = -D_GNU_SOURCE
+node_agent_gcr_hold_CFLAGS = -std=c11 $(WARN_CFLAGS)
+node_agent_gcr_hold_LDFLAGS = -all-static
+
 # The kubelet device plugin: protobuf-c messages generated from the kubelet's
 # api.proto (committed, see scripts/gen-deviceplugin-proto.sh) and gRPC core.
 noinst_LTLIBRARIES += node-agent/libgcrdp.la

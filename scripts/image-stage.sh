@@ -34,6 +34,11 @@ dyn=$(readelf -d "$stage$shimdir/libgcr.so")
 # shellcheck disable=SC2016 # a literal $ORIGIN
 grep -q 'RUNPATH.*\[\$ORIGIN\]' <<<"$dyn" || die "libgcr.so has no RUNPATH \$ORIGIN"
 rm -rf "${stage:?}$prefix/lib" "${stage:?}$prefix/include" "${stage:?}$prefix/share"
+# gcr-hold, the preStop hook of pods imaged at eviction (docs/preemption.md), runs inside
+# workload containers: beside the shim, which the device plugin mounts into each of them.
+[[ -x $stage$prefix/bin/gcr-hold ]] || die "make install did not install $prefix/bin/gcr-hold"
+mv "$stage$prefix/bin/gcr-hold" "$stage$shimdir/gcr-hold"
+[[ $(file -b "$stage$shimdir/gcr-hold") == *"statically linked"* ]] || die "gcr-hold is not statically linked"
 
 # GCR_STAGE_CRIU: a CRIU >= 4 binary shipped as /usr/local/sbin/criu (images of pods, docs/images.md
 # "Pods"; the test bed's images set it; the Dockerfile does not yet), its libraries' packages below.
@@ -46,6 +51,7 @@ fi
 libs=()
 while IFS= read -r -d '' f; do
 	[[ $(file -b "$f") == ELF* ]] || continue
+	[[ $(file -b "$f") == *"statically linked"* ]] && continue # gcr-hold: needs no library
 	out=$(ldd "$f") || die "ldd $f failed"
 	if grep -q 'not found' <<<"$out"; then
 		die "$f: $(grep 'not found' <<<"$out" | tr -s ' \t' ' ')"

@@ -24,6 +24,8 @@
 #include "agent_metrics.h"
 #include "agent_registry.h"
 #include "agent_room.h"
+#include "agent_evict.h"
+#include "agent_evictmsg.h"
 #include "gcr/protocol.h"
 #include "gcr_log.h"
 
@@ -62,7 +64,8 @@ struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
 		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib, *overcommit_return_ms,
-		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url;
+		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url,
+		*eviction, *eviction_rate, *eviction_fixed_s;
 	struct dp_cfg dp;
 };
 
@@ -115,6 +118,15 @@ static const struct opt_row opts_table[] = {
 	{ "kubelet-url", "kubeletURL", SLOT(kubelet_url), NULL,
 	  "https://HOST:PORT of this node's kubelet, whose checkpoint API writes the CPU side of an Image with "
 	  "spec.cpuCheckpoint Kubelet (default: none, such Images fail)" },
+	{ "eviction", "eviction", SLOT(eviction), "false",
+	  "true: a pod labelled gpucr.dev/evict: image whose preStop hook runs gcr-hold is imaged (a Checkpoint "
+	  "evict-<pod>-<uid>, needs --kubelet-url) when it is deleted for preemption or drain; false: gcr-hold is "
+	  "answered at once" },
+	{ "eviction-rate-mib-s", "evictionRateMiBs", SLOT(eviction_rate), "200",
+	  "GPU data an eviction image writes per second, conservatively (MiB/s, 1..100000): with "
+	  "--eviction-fixed-seconds, the estimate weighed against the grace period left" },
+	{ "eviction-fixed-seconds", "evictionFixedSeconds", SLOT(eviction_fixed_s), "15",
+	  "seconds an eviction image needs besides its GPU data (the container's CRIU dump, the archive; 1..3600)" },
 	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
 	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
 	  LEASE_NS_DEFAULT ")" },
@@ -481,6 +493,16 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 		return gcr_err_set(err, -EINVAL, "--overcommit-mode: '%s' is not full or data", c->overcommit_mode);
 	if (strcmp(c->outside_pods, "true") != 0 && strcmp(c->outside_pods, "false") != 0)
 		return gcr_err_set(err, -EINVAL, "--processes-outside-pods: '%s' is not true or false", c->outside_pods);
+	if (strcmp(c->eviction, "true") != 0 && strcmp(c->eviction, "false") != 0)
+		return gcr_err_set(err, -EINVAL, "--eviction: '%s' is not true or false", c->eviction);
+	if (seconds_opt("eviction-rate-mib-s", c->eviction_rate, 100000, NULL, err) < 0 ||
+	    seconds_opt("eviction-fixed-seconds", c->eviction_fixed_s, 3600, NULL, err) < 0)
+		return -EINVAL;
+	/* The scaler reads the same file and images nothing. */
+	if (strcmp(c->eviction, "true") == 0 && strcmp(c->role, "scaler") != 0 &&
+	    (c->kubelet_url == NULL || c->kubelet_url[0] == '\0'))
+		return gcr_err_set(err, -EINVAL, "--eviction true needs --kubelet-url: an eviction image's CPU side is the "
+				   "kubelet's checkpoint (the chart's images.kubelet.enabled)");
 	if (strcmp(c->overcommit, "true") != 0 && strcmp(c->overcommit, "false") != 0)
 		return gcr_err_set(err, -EINVAL, "--overcommit: '%s' is not true or false", c->overcommit);
 	{
@@ -625,6 +647,7 @@ int main(int argc, char **argv)
 	struct agent_activity *activity = NULL;
 	struct agent_dp *dp = NULL;
 	struct agent_room *room = NULL;
+	struct agent_evict *evict = NULL;
 	int rc, status = 1;
 
 	gcr_log_init(GCR_LOG_INFO);
@@ -731,6 +754,24 @@ int main(int argc, char **argv)
 		if (agent_room_new(reg, activity, metrics, &ocfg, &hooks, &room, &err) < 0 ||
 		    agent_room_start(room, &err) < 0)
 			goto out;
+		/* Eviction imaging: gcr-hold's socket beside the registry's, which every shim container sees. */
+		char hold_sock[600];
+		snprintf(hold_sock, sizeof(hold_sock), "%s", cfg.registry_socket);
+		char *hs = strrchr(hold_sock, '/');
+		snprintf(hs != NULL ? hs + 1 : hold_sock, sizeof(hold_sock) - (size_t)(hs != NULL ? hs + 1 - hold_sock : 0),
+			 "%s", AGENT_EVICTMSG_SOCKET_NAME);
+		int ev_rate = 0, ev_fixed = 0;
+		seconds_opt("eviction-rate-mib-s", cfg.eviction_rate, 100000, &ev_rate, &err);
+		seconds_opt("eviction-fixed-seconds", cfg.eviction_fixed_s, 3600, &ev_fixed, &err);
+		struct agent_evict_cfg ecfg = { .socket_path = hold_sock, .proc_root = cfg.proc_root,
+						.node_name = cfg.node_name, .resource_name = cfg.dp.resource_name,
+						.enabled = strcmp(cfg.eviction, "true") == 0, .rate_mib_s = ev_rate,
+						.fixed_s = ev_fixed };
+		if (agent_evict_new(kube, ctl, reg, metrics, &ecfg, &evict, &err) < 0 ||
+		    agent_evict_start(evict, &err) < 0)
+			goto out;
+		GCR_LOG(GCR_LOG_INFO, "agent", "eviction imaging: %s (gcr-hold's socket %s)",
+			ecfg.enabled ? "on" : "off: every hold is answered at once", hold_sock);
 		GCR_LOG(GCR_LOG_INFO, "agent",
 			"node %s: registry %s, shim sockets %s, metrics http://%s, proc %s, lease %s/gcr-agent-%s",
 			cfg.node_name, cfg.registry_socket, cfg.socket_dir, cfg.metrics_address, cfg.proc_root,
@@ -757,6 +798,7 @@ out:
 	agent_scaler_free(scaler);  /* stops creating work for the nodes */
 	agent_gate_free(gate);
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
+	agent_evict_free(evict);    /* holds in flight are answered; before the controller they use */
 	agent_room_free(room);      /* held processes stay held, with their records, for the next agent */
 	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */

@@ -52,6 +52,9 @@ struct agent_metrics {
 		double held_s;
 	} oc[AGENT_METRICS_OC_PODS + 1]; /* the last: "other" */
 	int noc;
+	/* Eviction imaging: holds by outcome (AGENT_METRICS_EVICT_*) and seconds to a written image. */
+	unsigned long long evict[AGENT_METRICS_EVICT_N];
+	double evict_s;
 };
 
 /* /readyz: 200 "ok" once the lists are done and the extra check holds; else 503 naming
@@ -128,6 +131,14 @@ static char *render(struct agent_metrics *m)
 		   "# TYPE gcr_agent_overcommit_bytes_moved_total counter\n");
 	for (int i = 0; i < oc_rows; i++)
 		fprintf(f, "gcr_agent_overcommit_bytes_moved_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].bytes);
+	static const char *const evict_names[AGENT_METRICS_EVICT_N] = { "written", "failed", "no_time", "skipped" };
+	fprintf(f, "# HELP gcr_agent_eviction_images_total Pods being deleted that held their SIGTERM for an image "
+		   "(gcr-hold), by result.\n# TYPE gcr_agent_eviction_images_total counter\n");
+	for (int i = 0; i < AGENT_METRICS_EVICT_N; i++)
+		fprintf(f, "gcr_agent_eviction_images_total{result=\"%s\"} %llu\n", evict_names[i], m->evict[i]);
+	fprintf(f, "# HELP gcr_agent_eviction_image_seconds_total Time from the hold to a written image, summed.\n"
+		   "# TYPE gcr_agent_eviction_image_seconds_total counter\n"
+		   "gcr_agent_eviction_image_seconds_total %.3f\n", m->evict_s);
 	fprintf(f, "# HELP gcr_agent_bytes_moved_total Bytes moved between GPU and host memory.\n"
 		   "# TYPE gcr_agent_bytes_moved_total counter\n");
 	for (int k = 0; k < NKINDS; k++)
@@ -386,5 +397,16 @@ void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resu
 	}
 	if (bytes > 0)
 		m->oc[i].bytes += (unsigned long long)bytes;
+	pthread_mutex_unlock(&m->lock);
+}
+
+void agent_metrics_eviction(struct agent_metrics *m, int result, double seconds)
+{
+	if (m == NULL || result < 0 || result >= AGENT_METRICS_EVICT_N)
+		return;
+	pthread_mutex_lock(&m->lock);
+	m->evict[result]++;
+	if (result == AGENT_METRICS_EVICT_WRITTEN)
+		m->evict_s += seconds;
 	pthread_mutex_unlock(&m->lock);
 }

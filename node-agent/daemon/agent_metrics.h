@@ -66,4 +66,15 @@ void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double 
  * (resumed 0) or resumed after held_s seconds (resumed 1); bytes moved by it. */
 void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resumed, double held_s, long long bytes);
 
+/* Eviction imaging (agent_evict): one hold's result, and for a written image the seconds from the
+ * hold to its Checkpoint's success. */
+enum {
+	AGENT_METRICS_EVICT_WRITTEN = 0,
+	AGENT_METRICS_EVICT_FAILED,
+	AGENT_METRICS_EVICT_NO_TIME,
+	AGENT_METRICS_EVICT_SKIPPED, /* nothing to do: not opted in, not preemption or drain, the policy off */
+	AGENT_METRICS_EVICT_N,
+};
+void agent_metrics_eviction(struct agent_metrics *m, int result, double seconds);
+
 #endif

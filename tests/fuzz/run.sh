@@ -28,6 +28,7 @@ fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_recor
 fuzz_agentconfig|node-agent/daemon/agent_config.c|yaml-0.1
 fuzz_manifest|lib/gcr_image.c lib/gcr_crc32c.c|jansson
 fuzz_roommsg|node-agent/overcommit/agent_roommsg.c lib/gcr_proto.c|jansson
+fuzz_evictmsg|node-agent/evict/agent_evictmsg.c|jansson
 '
 # Linked into every target.
 COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c lib/gcr_time.c'
@@ -36,7 +37,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 CLANG=${CLANG:-clang-14}
 FUZZ_WORKDIR=${FUZZ_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/gcr-fuzz.XXXXXX")}
 CFLAGS_FUZZ="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
-	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit"
+	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit -Inode-agent/evict"
 
 if [ ! -f tests/fuzz/run.sh ]; then
 	echo "run.sh: run me from the repository root" >&2

@@ -144,6 +144,16 @@ refuse "socketRoot outside the socket dir refused" "socketRoot must be inside ag
 	h template x "$CHART" --set devicePlugin.socketRoot=/var/run/alloc
 refuse "scaler.enabled=false refused (the scaler creates the node heartbeat Leases)" \
 	"the scaler creates the node agents' heartbeat Leases" h template x "$CHART" --set scaler.enabled=false
+refuse "eviction.enabled without images.kubelet refused" "eviction.enabled needs images.kubelet.enabled" \
+	h template x "$CHART" --set eviction.enabled=true
+refuse "eviction.rateMiBs 0 refused" "eviction.rateMiBs must be in 1..100000" \
+	h template x "$CHART" --set eviction.rateMiBs=0
+eviction_on() {
+	local r
+	r=$(h template x "$CHART" --set eviction.enabled=true --set images.kubelet.enabled=true) &&
+		[[ $r == *'eviction: "true"'* ]] && [[ $(python3 "$CHECKS" rules <(printf '%s\n' "$r")) == *"node ClusterRole gpucr.dev checkpoints create"* ]]
+}
+run "eviction.enabled (with images.kubelet): on in the config, and the node agents may create Checkpoints" eviction_on
 metrics_override() {
 	local r
 	r=$(h template x "$CHART" --set metrics.bindAddress=0.0.0.0) &&

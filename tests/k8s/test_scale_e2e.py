@@ -64,7 +64,10 @@ class Node:
             argv = [base.AGENT, "--role", "node", "--kubeconfig", E.kubeconfig, "--node-name", self.name,
                     "--socket-dir", self.sock_dir, "--registry-socket", self.registry, "--metrics-address",
                     "127.0.0.1:%d" % self.port, "--proc-root", E.proc_root, "--lease-namespace", base.LEASE_NS,
-                    "--heartbeat-seconds", "1"]
+                    "--heartbeat-seconds", "1",
+                    # Its own: the default (/var/lib/gcr/images) is the real node's, whose images
+                    # this agent's sweep would remove (their Checkpoints are not in this cluster).
+                    "--images-dir", os.path.join(E.dir, "images-%s" % self.name)]
         if os.environ.get("GCR_E2E_VALGRIND") == "1":
             argv = ["valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
                     "--errors-for-leak-kinds=definite",

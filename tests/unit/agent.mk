@@ -10,7 +10,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_record \
 	tests/unit/test_agent_images \
 	tests/unit/test_agent_victims \
-	tests/unit/test_agent_roommsg
+	tests/unit/test_agent_roommsg \
+	tests/unit/test_agent_evictmsg
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -107,3 +108,8 @@ tests_unit_test_agent_dpmsg_LDADD = node-agent/libgcrdp.la $(PROTOBUF_C_LIBS)
 EXTRA_DIST += tests/dp/test_deviceplugin.sh \
 	tests/k8s/kubelet-standin/go.mod tests/k8s/kubelet-standin/go.sum \
 	tests/k8s/kubelet-standin/main.go
+
+tests_unit_test_agent_evictmsg_SOURCES = tests/unit/test_agent_evictmsg.c
+tests_unit_test_agent_evictmsg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_evictmsg_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_evictmsg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)

@@ -1,0 +1,45 @@
+/* agent_evict: images an opted-in pod's GPU process when the pod is deleted for preemption or
+ * drain (docs/preemption.md, "Eviction without loss"): gcr-hold, the pod's preStop hook, holds
+ * the kubelet's SIGTERM on this module's socket while a Checkpoint of the pod is carried out. */
+#ifndef AGENT_EVICT_H
+#define AGENT_EVICT_H
+
+#include "agent_controller.h"
+#include "agent_kube.h"
+#include "agent_metrics.h"
+#include "agent_registry.h"
+#include "gcr_error.h"
+
+/* Defaults of struct agent_evict_cfg's numbers (0 there means these). */
+#define AGENT_EVICT_RATE_MIB_S 200 /* GPU data written, MiB/s: well under a local disk's rate */
+#define AGENT_EVICT_FIXED_S 15     /* the kubelet's CRIU dump of the container, its archive, the copy */
+#define AGENT_EVICT_MAX_HOLDS 64   /* connections served at once; more are answered "nothing" */
+
+struct agent_evict_cfg {
+	const char *socket_path;   /* gcr-hold's socket (the registry's directory, AGENT_EVICTMSG_SOCKET_NAME) */
+	const char *proc_root;     /* "/proc" or a test tree: <pid>/cgroup names the caller's pod */
+	const char *node_name;
+	const char *resource_name; /* the device plugin's resource (gpucr.dev/shim) */
+	const char *api_version;   /* the Checkpoint's (gpucr.dev/v1alpha1) */
+	int enabled;               /* 0: every hold is answered "nothing" at once */
+	double rate_mib_s;
+	double fixed_s;
+};
+
+struct agent_evict;
+
+/* Borrows kube, ctl (pods by uid, Events), reg (the pod's processes) and m (may be NULL); they
+ * must outlive it. Listens on cfg->socket_path (open to every local user: a caller is only
+ * ever about its own pod, named by its peer credentials). */
+int agent_evict_new(struct agent_kube *kube, struct agent_controller *ctl, struct agent_registry *reg,
+		    struct agent_metrics *m, const struct agent_evict_cfg *cfg, struct agent_evict **out,
+		    struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Starts the accept thread. */
+int agent_evict_start(struct agent_evict *e, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Stops taking holds; holds in flight are answered "failed: the agent is stopping" within a
+ * poll period; removes the socket. NULL-safe. */
+void agent_evict_free(struct agent_evict *e);
+
+#endif
