@@ -108,6 +108,9 @@ tier k8s-node python3 tests/k8s/test_node_e2e.py build
 # GPU memory overcommit by suspend on the real node (docs/preemption.md): pods of different
 # PriorityClass on one 512 MiB stand-in GPU, an agent restart, readiness, the policy switched off (3 min).
 tier k8s-overcommit python3 tests/k8s/test_overcommit_e2e.py build
+# Eviction without loss, the replacement pod (docs/preemption.md): a Deployment's pod imaged by an
+# eviction Checkpoint, deleted, its replacement restored from the node agent's registry.
+tier k8s-replace python3 tests/k8s/test_replace_e2e.py build
 
 echo
 echo "=== summary"

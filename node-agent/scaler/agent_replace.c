@@ -404,7 +404,7 @@ static double waited_ms(struct agent_replace *r, const char *uid, const char *wh
 	return now - json_real_value(v);
 }
 
-static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *p)
+static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rss, json_t *p)
 {
 	const char *ns = sget(p, "ns"), *name = sget(p, "name"), *owner = sget(p, "owner");
 	char into[64], why[900];
@@ -454,10 +454,16 @@ static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *p)
 		start_cold(r, p, "Warning", why);
 		return;
 	}
-	/* A pod of the same owner opted in and being deleted: its Checkpoint may be moments away. */
+	/* A pod of the same owner opted in and being deleted: its Checkpoint may be moments away. Not
+	 * one this module deletes itself: a replacement whose restore failed or never ran. */
 	json_object_foreach(pods, k, c)
 	{
-		const char *o = sget(c, "owner");
+		const char *o = sget(c, "owner"), *from = sget(c, "from");
+		char rk[600];
+		snprintf(rk, sizeof(rk), "%s/%s", ns, from ? from : "");
+		json_t *rs = from ? json_object_get(rss, rk) : NULL;
+		if (from != NULL && (rs == NULL || sget(rs, "phase") == NULL || strcmp(sget(rs, "phase"), "Succeeded") != 0))
+			continue;
 		if (c != p && json_is_true(json_object_get(c, "deleting")) && json_is_true(json_object_get(c, "evict")) &&
 		    o != NULL && strcmp(o, owner) == 0 && sget(c, "ns") && strcmp(sget(c, "ns"), ns) == 0) {
 			double w = waited_ms(r, sget(p, "uid"), "sibling", &first);
@@ -595,7 +601,7 @@ static void pass(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rss
 		if (atomic_load(&r->stop) || json_is_true(json_object_get(p, "deleting")))
 			continue;
 		if (json_integer_value(json_object_get(p, "gate")) >= 0)
-			gated(r, pods, cks, p);
+			gated(r, pods, cks, rss, p);
 		else if (sget(p, "from") != NULL)
 			restoring(r, cks, rss, p);
 	}
