@@ -289,6 +289,14 @@ def case_replacement_restored():
         f"{t_restored - t0:.1f} s; pod created -> running {ts(started) - created:.0f} s -> Restore completed "
         f"{ts(rs['status'].get('completionTime')) - created:.0f} s (API times, whole seconds); "
         f"Restore durations {rs['status'].get('durations')}; Event: {ev[0].get('note')}")
+    # What a user sees (docs/preemption.md, "The replacement pod").
+    for args in (["get", "pods", "-n", ns, "-o", "wide"], ["get", "checkpoints,restores", "-n", ns, "-L",
+                                                            "gpucr.dev/restored-into"],
+                 ["get", "events", "-n", ns, "--field-selector", f"involvedObject.name={new}"]):
+        print(f"$ kubectl {' '.join(args)}\n{kubectl(*args).stdout}", flush=True)
+    agent = N.agent_pod()[0]["metadata"]["name"]
+    print("agent log, registry:\n" + "\n".join(l for l in kubectl("logs", "-n", N.SYSTEM_NS, agent, "-c", "agent").stdout
+                                             .splitlines() if "ocireg" in l), flush=True)
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
