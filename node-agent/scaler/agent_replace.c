@@ -150,12 +150,12 @@ static json_t *slim_pod(json_t *p)
 static json_t *slim_ck(json_t *c)
 {
 	json_t *md = json_object_get(c, "metadata"), *st = json_object_get(c, "status");
-	return json_pack("{s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:f}", "ns",
+	return json_pack("{s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:f, s:s?}", "ns",
 			 sget(md, "namespace"), "name", sget(md, "name"), "rv", sget(md, "resourceVersion"), "owner",
 			 label(c, AGENT_REPLACE_LABEL_OWNER), "into", label(c, AGENT_OCIREG_LABEL_RESTORED_INTO), "token",
 			 annotation(c, AGENT_OCIREG_ANN_TOKEN), "container", at(c, "spec", "containerName"), "phase",
 			 sget(st, "phase"), "node", sget(st, "nodeName"), "path", at(st, "image", "path"), "msg",
-			 sget(st, "message"), "created", epoch(sget(md, "creationTimestamp")));
+			 sget(st, "message"), "created", epoch(sget(md, "creationTimestamp")), "pod", at(c, "spec", "podName"));
 }
 
 static json_t *slim_rs(json_t *o)
@@ -435,11 +435,24 @@ static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rs
 									 json_real_value(json_object_get(best, "created")))))
 			best = c;
 	}
+	int first;
 	if (best != NULL) {
+		/* The evicted pod still ending (its grace period): its process would run beside the
+		 * restored one, and CRIU's restore failed while it did (the stand-in driver's lock,
+		 * measured on the test bed); on a GPU it would hold the memory the restore needs. */
+		char ok[600];
+		snprintf(ok, sizeof(ok), "%s/%s", ns, sget(best, "pod") ? sget(best, "pod") : "");
+		json_t *old = json_object_get(pods, ok);
+		if (old != NULL && old != p && json_is_true(json_object_get(old, "deleting")) &&
+		    waited_ms(r, sget(p, "uid"), "evicted", &first) < r->cfg.wait_s * 1000.0) {
+			if (first)
+				GCR_LOG(GCR_LOG_INFO, "replace", "pod %s/%s: held until the evicted pod %s has ended (up to %d s)",
+					ns, name, sget(best, "pod"), r->cfg.wait_s);
+			return;
+		}
 		restore_into(r, p, best);
 		return;
 	}
-	int first;
 	if (pending != NULL) {
 		double age = now - json_real_value(json_object_get(pending, "created"));
 		if (age < r->cfg.wait_s) {
