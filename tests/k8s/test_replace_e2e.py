@@ -275,6 +275,8 @@ def case_replacement_restored():
     check(ev[0]["type"] == "Normal" and ck in ev[0].get("note", ""), f"event {ev[0]}")
     p = kjson("get", "pod", "-n", ns, new)
     started = p["status"]["containerStatuses"][0]["state"].get("running", {}).get("startedAt")
+    # Restored at the first attempt: the gate held it until the evicted pod had ended.
+    check(p["status"]["containerStatuses"][0].get("restartCount") == 0, f"restarts: {p['status']['containerStatuses']}")
     logs = kubectl("logs", "-n", ns, new).stdout
     check("READY pid=" in logs, f"the replacement's log is not the restored program's: {logs[-500:]}")
     pid = int(logs.split("READY pid=")[1].split()[0])
