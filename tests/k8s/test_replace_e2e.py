@@ -102,9 +102,9 @@ def ready_line(ns, pod, timeout=120):
     return dict(kv.split("=", 1) for kv in line.split()[1:])
 
 
-def eviction_checkpoint(ns, pod):
+def eviction_checkpoint(ns, pod, wait=True):
     """The eviction's Checkpoint as the contract has the checkpoint at deletion make it (by hand here);
-    returns its name once Succeeded."""
+    returns its name, once Succeeded when wait."""
     p = kjson("get", "pod", "-n", ns, pod)
     owner = next(o["uid"] for o in p["metadata"]["ownerReferences"] if o.get("controller"))
     name = f"evict-{pod[:40]}-{p['metadata']['uid'][:8]}"
@@ -114,7 +114,8 @@ def eviction_checkpoint(ns, pod):
                    "gpucr.dev/node": N.ENV["GCR_TESTBED_NODE"]},
         "annotations": {"gpucr.dev/evict-cause": "EvictionByEvictionAPI"}},
         "spec": {"podName": pod, "action": "Image", "cpuCheckpoint": "Kubelet", "containerName": "main"}})
-    N.wait_phase("checkpoint", ns, name, timeout=180)
+    if wait:
+        N.wait_phase("checkpoint", ns, name, timeout=180)
     return name
 
 
@@ -302,6 +303,46 @@ def case_replacement_restored():
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
+def case_checkpoint_in_progress():
+    """The order of a real eviction: the Checkpoint made and the pod deleted at once, so the replacement
+    appears while the image is still being written. Its gate stays until the Checkpoint is final, then
+    it is restored as in case_replacement_restored (bit-exact)."""
+    ns = "team-replace3"
+    N.namespace(ns)
+    deployment(ns, "mid")
+    p = wait_until("the first pod running", lambda: (p := one_pod(ns, "mid")) and
+                   p["status"].get("phase") == "Running" and p, 120)
+    old = p["metadata"]["name"]
+    nbytes = int(ready_line(ns, old)["bytes"])
+    ck = eviction_checkpoint(ns, old, wait=False)
+    kubectl("delete", "pod", "-n", ns, old, "--wait=false")
+    seen = []  # (checkpoint phase, replacement gated) while the replacement waits
+
+    def restored():
+        new = one_pod(ns, "mid", but=(old,))
+        ph = phase("checkpoint", ns, ck)
+        if new is not None:
+            seen.append((ph, bool(new["spec"].get("schedulingGates"))))
+        return new if new is not None and not new["spec"].get("schedulingGates") else None
+    new = wait_until("the replacement ungated", restored, 90)["metadata"]["name"]
+    check(any(g for _, g in seen), f"the replacement was never seen gated: {seen}")
+    check(all(g for ph, g in seen if ph != "Succeeded"), f"ungated before the Checkpoint was final: {seen}")
+    check(any(ph != "Succeeded" and g for ph, g in seen),
+          f"the replacement was not seen while the Checkpoint was in progress (too fast to observe?): {seen}")
+    N.wait_phase("restore", ns, ck, timeout=180)
+    logs = kubectl("logs", "-n", ns, new).stdout
+    pid = int(logs.split("READY pid=")[1].split()[0])
+    check(int(N.smi(ns, new, "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
+    N.finish(ns, new)
+    log(f"in progress: replacement {new} held while Checkpoint {ck} was {sorted(set(ph for ph, g in seen if g))}; "
+        f"restored, RESULT ok")
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def phase(kind, ns, name):
+    return kjson("get", kind, "-n", ns, name).get("status", {}).get("phase") or "(none)"
+
+
 def case_corrupt_image():
     """One byte of the image's GPU data flipped before the replacement: the Restore is Failed with the
     file named, a Warning Event on the pod, its restored container ended and the pod deleted (nothing
@@ -335,7 +376,8 @@ def case_corrupt_image():
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
-CASES = [case_install, case_registry_refuses, case_no_image_cold, case_replacement_restored, case_corrupt_image]
+CASES = [case_install, case_registry_refuses, case_no_image_cold, case_replacement_restored,
+         case_checkpoint_in_progress, case_corrupt_image]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_REPLACE_E2E_CASES")  # a comma list of names: those cases only, after the install
