@@ -66,13 +66,14 @@ def script():
             f"gcr-testprog --module {N.KERNELS} --mib 48 --buffers 3 --threads 2 --iters 20 --wait")
 
 
-def deployment(ns, name):
-    """A Deployment of 1 replica opted in (label gpucr.dev/evict: image, the scheduling gate), its pod
+def deployment(ns, name, kind="Deployment"):
+    """A Deployment (or StatefulSet) of 1 replica opted in (label gpucr.dev/evict: image, the scheduling gate), its pod
     uid 0 (CRIU needs CAP_SYS_RESOURCE for another uid on these machines), the test program on the
     injected shim."""
     labels = {"app": name, "gpucr.dev/evict": "image"}
-    apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
+    apply({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": ns},
            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                    **({"serviceName": name} if kind == "StatefulSet" else {}),
                     "template": {"metadata": {"labels": labels}, "spec": {
                         "schedulingGates": [{"name": GATE}],
                         "runtimeClassName": "nvidia", "terminationGracePeriodSeconds": 5,
@@ -339,6 +340,33 @@ def case_checkpoint_in_progress():
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
+def case_statefulset():
+    """A StatefulSet's pod: its replacement has the same name (created once the evicted pod is gone) and
+    is restored from the image as a Deployment's is."""
+    ns = "team-replace4"
+    N.namespace(ns)
+    deployment(ns, "db", kind="StatefulSet")
+    pod = "db-0"
+    p = wait_until("db-0 running", lambda: (p := kjson("get", "pod", "-n", ns, pod)) and
+                   p["status"].get("phase") == "Running" and p, 120)
+    uid = p["metadata"]["uid"]
+    nbytes = int(ready_line(ns, pod)["bytes"])
+    ck = eviction_checkpoint(ns, pod)
+    kubectl("delete", "pod", "-n", ns, pod, "--wait=false")
+    wait_until("db-0 replaced and ungated", lambda: (p := kjson("get", "pod", "-n", ns, pod)) and
+               p["metadata"]["uid"] != uid and not p["spec"].get("schedulingGates") and p, 90)
+    N.wait_phase("restore", ns, ck, timeout=180)
+    check(kjson("get", "checkpoint", "-n", ns, ck)["metadata"]["labels"].get("gpucr.dev/restored-into") == pod,
+          "the Checkpoint is not consumed by db-0")
+    logs = kubectl("logs", "-n", ns, pod).stdout
+    pid = int(logs.split("READY pid=")[1].split()[0])
+    check(int(N.smi(ns, pod, "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
+    N.finish(ns, pod)
+    wait_until("a RestoredFromEviction Event", lambda: events(ns, pod, "RestoredFromEviction"), 30)
+    log(f"StatefulSet: db-0 restored from {ck}, RESULT ok")
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
 def phase(kind, ns, name):
     return kjson("get", kind, "-n", ns, name).get("status", {}).get("phase") or "(none)"
 
@@ -377,7 +405,7 @@ def case_corrupt_image():
 
 
 CASES = [case_install, case_registry_refuses, case_no_image_cold, case_replacement_restored,
-         case_checkpoint_in_progress, case_corrupt_image]
+         case_checkpoint_in_progress, case_statefulset, case_corrupt_image]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_REPLACE_E2E_CASES")  # a comma list of names: those cases only, after the install
