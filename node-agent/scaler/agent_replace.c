@@ -300,7 +300,10 @@ static int patch_ck(struct agent_replace *r, const char *ns, const char *name, j
 	char path[700];
 	snprintf(path, sizeof(path), API "/namespaces/%s/checkpoints/%s", ns, name);
 	long st = 0;
-	return api(r, "PATCH", path, "application/merge-patch+json", json_pack("{s:o}", "metadata", md), &st, err);
+	json_t *body = md != NULL ? json_pack("{s:o}", "metadata", md) : NULL;
+	if (body == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	return api(r, "PATCH", path, "application/merge-patch+json", body, &st, err);
 }
 
 /* The container of p the image restores: the Checkpoint's, else p's only one. */
