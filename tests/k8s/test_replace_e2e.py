@@ -66,13 +66,13 @@ def script():
             f"gcr-testprog --module {N.KERNELS} --mib 48 --buffers 3 --threads 2 --iters 20 --wait")
 
 
-def deployment(ns, name, kind="Deployment"):
+def deployment(ns, name, kind="Deployment", replicas=1):
     """A Deployment (or StatefulSet) of 1 replica opted in (label gpucr.dev/evict: image, the scheduling gate), its pod
     uid 0 (CRIU needs CAP_SYS_RESOURCE for another uid on these machines), the test program on the
     injected shim."""
     labels = {"app": name, "gpucr.dev/evict": "image"}
     apply({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": ns},
-           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+           "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
                     **({"serviceName": name} if kind == "StatefulSet" else {}),
                     "template": {"metadata": {"labels": labels}, "spec": {
                         "schedulingGates": [{"name": GATE}],
@@ -146,6 +146,33 @@ def case_no_image_cold():
     check(ev[0]["type"] == "Normal" and "no eviction image" in ev[0].get("note", ""), f"event: {ev[0]}")
     ready_line(ns, name)
     log(f"cold start: gated pod running in {time.monotonic() - t0:.1f} s; Event: {ev[0].get('note')}")
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def case_failed_image_cold():
+    """The owner's eviction Checkpoint Failed (here: its pod gone before it ran): the replacement is
+    ungated at once and starts cold, with a Warning StartedCold naming the Checkpoint and its message."""
+    ns = "team-failed"
+    N.namespace(ns)
+    deployment(ns, "lost", replicas=0)
+    rs = wait_until("the ReplicaSet", lambda: kjson("get", "replicasets", "-n", ns, "-l", "app=lost")["items"], 30)[0]
+    ck = "evict-lost-gone-00000000"
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {
+        "name": ck, "namespace": ns,
+        "labels": {"gpucr.dev/eviction": "true", "gpucr.dev/owner-uid": rs["metadata"]["uid"]}},
+        "spec": {"podName": "lost-gone", "action": "Image", "cpuCheckpoint": "Kubelet", "containerName": "main"}})
+    N.wait_phase("checkpoint", ns, ck, ("Failed",), timeout=120)
+    kubectl("scale", "deployment", "-n", ns, "lost", "--replicas=1")
+    p = wait_until("the gated pod ungated and running", lambda: (p := one_pod(ns, "lost")) and
+                   not p["spec"].get("schedulingGates") and p["status"].get("phase") == "Running" and p, 120)
+    name = p["metadata"]["name"]
+    check(p["spec"]["containers"][0]["image"] == N.WORKLOAD_IMAGE, "not a cold start")
+    ev = wait_until("a StartedCold Event", lambda: events(ns, name, "StartedCold"), 30)
+    check(ev[0]["type"] == "Warning" and ck in ev[0].get("note", "") and "Failed" in ev[0].get("note", ""),
+          f"event {ev[0]}")
+    labels = kjson("get", "checkpoint", "-n", ns, ck)["metadata"]["labels"]
+    check("gpucr.dev/restored-into" not in labels, f"a Failed Checkpoint was consumed: {labels}")
+    log(f"failed image: {name} started cold; Event: {ev[0].get('note')}")
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -404,7 +431,7 @@ def case_corrupt_image():
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
-CASES = [case_install, case_registry_refuses, case_no_image_cold, case_replacement_restored,
+CASES = [case_install, case_registry_refuses, case_no_image_cold, case_failed_image_cold, case_replacement_restored,
          case_checkpoint_in_progress, case_statefulset, case_corrupt_image]
 
 if __name__ == "__main__":
