@@ -291,6 +291,14 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
 	return ret;
 }
 
+/* Paths are taken as sent: no %-decoding, so the parser sees every byte (a "%00" decoded would
+ * end the string early; a '%' is simply refused by agent_ociimg_parse). */
+static size_t no_unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+	(void)cls, (void)c;
+	return strlen(s);
+}
+
 int agent_ocireg_new(struct agent_kube *kube, const char *node, const char *images_dir, int port,
 		     struct agent_ocireg **out, struct gcr_err *err)
 {
@@ -313,6 +321,7 @@ int agent_ocireg_new(struct agent_kube *kube, const char *node, const char *imag
 	r->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
 					MHD_USE_POLL,
 				(uint16_t)port, NULL, NULL, answer, r, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+				MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL,
 				MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
 				IDLE_TIMEOUT_S, MHD_OPTION_END);
 	if (r->d == NULL) {

@@ -225,6 +225,8 @@ def case_registry_refuses():
                        (f"/v2/gcr-evict/{ns}/other/blobs/{layer['digest']}", "another Checkpoint's name"),
                        (f"/v2/gcr-evict/default/{ck}/manifests/{token}", "another namespace"),
                        (f"/v2/gcr-evict/{ns}/{ck}/../{ck}/manifests/{token}", "a path with .."),
+                       (f"{base}/manifests/{token}%00", "an escaped NUL after the token"),
+                       (f"/v2/gcr-evict/{ns}/%65{ck[1:]}/manifests/{token}", "an escaped letter"),
                        ("/v2/_catalog", "the catalog"), (f"{base}/tags/list", "the tag list"),
                        ("/metrics", "another endpoint")]:
         code, _, _ = http(path)
