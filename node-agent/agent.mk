@@ -6,6 +6,7 @@ noinst_LTLIBRARIES += node-agent/libgcragent.la
 node_agent_libgcragent_la_SOURCES = \
 	node-agent/daemon/agent_cgroup.c node-agent/daemon/agent_cgroup.h \
 	node-agent/daemon/agent_config.c node-agent/daemon/agent_config.h \
+	node-agent/daemon/agent_ociimg.c node-agent/daemon/agent_ociimg.h \
 	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \
 	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
 	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \
@@ -31,8 +32,10 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/kube/agent_leader.c node-agent/kube/agent_leader.h \
 	node-agent/scaler/agent_scaler.c node-agent/scaler/agent_scaler.h \
 	node-agent/scaler/agent_gate.c node-agent/scaler/agent_gate.h \
+	node-agent/scaler/agent_replace.c node-agent/scaler/agent_replace.h \
 	node-agent/daemon/agent_activity.c node-agent/daemon/agent_activity.h \
 	node-agent/daemon/agent_metrics.c node-agent/daemon/agent_metrics.h \
+	node-agent/daemon/agent_ocireg.c node-agent/daemon/agent_ocireg.h \
 	node-agent/overcommit/agent_room.c node-agent/overcommit/agent_room.h \
 	node-agent/evict/agent_evict.c node-agent/evict/agent_evict.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)

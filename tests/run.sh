@@ -111,6 +111,9 @@ tier k8s-overcommit python3 tests/k8s/test_overcommit_e2e.py build
 # Eviction without loss, the checkpoint at deletion (docs/preemption.md): opted-in pods drained,
 # deleted plainly, deleted with too little time, the policy off; the drained pod's image restored.
 tier k8s-evict python3 tests/k8s/test_evict_e2e.py build
+# Eviction without loss, the replacement pod (docs/preemption.md): a Deployment's pod imaged by an
+# eviction Checkpoint, deleted, its replacement restored from the node agent's registry.
+tier k8s-replace python3 tests/k8s/test_replace_e2e.py build
 
 echo
 echo "=== summary"

@@ -22,7 +22,9 @@
 #include "agent_scaler.h"
 #include "agent_activity.h"
 #include "agent_metrics.h"
+#include "agent_ocireg.h"
 #include "agent_registry.h"
+#include "agent_replace.h"
 #include "agent_room.h"
 #include "agent_evict.h"
 #include "agent_evictmsg.h"
@@ -65,7 +67,7 @@ struct cfg {
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
 		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib, *overcommit_return_ms,
 		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url,
-		*eviction, *eviction_rate, *eviction_fixed_s;
+		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s;
 	struct dp_cfg dp;
 };
 
@@ -127,6 +129,13 @@ static const struct opt_row opts_table[] = {
 	  "--eviction-fixed-seconds, the estimate weighed against the grace period left" },
 	{ "eviction-fixed-seconds", "evictionFixedSeconds", SLOT(eviction_fixed_s), "15",
 	  "seconds an eviction image needs besides its GPU data (the container's CRIU dump, the archive; 1..3600)" },
+	{ "restore-registry-port", "restoreRegistryPort", SLOT(restore_port), "0",
+	  "eviction images restored into replacement pods (docs/preemption.md, \"The replacement pod\"): role node "
+	  "serves them on 127.0.0.1:PORT of its network namespace (the host's), role scaler points gated pods there; "
+	  "0: off (0..65535)" },
+	{ "restore-wait-seconds", "restoreWaitSeconds", SLOT(restore_wait_s), "90",
+	  "a pod gated gpucr.dev/restore waits this long for its owner's eviction Checkpoint in progress, and a "
+	  "restored pod for its container, before it starts cold (1..3600)" },
 	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
 	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
 	  LEASE_NS_DEFAULT ")" },
@@ -519,6 +528,15 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 			return gcr_err_set(err, -EINVAL, "--overcommit-return-ms: '%s' is not -1 or an integer in 1..600000",
 					   c->overcommit_return_ms);
 	}
+	{
+		char *end = NULL;
+		long v = strtol(c->restore_port, &end, 10);
+		if (end == c->restore_port || *end != '\0' || v < 0 || v > 65535)
+			return gcr_err_set(err, -EINVAL, "--restore-registry-port: '%s' is not an integer in 0..65535",
+					   c->restore_port);
+	}
+	if (seconds_opt("restore-wait-seconds", c->restore_wait_s, 3600, NULL, err) < 0)
+		return -EINVAL;
 	if (c->images_dir[0] != '/')
 		return gcr_err_set(err, -EINVAL, "--images-dir: '%s' is not an absolute path", c->images_dir);
 	if (c->kubelet_url != NULL && c->kubelet_url[0] != '\0' &&
@@ -644,6 +662,8 @@ int main(int argc, char **argv)
 	struct agent_leader *leader = NULL;
 	struct agent_scaler *scaler = NULL;
 	struct agent_gate *gate = NULL;
+	struct agent_replace *replace = NULL;
+	struct agent_ocireg *ocireg = NULL;
 	struct agent_activity *activity = NULL;
 	struct agent_dp *dp = NULL;
 	struct agent_room *room = NULL;
@@ -707,6 +727,8 @@ int main(int argc, char **argv)
 	seconds_opt("images-keep", cfg.images_keep, IMAGES_KEEP_MAX, &ccfg.images_keep, &err);
 	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
 	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
+	struct agent_replace_cfg rcfg = { .registry_port = atoi(cfg.restore_port) };
+	seconds_opt("restore-wait-seconds", cfg.restore_wait_s, 3600, &rcfg.wait_s, &err);
 	if (node) {
 		/* The heartbeat carries this node's pods' activity, read from the shims' counters. */
 		activity = agent_activity_new(reg, cfg.socket_dir);
@@ -734,6 +756,9 @@ int main(int argc, char **argv)
 		    agent_scaler_start(scaler, &err) < 0 || agent_gate_new(kube, leader, &gate, &err) < 0 ||
 		    agent_gate_read_notes(gate, cfg.lease_namespace, &err) < 0 || agent_gate_start(gate, &err) < 0)
 			goto out;
+		if (rcfg.registry_port > 0 &&
+		    (agent_replace_new(kube, leader, &rcfg, &replace, &err) < 0 || agent_replace_start(replace, &err) < 0))
+			goto out;
 		GCR_LOG(GCR_LOG_INFO, "agent", "scaler: candidate %s for lease %s/gcr-scaler-leader; %s%s", identity,
 			cfg.lease_namespace, cfg.agent_selector ? "creates the heartbeat Leases of nodes with pods " : "",
 			cfg.agent_selector ? cfg.agent_selector : "no --agent-selector: creates no node heartbeat Lease");
@@ -741,6 +766,9 @@ int main(int argc, char **argv)
 	if (node) {
 		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
 		    agent_controller_start(ctl, &err) < 0)
+			goto out;
+		if (rcfg.registry_port > 0 &&
+		    agent_ocireg_new(kube, cfg.node_name, cfg.images_dir, rcfg.registry_port, &ocireg, &err) < 0)
 			goto out;
 		/* Overcommit: the room requests on the registry; pods' settings and Events through the
 		 * controller's pod watch. */
@@ -796,6 +824,7 @@ out:
 	if (metrics != NULL)
 		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp, gate go: /readyz stops asking */
 	agent_scaler_free(scaler);  /* stops creating work for the nodes */
+	agent_replace_free(replace);
 	agent_gate_free(gate);
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
 	agent_evict_free(evict);    /* holds in flight are answered; before the controller they use */
@@ -804,6 +833,7 @@ out:
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
 	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */
 	agent_activity_free(activity);
+	agent_ocireg_free(ocireg);
 	agent_metrics_free(metrics);
 	agent_registry_free(reg);
 	agent_kube_free(kube);

@@ -29,6 +29,7 @@ fuzz_agentconfig|node-agent/daemon/agent_config.c|yaml-0.1
 fuzz_manifest|lib/gcr_image.c lib/gcr_crc32c.c|jansson
 fuzz_roommsg|node-agent/overcommit/agent_roommsg.c lib/gcr_proto.c|jansson
 fuzz_evictmsg|node-agent/evict/agent_evictmsg.c|jansson
+fuzz_ocipath|node-agent/daemon/agent_ociimg.c lib/gcr_sha256.c|jansson
 '
 # Linked into every target.
 COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c lib/gcr_time.c'

@@ -175,6 +175,18 @@ overcommit_off() {
 		[[ $r == *'overcommit: "false"'* && $r != *'GCR_OVERCOMMIT: '* && $r == *'shimEnv: {}'* ]]
 }
 run "overcommit.enabled=false: the policy off, no GCR_OVERCOMMIT for the shims" overcommit_off
+refuse "eviction.restore without images.kubelet refused" "eviction.restore.enabled needs images.kubelet.enabled" \
+	h template x "$CHART" --set eviction.restore.enabled=true
+restore_on() {
+	local on off
+	on=$(h template x "$CHART" --set images.kubelet.enabled=true --set eviction.restore.enabled=true \
+		--set eviction.restore.registryPort=5099) &&
+		off=$(h template x "$CHART" --set images.kubelet.enabled=true) &&
+		[[ $on == *'hostNetwork: true'* && $on == *'restoreRegistryPort: 5099'* ]] &&
+		[[ $on == *'verbs: ["patch", "delete"]'* ]] &&
+		[[ $off != *'hostNetwork: true'* && $off != *'restoreRegistryPort'* && $off != *'verbs: ["patch", "delete"]'* ]]
+}
+run "eviction.restore: hostNetwork, the registry port and the scaler's pod writes only when on" restore_on
 
 # --- Dockerfile (no Docker engine here: lint, and the install layout) ------------
 

@@ -539,14 +539,17 @@ node_certs() {
 
 # The bridge first: the API server listens on its address. The bridge CNI plugin
 # takes it over as it is. Pods may talk to this host only: forwarding to or from the
-# bridge is dropped, and the service range is a blackhole unless kube-proxy's rules
-# translate it first.
+# bridge is dropped, and the service range is routed onto the bridge (never the
+# machine's own network) unless kube-proxy's rules translate it first. A route, not a
+# blackhole: the host's own processes (hostNetwork pods, e.g. the agent with
+# eviction.restore) reach services as on a real node, where the kernel routes before
+# kube-proxy's OUTPUT rules translate, and a blackhole refuses the connect() itself.
 node_network() {
 	ip link show "$NODE_BRIDGE" >/dev/null 2>&1 && die "$NODE_BRIDGE exists: another test bed runs (down it first)"
 	ip link add "$NODE_BRIDGE" type bridge
 	ip addr add "$NODE_IP/${NODE_POD_CIDR#*/}" dev "$NODE_BRIDGE"
 	ip link set "$NODE_BRIDGE" up
-	ip route add blackhole "$NODE_SERVICE_CIDR"
+	ip route add "$NODE_SERVICE_CIDR" dev "$NODE_BRIDGE"
 	iptables -w -I FORWARD -i "$NODE_BRIDGE" ! -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed
 	iptables -w -I FORWARD ! -i "$NODE_BRIDGE" -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed
 	mkdir -p "$STATE/cni/net.d" "$STATE/cni/ipam"
@@ -811,7 +814,8 @@ node_cleanup() {
 	fi
 	while iptables -w -D FORWARD -i "$NODE_BRIDGE" ! -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed 2>/dev/null; do :; done
 	while iptables -w -D FORWARD ! -i "$NODE_BRIDGE" -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed 2>/dev/null; do :; done
-	ip route del blackhole "$NODE_SERVICE_CIDR" 2>/dev/null || true
+	ip route del "$NODE_SERVICE_CIDR" dev "$NODE_BRIDGE" 2>/dev/null || true
+	ip route del blackhole "$NODE_SERVICE_CIDR" 2>/dev/null || true # a bed from before the route
 	ip link del "$NODE_BRIDGE" 2>/dev/null || true
 	[[ -e $KUBELET_ROOT/.gcr-testbed ]] && rm -rf "$KUBELET_ROOT"
 	rm -rf /var/log/pods /var/log/containers

@@ -11,7 +11,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_images \
 	tests/unit/test_agent_victims \
 	tests/unit/test_agent_roommsg \
-	tests/unit/test_agent_evictmsg
+	tests/unit/test_agent_evictmsg \
+	tests/unit/test_agent_ociimg
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -59,6 +60,11 @@ tests_unit_test_agent_roommsg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_roommsg_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_roommsg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 
+tests_unit_test_agent_ociimg_SOURCES = tests/unit/test_agent_ociimg.c
+tests_unit_test_agent_ociimg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_ociimg_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_ociimg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
 # The agent's daemon modules, compiled into their tests from source.
 tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c
 tests_unit_test_agent_registry_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
@@ -95,7 +101,8 @@ EXTRA_DIST += \
 	tests/fuzz/corpus/fuzz_cgroup tests/fuzz/corpus/fuzz_kubeconfig tests/fuzz/corpus/fuzz_watch \
 	tests/fuzz/fuzz_dpmsg.c tests/fuzz/dict/fuzz_dpmsg.dict tests/fuzz/corpus/fuzz_dpmsg \
 	tests/fuzz/fuzz_scalemsg.c tests/fuzz/dict/fuzz_scalemsg.dict tests/fuzz/corpus/fuzz_scalemsg \
-	tests/fuzz/fuzz_criu.c tests/fuzz/corpus/fuzz_criu
+	tests/fuzz/fuzz_criu.c tests/fuzz/corpus/fuzz_criu \
+	tests/fuzz/fuzz_ocipath.c tests/fuzz/dict/fuzz_ocipath.dict tests/fuzz/corpus/fuzz_ocipath
 
 # The device plugin's messages (node-agent/libgcrdp.la); the plugin itself is tested
 # against the Go kubelet stand-in by tests/dp/test_deviceplugin.sh.

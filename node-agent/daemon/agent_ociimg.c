@@ -1,0 +1,168 @@
+/* agent_ociimg: request paths of the node's checkpoint-image registry, and the OCI image it
+ * serves. The paths are outside input (anything on the node's loopback may ask), so they are
+ * parsed to a closed shape: fixed words, DNS names, a token or a digest, nothing else. */
+#include "agent_ociimg.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+static int lower_hex(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return 0;
+	return 1;
+}
+
+static int alnum(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
+
+/* A DNS label (dots 0) or subdomain (dots 1) of at most max characters. */
+static int dns_name(const char *s, size_t n, size_t max, int dots)
+{
+	if (n == 0 || n > max || !alnum(s[0]) || !alnum(s[n - 1]))
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		if (alnum(s[i]) || s[i] == '-')
+			continue;
+		if (dots && s[i] == '.' && alnum(s[i - 1]) && alnum(s[i + 1]))
+			continue;
+		return 0;
+	}
+	return 1;
+}
+
+int agent_ociimg_token_valid(const char *s)
+{
+	return s != NULL && strlen(s) == AGENT_OCIIMG_TOKEN_LEN && lower_hex(s, AGENT_OCIIMG_TOKEN_LEN);
+}
+
+static int is_digest(const char *s, size_t n)
+{
+	return n == 71 && memcmp(s, "sha256:", 7) == 0 && lower_hex(s + 7, 64);
+}
+
+int agent_ociimg_parse(const char *path, size_t len, struct agent_ocireq *out, struct gcr_err *err)
+{
+	memset(out, 0, sizeof(*out));
+	if (memchr(path, '\0', len) != NULL)
+		return gcr_err_set(err, -EINVAL, "NUL in the path");
+	if (len == 4 && memcmp(path, "/v2/", 4) == 0) {
+		out->kind = AGENT_OCIREQ_BASE;
+		return 0;
+	}
+	static const char pre[] = "/v2/" AGENT_OCIIMG_REPO "/";
+	const size_t np = sizeof(pre) - 1;
+	if (len <= np || memcmp(path, pre, np) != 0)
+		return gcr_err_set(err, -EINVAL, "not under /v2/%s/", AGENT_OCIIMG_REPO);
+	/* Four segments after the prefix: ns, name, manifests|blobs, ref. */
+	const char *seg[4];
+	size_t sl[4], k = 0;
+	const char *p = path + np, *end = path + len;
+	while (k < 4) {
+		const char *slash = memchr(p, '/', (size_t)(end - p));
+		seg[k] = p;
+		sl[k] = (size_t)((slash ? slash : end) - p);
+		k++;
+		if (slash == NULL)
+			break;
+		p = slash + 1;
+	}
+	if (k != 4 || seg[3] + sl[3] != end)
+		return gcr_err_set(err, -EINVAL, "want /v2/%s/<namespace>/<name>/manifests|blobs/<reference>",
+				   AGENT_OCIIMG_REPO);
+	if (!dns_name(seg[0], sl[0], 63, 0))
+		return gcr_err_set(err, -EINVAL, "namespace is not a DNS label");
+	if (!dns_name(seg[1], sl[1], 253, 1))
+		return gcr_err_set(err, -EINVAL, "name is not a DNS subdomain");
+	memcpy(out->ns, seg[0], sl[0]);
+	memcpy(out->name, seg[1], sl[1]);
+	int manifests = sl[2] == 9 && memcmp(seg[2], "manifests", 9) == 0;
+	if (!manifests && !(sl[2] == 5 && memcmp(seg[2], "blobs", 5) == 0))
+		return gcr_err_set(err, -EINVAL, "neither manifests nor blobs");
+	out->kind = manifests ? AGENT_OCIREQ_MANIFEST : AGENT_OCIREQ_BLOB;
+	out->is_digest = is_digest(seg[3], sl[3]);
+	if (!out->is_digest && !(manifests && sl[3] == AGENT_OCIIMG_TOKEN_LEN && lower_hex(seg[3], sl[3])))
+		return gcr_err_set(err, -EINVAL, "reference is neither a sha256 digest nor a token%s",
+				   manifests ? "" : " (blobs want a digest)");
+	memcpy(out->ref, seg[3], sl[3]);
+	return 0;
+}
+
+int agent_ociimg_token(char out[AGENT_OCIIMG_TOKEN_LEN + 1], struct gcr_err *err)
+{
+	unsigned char r[AGENT_OCIIMG_TOKEN_LEN / 2];
+	static const char hx[] = "0123456789abcdef";
+	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
+		return gcr_err_set(err, -EAGAIN, "getrandom: %s", strerror(errno));
+	for (size_t i = 0; i < sizeof(r); i++) {
+		out[2 * i] = hx[r[i] >> 4];
+		out[2 * i + 1] = hx[r[i] & 15];
+	}
+	out[AGENT_OCIIMG_TOKEN_LEN] = '\0';
+	return 0;
+}
+
+static int doc(json_t *j, char **text, char digest[72])
+{
+	char hex[GCR_SHA256_HEX];
+	*text = j != NULL ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	json_decref(j);
+	if (*text == NULL)
+		return -ENOMEM;
+	gcr_sha256_hex(*text, strlen(*text), hex);
+	snprintf(digest, 72, "sha256:%s", hex);
+	return 0;
+}
+
+int agent_ociimg_build(const char *container, const char *layer_hex, long long layer_size, struct agent_ociimg *out,
+		       struct gcr_err *err)
+{
+	memset(out, 0, sizeof(*out));
+	if (strlen(layer_hex) != 64 || !lower_hex(layer_hex, 64) || layer_size < 0 || container[0] == '\0')
+		return gcr_err_set(err, -EINVAL, "bad layer digest, size or container name");
+	snprintf(out->layer_digest, sizeof(out->layer_digest), "sha256:%s", layer_hex);
+	out->layer_size = layer_size;
+	int rc = doc(json_pack("{s:s, s:s, s:{}, s:{s:s, s:[s]}}", "architecture", "amd64", "os", "linux", "config",
+			       "rootfs", "type", "layers", "diff_ids", out->layer_digest),
+		     &out->config, out->config_digest);
+	if (rc == 0)
+		rc = doc(json_pack("{s:i, s:s, s:{s:s, s:s, s:I}, s:[{s:s, s:s, s:I}], s:{s:s}}", "schemaVersion", 2,
+				   "mediaType", AGENT_OCIIMG_MT_MANIFEST, "config", "mediaType", AGENT_OCIIMG_MT_CONFIG,
+				   "digest", out->config_digest, "size", (json_int_t)strlen(out->config), "layers",
+				   "mediaType", AGENT_OCIIMG_MT_LAYER, "digest", out->layer_digest, "size",
+				   (json_int_t)layer_size, "annotations", AGENT_OCIIMG_CKPT_ANNOTATION, container),
+			 &out->manifest, out->manifest_digest);
+	if (rc == 0)
+		rc = doc(json_pack("{s:i, s:s, s:{s:s}, s:[{s:s, s:s, s:I, s:{s:s, s:s}}]}", "schemaVersion", 2,
+				   "mediaType", AGENT_OCIIMG_MT_INDEX, "annotations", AGENT_OCIIMG_CKPT_ANNOTATION,
+				   container, "manifests", "mediaType", AGENT_OCIIMG_MT_MANIFEST, "digest",
+				   out->manifest_digest, "size", (json_int_t)strlen(out->manifest), "platform",
+				   "architecture", "amd64", "os", "linux"),
+			 &out->index, out->index_digest);
+	if (rc < 0) {
+		agent_ociimg_clear(out);
+		return gcr_err_set(err, rc, "out of memory");
+	}
+	return 0;
+}
+
+void agent_ociimg_clear(struct agent_ociimg *img)
+{
+	free(img->config);
+	free(img->manifest);
+	free(img->index);
+	img->config = img->manifest = img->index = NULL;
+}
+
+int agent_ociimg_ref(const char *hostport, const char *ns, const char *name, const char *token, char *out, size_t len)
+{
+	int n = snprintf(out, len, "%s/%s/%s/%s:%s", hostport, AGENT_OCIIMG_REPO, ns, name, token);
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}

@@ -1,0 +1,69 @@
+/* agent_ociimg: the pure half of the node's checkpoint-image registry (agent_ocireg): the
+ * request paths it accepts (OCI distribution API, read-only, one repository per eviction
+ * Checkpoint) and the OCI image it builds around a kubelet checkpoint archive. */
+#ifndef AGENT_OCIIMG_H
+#define AGENT_OCIIMG_H
+
+#include <stddef.h>
+
+#include "gcr_error.h"
+#include "gcr_sha256.h"
+
+/* Repository of a Checkpoint's image: AGENT_OCIIMG_REPO/<namespace>/<checkpoint name>; its
+ * one tag is the token issued for the restore (AGENT_OCIIMG_TOKEN_LEN lower-case hex). */
+#define AGENT_OCIIMG_REPO "gcr-evict"
+#define AGENT_OCIIMG_TOKEN_LEN 32 /* 128 random bits */
+/* The annotation containerd's CRI restores a container from (on the image index). */
+#define AGENT_OCIIMG_CKPT_ANNOTATION "org.criu.checkpoint.container.name"
+#define AGENT_OCIIMG_MT_INDEX "application/vnd.oci.image.index.v1+json"
+#define AGENT_OCIIMG_MT_MANIFEST "application/vnd.oci.image.manifest.v1+json"
+#define AGENT_OCIIMG_MT_CONFIG "application/vnd.oci.image.config.v1+json"
+#define AGENT_OCIIMG_MT_LAYER "application/vnd.oci.image.layer.v1.tar"
+
+enum agent_ocireq_kind {
+	AGENT_OCIREQ_BASE = 1, /* GET /v2/: the API version check */
+	AGENT_OCIREQ_MANIFEST, /* /v2/<repo>/manifests/<tag or digest> */
+	AGENT_OCIREQ_BLOB,     /* /v2/<repo>/blobs/<digest> */
+};
+
+struct agent_ocireq {
+	enum agent_ocireq_kind kind;
+	char ns[64];   /* DNS label */
+	char name[254]; /* DNS subdomain: the Checkpoint's name */
+	/* A tag (AGENT_OCIIMG_TOKEN_LEN hex) or "sha256:<64 hex>": is_digest says which. */
+	char ref[72];
+	int is_digest;
+};
+
+/* Parses a request path (no query) strictly: /v2/, or /v2/gcr-evict/<ns>/<name>/manifests/<ref>
+ * (ref a token-shaped tag or a sha256 digest) or .../blobs/<sha256 digest>. len: bytes of path
+ * (it need not be NUL-terminated; a NUL inside is refused). 0 or -EINVAL with a message. */
+int agent_ociimg_parse(const char *path, size_t len, struct agent_ocireq *out, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* A new token: AGENT_OCIIMG_TOKEN_LEN lower-case hex digits of getrandom() and the NUL.
+ * 0 or -errno (no randomness: no token). */
+int agent_ociimg_token(char out[AGENT_OCIIMG_TOKEN_LEN + 1], struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* 1 when s is a well-formed token (only the shape). */
+int agent_ociimg_token_valid(const char *s);
+
+/* The image around one layer (the archive): config, manifest and index documents with their
+ * digests ("sha256:<hex>"). Owns the three strings. */
+struct agent_ociimg {
+	char *config, *manifest, *index;
+	char config_digest[72], manifest_digest[72], index_digest[72], layer_digest[72];
+	long long layer_size;
+};
+
+/* container: the name containerd restores (the checkpointed container's); layer_hex: the
+ * archive's sha256 (64 hex), size its bytes. 0 or -errno. */
+int agent_ociimg_build(const char *container, const char *layer_hex, long long layer_size, struct agent_ociimg *out,
+		       struct gcr_err *err) __attribute__((warn_unused_result));
+void agent_ociimg_clear(struct agent_ociimg *img);
+
+/* "<host:port>/gcr-evict/<ns>/<name>:<token>" into out. 0 or -ENAMETOOLONG. */
+int agent_ociimg_ref(const char *hostport, const char *ns, const char *name, const char *token, char *out,
+		     size_t len);
+
+#endif
