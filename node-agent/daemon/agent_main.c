@@ -620,13 +620,10 @@ static int oc_pod(void *data, const char *uid, struct agent_room_pod *out)
 	if (pod == NULL)
 		return -ENOENT;
 	json_t *md = json_object_get(pod, "metadata");
-	const char *lab = json_string_value(json_object_get(json_object_get(md, "labels"), AGENT_ROOM_OPT_IN_KEY));
-	const char *ann = json_string_value(json_object_get(json_object_get(md, "annotations"), AGENT_ROOM_OPT_IN_KEY));
 	const char *never = json_string_value(json_object_get(json_object_get(md, "annotations"), AGENT_ROOM_NEVER_KEY));
 	json_t *prio = json_object_get(json_object_get(pod, "spec"), "priority");
 	*out = (struct agent_room_pod){ 0 };
-	out->overcommit = (lab != NULL && strcmp(lab, AGENT_ROOM_OPT_IN_VALUE) == 0) ||
-			  (ann != NULL && strcmp(ann, AGENT_ROOM_OPT_IN_VALUE) == 0);
+	out->overcommit = agent_room_opted_in(pod);
 	out->never = never != NULL && strcmp(never, "false") == 0;
 	if (json_is_integer(prio) && json_integer_value(prio) >= INT_MIN && json_integer_value(prio) <= INT_MAX) {
 		out->has_priority = 1;

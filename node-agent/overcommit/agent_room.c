@@ -697,6 +697,15 @@ static void on_gone(void *data, const struct agent_registry_proc *p)
 	pthread_mutex_unlock(&r->lock);
 }
 
+int agent_room_opted_in(json_t *pod)
+{
+	json_t *md = json_object_get(pod, "metadata");
+	const char *lab = json_string_value(json_object_get(json_object_get(md, "labels"), AGENT_ROOM_OPT_IN_KEY));
+	const char *ann = json_string_value(json_object_get(json_object_get(md, "annotations"), AGENT_ROOM_OPT_IN_KEY));
+	return (lab != NULL && strcmp(lab, AGENT_ROOM_OPT_IN_VALUE) == 0) ||
+	       (ann != NULL && strcmp(ann, AGENT_ROOM_OPT_IN_VALUE) == 0);
+}
+
 int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struct agent_metrics *m,
 		   const struct agent_room_cfg *cfg, const struct agent_room_hooks *hooks, struct agent_room **out,
 		   struct gcr_err *err)

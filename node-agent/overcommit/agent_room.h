@@ -5,6 +5,7 @@
 #ifndef AGENT_ROOM_H
 #define AGENT_ROOM_H
 
+#include <jansson.h>
 #include <sys/types.h>
 
 #include "agent_activity.h"
@@ -57,6 +58,9 @@ struct agent_room_pod {
 	int never;     /* annotation gpucr.dev/preemptible: "false" */
 	char name[320]; /* "namespace/name" */
 };
+
+/* Whether pod (a Kubernetes Pod object) opted in: label or annotation gpucr.dev/overcommit: suspend. */
+int agent_room_opted_in(json_t *pod);
 
 struct agent_room_hooks {
 	/* The pod of uid: 0 and *out filled, or -ENOENT (not known: the process's environ rules). */

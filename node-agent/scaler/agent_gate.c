@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "agent_room.h"
 #include "agent_scalemsg.h"
 #include "gcr_log.h"
 #include "gcr_time.h"
@@ -127,12 +128,9 @@ static json_t *slim(enum gkind k, json_t *obj)
 			return NULL;
 		json_t *c = condition(obj);
 		/* Only pods that opted in to overcommit are ever held without a Checkpoint. */
-		json_t *md = json_object_get(obj, "metadata");
-		const char *lab = json_string_value(json_object_get(json_object_get(md, "labels"), "gpucr.dev/overcommit")),
-			   *ann = json_string_value(json_object_get(json_object_get(md, "annotations"), "gpucr.dev/overcommit"));
-		int oc = (lab != NULL && strcmp(lab, "suspend") == 0) || (ann != NULL && strcmp(ann, "suspend") == 0);
 		return json_pack("{s:s?, s:s?, s:s?}", "status", json_string_value(json_object_get(c, "status")), "reason",
-				 json_string_value(json_object_get(c, "reason")), "uid", oc ? json_string_value(json_object_get(md, "uid")) : NULL);
+				 json_string_value(json_object_get(c, "reason")), "uid",
+				 agent_room_opted_in(obj) ? at(obj, "metadata", "uid") : NULL);
 	}
 	if (k == G_CK)
 		return json_pack("{s:s?, s:s?, s:s?}", "ns", ns, "pod", at(obj, "spec", "podName"), "phase", ph);
