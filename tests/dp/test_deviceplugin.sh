@@ -159,14 +159,18 @@ try:
 except OSError as e:
     print("refused:", e); sys.exit(1)
 PY
-start_shim() { # dir -> prints the socket path
+# Not in a command substitution: its subshell's pids+= would be lost and cleanup would leave
+# the shims running (holding, among others, the flock of whatever ran this tier).
+start_shim() { # dir name -> sets shim_sock
 	python3 "$work/fakeshim.py" "$1" >"$work/shim.$2" 2>&1 &
 	pids+=("$!")
 	for _ in $(seq 50); do [[ -s $work/shim.$2 ]] && break; sleep 0.1; done
-	head -n 1 "$work/shim.$2"
+	shim_sock=$(head -n 1 "$work/shim.$2")
 }
-asock=$(start_shim "$adir" a)
-bsock=$(start_shim "$bdir" b)
+start_shim "$adir" a
+asock=$shim_sock
+start_shim "$bdir" b
+bsock=$shim_sock
 check "shims listen in A's and B's dirs" test -S "$asock" -a -S "$bsock"
 
 # The container of allocation A: its own private mount namespace in which only A's dir is
