@@ -29,6 +29,7 @@
 #include "agent_gate.h"
 #include "agent_images.h"
 #include "agent_lease.h"
+#include "agent_ociimg.h"
 #include "agent_record.h"
 #include "gcr_cr.h"
 #include "gcr_imgcr.h"
@@ -90,7 +91,7 @@ struct agent_controller {
 	struct agent_metrics *metrics;
 	struct agent_record_store *rec;
 	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir, *kubelet_url;
-	int pause_s, grace_ms, images_keep;
+	int pause_s, grace_ms, images_keep, registry_port;
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;
@@ -985,6 +986,27 @@ static int kubelet_checkpoint(struct agent_controller *c, const char *ns, const 
 	return rc;
 }
 
+/* The checkpoint image's reference on this node's registry (agent_ocireg), with a new 128-bit
+ * token as its tag: what a user's new pod names to be created from this Checkpoint's image. Not
+ * for an eviction's (its replacement pod gets its own token from the scaler) nor without the
+ * registry: -ENOENT. */
+static int publish_ref(struct agent_controller *c, const struct op *o, char *ref, size_t len)
+{
+	json_t *labels = json_object_get(json_object_get(o->obj, "metadata"), "labels");
+	const char *ev = json_string_value(json_object_get(labels, "gpucr.dev/eviction"));
+	char token[AGENT_OCIIMG_TOKEN_LEN + 1], hostport[32];
+	struct gcr_err err;
+	if (c->registry_port <= 0 || (ev != NULL && strcmp(ev, "true") == 0))
+		return -ENOENT;
+	if (agent_ociimg_token(token, &err) < 0) {
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: no image reference (%s)", o->d.ns, o->d.name,
+			err.msg);
+		return -ENOENT;
+	}
+	snprintf(hostport, sizeof(hostport), "127.0.0.1:%d", c->registry_port);
+	return agent_ociimg_ref(hostport, o->d.ns, o->d.name, token, ref, len) < 0 ? -ENOENT : 0;
+}
+
 /* Image of a pod's process whose CPU side is the container runtime's checkpoint, restorable
  * into a new pod (docs/images.md, "Restore into a new pod"): the shim suspends with its GPU
  * data written to image-<uid> in the pod's socket directory, the kubelet checkpoints the
@@ -1147,10 +1169,16 @@ out:
 		 "restorable into a new pod); the process runs on%s", (int)p[0].pid, path, image, rr.bytes,
 		 pruned > 0 ? "; older images of the pod past the limit removed" : "");
 	json_t *extra = json_pack(
-		"{s:o, s:s, s:{s:s, s:I, s:I, s:s}, s:{s:I, s:I, s:I, s:I}}", "processes", procs_json(p, n, "Running"),
-		"mode", "Full", "image", "path", path, "bytes", (json_int_t)image, "gpuBytes", (json_int_t)rr.bytes,
-		"cpuCheckpoint", "Kubelet", "durations", "dump", (json_int_t)t_dump, "resume", (json_int_t)rr.ms_total,
-		"manifest", (json_int_t)t_copy, "total", (json_int_t)total);
+		"{s:o, s:s, s:{s:s, s:I, s:I, s:s, s:s}, s:{s:I, s:I, s:I, s:I}}", "processes",
+		procs_json(p, n, "Running"), "mode", "Full", "image", "path", path, "bytes", (json_int_t)image,
+		"gpuBytes", (json_int_t)rr.bytes, "cpuCheckpoint", "Kubelet", "container", p[0].container, "durations",
+		"dump", (json_int_t)t_dump, "resume", (json_int_t)rr.ms_total, "manifest", (json_int_t)t_copy, "total",
+		(json_int_t)total);
+	char ref[700];
+	if (publish_ref(c, o, ref, sizeof(ref)) == 0) {
+		json_object_set_new(json_object_get(extra, "image"), "reference", json_string(ref));
+		snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), "; a new pod restores it from image %s", ref);
+	}
 	set_status(c, o, "Succeeded", "ImageWritten", msg, extra);
 	event(c, o->obj, "Checkpoint", "Normal", "ImageWritten", msg);
 	agent_metrics_op(c->metrics, "checkpoint", 1, total, image);
@@ -2089,6 +2117,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->images_dir = strdup(cfg->images_dir ? cfg->images_dir : DEFAULT_IMAGES_DIR);
 	c->images_keep = cfg->images_keep > 0 ? cfg->images_keep : DEFAULT_IMAGES_KEEP;
 	c->kubelet_url = cfg->kubelet_url && cfg->kubelet_url[0] ? strdup(cfg->kubelet_url) : NULL;
+	c->registry_port = cfg->registry_port;
 	c->pause = cfg->test_pause ? strdup(cfg->test_pause) : NULL;
 	size_t qn = strlen(cfg->node_name) + 64;
 	c->pod_query = malloc(qn);

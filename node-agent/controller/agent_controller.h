@@ -26,6 +26,10 @@ struct agent_controller_cfg {
 	/* This node's kubelet, https://HOST:PORT (its checkpoint API: an Image with spec.cpuCheckpoint
 	 * Kubelet, restorable into a new pod); NULL or "": none. */
 	const char *kubelet_url;
+	/* The node's checkpoint-image registry on 127.0.0.1 (agent_ocireg; chart eviction.restore):
+	 * a Kubelet image that no eviction made gets status.image.reference there, the checkpoint
+	 * image a user's new pod names. 0: none. */
+	int registry_port;
 	/* Test hook (GCR_AGENT_TEST_PAUSE): "before-cr" or "after-cr" makes the
 	 * worker sleep pause_s seconds at that point of a Checkpoint, "before-rs" before
 	 * a Restore's resume, "after-rs" after it (before its final status); NULL: none. */

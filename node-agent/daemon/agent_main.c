@@ -715,6 +715,7 @@ int main(int argc, char **argv)
 		.record_dir = cfg.record_dir,
 		.images_dir = cfg.images_dir,
 		.kubelet_url = cfg.kubelet_url,
+		.registry_port = atoi(cfg.restore_port),
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};

@@ -4,8 +4,10 @@
  * distribution API's read side on 127.0.0.1 of the network namespace it runs in (the host's:
  * the chart gives the agent hostNetwork when eviction.restore is on). What it serves is built
  * on the fly around the image's criu/kubelet-checkpoint.tar (agent_ociimg), and only for a
- * Checkpoint of this node that the scaler issued a token for: the manifest by that tag, blobs
- * by the digests of an image whose tag was asked; everything else is 404. */
+ * Checkpoint of this node that the scaler issued a token for (an eviction's, for its replacement
+ * pod), or whose status.image.reference the node agent published (any other Kubelet image, for
+ * a user's own new pod): the manifest by that tag, blobs by the digests of an image whose tag
+ * was asked; everything else is 404. */
 #include "agent_ocireg.h"
 
 #include <arpa/inet.h>
@@ -45,6 +47,7 @@ struct agent_ocireg {
 	struct agent_kube *kube;
 	char node[256];
 	char images_dir[PATH_MAX];
+	int port;
 	struct MHD_Daemon *d;
 	pthread_mutex_t lock; /* guards the cache (digesting happens under it: once per image) */
 	struct entry cache[AGENT_OCIREG_CACHE];
@@ -63,6 +66,28 @@ static int same_token(const char *a, const char *b)
 	for (int i = 0; i < AGENT_OCIIMG_TOKEN_LEN; i++)
 		d |= (unsigned char)(a[i] ^ b[i]);
 	return d == 0;
+}
+
+/* Whether ck's status.image.reference is the one its node agent publishes for ns/name on this
+ * registry (agent_controller, a Kubelet image that no eviction made): 0 with *tok pointing at the
+ * reference's token and *cname at status.image.container (both inside ck), else -ENOENT. */
+static int published(struct agent_ocireg *r, const char *ns, const char *name, json_t *ck, const char **tok,
+		     const char **cname)
+{
+	json_t *img = json_object_get(json_object_get(ck, "status"), "image");
+	const char *ref = json_string_value(json_object_get(img, "reference"));
+	const char *cpu = json_string_value(json_object_get(img, "cpuCheckpoint"));
+	const char *cn = json_string_value(json_object_get(img, "container"));
+	const char *colon = ref ? strrchr(ref, ':') : NULL;
+	char hostport[32], want[700];
+	snprintf(hostport, sizeof(hostport), "127.0.0.1:%d", r->port);
+	if (colon == NULL || cpu == NULL || strcmp(cpu, "Kubelet") != 0 || cn == NULL || cn[0] == '\0' ||
+	    !agent_ociimg_token_valid(colon + 1) ||
+	    agent_ociimg_ref(hostport, ns, name, colon + 1, want, sizeof(want)) < 0 || strcmp(want, ref) != 0)
+		return -ENOENT;
+	*tok = colon + 1;
+	*cname = cn;
+	return 0;
 }
 
 /* The Checkpoint ns/name when it is issued for a restore on this node: its token, its archive
@@ -90,9 +115,21 @@ static int issued(struct agent_ocireg *r, const char *ns, const char *name, char
 	const char *phase = str_at(ck, "status", "phase"), *node = str_at(ck, "status", "nodeName");
 	const char *img = json_string_value(json_object_get(json_object_get(json_object_get(ck, "status"), "image"), "path"));
 	const char *u = json_string_value(json_object_get(md, "uid"));
-	if (ev == NULL || strcmp(ev, "true") != 0 || into == NULL || !agent_ociimg_token_valid(tok) || cname == NULL ||
-	    u == NULL) {
+	int eviction = ev != NULL && strcmp(ev, "true") == 0;
+	if (!eviction) {
+		/* Any other Kubelet image: the reference its node agent wrote into its status. */
+		tok = NULL;
+		if (published(r, ns, name, ck, &tok, &cname) < 0) {
+			rc = gcr_err_set(err, -ENOENT, "neither an eviction Checkpoint issued for a restore nor a "
+					 "published image");
+			goto out;
+		}
+	} else if (into == NULL || !agent_ociimg_token_valid(tok) || cname == NULL) {
 		rc = gcr_err_set(err, -ENOENT, "not an eviction Checkpoint issued for a restore");
+		goto out;
+	}
+	if (u == NULL) {
+		rc = gcr_err_set(err, -ENOENT, "a Checkpoint without a uid");
 		goto out;
 	}
 	if (phase == NULL || strcmp(phase, "Succeeded") != 0 || node == NULL || strcmp(node, r->node) != 0 || img == NULL) {
@@ -309,6 +346,7 @@ int agent_ocireg_new(struct agent_kube *kube, const char *node, const char *imag
 	if (r == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	r->kube = kube;
+	r->port = port;
 	snprintf(r->node, sizeof(r->node), "%s", node);
 	if (realpath(images_dir, r->images_dir) == NULL) /* absent now: compared as given */
 		snprintf(r->images_dir, sizeof(r->images_dir), "%s", images_dir);

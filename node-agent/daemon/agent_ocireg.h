@@ -1,14 +1,15 @@
-/* agent_ocireg: the node's read-only OCI registry of eviction images on 127.0.0.1, from which
+/* agent_ocireg: the node's read-only OCI registry of checkpoint images on 127.0.0.1, from which
  * the node's containerd pulls a replacement pod's checkpoint image (docs/preemption.md,
- * "The replacement pod"). It serves only a Checkpoint issued for a pending restore. */
+ * "The replacement pod") or a user's (docs/images.md, "Restore into a new pod"). It serves only
+ * a Checkpoint issued for a pending restore or one whose status publishes a reference. */
 #ifndef AGENT_OCIREG_H
 #define AGENT_OCIREG_H
 
 #include "agent_kube.h"
 #include "gcr_error.h"
 
-/* Labels and annotations of an eviction Checkpoint (the contract with the checkpoint at
- * deletion, /work/shared/issue20/contract.md; the scaler's agent_replace writes the last three). */
+/* Labels and annotations of an eviction Checkpoint (docs/preemption.md, "Eviction without
+ * loss": agent_evict writes the first, the scaler's agent_replace the others). */
 #define AGENT_OCIREG_LABEL_EVICTION "gpucr.dev/eviction"
 #define AGENT_OCIREG_LABEL_RESTORED_INTO "gpucr.dev/restored-into"
 /* The token issued for the restore: the image's tag; removed once the Restore is final. */

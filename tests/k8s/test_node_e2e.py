@@ -755,13 +755,14 @@ def checkpoint_oci_image(archive, ref, container):
         os.unlink(out)
 
 
-def restored_pod(ns, name, image):
+def restored_pod(ns, name, image, pull="Never"):
     """A pod created from a checkpoint image: the runtime restores the checkpointed container
-    (its command, never run, would exit 99); same runtime class and GCR resource as the original."""
+    (its command, never run, would exit 99); same runtime class and GCR resource as the original.
+    pull: its imagePullPolicy (Never: the image was imported into the node's store)."""
     apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {"case": name}},
            "spec": {"runtimeClassName": "nvidia", "restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
                     "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
-                    "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                    "containers": [{"name": "main", "image": image, "imagePullPolicy": pull,
                                     "command": ["/bin/sh", "-c", "exit 99"],
                                     "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
                                     "resources": {"limits": {"gpucr.dev/shim": "1"}},

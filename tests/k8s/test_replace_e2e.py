@@ -298,6 +298,8 @@ def case_replacement_restored():
           f"nodeSelector {p['spec'].get('nodeSelector')}")
     labels = kjson("get", "checkpoint", "-n", ns, ck)["metadata"]["labels"]
     check(labels.get("gpucr.dev/restored-into") == new[:63], f"the Checkpoint is not consumed: {labels}")
+    img = kjson("get", "checkpoint", "-n", ns, ck).get("status", {}).get("image", {})
+    check("reference" not in img, f"an eviction image published a reference of its own: {img}")
     N.wait_phase("restore", ns, ck, timeout=180)
     t_restored = time.monotonic()
     rs = kjson("get", "restore", "-n", ns, ck)
@@ -330,6 +332,52 @@ def case_replacement_restored():
     agent = N.agent_pod()[0]["metadata"]["name"]
     print("agent log, registry:\n" + "\n".join(l for l in kubectl("logs", "-n", N.SYSTEM_NS, agent, "-c", "agent").stdout
                                              .splitlines() if "ocireg" in l), flush=True)
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def case_user_reference():
+    """Restore into a new pod without building an image (docs/images.md, "Restore into a new pod"):
+    a Kubelet Image that no eviction made gets status.image.reference, the checkpoint image on the
+    node's registry; a user's pod naming it is pulled and restored by containerd, and a Restore
+    naming that pod gives it its GPU data (the program's own bit-exact check). The registry serves
+    it only by that token, and not once the Checkpoint is deleted."""
+    ns = "team-ref"
+    N.namespace(ns)
+    pid, nbytes = N.workload_pod(ns, "src", 0)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "snap", "namespace": ns},
+           "spec": {"podName": "src", "action": "Image", "cpuCheckpoint": "Kubelet"}})
+    N.wait_phase("checkpoint", ns, "snap", timeout=180)
+    st = kjson("get", "checkpoint", "-n", ns, "snap")["status"]
+    ref = st.get("image", {}).get("reference", "")
+    prefix = f"127.0.0.1:{PORT}/gcr-evict/{ns}/snap:"
+    check(ref.startswith(prefix) and len(ref) == len(prefix) + 32, f"status.image {st.get('image')}")
+    check(st["image"].get("container") == "main", f"status.image.container {st['image'].get('container')}")
+    check(ref in st.get("message", ""), f"the message does not name the reference: {st.get('message')}")
+    token = ref.rsplit(":", 1)[1]
+    path = f"/v2/gcr-evict/{ns}/snap/manifests/"
+    accept = "application/vnd.oci.image.index.v1+json,application/vnd.oci.image.manifest.v1+json"
+    code, _, _ = http(path + token, accept=accept)
+    check(code == 200, f"the published reference answered {code}")
+    bad = ("0" if token[0] != "0" else "1") + token[1:]
+    code, _, _ = http(path + bad, accept=accept)
+    check(code == 404, f"another token answered {code}")
+    kubectl("delete", "pod", "-n", ns, "src", "--wait=true", timeout=90)
+    t0 = time.monotonic()
+    N.restored_pod(ns, "dst", ref, pull="IfNotPresent")
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "back", "namespace": ns},
+           "spec": {"checkpointName": "snap", "podName": "dst"}})
+    N.wait_phase("restore", ns, "back", timeout=120)
+    log(f"user's pod from status.image.reference restored in {time.monotonic() - t0:.1f} s (pod created to "
+        f"Restore Succeeded): {kjson('get', 'restore', '-n', ns, 'back')['status'].get('durations')}")
+    logs = kubectl("logs", "-n", ns, "dst").stdout
+    check("READY pid=" in logs, f"the new pod's log is not the restored program's: {logs[-500:]}")
+    rpid = int(logs.split("READY pid=")[1].split()[0])
+    check(int(N.smi(ns, "dst", "mem", rpid)) >= nbytes, "the restored process lacks its GPU memory")
+    N.finish(ns, "dst")
+    kubectl("delete", "checkpoint", "-n", ns, "snap", "--wait=true")
+    code, _, _ = http(path + token, accept=accept)
+    check(code == 404, f"the reference of a deleted Checkpoint answered {code}")
+    print(f"$ kubectl get checkpoint snap -o jsonpath='{{.status.image.reference}}'\n{ref}", flush=True)
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -434,7 +482,7 @@ def case_corrupt_image():
 
 
 CASES = [case_install, case_registry_refuses, case_no_image_cold, case_failed_image_cold, case_replacement_restored,
-         case_checkpoint_in_progress, case_statefulset, case_corrupt_image]
+         case_checkpoint_in_progress, case_statefulset, case_corrupt_image, case_user_reference]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_REPLACE_E2E_CASES")  # a comma list of names: those cases only, after the install
