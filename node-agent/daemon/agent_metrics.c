@@ -50,6 +50,8 @@ struct agent_metrics {
 		char pod[128];
 		unsigned long long suspended, resumed, bytes;
 		double held_s;
+		unsigned long long idle, wakes; /* suspended for idling; woken by a call */
+		double wake_s;                  /* the woken calls' waits */
 	} oc[AGENT_METRICS_OC_PODS + 1]; /* the last: "other" */
 	int noc;
 	/* Eviction imaging: holds by outcome (AGENT_METRICS_EVICT_*) and seconds to a written image. */
@@ -131,6 +133,21 @@ static char *render(struct agent_metrics *m)
 		   "# TYPE gcr_agent_overcommit_bytes_moved_total counter\n");
 	for (int i = 0; i < oc_rows; i++)
 		fprintf(f, "gcr_agent_overcommit_bytes_moved_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].bytes);
+	fprintf(f, "# HELP gcr_agent_overcommit_idle_suspensions_total Times a pod that others were suspended for "
+		   "was suspended itself for making no GPU call.\n# TYPE gcr_agent_overcommit_idle_suspensions_total "
+		   "counter\n");
+	for (int i = 0; i < oc_rows; i++)
+		fprintf(f, "gcr_agent_overcommit_idle_suspensions_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].idle);
+	fprintf(f, "# HELP gcr_agent_overcommit_wakes_total Times a pod suspended by the agent was resumed because "
+		   "it called the GPU.\n# TYPE gcr_agent_overcommit_wakes_total counter\n");
+	for (int i = 0; i < oc_rows; i++)
+		fprintf(f, "gcr_agent_overcommit_wakes_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].wakes);
+	fprintf(f, "# HELP gcr_agent_overcommit_wake_wait_seconds_total Time the woken calls waited at the gate, "
+		   "from the first caller's arrival to the resume's end.\n# TYPE "
+		   "gcr_agent_overcommit_wake_wait_seconds_total counter\n");
+	for (int i = 0; i < oc_rows; i++)
+		fprintf(f, "gcr_agent_overcommit_wake_wait_seconds_total{pod=\"%s\"} %.3f\n", m->oc[i].pod,
+			m->oc[i].wake_s);
 	static const char *const evict_names[AGENT_METRICS_EVICT_N] = { "written", "failed", "no_time", "skipped" };
 	fprintf(f, "# HELP gcr_agent_eviction_images_total Pods being deleted that held their SIGTERM for an image "
 		   "(gcr-hold), by result.\n# TYPE gcr_agent_eviction_images_total counter\n");
@@ -363,10 +380,9 @@ void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double 
 	pthread_mutex_unlock(&m->lock);
 }
 
-void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resumed, double held_s, long long bytes)
+/* The row of pod's overcommit counters (added when new, "other" past the bound); under m->lock. */
+static int oc_row(struct agent_metrics *m, const char *pod)
 {
-	if (m == NULL)
-		return;
 	/* A label value: only characters of namespaces, names and uids (no quote, no newline). */
 	char label[128];
 	size_t n = 0;
@@ -375,7 +391,6 @@ void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resu
 		    *c == '.' || *c == '/' || *c == '_')
 			label[n++] = *c;
 	label[n] = '\0';
-	pthread_mutex_lock(&m->lock);
 	int i = 0;
 	while (i < m->noc && strcmp(m->oc[i].pod, label) != 0)
 		i++;
@@ -389,6 +404,15 @@ void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resu
 		if (m->noc < AGENT_METRICS_OC_PODS)
 			m->noc++;
 	}
+	return i;
+}
+
+void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resumed, double held_s, long long bytes)
+{
+	if (m == NULL)
+		return;
+	pthread_mutex_lock(&m->lock);
+	int i = oc_row(m, pod);
 	if (resumed) {
 		m->oc[i].resumed++;
 		m->oc[i].held_s += held_s;
@@ -397,6 +421,21 @@ void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resu
 	}
 	if (bytes > 0)
 		m->oc[i].bytes += (unsigned long long)bytes;
+	pthread_mutex_unlock(&m->lock);
+}
+
+void agent_metrics_overcommit_wake(struct agent_metrics *m, const char *pod, int idle, double waited_s)
+{
+	if (m == NULL)
+		return;
+	pthread_mutex_lock(&m->lock);
+	int i = oc_row(m, pod);
+	if (idle) {
+		m->oc[i].idle++;
+	} else {
+		m->oc[i].wakes++;
+		m->oc[i].wake_s += waited_s;
+	}
 	pthread_mutex_unlock(&m->lock);
 }
 
