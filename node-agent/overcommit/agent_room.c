@@ -438,9 +438,10 @@ static int suspend_victims(struct agent_room *r, const struct agent_registry_pro
 	*freed = 0;
 	for (int j = 0; j < k; j++) {
 		const struct agent_registry_proc *p = &cand[pick[j]];
+		/* wake: its next call tells us (it then waits for room at its own priority). */
 		struct gcr_cr_opts o = { .socket_dir = r->socket_dir,
 					 .mode = r->cfg.data_only ? GCR_CR_DATA_ONLY : GCR_CR_FULL,
-					 .timeout_ms = r->cfg.timeout_ms };
+					 .timeout_ms = r->cfg.timeout_ms, .wake = 1 };
 		struct gcr_cr_result res = { 0 };
 		struct gcr_err err = { 0 };
 		char label[320], note[640];
