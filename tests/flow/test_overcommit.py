@@ -38,6 +38,10 @@ contexts: [{name: c, context: {cluster: none, user: u}}]
 current-context: c
 """
 WAIT_S = 60  # the bound on any one wait
+# The idle cases' --overcommit-idle-ms; GCR_OC_FLOW_IDLE_MS=0 runs them with the policy off (they
+# must fail: nothing then gives an idle requester's victims back).
+IDLE_MS = 1500
+IDLE_FLAG = os.environ.get("GCR_OC_FLOW_IDLE_MS", str(IDLE_MS))
 
 
 class Fail(Exception):
@@ -121,7 +125,8 @@ class Node:
         check(self.agent.p.wait(WAIT_S) == 0, "agent exit status")
         self.agent = None
 
-    def start(self, name, mib, prio=None, opt_in=True, preemptible=True, buffers=4, extra_env=None, linger=False):
+    def start(self, name, mib, prio=None, opt_in=True, preemptible=True, buffers=4, extra_env=None, linger=False,
+              hold_after=False):
         """gcr-testprog under the shim; it starts (and registers) only once its pid has a pod
         and an environment in the fake /proc."""
         self.n += 1
@@ -137,7 +142,8 @@ class Node:
         env.update(extra_env or {})
         argv = ["sh", "-c", 'read go && exec env "$@"', "sh"] + ["%s=%s" % kv for kv in env.items()] + \
             [self.cfg.testprog, "--module", MODULE, "--mib", str(mib), "--buffers", str(buffers), "--threads",
-             "1", "--iters", "3", "--wait"] + (["--linger"] if linger else [])
+             "1", "--iters", "3", "--wait"] + (["--linger"] if linger else []) + \
+            (["--hold-after"] if hold_after else [])
         p = H.Proc(self.cfg, name, argv, extra_env=self.env)
         self.procs.append(p)
         p.uid = ""
@@ -163,10 +169,11 @@ class Node:
         # Registered: the agent has it (it reads the fake environ at registration).
         self.agent_line(r"registered pid %d " % p.pid)
 
-    def agent_line(self, pattern, since=0):
+    def agent_line(self, pattern, since=0, timeout=WAIT_S):
         """Waits for an agent log line matching pattern (anywhere after line since)."""
         rx = re.compile(pattern)
-        return poll(lambda: any(rx.search(l) for l in self.agent.lines[since:]), "agent line /%s/" % pattern)
+        return poll(lambda: next((l for l in self.agent.lines[since:] if rx.search(l)), None),
+                    "agent line /%s/" % pattern, timeout)
 
     def agent_mark(self):
         return len(self.agent.lines)
@@ -205,6 +212,22 @@ class Node:
 
 def held(n, p):
     return n.state(p) == "suspended"
+
+
+def gate_waits(n, p):
+    """Calls of p that waited at its closed gate (its shim's stats)."""
+    st = H.gcrctl(n.cfg, n.sock, "stats", p.pid)
+    return H.dig(st.data, "gate", "waits") or 0
+
+
+def gate_shim_state(n, p):
+    """The shim's own state (a data-only suspend leaves the driver running)."""
+    return H.dig(H.gcrctl(n.cfg, n.sock, "status", p.pid).data, "shim", "state")
+
+
+def metric(n, name, pod):
+    m = re.search(r'%s\{pod="%s"\} ([\d.]+)' % (name, re.escape(pod)), n.metrics())
+    return float(m.group(1)) if m else None
 
 
 # ---- cases ----
@@ -463,9 +486,111 @@ def case_outside_pods(n):
     n.finish(low)
 
 
+def case_idle_wake(n):
+    """The requester idles, holding its memory (gcr-testprog --wait: no driver call until 'go'):
+    after --overcommit-idle-ms it is suspended itself and the victim it was held for is resumed,
+    bit-exact, while it idles; its next call wakes it: the victim is suspended again, the
+    requester resumed, its data bit-exact; once it ends the victim comes back."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1, hold_after=True)
+    n.ready(low)
+    mark = n.agent_mark()
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    check(held(n, low), "low not suspended while high runs: %s" % n.state(low))
+    # Bound: the idle time, the checks' pace (500 ms) and a suspend and a resume, with room.
+    line = n.agent_line(r"suspended idle pid %d .* after ([\d.]+) s without a GPU call" % high.pid, mark,
+                        timeout=IDLE_MS / 1000 + 15)
+    idle_s = float(re.search(r"after ([\d.]+) s without", line).group(1))
+    check(idle_s >= IDLE_MS / 1000, "suspended after %.1f s idle, before the threshold" % idle_s)
+    n.agent_line(r"resumed pid %d .*it was held for is suspended for idling" % low.pid, mark)
+    # Data only, whatever the victims' mode (its next call must reach the shim's gate).
+    check(gate_shim_state(n, high) == "suspended", "high after its idle suspend: %s" % gate_shim_state(n, high))
+    check(n.state(low) == "running", "low after its resume: %s" % n.state(low))
+    check(metric(n, "gcr_agent_overcommit_idle_suspensions_total", high.uid) == 1, "idle suspension not counted")
+    # The victim's data, while the requester idles suspended: bit-exact (it then holds it, idle).
+    low.send("go")
+    low.expect(r"^DONE", WAIT_S, what="DONE of low")
+    low.send("check")
+    m = low.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of low")
+    check(m.group(0) == "RESULT ok", "low: %s" % m.group(0))
+    # The requester's next call wakes it: low suspended again for it, then high resumed.
+    mark = n.agent_mark()
+    high.send("go")
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (its call woken)")
+    check(held(n, low), "low not suspended again for the woken high: %s" % n.state(low))
+    lines = n.agent.lines[mark:]
+    sl = [i for i, l in enumerate(lines) if re.search(r"suspended pid %d .* for pid %d " % (low.pid, high.pid), l)]
+    rh = [i for i, l in enumerate(lines) if re.search(r"resumed pid %d .*it called the GPU" % high.pid, l)]
+    check(sl and rh and sl[0] < rh[0], "wake order: low suspended at %s, high resumed at %s" % (sl, rh))
+    n.agent_line(r"pid %d woken: its first call waited [\d.]+ ms" % high.pid, mark)
+    check(metric(n, "gcr_agent_overcommit_wakes_total", high.uid) == 1, "wake not counted")
+    check(any(re.search(r"wake sent", l) for l in list(high.err_tail)), "high's shim did not say it sent the wake")
+    mark = n.agent_mark()
+    high.send("check")
+    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
+    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
+    check(high.p.wait(WAIT_S) == 0, "high exit status")
+    n.agent_line(r"resumed pid %d .*it was held for is gone" % low.pid, mark)
+    low.send("exit")
+    check(low.p.wait(WAIT_S) == 0, "low exit status")
+
+
+def case_victim_called(n):
+    """A victim's thread calls while it is held (data mode: the call reaches the shim's gate): its
+    shim tells the agent, which keeps it suspended since the process it was held for runs at a
+    higher priority; once that one ends it is resumed, the waiting call goes through, bit-exact."""
+    n.start_agent("--overcommit-mode", "data")
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    check(gate_shim_state(n, low) == "suspended", "low: %s" % gate_shim_state(n, low))
+    mark = n.agent_mark()
+    low.send("go")
+    n.agent_line(r"pid %d \(priority 1, held for another\) called while suspended" % low.pid, mark)
+    n.agent_line(r"pid %d stays suspended: pid %d it was held for" % (low.pid, high.pid), mark)
+    check(gate_shim_state(n, low) == "suspended", "low after its call: %s" % gate_shim_state(n, low))
+    check(not any(l.startswith("ITER") or l == "DONE" for l in low.lines), "low ran while suspended")
+    n.finish(high)
+    n.agent_line(r"pid %d woken: its first call waited [\d.]+ ms" % low.pid, mark)
+    low.expect(r"^DONE", WAIT_S, what="DONE of low (its waiting call through)")
+    low.send("check")
+    m = low.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of low")
+    check(m.group(0) == "RESULT ok", "low: %s" % m.group(0))
+    check(metric(n, "gcr_agent_overcommit_wakes_total", low.uid) == 1, "the wake not counted")
+
+
+def case_gcrctl_not_woken(n):
+    """A process suspended by gcrctl (not by overcommit) whose thread reaches the closed gate is
+    not woken: its shim sends no wake, the agent resumes nothing; it runs once gcrctl resumes it."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    p = n.start("solo", 128, prio=5)
+    n.ready(p)
+    # Data only (--no-driver): its next call then reaches the shim's gate (after the driver's
+    # checkpoint it would block inside the driver, where no shim sees it).
+    r = H.gcrctl(n.cfg, n.sock, "suspend", p.pid, flags=("--no-driver",))
+    check(r.rc == 0 and gate_shim_state(n, p) == "suspended", "gcrctl suspend: rc %s %s" % (r.rc, r.error))
+    mark = n.agent_mark()
+    p.send("go")
+    poll(lambda: gate_waits(n, p) >= 1, "solo's call at the closed gate")
+    # Several of the agent's checks (every 500 ms) and its idle threshold pass: still suspended.
+    end = time.monotonic() + IDLE_MS / 1000 + 2.0
+    while time.monotonic() < end:
+        check(gate_shim_state(n, p) == "suspended", "the gcrctl-suspended process was resumed")
+        time.sleep(0.1)
+    check(not any(re.search(r"pid %d .*called while suspended|wake from pid %d" % (p.pid, p.pid), l)
+                  for l in n.agent.lines[mark:]), "the agent heard a wake from it")
+    check(not any("wake sent" in l for l in list(p.err_tail)), "its shim sent a wake")
+    r = H.gcrctl(n.cfg, n.sock, "resume", p.pid, flags=("--no-driver",))
+    check(r.rc == 0, "gcrctl resume: rc %s %s" % (r.rc, r.error))
+    n.finish(p)
+
+
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
-         (case_room_returned, 512), (case_outside_pods, 512)]
+         (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_victim_called, 512),
+         (case_gcrctl_not_woken, 512)]
 
 
 def main():
