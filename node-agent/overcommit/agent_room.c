@@ -952,6 +952,7 @@ static void *worker(void *data)
 			wake(r, &w);
 			events_flush(r);
 			pthread_mutex_lock(&r->lock);
+			r->nudge = 1; /* a woken victim whose requester is gone or idle: the monitor resumes it now */
 			continue;
 		}
 		r->nudge = 0;

@@ -536,6 +536,34 @@ def case_idle_wake(n):
     check(low.p.wait(WAIT_S) == 0, "low exit status")
 
 
+def case_idle_restart(n):
+    """The agent restarts while the idle requester is suspended: the next agent reads its record;
+    the requester's call registers its shim with the new agent and wakes it there (the victim
+    suspended again); both bit-exact."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    mark = n.agent_mark()
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    n.agent_line(r"suspended idle pid %d " % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    n.stop_agent()
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    n.agent_line(r"pid %d \(priority 10\) suspended for idling since an earlier agent" % high.pid)
+    mark = n.agent_mark()
+    high.send("go")
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (woken by the new agent)")
+    n.agent_line(r"resumed pid %d .*it called the GPU" % high.pid, mark)
+    check(held(n, low), "low not suspended again for the woken high: %s" % n.state(low))
+    high.send("check")
+    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
+    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
+    check(high.p.wait(WAIT_S) == 0, "high exit status")
+    n.agent_line(r"resumed pid %d .*is gone" % low.pid, mark)
+    n.finish(low)
+
+
 def case_victim_called(n):
     """A victim's thread calls while it is held (data mode: the call reaches the shim's gate): its
     shim tells the agent, which keeps it suspended since the process it was held for runs at a
@@ -589,7 +617,7 @@ def case_gcrctl_not_woken(n):
 
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
-         (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_victim_called, 512),
+         (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_idle_restart, 512), (case_victim_called, 512),
          (case_gcrctl_not_woken, 512)]
 
 
