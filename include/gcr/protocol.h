@@ -122,7 +122,8 @@
  * its id). Result: {"granted": bool, "suspended": processes suspended for this request,
  * "freed": their bytes on the GPU, "reason": why not (when not granted)}. The agent grants
  * only to a process that opted in (GCR_OVERCOMMIT_ENV below), by suspending opted-in processes
- * of strictly lower priority on the same GPU; it resumes them when the requester is gone.
+ * of strictly lower priority on the same GPU; it resumes them when the requester is gone, frees
+ * memory, or idles (docs/preemption.md).
  * Errors: -EBADMSG a bad "bytes" or "device"; -EBUSY too many requests waiting. */
 #define GCR_OP_ROOM "room"
 /* wake: shim -> node agent, on the registry connection, no reply: a thread of a process the
