@@ -922,6 +922,14 @@ static void monitor(struct agent_room *r)
 	}
 }
 
+/* The first of *n elements of size sz in a into out; the rest move up. */
+static void pop_front(void *a, int *n, size_t sz, void *out)
+{
+	memcpy(out, a, sz);
+	memmove(a, (char *)a + sz, (size_t)(*n - 1) * sz);
+	(*n)--;
+}
+
 static void *worker(void *data)
 {
 	struct agent_room *r = data;
@@ -935,9 +943,8 @@ static void *worker(void *data)
 		if (r->stop)
 			break;
 		if (r->nq > 0) {
-			struct request q = r->q[0];
-			memmove(&r->q[0], &r->q[1], (size_t)(r->nq - 1) * sizeof(r->q[0]));
-			r->nq--;
+			struct request q;
+			pop_front(r->q, &r->nq, sizeof(q), &q);
 			pthread_mutex_unlock(&r->lock);
 			handle(r, &q);
 			events_flush(r);
@@ -945,9 +952,8 @@ static void *worker(void *data)
 			continue; /* requests first: an allocation is waiting */
 		}
 		if (r->nw > 0) {
-			struct wake w = r->wq[0];
-			memmove(&r->wq[0], &r->wq[1], (size_t)(r->nw - 1) * sizeof(r->wq[0]));
-			r->nw--;
+			struct wake w;
+			pop_front(r->wq, &r->nw, sizeof(w), &w);
 			pthread_mutex_unlock(&r->lock);
 			wake(r, &w);
 			events_flush(r);
