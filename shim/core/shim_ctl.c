@@ -727,6 +727,7 @@ static void reset_after_fork(void)
 	/* The child has no control thread; it gets its own socket if it initialises CUDA. */
 	start_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	sock_path[0] = '\0';
+	atomic_store(&wake_armed, 0); /* the parent's suspend, not the child's */
 	shim_agent_after_fork();
 }
 
