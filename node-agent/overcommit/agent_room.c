@@ -662,8 +662,7 @@ static int wake_try(struct agent_room *r, int i)
 		}
 		GCR_LOG(GCR_LOG_INFO, "overcommit", "woken pid %d (priority %d) needs %llu MiB more on %s; "
 			"pid:priority/bytes:%s", (int)pid, prio, (need - fr) >> 20, uuid, seen);
-		int done = suspend_victims(r, &p, prio, cand, v, pick, k, uuid, &freed);
-		(void)done;
+		suspend_victims(r, &p, prio, cand, v, pick, k, uuid, &freed); /* a failed one: the resume says */
 		i = hold_of(r, pid); /* suspend_victims added holds */
 	}
 	snprintf(why, sizeof(why), "it called the GPU%s", k > 0 ? "; lower-priority pods suspended for it" : "");
