@@ -29,6 +29,8 @@ import harness as H  # noqa: E402
 AGENT = os.path.join(BUILD, "node-agent", "gcr-agent")
 GCRCTL = os.path.join(BUILD, "node-agent", "gcrctl")
 FAKE_DIR = os.path.join(BUILD, "tests", "fakecuda")
+FAKESMI = os.path.join(FAKE_DIR, "fakesmi")
+CUDA_ERROR_UNKNOWN = 999
 MODULE = os.path.join(SRC, "tests", "progs", "gcr_kernels.h")
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -223,6 +225,20 @@ def gate_waits(n, p):
 def gate_shim_state(n, p):
     """The shim's own state (a data-only suspend leaves the driver running)."""
     return H.dig(H.gcrctl(n.cfg, n.sock, "status", p.pid).data, "shim", "state")
+
+
+def inject(p, func, nth):
+    """Arms a fault in p's stand-in driver: its nth call of func fails."""
+    out = subprocess.run([FAKESMI, "fail", str(p.pid), func, str(nth), str(CUDA_ERROR_UNKNOWN)],
+                         capture_output=True, text=True, timeout=30)
+    check(out.returncode == 0, "fakesmi fail: %s" % out.stderr.strip())
+
+
+def disarm(p):
+    """Removes p's armed faults; how many had not fired."""
+    out = subprocess.run([FAKESMI, "disarm", str(p.pid)], capture_output=True, text=True, timeout=30)
+    check(out.returncode == 0, "fakesmi disarm: %s" % out.stderr.strip())
+    return int(out.stdout.strip())
 
 
 def metric(n, name, pod):
@@ -536,6 +552,47 @@ def case_idle_wake(n):
     check(low.p.wait(WAIT_S) == 0, "low exit status")
 
 
+def case_idle_faults(n):
+    """The idle requester's suspend fails (a copy out fails): it runs on, untouched, its victim
+    stays held, and it is tried again after another idle period; its wake's resume fails (a copy
+    in fails): it stays suspended (the victim suspended for it is given back), and the next check
+    makes room and resumes it; both bit-exact."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1, hold_after=True)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    mark = n.agent_mark()
+    inject(high, "cuMemcpyDtoHAsync", 1)
+    n.agent_line(r"idle pid %d .* not suspended: .*tried again after another" % high.pid, mark,
+                 timeout=IDLE_MS / 1000 + 15)
+    check(disarm(high) == 0, "the fault in the idle suspend did not fire")
+    check(gate_shim_state(n, high) == "running", "high after its failed suspend: %s" % gate_shim_state(n, high))
+    check(held(n, low), "low after high's failed idle suspend: %s" % n.state(low))
+    n.agent_line(r"suspended idle pid %d " % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    n.agent_line(r"resumed pid %d .*suspended for idling" % low.pid, mark)
+    low.send("go")
+    low.expect(r"^DONE", WAIT_S, what="DONE of low")
+    low.send("check")
+    m = low.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of low")
+    check(m.group(0) == "RESULT ok", "low: %s" % m.group(0))
+    mark = n.agent_mark()
+    inject(high, "cuMemcpyHtoDAsync", 1)
+    high.send("go")
+    n.agent_line(r"woken pid %d \(priority 10\) stays suspended" % high.pid, mark)
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (resumed at the next check)")
+    check(disarm(high) == 0, "the fault in the wake's resume did not fire")
+    n.agent_line(r"resumed pid %d .*it called the GPU" % high.pid, mark)
+    check(held(n, low), "low not suspended for the woken high: %s" % n.state(low))
+    high.send("check")
+    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
+    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
+    check(high.p.wait(WAIT_S) == 0, "high exit status")
+    n.agent_line(r"resumed pid %d .*is gone" % low.pid, mark)
+    low.send("exit")
+    check(low.p.wait(WAIT_S) == 0, "low exit status")
+
+
 def case_idle_restart(n):
     """The agent restarts while the idle requester is suspended: the next agent reads its record;
     the requester's call registers its shim with the new agent and wakes it there (the victim
@@ -617,7 +674,7 @@ def case_gcrctl_not_woken(n):
 
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
-         (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_idle_restart, 512), (case_victim_called, 512),
+         (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_idle_faults, 512), (case_idle_restart, 512), (case_victim_called, 512),
          (case_gcrctl_not_woken, 512)]
 
 
