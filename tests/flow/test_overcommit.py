@@ -192,6 +192,27 @@ class Node:
         check(m.group(0) == "RESULT ok", "%s: %s" % (p.name, m.group(0)))
         check(p.p.wait(WAIT_S) == 0, "%s exit status" % p.name)
 
+    def checked(self, p):
+        """p's own exact check of every buffer (after DONE): RESULT ok; it lives on (--hold-after)
+        or exits, as it was started."""
+        p.send("check")
+        m = p.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of %s" % p.name)
+        check(m.group(0) == "RESULT ok", "%s: %s" % (p.name, m.group(0)))
+
+    def ran_checked(self, p):
+        """p's iterations, then its check (it keeps its memory with --hold-after)."""
+        p.send("go")
+        p.expect(r"^DONE", WAIT_S, what="DONE of %s" % p.name)
+        self.checked(p)
+
+    def end_pair(self, high, low, mark):
+        """high checks its data and ends; low, held for it, comes back; low ends (--hold-after)."""
+        self.checked(high)
+        check(high.p.wait(WAIT_S) == 0, "high exit status")
+        self.agent_line(r"resumed pid %d .*it was held for is gone" % low.pid, mark)
+        low.send("exit")
+        check(low.p.wait(WAIT_S) == 0, "low exit status")
+
     def oom(self, p):
         """p's allocation failed with out-of-memory, as without GCR (gcr-testprog exits 2)."""
         m = p.expect(r"READY|ERROR (\S+) (\S+)", WAIT_S, what="the allocation's failure in %s" % p.name)
@@ -471,9 +492,7 @@ def case_room_returned(n):
     mark = n.agent_mark()
     high.send("go")
     high.expect(r"^DONE", WAIT_S, what="DONE of high")
-    high.send("check")
-    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
-    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
+    n.checked(high)
     high.expect(r"^FREED", WAIT_S, what="FREED of high")
     n.agent_line(r"resumed pid %d .*room returned: \d+ MiB free on \S+ for [\d.]+ s while pid %d runs"
                  % (low.pid, high.pid), mark)
@@ -525,11 +544,7 @@ def case_idle_wake(n):
     check(n.state(low) == "running", "low after its resume: %s" % n.state(low))
     check(metric(n, "gcr_agent_overcommit_idle_suspensions_total", high.uid) == 1, "idle suspension not counted")
     # The victim's data, while the requester idles suspended: bit-exact (it then holds it, idle).
-    low.send("go")
-    low.expect(r"^DONE", WAIT_S, what="DONE of low")
-    low.send("check")
-    m = low.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of low")
-    check(m.group(0) == "RESULT ok", "low: %s" % m.group(0))
+    n.ran_checked(low)
     # The requester's next call wakes it: low suspended again for it, then high resumed.
     mark = n.agent_mark()
     high.send("go")
@@ -542,14 +557,7 @@ def case_idle_wake(n):
     n.agent_line(r"pid %d woken: its first call waited [\d.]+ ms" % high.pid, mark)
     check(metric(n, "gcr_agent_overcommit_wakes_total", high.uid) == 1, "wake not counted")
     check(any(re.search(r"wake sent", l) for l in list(high.err_tail)), "high's shim did not say it sent the wake")
-    mark = n.agent_mark()
-    high.send("check")
-    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
-    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
-    check(high.p.wait(WAIT_S) == 0, "high exit status")
-    n.agent_line(r"resumed pid %d .*it was held for is gone" % low.pid, mark)
-    low.send("exit")
-    check(low.p.wait(WAIT_S) == 0, "low exit status")
+    n.end_pair(high, low, n.agent_mark())
 
 
 def case_idle_faults(n):
@@ -571,11 +579,7 @@ def case_idle_faults(n):
     check(held(n, low), "low after high's failed idle suspend: %s" % n.state(low))
     n.agent_line(r"suspended idle pid %d " % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
     n.agent_line(r"resumed pid %d .*suspended for idling" % low.pid, mark)
-    low.send("go")
-    low.expect(r"^DONE", WAIT_S, what="DONE of low")
-    low.send("check")
-    m = low.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of low")
-    check(m.group(0) == "RESULT ok", "low: %s" % m.group(0))
+    n.ran_checked(low)
     mark = n.agent_mark()
     inject(high, "cuMemcpyHtoDAsync", 1)
     high.send("go")
@@ -584,13 +588,7 @@ def case_idle_faults(n):
     check(disarm(high) == 0, "the fault in the wake's resume did not fire")
     n.agent_line(r"resumed pid %d .*it called the GPU" % high.pid, mark)
     check(held(n, low), "low not suspended for the woken high: %s" % n.state(low))
-    high.send("check")
-    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
-    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
-    check(high.p.wait(WAIT_S) == 0, "high exit status")
-    n.agent_line(r"resumed pid %d .*is gone" % low.pid, mark)
-    low.send("exit")
-    check(low.p.wait(WAIT_S) == 0, "low exit status")
+    n.end_pair(high, low, mark)
 
 
 def case_idle_restart(n):
@@ -613,9 +611,7 @@ def case_idle_restart(n):
     high.expect(r"^DONE", WAIT_S, what="DONE of high (woken by the new agent)")
     n.agent_line(r"resumed pid %d .*it called the GPU" % high.pid, mark)
     check(held(n, low), "low not suspended again for the woken high: %s" % n.state(low))
-    high.send("check")
-    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
-    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
+    n.checked(high)
     check(high.p.wait(WAIT_S) == 0, "high exit status")
     n.agent_line(r"resumed pid %d .*is gone" % low.pid, mark)
     n.finish(low)
@@ -640,9 +636,7 @@ def case_victim_called(n):
     n.finish(high)
     n.agent_line(r"pid %d woken: its first call waited [\d.]+ ms" % low.pid, mark)
     low.expect(r"^DONE", WAIT_S, what="DONE of low (its waiting call through)")
-    low.send("check")
-    m = low.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of low")
-    check(m.group(0) == "RESULT ok", "low: %s" % m.group(0))
+    n.checked(low)
     check(metric(n, "gcr_agent_overcommit_wakes_total", low.uid) == 1, "the wake not counted")
 
 
