@@ -1,8 +1,8 @@
 # bench/bench_overcommit.py: GPU memory overcommit by suspend (issue 20) measured on the GPU: a
 # high-priority PyTorch process needs most of the GPU while a low-priority one holds --victim-gib.
 """Usage: sudo python3 bench/bench_overcommit.py [--victim-gib 16] [--headroom-gib 4] [--mode full|data]
-           [--room-back exit|free|idle] [--idle-ms 5000] [--dir /var/tmp/gcr-bench-oc] [--cold-reps 2]
-           [--log FILE]
+           [--room-back exit|free|idle] [--idle-ms 5000] [--leave-gib 24] [--dir /var/tmp/gcr-bench-oc]
+           [--cold-reps 2] [--log FILE]
 
 Paths of the build as tests/gpu/harness.py finds them (GCRCTL, GCR_SHIM, ...; the agent: $GCR_AGENT,
 else node-agent/gcr-agent). Steps, in order:
@@ -18,6 +18,10 @@ else node-agent/gcr-agent). Steps, in order:
            wall_ms (from the high one's exit, or with --room-back free from its FREED line, to the agent's
            line); then the victim runs steps and checks its
            weights exactly (RESULT ok: bit-exact).
+  filler:  (--room-back idle) a process outside GCR takes the GPU's free memory but --leave-gib, so the
+           high one asks for --leave-gib + --headroom-gib, not the whole GPU: suspended idle, its
+           buffers go to host memory (data only), and the host (128 GiB on the H200 machine) holds
+           them and the victim's together only if they are that small.
   idle:    (--room-back idle) the high one stops calling (IDLE), holding its memory; the agent
            (--overcommit-idle-ms --idle-ms) suspends it, data only, and resumes the victim: back_ms from
            IDLE to the agent's resume line; the victim runs 2 steps on the GPU meanwhile. Then the high
@@ -79,6 +83,15 @@ elif cmd == "idle":  # hold the memory, make no GPU call until told; then one ca
     t1 = time.perf_counter()
     print("CALL_MS %.3f ok=%d" % ((t1 - t0) * 1e3, s == 7 * len(range(0, n, 1 << 20))), flush=True)
     sys.stdin.readline()
+"""
+# Outside GCR (no shim): takes the GPU's free memory but argv[1] bytes, until stdin closes.
+FILLER = r"""
+import sys, torch
+free, total = torch.cuda.mem_get_info()
+n = max(0, free - int(sys.argv[1]))
+x = torch.empty(n, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+print("FILLED %d %d" % (n, torch.cuda.mem_get_info()[0]), flush=True)
+sys.stdin.readline()
 """
 
 
@@ -168,6 +181,8 @@ def main():
                          "calling (the agent suspends it after --idle-ms; its next call wakes it)")
     ap.add_argument("--idle-ms", type=int, default=5000,
                     help="the agent's --overcommit-idle-ms with --room-back idle (else 0: off)")
+    ap.add_argument("--leave-gib", type=float, default=24.0,
+                    help="with --room-back idle: GiB a process outside GCR leaves free (the rest it takes)")
     ap.add_argument("--dir", default="/var/tmp/gcr-bench-oc")
     ap.add_argument("--cold-reps", type=int, default=2)
     ap.add_argument("--log")
@@ -223,6 +238,13 @@ def main():
         procs.append(victim)
         m = victim.expect(r"READY pid=(\d+) bytes=(\d+)", WAIT_S, what="the victim's READY")
         emit(log, case="victim", pid=victim.pid, bytes=int(m.group(2)))
+        if a.room_back == "idle":
+            filler = H.Proc(cfg, "filler", [cfg.python, "-c", FILLER, str(int(a.leave_gib * GIB))])
+            procs.append(filler)
+            m = filler.expect(r"FILLED (\d+) (\d+)|Traceback", WAIT_S, what="the filler's FILLED")
+            if m.group(0).startswith("Traceback"):
+                raise H.HarnessError("the filler failed:\n" + filler.tail(30))
+            emit(log, case="filler", bytes=int(m.group(1)), free_after=int(m.group(2)))
         high = H.Proc(cfg, "high", [cfg.python, "-c", HIGH], shim=True, socket_dir=sock,
                       extra_env=dict(env, GCR_PRIORITY="10"))
         procs.append(high)
