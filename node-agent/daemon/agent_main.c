@@ -780,6 +780,7 @@ int main(int argc, char **argv)
 		/* Overcommit: the room requests on the registry; pods' settings and Events through the
 		 * controller's pod watch. */
 		struct agent_room_cfg ocfg = { .socket_dir = cfg.socket_dir, .record_dir = cfg.record_dir,
+					       .proc_root = cfg.proc_root,
 					       .enabled = strcmp(cfg.overcommit, "true") == 0,
 					       .margin = strtoull(cfg.overcommit_margin_mib, NULL, 10) << 20,
 					       .return_ms = (int)strtol(cfg.overcommit_return_ms, NULL, 10),

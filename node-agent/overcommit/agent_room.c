@@ -84,6 +84,7 @@ struct agent_room {
 	struct agent_metrics *m;
 	struct agent_room_cfg cfg;
 	char *socket_dir, *dir; /* dir: <record_dir>/overcommit */
+	char *proc_root;        /* cfg.proc_root's copy (NULL: none) */
 	struct agent_room_hooks hooks;
 	pthread_t th;
 	int started;
@@ -725,6 +726,24 @@ static void wake(struct agent_room *r, const struct wake *w)
 
 /* ---- an idle requester ---- */
 
+/* MemAvailable of <proc_root>/meminfo in bytes; 0 when it cannot be read (not checked). */
+static unsigned long long host_available(struct agent_room *r)
+{
+	char path[600], line[256];
+	unsigned long long kib = 0;
+	if (r->proc_root == NULL)
+		return 0;
+	snprintf(path, sizeof(path), "%s/meminfo", r->proc_root);
+	FILE *f = fopen(path, "re");
+	if (f == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib < (1ULL << 44) ? kib << 10 : 0;
+}
+
 /* Suspends requester pid (others held for it), idle idle_ms, so that they resume. */
 static void idle_suspend(struct agent_room *r, struct watch *wt, double idle_ms)
 {
@@ -743,6 +762,20 @@ static void idle_suspend(struct agent_room *r, struct watch *wt, double idle_ms)
 	 * the runtime's own calls into the driver) blocks inside the driver's lock, unseen, and the
 	 * process would wait for ever. Its context (a few hundred MiB) stays on the GPU. */
 	unsigned long long bytes = data_bytes(r, p.pid, bytes_on(p.pid, uuid));
+	/* Its buffers go to host memory, faulted in as written: past what the host has, the kernel
+	 * (swap, its OOM killer) would answer. An eighth more for the staging's own. */
+	unsigned long long avail = host_available(r);
+	if (avail > 0 && bytes + bytes / 8 > avail) {
+		wt->since = gcr_time_mono_ms();
+		GCR_LOG(GCR_LOG_WARN, "overcommit", "idle pid %d (pod %s) not suspended: its %llu MiB of buffers do not "
+			"fit in the host's %llu MiB available; tried again after another %d ms without a call",
+			(int)p.pid, label, bytes >> 20, avail >> 20, r->cfg.idle_ms);
+		snprintf(note, sizeof(note), "not suspended after %.1f s without a GPU call: its %llu MiB of GPU "
+			 "buffers do not fit in the node's %llu MiB of available memory", idle_ms / 1000, bytes >> 20,
+			 avail >> 20);
+		event(r, p.pod_uid, "Warning", "OvercommitSuspendFailed", note);
+		return;
+	}
 	struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = GCR_CR_DATA_ONLY,
 				 .timeout_ms = AGENT_ROOM_IDLE_GATE_MS, .wake = 1 };
 	struct gcr_cr_result res = { 0 };
@@ -1052,10 +1085,12 @@ int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struc
 	pthread_mutex_init(&r->hlock, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	r->socket_dir = strdup(cfg->socket_dir);
+	r->proc_root = cfg->proc_root != NULL ? strdup(cfg->proc_root) : NULL;
 	r->held = calloc(MAX_HELD, sizeof(*r->held));
 	r->wq = calloc(MAX_HELD, sizeof(*r->wq));
 	r->watch = calloc(MAX_HELD, sizeof(*r->watch));
 	if (r->socket_dir == NULL || r->held == NULL || r->wq == NULL || r->watch == NULL ||
+	    (cfg->proc_root != NULL && r->proc_root == NULL) ||
 	    asprintf(&r->dir, "%s/%s", cfg->record_dir, RECORD_SUBDIR) < 0) {
 		r->dir = NULL;
 		agent_room_free(r);
@@ -1113,6 +1148,7 @@ void agent_room_free(struct agent_room *r)
 	free(r->wq);
 	free(r->watch);
 	free(r->socket_dir);
+	free(r->proc_root);
 	free(r->dir);
 	free(r);
 }

@@ -29,6 +29,8 @@
 struct agent_room_cfg {
 	const char *socket_dir; /* the shims' control sockets (gcr_cr) */
 	const char *record_dir; /* <record_dir>/overcommit/<pid>.json: who is held for whom (root only) */
+	const char *proc_root;  /* <proc_root>/meminfo: the host memory an idle requester's buffers need;
+				 * NULL or unreadable: not checked */
 	int enabled;            /* 0: every request is refused (the policy is off) */
 	int timeout_ms;
 	int check_ms;

@@ -591,6 +591,34 @@ def case_idle_faults(n):
     n.end_pair(high, low, mark)
 
 
+def case_idle_host_full(n):
+    """The idle requester's buffers would not fit in the host's available memory (the node's
+    meminfo, here the fake /proc's): it is not suspended, its victim stays held; once the host has
+    room, the next idle period suspends it and the victim comes back, bit-exact."""
+    meminfo = os.path.join(n.proc, "meminfo")
+    with open(meminfo, "w") as f:
+        f.write("MemTotal:       1048576 kB\nMemAvailable:     102400 kB\n")  # 100 MiB
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    mark = n.agent_mark()
+    n.agent_line(r"idle pid %d .* not suspended: its 38\d MiB of buffers do not fit in the host's 100 MiB"
+                 % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    check(gate_shim_state(n, high) == "running", "high: %s" % gate_shim_state(n, high))
+    check(held(n, low), "low: %s" % n.state(low))
+    with open(meminfo, "w") as f:
+        f.write("MemTotal:       1048576 kB\nMemAvailable:     921600 kB\n")  # 900 MiB
+    n.agent_line(r"suspended idle pid %d " % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    n.agent_line(r"resumed pid %d .*suspended for idling" % low.pid, mark)
+    n.finish(low)
+    high.send("go")
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (woken)")
+    n.checked(high)
+    check(high.p.wait(WAIT_S) == 0, "high exit status")
+
+
 def case_idle_restart(n):
     """The agent restarts while the idle requester is suspended: the next agent reads its record;
     the requester's call registers its shim with the new agent and wakes it there (the victim
@@ -668,7 +696,8 @@ def case_gcrctl_not_woken(n):
 
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
-         (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_idle_faults, 512), (case_idle_restart, 512), (case_victim_called, 512),
+         (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_idle_faults, 512), (case_idle_host_full, 512),
+         (case_idle_restart, 512), (case_victim_called, 512),
          (case_gcrctl_not_woken, 512)]
 
 
