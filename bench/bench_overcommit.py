@@ -1,7 +1,8 @@
 # bench/bench_overcommit.py: GPU memory overcommit by suspend (issue 20) measured on the GPU: a
 # high-priority PyTorch process needs most of the GPU while a low-priority one holds --victim-gib.
 """Usage: sudo python3 bench/bench_overcommit.py [--victim-gib 16] [--headroom-gib 4] [--mode full|data]
-           [--dir /var/tmp/gcr-bench-oc] [--cold-reps 2] [--log FILE]
+           [--room-back exit|free|idle] [--idle-ms 5000] [--leave-gib 24] [--dir /var/tmp/gcr-bench-oc]
+           [--cold-reps 2] [--log FILE]
 
 Paths of the build as tests/gpu/harness.py finds them (GCRCTL, GCR_SHIM, ...; the agent: $GCR_AGENT,
 else node-agent/gcr-agent). Steps, in order:
@@ -17,6 +18,16 @@ else node-agent/gcr-agent). Steps, in order:
            wall_ms (from the high one's exit, or with --room-back free from its FREED line, to the agent's
            line); then the victim runs steps and checks its
            weights exactly (RESULT ok: bit-exact).
+  filler:  (--room-back idle) a process outside GCR takes the GPU's free memory but --leave-gib, so the
+           high one asks for --leave-gib + --headroom-gib, not the whole GPU: suspended idle, its
+           buffers go to host memory (data only), and the host (128 GiB on the H200 machine) holds
+           them and the victim's together only if they are that small.
+  idle:    (--room-back idle) the high one stops calling (IDLE), holding its memory; the agent
+           (--overcommit-idle-ms --idle-ms) suspends it, data only, and resumes the victim: back_ms from
+           IDLE to the agent's resume line; the victim runs 2 steps on the GPU meanwhile. Then the high
+           one calls (a sum over its tensor, checked): wake_ms is that call, from its start to its
+           return, the victim's re-suspend and its own resume included. Then it exits, the victim
+           comes back once more and checks its weights (bit-exact after both round trips).
 Prints JSON lines (also to --log) and a summary with the issue's done-when checks: alloc_ms <= 1000,
 cold start / resume >= 10. Exit 0 when both hold and the victim is bit-exact, 1 otherwise.
 """
@@ -58,11 +69,29 @@ t1 = time.perf_counter()
 x.fill_(7); torch.cuda.synchronize()
 ok = int(x[::1 << 20].sum().item()) == 7 * len(range(0, n, 1 << 20))
 print("ALLOC_MS %.3f ok=%d" % ((t1 - t0) * 1e3, ok), flush=True)
-if sys.stdin.readline().strip() == "free":  # give the memory back and live on
+cmd = sys.stdin.readline().strip()
+if cmd == "free":  # give the memory back and live on
     del x
     torch.cuda.synchronize(); torch.cuda.empty_cache()
     print("FREED %d" % torch.cuda.mem_get_info()[0], flush=True)
     sys.stdin.readline()
+elif cmd == "idle":  # hold the memory, make no GPU call until told; then one call, timed and checked
+    print("IDLE", flush=True)
+    sys.stdin.readline()
+    t0 = time.perf_counter()
+    s = int(x[::1 << 20].sum().item())
+    t1 = time.perf_counter()
+    print("CALL_MS %.3f ok=%d" % ((t1 - t0) * 1e3, s == 7 * len(range(0, n, 1 << 20))), flush=True)
+    sys.stdin.readline()
+"""
+# Outside GCR (no shim): takes the GPU's free memory but argv[1] bytes, until stdin closes.
+FILLER = r"""
+import sys, torch
+free, total = torch.cuda.mem_get_info()
+n = max(0, free - int(sys.argv[1]))
+x = torch.empty(n, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+print("FILLED %d %d" % (n, torch.cuda.mem_get_info()[0]), flush=True)
+sys.stdin.readline()
 """
 
 
@@ -82,15 +111,78 @@ def emit(log, **rec):
         log.flush()
 
 
+def agent_line(agent, pattern, since):
+    """The first agent line matching pattern after line since (a bounded poll), and when it was seen."""
+    rx = re.compile(pattern)
+    end = time.monotonic() + WAIT_S
+    while time.monotonic() < end:
+        line = next((l for l in agent.lines[since:] if rx.search(l)), None)
+        if line is not None:
+            return line, H.now()
+        time.sleep(0.01)
+    raise H.HarnessError("no agent line /%s/:\n%s" % (pattern, agent.tail(30)))
+
+
+def idle_rounds(a, cfg, log, agent, victim, high, sock, alloc_ms, colds):
+    """--room-back idle: the high process idles (its memory held), is suspended, the victim comes
+    back; its next call wakes it (the victim suspended again); it exits, the victim comes back
+    bit-exact. Returns the exit status."""
+    mark = len(agent.lines)
+    high.send("idle")
+    high.expect(r"IDLE", WAIT_S, what="IDLE")
+    t_idle = H.now()
+    back, t_back = agent_line(agent, r"resumed pid %d .*suspended for idling: ([\d.]+) ms" % victim.pid, mark)
+    back_ms = (t_back - t_idle) * 1e3
+    idled = agent_line(agent, r"suspended idle pid %d .*: ([\d.]+) ms, (\d+) bytes moved" % high.pid, mark)[0]
+    st = H.gcrctl(cfg, sock, "status", high.pid)
+    high_state = H.dig(st.data, "shim", "state")
+    victim.send("go")
+    victim.send("steps 2")
+    m = victim.expect(r"STEPS total=(\d+)|ERROR (.*)", WAIT_S, what="the victim's steps while the high idles")
+    steps_ok = m.group(0).startswith("STEPS")
+    emit(log, case="idle", idle_ms=a.idle_ms, back_ms=back_ms, high_suspend=idled, victim_resume=back,
+         high_shim_state=high_state, victim_steps_ok=steps_ok)
+    mark = len(agent.lines)
+    high.send("call")
+    m = high.expect(r"CALL_MS ([\d.]+) ok=(\d)|Traceback", WAIT_S, what="CALL_MS (the woken call)")
+    if m.group(0).startswith("Traceback"):
+        raise H.HarnessError("the high process's call failed:\n" + high.tail(30))
+    wake_ms, call_ok = float(m.group(1)), m.group(2) == "1"
+    resus = agent_line(agent, r"suspended pid %d .* for pid %d " % (victim.pid, high.pid), mark)[0]
+    woke = agent_line(agent, r"resumed pid %d .*it called the GPU.*: ([\d.]+) ms" % high.pid, mark)[0]
+    waited = agent_line(agent, r"pid %d woken: its first call waited ([\d.]+) ms" % high.pid, mark)[0]
+    emit(log, case="wake", wake_ms=wake_ms, call_ok=call_ok, victim_suspend=resus, high_resume=woke,
+         agent_waited=waited)
+    mark = len(agent.lines)
+    high.send("exit")
+    high.wait_exit(120)
+    t_exit = H.now()
+    line, t_line = agent_line(agent, r"resumed pid %d .*is gone: ([\d.]+) ms" % victim.pid, mark)
+    victim.send("check")
+    m = victim.expect(r"RESULT (.*)|ERROR (.*)", WAIT_S, what="RESULT")
+    exact = m.group(0) == "RESULT ok"
+    emit(log, case="resume", wall_ms=(t_line - t_exit) * 1e3, line=line, result=m.group(0))
+    ok = exact and call_ok and steps_ok and alloc_ms <= 1000.0
+    emit(log, case="summary", mode=a.mode, room_back="idle", victim_gib=a.victim_gib, alloc_ms=alloc_ms,
+         idle_ms=a.idle_ms, victim_back_ms=back_ms, wake_call_ms=wake_ms, cold_ms=min(colds) if colds else None,
+         bit_exact=exact, high_call_ok=call_ok, done=ok)
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--victim-gib", type=float, default=16.0)
     ap.add_argument("--headroom-gib", type=float, default=4.0,
                     help="the high process asks for the free bytes plus this much (<= the victim's size)")
     ap.add_argument("--mode", choices=["full", "data"], default="full")
-    ap.add_argument("--room-back", choices=["exit", "free"], default="exit",
-                    help="how the high process gives the room back: it exits, or frees its memory and lives on "
-                         "(the agent resumes the victim after --overcommit-return-ms, 2 s by default)")
+    ap.add_argument("--room-back", choices=["exit", "free", "idle"], default="exit",
+                    help="how the high process gives the room back: it exits, frees its memory and lives on "
+                         "(the agent resumes the victim after --overcommit-return-ms, 2 s by default), or stops "
+                         "calling (the agent suspends it after --idle-ms; its next call wakes it)")
+    ap.add_argument("--idle-ms", type=int, default=5000,
+                    help="the agent's --overcommit-idle-ms with --room-back idle (else 0: off)")
+    ap.add_argument("--leave-gib", type=float, default=24.0,
+                    help="with --room-back idle: GiB a process outside GCR leaves free (the rest it takes)")
     ap.add_argument("--dir", default="/var/tmp/gcr-bench-oc")
     ap.add_argument("--cold-reps", type=int, default=2)
     ap.add_argument("--log")
@@ -111,7 +203,8 @@ def main():
             procs.append(p)
             p.expect(r"SAVED ", 1800, what="the weights file")
             p.wait_exit(60)
-        victim_argv = [cfg.python, cfg.torch_serve, "--weights-file", weights, "--steps", "4", "--wait"]
+        victim_argv = [cfg.python, cfg.torch_serve, "--weights-file", weights] + \
+            (["--commands"] if a.room_back == "idle" else ["--steps", "4", "--wait"])
         # cold: what a kill and restart of the victim costs (warm page cache).
         with open(weights, "rb") as f:
             while f.read(64 << 20):
@@ -133,7 +226,9 @@ def main():
         agent = H.Proc(cfg, "agent", ["sh", "-c", 'exec "$@" 2>&1', "sh", agent_bin, "--kubeconfig", kc,
                                       "--node-name", "gpu", "--socket-dir", sock, "--metrics-address",
                                       "127.0.0.1:%d" % free_port(), "--processes-outside-pods", "true", "--overcommit-mode",
-                                      a.mode], extra_env={"GCR_LOG_LEVEL": "info"})
+                                      a.mode, "--overcommit-idle-ms",
+                                      str(a.idle_ms if a.room_back == "idle" else 0)],
+                      extra_env={"GCR_LOG_LEVEL": "info"})
         procs.append(agent)
         agent.expect(r".*overcommit.*policy on", 60, what="the agent's overcommit line")
         registry = os.path.join(sock, "agent", "agent.sock")
@@ -143,6 +238,13 @@ def main():
         procs.append(victim)
         m = victim.expect(r"READY pid=(\d+) bytes=(\d+)", WAIT_S, what="the victim's READY")
         emit(log, case="victim", pid=victim.pid, bytes=int(m.group(2)))
+        if a.room_back == "idle":
+            filler = H.Proc(cfg, "filler", [cfg.python, "-c", FILLER, str(int(a.leave_gib * GIB))])
+            procs.append(filler)
+            m = filler.expect(r"FILLED (\d+) (\d+)|Traceback", WAIT_S, what="the filler's FILLED")
+            if m.group(0).startswith("Traceback"):
+                raise H.HarnessError("the filler failed:\n" + filler.tail(30))
+            emit(log, case="filler", bytes=int(m.group(1)), free_after=int(m.group(2)))
         high = H.Proc(cfg, "high", [cfg.python, "-c", HIGH], shim=True, socket_dir=sock,
                       extra_env=dict(env, GCR_PRIORITY="10"))
         procs.append(high)
@@ -160,6 +262,8 @@ def main():
         st = H.gcrctl(cfg, sock, "status", victim.pid)
         emit(log, case="room", want=want, free=free, total=total, alloc_ms=alloc_ms, filled_ok=m.group(2) == "1",
              suspended=sus, made=made, victim_shim_state=H.dig(st.data, "shim", "state"))
+        if a.room_back == "idle":
+            return idle_rounds(a, cfg, log, agent, victim, high, sock, alloc_ms, colds)
         if a.room_back == "free":
             high.send("free")
             m = high.expect(r"FREED (\d+)|Traceback", WAIT_S, what="FREED")

@@ -290,6 +290,8 @@ static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client
 		goto out;
 	}
 	json_t *args = json_pack("{s:i}", "timeout_ms", o->timeout_ms);
+	if (o->wake && o->mode != GCR_CR_FULL) /* full: CRIU dumps the process, nothing calls */
+		json_object_set_new(args, "wake", json_true());
 	rc = gcr_client_call(c, GCR_OP_SUSPEND_ID, args, SHIM_CALL_MS, &r->shim, err);
 	if (rc < 0)
 		goto out; /* the shim unwound itself: still running */
@@ -357,6 +359,8 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		json_t *args = json_pack("{s:i}", "timeout_ms", o->timeout_ms);
 		if (o->image_dir != NULL)
 			json_object_set_new(args, "image", json_string(o->image_dir));
+		else if (o->wake)
+			json_object_set_new(args, "wake", json_true());
 		/* To an image the copies go at the disk's speed: minutes for the largest GPUs. */
 		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args, o->image_dir != NULL ? IMAGE_CALL_MS : SHIM_CALL_MS,
 				     &r->shim, err);

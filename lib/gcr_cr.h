@@ -41,6 +41,9 @@ struct gcr_cr_opts {
 	 * room check looks at each pair's new GPU. */
 	const struct gcr_gpu_pair *gpu_pairs;
 	size_t ngpu_pairs;
+	/* Suspend: the node agent's overcommit suspend ("wake" to the shim: the process's next call
+	 * tells the agent). Not with image_dir. */
+	int wake;
 };
 
 /* Bytes the driver's restore gets beyond what NVML showed the process holding before its

@@ -18,6 +18,7 @@ static const char *const op_names[] = {
 	[GCR_OP_IMAGE_WRITE_ID] = GCR_OP_IMAGE_WRITE,
 	[GCR_OP_IMAGE_READ_ID] = GCR_OP_IMAGE_READ,
 	[GCR_OP_ROOM_ID] = GCR_OP_ROOM,
+	[GCR_OP_WAKE_ID] = GCR_OP_WAKE,
 };
 
 const char *gcr_op_name(enum gcr_op op)

@@ -21,6 +21,7 @@ enum gcr_op {
 	GCR_OP_IMAGE_READ_ID,
 	/* overcommit: shim -> agent (docs/preemption.md) */
 	GCR_OP_ROOM_ID,
+	GCR_OP_WAKE_ID,
 };
 
 struct gcr_req {

@@ -55,7 +55,9 @@
 #define GCR_OP_STATUS "status"
 /* suspend: data out: gate closed, buffers staged, memory released. Args: "timeout_ms"
  * (1 .. 3600000: how long the gate waits for calls in flight; default the shim's
- * GCR_GATE_TIMEOUT_MS); "image" (optional, absolute: an existing directory, the image being
+ * GCR_GATE_TIMEOUT_MS); "wake" (bool, default false: the node agent's overcommit suspends: the
+ * first thread to reach the closed gate afterwards sends "wake" to the agent, below; not with
+ * "image"); "image" (optional, absolute: an existing directory, the image being
  * written): the copies go from the pinned slots straight to image/gpu/ files, no staging, and
  * nothing is released before every chunk is written; then the table image/gpu/allocs.json, all
  * fsynced, the staging pool given back, the agent's registry connection closed and the control
@@ -120,9 +122,19 @@
  * its id). Result: {"granted": bool, "suspended": processes suspended for this request,
  * "freed": their bytes on the GPU, "reason": why not (when not granted)}. The agent grants
  * only to a process that opted in (GCR_OVERCOMMIT_ENV below), by suspending opted-in processes
- * of strictly lower priority on the same GPU; it resumes them when the requester is gone.
+ * of strictly lower priority on the same GPU; it resumes them when the requester is gone, frees
+ * memory, or idles (docs/preemption.md).
  * Errors: -EBADMSG a bad "bytes" or "device"; -EBUSY too many requests waiting. */
 #define GCR_OP_ROOM "room"
+/* wake: shim -> node agent, on the registry connection, no reply: a thread of a process the
+ * agent suspended (its suspend carried "wake": true, below) reached the closed gate. Sent once
+ * per such suspension. Args: "waited_ms" (0 .. GCR_WAKE_MAX_WAITED_MS: how long the first
+ * waiting thread had waited when the line left; a thread may arrive while the suspend is
+ * still in flight). The agent treats it as a room request at the process's priority for the
+ * bytes it held (docs/preemption.md, "Wake on call"); a line from a process it did not suspend
+ * is logged and ignored. A process suspended without "wake" (gcrctl, a Checkpoint) sends none. */
+#define GCR_OP_WAKE "wake"
+#define GCR_WAKE_MAX_WAITED_MS 86400000LL
 /* The process's environment as the agent reads it (<procRoot>/<pid>/environ; the device
  * plugin sets the first for pods that opted in):
  *   GCR_OVERCOMMIT=1     ask the agent for room on out-of-memory, and may be suspended for

@@ -65,7 +65,7 @@ struct dp_cfg {
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
-		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib, *overcommit_return_ms,
+		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib, *overcommit_return_ms, *overcommit_idle_ms,
 		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url,
 		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s;
 	struct dp_cfg dp;
@@ -107,6 +107,9 @@ static const struct opt_row opts_table[] = {
 	{ "overcommit-return-ms", "overcommitReturnMs", SLOT(overcommit_return_ms), "2000",
 	  "a suspended pod is resumed once its GPU has had room for it this long (ms, 1..600000) while the pod it "
 	  "made room for still runs (that pod freed memory); -1: only when that pod ends" },
+	{ "overcommit-idle-ms", "overcommitIdleMs", SLOT(overcommit_idle_ms), "30000",
+	  "a pod that others were suspended for and that has made no GPU call this long (ms, 0..86400000; 0: never) "
+	  "is suspended itself so that they resume; its next call wakes it (suspending them again)" },
 	{ "overcommit-mode", "overcommitMode", SLOT(overcommit_mode), "full",
 	  "full: a victim leaves the GPU whole (data, then the driver's checkpoint); data: only its buffers "
 	  "leave, its context stays (faster suspend and resume, a few hundred MiB left per victim)" },
@@ -530,6 +533,13 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	}
 	{
 		char *end = NULL;
+		long v = strtol(c->overcommit_idle_ms, &end, 10);
+		if (end == c->overcommit_idle_ms || *end != '\0' || v < 0 || v > 86400000)
+			return gcr_err_set(err, -EINVAL, "--overcommit-idle-ms: '%s' is not an integer in 0..86400000",
+					   c->overcommit_idle_ms);
+	}
+	{
+		char *end = NULL;
 		long v = strtol(c->restore_port, &end, 10);
 		if (end == c->restore_port || *end != '\0' || v < 0 || v > 65535)
 			return gcr_err_set(err, -EINVAL, "--restore-registry-port: '%s' is not an integer in 0..65535",
@@ -771,9 +781,11 @@ int main(int argc, char **argv)
 		/* Overcommit: the room requests on the registry; pods' settings and Events through the
 		 * controller's pod watch. */
 		struct agent_room_cfg ocfg = { .socket_dir = cfg.socket_dir, .record_dir = cfg.record_dir,
+					       .proc_root = cfg.proc_root,
 					       .enabled = strcmp(cfg.overcommit, "true") == 0,
 					       .margin = strtoull(cfg.overcommit_margin_mib, NULL, 10) << 20,
 					       .return_ms = (int)strtol(cfg.overcommit_return_ms, NULL, 10),
+					       .idle_ms = (int)strtol(cfg.overcommit_idle_ms, NULL, 10),
 					       .data_only = strcmp(cfg.overcommit_mode, "data") == 0,
 					       .trust_env = strcmp(cfg.overcommit_env, "true") == 0 };
 		struct agent_room_hooks hooks = { .pod = oc_pod, .event = oc_event, .data = ctl };

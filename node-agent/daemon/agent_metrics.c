@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -27,6 +28,35 @@ static const double buckets[] = { 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60 };
 #define NBUCKETS (sizeof(buckets) / sizeof(buckets[0]))
 enum { KIND_CHECKPOINT, KIND_RESTORE, NKINDS };
 static const char *const kind_names[NKINDS] = { "checkpoint", "restore" };
+
+/* One pod's overcommit counters. */
+struct oc_row {
+	char pod[128];
+	unsigned long long suspended, resumed, bytes;
+	double held_s;
+	unsigned long long idle, wakes; /* suspended for idling; woken by a call */
+	double wake_s;                  /* the woken calls' waits */
+};
+
+/* The per-pod overcommit series: gcr_agent_overcommit_<name>, one row each. */
+static const struct {
+	const char *name, *help;
+	size_t off;
+	int real; /* a double (seconds), else an unsigned long long */
+} oc_metrics[] = {
+	{ "suspensions_total", "Times a pod was suspended to make room for a pod of higher priority.",
+	  offsetof(struct oc_row, suspended), 0 },
+	{ "resumes_total", "Times a pod suspended for another was resumed.", offsetof(struct oc_row, resumed), 0 },
+	{ "held_seconds_total", "Time pods spent suspended for another, counted at their resume.",
+	  offsetof(struct oc_row, held_s), 1 },
+	{ "bytes_moved_total", "Bytes moved by overcommit suspends and resumes.", offsetof(struct oc_row, bytes), 0 },
+	{ "idle_suspensions_total", "Times a pod that others were suspended for was suspended itself for making "
+	  "no GPU call.", offsetof(struct oc_row, idle), 0 },
+	{ "wakes_total", "Times a pod suspended by the agent was resumed after it called the GPU.",
+	  offsetof(struct oc_row, wakes), 0 },
+	{ "wake_wait_seconds_total", "Time the woken calls waited at the gate, from the first caller's arrival to "
+	  "the resume's end.", offsetof(struct oc_row, wake_s), 1 },
+};
 
 struct agent_metrics {
 	struct MHD_Daemon *d;
@@ -46,11 +76,7 @@ struct agent_metrics {
 	unsigned long long count[NKINDS];
 	unsigned long long bytes[NKINDS];
 	/* Overcommit by suspend, per pod (agent_metrics_overcommit). */
-	struct {
-		char pod[128];
-		unsigned long long suspended, resumed, bytes;
-		double held_s;
-	} oc[AGENT_METRICS_OC_PODS + 1]; /* the last: "other" */
+	struct oc_row oc[AGENT_METRICS_OC_PODS + 1]; /* the last: "other" */
 	int noc;
 	/* Eviction imaging: holds by outcome (AGENT_METRICS_EVICT_*) and seconds to a written image. */
 	unsigned long long evict[AGENT_METRICS_EVICT_N];
@@ -115,22 +141,19 @@ static char *render(struct agent_metrics *m)
 	}
 	/* "other" sits right after the AGENT_METRICS_OC_PODS named pods, once they are all taken. */
 	int oc_rows = m->noc + (m->oc[AGENT_METRICS_OC_PODS].pod[0] != '\0');
-	fprintf(f, "# HELP gcr_agent_overcommit_suspensions_total Times a pod was suspended to make room for a "
-		   "pod of higher priority.\n# TYPE gcr_agent_overcommit_suspensions_total counter\n");
-	for (int i = 0; i < oc_rows; i++)
-		fprintf(f, "gcr_agent_overcommit_suspensions_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].suspended);
-	fprintf(f, "# HELP gcr_agent_overcommit_resumes_total Times a pod suspended for another was resumed.\n"
-		   "# TYPE gcr_agent_overcommit_resumes_total counter\n");
-	for (int i = 0; i < oc_rows; i++)
-		fprintf(f, "gcr_agent_overcommit_resumes_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].resumed);
-	fprintf(f, "# HELP gcr_agent_overcommit_held_seconds_total Time pods spent suspended for another, counted "
-		   "at their resume.\n# TYPE gcr_agent_overcommit_held_seconds_total counter\n");
-	for (int i = 0; i < oc_rows; i++)
-		fprintf(f, "gcr_agent_overcommit_held_seconds_total{pod=\"%s\"} %.3f\n", m->oc[i].pod, m->oc[i].held_s);
-	fprintf(f, "# HELP gcr_agent_overcommit_bytes_moved_total Bytes moved by overcommit suspends and resumes.\n"
-		   "# TYPE gcr_agent_overcommit_bytes_moved_total counter\n");
-	for (int i = 0; i < oc_rows; i++)
-		fprintf(f, "gcr_agent_overcommit_bytes_moved_total{pod=\"%s\"} %llu\n", m->oc[i].pod, m->oc[i].bytes);
+	for (size_t k = 0; k < sizeof(oc_metrics) / sizeof(oc_metrics[0]); k++) {
+		fprintf(f, "# HELP gcr_agent_overcommit_%s %s\n# TYPE gcr_agent_overcommit_%s counter\n", oc_metrics[k].name,
+			oc_metrics[k].help, oc_metrics[k].name);
+		for (int i = 0; i < oc_rows; i++) {
+			const char *v = (const char *)&m->oc[i] + oc_metrics[k].off;
+			if (oc_metrics[k].real)
+				fprintf(f, "gcr_agent_overcommit_%s{pod=\"%s\"} %.3f\n", oc_metrics[k].name, m->oc[i].pod,
+					*(const double *)(const void *)v);
+			else
+				fprintf(f, "gcr_agent_overcommit_%s{pod=\"%s\"} %llu\n", oc_metrics[k].name, m->oc[i].pod,
+					*(const unsigned long long *)(const void *)v);
+		}
+	}
 	static const char *const evict_names[AGENT_METRICS_EVICT_N] = { "written", "failed", "no_time", "skipped" };
 	fprintf(f, "# HELP gcr_agent_eviction_images_total Pods being deleted that held their SIGTERM for an image "
 		   "(gcr-hold), by result.\n# TYPE gcr_agent_eviction_images_total counter\n");
@@ -363,10 +386,9 @@ void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double 
 	pthread_mutex_unlock(&m->lock);
 }
 
-void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resumed, double held_s, long long bytes)
+/* The row of pod's overcommit counters (added when new, "other" past the bound); under m->lock. */
+static int oc_row(struct agent_metrics *m, const char *pod)
 {
-	if (m == NULL)
-		return;
 	/* A label value: only characters of namespaces, names and uids (no quote, no newline). */
 	char label[128];
 	size_t n = 0;
@@ -375,7 +397,6 @@ void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resu
 		    *c == '.' || *c == '/' || *c == '_')
 			label[n++] = *c;
 	label[n] = '\0';
-	pthread_mutex_lock(&m->lock);
 	int i = 0;
 	while (i < m->noc && strcmp(m->oc[i].pod, label) != 0)
 		i++;
@@ -389,6 +410,15 @@ void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resu
 		if (m->noc < AGENT_METRICS_OC_PODS)
 			m->noc++;
 	}
+	return i;
+}
+
+void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resumed, double held_s, long long bytes)
+{
+	if (m == NULL)
+		return;
+	pthread_mutex_lock(&m->lock);
+	int i = oc_row(m, pod);
 	if (resumed) {
 		m->oc[i].resumed++;
 		m->oc[i].held_s += held_s;
@@ -397,6 +427,21 @@ void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resu
 	}
 	if (bytes > 0)
 		m->oc[i].bytes += (unsigned long long)bytes;
+	pthread_mutex_unlock(&m->lock);
+}
+
+void agent_metrics_overcommit_wake(struct agent_metrics *m, const char *pod, int idle, double waited_s)
+{
+	if (m == NULL)
+		return;
+	pthread_mutex_lock(&m->lock);
+	int i = oc_row(m, pod);
+	if (idle) {
+		m->oc[i].idle++;
+	} else {
+		m->oc[i].wakes++;
+		m->oc[i].wake_s += waited_s;
+	}
 	pthread_mutex_unlock(&m->lock);
 }
 

@@ -66,6 +66,10 @@ void agent_metrics_op(struct agent_metrics *m, const char *kind, int ok, double 
  * (resumed 0) or resumed after held_s seconds (resumed 1); bytes moved by it. */
 void agent_metrics_overcommit(struct agent_metrics *m, const char *pod, int resumed, double held_s, long long bytes);
 
+/* The overcommit wake: pod suspended for idling (idle 1), or resumed on its call after its
+ * first caller waited waited_s seconds (idle 0). */
+void agent_metrics_overcommit_wake(struct agent_metrics *m, const char *pod, int idle, double waited_s);
+
 /* Eviction imaging (agent_evict): one hold's result, and for a written image the seconds from the
  * hold to its Checkpoint's success. */
 enum {

@@ -278,6 +278,13 @@ static void handle_line(struct agent_registry *r, struct entry *e, const char *l
 		reply_line(e->fd, gcr_proto_reply_err_line(req.id, kind, err.msg));
 		return;
 	}
+	if (kind == AGENT_ROOMMSG_WAKE) {
+		if (r->h.wake != NULL)
+			r->h.wake(r->h.data, &e->p, &req);
+		else
+			GCR_LOG(GCR_LOG_INFO, "registry", "wake from pid %d ignored: overcommit is off", (int)e->p.pid);
+		return;
+	}
 	if (kind != AGENT_ROOMMSG_ROOM)
 		return;
 	int dup_fd = r->h.room != NULL ? fcntl(e->fd, F_DUPFD_CLOEXEC, 0) : -1;

@@ -29,6 +29,9 @@ struct agent_registry_handler {
 	/* A valid room request from p. fd is a duplicate of p's connection, owned by the callee: it
 	 * replies there (one line with req->id) and closes it. */
 	void (*room)(void *data, const struct agent_registry_proc *p, int fd, const struct agent_roommsg_room *req);
+	/* A valid wake from p (a thread of it reached the gate of a suspend the agent made; no
+	 * reply). */
+	void (*wake)(void *data, const struct agent_registry_proc *p, const struct agent_roommsg_room *w);
 	/* p's registry connection closed: the process is gone (or dropped it for a CRIU dump). */
 	void (*gone)(void *data, const struct agent_registry_proc *p);
 	void *data;

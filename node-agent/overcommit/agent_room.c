@@ -1,6 +1,7 @@
 /* agent_room: the overcommit policy's engine: one worker thread takes the shims' room
- * requests in order, suspends victims (agent_victims) through gcr_cr, records each hold, and
- * resumes held processes once the process they were suspended for is gone. */
+ * requests and wakes in order, suspends victims (agent_victims) through gcr_cr, records each
+ * hold, resumes held processes once the process they were suspended for is gone or idle, and
+ * suspends an idle requester until its next call wakes it. */
 #include "agent_room.h"
 
 #include <dirent.h>
@@ -22,6 +23,7 @@
 #include "gcr_log.h"
 #include "gcr_nvml.h"
 #include "gcr_proto.h"
+#include "gcr_scale.h"
 #include "gcr_sock.h"
 #include "gcr_time.h"
 
@@ -51,6 +53,9 @@ struct hold {
 	int said; /* the last resume failure logged (its -errno), so each is said once */
 	int data_only; /* suspended in data-only mode: resumed in the same */
 	double room_since; /* monotonic ms since its GPU has had room for it, requester alive; 0: not */
+	int idle;          /* suspended for idling, for its victims (for_pid 0); resumed only when woken */
+	double woken;      /* monotonic ms its first caller reached the gate (a wake); 0: not woken */
+	int woken_said;    /* "stays suspended" of the wake logged */
 };
 
 struct request {
@@ -60,12 +65,26 @@ struct request {
 	double queued; /* monotonic ms */
 };
 
+/* A wake waiting for the worker (one per process at most). */
+struct wake {
+	struct agent_registry_proc p;
+	double at; /* monotonic ms its first caller reached the gate */
+};
+
+/* A requester's driver calls, sampled every check_ms while others are held for it. */
+struct watch {
+	pid_t pid;
+	long long calls;
+	double since; /* monotonic ms the count last changed (or watching began) */
+};
+
 struct agent_room {
 	struct agent_registry *reg;
 	struct agent_activity *act;
 	struct agent_metrics *m;
 	struct agent_room_cfg cfg;
 	char *socket_dir, *dir; /* dir: <record_dir>/overcommit */
+	char *proc_root;        /* cfg.proc_root's copy (NULL: none) */
 	struct agent_room_hooks hooks;
 	pthread_t th;
 	int started;
@@ -73,6 +92,10 @@ struct agent_room {
 	pthread_cond_t cv;
 	struct request q[AGENT_ROOM_QUEUE];
 	int nq, nudge, stop;
+	struct wake *wq; /* MAX_HELD: a process's second wake replaces its first */
+	int nw;
+	struct watch *watch; /* the worker's own: MAX_HELD */
+	int nwatch;
 	/* Events decided by the worker, posted after its reply (the worker's own). */
 	struct {
 		char uid[AGENT_CGROUP_UID_LEN + 1], type[8], reason[40], note[640];
@@ -164,11 +187,11 @@ static void record_write(struct agent_room *r, const struct hold *h)
 	char path[600], tmp[640];
 	record_path(r, h->pid, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	json_t *j = json_pack("{s:i, s:I, s:s, s:i, s:I, s:f, s:i, s:I, s:s, s:s, s:s}", "pid", (int)h->pid, "start",
-			      (json_int_t)h->start, "pod", h->pod, "priority", h->priority, "bytes",
+	json_t *j = json_pack("{s:i, s:I, s:s, s:i, s:I, s:f, s:i, s:I, s:s, s:s, s:s, s:b}", "pid", (int)h->pid,
+			      "start", (json_int_t)h->start, "pod", h->pod, "priority", h->priority, "bytes",
 			      (json_int_t)h->bytes, "since", h->since, "for_pid", (int)h->for_pid, "for_start",
 			      (json_int_t)h->for_start, "for_pod", h->for_pod, "gpu", h->uuid, "mode",
-			      h->data_only ? "data" : "full");
+			      h->data_only ? "data" : "full", "idle", h->idle);
 	int rc = j != NULL ? json_dump_file(j, tmp, JSON_COMPACT) : -1;
 	json_decref(j);
 	if (rc == 0 && rename(tmp, path) == 0)
@@ -196,12 +219,14 @@ static int record_parse(const char *text, size_t len, struct hold *h)
 	int prio;
 	double since;
 	const char *pod, *for_pod, *gpu, *mode;
-	int rc = j != NULL && json_unpack(j, "{s:I, s:I, s:s, s:i, s:I, s:F, s:I, s:I, s:s, s:s, s:s}", "pid", &pid,
+	int idle = 0; /* absent in an older agent's records */
+	int rc = j != NULL && json_unpack(j, "{s:I, s:I, s:s, s:i, s:I, s:F, s:I, s:I, s:s, s:s, s:s, s?b}", "pid", &pid,
 					  "start", &start, "pod", &pod, "priority", &prio, "bytes", &bytes, "since",
 					  &since, "for_pid", &for_pid, "for_start", &for_start, "for_pod", &for_pod,
-					  "gpu", &gpu, "mode", &mode) == 0 &&
+					  "gpu", &gpu, "mode", &mode, "idle", &idle) == 0 &&
 			 (strcmp(mode, "data") == 0 || strcmp(mode, "full") == 0) &&
-			 pid > 0 && pid < (1 << 22) && for_pid > 0 && for_pid < (1 << 22) && start >= 0 &&
+			 pid > 0 && pid < (1 << 22) && (idle ? for_pid == 0 : for_pid > 0) && for_pid < (1 << 22) &&
+			 start >= 0 &&
 			 for_start >= 0 && bytes >= 0 && strlen(pod) <= AGENT_CGROUP_UID_LEN &&
 			 strlen(for_pod) <= AGENT_CGROUP_UID_LEN && strlen(gpu) < GCR_NVML_UUID_LEN
 		 ? 0
@@ -210,7 +235,7 @@ static int record_parse(const char *text, size_t len, struct hold *h)
 		*h = (struct hold){ .pid = (pid_t)pid, .start = (unsigned long long)start, .priority = prio,
 				    .bytes = (unsigned long long)bytes, .since = since, .for_pid = (pid_t)for_pid,
 				    .for_start = (unsigned long long)for_start,
-				    .data_only = strcmp(mode, "data") == 0 };
+				    .data_only = strcmp(mode, "data") == 0, .idle = idle };
 		snprintf(h->pod, sizeof(h->pod), "%s", pod);
 		snprintf(h->for_pod, sizeof(h->for_pod), "%s", for_pod);
 		snprintf(h->uuid, sizeof(h->uuid), "%s", gpu);
@@ -243,8 +268,12 @@ static void records_load(struct agent_room *r)
 			continue;
 		}
 		r->held[r->nheld++] = h;
-		GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) held since an earlier agent for pid %d: "
-			"resumed once that one is gone", (int)h.pid, h.priority, (int)h.for_pid);
+		if (h.idle)
+			GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) suspended for idling since an earlier "
+				"agent: resumed on its next call", (int)h.pid, h.priority);
+		else
+			GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) held since an earlier agent for pid %d: "
+				"resumed once that one is gone", (int)h.pid, h.priority, (int)h.for_pid);
 	}
 	closedir(d);
 }
@@ -266,12 +295,11 @@ static void reply(int fd, long long id, int granted, int suspended, unsigned lon
 	close(fd);
 }
 
+static int hold_of(struct agent_room *r, pid_t pid);
+
 static int is_held(struct agent_room *r, pid_t pid)
 {
-	for (int i = 0; i < r->nheld; i++)
-		if (r->held[i].pid == pid)
-			return 1;
-	return 0;
+	return hold_of(r, pid) >= 0;
 }
 
 /* The GPU pid allocates on: the one NVML shows it on (the first, when several), else the
@@ -385,9 +413,16 @@ static int resume_one(struct agent_room *r, int i, const char *why, struct gcr_e
 		GCR_LOG(GCR_LOG_INFO, "overcommit", "resumed pid %d (pod %s, priority %d) after %.1f s held, %s: "
 			"%.1f ms, %lld bytes moved", (int)h->pid, label, h->priority, held, why,
 			gcr_time_mono_ms() - t0, res.bytes_moved);
-		snprintf(note, sizeof(note), "resumed after %.1f s suspended for another pod (%s); %lld MiB moved "
-			 "back to the GPU in %.0f ms", held, why, res.bytes_moved >> 20, res.ms_total);
+		snprintf(note, sizeof(note), "resumed after %.1f s suspended %s (%s); %lld MiB moved back to the GPU "
+			 "in %.0f ms", held, h->idle ? "for idling" : "for another pod", why, res.bytes_moved >> 20,
+			 res.ms_total);
 		event(r, h->pod, "Normal", "OvercommitResumed", note);
+		if (h->woken > 0) {
+			double waited = gcr_time_mono_ms() - h->woken;
+			agent_metrics_overcommit_wake(r->m, label, 0, waited / 1000);
+			GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d woken: its first call waited %.1f ms", (int)h->pid,
+				waited);
+		}
 	}
 	gcr_cr_result_clear(&res);
 	return rc;
@@ -404,9 +439,10 @@ static int suspend_victims(struct agent_room *r, const struct agent_registry_pro
 	*freed = 0;
 	for (int j = 0; j < k; j++) {
 		const struct agent_registry_proc *p = &cand[pick[j]];
+		/* wake: its next call tells us (it then waits for room at its own priority). */
 		struct gcr_cr_opts o = { .socket_dir = r->socket_dir,
 					 .mode = r->cfg.data_only ? GCR_CR_DATA_ONLY : GCR_CR_FULL,
-					 .timeout_ms = r->cfg.timeout_ms };
+					 .timeout_ms = r->cfg.timeout_ms, .wake = 1 };
 		struct gcr_cr_result res = { 0 };
 		struct gcr_err err = { 0 };
 		char label[320], note[640];
@@ -445,6 +481,43 @@ static int suspend_victims(struct agent_room *r, const struct agent_registry_pro
 	return done;
 }
 
+/* The registered processes (cand, room for AGENT_REGISTRY_MAX) as candidates v for a request
+ * of self on GPU uuid, and the field in seen ("pid:priority/bytes[,why not]" each). */
+static int gather(struct agent_room *r, pid_t self, const char *uuid, struct agent_registry_proc *cand,
+		  struct agent_victim *v, char *seen, size_t len)
+{
+	int nc = agent_registry_find(r->reg, NULL, NULL, cand, AGENT_REGISTRY_MAX);
+	size_t used = 0;
+	seen[0] = '\0';
+	for (int i = 0; i < nc; i++) {
+		int co, cp, ce;
+		settings_of(r, &cand[i], &co, &cp, &ce);
+		int other = cand[i].pid != self && co && !is_held(r, cand[i].pid);
+		v[i] = (struct agent_victim){ .pid = cand[i].pid, .priority = cp, .preemptible = ce, .eligible = other,
+					      .last_active = agent_activity_last(r->act, cand[i].pid),
+					      .bytes = other ? bytes_on(cand[i].pid, uuid) : 0 };
+		if (v[i].bytes > 0 && r->cfg.data_only)
+			v[i].bytes = data_bytes(r, cand[i].pid, v[i].bytes);
+		const char *why = cand[i].pid == self ? ",self"
+				  : !co			      ? ",not-opted-in"
+				  : !other		      ? ",held"
+				  : !ce			      ? ",never"
+							      : "";
+		int w = snprintf(seen + used, len - used, " %d:%d/%lluMiB%s", (int)cand[i].pid, cp, v[i].bytes >> 20,
+				 why);
+		used = w > 0 && (size_t)w < len - used ? used + (size_t)w : used;
+	}
+	return nc;
+}
+
+static int hold_of(struct agent_room *r, pid_t pid)
+{
+	for (int i = 0; i < r->nheld; i++)
+		if (r->held[i].pid == pid)
+			return i;
+	return -1;
+}
+
 static void handle(struct agent_room *r, struct request *q)
 {
 	const struct agent_registry_proc *p = &q->p;
@@ -456,6 +529,12 @@ static void handle(struct agent_room *r, struct request *q)
 	struct agent_victim *v = NULL;
 	int *pick = NULL;
 	settings_of(r, p, &opted, &prio, &preemptible);
+	int self = hold_of(r, p->pid);
+	if (self >= 0) {
+		/* It asks, so it runs: someone else resumed it (gcrctl resume). */
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "held pid %d was resumed by someone else", (int)p->pid);
+		drop_hold(r, self);
+	}
 	if (!r->cfg.enabled) {
 		snprintf(reason, sizeof(reason), "overcommit is off on this node");
 		goto deny;
@@ -490,27 +569,8 @@ static void handle(struct agent_room *r, struct request *q)
 		snprintf(reason, sizeof(reason), "the agent is out of memory");
 		goto deny;
 	}
-	nc = agent_registry_find(r->reg, NULL, NULL, cand, AGENT_REGISTRY_MAX);
-	char seen[1024] = "";
-	size_t used = 0;
-	for (int i = 0; i < nc; i++) {
-		int co, cp, ce;
-		settings_of(r, &cand[i], &co, &cp, &ce);
-		int other = cand[i].pid != p->pid && co && !is_held(r, cand[i].pid);
-		v[i] = (struct agent_victim){ .pid = cand[i].pid, .priority = cp, .preemptible = ce, .eligible = other,
-					      .last_active = agent_activity_last(r->act, cand[i].pid),
-					      .bytes = other ? bytes_on(cand[i].pid, uuid) : 0 };
-		if (v[i].bytes > 0 && r->cfg.data_only)
-			v[i].bytes = data_bytes(r, cand[i].pid, v[i].bytes);
-		const char *why = cand[i].pid == p->pid ? ",self"
-				  : !co				? ",not-opted-in"
-				  : !other			? ",held"
-				  : !ce				? ",never"
-								: "";
-		int w = snprintf(seen + used, sizeof(seen) - used, " %d:%d/%lluMiB%s", (int)cand[i].pid, cp,
-				 v[i].bytes >> 20, why);
-		used = w > 0 && (size_t)w < sizeof(seen) - used ? used + (size_t)w : used;
-	}
+	char seen[1024];
+	nc = gather(r, p->pid, uuid, cand, v, seen, sizeof(seen));
 	/* Why these victims: the whole field, once per request (requests come only on out-of-memory). */
 	GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) needs %llu MiB more on %s; pid:priority/bytes:%s",
 		(int)p->pid, prio, (want - fr) >> 20, uuid, seen);
@@ -549,6 +609,244 @@ out:
 	free(cand);
 	free(v);
 	free(pick);
+}
+
+/* ---- the wake: a suspended process called ---- */
+
+/* Whether pid runs on the GPU: alive and not held by this agent. */
+static int resident(struct agent_room *r, pid_t pid, unsigned long long start)
+{
+	return alive(r, pid, start) && !is_held(r, pid);
+}
+
+/* Room for woken held process i at its own priority: resumed if its bytes fit, else after
+ * suspending resident processes of lower priority (agent_victims_pick: just enough); -ENOSPC
+ * when they cannot cover it (it stays held, and is tried again each check). 0: resumed (the
+ * hold dropped). */
+static int wake_try(struct agent_room *r, int i)
+{
+	struct hold *h = &r->held[i];
+	pid_t pid = h->pid;
+	struct agent_registry_proc p;
+	struct gcr_err err = { 0 };
+	char why[320], uuid[GCR_NVML_UUID_LEN];
+	int rc = 0;
+	if (agent_registry_get(r->reg, pid, &p) < 0) {
+		p = (struct agent_registry_proc){ .pid = pid, .start = h->start };
+		snprintf(p.pod_uid, sizeof(p.pod_uid), "%s", h->pod);
+	}
+	snprintf(uuid, sizeof(uuid), "%s", h->uuid);
+	unsigned long long need = h->bytes + r->cfg.margin, fr = free_on(uuid, NULL), freed = 0;
+	int prio = h->priority, k = 0;
+	struct agent_registry_proc *cand = NULL;
+	struct agent_victim *v = NULL;
+	int *pick = NULL;
+	if (fr < need) {
+		cand = calloc(AGENT_REGISTRY_MAX, sizeof(*cand));
+		v = calloc(AGENT_REGISTRY_MAX, sizeof(*v));
+		pick = calloc(AGENT_REGISTRY_MAX, sizeof(*pick));
+		if (cand == NULL || v == NULL || pick == NULL) {
+			rc = -ENOMEM;
+			snprintf(why, sizeof(why), "the agent is out of memory");
+			goto out;
+		}
+		char seen[1024];
+		int nc = gather(r, pid, uuid, cand, v, seen, sizeof(seen));
+		k = agent_victims_pick(v, nc, prio, need - fr, pick, &freed);
+		if (k < 0) {
+			rc = -ENOSPC;
+			snprintf(why, sizeof(why), "%llu MiB free on %s, %llu MiB needed; processes of priority below %d "
+				 "that may be suspended hold %llu MiB", fr >> 20, uuid, need >> 20, prio, freed >> 20);
+			if (!r->held[i].woken_said)
+				GCR_LOG(GCR_LOG_INFO, "overcommit", "woken pid %d: pid:priority/bytes:%s", (int)pid, seen);
+			goto out;
+		}
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "woken pid %d (priority %d) needs %llu MiB more on %s; "
+			"pid:priority/bytes:%s", (int)pid, prio, (need - fr) >> 20, uuid, seen);
+		suspend_victims(r, &p, prio, cand, v, pick, k, uuid, &freed); /* a failed one: the resume says */
+		i = hold_of(r, pid); /* suspend_victims added holds */
+	}
+	snprintf(why, sizeof(why), "it called the GPU%s", k > 0 ? "; lower-priority pods suspended for it" : "");
+	rc = resume_one(r, i, why, &err);
+	if (rc == 0) {
+		drop_hold(r, i);
+		goto out;
+	}
+	snprintf(why, sizeof(why), "%s", err.msg);
+	if (k > 0) {
+		/* Those just suspended gain it nothing: back they go (their resume checks the room). */
+		for (int j = r->nheld - 1; j >= 0; j--) {
+			if (r->held[j].for_pid != pid || r->held[j].idle)
+				continue;
+			struct gcr_err e2;
+			if (resume_one(r, j, "the room made for a woken process was not enough", &e2) == 0)
+				drop_hold(r, j);
+		}
+	}
+out:
+	free(cand);
+	free(v);
+	free(pick);
+	i = hold_of(r, pid);
+	if (rc < 0 && i >= 0 && !r->held[i].woken_said) {
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "woken pid %d (priority %d) stays suspended: %s; resumed when room "
+			"returns", (int)pid, prio, why);
+		r->held[i].woken_said = 1;
+	}
+	return rc;
+}
+
+/* A wake from p: only a process this agent holds is woken (one suspended by gcrctl or a
+ * Checkpoint is its owner's); a victim whose requester still runs stays held (its requester's
+ * priority is above its own), and is given back by the rules of the monitor. */
+static void wake(struct agent_room *r, const struct wake *w)
+{
+	int i = hold_of(r, w->p.pid);
+	if (i < 0 || (r->held[i].start != 0 && w->p.start != 0 && r->held[i].start != w->p.start)) {
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "wake from pid %d ignored: not suspended by overcommit", (int)w->p.pid);
+		return;
+	}
+	struct hold *h = &r->held[i];
+	if (h->woken > 0)
+		return;
+	h->woken = w->at;
+	GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d, %s) called while suspended (its first call has "
+		"waited %.1f ms)", (int)h->pid, h->priority, h->idle ? "idle" : "held for another",
+		gcr_time_mono_ms() - w->at);
+	if (!h->idle && resident(r, h->for_pid, h->for_start)) {
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d stays suspended: pid %d it was held for (priority above "
+			"its own) runs; resumed when room returns", (int)h->pid, (int)h->for_pid);
+		h->woken_said = 1;
+		return;
+	}
+	if (h->idle)
+		(void)wake_try(r, i);
+	/* A victim whose requester is gone or idle: the monitor's next pass resumes it. */
+}
+
+/* ---- an idle requester ---- */
+
+/* MemAvailable of <proc_root>/meminfo in bytes; 0 when it cannot be read (not checked). */
+static unsigned long long host_available(struct agent_room *r)
+{
+	char path[600], line[256];
+	unsigned long long kib = 0;
+	if (r->proc_root == NULL)
+		return 0;
+	snprintf(path, sizeof(path), "%s/meminfo", r->proc_root);
+	FILE *f = fopen(path, "re");
+	if (f == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib < (1ULL << 44) ? kib << 10 : 0;
+}
+
+/* Suspends requester pid (others held for it), idle idle_ms, so that they resume. */
+static void idle_suspend(struct agent_room *r, struct watch *wt, double idle_ms)
+{
+	struct agent_registry_proc p;
+	struct gcr_err err = { 0 };
+	char label[320], note[640], uuid[GCR_NVML_UUID_LEN];
+	if (agent_registry_get(r->reg, wt->pid, &p) < 0 || gpu_of(p.pid, uuid, &err) < 0)
+		return;
+	int opted, prio, preemptible, nfor = 0;
+	settings_of(r, &p, &opted, &prio, &preemptible);
+	for (int i = 0; i < r->nheld; i++)
+		nfor += r->held[i].for_pid == p.pid && !r->held[i].idle;
+	pod_label(r, p.pod_uid, p.pid, label, sizeof(label));
+	/* Data only, whatever the victims' mode: its next call must reach the shim's gate to wake
+	 * it. After the driver's checkpoint (full) a call the shim does not gate (cuCtxSetCurrent,
+	 * the runtime's own calls into the driver) blocks inside the driver's lock, unseen, and the
+	 * process would wait for ever. Its context (a few hundred MiB) stays on the GPU. */
+	unsigned long long bytes = data_bytes(r, p.pid, bytes_on(p.pid, uuid));
+	/* Its buffers go to host memory, faulted in as written: past what the host has, the kernel
+	 * (swap, its OOM killer) would answer. An eighth more for the staging's own. */
+	unsigned long long avail = host_available(r);
+	if (avail > 0 && bytes + bytes / 8 > avail) {
+		wt->since = gcr_time_mono_ms();
+		GCR_LOG(GCR_LOG_WARN, "overcommit", "idle pid %d (pod %s) not suspended: its %llu MiB of buffers do not "
+			"fit in the host's %llu MiB available; tried again after another %d ms without a call",
+			(int)p.pid, label, bytes >> 20, avail >> 20, r->cfg.idle_ms);
+		snprintf(note, sizeof(note), "not suspended after %.1f s without a GPU call: its %llu MiB of GPU "
+			 "buffers do not fit in the node's %llu MiB of available memory", idle_ms / 1000, bytes >> 20,
+			 avail >> 20);
+		event(r, p.pod_uid, "Warning", "OvercommitSuspendFailed", note);
+		return;
+	}
+	struct gcr_cr_opts o = { .socket_dir = r->socket_dir, .mode = GCR_CR_DATA_ONLY,
+				 .timeout_ms = AGENT_ROOM_IDLE_GATE_MS, .wake = 1 };
+	struct gcr_cr_result res = { 0 };
+	double t0 = gcr_time_mono_ms();
+	int rc = gcr_cr_suspend(p.pid, &o, &res, &err);
+	wt->since = gcr_time_mono_ms(); /* failed: tried again after another idle period */
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_WARN, "overcommit", "idle pid %d (pod %s) not suspended: %s; tried again after another "
+			"%d ms without a call", (int)p.pid, label, err.msg, r->cfg.idle_ms);
+		snprintf(note, sizeof(note), "not suspended after %.1f s without a GPU call: %s", idle_ms / 1000, err.msg);
+		event(r, p.pod_uid, "Warning", "OvercommitSuspendFailed", note);
+		gcr_cr_result_clear(&res);
+		return;
+	}
+	struct hold h = { .pid = p.pid, .start = p.start, .priority = prio, .bytes = bytes, .since = now_s(),
+			  .data_only = 1, .idle = 1 };
+	snprintf(h.pod, sizeof(h.pod), "%s", p.pod_uid);
+	snprintf(h.uuid, sizeof(h.uuid), "%s", uuid);
+	set_hold(r, &h);
+	agent_metrics_overcommit_wake(r->m, label, 1, 0);
+	GCR_LOG(GCR_LOG_INFO, "overcommit", "suspended idle pid %d (pod %s, priority %d, %llu bytes on %s) after "
+		"%.1f s without a GPU call, for the %d processes held for it: %.1f ms, %lld bytes moved; resumed on "
+		"its next call", (int)p.pid, label, prio, bytes, uuid, idle_ms / 1000, nfor, gcr_time_mono_ms() - t0,
+		res.bytes_moved);
+	snprintf(note, sizeof(note), "suspended on GPU %s after %.1f s without a GPU call, so that the %d pods "
+		 "suspended for it can run; resumed on its next call", uuid, idle_ms / 1000, nfor);
+	event(r, p.pod_uid, "Warning", "OvercommitIdleSuspended", note);
+	gcr_cr_result_clear(&res);
+}
+
+/* Samples the driver calls of each resident requester (others held for it) and suspends one
+ * that made none for idle_ms. The shims' counters, read through their control sockets. */
+static void idle_check(struct agent_room *r)
+{
+	if (r->cfg.idle_ms <= 0)
+		return;
+	pid_t pids[MAX_HELD];
+	int n = 0;
+	for (int i = 0; i < r->nheld; i++) {
+		const struct hold *h = &r->held[i];
+		int dup = 0;
+		for (int j = 0; j < n && !dup; j++)
+			dup = pids[j] == h->for_pid;
+		if (!h->idle && !dup && resident(r, h->for_pid, h->for_start))
+			pids[n++] = h->for_pid;
+	}
+	long long calls[MAX_HELD];
+	int rcs[MAX_HELD];
+	struct gcr_err err;
+	if (n > 0 && gcr_scale_calls_all(pids, (size_t)n, r->socket_dir, STATUS_MS, calls, rcs, NULL, &err) < 0)
+		return;
+	double now = gcr_time_mono_ms();
+	struct watch next[MAX_HELD];
+	for (int k = 0; k < n; k++) {
+		struct watch w = { .pid = pids[k], .calls = calls[k], .since = now };
+		for (int j = 0; j < r->nwatch; j++)
+			if (r->watch[j].pid == pids[k]) {
+				w = r->watch[j];
+				/* No answer (a stopped process): no calls seen, so idle time runs on. */
+				if (rcs[k] == 0 && calls[k] != w.calls) {
+					w.calls = calls[k];
+					w.since = now;
+				}
+			}
+		next[k] = w;
+	}
+	memcpy(r->watch, next, (size_t)n * sizeof(next[0]));
+	r->nwatch = n;
+	for (int k = 0; k < r->nwatch; k++)
+		if (now - r->watch[k].since >= r->cfg.idle_ms)
+			idle_suspend(r, &r->watch[k], now - r->watch[k].since);
 }
 
 /* ---- resumes ---- */
@@ -591,17 +889,39 @@ static void monitor(struct agent_room *r)
 			GCR_LOG(GCR_LOG_INFO, "overcommit", "held pid %d is gone", (int)r->held[i].pid);
 			drop_hold(r, i);
 		}
+	idle_check(r);
 	pthread_mutex_lock(&r->hlock);
 	qsort(r->held, (size_t)r->nheld, sizeof(*r->held), resume_order);
 	pthread_mutex_unlock(&r->hlock);
 	for (int i = 0; i < r->nheld;) {
 		struct hold *h = &r->held[i];
 		char why[320];
-		if (alive(r, h->for_pid, h->for_start)) {
+		if (h->idle) {
+			/* Resumed only when it called; while it waits for room, lower ones wait too. */
+			if (h->woken <= 0) {
+				i++;
+				continue;
+			}
+			int rc = wake_try(r, i);
+			if (rc == -ENOSPC)
+				break;
+			if (rc == 0) {
+				pthread_mutex_lock(&r->hlock);
+				qsort(r->held, (size_t)r->nheld, sizeof(*r->held), resume_order);
+				pthread_mutex_unlock(&r->hlock);
+				i = 0;
+				continue;
+			}
+			i++;
+			continue;
+		}
+		if (resident(r, h->for_pid, h->for_start)) {
 			if (!room_returned(r, h, why, sizeof(why))) {
 				i++;
 				continue;
 			}
+		} else if (alive(r, h->for_pid, h->for_start)) {
+			snprintf(why, sizeof(why), "pid %d it was held for is suspended for idling", (int)h->for_pid);
 		} else {
 			snprintf(why, sizeof(why), "pid %d it was held for is gone", (int)h->for_pid);
 		}
@@ -634,12 +954,20 @@ static void monitor(struct agent_room *r)
 	}
 }
 
+/* The first of *n elements of size sz in a into out; the rest move up. */
+static void pop_front(void *a, int *n, size_t sz, void *out)
+{
+	memcpy(out, a, sz);
+	memmove(a, (char *)a + sz, (size_t)(*n - 1) * sz);
+	(*n)--;
+}
+
 static void *worker(void *data)
 {
 	struct agent_room *r = data;
 	pthread_mutex_lock(&r->lock);
 	while (!r->stop) {
-		if (r->nq == 0 && !r->nudge) {
+		if (r->nq == 0 && r->nw == 0 && !r->nudge) {
 			struct timespec dl;
 			gcr_time_deadline(&dl, r->cfg.check_ms);
 			pthread_cond_timedwait(&r->cv, &r->lock, &dl);
@@ -647,14 +975,23 @@ static void *worker(void *data)
 		if (r->stop)
 			break;
 		if (r->nq > 0) {
-			struct request q = r->q[0];
-			memmove(&r->q[0], &r->q[1], (size_t)(r->nq - 1) * sizeof(r->q[0]));
-			r->nq--;
+			struct request q;
+			pop_front(r->q, &r->nq, sizeof(q), &q);
 			pthread_mutex_unlock(&r->lock);
 			handle(r, &q);
 			events_flush(r);
 			pthread_mutex_lock(&r->lock);
 			continue; /* requests first: an allocation is waiting */
+		}
+		if (r->nw > 0) {
+			struct wake w;
+			pop_front(r->wq, &r->nw, sizeof(w), &w);
+			pthread_mutex_unlock(&r->lock);
+			wake(r, &w);
+			events_flush(r);
+			pthread_mutex_lock(&r->lock);
+			r->nudge = 1; /* a woken victim whose requester is gone or idle: the monitor resumes it now */
+			continue;
 		}
 		r->nudge = 0;
 		pthread_mutex_unlock(&r->lock);
@@ -684,6 +1021,24 @@ static void on_room(void *data, const struct agent_registry_proc *p, int fd, con
 	}
 	r->q[r->nq++] = (struct request){ .p = *p, .fd = fd, .req = *req, .queued = gcr_time_mono_ms() };
 	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->lock);
+}
+
+static void on_wake(void *data, const struct agent_registry_proc *p, const struct agent_roommsg_room *w)
+{
+	struct agent_room *r = data;
+	double at = gcr_time_mono_ms() - (double)w->waited_ms;
+	pthread_mutex_lock(&r->lock);
+	int i = 0;
+	while (i < r->nw && r->wq[i].p.pid != p->pid)
+		i++;
+	/* One per registered process at most, so the list (MAX_HELD) never overflows. */
+	if (i < MAX_HELD) {
+		r->wq[i] = (struct wake){ .p = *p, .at = at };
+		if (i == r->nw)
+			r->nw++;
+		pthread_cond_signal(&r->cv);
+	}
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -730,8 +1085,12 @@ int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struc
 	pthread_mutex_init(&r->hlock, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	r->socket_dir = strdup(cfg->socket_dir);
+	r->proc_root = cfg->proc_root != NULL ? strdup(cfg->proc_root) : NULL;
 	r->held = calloc(MAX_HELD, sizeof(*r->held));
-	if (r->socket_dir == NULL || r->held == NULL ||
+	r->wq = calloc(MAX_HELD, sizeof(*r->wq));
+	r->watch = calloc(MAX_HELD, sizeof(*r->watch));
+	if (r->socket_dir == NULL || r->held == NULL || r->wq == NULL || r->watch == NULL ||
+	    (cfg->proc_root != NULL && r->proc_root == NULL) ||
 	    asprintf(&r->dir, "%s/%s", cfg->record_dir, RECORD_SUBDIR) < 0) {
 		r->dir = NULL;
 		agent_room_free(r);
@@ -749,7 +1108,7 @@ int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struc
 		return -e;
 	}
 	records_load(r);
-	struct agent_registry_handler h = { .room = on_room, .gone = on_gone, .data = r };
+	struct agent_registry_handler h = { .room = on_room, .wake = on_wake, .gone = on_gone, .data = r };
 	agent_registry_set_handler(reg, &h);
 	*out = r;
 	return 0;
@@ -761,8 +1120,9 @@ int agent_room_start(struct agent_room *r, struct gcr_err *err)
 	if (rc != 0)
 		return gcr_err_set(err, -rc, "cannot start the overcommit thread: %s", strerror(rc));
 	r->started = 1;
-	GCR_LOG(GCR_LOG_INFO, "overcommit", "policy %s (%s suspends); %d processes held; records in %s",
-		r->cfg.enabled ? "on" : "off", r->cfg.data_only ? "data-only" : "full", r->nheld, r->dir);
+	GCR_LOG(GCR_LOG_INFO, "overcommit", "policy %s (%s suspends; idle requesters %s%d ms); %d processes held; "
+		"records in %s", r->cfg.enabled ? "on" : "off", r->cfg.data_only ? "data-only" : "full",
+		r->cfg.idle_ms > 0 ? "suspended after " : "never suspended, ", r->cfg.idle_ms, r->nheld, r->dir);
 	return 0;
 }
 
@@ -785,7 +1145,10 @@ void agent_room_free(struct agent_room *r)
 	pthread_mutex_destroy(&r->lock);
 	pthread_mutex_destroy(&r->hlock);
 	free(r->held);
+	free(r->wq);
+	free(r->watch);
 	free(r->socket_dir);
+	free(r->proc_root);
 	free(r->dir);
 	free(r);
 }

@@ -1,7 +1,8 @@
 /* agent_room: GPU memory overcommit by suspend (docs/preemption.md): a shim's "room" request
  * makes the agent suspend lower-priority processes on that GPU, just enough of them; they are
- * resumed, highest priority first, once the process they were suspended for is gone, or once
- * their GPU has had room for them for a while (the requester freed memory). */
+ * resumed, highest priority first, once the process they were suspended for is gone, idles (it
+ * is suspended then, and woken by its next call), or once their GPU has had room for them for a
+ * while (the requester freed memory). */
 #ifndef AGENT_ROOM_H
 #define AGENT_ROOM_H
 
@@ -19,12 +20,17 @@
 #define AGENT_ROOM_RETURN_MS 2000   /* room seen free this long gives a victim back (return_ms) */
 #define AGENT_ROOM_QUEUE 64         /* room requests waiting at most; more are answered -EBUSY */
 #define AGENT_ROOM_EVENTS 64        /* Events one decision posts at most (two per victim) */
+/* The gate's bound when an idle requester is suspended (ms): a thread inside a long call (a
+ * synchronize on a long kernel) is not idle; the worker must not wait for it long. */
+#define AGENT_ROOM_IDLE_GATE_MS 2000
 /* Bytes asked beyond the allocation, its size rounded up to this (the VMM granularity). */
 #define AGENT_ROOM_GRANULE (2ULL << 20)
 
 struct agent_room_cfg {
 	const char *socket_dir; /* the shims' control sockets (gcr_cr) */
 	const char *record_dir; /* <record_dir>/overcommit/<pid>.json: who is held for whom (root only) */
+	const char *proc_root;  /* <proc_root>/meminfo: the host memory an idle requester's buffers need;
+				 * NULL or unreadable: not checked */
 	int enabled;            /* 0: every request is refused (the policy is off) */
 	int timeout_ms;
 	int check_ms;
@@ -44,6 +50,11 @@ struct agent_room_cfg {
 	 * allocator that frees and soon allocates again from suspending the victim at each turn.
 	 * 0 means AGENT_ROOM_RETURN_MS; negative: only when the requester ends. */
 	int return_ms;
+	/* A requester (a process others are held for) that has made no driver call for this long
+	 * (ms) is suspended itself, so that they resume by priority; its next call wakes it (the
+	 * shim's "wake"), which suspends them again. 0: off. The calls are the shim's counters,
+	 * read every check_ms: an idle time is known to within check_ms. */
+	int idle_ms;
 };
 
 /* What Kubernetes says of a pod. A pod Kubernetes knows opts in by its label or annotation

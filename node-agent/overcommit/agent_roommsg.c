@@ -28,6 +28,19 @@ int agent_roommsg_parse(const char *line, size_t len, struct agent_roommsg_room 
 	if (rc < 0)
 		return rc;
 	room->id = req.id;
+	room->device = -1;
+	if (req.op == GCR_OP_WAKE_ID) {
+		json_t *w = json_object_get(req.args, "waited_ms");
+		if (!json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > GCR_WAKE_MAX_WAITED_MS)
+			rc = gcr_err_set(err, -EBADMSG, "\"waited_ms\" must be an integer in 0..%lld",
+					 (long long)GCR_WAKE_MAX_WAITED_MS);
+		else {
+			room->waited_ms = (long long)json_integer_value(w);
+			rc = AGENT_ROOMMSG_WAKE;
+		}
+		gcr_req_clear(&req);
+		return rc;
+	}
 	if (req.op != GCR_OP_ROOM_ID) {
 		gcr_req_clear(&req);
 		return AGENT_ROOMMSG_OTHER;

@@ -1,5 +1,6 @@
 /* shim_agent: the registry connection to the node agent: "register" once, then, for a process
- * that opted in to overcommit, "room" requests when an allocation fails for want of GPU memory. */
+ * that opted in to overcommit, "room" requests when an allocation fails for want of GPU memory,
+ * and "wake" when a thread reaches the gate of a suspend the agent made. */
 #include "config.h"
 #include "shim_agent.h"
 
@@ -208,5 +209,51 @@ int shim_agent_room(size_t bytes, int device)
 	else
 		GCR_LOG(GCR_LOG_WARN, "shim", "no room for %zu bytes on device %d (%s); the application gets "
 			"out-of-memory", bytes, device, err.msg);
+	return rc;
+}
+
+/* One wake line on the connection; the caller holds the lock. */
+static int wake_locked(long long waited_ms, struct gcr_err *err)
+{
+	if (waited_ms > GCR_WAKE_MAX_WAITED_MS)
+		waited_ms = GCR_WAKE_MAX_WAITED_MS;
+	char *line = gcr_proto_request_line(next_id++, GCR_OP_WAKE_ID, json_pack("{s:I}", "waited_ms",
+										  (json_int_t)(waited_ms < 0 ? 0 : waited_ms)));
+	if (line == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory for the line");
+	int rc = gcr_sock_write_all(fd, line, strlen(line), REGISTER_MS, err);
+	free(line);
+	return rc;
+}
+
+int shim_agent_wake(long long waited_ms)
+{
+	struct gcr_err err = { 0 };
+	struct timespec dl;
+	gcr_time_deadline(&dl, REGISTER_MS);
+	/* Nobody holds the lock long while this process is suspended: a room request is a gated
+	 * call, over before the gate closed. */
+	if (pthread_mutex_timedlock(&lock, &dl) != 0) {
+		GCR_LOG(GCR_LOG_WARN, "shim", "wake not sent: the agent's connection stayed busy %d ms; the process "
+			"stays suspended until the agent resumes it", REGISTER_MS);
+		return -ETIMEDOUT;
+	}
+	int rc = fd >= 0 ? wake_locked(waited_ms, &err) : -EPIPE;
+	if (rc < 0) {
+		/* The agent restarted since we registered: register with the new one, tell it. */
+		close_locked();
+		rc = connect_locked(&err);
+		if (rc == 0)
+			rc = wake_locked(waited_ms, &err);
+		if (rc < 0)
+			close_locked();
+	}
+	pthread_mutex_unlock(&lock);
+	if (rc == 0)
+		GCR_LOG(GCR_LOG_INFO, "shim", "suspended by the agent and called: wake sent (first caller waited "
+			"%lld ms)", waited_ms);
+	else
+		GCR_LOG(GCR_LOG_WARN, "shim", "suspended by the agent and called, but the agent could not be told (%s); "
+			"the process stays suspended until the agent resumes it", err.msg);
 	return rc;
 }

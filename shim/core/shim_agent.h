@@ -29,6 +29,12 @@ int shim_agent_overcommit(void);
  * another's request was granted gets 0 without asking again. */
 int shim_agent_room(size_t bytes, int device);
 
+/* Tells the agent, with no reply awaited, that a thread of this process reached the closed
+ * gate of a suspend the agent made ("wake", include/gcr/protocol.h); waited_ms: how long the
+ * first waiting thread has waited. Registers again first when the agent restarted. 0, or
+ * -errno when the agent could not be told (logged). Bounded: about 2 s at most. */
+int shim_agent_wake(long long waited_ms);
+
 /* The retry loop of an allocation wrapper, after an attempt failed for want of memory: true
  * when this process opted in, fewer than SHIM_AGENT_ROOM_TRIES rooms were
  * asked for this call (*tries counts them) and the agent made room: then try again. Callers

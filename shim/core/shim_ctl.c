@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -244,12 +245,47 @@ static bool peer_gone(int fd)
 	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+/* ---- the overcommit wake: a suspend the agent made with "wake" arms it; the first thread
+ * that then reaches the closed gate tells the agent (shim_agent_wake), once per suspend ---- */
+static atomic_int wake_armed;
+
+static void wake_send(void)
+{
+	double since;
+	if (!atomic_exchange(&wake_armed, 0))
+		return;
+	int n = shim_gate_waiting(&since);
+	(void)shim_agent_wake(n > 0 ? (long long)(gcr_time_mono_ms() - since) : 0);
+}
+
+/* The gate's wait hook: a thread about to wait. */
+static void wake_on_wait(void)
+{
+	wake_send();
+}
+
+/* on: after a suspend that asked for it; off: before a resume or an undone suspend. */
+static void wake_arm(int on)
+{
+	if (!on) {
+		atomic_store(&wake_armed, 0);
+		return;
+	}
+	shim_gate_set_wait_hook(wake_on_wait);
+	atomic_store(&wake_armed, 1);
+	/* A thread that reached the gate while the suspend ran has not seen the arm: send for it.
+	 * Either this check sees it waiting or its hook sees the arm; the exchange sends once. */
+	if (shim_gate_waiting(NULL) > 0)
+		wake_send();
+}
+
 /* A suspend nobody will hear of would leave the process suspended with nobody to resume
  * it: undone at once. */
 static void undo_suspend(const char *why)
 {
 	struct shim_cr_report rep;
 	struct gcr_err err;
+	wake_arm(0);
 	if (shim_cr_resume(&rep, &err) < 0)
 		GCR_LOG(GCR_LOG_ERROR, "shim", "suspend undone because %s: resume failed: %s; process left "
 			"suspended, resume it with gcrctl resume", why, err.msg);
@@ -303,6 +339,12 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 			rc = gcr_err_set(&err, -EINVAL, "\"image\" must be an absolute path");
 			break;
 		}
+		/* "wake": the agent's overcommit suspend; its process's next call tells the agent. */
+		json_t *wake = json_object_get(req.args, "wake");
+		if (wake != NULL && (!json_is_boolean(wake) || (json_is_true(wake) && dir != NULL))) {
+			rc = gcr_err_set(&err, -EINVAL, "\"wake\" must be a boolean, and not with \"image\"");
+			break;
+		}
 		need_set(NULL);
 		json_t *imgres = NULL;
 		rc = dir != NULL ? shim_imagefile_suspend(dir, timeout, &rep, &imgres, &err)
@@ -323,6 +365,7 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 		}
 		if (rc == 0) {
 			*suspended = true;
+			wake_arm(json_is_true(wake));
 			result = report_json(&rep);
 			if (imgres != NULL)
 				json_object_set_new(result, "image", imgres);
@@ -360,18 +403,22 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 	case GCR_OP_IMAGE_READ_ID:
 		rc = op_image_read(req.args, &result, &err);
 		break;
-	case GCR_OP_RESUME_ID:
+	case GCR_OP_RESUME_ID: {
 		if (shim_imagefile_dropped()) {
 			rc = gcr_err_set(&err, -EINVAL, "the data is in image files only (image-write): image-read "
 					 "first; process still suspended");
 			break;
 		}
+		int armed = atomic_exchange(&wake_armed, 0); /* no wake while resuming */
 		rc = shim_cr_resume(&rep, &err);
 		if (rc == 0) {
 			shim_imagefile_resumed();
 			result = report_json(&rep);
+		} else if (armed) {
+			wake_arm(1); /* still suspended: still the agent's */
 		}
 		break;
+	}
 	default:
 		rc = gcr_err_set(&err, -EOPNOTSUPP, "unsupported op");
 	}
@@ -680,6 +727,7 @@ static void reset_after_fork(void)
 	/* The child has no control thread; it gets its own socket if it initialises CUDA. */
 	start_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	sock_path[0] = '\0';
+	atomic_store(&wake_armed, 0); /* the parent's suspend, not the child's */
 	shim_agent_after_fork();
 }
 

@@ -15,6 +15,10 @@ static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
 static atomic_int gate_closed;
 static _Atomic uint64_t gate_waits;
+static void (*_Atomic wait_hook)(void);
+/* Threads waiting now; the first one's arrival (monotonic ms), both under gate_lock. */
+static int waiting;
+static double waiting_since;
 
 /* threads_lock guards the list, the retired totals and nthreads; a record is only
  * read under it (or by its own thread), so freeing one under it is safe. */
@@ -134,8 +138,17 @@ struct shim_thread *shim_gate_enter(unsigned row, int variant)
 		atomic_fetch_sub(&t->active, 1);
 		atomic_fetch_add_explicit(&gate_waits, 1, memory_order_relaxed);
 		pthread_mutex_lock(&gate_lock);
+		if (waiting++ == 0)
+			waiting_since = gcr_time_mono_ms();
+		pthread_mutex_unlock(&gate_lock);
+		/* Counted as waiting first: a hook armed after this sees the count (shim_gate_waiting). */
+		void (*hook)(void) = atomic_load(&wait_hook);
+		if (hook != NULL && atomic_load(&gate_closed))
+			hook();
+		pthread_mutex_lock(&gate_lock);
 		while (atomic_load(&gate_closed))
 			pthread_cond_wait(&gate_cond, &gate_lock);
+		waiting--;
 		pthread_mutex_unlock(&gate_lock);
 	}
 }
@@ -176,6 +189,21 @@ void shim_gate_open(void)
 int shim_gate_is_closed(void)
 {
 	return atomic_load(&gate_closed);
+}
+
+void shim_gate_set_wait_hook(void (*fn)(void))
+{
+	atomic_store(&wait_hook, fn);
+}
+
+int shim_gate_waiting(double *since_ms)
+{
+	pthread_mutex_lock(&gate_lock);
+	int n = waiting;
+	if (since_ms != NULL)
+		*since_ms = n > 0 ? waiting_since : 0;
+	pthread_mutex_unlock(&gate_lock);
+	return n;
 }
 
 uint64_t shim_gate_total_calls(unsigned row, int variant)

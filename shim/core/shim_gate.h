@@ -43,6 +43,14 @@ int shim_gate_close(int timeout_ms, struct gcr_err *err);
 void shim_gate_open(void);
 int shim_gate_is_closed(void);
 
+/* Called (outside the gate's locks) by each thread about to wait at the closed gate, before
+ * it waits; NULL: none. The overcommit wake (shim_agent) hangs here; the open gate never
+ * reaches it. */
+void shim_gate_set_wait_hook(void (*fn)(void));
+/* Threads waiting at the closed gate now, and when the first of them began (monotonic ms; 0
+ * when none waits). */
+int shim_gate_waiting(double *since_ms);
+
 /* Sums of every thread's counters on a row, and how many calls waited at the gate. */
 uint64_t shim_gate_total_calls(unsigned row, int variant);
 uint64_t shim_gate_waits(void);

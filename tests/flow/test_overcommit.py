@@ -29,6 +29,8 @@ import harness as H  # noqa: E402
 AGENT = os.path.join(BUILD, "node-agent", "gcr-agent")
 GCRCTL = os.path.join(BUILD, "node-agent", "gcrctl")
 FAKE_DIR = os.path.join(BUILD, "tests", "fakecuda")
+FAKESMI = os.path.join(FAKE_DIR, "fakesmi")
+CUDA_ERROR_UNKNOWN = 999
 MODULE = os.path.join(SRC, "tests", "progs", "gcr_kernels.h")
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -38,6 +40,10 @@ contexts: [{name: c, context: {cluster: none, user: u}}]
 current-context: c
 """
 WAIT_S = 60  # the bound on any one wait
+# The idle cases' --overcommit-idle-ms; GCR_OC_FLOW_IDLE_MS=0 runs them with the policy off (they
+# must fail: nothing then gives an idle requester's victims back).
+IDLE_MS = 1500
+IDLE_FLAG = os.environ.get("GCR_OC_FLOW_IDLE_MS", str(IDLE_MS))
 
 
 class Fail(Exception):
@@ -121,7 +127,8 @@ class Node:
         check(self.agent.p.wait(WAIT_S) == 0, "agent exit status")
         self.agent = None
 
-    def start(self, name, mib, prio=None, opt_in=True, preemptible=True, buffers=4, extra_env=None, linger=False):
+    def start(self, name, mib, prio=None, opt_in=True, preemptible=True, buffers=4, extra_env=None, linger=False,
+              hold_after=False):
         """gcr-testprog under the shim; it starts (and registers) only once its pid has a pod
         and an environment in the fake /proc."""
         self.n += 1
@@ -137,7 +144,8 @@ class Node:
         env.update(extra_env or {})
         argv = ["sh", "-c", 'read go && exec env "$@"', "sh"] + ["%s=%s" % kv for kv in env.items()] + \
             [self.cfg.testprog, "--module", MODULE, "--mib", str(mib), "--buffers", str(buffers), "--threads",
-             "1", "--iters", "3", "--wait"] + (["--linger"] if linger else [])
+             "1", "--iters", "3", "--wait"] + (["--linger"] if linger else []) + \
+            (["--hold-after"] if hold_after else [])
         p = H.Proc(self.cfg, name, argv, extra_env=self.env)
         self.procs.append(p)
         p.uid = ""
@@ -163,10 +171,11 @@ class Node:
         # Registered: the agent has it (it reads the fake environ at registration).
         self.agent_line(r"registered pid %d " % p.pid)
 
-    def agent_line(self, pattern, since=0):
+    def agent_line(self, pattern, since=0, timeout=WAIT_S):
         """Waits for an agent log line matching pattern (anywhere after line since)."""
         rx = re.compile(pattern)
-        return poll(lambda: any(rx.search(l) for l in self.agent.lines[since:]), "agent line /%s/" % pattern)
+        return poll(lambda: next((l for l in self.agent.lines[since:] if rx.search(l)), None),
+                    "agent line /%s/" % pattern, timeout)
 
     def agent_mark(self):
         return len(self.agent.lines)
@@ -182,6 +191,27 @@ class Node:
         m = p.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of %s" % p.name)
         check(m.group(0) == "RESULT ok", "%s: %s" % (p.name, m.group(0)))
         check(p.p.wait(WAIT_S) == 0, "%s exit status" % p.name)
+
+    def checked(self, p):
+        """p's own exact check of every buffer (after DONE): RESULT ok; it lives on (--hold-after)
+        or exits, as it was started."""
+        p.send("check")
+        m = p.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of %s" % p.name)
+        check(m.group(0) == "RESULT ok", "%s: %s" % (p.name, m.group(0)))
+
+    def ran_checked(self, p):
+        """p's iterations, then its check (it keeps its memory with --hold-after)."""
+        p.send("go")
+        p.expect(r"^DONE", WAIT_S, what="DONE of %s" % p.name)
+        self.checked(p)
+
+    def end_pair(self, high, low, mark):
+        """high checks its data and ends; low, held for it, comes back; low ends (--hold-after)."""
+        self.checked(high)
+        check(high.p.wait(WAIT_S) == 0, "high exit status")
+        self.agent_line(r"resumed pid %d .*it was held for is gone" % low.pid, mark)
+        low.send("exit")
+        check(low.p.wait(WAIT_S) == 0, "low exit status")
 
     def oom(self, p):
         """p's allocation failed with out-of-memory, as without GCR (gcr-testprog exits 2)."""
@@ -205,6 +235,36 @@ class Node:
 
 def held(n, p):
     return n.state(p) == "suspended"
+
+
+def gate_waits(n, p):
+    """Calls of p that waited at its closed gate (its shim's stats)."""
+    st = H.gcrctl(n.cfg, n.sock, "stats", p.pid)
+    return H.dig(st.data, "gate", "waits") or 0
+
+
+def gate_shim_state(n, p):
+    """The shim's own state (a data-only suspend leaves the driver running)."""
+    return H.dig(H.gcrctl(n.cfg, n.sock, "status", p.pid).data, "shim", "state")
+
+
+def inject(p, func, nth):
+    """Arms a fault in p's stand-in driver: its nth call of func fails."""
+    out = subprocess.run([FAKESMI, "fail", str(p.pid), func, str(nth), str(CUDA_ERROR_UNKNOWN)],
+                         capture_output=True, text=True, timeout=30)
+    check(out.returncode == 0, "fakesmi fail: %s" % out.stderr.strip())
+
+
+def disarm(p):
+    """Removes p's armed faults; how many had not fired."""
+    out = subprocess.run([FAKESMI, "disarm", str(p.pid)], capture_output=True, text=True, timeout=30)
+    check(out.returncode == 0, "fakesmi disarm: %s" % out.stderr.strip())
+    return int(out.stdout.strip())
+
+
+def metric(n, name, pod):
+    m = re.search(r'%s\{pod="%s"\} ([\d.]+)' % (name, re.escape(pod)), n.metrics())
+    return float(m.group(1)) if m else None
 
 
 # ---- cases ----
@@ -432,9 +492,7 @@ def case_room_returned(n):
     mark = n.agent_mark()
     high.send("go")
     high.expect(r"^DONE", WAIT_S, what="DONE of high")
-    high.send("check")
-    m = high.expect(r"RESULT (\w+)|ERROR |FAIL", WAIT_S, what="RESULT of high")
-    check(m.group(0) == "RESULT ok", "high: %s" % m.group(0))
+    n.checked(high)
     high.expect(r"^FREED", WAIT_S, what="FREED of high")
     n.agent_line(r"resumed pid %d .*room returned: \d+ MiB free on \S+ for [\d.]+ s while pid %d runs"
                  % (low.pid, high.pid), mark)
@@ -463,9 +521,184 @@ def case_outside_pods(n):
     n.finish(low)
 
 
+def case_idle_wake(n):
+    """The requester idles, holding its memory (gcr-testprog --wait: no driver call until 'go'):
+    after --overcommit-idle-ms it is suspended itself and the victim it was held for is resumed,
+    bit-exact, while it idles; its next call wakes it: the victim is suspended again, the
+    requester resumed, its data bit-exact; once it ends the victim comes back."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1, hold_after=True)
+    n.ready(low)
+    mark = n.agent_mark()
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    check(held(n, low), "low not suspended while high runs: %s" % n.state(low))
+    # Bound: the idle time, the checks' pace (500 ms) and a suspend and a resume, with room.
+    line = n.agent_line(r"suspended idle pid %d .* after ([\d.]+) s without a GPU call" % high.pid, mark,
+                        timeout=IDLE_MS / 1000 + 15)
+    idle_s = float(re.search(r"after ([\d.]+) s without", line).group(1))
+    check(idle_s >= IDLE_MS / 1000, "suspended after %.1f s idle, before the threshold" % idle_s)
+    n.agent_line(r"resumed pid %d .*it was held for is suspended for idling" % low.pid, mark)
+    # Data only, whatever the victims' mode (its next call must reach the shim's gate).
+    check(gate_shim_state(n, high) == "suspended", "high after its idle suspend: %s" % gate_shim_state(n, high))
+    check(n.state(low) == "running", "low after its resume: %s" % n.state(low))
+    check(metric(n, "gcr_agent_overcommit_idle_suspensions_total", high.uid) == 1, "idle suspension not counted")
+    # The victim's data, while the requester idles suspended: bit-exact (it then holds it, idle).
+    n.ran_checked(low)
+    # The requester's next call wakes it: low suspended again for it, then high resumed.
+    mark = n.agent_mark()
+    high.send("go")
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (its call woken)")
+    check(held(n, low), "low not suspended again for the woken high: %s" % n.state(low))
+    lines = n.agent.lines[mark:]
+    sl = [i for i, l in enumerate(lines) if re.search(r"suspended pid %d .* for pid %d " % (low.pid, high.pid), l)]
+    rh = [i for i, l in enumerate(lines) if re.search(r"resumed pid %d .*it called the GPU" % high.pid, l)]
+    check(sl and rh and sl[0] < rh[0], "wake order: low suspended at %s, high resumed at %s" % (sl, rh))
+    n.agent_line(r"pid %d woken: its first call waited [\d.]+ ms" % high.pid, mark)
+    check(metric(n, "gcr_agent_overcommit_wakes_total", high.uid) == 1, "wake not counted")
+    check(any(re.search(r"wake sent", l) for l in list(high.err_tail)), "high's shim did not say it sent the wake")
+    n.end_pair(high, low, n.agent_mark())
+
+
+def case_idle_faults(n):
+    """The idle requester's suspend fails (a copy out fails): it runs on, untouched, its victim
+    stays held, and it is tried again after another idle period; its wake's resume fails (a copy
+    in fails): it stays suspended (the victim suspended for it is given back), and the next check
+    makes room and resumes it; both bit-exact."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1, hold_after=True)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    mark = n.agent_mark()
+    inject(high, "cuMemcpyDtoHAsync", 1)
+    n.agent_line(r"idle pid %d .* not suspended: .*tried again after another" % high.pid, mark,
+                 timeout=IDLE_MS / 1000 + 15)
+    check(disarm(high) == 0, "the fault in the idle suspend did not fire")
+    check(gate_shim_state(n, high) == "running", "high after its failed suspend: %s" % gate_shim_state(n, high))
+    check(held(n, low), "low after high's failed idle suspend: %s" % n.state(low))
+    n.agent_line(r"suspended idle pid %d " % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    n.agent_line(r"resumed pid %d .*suspended for idling" % low.pid, mark)
+    n.ran_checked(low)
+    mark = n.agent_mark()
+    inject(high, "cuMemcpyHtoDAsync", 1)
+    high.send("go")
+    n.agent_line(r"woken pid %d \(priority 10\) stays suspended" % high.pid, mark)
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (resumed at the next check)")
+    check(disarm(high) == 0, "the fault in the wake's resume did not fire")
+    n.agent_line(r"resumed pid %d .*it called the GPU" % high.pid, mark)
+    check(held(n, low), "low not suspended for the woken high: %s" % n.state(low))
+    n.end_pair(high, low, mark)
+
+
+def case_idle_host_full(n):
+    """The idle requester's buffers would not fit in the host's available memory (the node's
+    meminfo, here the fake /proc's): it is not suspended, its victim stays held; once the host has
+    room, the next idle period suspends it and the victim comes back, bit-exact."""
+    meminfo = os.path.join(n.proc, "meminfo")
+    with open(meminfo, "w") as f:
+        f.write("MemTotal:       1048576 kB\nMemAvailable:     102400 kB\n")  # 100 MiB
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    mark = n.agent_mark()
+    n.agent_line(r"idle pid %d .* not suspended: its 38\d MiB of buffers do not fit in the host's 100 MiB"
+                 % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    check(gate_shim_state(n, high) == "running", "high: %s" % gate_shim_state(n, high))
+    check(held(n, low), "low: %s" % n.state(low))
+    with open(meminfo, "w") as f:
+        f.write("MemTotal:       1048576 kB\nMemAvailable:     921600 kB\n")  # 900 MiB
+    n.agent_line(r"suspended idle pid %d " % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    n.agent_line(r"resumed pid %d .*suspended for idling" % low.pid, mark)
+    n.finish(low)
+    high.send("go")
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (woken)")
+    n.checked(high)
+    check(high.p.wait(WAIT_S) == 0, "high exit status")
+
+
+def case_idle_restart(n):
+    """The agent restarts while the idle requester is suspended: the next agent reads its record;
+    the requester's call registers its shim with the new agent and wakes it there (the victim
+    suspended again); both bit-exact."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    mark = n.agent_mark()
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    n.agent_line(r"suspended idle pid %d " % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    n.stop_agent()
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    n.agent_line(r"pid %d \(priority 10\) suspended for idling since an earlier agent" % high.pid)
+    mark = n.agent_mark()
+    high.send("go")
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (woken by the new agent)")
+    n.agent_line(r"resumed pid %d .*it called the GPU" % high.pid, mark)
+    check(held(n, low), "low not suspended again for the woken high: %s" % n.state(low))
+    n.checked(high)
+    check(high.p.wait(WAIT_S) == 0, "high exit status")
+    n.agent_line(r"resumed pid %d .*is gone" % low.pid, mark)
+    n.finish(low)
+
+
+def case_victim_called(n):
+    """A victim's thread calls while it is held (data mode: the call reaches the shim's gate): its
+    shim tells the agent, which keeps it suspended since the process it was held for runs at a
+    higher priority; once that one ends it is resumed, the waiting call goes through, bit-exact."""
+    n.start_agent("--overcommit-mode", "data")
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    check(gate_shim_state(n, low) == "suspended", "low: %s" % gate_shim_state(n, low))
+    mark = n.agent_mark()
+    low.send("go")
+    n.agent_line(r"pid %d \(priority 1, held for another\) called while suspended" % low.pid, mark)
+    n.agent_line(r"pid %d stays suspended: pid %d it was held for" % (low.pid, high.pid), mark)
+    check(gate_shim_state(n, low) == "suspended", "low after its call: %s" % gate_shim_state(n, low))
+    check(not any(l.startswith("ITER") or l == "DONE" for l in low.lines), "low ran while suspended")
+    n.finish(high)
+    n.agent_line(r"pid %d woken: its first call waited [\d.]+ ms" % low.pid, mark)
+    low.expect(r"^DONE", WAIT_S, what="DONE of low (its waiting call through)")
+    n.checked(low)
+    check(metric(n, "gcr_agent_overcommit_wakes_total", low.uid) == 1, "the wake not counted")
+
+
+def case_gcrctl_not_woken(n):
+    """A process suspended by gcrctl (not by overcommit) whose thread reaches the closed gate is
+    not woken: its shim sends no wake, the agent resumes nothing; it runs once gcrctl resumes it."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    p = n.start("solo", 128, prio=5)
+    n.ready(p)
+    # Data only (--no-driver): its next call then reaches the shim's gate (after the driver's
+    # checkpoint it would block inside the driver, where no shim sees it).
+    r = H.gcrctl(n.cfg, n.sock, "suspend", p.pid, flags=("--no-driver",))
+    check(r.rc == 0 and gate_shim_state(n, p) == "suspended", "gcrctl suspend: rc %s %s" % (r.rc, r.error))
+    mark = n.agent_mark()
+    p.send("go")
+    poll(lambda: gate_waits(n, p) >= 1, "solo's call at the closed gate")
+    # Several of the agent's checks (every 500 ms) and its idle threshold pass: still suspended.
+    end = time.monotonic() + IDLE_MS / 1000 + 2.0
+    while time.monotonic() < end:
+        check(gate_shim_state(n, p) == "suspended", "the gcrctl-suspended process was resumed")
+        time.sleep(0.1)
+    check(not any(re.search(r"pid %d .*called while suspended|wake from pid %d" % (p.pid, p.pid), l)
+                  for l in n.agent.lines[mark:]), "the agent heard a wake from it")
+    check(not any("wake sent" in l for l in list(p.err_tail)), "its shim sent a wake")
+    r = H.gcrctl(n.cfg, n.sock, "resume", p.pid, flags=("--no-driver",))
+    check(r.rc == 0, "gcrctl resume: rc %s %s" % (r.rc, r.error))
+    n.finish(p)
+
+
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
-         (case_room_returned, 512), (case_outside_pods, 512)]
+         (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_idle_faults, 512), (case_idle_host_full, 512),
+         (case_idle_restart, 512), (case_victim_called, 512),
+         (case_gcrctl_not_woken, 512)]
 
 
 def main():

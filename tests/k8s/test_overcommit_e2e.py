@@ -52,12 +52,14 @@ def case_install():
 
 # ---- pods and what they show ----
 
-def pod(ns, name, uid, mib, cls, buffers=4, optin=True, annotations=None, gate=False):
+def pod(ns, name, uid, mib, cls, buffers=4, optin=True, annotations=None, gate=False, hold_after=False):
     """A non-root pod of PriorityClass cls running gcr-testprog (mib MiB in buffers buffers) under
     the injected shim; steered through /tmp/ctl as in test_node_e2e. Returns its first line:
-    READY (allocated) or ERROR (its allocation failed). The program's exit status follows as EXIT."""
+    READY (allocated) or ERROR (its allocation failed). The program's exit status follows as EXIT.
+    hold_after: after its check (RESULT ok) it keeps its memory until "exit"."""
+    hold = " --hold-after" if hold_after else ""
     script = ("touch /tmp/ctl && tail -f /tmp/ctl | { "
-              f"gcr-testprog --module {KERNELS} --mib {mib} --buffers {buffers} --threads 1 --iters 3 --wait; "
+              f"gcr-testprog --module {KERNELS} --mib {mib} --buffers {buffers} --threads 1 --iters 3 --wait{hold}; "
               "echo EXIT $?; }")
     meta = {"name": name, "namespace": ns, "labels": {"case": ns}}
     if optin:
@@ -197,6 +199,46 @@ def no_suspensions(ns):
 
 
 # ---- cases ----
+
+# The chart's default overcommit.idleMs (30 s), and the agent's checks on top (0.5 s each).
+IDLE_S = 30
+
+
+@in_namespace("oc-idle")
+def case_idle(ns):
+    """The chart's defaults: the high pod idles holding its memory (its program waits for "go"):
+    after overcommit.idleMs it is suspended itself (data only: its buffers leave the GPU, its
+    context stays), the low pod is resumed; Events on both and the metrics say so; the low pod's
+    data is bit-exact while the high one idles; the high pod's next call wakes it: the low one is
+    suspended again, the high one resumed, its data bit-exact; once it ends the low one is back.
+    With GCR_OC_E2E_SET=overcommit.idleMs=0 this case fails (nothing suspends the idle pod)."""
+    lpid, lbytes = ready(ns, "low", 2001, 192, "gcr-oc-low", hold_after=True)
+    hpid, hbytes = ready(ns, "high", 2002, 384, "gcr-oc-high")
+    held(ns, "low", lpid)
+    ev = wait_until(f"OvercommitIdleSuspended Event on {ns}/high",
+                    lambda: events(ns, "high", "OvercommitIdleSuspended"), IDLE_S + 30)
+    check(ev[0].get("type") == "Warning", f"OvercommitIdleSuspended is {ev[0].get('type')}, not Warning")
+    log(f"event {ns}/high: {ev[0].get('message')}")
+    wait_resumed(ns, "low", lpid, lbytes)
+    wait_event(ns, "low", "OvercommitResumed", "Normal", "suspended for idling")
+    st, m = state(ns, "high", hpid), mem(ns, "high", hpid)
+    check(st == "running" and m < hbytes, f"high not suspended data only: driver state {st}, {m} bytes on the GPU")
+    check(metric("gcr_agent_overcommit_idle_suspensions_total", f"{ns}/high") == 1, "idle suspension not counted")
+    N.finish(ns, "low")  # bit-exact while high idles; it keeps its memory (--hold-after)
+    N.ctl(ns, "high", "go")
+    line(ns, "high", r"^DONE$", 60)
+    held(ns, "low", lpid)
+    running(ns, "high", hpid, hbytes)
+    wait_event(ns, "high", "OvercommitResumed", "Normal", "it called the GPU")
+    wait_event(ns, "low", "OvercommitSuspended", "Warning", f"for pod {ns}/high")
+    check(metric("gcr_agent_overcommit_wakes_total", f"{ns}/high") == 1, "the wake not counted")
+    N.ctl(ns, "high", "check")
+    check(line(ns, "high", r"^RESULT ", 60) == "RESULT ok", "high: its own check failed")
+    check(line(ns, "high", r"^EXIT ", 30) == "EXIT 0", "high: exit status not 0")
+    wait_resumed(ns, "low", lpid, lbytes)
+    N.ctl(ns, "low", "exit")
+    check(line(ns, "low", r"^EXIT ", 30) == "EXIT 0", "low: exit status not 0")
+
 
 @in_namespace("oc-two")
 def case_two(ns):
@@ -365,7 +407,7 @@ def case_policy_off(ns):
     finish(ns, "low")
 
 
-CASES = [case_install, case_two, case_three_just_enough, case_three_order, case_never_preemptible,
+CASES = [case_install, case_two, case_idle, case_three_just_enough, case_three_order, case_never_preemptible,
          case_agent_restart, case_readiness, case_policy_off]
 
 if __name__ == "__main__":

@@ -44,6 +44,22 @@ static void test_room(void)
 	CHECK(agent_roommsg_parse("{\"v\":1}\0x", 9, &r, &err) == -EBADMSG); /* a NUL inside */
 }
 
+static void test_wake(void)
+{
+	struct agent_roommsg_room r;
+	CHECK(parse("{\"v\":1,\"id\":3,\"op\":\"wake\",\"args\":{\"waited_ms\":12}}", &r) == AGENT_ROOMMSG_WAKE);
+	CHECK(r.id == 3 && r.waited_ms == 12 && r.bytes == 0 && r.device == -1);
+	CHECK(parse("{\"v\":1,\"id\":0,\"op\":\"wake\",\"args\":{\"waited_ms\":86400000}}", &r) ==
+	      AGENT_ROOMMSG_WAKE);
+	/* Each field checked: missing, negative, too large, not an integer. */
+	CHECK(parse("{\"v\":1,\"id\":3,\"op\":\"wake\"}", &r) == -EBADMSG && r.id == 3);
+	CHECK(parse("{\"v\":1,\"id\":3,\"op\":\"wake\",\"args\":{\"waited_ms\":-1}}", &r) == -EBADMSG);
+	CHECK(parse("{\"v\":1,\"id\":3,\"op\":\"wake\",\"args\":{\"waited_ms\":86400001}}", &r) == -EBADMSG);
+	CHECK(parse("{\"v\":1,\"id\":3,\"op\":\"wake\",\"args\":{\"waited_ms\":0.5}}", &r) == -EBADMSG);
+	CHECK(parse("{\"v\":1,\"id\":3,\"op\":\"wake\",\"args\":{\"waited_ms\":\"1\"}}", &r) == -EBADMSG);
+	CHECK(parse("{\"v\":1,\"id\":-3,\"op\":\"wake\",\"args\":{\"waited_ms\":1}}", &r) == -EBADMSG);
+}
+
 static void env(const char *buf, size_t len, struct agent_roommsg_env *e)
 {
 	agent_roommsg_environ(buf, len, e);
@@ -89,6 +105,7 @@ static void test_environ(void)
 int main(void)
 {
 	test_room();
+	test_wake();
 	test_environ();
 	return test_summary("test_agent_roommsg");
 }

@@ -1,5 +1,6 @@
 /* test_gate: the submission gate lets calls through while open, waits for calls in
- * flight when closing, holds new callers until it opens, and gives up cleanly. */
+ * flight when closing, holds new callers until it opens (telling the wait hook), and gives up
+ * cleanly. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -22,6 +23,14 @@ static void *hold_inside(void *arg)
 		sched_yield();
 	shim_gate_exit(t);
 	return NULL;
+}
+
+static atomic_int hook_calls;
+
+/* The wait hook: called by the waiting thread, before it waits, while the gate is closed. */
+static void count_hook(void)
+{
+	atomic_fetch_add(&hook_calls, 1);
 }
 
 static void *enter_once(void *arg)
@@ -84,6 +93,31 @@ int main(void)
 	pthread_join(caller, NULL);
 	CHECK(atomic_load(&passed) == 1);
 	CHECK(shim_gate_total_calls(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuMemcpyHtoD_v2), 1) == 1);
+
+	/* The wait hook: each caller about to wait runs it once; the waiting count and the first
+	 * arrival follow; the open gate never calls it. */
+	shim_gate_set_wait_hook(count_hook);
+	shim_gate_exit(shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuLaunchKernel), 0));
+	CHECK(atomic_load(&hook_calls) == 0);
+	double since = -1;
+	CHECK(shim_gate_waiting(&since) == 0 && since == 0);
+	CHECK(shim_gate_close(1000, &err) == 0);
+	atomic_store(&passed, 0);
+	waits = shim_gate_waits();
+	pthread_t c1, c2;
+	pthread_create(&c1, NULL, enter_once, NULL);
+	CHECK(test_gate_wait_seen(waits));
+	pthread_create(&c2, NULL, enter_once, NULL);
+	CHECK(test_gate_wait_seen(waits + 1));
+	CHECK(wait_for(&hook_calls, 2));
+	for (long i = 0; i < 200000000L && shim_gate_waiting(NULL) < 2; i++)
+		sched_yield();
+	CHECK(shim_gate_waiting(&since) == 2 && since > 0);
+	shim_gate_open();
+	pthread_join(c1, NULL);
+	pthread_join(c2, NULL);
+	CHECK(shim_gate_waiting(NULL) == 0 && atomic_load(&hook_calls) == 2);
+	shim_gate_set_wait_hook(NULL);
 
 	/* A thread already inside a gated call may nest without blocking itself. */
 	struct shim_thread *t = shim_gate_enter(SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuLaunchKernel), 0);

@@ -1,6 +1,7 @@
 /* test_shim_agent: the shim's side of overcommit against a scripted agent on a Unix socket:
  * threads out of memory at once, a refusal, an agent that never answers (the bound), a late
- * answer to an abandoned request, an agent restarted between requests, and opt-out. */
+ * answer to an abandoned request, an agent restarted between requests, the wake line, and
+ * opt-out. */
 #include "shim_agent.h"
 #include "shim_config.h"
 #include "util.h"
@@ -25,7 +26,9 @@ enum mode { GRANT, REFUSE, SILENT, LATE, HANG_UP };
 static char sock_path[256];
 static int lfd = -1;
 static atomic_int mode;
-static atomic_int registers, rooms; /* lines seen */
+static atomic_int registers, rooms, wakes; /* lines seen */
+static atomic_llong last_waited;           /* the last wake's "waited_ms" */
+static atomic_int hangups;                 /* connections the agent closed */
 static atomic_int delay_ms;         /* before each answer */
 static atomic_int stop;
 
@@ -68,6 +71,14 @@ static void *agent_main(void *arg)
 				break;
 			if (req.op == GCR_OP_REGISTER_ID) {
 				atomic_fetch_add(&registers, 1);
+			} else if (req.op == GCR_OP_WAKE_ID) {
+				atomic_store(&last_waited, (long long)json_integer_value(json_object_get(req.args, "waited_ms")));
+				atomic_fetch_add(&wakes, 1); /* no answer: the shim reads none */
+				if (atomic_load(&mode) == HANG_UP) {
+					atomic_store(&mode, GRANT);
+					gcr_req_clear(&req);
+					goto closed;
+				}
 			} else if (req.op == GCR_OP_ROOM_ID) {
 				atomic_fetch_add(&rooms, 1);
 				int d = atomic_load(&delay_ms);
@@ -102,6 +113,7 @@ static void *agent_main(void *arg)
 	closed:
 		gcr_linebuf_free(&lb);
 		close(fd);
+		atomic_fetch_add(&hangups, 1);
 	}
 	return NULL;
 }
@@ -173,6 +185,38 @@ static void test_restart(void)
 	CHECK(atomic_load(&registers) == regs + 1);
 }
 
+/* Polls (bounded) until the scripted agent has seen n wakes. */
+static int wakes_seen(int n)
+{
+	for (int i = 0; i < 2000 && atomic_load(&wakes) < n; i++)
+		usleep(1000);
+	return atomic_load(&wakes) >= n;
+}
+
+static void test_wake(void)
+{
+	/* One line, no answer awaited, the wait carried; a room request after it still gets its own
+	 * answer (the wake left nothing behind on the connection). */
+	atomic_store(&mode, GRANT);
+	int before = atomic_load(&wakes);
+	CHECK(shim_agent_wake(42) == 0);
+	CHECK(wakes_seen(before + 1) && atomic_load(&last_waited) == 42);
+	CHECK(shim_agent_room(4096, 0) == 0);
+	/* Out of range: clamped to what the agent accepts. */
+	CHECK(shim_agent_wake(-5) == 0 && wakes_seen(before + 2) && atomic_load(&last_waited) == 0);
+	/* The agent hangs up after this wake (restarted): the next wake finds the connection broken,
+	 * registers again and is sent on the new one. */
+	int hung = atomic_load(&hangups);
+	atomic_store(&mode, HANG_UP);
+	CHECK(shim_agent_wake(1) == 0 && wakes_seen(before + 3));
+	for (int i = 0; i < 2000 && atomic_load(&hangups) == hung; i++)
+		usleep(1000);
+	CHECK(atomic_load(&hangups) == hung + 1);
+	int regs = atomic_load(&registers);
+	CHECK(shim_agent_wake(7) == 0);
+	CHECK(wakes_seen(before + 4) && atomic_load(&last_waited) == 7 && atomic_load(&registers) == regs + 1);
+}
+
 static void test_opt_out(void)
 {
 	shim_cfg.overcommit = 0;
@@ -212,6 +256,7 @@ int main(void)
 	test_bound();
 	test_late();
 	test_restart();
+	test_wake();
 	test_opt_out();
 	shim_agent_drop();
 	atomic_store(&stop, 1);
