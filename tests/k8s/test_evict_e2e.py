@@ -34,12 +34,14 @@ HOLD = "/opt/gcr/lib/gcr-hold"
 IMAGES = "/var/lib/gcr/images"
 
 
-def helm_base(extra=()):
+def helm_base(extra=(), env="GCR_EVICT_E2E_SET"):
+    """helm --set arguments: the images and eviction on, extra, then those of the comma list in
+    the environment variable env (key=value,...; the tiers switch a policy off with it)."""
     port = open(os.path.join(N.ENV["GCR_TESTBED_DIR"], "kubelet.port")).read().strip()
     base = ["--set", f"image.repository={N.IMAGE_REPO}", "--set", f"image.tag={N.IMAGE_TAG}",
             "--set", "images.kubelet.enabled=true", "--set", f"images.kubelet.port={port}",
             "--set", "eviction.enabled=true"] + list(extra)
-    for kv in filter(None, os.environ.get("GCR_EVICT_E2E_SET", "").split(",")):
+    for kv in filter(None, os.environ.get(env, "").split(",")):
         base += ["--set", kv]
     return base
 
