@@ -346,6 +346,66 @@ def case_policy_off():
         cleanup(ns)
 
 
+def case_agent_restart_during_hold():
+    """The agent pod deleted while gcr-hold waits for the image (the test hook pauses each C/R 20 s
+    before it starts, so the hold lasts that long): gcr-hold's connection drops unanswered, it asks
+    again, and the DaemonSet's new agent waits for the Checkpoint the first one made (no second
+    one): the image Succeeded before the program ended, no FailedPreStopHook."""
+    ns = "ev-restart"
+    N.namespace(ns)
+    helm = os.path.join(N.ENV["GCR_TESTBED_BIN"], "helm")
+    old = wait_until("the agent Ready", N.agent_ready, 120)
+    N.run([helm, "upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS] + helm_base(
+        ["--set", "agent.extraEnv[0].name=GCR_AGENT_TEST_PAUSE", "--set", "agent.extraEnv[0].value=before-cr",
+         "--set", "agent.extraEnv[1].name=GCR_AGENT_TEST_PAUSE_S", "--set-string", "agent.extraEnv[1].value=20"]) +
+          ["--wait", "--timeout", "180s"], timeout=200)
+    try:
+        paused = wait_until("the paused agent Ready", lambda: (p := N.agent_ready()) and p["metadata"]["uid"] !=
+                            old["metadata"]["uid"] and N.paused_env(p) and p, 120)
+        pod, _, _ = deployment(ns, "web", grace=120)
+        uid = kjson("get", "pod", "-n", ns, pod)["metadata"]["uid"]
+        ck = ck_name(pod, uid)
+        w = Watch(N.host_pid(ns, pod), ns, ck)
+        t0 = time.time()
+        d = drain("app=web")
+        try:
+            wait_until(f"Checkpoint {ck} Running (the agent paused in it)", lambda: kjson(
+                "get", "checkpoint", "-n", ns, ck).get("status", {}).get("phase") == "Running", 60)
+            check(w.gone is None, "the program ended before the agent was restarted")
+            kubectl("delete", "pod", "-n", N.SYSTEM_NS, paused["metadata"]["name"], "--wait=false")
+            t_del = time.time()
+            new = wait_until("the DaemonSet's new agent Ready", lambda: (p := N.agent_ready()) and p["metadata"][
+                "uid"] != paused["metadata"]["uid"] and p, 120)
+            t_new = time.time()
+            out, _ = d.communicate(timeout=200)
+        finally:
+            uncordon()
+        check(d.returncode == 0, f"kubectl drain failed: {out[-1500:]}")
+        wait_until("the program's process gone", lambda: w.gone, 120)
+        w.stop = True
+        s = kjson("get", "checkpoint", "-n", ns, ck).get("status", {})
+        check(s.get("phase") == "Succeeded", f"Checkpoint {ck}: {s.get('phase')}: {s.get('message')}")
+        check(w.succeeded is not None and w.succeeded_alive and w.succeeded < w.gone,
+              f"the image was not Succeeded before the program ended (succeeded {w.succeeded}, gone {w.gone}, "
+              f"agent deleted {t_del})")
+        check(t_del < w.succeeded, "the Checkpoint Succeeded before the agent was deleted: not a restart in the hold")
+        cks = [c["metadata"]["name"] for c in eviction_checkpoints(ns)]
+        check(cks == [ck], f"eviction Checkpoints {cks}")
+        check(event(ns, pod, "FailedPreStopHook") is None, f"gcr-hold failed: {event(ns, pod, 'FailedPreStopHook')}")
+        line = wait_until("the new agent waiting for the Checkpoint", lambda: next(
+            (x for x in agent_log(new) if f"Checkpoint {ck} exists already" in x), None), 30)
+        e = wait_until("an EvictionImageWritten Event", lambda: event(ns, pod, "EvictionImageWritten"), 30)
+        log(f"agent restart in the hold: agent deleted {t_del - t0:.1f} s after the drain began, the new one Ready at "
+            f"{t_new - t0:.1f} s; Checkpoint {ck} Succeeded at {w.succeeded - t0:.1f} s, the program ended at "
+            f"{w.gone - t0:.1f} s; {line.split('evict: ')[-1]}; Event: {e.get('note')}")
+    finally:
+        uncordon()
+        cleanup(ns)
+        N.run([helm, "upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS] + helm_base() + ["--wait", "--timeout", "180s"],
+              timeout=200)
+        wait_until("the agent without the test hook Ready", lambda: (p := N.agent_ready()) and not N.paused_env(p), 120)
+
+
 TOKEN = "gcr.test/token"
 
 
@@ -406,7 +466,8 @@ def case_preempted():
         node_token(None)
 
 
-CASES = [case_install, case_drain_images, case_plain_delete, case_no_time, case_preempted, case_policy_off]
+CASES = [case_install, case_drain_images, case_plain_delete, case_no_time, case_preempted,
+         case_agent_restart_during_hold, case_policy_off]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_EVICT_E2E_CASES")
