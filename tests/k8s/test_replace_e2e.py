@@ -291,6 +291,21 @@ def evict_and_replace(ns, app, corrupt=False):
     return old, ck, new, t0, int(fields["bytes"]), flipped
 
 
+def restored_ok(ns, pod, nbytes):
+    """The replacement runs the restored program (its READY line from before), restored at the
+    first attempt (the gate held it until the evicted pod had ended), its GPU memory back, and the
+    program's own bit-exact check passes (RESULT ok); returns the pod."""
+    p = kjson("get", "pod", "-n", ns, pod)
+    check(p["status"]["containerStatuses"][0].get("restartCount") == 0, f"restarts: {p['status']['containerStatuses']}")
+    logs = kubectl("logs", "-n", ns, pod).stdout
+    check("READY pid=" in logs, f"the replacement's log is not the restored program's: {logs[-500:]}")
+    pid = int(logs.split("READY pid=")[1].split()[0])
+    check(N.smi(ns, pod, "state", pid) == "running", "the restored process's driver state is not running")
+    check(int(N.smi(ns, pod, "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
+    N.finish(ns, pod)
+    return p
+
+
 def case_replacement_restored():
     """A drained pod comes back from its image in the replacement pod: the ReplicaSet's new pod is
     ungated onto the image's node with the checkpoint image from the node's registry, containerd
@@ -316,16 +331,8 @@ def case_replacement_restored():
     check(rs["spec"].get("podName") == new, f"Restore spec {rs['spec']}")
     ev = wait_until("a RestoredFromEviction Event", lambda: events(ns, new, "RestoredFromEviction"), 30)
     check(ev[0]["type"] == "Normal" and ck in ev[0].get("note", ""), f"event {ev[0]}")
-    p = kjson("get", "pod", "-n", ns, new)
+    p = restored_ok(ns, new, nbytes)
     started = p["status"]["containerStatuses"][0]["state"].get("running", {}).get("startedAt")
-    # Restored at the first attempt: the gate held it until the evicted pod had ended.
-    check(p["status"]["containerStatuses"][0].get("restartCount") == 0, f"restarts: {p['status']['containerStatuses']}")
-    logs = kubectl("logs", "-n", ns, new).stdout
-    check("READY pid=" in logs, f"the replacement's log is not the restored program's: {logs[-500:]}")
-    pid = int(logs.split("READY pid=")[1].split()[0])
-    check(N.smi(ns, new, "state", pid) == "running", "the restored process's driver state is not running")
-    check(int(N.smi(ns, new, "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
-    N.finish(ns, new)
     # The token withdrawn once the Restore is final: the registry serves the image no more.
     wait_until("the token withdrawn", lambda: "gpucr.dev/restore-token" not in
                kjson("get", "checkpoint", "-n", ns, ck)["metadata"].get("annotations", {}), 30)
@@ -463,14 +470,7 @@ def case_drain_restored():
     t_restored = time.time()
     rs = kjson("get", "restore", "-n", ns, ck)
     check(rs["spec"].get("podName") == new, f"Restore spec {rs['spec']}")
-    p = kjson("get", "pod", "-n", ns, new)
-    check(p["status"]["containerStatuses"][0].get("restartCount") == 0, f"restarts: {p['status']['containerStatuses']}")
-    logs = kubectl("logs", "-n", ns, new).stdout
-    check("READY pid=" in logs, f"the replacement's log is not the restored program's: {logs[-500:]}")
-    pid = int(logs.split("READY pid=")[1].split()[0])
-    check(N.smi(ns, new, "state", pid) == "running", "the restored process's driver state is not running")
-    check(int(N.smi(ns, new, "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
-    N.finish(ns, new)
+    restored_ok(ns, new, nbytes)
     written = wait_until("EvictionImageWritten on the drained pod", lambda: E.event(ns, old, "EvictionImageWritten"), 30)
     check(written["type"] == "Normal" and ck in written.get("note", ""), f"event {written}")
     back = wait_until("RestoredFromEviction on the replacement", lambda: E.event(ns, new, "RestoredFromEviction"), 30)
