@@ -30,6 +30,7 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/controller/agent_controller.c node-agent/controller/agent_controller.h \
 	node-agent/kube/agent_lease.c node-agent/kube/agent_lease.h \
 	node-agent/kube/agent_leader.c node-agent/kube/agent_leader.h \
+	node-agent/kube/agent_objmap.c node-agent/kube/agent_objmap.h \
 	node-agent/scaler/agent_scaler.c node-agent/scaler/agent_scaler.h \
 	node-agent/scaler/agent_gate.c node-agent/scaler/agent_gate.h \
 	node-agent/scaler/agent_replace.c node-agent/scaler/agent_replace.h \

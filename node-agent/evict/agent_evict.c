@@ -36,7 +36,7 @@
 struct job {
 	int used, done, refs;
 	char uid[AGENT_CGROUP_UID_LEN + 1];
-	enum agent_evictmsg_outcome outcome;
+	int outcome; /* enum agent_evictmsg_outcome, or -ECANCELED: the agent stopped first */
 	char msg[768];
 };
 
@@ -159,8 +159,24 @@ static unsigned long long pod_bytes(struct agent_evict *e, const char *uid)
 	return sum;
 }
 
-/* POSTs the eviction Checkpoint; 0 also when it exists (a hold asked again, e.g. after an
- * agent restart: that one is waited for). */
+/* Whether Checkpoint ns/name exists: 1 yes, 0 no (404), -errno unknown (err set). */
+static int checkpoint_exists(struct agent_evict *e, const char *ns, const char *name, struct gcr_err *err)
+{
+	char path[400];
+	snprintf(path, sizeof(path), "/apis/%s/namespaces/%s/checkpoints/%s", e->api_version, ns, name);
+	long st = 0;
+	json_t *ck = NULL;
+	int rc = agent_kube_request(e->kube, "GET", path, NULL, NULL, &st, &ck, err);
+	json_decref(ck);
+	if (rc < 0)
+		return rc;
+	if (st == 200 || st == 404)
+		return st == 200;
+	return gcr_err_set(err, -EIO, "reading Checkpoint %s/%s: HTTP %ld", ns, name, st);
+}
+
+/* POSTs the eviction Checkpoint; 0 also when it exists (made between the look and the POST:
+ * that one is waited for). */
 static int create_checkpoint(struct agent_evict *e, const struct agent_evictmsg_pod *p, const char *name,
 			     struct gcr_err *err)
 {
@@ -227,8 +243,31 @@ static int wait_checkpoint(struct agent_evict *e, const char *ns, const char *na
 	}
 }
 
-/* The hold of pod uid, from start to answer: outcome and its message (len bytes). */
-static enum agent_evictmsg_outcome hold(struct agent_evict *e, const char *uid, const char *cid, char *msg, size_t len)
+/* Waits for the pod's eviction Checkpoint name to be final (until its deletion deadline), posts
+ * the Event and says the outcome; -ECANCELED (no Event) when the agent stops first. */
+static int await_image(struct agent_evict *e, const struct agent_evictmsg_pod *p, const char *uid, const char *name,
+		       double t0, char *msg, size_t len)
+{
+	char res[640];
+	int rc = wait_checkpoint(e, p->ns, name, (double)p->deletion, res, sizeof(res));
+	double took = wall_s() - t0;
+	if (rc == -ECANCELED)
+		return rc;
+	if (rc == 1) {
+		snprintf(msg, len, "Checkpoint %s wrote the image of %.63s/%.100s (container %s) in %.1f s: %.400s", name,
+			 p->ns, p->name, p->container, took, res);
+		agent_controller_pod_event(e->ctl, uid, "Normal", "EvictionImageWritten", "Evict", msg);
+		return AGENT_EVICTMSG_WRITTEN;
+	}
+	snprintf(msg, len, "Checkpoint %s: no image of %.63s/%.100s after %.1f s: %.400s", name, p->ns, p->name, took,
+		 res);
+	agent_controller_pod_event(e->ctl, uid, "Warning", "EvictionImageFailed", "Evict", msg);
+	return AGENT_EVICTMSG_FAILED;
+}
+
+/* The hold of pod uid, from start to answer: outcome and its message (len bytes), or -ECANCELED
+ * when the agent stops first (the hold is then left unanswered: gcr-hold asks the next agent). */
+static int hold(struct agent_evict *e, const char *uid, const char *cid, char *msg, size_t len)
 {
 	struct gcr_err err;
 	double t0 = wall_s();
@@ -253,11 +292,25 @@ static enum agent_evictmsg_outcome hold(struct agent_evict *e, const char *uid, 
 		snprintf(msg, len, "nothing to do for %s/%s: %s", p.ns, p.name, why);
 		return AGENT_EVICTMSG_NOTHING;
 	}
+	char name[64];
+	agent_evictmsg_ck_name(p.name, p.uid, name, sizeof(name));
+	/* An earlier agent took this hold and made the Checkpoint, then stopped (gcr-hold asked
+	 * again): wait for that one, whatever the estimate says now; never make a second. */
+	rc = checkpoint_exists(e, p.ns, name, &err);
+	if (rc < 0) {
+		snprintf(msg, len, "no image: %s; the pod ends as without GCR", err.msg);
+		agent_controller_pod_event(e->ctl, uid, "Warning", "EvictionImageFailed", "Evict", msg);
+		return AGENT_EVICTMSG_FAILED;
+	}
+	if (rc == 1) {
+		GCR_LOG(GCR_LOG_INFO, "evict", "pod %s/%s deleted for %s: Checkpoint %s exists already (made by an earlier "
+			"agent's hold): waiting for it (%.0f s left)", p.ns, p.name, agent_evictmsg_cause_name(p.cause), name,
+			(double)p.deletion - t0);
+		return await_image(e, &p, uid, name, t0, msg, len);
+	}
 	unsigned long long bytes = pod_bytes(e, uid);
 	double needed = agent_evictmsg_needed_s(bytes, e->cfg.rate_mib_s, e->cfg.fixed_s);
 	double left = (double)p.deletion - t0;
-	char name[64];
-	agent_evictmsg_ck_name(p.name, p.uid, name, sizeof(name));
 	if (needed > left) {
 		snprintf(msg, len, "no image: deleted for %s, an image of %llu MiB of GPU data needs about %.0f s, the grace "
 			 "period leaves %.0f s (raise terminationGracePeriodSeconds); the pod ends as without GCR",
@@ -273,19 +326,7 @@ static enum agent_evictmsg_outcome hold(struct agent_evict *e, const char *uid, 
 		agent_controller_pod_event(e->ctl, uid, "Warning", "EvictionImageFailed", "Evict", msg);
 		return AGENT_EVICTMSG_FAILED;
 	}
-	char res[640];
-	rc = wait_checkpoint(e, p.ns, name, (double)p.deletion, res, sizeof(res));
-	double took = wall_s() - t0;
-	if (rc == 1) {
-		snprintf(msg, len, "Checkpoint %s wrote the image of %.63s/%.100s (container %s) in %.1f s: %.400s", name, p.ns, p.name,
-			 p.container, took, res);
-		agent_controller_pod_event(e->ctl, uid, "Normal", "EvictionImageWritten", "Evict", msg);
-		return AGENT_EVICTMSG_WRITTEN;
-	}
-	snprintf(msg, len, "Checkpoint %s: no image of %.63s/%.100s after %.1f s: %.400s", name, p.ns, p.name, took,
-		 rc == -ECANCELED ? "the agent is stopping" : res);
-	agent_controller_pod_event(e->ctl, uid, "Warning", "EvictionImageFailed", "Evict", msg);
-	return AGENT_EVICTMSG_FAILED;
+	return await_image(e, &p, uid, name, t0, msg, len);
 }
 
 /* The job of uid (joined when one exists, else started); NULL when the table is full. */
@@ -349,14 +390,19 @@ static void serve_conn(struct agent_evict *e, int fd)
 		metric(e, AGENT_EVICTMSG_NOTHING, 0);
 		return;
 	}
-	enum agent_evictmsg_outcome o;
+	int o; /* an outcome, or -ECANCELED: left unanswered */
 	char msg[sizeof(j->msg)];
 	if (first) {
 		double t0 = wall_s();
 		o = hold(e, pod.pod_uid, pod.container_id, msg, sizeof(msg));
-		metric(e, o, wall_s() - t0);
-		GCR_LOG(o == AGENT_EVICTMSG_FAILED || o == AGENT_EVICTMSG_NO_TIME ? GCR_LOG_WARN : GCR_LOG_INFO, "evict",
-			"hold of pod %s answered %s: %s", pod.pod_uid, agent_evictmsg_outcome_name(o), msg);
+		if (o == -ECANCELED) {
+			GCR_LOG(GCR_LOG_INFO, "evict", "hold of pod %s left unanswered: the agent is stopping (gcr-hold asks "
+				"the next agent, which waits for the same Checkpoint)", pod.pod_uid);
+		} else {
+			metric(e, o, wall_s() - t0);
+			GCR_LOG(o == AGENT_EVICTMSG_FAILED || o == AGENT_EVICTMSG_NO_TIME ? GCR_LOG_WARN : GCR_LOG_INFO,
+				"evict", "hold of pod %s answered %s: %s", pod.pod_uid, agent_evictmsg_outcome_name(o), msg);
+		}
 		pthread_mutex_lock(&e->lock);
 		j->outcome = o;
 		snprintf(j->msg, sizeof(j->msg), "%s", msg);
@@ -372,7 +418,8 @@ static void serve_conn(struct agent_evict *e, int fd)
 	if (--j->refs == 0)
 		j->used = 0;
 	pthread_mutex_unlock(&e->lock);
-	reply(fd, o, msg);
+	if (o != -ECANCELED)
+		reply(fd, o, msg);
 }
 
 static void *conn_main(void *data)

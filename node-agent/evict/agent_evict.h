@@ -38,8 +38,8 @@ int agent_evict_new(struct agent_kube *kube, struct agent_controller *ctl, struc
 /* Starts the accept thread. */
 int agent_evict_start(struct agent_evict *e, struct gcr_err *err) __attribute__((warn_unused_result));
 
-/* Stops taking holds; holds in flight are answered "failed: the agent is stopping" within a
- * poll period; removes the socket. NULL-safe. */
+/* Stops taking holds; holds in flight are closed unanswered within a poll period (gcr-hold
+ * asks again, and the next agent waits for the Checkpoint made); removes the socket. NULL-safe. */
 void agent_evict_free(struct agent_evict *e);
 
 #endif

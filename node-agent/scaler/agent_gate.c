@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "agent_objmap.h"
 #include "agent_room.h"
 #include "agent_scalemsg.h"
 #include "gcr_log.h"
@@ -24,14 +25,8 @@
 #define RESYNC_MS 2000
 
 enum gkind { G_POD, G_CK, G_RS, GN };
-static const char *const paths[GN] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
-
-struct gate_watch {
-	struct agent_gate *g;
-	enum gkind kind;
-	pthread_t th;
-	int started;
-};
+static const struct agent_objmap_kind kinds[GN] = {
+	{ "/api/v1/pods", NULL }, { API "/checkpoints", NULL }, { API "/restores", NULL } };
 
 struct agent_gate {
 	struct agent_kube *kube;
@@ -42,11 +37,9 @@ struct agent_gate {
 	/* Only what the gate needs, not the objects: pods declaring the gate ("ns/name" ->
 	 * {status, reason} of its condition), Checkpoints ({ns, pod, phase}), Restores
 	 * ({ns, ck, phase}). */
-	json_t *map[GN];
-	int listed[GN];
+	struct agent_objmap *objs;
 	json_t *dirty; /* "ns/pod" whose condition is to be compared */
 	int all_dirty;
-	struct gate_watch w[GN];
 	pthread_t writer;
 	int writer_started;
 	char *lease_ns; /* where the heartbeat Leases are; NULL: notes not read */
@@ -119,9 +112,16 @@ static double parse_time(const char *s)
 	return s != NULL && strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) != NULL ? (double)timegm(&tm) : 0;
 }
 
-/* What the gate keeps of obj, NULL for a pod without the gate (not kept at all). */
-static json_t *slim(enum gkind k, json_t *obj)
+/* The mirror's map of kind k (under the lock). */
+static json_t *map_locked(struct agent_gate *g, enum gkind k)
 {
+	return agent_objmap_map_locked(g->objs, k);
+}
+
+/* What the gate keeps of obj, NULL for a pod without the gate (not kept at all). */
+static json_t *slim(int k, json_t *obj, void *data)
+{
+	(void)data;
 	const char *ns = at(obj, "metadata", "namespace"), *ph = at(obj, "status", "phase");
 	if (k == G_POD) {
 		if (!agent_gate_declared(obj))
@@ -150,63 +150,24 @@ static void touch_locked(struct agent_gate *g, enum gkind k, const char *key, js
 		const char *ns = json_string_value(json_object_get(e, "ns")), *ck = json_string_value(json_object_get(e, "ck"));
 		char ckey[600];
 		snprintf(ckey, sizeof(ckey), "%s/%s", ns ? ns : "", ck ? ck : "");
-		mark_locked(g, ns, json_string_value(json_object_get(json_object_get(g->map[G_CK], ckey), "pod")));
+		mark_locked(g, ns, json_string_value(json_object_get(json_object_get(map_locked(g, G_CK), ckey), "pod")));
 	}
 }
 
-static void on_list(json_t *items, void *data)
+/* A relist makes every pod's condition to be compared; an object's change (its entry before, a
+ * deleted Checkpoint or Restore changing its pod's state too, and after) that of its pod. */
+static void changed(int kind, const char *key, json_t *old, json_t *cur, void *data)
 {
-	struct gate_watch *w = data;
-	struct agent_gate *g = w->g;
-	json_t *m = json_object();
-	size_t i;
-	json_t *it;
-	char key[600];
-	json_array_foreach(items, i, it)
-	{
-		json_t *e = slim(w->kind, it);
-		if (e != NULL && agent_kube_obj_key(it, key, sizeof(key)) == 0)
-			json_object_set_new(m, key, e);
-		else
-			json_decref(e);
-	}
-	pthread_mutex_lock(&g->lock);
-	json_decref(g->map[w->kind]);
-	g->map[w->kind] = m;
-	g->listed[w->kind] = 1;
-	g->all_dirty = 1;
-	pthread_cond_signal(&g->cond);
-	pthread_mutex_unlock(&g->lock);
-}
-
-static void on_event(const struct agent_watch_event *ev, void *data)
-{
-	struct gate_watch *w = data;
-	struct agent_gate *g = w->g;
-	char key[600];
-	if (agent_kube_obj_key(ev->object, key, sizeof(key)) < 0)
+	struct agent_gate *g = data;
+	if (key == NULL) {
+		g->all_dirty = 1;
+		pthread_cond_signal(&g->cond);
 		return;
-	json_t *e = ev->type == AGENT_WATCH_DELETED ? NULL : slim(w->kind, ev->object);
-	pthread_mutex_lock(&g->lock);
-	json_t *old = json_incref(json_object_get(g->map[w->kind], key));
-	if (old != NULL) /* a deleted Checkpoint or Restore changes its pod's state too */
-		touch_locked(g, w->kind, key, old);
-	if (e != NULL) {
-		touch_locked(g, w->kind, key, e);
-		json_object_set_new(g->map[w->kind], key, e);
-	} else {
-		json_object_del(g->map[w->kind], key);
 	}
-	pthread_mutex_unlock(&g->lock);
-	json_decref(old);
-}
-
-static void *watch_main(void *data)
-{
-	struct gate_watch *w = data;
-	struct agent_kube_watch_ops ops = { .on_list = on_list, .on_event = on_event, .data = w };
-	agent_kube_watch_loop(w->g->kube, paths[w->kind], NULL, &ops, &w->g->stop);
-	return NULL;
+	if (old != NULL)
+		touch_locked(g, (enum gkind)kind, key, old);
+	if (cur != NULL)
+		touch_locked(g, (enum gkind)kind, key, cur);
 }
 
 /* The pod's state from the objects naming it: a Checkpoint not yet final (requested or
@@ -219,7 +180,7 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 	int named = 0;          /* some Checkpoint names the pod */
 	const char *ck;
 	json_t *c;
-	json_object_foreach(g->map[G_CK], ck, c)
+	json_object_foreach(map_locked(g, G_CK), ck, c)
 	{
 		const char *cns = json_string_value(json_object_get(c, "ns")),
 			   *cpod = json_string_value(json_object_get(c, "pod")),
@@ -234,7 +195,7 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 		const char *name = strchr(ck, '/') + 1, *rk;
 		json_t *r;
 		int restored = 0;
-		json_object_foreach(g->map[G_RS], rk, r)
+		json_object_foreach(map_locked(g, G_RS), rk, r)
 		{
 			const char *rns = json_string_value(json_object_get(r, "ns")),
 				   *rck = json_string_value(json_object_get(r, "ck")),
@@ -359,7 +320,7 @@ static void *writer_main(void *data)
 				}
 			}
 		}
-		int synced = g->listed[G_POD] && g->listed[G_CK] && g->listed[G_RS];
+		int synced = agent_objmap_synced_locked(g->objs);
 		if (!synced || (!g->all_dirty && json_object_size(g->dirty) == 0)) {
 			struct timespec dl;
 			gcr_time_deadline(&dl, 200);
@@ -371,7 +332,7 @@ static void *writer_main(void *data)
 		const char *k;
 		json_t *v;
 		if (g->all_dirty) {
-			json_object_foreach(g->map[G_POD], k, v) json_object_set_new(todo, k, json_true());
+			json_object_foreach(map_locked(g, G_POD), k, v) json_object_set_new(todo, k, json_true());
 			json_object_clear(g->dirty);
 			g->all_dirty = 0;
 		} else {
@@ -380,7 +341,7 @@ static void *writer_main(void *data)
 		json_t *writes = json_object(); /* "ns/pod" -> state to write */
 		json_object_foreach(todo, k, v)
 		{
-			json_t *p = json_object_get(g->map[G_POD], k);
+			json_t *p = json_object_get(map_locked(g, G_POD), k);
 			const char *slash = strchr(k, '/');
 			if (p == NULL || slash == NULL)
 				continue; /* not (or no longer) a pod declaring the gate */
@@ -403,7 +364,7 @@ static void *writer_main(void *data)
 			if (!lead || atomic_load(&g->stop) || write_gate(g, k, s) < 0)
 				continue;
 			pthread_mutex_lock(&g->lock); /* as written, until the pod's own event says so */
-			json_t *p = json_object_get(g->map[G_POD], k);
+			json_t *p = json_object_get(map_locked(g, G_POD), k);
 			if (p != NULL) {
 				json_object_set_new(p, "status", json_string(states[s].status));
 				json_object_set_new(p, "reason", json_string(states[s].reason));
@@ -428,12 +389,15 @@ int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct 
 	g->leader = leader;
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_cond_init(&g->cond, NULL);
-	int ok = (g->dirty = json_object()) != NULL && (g->notes = json_array()) != NULL;
-	for (int k = 0; k < GN; k++)
-		ok &= (g->map[k] = json_object()) != NULL;
-	if (!ok) {
+	if ((g->dirty = json_object()) == NULL || (g->notes = json_array()) == NULL) {
 		agent_gate_free(g);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	struct agent_objmap_ops ops = { .slim = slim, .changed = changed, .data = g };
+	int rc = agent_objmap_new(kube, &g->lock, kinds, GN, &ops, &g->objs, err);
+	if (rc < 0) {
+		agent_gate_free(g);
+		return rc;
 	}
 	*out = g;
 	return 0;
@@ -448,14 +412,10 @@ int agent_gate_read_notes(struct agent_gate *g, const char *lease_ns, struct gcr
 
 int agent_gate_start(struct agent_gate *g, struct gcr_err *err)
 {
-	for (int k = 0; k < GN; k++) {
-		g->w[k] = (struct gate_watch){ .g = g, .kind = (enum gkind)k };
-		int rc = pthread_create(&g->w[k].th, NULL, watch_main, &g->w[k]);
-		if (rc != 0)
-			return gcr_err_set(err, -rc, "cannot start the gate's watch: %s", strerror(rc));
-		g->w[k].started = 1;
-	}
-	int rc = pthread_create(&g->writer, NULL, writer_main, g);
+	int rc = agent_objmap_start(g->objs, err);
+	if (rc < 0)
+		return rc;
+	rc = pthread_create(&g->writer, NULL, writer_main, g);
 	if (rc != 0)
 		return gcr_err_set(err, -rc, "cannot start the gate writer: %s", strerror(rc));
 	g->writer_started = 1;
@@ -465,7 +425,7 @@ int agent_gate_start(struct agent_gate *g, struct gcr_err *err)
 int agent_gate_synced(struct agent_gate *g)
 {
 	pthread_mutex_lock(&g->lock);
-	int s = g->listed[G_POD] && g->listed[G_CK] && g->listed[G_RS];
+	int s = agent_objmap_synced_locked(g->objs);
 	pthread_mutex_unlock(&g->lock);
 	return s;
 }
@@ -480,11 +440,7 @@ void agent_gate_free(struct agent_gate *g)
 	pthread_mutex_unlock(&g->lock);
 	if (g->writer_started)
 		pthread_join(g->writer, NULL);
-	for (int k = 0; k < GN; k++) {
-		if (g->w[k].started)
-			pthread_join(g->w[k].th, NULL);
-		json_decref(g->map[k]);
-	}
+	agent_objmap_free(g->objs);
 	json_decref(g->dirty);
 	json_decref(g->notes);
 	free(g->lease_ns);

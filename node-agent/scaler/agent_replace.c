@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "agent_ociimg.h"
+#include "agent_objmap.h"
 #include "agent_ocireg.h"
 #include "gcr_log.h"
 #include "gcr_time.h"
@@ -28,16 +29,11 @@
 #define RECENT_FAILED_S 600
 
 enum rkind { R_POD, R_CK, R_RS, RN };
-static const char *const paths[RN] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
 /* Only the eviction's objects: the Restores are the ones this module labels so. */
-static const char *const queries[RN] = { NULL, "labelSelector=gpucr.dev%2Feviction%3Dtrue",
-					 "labelSelector=gpucr.dev%2Feviction%3Dtrue" };
-
-struct rwatch {
-	struct agent_replace *r;
-	enum rkind kind;
-	pthread_t th;
-	int started;
+static const struct agent_objmap_kind kinds[RN] = {
+	{ "/api/v1/pods", NULL },
+	{ API "/checkpoints", "labelSelector=gpucr.dev%2Feviction%3Dtrue" },
+	{ API "/restores", "labelSelector=gpucr.dev%2Feviction%3Dtrue" },
 };
 
 struct agent_replace {
@@ -45,12 +41,10 @@ struct agent_replace {
 	struct agent_leader *leader;
 	struct agent_replace_cfg cfg;
 	atomic_int stop;
-	pthread_mutex_t lock; /* guards map, listed, kick */
+	pthread_mutex_t lock; /* guards the mirror's maps and kick */
 	pthread_cond_t cond;
-	json_t *map[RN]; /* "ns/name" -> what a pass needs of each object (slim_*) */
-	int listed[RN];
+	struct agent_objmap *objs; /* "ns/name" -> what a pass needs of each object (slim_*), per rkind */
 	int kick;
-	struct rwatch w[RN];
 	pthread_t worker;
 	int worker_started;
 	/* Worker only: pod uid -> monotonic ms first seen waiting (logged once) or restoring. */
@@ -166,58 +160,19 @@ static json_t *slim_rs(json_t *o)
 			 epoch(sget(st, "completionTime")));
 }
 
-static json_t *slim(enum rkind k, json_t *o)
+static json_t *slim(int k, json_t *o, void *data)
 {
+	(void)data;
 	return k == R_POD ? slim_pod(o) : k == R_CK ? slim_ck(o) : slim_rs(o);
 }
 
-static void on_list(json_t *items, void *data)
+/* Any change wakes the worker for a pass (it compares all it keeps). */
+static void changed(int kind, const char *key, json_t *old, json_t *cur, void *data)
 {
-	struct rwatch *w = data;
-	json_t *m = json_object();
-	size_t i;
-	json_t *it;
-	char key[600];
-	json_array_foreach(items, i, it)
-	{
-		json_t *e = slim(w->kind, it);
-		if (e != NULL && agent_kube_obj_key(it, key, sizeof(key)) == 0)
-			json_object_set_new(m, key, e);
-		else
-			json_decref(e);
-	}
-	pthread_mutex_lock(&w->r->lock);
-	json_decref(w->r->map[w->kind]);
-	w->r->map[w->kind] = m;
-	w->r->listed[w->kind] = 1;
-	w->r->kick = 1;
-	pthread_cond_signal(&w->r->cond);
-	pthread_mutex_unlock(&w->r->lock);
-}
-
-static void on_event(const struct agent_watch_event *ev, void *data)
-{
-	struct rwatch *w = data;
-	char key[600];
-	if (agent_kube_obj_key(ev->object, key, sizeof(key)) < 0)
-		return;
-	json_t *e = ev->type == AGENT_WATCH_DELETED ? NULL : slim(w->kind, ev->object);
-	pthread_mutex_lock(&w->r->lock);
-	if (e != NULL)
-		json_object_set_new(w->r->map[w->kind], key, e);
-	else
-		json_object_del(w->r->map[w->kind], key);
-	w->r->kick = 1;
-	pthread_cond_signal(&w->r->cond);
-	pthread_mutex_unlock(&w->r->lock);
-}
-
-static void *watch_main(void *data)
-{
-	struct rwatch *w = data;
-	struct agent_kube_watch_ops ops = { .on_list = on_list, .on_event = on_event, .data = w };
-	agent_kube_watch_loop(w->r->kube, paths[w->kind], queries[w->kind], &ops, &w->r->stop);
-	return NULL;
+	struct agent_replace *r = data;
+	(void)kind, (void)key, (void)old, (void)cur;
+	r->kick = 1;
+	pthread_cond_signal(&r->cond);
 }
 
 /* ---- writes (the leader's) ---- */
@@ -640,11 +595,12 @@ static void *worker_main(void *data)
 		while (!r->kick && !atomic_load(&r->stop) && pthread_cond_timedwait(&r->cond, &r->lock, &dl) == 0)
 			;
 		r->kick = 0;
-		if (!(r->listed[R_POD] && r->listed[R_CK] && r->listed[R_RS]) || !agent_leader_is_leader(r->leader))
+		if (!agent_objmap_synced_locked(r->objs) || !agent_leader_is_leader(r->leader))
 			continue;
 		/* A pass works on copies: requests are made without the lock. */
-		json_t *pods = json_deep_copy(r->map[R_POD]), *cks = json_deep_copy(r->map[R_CK]),
-		       *rss = json_deep_copy(r->map[R_RS]);
+		json_t *pods = json_deep_copy(agent_objmap_map_locked(r->objs, R_POD)),
+		       *cks = json_deep_copy(agent_objmap_map_locked(r->objs, R_CK)),
+		       *rss = json_deep_copy(agent_objmap_map_locked(r->objs, R_RS));
 		pthread_mutex_unlock(&r->lock);
 		if (pods && cks && rss)
 			pass(r, pods, cks, rss);
@@ -672,12 +628,15 @@ int agent_replace_new(struct agent_kube *kube, struct agent_leader *leader, cons
 	r->cfg = *cfg;
 	pthread_mutex_init(&r->lock, NULL);
 	pthread_cond_init(&r->cond, NULL);
-	int ok = (r->since = json_object()) != NULL;
-	for (int k = 0; k < RN; k++)
-		ok &= (r->map[k] = json_object()) != NULL;
-	if (!ok) {
+	if ((r->since = json_object()) == NULL) {
 		agent_replace_free(r);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	struct agent_objmap_ops ops = { .slim = slim, .changed = changed, .data = r };
+	int rc = agent_objmap_new(kube, &r->lock, kinds, RN, &ops, &r->objs, err);
+	if (rc < 0) {
+		agent_replace_free(r);
+		return rc;
 	}
 	*out = r;
 	return 0;
@@ -685,14 +644,10 @@ int agent_replace_new(struct agent_kube *kube, struct agent_leader *leader, cons
 
 int agent_replace_start(struct agent_replace *r, struct gcr_err *err)
 {
-	for (int k = 0; k < RN; k++) {
-		r->w[k] = (struct rwatch){ .r = r, .kind = (enum rkind)k };
-		int rc = pthread_create(&r->w[k].th, NULL, watch_main, &r->w[k]);
-		if (rc != 0)
-			return gcr_err_set(err, -rc, "cannot start the replacement watch: %s", strerror(rc));
-		r->w[k].started = 1;
-	}
-	int rc = pthread_create(&r->worker, NULL, worker_main, r);
+	int rc = agent_objmap_start(r->objs, err);
+	if (rc < 0)
+		return rc;
+	rc = pthread_create(&r->worker, NULL, worker_main, r);
 	if (rc != 0)
 		return gcr_err_set(err, -rc, "cannot start the replacement worker: %s", strerror(rc));
 	r->worker_started = 1;
@@ -712,11 +667,7 @@ void agent_replace_free(struct agent_replace *r)
 	pthread_mutex_unlock(&r->lock);
 	if (r->worker_started)
 		pthread_join(r->worker, NULL);
-	for (int k = 0; k < RN; k++) {
-		if (r->w[k].started)
-			pthread_join(r->w[k].th, NULL);
-		json_decref(r->map[k]);
-	}
+	agent_objmap_free(r->objs);
 	json_decref(r->since);
 	pthread_mutex_destroy(&r->lock);
 	pthread_cond_destroy(&r->cond);

@@ -34,12 +34,14 @@ HOLD = "/opt/gcr/lib/gcr-hold"
 IMAGES = "/var/lib/gcr/images"
 
 
-def helm_base(extra=()):
+def helm_base(extra=(), env="GCR_EVICT_E2E_SET"):
+    """helm --set arguments: the images and eviction on, extra, then those of the comma list in
+    the environment variable env (key=value,...; the tiers switch a policy off with it)."""
     port = open(os.path.join(N.ENV["GCR_TESTBED_DIR"], "kubelet.port")).read().strip()
     base = ["--set", f"image.repository={N.IMAGE_REPO}", "--set", f"image.tag={N.IMAGE_TAG}",
             "--set", "images.kubelet.enabled=true", "--set", f"images.kubelet.port={port}",
             "--set", "eviction.enabled=true"] + list(extra)
-    for kv in filter(None, os.environ.get("GCR_EVICT_E2E_SET", "").split(",")):
+    for kv in filter(None, os.environ.get(env, "").split(",")):
         base += ["--set", kv]
     return base
 
@@ -141,7 +143,9 @@ def cleanup(ns):
 
 
 class Watch:
-    """Watches, every 0.1 s, a host pid and a Checkpoint's phase: when each happened."""
+    """Watches a host pid and the image's manifest on the node every 10 ms (when the program
+    ended), and polls a Checkpoint's phase (when it was first seen Succeeded: a kubectl call
+    late, so it cannot order the two; imaged_before_end does)."""
 
     def __init__(self, pid, ns, ck, pod=None):
         self.pid, self.ns, self.ck = pid, ns, ck
@@ -150,27 +154,47 @@ class Watch:
         self.stop = False
         self.t = threading.Thread(target=self.loop, daemon=True)
         self.t.start()
+        threading.Thread(target=self.phase_loop, daemon=True).start()
 
     def loop(self):
         while not self.stop:
-            alive = os.path.exists(f"/proc/{self.pid}")
             if self.manifest:
                 there = os.path.exists(self.manifest)
                 if there and self.manifest_seen is None:
                     self.manifest_seen = time.time()
                 if not there and self.manifest_seen is not None and self.manifest_lost is None:
                     self.manifest_lost = time.time()
-            if self.succeeded is None:
-                r = kubectl("get", "checkpoint", "-n", self.ns, self.ck, "-o", "jsonpath={.status.phase}",
-                            check=False)
-                if r.stdout.strip() == "Succeeded":
-                    self.succeeded = time.time()
-                    self.succeeded_alive = alive
             if self.gone is None and not os.path.exists(f"/proc/{self.pid}"):
                 self.gone = time.time()
             if self.gone is not None and not self.manifest:
                 break
+            time.sleep(0.01)
+
+    def phase_loop(self):
+        while not self.stop and self.succeeded is None:
+            r = kubectl("get", "checkpoint", "-n", self.ns, self.ck, "-o", "jsonpath={.status.phase}", check=False)
+            if r.stdout.strip() == "Succeeded":
+                self.succeeded = time.time()
             time.sleep(0.1)
+
+
+def rel(t, t0):
+    """t - t0 for a log line ("not seen" when t is None)."""
+    return "not seen" if t is None else f"{t - t0:.1f} s"
+
+
+def imaged_before_end(ns, pod, gone):
+    """The pod's EvictionImageWritten Event, checked to be from before its program ended: the
+    agent posts it once the Checkpoint is Succeeded and before it answers the hold (after which
+    the kubelet sends SIGTERM); its eventTime (microseconds, the node's clock: this host's) against
+    when the 10 ms watch saw the process gone. Polling the phase cannot order them (about 0.1 s
+    apart, a kubectl call each)."""
+    e = wait_until("an EvictionImageWritten Event", lambda: event(ns, pod, "EvictionImageWritten"), 30)
+    t = datetime.strptime(e["eventTime"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+    check(gone is not None and t < gone, f"EvictionImageWritten at {e['eventTime']}, not before the program "
+          f"ended ({gone})")
+    check(e.get("type") == "Normal", f"Event {e}")
+    return e
 
 
 def drain(selector):
@@ -220,15 +244,12 @@ def case_drain_images():
         check(ann.get("gpucr.dev/evict-cause") == "EvictionByEvictionAPI", f"annotations {ann}")
         want = {"podName": pod, "action": "Image", "cpuCheckpoint": "Kubelet", "containerName": "main"}
         check({k: c["spec"].get(k) for k in want} == want, f"spec {c['spec']}")
-        check(w.succeeded is not None and w.succeeded_alive and w.succeeded < w.gone,
-              f"the Checkpoint was not seen Succeeded before the program ended (succeeded {w.succeeded}, "
-              f"gone {w.gone})")
+        e = imaged_before_end(ns, pod, w.gone)
         done = datetime.strptime(s["completionTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
         check(done <= w.gone, f"completionTime {s['completionTime']} after the process ended ({w.gone})")
-        log(f"drain: Checkpoint {ck} Succeeded {w.succeeded - t0:.1f} s after the drain began, the program ended "
-            f"{w.gone - t0:.1f} s after it; {s.get('message')}")
-        e = wait_until("an EvictionImageWritten Event", lambda: event(ns, pod, "EvictionImageWritten"), 30)
-        check(e.get("type") == "Normal" and ck in e.get("note", ""), f"Event {e}")
+        log(f"drain: Checkpoint {ck} seen Succeeded {rel(w.succeeded, t0)} after the drain began, the program "
+            f"ended {w.gone - t0:.1f} s after it (the image's Event at {e['eventTime']}); {s.get('message')}")
+        check(ck in e.get("note", ""), f"Event {e}")
         log(f"Event: {e.get('note')}")
         # What a user sees (docs/preemption.md pastes these).
         log("kubectl get checkpoints -l gpucr.dev/eviction=true:\n" + kubectl(
@@ -344,6 +365,66 @@ def case_policy_off():
         cleanup(ns)
 
 
+def case_agent_restart_during_hold():
+    """The agent pod deleted while gcr-hold waits for the image (the test hook pauses each C/R 20 s
+    before it starts, so the hold lasts that long): gcr-hold's connection drops unanswered, it asks
+    again, and the DaemonSet's new agent waits for the Checkpoint the first one made (no second
+    one): the image Succeeded before the program ended, no FailedPreStopHook."""
+    ns = "ev-restart"
+    N.namespace(ns)
+    helm = os.path.join(N.ENV["GCR_TESTBED_BIN"], "helm")
+    old = wait_until("the agent Ready", N.agent_ready, 120)
+    N.run([helm, "upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS] + helm_base(
+        ["--set", "agent.extraEnv[0].name=GCR_AGENT_TEST_PAUSE", "--set", "agent.extraEnv[0].value=before-cr",
+         "--set", "agent.extraEnv[1].name=GCR_AGENT_TEST_PAUSE_S", "--set-string", "agent.extraEnv[1].value=20"]) +
+          ["--wait", "--timeout", "180s"], timeout=200)
+    try:
+        paused = wait_until("the paused agent Ready", lambda: (p := N.agent_ready()) and p["metadata"]["uid"] !=
+                            old["metadata"]["uid"] and N.paused_env(p) and p, 120)
+        pod, _, _ = deployment(ns, "web", grace=120)
+        uid = kjson("get", "pod", "-n", ns, pod)["metadata"]["uid"]
+        ck = ck_name(pod, uid)
+        w = Watch(N.host_pid(ns, pod), ns, ck)
+        t0 = time.time()
+        d = drain("app=web")
+        try:
+            wait_until(f"Checkpoint {ck} Running (the agent paused in it)", lambda: kjson(
+                "get", "checkpoint", "-n", ns, ck).get("status", {}).get("phase") == "Running", 60)
+            check(w.gone is None, "the program ended before the agent was restarted")
+            kubectl("delete", "pod", "-n", N.SYSTEM_NS, paused["metadata"]["name"], "--wait=false")
+            t_del = time.time()
+            ph_del = kjson("get", "checkpoint", "-n", ns, ck).get("status", {}).get("phase")
+            new = wait_until("the DaemonSet's new agent Ready", lambda: (p := N.agent_ready()) and p["metadata"][
+                "uid"] != paused["metadata"]["uid"] and p, 120)
+            t_new = time.time()
+            out, _ = d.communicate(timeout=200)
+        finally:
+            uncordon()
+        check(d.returncode == 0, f"kubectl drain failed: {out[-1500:]}")
+        wait_until("the program's process gone", lambda: w.gone, 120)
+        w.stop = True
+        s = kjson("get", "checkpoint", "-n", ns, ck).get("status", {})
+        check(s.get("phase") == "Succeeded", f"Checkpoint {ck}: {s.get('phase')}: {s.get('message')}")
+        check(ph_del not in ("Succeeded", "Failed"), f"the Checkpoint was {ph_del} when the agent was deleted: "
+              "not a restart in the hold")
+        e = imaged_before_end(ns, pod, w.gone)
+        cks = [c["metadata"]["name"] for c in eviction_checkpoints(ns)]
+        check(cks == [ck], f"eviction Checkpoints {cks}")
+        check(event(ns, pod, "FailedPreStopHook") is None, f"gcr-hold failed: {event(ns, pod, 'FailedPreStopHook')}")
+        line = wait_until("the new agent waiting for the Checkpoint", lambda: next(
+            (x for x in agent_log(new) if f"Checkpoint {ck} exists already" in x), None), 30)
+        log(f"agent restart in the hold: agent deleted {t_del - t0:.1f} s after the drain began, the new one Ready at "
+            f"{t_new - t0:.1f} s; Checkpoint {ck} (then {ph_del}) seen Succeeded at {rel(w.succeeded, t0)}, the "
+            f"image's Event at {e['eventTime']}, the program ended at "
+            f"{w.gone - t0:.1f} s; {line.split('evict: ')[-1]}; Event: {e.get('note')}")
+    finally:
+        uncordon()
+        cleanup(ns)
+        N.run([helm, "upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS] + helm_base() + ["--wait", "--timeout", "180s"],
+              timeout=200)
+        wait_until("the agent without the test hook Ready", lambda: (p := N.agent_ready()) and not N.paused_env(p), 120)
+
+
 TOKEN = "gcr.test/token"
 
 
@@ -390,21 +471,20 @@ def case_preempted():
         check(s.get("phase") == "Succeeded", f"Checkpoint {ck}: {s.get('phase')}: {s.get('message')}")
         cause = c["metadata"].get("annotations", {}).get("gpucr.dev/evict-cause")
         check(cause == "PreemptionByScheduler", f"cause {cause}")
-        check(w.succeeded is not None and w.succeeded_alive and w.succeeded < w.gone,
-              f"the Checkpoint was not seen Succeeded before the program ended ({w.succeeded}, {w.gone})")
-        e = wait_until("an EvictionImageWritten Event", lambda: event(ns, "victim", "EvictionImageWritten"), 30)
+        e = imaged_before_end(ns, "victim", w.gone)
         img = s["image"]["path"]
         check(os.path.isfile(os.path.join(img, "manifest.json")), f"no manifest in {img}")
         wait_until("the preemptor Running", lambda: kjson("get", "pod", "-n", ns, "preemptor")["status"]
                    .get("phase") == "Running", 60)
-        log(f"preempted: Checkpoint {ck} Succeeded {w.succeeded - t0:.1f} s after the preemptor was created, the "
+        log(f"preempted: Checkpoint {ck} Succeeded {rel(w.succeeded, t0)} after the preemptor was created, the "
             f"victim's program ended {w.gone - t0:.1f} s after; Event: {e.get('note')}")
     finally:
         cleanup(ns)
         node_token(None)
 
 
-CASES = [case_install, case_drain_images, case_plain_delete, case_no_time, case_preempted, case_policy_off]
+CASES = [case_install, case_drain_images, case_plain_delete, case_no_time, case_preempted,
+         case_agent_restart_during_hold, case_policy_off]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_EVICT_E2E_CASES")

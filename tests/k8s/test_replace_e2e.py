@@ -10,8 +10,13 @@ without loss") says the checkpoint at deletion makes it: labelled gpucr.dev/evic
 gpucr.dev/owner-uid, action Image, cpuCheckpoint Kubelet. Then the pod is deleted; its
 ReplicaSet's new pod carries the scheduling gate gpucr.dev/restore, and everything after is
 GCR's: the gate, the image pulled from the node agent's registry on 127.0.0.1, containerd's
-restore, the Restore of the GPU data, the Events. GCR_REPLACE_E2E_CASES: a comma list of case
-names to run (after the install). Ends with "N passed, N failed".
+restore, the Restore of the GPU data, the Events. case_drain_restored runs the whole route with
+nothing made by hand: the chart also has eviction on, the pod is drained, imaged by the agent within
+its grace period, and its replacement restored once the node is uncordoned.
+GCR_REPLACE_E2E_CASES: a comma list of case names to run (after the install);
+GCR_REPLACE_E2E_SET: a comma list of key=value added as helm --set values
+(eviction.restore.enabled=false or eviction.enabled=false makes the positive cases fail, as they
+must). Ends with "N passed, N failed".
 """
 import hashlib
 import json
@@ -24,27 +29,34 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_node_e2e as N  # noqa: E402
+import test_evict_e2e as E  # noqa: E402
 
 check, kubectl, kjson, apply, wait_until, log = N.check, N.kubectl, N.kjson, N.apply, N.wait_until, N.log
 PORT = 5055
 GATE = "gpucr.dev/restore"
 
 
+def restore_on():
+    """Whether this run installs eviction.restore on (GCR_REPLACE_E2E_SET may switch it off)."""
+    return "eviction.restore.enabled=false" not in os.environ.get("GCR_REPLACE_E2E_SET", "").split(",")
+
+
 def case_install():
-    """helm install with images.kubelet and eviction.restore on: the agent runs in the host's
-    network namespace and its registry answers on the node's 127.0.0.1."""
+    """helm install with images.kubelet, eviction and eviction.restore on (plus GCR_REPLACE_E2E_SET):
+    the agent runs in the host's network namespace and its registry answers on the node's 127.0.0.1."""
     helm = os.path.join(N.ENV["GCR_TESTBED_BIN"], "helm")
-    port = open(os.path.join(N.ENV["GCR_TESTBED_DIR"], "kubelet.port")).read().strip()
-    N.run([helm, "install", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS, "--create-namespace",
-           "--set", f"image.repository={N.IMAGE_REPO}", "--set", f"image.tag={N.IMAGE_TAG}",
-           "--set", "images.kubelet.enabled=true", "--set", f"images.kubelet.port={port}",
-           "--set", "eviction.restore.enabled=true", "--set", f"eviction.restore.registryPort={PORT}",
-           "--set", "eviction.restore.waitSeconds=60", "--wait", "--timeout", "180s"], timeout=200)
+    N.run([helm, "install", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS, "--create-namespace"] +
+          E.helm_base(["--set", "eviction.restore.enabled=true", "--set", f"eviction.restore.registryPort={PORT}",
+                       "--set", "eviction.restore.waitSeconds=60"], env="GCR_REPLACE_E2E_SET") +
+          ["--wait", "--timeout", "180s"], timeout=200)
     p = wait_until("the DaemonSet's agent Ready", N.agent_ready, 120)
+    if not restore_on():  # the policy off: the positive cases must fail, not the install
+        log(f"chart installed with {os.environ['GCR_REPLACE_E2E_SET']}: no registry")
+        return
     check(p["spec"].get("hostNetwork") is True, "the agent is not on the host's network")
     code, _, _ = http("/v2/")
     check(code == 200, f"GET /v2/ on 127.0.0.1:{PORT} answered {code}")
-    log(f"chart installed with eviction.restore on; registry on 127.0.0.1:{PORT} answers /v2/")
+    log(f"chart installed with eviction and eviction.restore on; registry on 127.0.0.1:{PORT} answers /v2/")
 
 
 # ---- helpers ----
@@ -279,6 +291,21 @@ def evict_and_replace(ns, app, corrupt=False):
     return old, ck, new, t0, int(fields["bytes"]), flipped
 
 
+def restored_ok(ns, pod, nbytes):
+    """The replacement runs the restored program (its READY line from before), restored at the
+    first attempt (the gate held it until the evicted pod had ended), its GPU memory back, and the
+    program's own bit-exact check passes (RESULT ok); returns the pod."""
+    p = kjson("get", "pod", "-n", ns, pod)
+    check(p["status"]["containerStatuses"][0].get("restartCount") == 0, f"restarts: {p['status']['containerStatuses']}")
+    logs = kubectl("logs", "-n", ns, pod).stdout
+    check("READY pid=" in logs, f"the replacement's log is not the restored program's: {logs[-500:]}")
+    pid = int(logs.split("READY pid=")[1].split()[0])
+    check(N.smi(ns, pod, "state", pid) == "running", "the restored process's driver state is not running")
+    check(int(N.smi(ns, pod, "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
+    N.finish(ns, pod)
+    return p
+
+
 def case_replacement_restored():
     """A drained pod comes back from its image in the replacement pod: the ReplicaSet's new pod is
     ungated onto the image's node with the checkpoint image from the node's registry, containerd
@@ -306,16 +333,8 @@ def case_replacement_restored():
     check(rs["spec"].get("podName") == new, f"Restore spec {rs['spec']}")
     ev = wait_until("a RestoredFromEviction Event", lambda: events(ns, new, "RestoredFromEviction"), 30)
     check(ev[0]["type"] == "Normal" and ck in ev[0].get("note", ""), f"event {ev[0]}")
-    p = kjson("get", "pod", "-n", ns, new)
+    p = restored_ok(ns, new, nbytes)
     started = p["status"]["containerStatuses"][0]["state"].get("running", {}).get("startedAt")
-    # Restored at the first attempt: the gate held it until the evicted pod had ended.
-    check(p["status"]["containerStatuses"][0].get("restartCount") == 0, f"restarts: {p['status']['containerStatuses']}")
-    logs = kubectl("logs", "-n", ns, new).stdout
-    check("READY pid=" in logs, f"the replacement's log is not the restored program's: {logs[-500:]}")
-    pid = int(logs.split("READY pid=")[1].split()[0])
-    check(N.smi(ns, new, "state", pid) == "running", "the restored process's driver state is not running")
-    check(int(N.smi(ns, new, "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
-    N.finish(ns, new)
     # The token withdrawn once the Restore is final: the registry serves the image no more.
     wait_until("the token withdrawn", lambda: "gpucr.dev/restore-token" not in
                kjson("get", "checkpoint", "-n", ns, ck)["metadata"].get("annotations", {}), 30)
@@ -343,7 +362,7 @@ def case_user_reference():
     it only by that token, and not once the Checkpoint is deleted."""
     ns = "team-ref"
     N.namespace(ns)
-    pid, nbytes = N.workload_pod(ns, "src", 0)
+    _, nbytes = N.workload_pod(ns, "src", 0)
     apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "snap", "namespace": ns},
            "spec": {"podName": "src", "action": "Image", "cpuCheckpoint": "Kubelet"}})
     N.wait_phase("checkpoint", ns, "snap", timeout=180)
@@ -369,11 +388,7 @@ def case_user_reference():
     N.wait_phase("restore", ns, "back", timeout=120)
     log(f"user's pod from status.image.reference restored in {time.monotonic() - t0:.1f} s (pod created to "
         f"Restore Succeeded): {kjson('get', 'restore', '-n', ns, 'back')['status'].get('durations')}")
-    logs = kubectl("logs", "-n", ns, "dst").stdout
-    check("READY pid=" in logs, f"the new pod's log is not the restored program's: {logs[-500:]}")
-    rpid = int(logs.split("READY pid=")[1].split()[0])
-    check(int(N.smi(ns, "dst", "mem", rpid)) >= nbytes, "the restored process lacks its GPU memory")
-    N.finish(ns, "dst")
+    restored_ok(ns, "dst", nbytes)
     kubectl("delete", "checkpoint", "-n", ns, "snap", "--wait=true")
     code, _, _ = http(path + token, accept=accept)
     check(code == 404, f"the reference of a deleted Checkpoint answered {code}")
@@ -444,6 +459,77 @@ def case_statefulset():
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
+def case_drain_restored():
+    """The whole route, nothing made by hand: a Deployment's pod opted in (the label, gcr-hold as its
+    preStop hook, the scheduling gate) holding GPU data; `kubectl drain` of the node. The agent images
+    it within its grace period (the eviction Checkpoint Succeeded while the program still ran); the
+    ReplicaSet's replacement is pointed at the image but stays Pending while the node is cordoned;
+    `kubectl uncordon` (the maintenance over) is the test's only act after the drain: the replacement
+    is restored by itself and passes the program's own bit-exact check. Events on both pods, the
+    Checkpoint consumed."""
+    ns, app = "team-drain", "drainweb"
+    N.namespace(ns)
+    spec = E.pod_spec(60)  # gcr-hold as preStop; the grace period holds the 15 s estimate
+    spec["schedulingGates"] = [{"name": GATE}]
+    spec["containers"][0]["imagePullPolicy"] = "IfNotPresent"  # the replacement pulls from the registry
+    apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "namespace": ns},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": app}},
+                    "template": {"metadata": {"labels": {"app": app, "gpucr.dev/evict": "image"}}, "spec": spec}}})
+    p = wait_until("the first pod running", lambda: (p := one_pod(ns, app)) and
+                   p["status"].get("phase") == "Running" and p, 120)
+    old, uid = p["metadata"]["name"], p["metadata"]["uid"]
+    nbytes = int(ready_line(ns, old)["bytes"])
+    ck = E.ck_name(old, uid)
+    w = E.Watch(N.host_pid(ns, old), ns, ck)
+    t0 = time.time()
+    d = E.drain(f"app={app}")
+    try:
+        out, _ = d.communicate(timeout=200)
+        check(d.returncode == 0, f"kubectl drain failed: {out[-1500:]}")
+        wait_until("the drained program's process gone", lambda: w.gone, 60)
+        w.stop = True
+        written = E.imaged_before_end(ns, old, w.gone)
+        c = kjson("get", "checkpoint", "-n", ns, ck)
+        check(c.get("status", {}).get("phase") == "Succeeded", f"Checkpoint {ck}: {c.get('status')}")
+        check(c["metadata"].get("annotations", {}).get("gpucr.dev/evict-cause") == "EvictionByEvictionAPI",
+              f"Checkpoint {ck}: {c['metadata']}")
+        # Cordoned: the replacement is pointed at the image (gate gone) and the scheduler leaves it Pending.
+        new = wait_until("the replacement pointed at the image", lambda: (q := one_pod(ns, app, but=(old,))) and
+                         not q["spec"].get("schedulingGates") and q, 120)["metadata"]["name"]
+        q = wait_until("the replacement Unschedulable", lambda: (q := kjson("get", "pod", "-n", ns, new)) and any(
+            x.get("type") == "PodScheduled" and x.get("reason") == "Unschedulable"
+            for x in q["status"].get("conditions", [])) and q, 60)
+        image = q["spec"]["containers"][0]["image"]
+        check(image.startswith(f"127.0.0.1:{PORT}/gcr-evict/{ns}/{ck}:"), f"the replacement's image is {image}")
+        check(q["metadata"].get("annotations", {}).get("gpucr.dev/restore-from") == ck, f"annotations {q['metadata']}")
+        check(not q["spec"].get("nodeName") and q["status"].get("phase") == "Pending",
+              f"the replacement runs on a cordoned node: {q['status']}")
+        check(kjson("get", "checkpoint", "-n", ns, ck)["metadata"]["labels"].get("gpucr.dev/restored-into") == new[:63],
+              "the Checkpoint is not consumed by the replacement")
+    finally:
+        t_uncordon = time.time()
+        E.uncordon()
+    N.wait_phase("restore", ns, ck, timeout=180)
+    t_restored = time.time()
+    rs = kjson("get", "restore", "-n", ns, ck)
+    check(rs["spec"].get("podName") == new, f"Restore spec {rs['spec']}")
+    restored_ok(ns, new, nbytes)
+    check(ck in written.get("note", ""), f"event {written}")
+    back = wait_until("RestoredFromEviction on the replacement", lambda: E.event(ns, new, "RestoredFromEviction"), 30)
+    check(back["type"] == "Normal" and ck in back.get("note", ""), f"event {back}")
+    wait_until("the token withdrawn", lambda: "gpucr.dev/restore-token" not in
+               kjson("get", "checkpoint", "-n", ns, ck)["metadata"].get("annotations", {}), 30)
+    log(f"drain -> restored: {old} drained, Checkpoint {ck} seen Succeeded {E.rel(w.succeeded, t0)} after the drain "
+        f"began (its image's Event at {written['eventTime']}, its program ended at {w.gone - t0:.1f} s); {new} restored {t_restored - t_uncordon:.1f} s after the "
+        f"uncordon (Restore durations {rs['status'].get('durations')}), RESULT ok")
+    for args in (["get", "pods", "-n", ns, "-o", "wide"],
+                 ["get", "checkpoints,restores", "-n", ns, "-L", "gpucr.dev/restored-into"],
+                 ["get", "events", "-n", ns, "--field-selector", f"involvedObject.name={old}"],
+                 ["get", "events", "-n", ns, "--field-selector", f"involvedObject.name={new}"]):
+        print(f"$ kubectl {' '.join(args)}\n{kubectl(*args).stdout}", flush=True)
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
 def phase(kind, ns, name):
     return kjson("get", kind, "-n", ns, name).get("status", {}).get("phase") or "(none)"
 
@@ -482,7 +568,7 @@ def case_corrupt_image():
 
 
 CASES = [case_install, case_registry_refuses, case_no_image_cold, case_failed_image_cold, case_replacement_restored,
-         case_checkpoint_in_progress, case_statefulset, case_corrupt_image, case_user_reference]
+         case_checkpoint_in_progress, case_statefulset, case_drain_restored, case_corrupt_image, case_user_reference]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_REPLACE_E2E_CASES")  # a comma list of names: those cases only, after the install

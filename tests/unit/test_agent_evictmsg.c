@@ -1,6 +1,7 @@
 /* test_agent_evictmsg: eviction imaging's parsers and decisions (gcr-hold's line, the pod
  * object, the estimate, the Checkpoint), and gcr-hold itself against a stand-in agent socket. */
 #include "agent_evictmsg.h"
+#include "gcr_time.h"
 #include "util.h"
 
 #include <errno.h>
@@ -151,26 +152,10 @@ static void test_name_and_estimate(void)
 	CHECK(agent_evictmsg_needed_s(1ULL << 20, 0, 0) == 1); /* no rate: 1 MiB/s */
 }
 
-/* gcr-hold against a stand-in agent: it sends the hold line, waits for the answer, prints it,
- * exits 0; with nobody listening it exits 1 naming the socket. */
-static void test_gcr_hold(void)
+/* The stand-in agent's side of one hold: accepts on l, reads gcr-hold's line and checks it;
+ * the connection (or -1). */
+static int take_hold(int l)
 {
-	const char *top = getenv("top_builddir");
-	char bin[1024], dir[] = "/tmp/gcr-hold-test.XXXXXX", sock[64], out[64];
-	snprintf(bin, sizeof(bin), "%s/node-agent/gcr-hold", top ? top : ".");
-	CHECK(mkdtemp(dir) != NULL);
-	snprintf(sock, sizeof(sock), "%s/evict.sock", dir);
-	snprintf(out, sizeof(out), "%s/out", dir);
-	int l = socket(AF_UNIX, SOCK_STREAM, 0);
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
-	CHECK(bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 4) == 0);
-	pid_t pid = fork();
-	if (pid == 0) {
-		freopen(out, "w", stdout);
-		execl(bin, "gcr-hold", "--socket", sock, (char *)NULL);
-		_exit(127);
-	}
 	int c = accept(l, NULL, NULL);
 	char line[300] = "";
 	ssize_t n = 0, r;
@@ -182,40 +167,98 @@ static void test_gcr_hold(void)
 	line[n > 0 ? n - 1 : 0] = '\0';
 	struct gcr_err err;
 	CHECK(agent_evictmsg_parse_hold(line, strlen(line), &err) == 0);
+	return c;
+}
+
+static pid_t spawn_hold(const char *bin, const char *sock, const char *out, const char *reconnect_s)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		freopen(out, "w", stdout);
+		freopen("/dev/null", "w", stderr);
+		execl(bin, "gcr-hold", "--socket", sock, "--reconnect-s", reconnect_s, (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* What gcr-hold printed is exactly line. */
+static void check_printed(const char *out, const char *line)
+{
+	FILE *f = fopen(out, "r");
+	char got[512] = "";
+	CHECK(f != NULL && fgets(got, sizeof(got), f) != NULL);
+	CHECK(line != NULL && strcmp(got, line) == 0);
+	if (f)
+		fclose(f);
+}
+
+static int listen_at(const char *sock)
+{
+	int l = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+	CHECK(bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 4) == 0);
+	return l;
+}
+
+/* gcr-hold against a stand-in agent: it sends the hold line, waits for the answer, prints it,
+ * exits 0. An agent that drops the hold unanswered and comes back (a new socket at the same
+ * path, as a restarted agent's): the hold is asked again and the new answer printed, exit 0.
+ * An agent that stays away longer than --reconnect-s: exit 1. Nobody listening at first: exit 1
+ * at once. */
+static void test_gcr_hold(void)
+{
+	const char *top = getenv("top_builddir");
+	char bin[1024], dir[] = "/tmp/gcr-hold-test.XXXXXX", sock[64], out[64];
+	snprintf(bin, sizeof(bin), "%s/node-agent/gcr-hold", top ? top : ".");
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(sock, sizeof(sock), "%s/evict.sock", dir);
+	snprintf(out, sizeof(out), "%s/out", dir);
+	int l = listen_at(sock);
+	pid_t pid = spawn_hold(bin, sock, out, "120");
+	int c = take_hold(l);
 	/* It holds until the answer comes. */
 	int st = 0;
 	CHECK(waitpid(pid, &st, WNOHANG) == 0);
 	char *rep = agent_evictmsg_reply(AGENT_EVICTMSG_WRITTEN, "image written");
 	CHECK(rep != NULL && write(c, rep, strlen(rep)) == (ssize_t)strlen(rep));
 	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	FILE *f = fopen(out, "r");
-	char got[512] = "";
-	CHECK(f != NULL && fgets(got, sizeof(got), f) != NULL);
-	CHECK(rep != NULL && strcmp(got, rep) == 0);
-	if (f)
-		fclose(f);
-	free(rep);
+	check_printed(out, rep);
 	close(c);
-	/* The agent drops the connection unanswered: exit 1. */
-	pid = fork();
-	if (pid == 0) {
-		freopen("/dev/null", "w", stderr);
-		execl(bin, "gcr-hold", "--socket", sock, (char *)NULL);
-		_exit(127);
-	}
-	c = accept(l, NULL, NULL);
-	close(c);
-	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 1);
+	/* The agent stops with the hold unanswered, and a new one listens at the same path: asked
+	 * again, answered there. */
+	pid = spawn_hold(bin, sock, out, "120");
+	c = take_hold(l);
 	close(l);
 	unlink(sock);
-	/* Nobody listening: exit 1. */
-	pid = fork();
-	if (pid == 0) {
-		freopen("/dev/null", "w", stderr);
-		execl(bin, "gcr-hold", "--socket", sock, (char *)NULL);
-		_exit(127);
-	}
+	close(c);
+	CHECK(waitpid(pid, &st, WNOHANG) == 0); /* still holding: nobody answered */
+	l = listen_at(sock);
+	c = take_hold(l);
+	CHECK(waitpid(pid, &st, WNOHANG) == 0);
+	free(rep);
+	rep = agent_evictmsg_reply(AGENT_EVICTMSG_WRITTEN, "waited for the Checkpoint made before");
+	CHECK(rep != NULL && write(c, rep, strlen(rep)) == (ssize_t)strlen(rep));
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	check_printed(out, rep);
+	free(rep);
+	close(c);
+	/* Dropped, and the agent stays away past --reconnect-s 1: exit 1 after about a second. */
+	pid = spawn_hold(bin, sock, out, "1");
+	c = take_hold(l);
+	close(l);
+	unlink(sock);
+	double t0 = gcr_time_mono_ms();
+	close(c);
 	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 1);
+	double took = gcr_time_mono_ms() - t0;
+	CHECK(took >= 900 && took < 10000);
+	/* Nobody listening: exit 1 at once. */
+	t0 = gcr_time_mono_ms();
+	pid = spawn_hold(bin, sock, out, "120");
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 1);
+	CHECK(gcr_time_mono_ms() - t0 < 5000);
 	unlink(out);
 	rmdir(dir);
 }
