@@ -172,7 +172,8 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 
 /* A Checkpoint or Restore another node's agent took (status.nodeName): this agent only has
  * to recognise it (phase, node, the pod or Checkpoint it names, the message a waiting
- * Restore quotes, whether it is being deleted), so the rest (processes, conditions, managed
+ * Restore quotes, whether it is being deleted; an Image's action and CPU side, which a Restore
+ * into a pod here needs when the images are shared), so the rest (processes, conditions, managed
  * fields) is not kept: a node's memory does not grow with the whole cluster's requests.
  * Status is the user's to write too: whatever this agent did to an object is in its record,
  * which never depends on what is kept here. Stolen. */
@@ -183,14 +184,15 @@ static json_t *slim(struct agent_controller *c, enum kind k, json_t *obj)
 		return obj;
 	json_t *md = json_object_get(obj, "metadata"), *spec = json_object_get(obj, "spec"),
 	       *st = json_object_get(obj, "status");
-	json_t *s = json_pack("{s:O*, s:O*, s:{s:O*, s:O*, s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}",
+	json_t *s = json_pack("{s:O*, s:O*, s:{s:O*, s:O*, s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}",
 			      "apiVersion", json_object_get(obj, "apiVersion"), "kind", json_object_get(obj, "kind"),
 			      "metadata", "namespace", json_object_get(md, "namespace"), "name",
 			      json_object_get(md, "name"), "uid", json_object_get(md, "uid"), "resourceVersion",
 			      json_object_get(md, "resourceVersion"), "deletionTimestamp",
 			      json_object_get(md, "deletionTimestamp"), "finalizers", json_object_get(md, "finalizers"),
 			      "spec", "podName", json_object_get(spec, "podName"), "checkpointName",
-			      json_object_get(spec, "checkpointName"), "status", "phase", json_object_get(st, "phase"),
+			      json_object_get(spec, "checkpointName"), "action", json_object_get(spec, "action"),
+			      "cpuCheckpoint", json_object_get(spec, "cpuCheckpoint"), "status", "phase", json_object_get(st, "phase"),
 			      "nodeName", json_object_get(st, "nodeName"), "podName", json_object_get(st, "podName"),
 			      "message", json_object_get(st, "message"));
 	if (s == NULL)
