@@ -591,6 +591,15 @@ node_containerd() {
 	mkdir -p "$d/gpu"
 	chmod 1777 "$d/gpu"
 	install -m 0666 /dev/null "$d/gpu/pool"
+	# At the size the stand-in driver gives it on first use (FAKE_POOL_SLOTS slots of struct
+	# fake_pool_slot: two 32-bit ids, a 64-bit count per device): CRIU refuses to restore a
+	# process whose open file has another size than at the dump, so a process dumped on one node
+	# restores on the other only if that node's pool is sized already.
+	local slots devs
+	slots=$(sed -n 's/^#define FAKE_POOL_SLOTS \([0-9]*\).*/\1/p' "$HERE/../fakecuda/fakecuda_pool.h")
+	devs=$(sed -n 's/^#define FAKE_POOL_DEVICES \([0-9]*\).*/\1/p' "$HERE/../fakecuda/fakecuda_pool.h")
+	[[ -n $slots && -n $devs ]] || die "cannot read the pool's size from tests/fakecuda/fakecuda_pool.h"
+	truncate -s $((slots * (8 + 8 * devs))) "$d/gpu/pool"
 	cat >"$d/bin/nvidia-container-runtime" <<-EOF
 	#!/bin/sh
 	exec python3 '$HERE/node/nvidia-runtime-standin.py' --driver-dir '$driver' --gpu-dir '$d/gpu' \\
