@@ -1,7 +1,8 @@
 /* agent_images: the images directory of Checkpoints with action Image, and its retention
  * (agent_images.h). An image is removed by renaming it to ".gc-<name>" in its pod directory
- * first (one rename: it stops being an image at once), then deleting the tree; a ".gc-" left
- * by a crash is deleted by the next sweep. */
+ * first (one rename: it stops being an image at once), then deleting the tree, its manifest
+ * last; a ".gc-" left by a crash is deleted by the next sweep. On storage every node shares,
+ * each node's retention touches only the images whose manifest names it (agent_images.h). */
 #include "agent_images.h"
 
 #include <ctype.h>
