@@ -91,34 +91,36 @@ def case_suspend_resume_on_node2():
     and a Restore of it are done by gcr-node-2's agent, and the program's own check is bit-exact."""
     ns = "two-a"
     N.namespace(ns)
-    pid, nbytes = N.workload_pod(ns, "cr", 1000, node=node2())
-    pod = kjson("get", "pod", "-n", ns, "cr")
-    check(pod["spec"].get("nodeName") == node2(), f"the pod runs on {pod['spec'].get('nodeName')}")
-    check(pod["status"].get("podIP", "").startswith("10.88.1."), f"pod IP {pod['status'].get('podIP')} not node 2's")
-    check("LD_PRELOAD=/opt/gcr/lib/libgcr.so" in kubectl("exec", "-n", ns, "cr", "--", "env").stdout,
-          "no LD_PRELOAD from gcr-node-2's device plugin")
-    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "cr", "namespace": ns},
-           "spec": {"podName": "cr"}})
-    N.wait_phase("checkpoint", ns, "cr")
-    s = kjson("get", "checkpoint", "-n", ns, "cr")["status"]
-    check(s.get("nodeName") == node2(), f"Checkpoint done by {s.get('nodeName')}")
-    check(N.smi(ns, "cr", "mem", pid) == "0", "the stand-in GPU still holds memory of the suspended program")
-    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "cr", "namespace": ns},
-           "spec": {"checkpointName": "cr"}})
-    N.wait_phase("restore", ns, "cr")
-    r = kjson("get", "restore", "-n", ns, "cr")["status"]
-    check(r.get("nodeName") == node2(), f"Restore done by {r.get('nodeName')}")
-    check(int(N.smi(ns, "cr", "mem", pid)) >= nbytes, "the memory did not come back")
-    N.finish(ns, "cr")
-    log(f"suspend and resume on {node2()} by its agent: {s.get('durations')} / {r.get('durations')}")
-    end_pod(ns, "cr")
+    try:
+        pid, nbytes = N.workload_pod(ns, "cr", 1000, node=node2())
+        pod = kjson("get", "pod", "-n", ns, "cr")
+        check(pod["spec"].get("nodeName") == node2(), f"the pod runs on {pod['spec'].get('nodeName')}")
+        check(pod["status"].get("podIP", "").startswith("10.88.1."), f"pod IP {pod['status'].get('podIP')} not node 2's")
+        check("LD_PRELOAD=/opt/gcr/lib/libgcr.so" in kubectl("exec", "-n", ns, "cr", "--", "env").stdout,
+              "no LD_PRELOAD from gcr-node-2's device plugin")
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "cr", "namespace": ns},
+               "spec": {"podName": "cr"}})
+        N.wait_phase("checkpoint", ns, "cr")
+        s = kjson("get", "checkpoint", "-n", ns, "cr")["status"]
+        check(s.get("nodeName") == node2(), f"Checkpoint done by {s.get('nodeName')}")
+        check(N.smi(ns, "cr", "mem", pid) == "0", "the stand-in GPU still holds memory of the suspended program")
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "cr", "namespace": ns},
+               "spec": {"checkpointName": "cr"}})
+        N.wait_phase("restore", ns, "cr")
+        r = kjson("get", "restore", "-n", ns, "cr")["status"]
+        check(r.get("nodeName") == node2(), f"Restore done by {r.get('nodeName')}")
+        check(int(N.smi(ns, "cr", "mem", pid)) >= nbytes, "the memory did not come back")
+        N.finish(ns, "cr")
+        log(f"suspend and resume on {node2()} by its agent: {s.get('durations')} / {r.get('durations')}")
+    finally:
+        end_pod(ns, "cr")
 
 
 def end_pod(ns, pod):
-    """Deletes a case's pod and waits for it: its program's lock on a slot of its node's stand-in
-    GPU pool goes with it. A process restored from the other node keeps the slot it had there
+    """Deletes a case's pod (if any) and waits for it, also when the case failed: its program's
+    lock on a slot of its node's stand-in GPU pool goes with it. A process restored from the other node keeps the slot it had there
     (CRIU restores the lock), which must then be free here (tests/k8s/node/README.md)."""
-    kubectl("delete", "pod", "-n", ns, pod, "--wait=true", timeout=90)
+    kubectl("delete", "pod", "-n", ns, pod, "--ignore-not-found", "--wait=true", timeout=90)
 
 
 def restore_elsewhere(ns):
@@ -141,18 +143,20 @@ def case_restore_on_other_node():
     (its log from before the checkpoint) and its own bit-exact check says RESULT ok."""
     ns = "two-restore"
     t0 = time.monotonic()
-    img, nbytes = restore_elsewhere(ns)
-    N.wait_phase("restore", ns, "back", timeout=120)
-    r = kjson("get", "restore", "-n", ns, "back")["status"]
-    check(r.get("nodeName") == node2(), f"Restore done by {r.get('nodeName')}")
-    check(kjson("get", "pod", "-n", ns, "dst")["spec"].get("nodeName") == node2(), "the new pod is not on gcr-node-2")
-    wait_until("a Restored Event", lambda: any(e.get("reason") == "Restored" for e in N.events_for(ns, "back")), 30)
-    N.restored_program(ns, "dst", nbytes)
-    N.finish(ns, "dst")
-    check(os.path.isdir(img), f"the image {img} is gone after the restore")
-    log(f"image of {node1()} restored on {node2()}: {r.get('message')}; durations {r.get('durations')}; "
-        f"{time.monotonic() - t0:.1f} s from the source pod to RESULT ok")
-    end_pod(ns, "dst")
+    try:
+        img, nbytes = restore_elsewhere(ns)
+        N.wait_phase("restore", ns, "back", timeout=120)
+        r = kjson("get", "restore", "-n", ns, "back")["status"]
+        check(r.get("nodeName") == node2(), f"Restore done by {r.get('nodeName')}")
+        check(kjson("get", "pod", "-n", ns, "dst")["spec"].get("nodeName") == node2(), "the new pod is not on gcr-node-2")
+        wait_until("a Restored Event", lambda: any(e.get("reason") == "Restored" for e in N.events_for(ns, "back")), 30)
+        N.restored_program(ns, "dst", nbytes)
+        N.finish(ns, "dst")
+        check(os.path.isdir(img), f"the image {img} is gone after the restore")
+        log(f"image of {node1()} restored on {node2()}: {r.get('message')}; durations {r.get('durations')}; "
+            f"{time.monotonic() - t0:.1f} s from the source pod to RESULT ok")
+    finally:
+        end_pod(ns, "dst")
 
 
 def case_shared_off_refused():
@@ -162,26 +166,28 @@ def case_shared_off_refused():
     if SHARED != "false":
         helm("upgrade", "false")
     ns = "two-refused"
-    img, _ = restore_elsewhere(ns)
-    N.wait_phase("restore", ns, "back", ("Failed",), timeout=120)
-    r = kjson("get", "restore", "-n", ns, "back")["status"]
-    msg = r.get("message", "")
-    reason = (r.get("conditions") or [{}])[0].get("reason")
-    check(reason == "ImageElsewhere" and r.get("nodeName") == node2(),
-          f"Restore failed with {reason} on {r.get('nodeName')}: {msg}")
-    check(f"on node {node1()}, the pod on {node2()}" in msg and "nothing was done" in msg, f"message: {msg}")
-    wait_until("an ImageElsewhere Warning", lambda: any(e.get("reason") == "ImageElsewhere" and
-                                                       e.get("type") == "Warning" for e in N.events_for(ns, "back")), 30)
-    # The refusal comes before the runtime's restore ends: wait for the restored container.
-    wait_until("the restored container running", lambda: kjson("get", "pod", "-n", ns, "dst")["status"]
-               .get("containerStatuses", [{}])[0].get("state", {}).get("running"), 90)
-    logs = kubectl("logs", "-n", ns, "dst").stdout
-    pid = int(logs.split("READY pid=")[1].split()[0])
-    check(N.smi(ns, "dst", "mem", pid) == "0", "the refused pod's process got GPU memory")
-    check("DONE" not in logs.split("\n") and "RESULT" not in logs, f"the refused pod's program ran on: {logs[-300:]}")
-    check(sorted(os.listdir(img)) == ["criu", "gpu", "manifest.json"], f"the image changed: {os.listdir(img)}")
-    log(f"images.shared off: Restore Failed: {msg}")
-    end_pod(ns, "dst")
+    try:
+        img, _ = restore_elsewhere(ns)
+        N.wait_phase("restore", ns, "back", ("Failed",), timeout=120)
+        r = kjson("get", "restore", "-n", ns, "back")["status"]
+        msg = r.get("message", "")
+        reason = (r.get("conditions") or [{}])[0].get("reason")
+        check(reason == "ImageElsewhere" and r.get("nodeName") == node2(),
+              f"Restore failed with {reason} on {r.get('nodeName')}: {msg}")
+        check(f"on node {node1()}, the pod on {node2()}" in msg and "nothing was done" in msg, f"message: {msg}")
+        wait_until("an ImageElsewhere Warning", lambda: any(e.get("reason") == "ImageElsewhere" and
+                                                           e.get("type") == "Warning" for e in N.events_for(ns, "back")), 30)
+        # The refusal comes before the runtime's restore ends: wait for the restored container.
+        wait_until("the restored container running", lambda: kjson("get", "pod", "-n", ns, "dst")["status"]
+                   .get("containerStatuses", [{}])[0].get("state", {}).get("running"), 90)
+        logs = kubectl("logs", "-n", ns, "dst").stdout
+        pid = int(logs.split("READY pid=")[1].split()[0])
+        check(N.smi(ns, "dst", "mem", pid) == "0", "the refused pod's process got GPU memory")
+        check("DONE" not in logs.split("\n") and "RESULT" not in logs, f"the refused pod's program ran on: {logs[-300:]}")
+        check(sorted(os.listdir(img)) == ["criu", "gpu", "manifest.json"], f"the image changed: {os.listdir(img)}")
+        log(f"images.shared off: Restore Failed: {msg}")
+    finally:
+        end_pod(ns, "dst")
 
 
 CASES = [case_install, case_suspend_resume_on_node2, case_restore_on_other_node, case_shared_off_refused]
