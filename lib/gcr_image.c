@@ -303,6 +303,11 @@ int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manif
 		if (strcmp(m->mode, GCR_IMAGE_MODE_GCR) != 0 && strcmp(m->mode, GCR_IMAGE_MODE_DRIVER) != 0 &&
 		    strcmp(m->mode, GCR_IMAGE_MODE_RUNTIME) != 0)
 			rc = gcr_err_set(err, -EBADMSG, "manifest \"mode\" is neither \"gcr\", \"driver\" nor \"runtime\"");
+		/* Optional: absent in images written outside Kubernetes and before the field. */
+		if (rc == 0 && json_object_get(root, "node") != NULL &&
+		    (get_str(root, "node", m->node, sizeof(m->node)) < 0 || m->node[0] == '\0'))
+			rc = gcr_err_set(err, -EBADMSG, "manifest \"node\" is not a name of at most %d characters",
+					 GCR_IMAGE_NODE_MAX - 1);
 	}
 	if (rc == 0) {
 		m->created = (long long)created;
@@ -473,6 +478,8 @@ int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m
 				 "files", files, "allocs", allocs);
 		files = NULL;
 		if (root == NULL)
+			rc = gcr_err_set(err, -ENOMEM, "out of memory for the manifest");
+		else if (m->node[0] != '\0' && json_object_set_new(root, "node", json_string(m->node)) < 0)
 			rc = gcr_err_set(err, -ENOMEM, "out of memory for the manifest");
 	}
 	json_decref(files);

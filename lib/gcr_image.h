@@ -24,6 +24,7 @@
 #define GCR_IMAGE_MAX_JSON (256ull << 20) /* largest manifest or table read (bytes) */
 #define GCR_IMAGE_MAX_FILES 65536
 #define GCR_IMAGE_NAME_MAX 256
+#define GCR_IMAGE_NODE_MAX 254 /* a node name: a DNS subdomain, <= 253 */
 
 /* One chunk of an allocation: all zero (nothing in the file) or len bytes at off. */
 struct gcr_image_chunk {
@@ -76,6 +77,10 @@ struct gcr_image_manifest {
 	long long created; /* seconds since the epoch */
 	pid_t pid;
 	char socket[GCR_IMAGE_NAME_MAX]; /* the shim's control socket when written */
+	/* The Kubernetes node whose agent wrote it ("" outside Kubernetes, and in images from
+	 * before the field): with images on storage every node shares, each agent's retention
+	 * touches only its own (docs/images.md, "Shared storage"). */
+	char node[GCR_IMAGE_NODE_MAX];
 	struct gcr_image_expect env;     /* gpu vendor/model, driver, shim version */
 	size_t nfiles;
 	struct gcr_image_file *files; /* owned */

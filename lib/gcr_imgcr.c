@@ -269,6 +269,7 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 	m.format = GCR_IMAGE_FORMAT;
 	m.created = (long long)time(NULL);
 	m.pid = pid;
+	snprintf(m.node, sizeof(m.node), "%s", o->node ? o->node : "");
 	if (rc == 0)
 		rc = gcr_image_manifest_write(partial, &m, err);
 	if (rc == 0)

@@ -29,6 +29,9 @@ struct gcr_imgcr_opts {
 	 * from its PID namespace's init, bind mounts and sandbox netns external (gcr_ctrdump;
 	 * docs/images.md, "Pods"). Restoring such an image is the container runtime's part. */
 	int whole_container;
+	/* checkpoint: the Kubernetes node whose agent writes the image, recorded in its manifest
+	 * (NULL or "": none) */
+	const char *node;
 };
 
 struct gcr_imgcr_result {

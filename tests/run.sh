@@ -114,6 +114,9 @@ tier k8s-evict python3 tests/k8s/test_evict_e2e.py build
 # Eviction without loss, the replacement pod (docs/preemption.md): a Deployment's pod imaged by an
 # eviction Checkpoint, deleted, its replacement restored from the node agent's registry.
 tier k8s-replace python3 tests/k8s/test_replace_e2e.py build
+# Two real nodes on this machine, one images directory both see (images.shared, docs/images.md,
+# "Shared storage"): a pod imaged on gcr-node restored into a new pod on gcr-node-2; refused off.
+tier k8s-twonode python3 tests/k8s/test_twonode_e2e.py build
 
 echo
 echo "=== summary"

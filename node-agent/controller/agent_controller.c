@@ -91,7 +91,7 @@ struct agent_controller {
 	struct agent_metrics *metrics;
 	struct agent_record_store *rec;
 	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir, *kubelet_url;
-	int pause_s, grace_ms, images_keep, registry_port;
+	int pause_s, grace_ms, images_keep, images_shared, registry_port;
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;
@@ -173,7 +173,8 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 
 /* A Checkpoint or Restore another node's agent took (status.nodeName): this agent only has
  * to recognise it (phase, node, the pod or Checkpoint it names, the message a waiting
- * Restore quotes, whether it is being deleted), so the rest (processes, conditions, managed
+ * Restore quotes, whether it is being deleted; an Image's action and CPU side, which a Restore
+ * into a pod here needs when the images are shared), so the rest (processes, conditions, managed
  * fields) is not kept: a node's memory does not grow with the whole cluster's requests.
  * Status is the user's to write too: whatever this agent did to an object is in its record,
  * which never depends on what is kept here. Stolen. */
@@ -184,14 +185,15 @@ static json_t *slim(struct agent_controller *c, enum kind k, json_t *obj)
 		return obj;
 	json_t *md = json_object_get(obj, "metadata"), *spec = json_object_get(obj, "spec"),
 	       *st = json_object_get(obj, "status");
-	json_t *s = json_pack("{s:O*, s:O*, s:{s:O*, s:O*, s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}",
+	json_t *s = json_pack("{s:O*, s:O*, s:{s:O*, s:O*, s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}, s:{s:O*, s:O*, s:O*, s:O*}}",
 			      "apiVersion", json_object_get(obj, "apiVersion"), "kind", json_object_get(obj, "kind"),
 			      "metadata", "namespace", json_object_get(md, "namespace"), "name",
 			      json_object_get(md, "name"), "uid", json_object_get(md, "uid"), "resourceVersion",
 			      json_object_get(md, "resourceVersion"), "deletionTimestamp",
 			      json_object_get(md, "deletionTimestamp"), "finalizers", json_object_get(md, "finalizers"),
 			      "spec", "podName", json_object_get(spec, "podName"), "checkpointName",
-			      json_object_get(spec, "checkpointName"), "status", "phase", json_object_get(st, "phase"),
+			      json_object_get(spec, "checkpointName"), "action", json_object_get(spec, "action"),
+			      "cpuCheckpoint", json_object_get(spec, "cpuCheckpoint"), "status", "phase", json_object_get(st, "phase"),
 			      "nodeName", json_object_get(st, "nodeName"), "podName", json_object_get(st, "podName"),
 			      "message", json_object_get(st, "message"));
 	if (s == NULL)
@@ -873,6 +875,13 @@ static void image_failed(struct agent_controller *c, struct op *o, const struct 
 	mark_done(c, o->d.uid);
 }
 
+/* Whose images this node's retention removes (agent_images.h): on shared storage only its own;
+ * node-local, every one in the directory (also those from before manifests named the node). */
+static const char *images_owner(const struct agent_controller *c)
+{
+	return c->images_shared ? c->node : NULL;
+}
+
 /* After an image of a pod committed at path: its pod directory keeps images.keep images.
  * Returns how many were removed (0 when pruning failed: logged, the image stands). */
 static int image_prune(struct agent_controller *c, const struct agent_crobj *d, const char *path)
@@ -883,7 +892,7 @@ static int image_prune(struct agent_controller *c, const struct agent_crobj *d, 
 	char *slash = strrchr(pod_dir, '/');
 	if (slash != NULL)
 		*slash = '\0';
-	int pruned = agent_images_prune(pod_dir, c->images_keep, &err);
+	int pruned = agent_images_prune(pod_dir, c->images_keep, images_owner(c), &err);
 	if (pruned < 0)
 		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: pruning %s: %s", d->ns, d->name, pod_dir, err.msg);
 	return pruned > 0 ? pruned : 0;
@@ -919,7 +928,7 @@ static void run_image(struct agent_controller *c, struct op *o, const struct pro
 	 * container's whole tree (gcr_ctrdump); one on the host alone. */
 	struct gcr_err nserr;
 	struct gcr_imgcr_opts io = { .cr = &cro, .leave_running = 1,
-				     .whole_container = gcr_procns_same(p[0].pid, &nserr) == 0 };
+				     .whole_container = gcr_procns_same(p[0].pid, &nserr) == 0, .node = c->node };
 	struct gcr_imgcr_result r = { 0 };
 	/* A pod's process: written in its allocation's image directory, then moved to path. */
 	char work[PATH_MAX] = "";
@@ -1109,6 +1118,7 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 	}
 	struct gcr_image_manifest m = { .format = GCR_IMAGE_FORMAT, .created = (long long)time(NULL), .pid = p[0].pid };
 	snprintf(m.mode, sizeof(m.mode), "%s", GCR_IMAGE_MODE_RUNTIME);
+	snprintf(m.node, sizeof(m.node), "%s", c->node);
 	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
 	struct gcr_image_expect here;
 	gcr_imgcr_expect_here(&here);
@@ -1200,7 +1210,7 @@ static int ck_exists(void *data, const char *ns, const char *name)
 static void sweep_images(struct agent_controller *c)
 {
 	struct gcr_err err;
-	int n = agent_images_sweep(c->images_dir, ck_exists, c, &err);
+	int n = agent_images_sweep(c->images_dir, images_owner(c), ck_exists, c, &err);
 	if (n < 0)
 		GCR_LOG(GCR_LOG_WARN, "controller", "images sweep: %s", err.msg);
 	else if (n > 0)
@@ -1726,10 +1736,12 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 			retry_later(c, o->key, 1000); /* unknown, or not scheduled yet */
 		return;
 	}
-	if (ckd->node[0] != '\0' && strcmp(ckd->node, c->node) != 0) {
+	/* Another node's image: here too when the images directory is shared (the image check
+	 * below still refuses another GPU model, driver or shim version). */
+	if (!c->images_shared && ckd->node[0] != '\0' && strcmp(ckd->node, c->node) != 0) {
 		json_decref(pod);
-		fail(c, o, "ImageElsewhere", "the image of Checkpoint %s is on node %s, the pod on %s (images are node-local); "
-		     "nothing was done", ckd->name, ckd->node, c->node);
+		fail(c, o, "ImageElsewhere", "the image of Checkpoint %s is on node %s, the pod on %s (images are node-local; "
+		     "images.shared says a directory every node shares); nothing was done", ckd->name, ckd->node, c->node);
 		return;
 	}
 	/* The restored container: the pod's one container running (the image holds one process). */
@@ -2116,6 +2128,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->socket_dir = strdup(cfg->socket_dir);
 	c->images_dir = strdup(cfg->images_dir ? cfg->images_dir : DEFAULT_IMAGES_DIR);
 	c->images_keep = cfg->images_keep > 0 ? cfg->images_keep : DEFAULT_IMAGES_KEEP;
+	c->images_shared = cfg->images_shared != 0;
 	c->kubelet_url = cfg->kubelet_url && cfg->kubelet_url[0] ? strdup(cfg->kubelet_url) : NULL;
 	c->registry_port = cfg->registry_port;
 	c->pause = cfg->test_pause ? strdup(cfg->test_pause) : NULL;

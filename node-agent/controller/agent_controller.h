@@ -23,6 +23,9 @@ struct agent_controller_cfg {
 	 * them per pod (NULL, 0: /var/lib/gcr/images, 2). */
 	const char *images_dir;
 	int images_keep;
+	/* images_dir is one filesystem every node shares (the operator says so): a Restore takes an
+	 * image another node wrote, and retention removes only this node's (the manifest's node). */
+	int images_shared;
 	/* This node's kubelet, https://HOST:PORT (its checkpoint API: an Image with spec.cpuCheckpoint
 	 * Kubelet, restorable into a new pod); NULL or "": none. */
 	const char *kubelet_url;

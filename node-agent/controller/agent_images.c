@@ -1,7 +1,8 @@
 /* agent_images: the images directory of Checkpoints with action Image, and its retention
  * (agent_images.h). An image is removed by renaming it to ".gc-<name>" in its pod directory
- * first (one rename: it stops being an image at once), then deleting the tree; a ".gc-" left
- * by a crash is deleted by the next sweep. */
+ * first (one rename: it stops being an image at once), then deleting the tree, its manifest
+ * last; a ".gc-" left by a crash is deleted by the next sweep. On storage every node shares,
+ * each node's retention touches only the images whose manifest names it (agent_images.h). */
 #include "agent_images.h"
 
 #include <ctype.h>
@@ -94,14 +95,12 @@ int agent_images_move(const char *from, const char *to, struct gcr_err *err)
 	return 0;
 }
 
-/* Whether pod_dir/name is a committed image: a valid Checkpoint name (so never partial nor
- * ".gc-"), a directory holding a manifest that parses. *created gets its time. */
-static int committed(const char *pod_dir, const char *name, long long *created)
+/* Whether dir holds a manifest that parses and, with owner, names owner as its node (images on
+ * shared storage: each node removes only its own). *created gets its time. */
+static int owns(const char *dir, const char *owner, long long *created)
 {
-	if (!agent_crobj_is_subdomain(name) || gcr_image_is_partial(name))
-		return 0;
 	char path[PATH_MAX];
-	if (snprintf(path, sizeof(path), "%s/%s/%s", pod_dir, name, GCR_IMAGE_MANIFEST) >= (int)sizeof(path))
+	if (snprintf(path, sizeof(path), "%s/%s", dir, GCR_IMAGE_MANIFEST) >= (int)sizeof(path))
 		return 0;
 	char *buf = NULL;
 	size_t len = 0;
@@ -112,36 +111,60 @@ static int committed(const char *pod_dir, const char *name, long long *created)
 	int ok = gcr_image_manifest_parse(buf, len, &m, &err) == 0;
 	free(buf);
 	if (ok) {
+		ok = owner == NULL || strcmp(m.node, owner) == 0;
 		*created = m.created;
 		gcr_image_manifest_clear(&m);
 	}
 	return ok;
 }
 
-/* Takes pod_dir/name out of the images (rename to .gc-name), then deletes it. */
+/* Whether pod_dir/name is a committed image owner's retention may remove: a valid Checkpoint
+ * name (so never partial nor ".gc-") whose directory owns() accepts. */
+static int committed(const char *pod_dir, const char *name, const char *owner, long long *created)
+{
+	char dir[PATH_MAX];
+	if (!agent_crobj_is_subdomain(name) || gcr_image_is_partial(name) ||
+	    snprintf(dir, sizeof(dir), "%s/%s", pod_dir, name) >= (int)sizeof(dir))
+		return 0;
+	return owns(dir, owner, created);
+}
+
+/* Takes pod_dir/name out of the images (rename to .gc-name), then deletes it, its manifest last:
+ * a ".gc-" left by a crash still says whose it was (remove_leftovers). */
 static int remove_image(const char *pod_dir, const char *name)
 {
-	char from[PATH_MAX], to[PATH_MAX];
+	char from[PATH_MAX], to[PATH_MAX], sub[PATH_MAX + 8];
 	if (snprintf(from, sizeof(from), "%s/%s", pod_dir, name) >= (int)sizeof(from) ||
 	    snprintf(to, sizeof(to), "%s/" GC_PREFIX "%s", pod_dir, name) >= (int)sizeof(to))
 		return -ENAMETOOLONG;
 	gcr_image_remove(to); /* an old one left by a crash */
 	if (rename(from, to) < 0)
 		return -errno;
+	snprintf(sub, sizeof(sub), "%s/" GCR_IMAGE_CRIU_DIR, to);
+	gcr_image_remove(sub);
+	snprintf(sub, sizeof(sub), "%s/" GCR_IMAGE_GPU_DIR, to);
+	gcr_image_remove(sub);
 	gcr_image_remove(to);
 	return 0;
 }
 
-/* Deletes ".gc-" leftovers of pod_dir. */
-static void remove_leftovers(const char *pod_dir)
+/* Deletes ".gc-" leftovers of pod_dir: with owner, only those whose manifest names owner (and
+ * empty ones, by rmdir, which two agents may both try harmlessly). */
+static void remove_leftovers(const char *pod_dir, const char *owner)
 {
 	DIR *d = opendir(pod_dir);
 	struct dirent *de;
 	char p[PATH_MAX];
-	while (d != NULL && (de = readdir(d)) != NULL)
-		if (strncmp(de->d_name, GC_PREFIX, strlen(GC_PREFIX)) == 0 &&
-		    snprintf(p, sizeof(p), "%s/%s", pod_dir, de->d_name) < (int)sizeof(p))
+	long long created;
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		if (strncmp(de->d_name, GC_PREFIX, strlen(GC_PREFIX)) != 0 ||
+		    snprintf(p, sizeof(p), "%s/%s", pod_dir, de->d_name) >= (int)sizeof(p))
+			continue;
+		if (owner == NULL || owns(p, owner, &created))
 			gcr_image_remove(p);
+		else
+			(void)rmdir(p);
+	}
 	if (d != NULL)
 		closedir(d);
 }
@@ -159,7 +182,7 @@ static int older_first(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
-int agent_images_prune(const char *pod_dir, int keep, struct gcr_err *err)
+int agent_images_prune(const char *pod_dir, int keep, const char *owner, struct gcr_err *err)
 {
 	if (keep < 1)
 		return gcr_err_set(err, -EINVAL, "images to keep must be at least 1 (got %d)", keep);
@@ -175,7 +198,7 @@ int agent_images_prune(const char *pod_dir, int keep, struct gcr_err *err)
 	struct dirent *de;
 	while (n < MAX_SCAN && (de = readdir(d)) != NULL) {
 		long long created;
-		if (committed(pod_dir, de->d_name, &created)) {
+		if (committed(pod_dir, de->d_name, owner, &created)) {
 			e[n].created = created;
 			snprintf(e[n].name, sizeof(e[n].name), "%.253s", de->d_name); /* a subdomain: <= 253 */
 			n++;
@@ -213,6 +236,7 @@ static int each_dir(const char *dir, int (*valid)(const char *), int (*fn)(void 
 }
 
 struct sweep {
+	const char *owner;
 	agent_images_exists_fn exists;
 	void *data;
 	const char *ns;
@@ -230,7 +254,7 @@ static int sweep_image(void *data, const char *path, const char *name)
 		return 0;
 	*slash = '\0';
 	/* Existence first: reading every manifest every sweep would cost more than the sweep. */
-	if (s->exists(s->data, s->ns, name) != 0 || !committed(pod_dir, name, &created))
+	if (s->exists(s->data, s->ns, name) != 0 || !committed(pod_dir, name, s->owner, &created))
 		return 0;
 	if (remove_image(pod_dir, name) == 0)
 		s->removed++;
@@ -239,8 +263,9 @@ static int sweep_image(void *data, const char *path, const char *name)
 
 static int sweep_pod(void *data, const char *path, const char *name)
 {
+	struct sweep *s = data;
 	(void)name;
-	remove_leftovers(path);
+	remove_leftovers(path, s->owner);
 	each_dir(path, agent_crobj_is_subdomain, sweep_image, data);
 
 	return 0;
@@ -260,9 +285,10 @@ static int is_ns(const char *s)
 	return agent_crobj_is_label(s);
 }
 
-int agent_images_sweep(const char *root, agent_images_exists_fn exists, void *data, struct gcr_err *err)
+int agent_images_sweep(const char *root, const char *owner, agent_images_exists_fn exists, void *data,
+		       struct gcr_err *err)
 {
-	struct sweep s = { .exists = exists, .data = data };
+	struct sweep s = { .owner = owner, .exists = exists, .data = data };
 	int rc = each_dir(root, is_ns, sweep_ns, &s);
 	if (rc < 0)
 		return gcr_err_set(err, rc, "cannot read %s: %s", root, strerror(-rc));

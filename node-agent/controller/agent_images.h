@@ -29,18 +29,24 @@ int agent_images_is_alloc_dir(const char *root, const char *dir);
  * -EEXIST). 0 or -errno. */
 int agent_images_move(const char *from, const char *to, struct gcr_err *err) __attribute__((warn_unused_result));
 
-/* Removes the oldest committed images in pod_dir (<root>/<ns>/<pod>) past keep (>= 1), oldest
- * by the manifest's "created", then by name. Returns how many were removed (>= 0), or -errno
- * when pod_dir cannot be read. */
-int agent_images_prune(const char *pod_dir, int keep, struct gcr_err *err);
+/* Ownership: with owner NULL (images node-local) every committed image counts; with owner (a
+ * node name: images on storage every node shares) only those whose manifest's "node" is owner,
+ * so two nodes' agents never remove, nor count, each other's images (an image without "node"
+ * is nobody's and stays). */
+
+/* Removes the oldest committed images in pod_dir (<root>/<ns>/<pod>) of owner past keep (>= 1),
+ * oldest by the manifest's "created", then by name. Returns how many were removed (>= 0), or
+ * -errno when pod_dir cannot be read. */
+int agent_images_prune(const char *pod_dir, int keep, const char *owner, struct gcr_err *err);
 
 /* Whether Checkpoint ns/name exists: 1 yes, 0 no, < 0 unknown (nothing is removed). */
 typedef int (*agent_images_exists_fn)(void *data, const char *ns, const char *name);
 
-/* Removes every committed image under root whose Checkpoint does not exist (empty pod
+/* Removes every committed image of owner under root whose Checkpoint does not exist (empty pod
  * directories stay: one may be about to get an image). Returns how many images were removed
  * (>= 0); a root that does not exist is 0. */
-int agent_images_sweep(const char *root, agent_images_exists_fn exists, void *data, struct gcr_err *err);
+int agent_images_sweep(const char *root, const char *owner, agent_images_exists_fn exists, void *data,
+		       struct gcr_err *err);
 
 /* ---- a pod's side of an image whose CPU side is the kubelet's (docs/images.md) ----
  * The shim writes and reads GPU data in its own mount namespace, so the agent works in a

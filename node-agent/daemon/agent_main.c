@@ -65,7 +65,7 @@ struct dp_cfg {
 struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
-		*record_dir, *restore_grace_s, *images_dir, *images_keep, *overcommit, *overcommit_margin_mib, *overcommit_return_ms, *overcommit_idle_ms,
+		*record_dir, *restore_grace_s, *images_dir, *images_keep, *images_shared, *overcommit, *overcommit_margin_mib, *overcommit_return_ms, *overcommit_idle_ms,
 		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url,
 		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s;
 	struct dp_cfg dp;
@@ -99,6 +99,10 @@ static const struct opt_row opts_table[] = {
 	  "root of the images Checkpoints with action Image write, as <root>/<namespace>/<pod>/<name>" },
 	{ "images-keep", "imagesKeep", SLOT(images_keep), "2",
 	  "images kept per pod: the oldest past this many are removed when a new one commits (1..100)" },
+	{ "images-shared", "imagesShared", SLOT(images_shared), "false",
+	  "true: images-dir is one filesystem every node shares (the operator's promise): a Restore takes an image "
+	  "another node wrote, and retention removes only the images this node wrote; false: images are node-local "
+	  "(another node's image is refused, ImageElsewhere)" },
 	{ "overcommit", "overcommit", SLOT(overcommit), "true",
 	  "true: a pod that opted in (gpucr.dev/overcommit: suspend; GCR_OVERCOMMIT=1 outside Kubernetes) and runs out "
 	  "of GPU memory gets room by the suspend of lower-priority ones (docs/preemption.md); false: never" },
@@ -507,6 +511,8 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 		return gcr_err_set(err, -EINVAL, "--processes-outside-pods: '%s' is not true or false", c->outside_pods);
 	if (strcmp(c->eviction, "true") != 0 && strcmp(c->eviction, "false") != 0)
 		return gcr_err_set(err, -EINVAL, "--eviction: '%s' is not true or false", c->eviction);
+	if (strcmp(c->images_shared, "true") != 0 && strcmp(c->images_shared, "false") != 0)
+		return gcr_err_set(err, -EINVAL, "--images-shared: '%s' is not true or false", c->images_shared);
 	if (seconds_opt("eviction-rate-mib-s", c->eviction_rate, 100000, NULL, err) < 0 ||
 	    seconds_opt("eviction-fixed-seconds", c->eviction_fixed_s, 3600, NULL, err) < 0)
 		return -EINVAL;
@@ -724,6 +730,7 @@ int main(int argc, char **argv)
 		.socket_dir = cfg.socket_dir,
 		.record_dir = cfg.record_dir,
 		.images_dir = cfg.images_dir,
+		.images_shared = strcmp(cfg.images_shared, "true") == 0,
 		.kubelet_url = cfg.kubelet_url,
 		.registry_port = atoi(cfg.restore_port),
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),

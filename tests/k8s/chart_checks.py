@@ -253,8 +253,9 @@ def cmd_default(render, ns):
     want = {"sockets": "/run/gcr", "registry": "/run/gcr/agent", "shim": "/opt/gcr/lib",
             "device-plugins": "/var/lib/kubelet/device-plugins", "images": "/var/lib/gcr/images"}
     check("hostPath volumes: exactly sockets, registry dir, shim dir, device-plugin dir, images dir", hp == want, hp)
-    check("images: the agent's config names the mounted root, keep 2",
-          cfg.get("imagesDir") == "/var/lib/gcr/images" and cfg.get("imagesKeep") == 2, cfg)
+    check("images: the agent's config names the mounted root, keep 2, node-local (imagesShared false)",
+          cfg.get("imagesDir") == "/var/lib/gcr/images" and cfg.get("imagesKeep") == 2
+          and cfg.get("imagesShared") == "false", cfg)
     check("images of pods off by default: no image dirs for pods, no capability for CRIU",
           "imageRoot" not in cfg["devicePlugin"]
           and "SYS_ADMIN" not in (agent["securityContext"].get("capabilities") or {}).get("add", []), cfg)

@@ -187,6 +187,12 @@ restore_on() {
 		[[ $off != *'hostNetwork: true'* && $off != *'restoreRegistryPort'* && $off != *'verbs: ["patch", "delete"]'* ]]
 }
 run "eviction.restore: hostNetwork, the registry port and the scaler's pod writes only when on" restore_on
+images_shared() {
+	local on
+	on=$(h template x "$CHART" --set images.shared=true) && [[ $on == *'imagesShared: "true"'* ]] &&
+		[[ $(python3 "$CHECKS" rules <(printf '%s\n' "$on")) == $(python3 "$CHECKS" rules "$TMP/default-nocrds.yaml") ]]
+}
+run "images.shared: on in the agent's config, the RBAC rules unchanged" images_shared
 
 # --- Dockerfile (no Docker engine here: lint, and the install layout) ------------
 

@@ -82,9 +82,10 @@ def check(cond, msg):
 
 # ---- workload pods ----
 
-def workload_pod(ns, name, uid, labels=None, gate=False):
+def workload_pod(ns, name, uid, labels=None, gate=False, node=None):
     """A non-root pod running gcr-testprog under the injected shim on the stand-in driver.
-    Its stdin is /tmp/ctl (tail -f), so `ctl(ns, name, "go")` steers it; its stdout is the log."""
+    Its stdin is /tmp/ctl (tail -f), so `ctl(ns, name, "go")` steers it; its stdout is the log.
+    node: the node it must run on (two-node test bed), else wherever the scheduler puts it."""
     script = ("touch /tmp/ctl && tail -f /tmp/ctl | "
               f"gcr-testprog --module {KERNELS} --mib 48 --buffers 3 --threads 2 --iters 20 --wait")
     spec = {
@@ -103,6 +104,8 @@ def workload_pod(ns, name, uid, labels=None, gate=False):
     }
     if gate:
         spec["readinessGates"] = [{"conditionType": "gpucr.dev/resident"}]
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     apply({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": ns, "labels": labels or {"case": name}}, "spec": spec})
     line = wait_until(f"pod {ns}/{name} READY line", lambda: next(
@@ -712,10 +715,11 @@ def kubelet_images_off():
         a.startswith("--kubelet-url=") for a in p["spec"]["containers"][0].get("args", [])) and p, 120)
 
 
-def checkpoint_oci_image(archive, ref, container):
+def checkpoint_oci_image(archive, ref, container, node_dir=None):
     """Test tooling, as containerd's own test does with buildah: the kubelet's checkpoint archive
     as the one layer of an OCI image annotated org.criu.checkpoint.container.name (what
-    containerd's CRI restores a container from), imported into the node's containerd."""
+    containerd's CRI restores a container from), imported into the node's containerd (that of
+    the node whose state is node_dir; default the first node's)."""
     import hashlib
     import io
     import tarfile
@@ -749,18 +753,19 @@ def checkpoint_oci_image(archive, ref, container):
                                             "org.opencontainers.image.ref.name": ref})]}).encode())
     try:
         run([os.path.join(ENV["GCR_TESTBED_CTRD"], "ctr"), "--address",
-             os.path.join(ENV["GCR_TESTBED_DIR"], "containerd", "containerd.sock"), "-n", "k8s.io",
+             os.path.join(node_dir or ENV["GCR_TESTBED_DIR"], "containerd", "containerd.sock"), "-n", "k8s.io",
              "images", "import", out])
     finally:
         os.unlink(out)
 
 
-def restored_pod(ns, name, image, pull="Never"):
+def restored_pod(ns, name, image, pull="Never", node=None):
     """A pod created from a checkpoint image: the runtime restores the checkpointed container
     (its command, never run, would exit 99); same runtime class and GCR resource as the original.
     pull: its imagePullPolicy (Never: the image was imported into the node's store)."""
     apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {"case": name}},
-           "spec": {"runtimeClassName": "nvidia", "restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+           "spec": {**({"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}),
+                    "runtimeClassName": "nvidia", "restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
                     "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
                     "containers": [{"name": "main", "image": image, "imagePullPolicy": pull,
                                     "command": ["/bin/sh", "-c", "exit 99"],
@@ -770,11 +775,12 @@ def restored_pod(ns, name, image, pull="Never"):
                                                         "capabilities": {"drop": ["ALL"]}}}]}})
 
 
-def image_for_new_pod(ns, pod, ck):
+def image_for_new_pod(ns, pod, ck, node=None, import_dir=None):
     """A uid-0 workload pod (root here lacks CAP_SYS_RESOURCE, which CRIU needs for other uids),
     imaged by a Checkpoint with cpuCheckpoint Kubelet, then deleted; returns the image's
-    directory and the checkpoint archive's OCI image, imported."""
-    pid, nbytes = workload_pod(ns, pod, 0)
+    directory and the checkpoint archive's OCI image, imported (into the containerd of the node
+    whose state is import_dir; default the first node's). node: where the pod runs."""
+    pid, nbytes = workload_pod(ns, pod, 0, node=node)
     apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": ck, "namespace": ns},
            "spec": {"podName": pod, "action": "Image", "cpuCheckpoint": "Kubelet"}})
     wait_phase("checkpoint", ns, ck, timeout=180)
@@ -792,8 +798,19 @@ def image_for_new_pod(ns, pod, ck):
     check(int(smi(ns, pod, "mem", pid)) >= nbytes, "the imaged process did not get its memory back")
     kubectl("delete", "pod", "-n", ns, pod, "--wait=true", timeout=90)
     ref = f"localhost/gcr-restore/{ns}-{ck}:1"
-    checkpoint_oci_image(archive, ref, "main")
+    checkpoint_oci_image(archive, ref, "main", import_dir)
     return img, ref, nbytes
+
+
+def restored_program(ns, pod, nbytes):
+    """The pid of the program restored in pod (its log from before the checkpoint names it),
+    checked running on the stand-in driver with at least nbytes of GPU memory back."""
+    logs = kubectl("logs", "-n", ns, pod).stdout
+    check("READY pid=" in logs, f"the new pod's log is not the restored program's: {logs[-500:]}")
+    pid = int(logs.split("READY pid=")[1].split()[0])
+    check(smi(ns, pod, "state", pid) == "running", "the restored process's driver state is not running")
+    check(int(smi(ns, pod, "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
+    return pid
 
 
 def case_pod_restored_from_image():
@@ -815,11 +832,7 @@ def case_pod_restored_from_image():
     log(f"restored into a new pod in {time.monotonic() - t0:.1f} s (pod created to Restore Succeeded): "
         f"{kjson('get', 'restore', '-n', ns, 'back')['status'].get('durations')}")
     wait_until("a Restored Event", lambda: any(e.get("reason") == "Restored" for e in events_for(ns, "back")), 30)
-    logs = kubectl("logs", "-n", ns, "dst").stdout
-    check("READY pid=" in logs, f"the new pod's log is not the restored program's: {logs[-500:]}")
-    pid = int(logs.split("READY pid=")[1].split()[0])
-    check(smi(ns, "dst", "state", pid) == "running", "the restored process's driver state is not running")
-    check(int(smi(ns, "dst", "mem", pid)) >= nbytes, "the restored process lacks its GPU memory")
+    pid = restored_program(ns, "dst", nbytes)
     # Registered again with the agent (image-read does it): an ordinary suspend and resume of it.
     apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "dst", "namespace": ns},
            "spec": {"podName": "dst"}})
@@ -897,10 +910,12 @@ def dump_logs():
     print(run(["tail", "-n", "60", os.path.join(ENV["GCR_TESTBED_DIR"], "kubelet.log")], check=False).stdout)
 
 
-def main(cases=None, gpu_mib=None):
+def main(cases=None, gpu_mib=None, nodes=1):
     """Builds the images, brings the node up, runs cases (default CASES) in order, takes it down.
-    gpu_mib: the stand-in GPU's memory (GCR_TESTBED_GPU_MIB; the test bed's default otherwise)."""
+    gpu_mib: the stand-in GPU's memory (GCR_TESTBED_GPU_MIB; the test bed's default otherwise).
+    nodes: 2 brings up gcr-node-2 too (GCR_TESTBED_NODES)."""
     cases = cases or CASES
+    ENV["GCR_TESTBED_NODES"] = str(nodes)
     t0 = time.monotonic()
     img_dir = tempfile.mkdtemp(prefix="gcr-node-images.")
     log("building images")
@@ -924,7 +939,8 @@ def main(cases=None, gpu_mib=None):
         if line.startswith("export "):
             k, v = line[len("export "):].split("=", 1)
             ENV[k] = v.strip("'")
-    log(f"cluster up in {time.monotonic() - t1:.0f} s (node {ENV['GCR_TESTBED_NODE']})")
+    log(f"cluster up in {time.monotonic() - t1:.0f} s (node {ENV['GCR_TESTBED_NODE']}"
+        + (f", node {ENV['GCR_TESTBED_NODE2']})" if nodes == 2 else ")"))
     failed = 0
     try:
         for case in cases:

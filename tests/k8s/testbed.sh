@@ -57,6 +57,9 @@
 #   GCR_TESTBED_DRIVER_DIR      up-node: the stand-in driver (libcuda.so.1,
 #                               libnvidia-ml.so.1, fakesmi) the "nvidia" runtime class injects
 #   GCR_TESTBED_GPU_MIB         up-node: the stand-in GPU's memory (4096 MiB)
+#   GCR_TESTBED_NODES           up-node: 1 (default) or 2: also gcr-node-2, a second real node
+#                               in namespaces of its own on this machine (tests/k8s/node/README.md);
+#                               exports GCR_TESTBED_NODE2
 #   GCR_CRIU                    up-node: CRIU (>= 4) for runc's checkpoint and restore
 #                               (default: scripts/install-criu.sh's cached build, if any)
 set -euo pipefail
@@ -65,6 +68,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TOOLS=$HERE/tools
 CACHE=${GCR_TESTBED_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gcr-testbed}
 TIMEOUT=${GCR_TESTBED_TIMEOUT:-120}
+NODES=${GCR_TESTBED_NODES:-1} # up-node: 2 adds gcr-node-2 (below, "the second node")
 # Bump when the build recipe below changes in a way the key does not see.
 RECIPE=3
 MODULES=(etcd kube helm)
@@ -365,6 +369,7 @@ NODE_SERVICE_CIDR=10.96.0.0/24
 NODE_SERVICE_IP=10.96.0.1
 NODE_NAME=gcr-node
 KUBELET_ROOT=/var/lib/kubelet # the chart's default devicePlugin.kubeletDir lives here
+NODE_EXEC=() # how a node's processes start: nothing for the first, nsenter for the second
 
 new_state() {
 	if [[ -n ${GCR_TESTBED_DIR:-} ]]; then
@@ -502,6 +507,7 @@ write_env() {
 	export GCR_TESTBED_BIN='$BIN'
 	EOF
 	[[ ${1:-} == node ]] && printf "export GCR_TESTBED_NODE='%s'\nexport GCR_TESTBED_CTRD='%s'\n" "$NODE_NAME" "$CTRD" >>"$STATE/env"
+	[[ ${1:-} == node && -d $STATE/node2 ]] && printf "export GCR_TESTBED_NODE2='%s'\n" "$NODE2_NAME" >>"$STATE/env"
 	return 0
 }
 
@@ -552,54 +558,71 @@ node_network() {
 	ip route add "$NODE_SERVICE_CIDR" dev "$NODE_BRIDGE"
 	iptables -w -I FORWARD -i "$NODE_BRIDGE" ! -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed
 	iptables -w -I FORWARD ! -i "$NODE_BRIDGE" -o "$NODE_BRIDGE" -j DROP -m comment --comment gcr-testbed
-	mkdir -p "$STATE/cni/net.d" "$STATE/cni/ipam"
-	cat >"$STATE/cni/net.d/10-gcr-testbed.conflist" <<-EOF
+	cni_conf "$STATE" "$NODE_BRIDGE" "$NODE_POD_CIDR" "$NODE_IP"
+}
+
+# cni_conf DIR BRIDGE POD-CIDR GATEWAY: the bridge network of one node's pods (DIR/cni).
+cni_conf() {
+	local dir=$1 bridge=$2 cidr=$3 gw=$4
+	mkdir -p "$dir/cni/net.d" "$dir/cni/ipam"
+	cat >"$dir/cni/net.d/10-gcr-testbed.conflist" <<-EOF
 	{
 	  "cniVersion": "1.0.0",
 	  "name": "gcr-testbed",
 	  "plugins": [{
-	    "type": "bridge", "bridge": "$NODE_BRIDGE", "isGateway": true, "ipMasq": false,
+	    "type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false,
 	    "hairpinMode": true,
-	    "ipam": {"type": "host-local", "dataDir": "$STATE/cni/ipam",
-	             "ranges": [[{"subnet": "$NODE_POD_CIDR", "gateway": "$NODE_IP"}]],
+	    "ipam": {"type": "host-local", "dataDir": "$dir/cni/ipam",
+	             "ranges": [[{"subnet": "$cidr", "gateway": "$gw"}]],
 	             "routes": [{"dst": "0.0.0.0/0"}]}
 	  }]
 	}
 	EOF
 }
 
+# node_containerd [DIR PIDNAME-PREFIX]: a node's containerd, its state in DIR (default $STATE), started
+# through NODE_EXEC (the second node's namespaces; empty for the first).
 node_containerd() {
-	local driver=${GCR_TESTBED_DRIVER_DIR:-}
-	mkdir -p "$STATE/containerd" "$STATE/bin"
+	local driver=${GCR_TESTBED_DRIVER_DIR:-} d=${1:-$STATE} pfx=${2:-}
+	mkdir -p "$d/containerd" "$d/bin"
 	# The "nvidia" handler: runc behind the stand-in of NVIDIA's runtime, which adds
 	# the stand-in driver to containers that ask for GPUs (node/nvidia-runtime-standin.py).
 	# The node's one stand-in GPU: a pool file all GPU containers share, any uid writing it.
-	mkdir -p "$STATE/gpu"
-	chmod 1777 "$STATE/gpu"
-	install -m 0666 /dev/null "$STATE/gpu/pool"
-	cat >"$STATE/bin/nvidia-container-runtime" <<-EOF
+	mkdir -p "$d/gpu"
+	chmod 1777 "$d/gpu"
+	install -m 0666 /dev/null "$d/gpu/pool"
+	# At the size the stand-in driver gives it on first use (FAKE_POOL_SLOTS slots of struct
+	# fake_pool_slot: two 32-bit ids, a 64-bit count per device): CRIU refuses to restore a
+	# process whose open file has another size than at the dump, so a process dumped on one node
+	# restores on the other only if that node's pool is sized already.
+	local slots devs
+	slots=$(sed -n 's/^#define FAKE_POOL_SLOTS \([0-9]*\).*/\1/p' "$HERE/../fakecuda/fakecuda_pool.h")
+	devs=$(sed -n 's/^#define FAKE_POOL_DEVICES \([0-9]*\).*/\1/p' "$HERE/../fakecuda/fakecuda_pool.h")
+	[[ -n $slots && -n $devs ]] || die "cannot read the pool's size from tests/fakecuda/fakecuda_pool.h"
+	truncate -s $((slots * (8 + 8 * devs))) "$d/gpu/pool"
+	cat >"$d/bin/nvidia-container-runtime" <<-EOF
 	#!/bin/sh
-	exec python3 '$HERE/node/nvidia-runtime-standin.py' --driver-dir '$driver' --gpu-dir '$STATE/gpu' \\
-		--mem-mib '${GCR_TESTBED_GPU_MIB:-4096}' --criu-config '$STATE/criu-runc.conf' -- "\$@"
+	exec python3 '$HERE/node/nvidia-runtime-standin.py' --driver-dir '$driver' --gpu-dir '$d/gpu' \\
+		--mem-mib '${GCR_TESTBED_GPU_MIB:-4096}' --criu-config '$d/criu-runc.conf' -- "\$@"
 	EOF
 	# What runc's CRIU needs for GPU containers here (the stand-in driver's pool lock).
-	printf 'file-locks\n' >"$STATE/criu-runc.conf"
-	chmod 755 "$STATE/bin/nvidia-container-runtime"
+	printf 'file-locks\n' >"$d/criu-runc.conf"
+	chmod 755 "$d/bin/nvidia-container-runtime"
 	# CRIU for runc's checkpoint and restore (the CRI's checkpoint, restore into a new pod):
 	# runc and containerd look for "criu" in PATH.
 	local criu=${GCR_CRIU:-}
 	[[ -n $criu ]] || criu=$("$HERE/../../scripts/install-criu.sh" --cached 2>/dev/null) || criu=
-	[[ -n $criu && -x $criu ]] && ln -sf "$criu" "$STATE/bin/criu"
+	[[ -n $criu && -x $criu ]] && ln -sf "$criu" "$d/bin/criu"
 	# Version 3 (containerd 2.x): the CRI's image and runtime halves are plugins of their own.
-	cat >"$STATE/containerd/config.toml" <<-EOF
+	cat >"$d/containerd/config.toml" <<-EOF
 	version = 3
-	root = "$STATE/containerd/root"
-	state = "$STATE/containerd/state"
+	root = "$d/containerd/root"
+	state = "$d/containerd/state"
 	disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
 	  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
 	  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
 	[grpc]
-	  address = "$STATE/containerd/containerd.sock"
+	  address = "$d/containerd/containerd.sock"
 	[plugins."io.containerd.cri.v1.images"]
 	  snapshotter = "overlayfs"
 	  [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -623,53 +646,60 @@ node_containerd() {
 	    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia]
 	      runtime_type = "io.containerd.runc.v2"
 	      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia.options]
-	        BinaryName = "$STATE/bin/nvidia-container-runtime"
+	        BinaryName = "$d/bin/nvidia-container-runtime"
 	        SystemdCgroup = false
 	  [plugins."io.containerd.cri.v1.runtime".cni]
 	    bin_dirs = ["/usr/lib/cni"]
-	    conf_dir = "$STATE/cni/net.d"
+	    conf_dir = "$d/cni/net.d"
 	EOF
 	log "starting containerd ($("$CTRD/containerd" --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), criu ${criu:-none})"
 	# Its own runc shim and CRIU first in PATH (containerd finds the shim there).
-	PATH="$STATE/bin:$CTRD:$PATH" start_proc containerd "$STATE/containerd.log" "$CTRD/containerd" --config "$STATE/containerd/config.toml"
-	wait_for "containerd" containerd "$CTRD/ctr" --address "$STATE/containerd/containerd.sock" version
+	PATH="$d/bin:$CTRD:$PATH" start_proc "${pfx}containerd" "$d/containerd.log" "${NODE_EXEC[@]}" "$CTRD/containerd" --config "$d/containerd/config.toml"
+	wait_for "containerd" "${pfx}containerd" "$CTRD/ctr" --address "$d/containerd/containerd.sock" version
 	local img n=0
 	for img in "${GCR_TESTBED_IMAGES:-/nonexistent}"/*.tar; do
 		[[ -f $img ]] || continue
-		"$CTRD/ctr" --address "$STATE/containerd/containerd.sock" -n k8s.io images import --no-unpack "$img" >>"$STATE/images.log" 2>&1 ||
-			{ cat "$STATE/images.log" >&2; die "importing $img into containerd failed"; }
+		"$CTRD/ctr" --address "$d/containerd/containerd.sock" -n k8s.io images import --no-unpack "$img" >>"$d/images.log" 2>&1 ||
+			{ cat "$d/images.log" >&2; die "importing $img into containerd failed"; }
 		n=$((n + 1))
 	done
 	# Listed first, then searched: with pipefail, grep -q ending early can kill ctr by SIGPIPE
 	# and fail the pipeline although the image is there (seen once in CI-like runs).
 	local listed
-	listed=$("$CTRD/ctr" --address "$STATE/containerd/containerd.sock" -n k8s.io images ls -q) || die "ctr images ls failed"
+	listed=$("$CTRD/ctr" --address "$d/containerd/containerd.sock" -n k8s.io images ls -q) || die "ctr images ls failed"
 	grep -qxF "$PAUSE_IMAGE" <<<"$listed" ||
 		die "the sandbox image $PAUSE_IMAGE is not among the images in ${GCR_TESTBED_IMAGES:-(GCR_TESTBED_IMAGES unset)}"
 	log "imported $n image archive(s)"
 }
 
+# node_kubelet [DIR PIDNAME-PREFIX NAME IP CERT PORT CGROUP-ROOT]: a node's kubelet (default: the
+# first node's), started through NODE_EXEC; its pki/CERT.* serve, pki/CERT-client.* (node: node.*)
+# authenticate it.
 node_kubelet() {
-	local port hport
-	port=$(free_port)
+	local d=${1:-$STATE} pfx=${2:-} name=${3:-$NODE_NAME} ip=${4:-$NODE_IP} cert=${5:-kubelet} port=${6:-}
+	local croot=${7:-} hport user=node
+	[[ $cert == kubelet ]] || user=$cert-client
+	[[ -n $port ]] || port=$(free_port)
 	hport=$(free_port "$port")
-	kubeconfig "$STATE/kubelet.kubeconfig" "$API_URL" node
+	kubeconfig "$d/kubelet.kubeconfig" "$API_URL" "$user"
 	# cgroupfs: no systemd on these machines. failCgroupV1 false: they have a cgroup v1
 	# hierarchy, which kubelet 1.37 still runs on but refuses by default.
-	cat >"$STATE/kubelet.yaml" <<-EOF
+	cat >"$d/kubelet.yaml" <<-EOF
 	apiVersion: kubelet.config.k8s.io/v1beta1
 	kind: KubeletConfiguration
-	containerRuntimeEndpoint: unix://$STATE/containerd/containerd.sock
+	containerRuntimeEndpoint: unix://$d/containerd/containerd.sock
 	cgroupDriver: cgroupfs
 	failCgroupV1: false
 	failSwapOn: false
-	address: $NODE_IP
+	# The second node's pods under a root of their own: two kubelets never share /kubepods.
+	${croot:+cgroupRoot: $croot}
+	address: $ip
 	port: $port
 	readOnlyPort: 0
 	healthzBindAddress: 127.0.0.1
 	healthzPort: $hport
-	tlsCertFile: $STATE/pki/kubelet.crt
-	tlsPrivateKeyFile: $STATE/pki/kubelet.key
+	tlsCertFile: $STATE/pki/$cert.crt
+	tlsPrivateKeyFile: $STATE/pki/$cert.key
 	authentication:
 	  anonymous: {enabled: false}
 	  webhook: {enabled: true}
@@ -683,14 +713,14 @@ node_kubelet() {
 	serializeImagePulls: false
 	maxPods: 40
 	EOF
-	echo "$port" >"$STATE/kubelet.port"
-	log "starting kubelet (node $NODE_NAME, $KUBELET_ROOT, https://$NODE_IP:$port)"
+	echo "$port" >"$d/kubelet.port"
+	log "starting kubelet (node $name, $KUBELET_ROOT, https://$ip:$port)"
 	# The label GPU feature discovery puts on a GPU node: the chart's default nodeSelector.
-	start_proc kubelet "$STATE/kubelet.log" "$BIN/kubelet" \
-		--config="$STATE/kubelet.yaml" \
-		--kubeconfig="$STATE/kubelet.kubeconfig" \
-		--hostname-override="$NODE_NAME" \
-		--node-ip="$NODE_IP" \
+	start_proc "${pfx}kubelet" "$d/kubelet.log" "${NODE_EXEC[@]}" "$BIN/kubelet" \
+		--config="$d/kubelet.yaml" \
+		--kubeconfig="$d/kubelet.kubeconfig" \
+		--hostname-override="$name" \
+		--node-ip="$ip" \
 		--node-labels=nvidia.com/gpu.present=true \
 		--root-dir="$KUBELET_ROOT" \
 		--v=2
@@ -723,22 +753,29 @@ node_controllers() {
 		--authorization-kubeconfig="$STATE/scheduler.kubeconfig" \
 		--bind-address=127.0.0.1 --secure-port="$p2" \
 		--leader-elect=false
+	node_proxy "$STATE" "" "$NODE_NAME" "$NODE_IP" "$NODE_POD_CIDR" "$p3" "$p4"
+}
+
+# node_proxy DIR PIDNAME-PREFIX NAME IP POD-CIDR HEALTHZ-PORT METRICS-PORT: a node's kube-proxy,
+# started through NODE_EXEC (in the second node's network namespace, rules of its own).
+node_proxy() {
+	local d=$1 pfx=$2 name=$3 ip=$4 cidr=$5
 	# conntrack maxPerCore 0: leave the host's conntrack sysctls as they are.
-	cat >"$STATE/kube-proxy.yaml" <<-EOF
+	cat >"$d/kube-proxy.yaml" <<-EOF
 	apiVersion: kubeproxy.config.k8s.io/v1alpha1
 	kind: KubeProxyConfiguration
 	clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
 	mode: iptables
-	clusterCIDR: $NODE_POD_CIDR
-	hostnameOverride: $NODE_NAME
-	bindAddress: $NODE_IP
-	healthzBindAddress: 127.0.0.1:$p3
-	metricsBindAddress: 127.0.0.1:$p4
+	clusterCIDR: $cidr
+	hostnameOverride: $name
+	bindAddress: $ip
+	healthzBindAddress: 127.0.0.1:$6
+	metricsBindAddress: 127.0.0.1:$7
 	conntrack: {maxPerCore: 0, min: 0}
-	nodePortAddresses: ["$NODE_IP/32"]
+	nodePortAddresses: ["$ip/32"]
 	EOF
-	log "starting kube-proxy (iptables)"
-	start_proc kube-proxy "$STATE/kube-proxy.log" "$BIN/kube-proxy" --config="$STATE/kube-proxy.yaml"
+	log "starting kube-proxy (iptables, node $name)"
+	start_proc "${pfx}kube-proxy" "$d/kube-proxy.log" "${NODE_EXEC[@]}" "$BIN/kube-proxy" --config="$d/kube-proxy.yaml"
 }
 
 kubectl_bed() { "$BIN/kubectl" --kubeconfig="$STATE/kubeconfig" "$@"; }
@@ -750,8 +787,170 @@ node_ready() {
 		[[ -n $(kubectl_bed get endpointslices -n default -l kubernetes.io/service-name=kubernetes -o jsonpath='{.items[0].endpoints[0].addresses[0]}') ]]
 }
 
+# ---- the second node (GCR_TESTBED_NODES=2) ----
+# gcr-node-2 runs on this same machine: its containerd, kubelet and kube-proxy live in a network
+# namespace of their own (a veth to the host: the API server at NODE_IP reaches its kubelet at
+# NODE2_IP, its pods get a bridge and subnet of their own, its kube-proxy rules of their own) and a
+# mount namespace of their own, where the host paths a node owns (kubelet root, pod logs, the
+# chart's socket and shim directories, the runtimes' sockets) are private bind mounts of
+# directories under DIR/node2/root. Everything else is the host's, in particular the chart's
+# images.hostPath (/var/lib/gcr/images): both nodes see one directory, as every node of a cluster
+# sees one NFS share (images.shared). Its pods' cgroups are under /gcr-node-2 (the kubelet's
+# cgroupRoot), apart from the first node's /kubepods.
+NODE2_NAME=gcr-node-2
+NODE2_NETNS=gcr-node-2
+NODE2_VETH=gcrn2 # the host's end; the node's is eth0 in its namespace
+NODE2_HOST_IP=10.88.2.1
+NODE2_IP=10.88.2.2
+NODE2_BRIDGE=gcrbr1
+NODE2_POD_CIDR=10.88.1.0/24
+NODE2_POD_GW=10.88.1.1
+NODE2_CGROUP=gcr-node-2
+NODE2_PRIVATE=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/gcr /opt/gcr/lib
+	/run/netns /run/containerd /run/nri)
+
+node2_certs() {
+	(
+		cd "$STATE/pki"
+		umask 077
+		sign node2-client "/O=system:nodes/CN=system:node:$NODE2_NAME" "$CLIENT_EXT"
+		sign node2 "/CN=$NODE2_NAME" \
+			"$(printf '%s\n' "subjectAltName=IP:$NODE2_IP,DNS:$NODE2_NAME" \
+				"keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth")"
+	) 2>>"$STATE/pki/openssl.log" || { cat "$STATE/pki/openssl.log" >&2; die "certificate generation failed"; }
+}
+
+ns2() { nsenter --net="/var/run/netns/$NODE2_NETNS" "$@"; }
+
+# The veth, addresses and routes; the host forwards nothing to or from it (as for the bridge).
+node2_network() {
+	[[ -e /var/run/netns/$NODE2_NETNS ]] && die "network namespace $NODE2_NETNS exists: another test bed runs (down it first)"
+	ip link show "$NODE2_VETH" >/dev/null 2>&1 && die "$NODE2_VETH exists: another test bed runs (down it first)"
+	ip netns add "$NODE2_NETNS"
+	ip link add "$NODE2_VETH" type veth peer name eth0 netns "$NODE2_NETNS"
+	ip addr add "$NODE2_HOST_IP/24" dev "$NODE2_VETH"
+	ip link set "$NODE2_VETH" up
+	ip -n "$NODE2_NETNS" link set lo up
+	ip -n "$NODE2_NETNS" addr add "$NODE2_IP/24" dev eth0
+	ip -n "$NODE2_NETNS" link set eth0 up
+	ip -n "$NODE2_NETNS" route add default via "$NODE2_HOST_IP"
+	ip route add "$NODE2_POD_CIDR" via "$NODE2_IP" dev "$NODE2_VETH"
+	ns2 sysctl -qw net.ipv4.ip_forward=1
+	iptables -w -I FORWARD -i "$NODE2_VETH" -j DROP -m comment --comment gcr-testbed
+	iptables -w -I FORWARD -o "$NODE2_VETH" -j DROP -m comment --comment gcr-testbed
+	cni_conf "$STATE/node2" "$NODE2_BRIDGE" "$NODE2_POD_CIDR" "$NODE2_POD_GW"
+}
+
+# Its cgroup root in every hierarchy (cpuset's filled from the root's, or no task could join).
+node2_cgroups() {
+	local c
+	for c in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+		[[ -e ${c}cgroup.procs && ! -L ${c%/} ]] || continue
+		[[ $c == /sys/fs/cgroup/ && ! -e ${c}cgroup.controllers ]] && continue # v1: not a hierarchy
+		mkdir -p "$c$NODE2_CGROUP"
+		if [[ -e ${c}cpuset.cpus && ! -s $c$NODE2_CGROUP/cpuset.cpus ]]; then
+			cat "${c}cpuset.cpus" >"$c$NODE2_CGROUP/cpuset.cpus"
+			cat "${c}cpuset.mems" >"$c$NODE2_CGROUP/cpuset.mems"
+		fi
+	done
+}
+
+# The mount namespace, held by one process (node2/ns), entered by every process of the node.
+node2_namespaces() {
+	local d=$STATE/node2 p
+	for p in "${NODE2_PRIVATE[@]}"; do
+		mkdir -p "$d/root$p"
+		if [[ ! -e $p ]]; then
+			mkdir -p "$p"
+			printf '%s\n' "$p" >>"$d/mountpoints-made"
+		fi
+	done
+	# shellcheck disable=SC2016
+	local script='set -e; d=$1; shift; for p in "$@"; do mount --bind "$d/root$p" "$p"; done
+		touch "$d/ns-ready"; exec -a "gcr-testbed-node2-ns $d" sleep infinity'
+	start_proc node2/ns "$d/ns.log" nsenter --net="/var/run/netns/$NODE2_NETNS" \
+		unshare --mount --propagation private bash -c "$script" node2-ns "$d" "${NODE2_PRIVATE[@]}"
+	wait_for "the second node's namespaces" node2/ns test -e "$d/ns-ready"
+	readlink "/proc/$(cat "$d/ns.pid")/ns/mnt" >"$d/mntns"
+	NODE_EXEC=(nsenter -t "$(cat "$d/ns.pid")" -m -n --)
+}
+
+node2_ready() {
+	[[ $(kubectl_bed get node "$NODE2_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]
+}
+
+node2_up() {
+	local t0=$SECONDS p3 p4
+	mkdir -p "$STATE/node2"
+	log "starting the second node $NODE2_NAME (namespaces, $NODE2_IP, pods $NODE2_POD_CIDR)"
+	node2_certs
+	node2_network
+	node2_cgroups
+	node2_namespaces
+	node_containerd "$STATE/node2" node2/
+	p3=$(free_port); p4=$(free_port "$p3")
+	node_proxy "$STATE/node2" node2/ "$NODE2_NAME" "$NODE2_IP" "$NODE2_POD_CIDR" "$p3" "$p4"
+	# The same kubelet port as the first node: the chart's images.kubelet.port is one value.
+	node_kubelet "$STATE/node2" node2/ "$NODE2_NAME" "$NODE2_IP" node2 "$(cat "$STATE/kubelet.port")" "/$NODE2_CGROUP"
+	wait_for "node $NODE2_NAME Ready" node2/kubelet node2_ready
+	NODE_EXEC=()
+	log "node $NODE2_NAME ready in $((SECONDS - t0)) s"
+}
+
+# Kills the second node's processes, its pods and whatever is left in its namespaces, then
+# removes the namespaces, the veth, the rules, its cgroups and the mount points it made. Safe to
+# run twice and after a failed start.
+node2_stop() {
+	local dir=$1 d=$1/node2 sock c ids p i mntns=
+	[[ -d $d ]] || return 0
+	sock=$d/containerd/containerd.sock
+	local ctr=${CTRD:+$CTRD/}ctr
+	stop_one "$dir" node2/kubelet
+	if [[ -S $sock ]]; then
+		ids=$("$ctr" --address "$sock" -n k8s.io tasks ls -q 2>/dev/null || true)
+		for c in $ids; do "$ctr" --address "$sock" -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true; done
+		for c in $ids; do timeout 10 "$ctr" --address "$sock" -n k8s.io tasks delete -f "$c" >/dev/null 2>&1 || true; done
+	fi
+	stop_one "$dir" node2/kube-proxy
+	stop_one "$dir" node2/containerd
+	pkill -KILL -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null || true
+	# Whatever else still runs in its mount namespace (a shim, a container) or its pods' cgroups.
+	[[ -f $d/mntns ]] && mntns=$(cat "$d/mntns")
+	for i in 1 2 3; do
+		for p in /proc/[0-9]*; do
+			[[ -n $mntns && $(readlink "$p/ns/mnt" 2>/dev/null) == "$mntns" && ${p#/proc/} != "$(cat "$d/ns.pid" 2>/dev/null)" ]] &&
+				kill -KILL "${p#/proc/}" 2>/dev/null
+		done
+		for c in /sys/fs/cgroup/*/"$NODE2_CGROUP" /sys/fs/cgroup/"$NODE2_CGROUP"; do
+			[[ -d $c ]] && find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+		done
+		sleep 0.2
+	done
+	stop_one "$dir" node2/ns
+	ip netns del "$NODE2_NETNS" 2>/dev/null || true
+	ip link del "$NODE2_VETH" 2>/dev/null || true
+	while iptables -w -D FORWARD -i "$NODE2_VETH" -j DROP -m comment --comment gcr-testbed 2>/dev/null; do :; done
+	while iptables -w -D FORWARD -o "$NODE2_VETH" -j DROP -m comment --comment gcr-testbed 2>/dev/null; do :; done
+	for i in $(seq 50); do
+		local left=0
+		for c in /sys/fs/cgroup/*/"$NODE2_CGROUP" /sys/fs/cgroup/"$NODE2_CGROUP"; do
+			[[ -d $c && ! -L $c ]] || continue
+			find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+			[[ -d $c ]] && left=1
+		done
+		((left == 0)) && break
+		sleep 0.2
+	done
+	if [[ -f $d/mountpoints-made ]]; then
+		tac "$d/mountpoints-made" | while read -r p; do rmdir "$p" 2>/dev/null || true; done
+		rm -f "$d/mountpoints-made"
+	fi
+}
+
 cmd_up_node() {
 	need openssl curl setsid ip iptables runc python3
+	[[ $NODES == 1 || $NODES == 2 ]] || die "GCR_TESTBED_NODES must be 1 or 2 (got $NODES)"
+	[[ $NODES == 1 ]] || need nsenter unshare sysctl
 	[[ $(id -u) == 0 ]] || die "up-node needs root (containerd, kubelet, network)"
 	local t0=$SECONDS
 	PAUSE_IMAGE=${GCR_TESTBED_PAUSE_IMAGE:-docker.io/gcr-test/pause:1}
@@ -772,6 +971,7 @@ cmd_up_node() {
 	node_controllers
 	node_kubelet
 	wait_for "node $NODE_NAME Ready, default ServiceAccount, kubernetes endpoints" kubelet node_ready
+	[[ $NODES == 2 ]] && node2_up
 	# What the GPU operator creates on a GPU cluster; served by the stand-in runtime above.
 	kubectl_bed apply -f - >/dev/null <<-EOF
 	apiVersion: node.k8s.io/v1
@@ -828,6 +1028,7 @@ node_stop() {
 	[[ -n ${BIN:-} ]] || BIN=$(sed -n "s/^export GCR_TESTBED_BIN='\(.*\)'$/\1/p" "$dir/env" 2>/dev/null)
 	[[ -n ${CTRD:-} ]] || CTRD=$(sed -n "s/^export GCR_TESTBED_CTRD='\(.*\)'$/\1/p" "$dir/env" 2>/dev/null)
 	local ctr=${CTRD:+$CTRD/}ctr
+	node2_stop "$dir"
 	stop_one "$dir" kubelet
 	if [[ -S $sock ]]; then
 		ids=$("$ctr" --address "$sock" -n k8s.io tasks ls -q 2>/dev/null || true)
@@ -972,6 +1173,7 @@ cmd_status() {
 	dir=$(state_arg "${1:-}")
 	[[ -n $dir && -f $dir/.gcr-testbed ]] || { log "down"; return 1; }
 	[[ -f $dir/.gcr-testbed-node ]] && want+=(containerd controller-manager scheduler kube-proxy kubelet)
+	[[ -d $dir/node2 ]] && want+=(node2/ns node2/containerd node2/kube-proxy node2/kubelet)
 	for n in "${want[@]}"; do
 		if ours "$(cat "$dir/$n.pid" 2>/dev/null || true)" "$dir"; then
 			log "$n running"

@@ -115,6 +115,9 @@ static const struct sample samples[] = {
 	{ "literal systemd name, no ID", "0::/system.slice/x.service/kubepods-pod" U_ ".slice:crio\n",
 	  -EINVAL, NULL, NULL, NULL, 0 },
 	{ "k3s cgroupfs", "0::/kubepods/besteffort/pod" U "/" C "\n", 0, U, C, "", BE },
+	/* Two kubelets on one machine (the test bed's gcr-node-2): cgroupRoot keeps them apart. */
+	{ "cgroupfs under a kubelet cgroupRoot", V1("/gcr-node-2/kubepods/besteffort/pod" U "/" C), 0, U, C, "", BE },
+	{ "cgroupfs under a kubelet cgroupRoot, guaranteed", V1("/gcr-node-2/kubepods/pod" U "/" C), 0, U, C, "", G },
 
 	/* Cgroup namespaces: the agent's own view may be relative. */
 	{ "inside a cgroup namespace: root", "0::/\n", -ENOENT, NULL, NULL, NULL, 0 },

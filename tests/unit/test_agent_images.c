@@ -28,8 +28,8 @@ static int exists_path(const char *p)
 	return stat(p, &st) == 0;
 }
 
-/* A committed image at dir (empty criu/ and gpu/, a manifest created at t). */
-static void make_image(const char *dir, long long t)
+/* A committed image at dir (empty criu/ and gpu/, a manifest created at t by node, "": none). */
+static void make_node_image(const char *dir, long long t, const char *node)
 {
 	char partial[PATH_MAX], sub[PATH_MAX + 8];
 	struct gcr_err err = { 0, "" };
@@ -49,8 +49,14 @@ static void make_image(const char *dir, long long t)
 	snprintf(m.env.gpu_model, sizeof(m.env.gpu_model), "unknown");
 	snprintf(m.env.driver, sizeof(m.env.driver), "unknown");
 	snprintf(m.env.shim_version, sizeof(m.env.shim_version), "%s", PACKAGE_VERSION);
+	snprintf(m.node, sizeof(m.node), "%s", node);
 	CHECK(gcr_image_manifest_write(partial, &m, &err) == 0);
 	CHECK(gcr_image_commit(partial, dir, &err) == 0);
+}
+
+static void make_image(const char *dir, long long t)
+{
+	make_node_image(dir, t, "");
 }
 
 static void path_of(const char *ns, const char *pod, const char *name, char *out)
@@ -88,18 +94,18 @@ static void test_prune(void)
 	snprintf(bare, sizeof(bare), "%s/ns/p1/bare", root);
 	CHECK(mkdir(bare, 0700) == 0);
 	snprintf(pod_dir, sizeof(pod_dir), "%s/ns/p1", root);
-	CHECK(agent_images_prune(pod_dir, 0, &err) == -EINVAL);
-	CHECK(agent_images_prune(pod_dir, 2, &err) == 1);
+	CHECK(agent_images_prune(pod_dir, 0, NULL, &err) == -EINVAL);
+	CHECK(agent_images_prune(pod_dir, 2, NULL, &err) == 1);
 	CHECK(!exists_path(b) && exists_path(a) && exists_path(c));
 	CHECK(exists_path(partial) && exists_path(bare));
-	CHECK(agent_images_prune(pod_dir, 2, &err) == 0);
-	CHECK(agent_images_prune(pod_dir, 1, &err) == 1);
+	CHECK(agent_images_prune(pod_dir, 2, NULL, &err) == 0);
+	CHECK(agent_images_prune(pod_dir, 1, NULL, &err) == 1);
 	CHECK(!exists_path(c) && exists_path(a));
 	/* Nothing named .gc-* is left behind. */
 	char gc[PATH_MAX];
 	snprintf(gc, sizeof(gc), "%s/ns/p1/.gc-oldest", root);
 	CHECK(!exists_path(gc));
-	CHECK(agent_images_prune("/nonexistent/gcr-images", 2, &err) == -ENOENT);
+	CHECK(agent_images_prune("/nonexistent/gcr-images", 2, NULL, &err) == -ENOENT);
 }
 
 /* Checkpoints that exist: "ns/keep"; "ns/unknown" answers unknown. */
@@ -133,11 +139,100 @@ static void test_sweep(void)
 	CHECK(mkdir(left, 0700) == 0);
 	int calls = 0;
 	/* ns/p2/gone, and test_prune's ns/p1/newest (no Checkpoint "newest" either). */
-	CHECK(agent_images_sweep(root, exists_fn, &calls, &err) == 2);
+	CHECK(agent_images_sweep(root, NULL, exists_fn, &calls, &err) == 2);
 	CHECK(exists_path(keep) && !exists_path(gone) && exists_path(unknown));
 	CHECK(exists_path(partial) && exists_path(bare) && !exists_path(left));
 	CHECK(calls >= 3);
-	CHECK(agent_images_sweep("/nonexistent/gcr-images", exists_fn, &calls, &err) == 0);
+	CHECK(agent_images_sweep("/nonexistent/gcr-images", NULL, exists_fn, &calls, &err) == 0);
+}
+
+/* Images on shared storage (images.shared): each node's retention touches only the images its
+ * manifest says it wrote, so two agents never remove, nor count, each other's. */
+static void test_owner(void)
+{
+	char a1[PATH_MAX], a2[PATH_MAX], a3[PATH_MAX], b1[PATH_MAX], b2[PATH_MAX], none[PATH_MAX], pod_dir[PATH_MAX];
+	char gc_a[PATH_MAX], gc_b[PATH_MAX], gc_empty[PATH_MAX], sub[PATH_MAX + 16];
+	struct gcr_err err = { 0, "" };
+	/* One pod name imaged on both nodes (a pod recreated on the other), and an image from
+	 * before manifests named the node. */
+	path_of("sh", "p", "a-old", a1);
+	path_of("sh", "p", "a-mid", a2);
+	path_of("sh", "p", "a-new", a3);
+	path_of("sh", "p", "b-old", b1);
+	path_of("sh", "p", "b-new", b2);
+	path_of("sh", "p", "unowned", none);
+	make_node_image(a1, 10, "node-a");
+	make_node_image(a2, 20, "node-a");
+	make_node_image(a3, 30, "node-a");
+	make_node_image(b1, 1, "node-b"); /* the oldest of all: node-a must not count it */
+	make_node_image(b2, 40, "node-b");
+	make_image(none, 0);
+	snprintf(pod_dir, sizeof(pod_dir), "%s/sh/p", root);
+	/* node-a keeps 2 of its own: only its oldest goes, never node-b's older ones. */
+	CHECK(agent_images_prune(pod_dir, 2, "node-a", &err) == 1);
+	CHECK(!exists_path(a1) && exists_path(a2) && exists_path(a3));
+	CHECK(exists_path(b1) && exists_path(b2) && exists_path(none));
+	CHECK(agent_images_prune(pod_dir, 1, "node-b", &err) == 1);
+	CHECK(!exists_path(b1) && exists_path(b2) && exists_path(a2) && exists_path(a3));
+	/* A node name that is a prefix of another's is not its owner. */
+	CHECK(agent_images_prune(pod_dir, 1, "node", &err) == 0);
+	CHECK(exists_path(a2) && exists_path(a3) && exists_path(b2));
+	/* Removals cut short by a crash: node-a's with its manifest, node-b's, and an empty one. */
+	snprintf(gc_a, sizeof(gc_a), "%s/sh/p/.gc-a-x", root);
+	snprintf(gc_b, sizeof(gc_b), "%s/sh/p/.gc-b-x", root);
+	snprintf(gc_empty, sizeof(gc_empty), "%s/sh/p/.gc-e-x", root);
+	make_node_image(gc_a, 5, "node-a");
+	make_node_image(gc_b, 5, "node-b");
+	CHECK(mkdir(gc_empty, 0700) == 0);
+	snprintf(sub, sizeof(sub), "%s/criu", gc_b);
+	CHECK(exists_path(sub));
+	/* node-b's sweep: no Checkpoint exists for any of them ("sh" is not "ns"). */
+	int calls = 0;
+	CHECK(agent_images_sweep(root, "node-b", exists_fn, &calls, &err) >= 1);
+	CHECK(!exists_path(b2) && exists_path(a2) && exists_path(a3) && exists_path(none));
+	CHECK(!exists_path(gc_b) && exists_path(gc_a) && !exists_path(gc_empty));
+	CHECK(agent_images_sweep(root, "node-a", exists_fn, &calls, &err) >= 2);
+	CHECK(!exists_path(a2) && !exists_path(a3) && !exists_path(gc_a));
+	/* Nobody's image stays on shared storage; the node-local sweep (no owner) takes it. */
+	CHECK(exists_path(none));
+	CHECK(agent_images_sweep(root, NULL, exists_fn, &calls, &err) >= 1);
+	CHECK(!exists_path(none));
+}
+
+/* The manifest's node: written when set, read back, absent when unset, refused when empty or
+ * not a string. */
+static void test_manifest_node(void)
+{
+	char dir[PATH_MAX], mpath[PATH_MAX + 32];
+	struct gcr_err err = { 0, "" };
+	path_of("mf", "p", "n1", dir);
+	make_node_image(dir, 1, "gcr-node-2");
+	snprintf(mpath, sizeof(mpath), "%s/%s", dir, GCR_IMAGE_MANIFEST);
+	char *buf = NULL;
+	size_t len = 0;
+	struct gcr_image_manifest m;
+	CHECK(gcr_image_read_file(mpath, GCR_IMAGE_MAX_JSON, &buf, &len, &err) == 0);
+	CHECK(gcr_image_manifest_parse(buf, len, &m, &err) == 0);
+	CHECK_STR(m.node, "gcr-node-2");
+	gcr_image_manifest_clear(&m);
+	/* The same manifest with "node" replaced: "" and a number are refused. */
+	char *at = strstr(buf, "\"gcr-node-2\"");
+	CHECK(at != NULL);
+	if (at != NULL) {
+		memcpy(at, "\"\"          ", 12);
+		CHECK(gcr_image_manifest_parse(buf, len, &m, &err) == -EBADMSG);
+		memcpy(at, "12          ", 12);
+		CHECK(gcr_image_manifest_parse(buf, len, &m, &err) == -EBADMSG);
+	}
+	free(buf);
+	path_of("mf", "p", "n2", dir);
+	make_image(dir, 1);
+	snprintf(mpath, sizeof(mpath), "%s/%s", dir, GCR_IMAGE_MANIFEST);
+	CHECK(gcr_image_read_file(mpath, GCR_IMAGE_MAX_JSON, &buf, &len, &err) == 0);
+	CHECK(strstr(buf, "\"node\"") == NULL);
+	CHECK(gcr_image_manifest_parse(buf, len, &m, &err) == 0 && m.node[0] == '\0');
+	gcr_image_manifest_clear(&m);
+	free(buf);
 }
 
 static void test_action(void)
@@ -274,6 +369,8 @@ int main(void)
 	test_path();
 	test_prune();
 	test_sweep();
+	test_owner();
+	test_manifest_node();
 	test_action();
 	test_cpu_checkpoint();
 	test_copy();

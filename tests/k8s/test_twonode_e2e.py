@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Two real nodes and images on storage both share: tier k8s-twonode.
+
+    python3 tests/k8s/test_twonode_e2e.py [BUILD_DIR]
+
+The real-node test bed of test_node_e2e.py with GCR_TESTBED_NODES=2: gcr-node and gcr-node-2,
+each with its own containerd, kubelet and kube-proxy (the second in network and mount namespaces
+of its own, tests/k8s/node/README.md), one directory /var/lib/gcr/images seen by both (the
+chart's images.hostPath, as an NFS share would be). The chart with its defaults plus
+images.kubelet and images.shared. Cases: the agent on both nodes, a suspend and resume of a pod on
+gcr-node-2 by its agent; a pod imaged on gcr-node, deleted, and a new pod on gcr-node-2 restored
+from that image (docs/images.md, "Shared storage"); the same with images.shared off: Failed
+ImageElsewhere, nothing run. GCR_TWONODE_SHARED=false installs the chart with images.shared off
+from the start (the positive case must then fail). GCR_TWONODE_E2E_CASES: a comma list of case
+names to run (after the install). Ends with "N passed, N failed".
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_node_e2e as N  # noqa: E402
+
+check, kubectl, kjson, apply, wait_until, log = N.check, N.kubectl, N.kjson, N.apply, N.wait_until, N.log
+SHARED = os.environ.get("GCR_TWONODE_SHARED", "true")
+
+
+def node1():
+    return N.ENV["GCR_TESTBED_NODE"]
+
+
+def node2():
+    return N.ENV["GCR_TESTBED_NODE2"]
+
+
+def node2_dir():
+    return os.path.join(N.ENV["GCR_TESTBED_DIR"], "node2")
+
+
+def agents_ready():
+    """The DaemonSet's agents, one Ready on each node: {node: pod}, or None."""
+    pods = [p for p in N.agent_pod() if not p["metadata"].get("deletionTimestamp")]
+    ready = {p["spec"].get("nodeName"): p for p in pods
+             if {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}.get("Ready") == "True"}
+    return ready if len(pods) == 2 and set(ready) == {node1(), node2()} else None
+
+
+def helm(verb, shared):
+    """helm install/upgrade: the chart's defaults plus images.kubelet and images.shared; waits for
+    an agent Ready on both nodes with that setting in its config."""
+    port = open(os.path.join(N.ENV["GCR_TESTBED_DIR"], "kubelet.port")).read().strip()
+    N.run([os.path.join(N.ENV["GCR_TESTBED_BIN"], "helm"), verb, N.RELEASE, N.CHART, "-n", N.SYSTEM_NS,
+           *(["--create-namespace"] if verb == "install" else []),
+           "--set", f"image.repository={N.IMAGE_REPO}", "--set", f"image.tag={N.IMAGE_TAG}",
+           "--set", "images.kubelet.enabled=true", "--set", f"images.kubelet.port={port}",
+           "--set", f"images.shared={shared}", "--wait", "--timeout", "180s"], timeout=200)
+    cm = [c for c in kjson("get", "configmaps", "-n", N.SYSTEM_NS)["items"] if "config.yaml" in c.get("data", {})]
+    check(len(cm) == 1 and f'imagesShared: "{shared}"' in cm[0]["data"]["config.yaml"],
+          f"the agent's config does not say imagesShared {shared}")
+    # The agents restarted with the new config (the DaemonSet rolls them on a config change).
+    gen = kjson("get", "daemonsets", "-n", N.SYSTEM_NS)["items"][0]["metadata"]["generation"]
+    wait_until("the DaemonSet rolled out on both nodes", lambda: (lambda st: st.get("observedGeneration") == gen and
+               st.get("updatedNumberScheduled") == 2 == st.get("numberReady") == st.get("desiredNumberScheduled"))(
+        kjson("get", "daemonsets", "-n", N.SYSTEM_NS)["items"][0]["status"]), 180)
+    agents = wait_until("an agent Ready on both nodes", agents_ready, 120)
+    # Each node's heartbeat Lease (the scaler creates it, the node's agent holds it): until then
+    # an agent takes its node's pods as agent-less and fails their Checkpoints.
+    for n in (node1(), node2()):
+        wait_until(f"Lease gcr-agent-{n} held by {n}", lambda: kjson("get", "lease", "-n", N.SYSTEM_NS,
+                   f"gcr-agent-{n}")["spec"].get("holderIdentity") == n, 60)
+    return agents
+
+
+def case_install():
+    """Both nodes Ready; the chart's DaemonSet has an agent Ready on each; each node advertises
+    gpucr.dev/shim (its own device plugin registered with its own kubelet)."""
+    nodes = {n["metadata"]["name"]: {c["type"]: c["status"] for c in n["status"]["conditions"]}.get("Ready")
+             for n in kjson("get", "nodes")["items"]}
+    check(nodes == {node1(): "True", node2(): "True"}, f"nodes: {nodes}")
+    agents = helm("install", SHARED)
+    for n in (node1(), node2()):
+        alloc = wait_until(f"gpucr.dev/shim on {n}", lambda: kjson("get", "node", n)["status"]
+                           .get("allocatable", {}).get("gpucr.dev/shim"), 60)
+        check(int(alloc) > 0, f"{n} advertises gpucr.dev/shim={alloc}")
+    log(f"chart installed (images.kubelet, images.shared={SHARED}): agents "
+        f"{sorted((n, p['metadata']['name']) for n, p in agents.items())}")
+
+
+def case_suspend_resume_on_node2():
+    """A GPU pod on gcr-node-2 gets its shim from that node's device plugin; a Checkpoint (suspend)
+    and a Restore of it are done by gcr-node-2's agent, and the program's own check is bit-exact."""
+    ns = "two-a"
+    N.namespace(ns)
+    try:
+        pid, nbytes = N.workload_pod(ns, "cr", 1000, node=node2())
+        pod = kjson("get", "pod", "-n", ns, "cr")
+        check(pod["spec"].get("nodeName") == node2(), f"the pod runs on {pod['spec'].get('nodeName')}")
+        check(pod["status"].get("podIP", "").startswith("10.88.1."), f"pod IP {pod['status'].get('podIP')} not node 2's")
+        check("LD_PRELOAD=/opt/gcr/lib/libgcr.so" in kubectl("exec", "-n", ns, "cr", "--", "env").stdout,
+              "no LD_PRELOAD from gcr-node-2's device plugin")
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "cr", "namespace": ns},
+               "spec": {"podName": "cr"}})
+        N.wait_phase("checkpoint", ns, "cr")
+        s = kjson("get", "checkpoint", "-n", ns, "cr")["status"]
+        check(s.get("nodeName") == node2(), f"Checkpoint done by {s.get('nodeName')}")
+        check(N.smi(ns, "cr", "mem", pid) == "0", "the stand-in GPU still holds memory of the suspended program")
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "cr", "namespace": ns},
+               "spec": {"checkpointName": "cr"}})
+        N.wait_phase("restore", ns, "cr")
+        r = kjson("get", "restore", "-n", ns, "cr")["status"]
+        check(r.get("nodeName") == node2(), f"Restore done by {r.get('nodeName')}")
+        check(int(N.smi(ns, "cr", "mem", pid)) >= nbytes, "the memory did not come back")
+        N.finish(ns, "cr")
+        log(f"suspend and resume on {node2()} by its agent: {s.get('durations')} / {r.get('durations')}")
+    finally:
+        end_pod(ns, "cr")
+
+
+def end_pod(ns, pod):
+    """Deletes a case's pod (if any) and waits for it, also when the case failed: its program's
+    lock on a slot of its node's stand-in GPU pool goes with it. A process restored from the other node keeps the slot it had there
+    (CRIU restores the lock), which must then be free here (tests/k8s/node/README.md)."""
+    kubectl("delete", "pod", "-n", ns, pod, "--ignore-not-found", "--wait=true", timeout=90)
+
+
+def restore_elsewhere(ns):
+    """A pod on gcr-node imaged (action Image, cpuCheckpoint Kubelet) and deleted; the checkpoint
+    image imported into gcr-node-2's containerd; a new pod there from it and a Restore naming it.
+    Returns (image dir, bytes)."""
+    N.namespace(ns)
+    img, ref, nbytes = N.image_for_new_pod(ns, "src", "snap", node=node1(), import_dir=node2_dir())
+    ck = kjson("get", "checkpoint", "-n", ns, "snap")["status"]
+    check(ck.get("nodeName") == node1(), f"the image was written by {ck.get('nodeName')}")
+    N.restored_pod(ns, "dst", ref, node=node2())
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "back", "namespace": ns},
+           "spec": {"checkpointName": "snap", "podName": "dst"}})
+    return img, nbytes
+
+
+def case_restore_on_other_node():
+    """Shared images: the image written by gcr-node's agent restores into a new pod on gcr-node-2,
+    by gcr-node-2's agent: Succeeded, Restored Event, the program goes on from where it was
+    (its log from before the checkpoint) and its own bit-exact check says RESULT ok."""
+    ns = "two-restore"
+    t0 = time.monotonic()
+    try:
+        img, nbytes = restore_elsewhere(ns)
+        N.wait_phase("restore", ns, "back", timeout=120)
+        r = kjson("get", "restore", "-n", ns, "back")["status"]
+        check(r.get("nodeName") == node2(), f"Restore done by {r.get('nodeName')}")
+        check(kjson("get", "pod", "-n", ns, "dst")["spec"].get("nodeName") == node2(), "the new pod is not on gcr-node-2")
+        wait_until("a Restored Event", lambda: any(e.get("reason") == "Restored" for e in N.events_for(ns, "back")), 30)
+        N.restored_program(ns, "dst", nbytes)
+        N.finish(ns, "dst")
+        check(os.path.isdir(img), f"the image {img} is gone after the restore")
+        log(f"image of {node1()} restored on {node2()}: {r.get('message')}; durations {r.get('durations')}; "
+            f"{time.monotonic() - t0:.1f} s from the source pod to RESULT ok")
+    finally:
+        end_pod(ns, "dst")
+
+
+def case_shared_off_refused():
+    """images.shared off (the chart's default): the same Restore is Failed ImageElsewhere with a
+    Warning Event and nothing run: the restored process stays held at its shim's gate, without
+    its GPU data (the stand-in GPU holds none of it), the image untouched."""
+    if SHARED != "false":
+        helm("upgrade", "false")
+    ns = "two-refused"
+    try:
+        img, _ = restore_elsewhere(ns)
+        N.wait_phase("restore", ns, "back", ("Failed",), timeout=120)
+        r = kjson("get", "restore", "-n", ns, "back")["status"]
+        msg = r.get("message", "")
+        reason = (r.get("conditions") or [{}])[0].get("reason")
+        check(reason == "ImageElsewhere" and r.get("nodeName") == node2(),
+              f"Restore failed with {reason} on {r.get('nodeName')}: {msg}")
+        check(f"on node {node1()}, the pod on {node2()}" in msg and "nothing was done" in msg, f"message: {msg}")
+        wait_until("an ImageElsewhere Warning", lambda: any(e.get("reason") == "ImageElsewhere" and
+                                                           e.get("type") == "Warning" for e in N.events_for(ns, "back")), 30)
+        # The refusal comes before the runtime's restore ends: wait for the restored container.
+        wait_until("the restored container running", lambda: kjson("get", "pod", "-n", ns, "dst")["status"]
+                   .get("containerStatuses", [{}])[0].get("state", {}).get("running"), 90)
+        logs = kubectl("logs", "-n", ns, "dst").stdout
+        pid = int(logs.split("READY pid=")[1].split()[0])
+        check(N.smi(ns, "dst", "mem", pid) == "0", "the refused pod's process got GPU memory")
+        check("DONE" not in logs.split("\n") and "RESULT" not in logs, f"the refused pod's program ran on: {logs[-300:]}")
+        check(sorted(os.listdir(img)) == ["criu", "gpu", "manifest.json"], f"the image changed: {os.listdir(img)}")
+        log(f"images.shared off: Restore Failed: {msg}")
+    finally:
+        end_pod(ns, "dst")
+
+
+CASES = [case_install, case_suspend_resume_on_node2, case_restore_on_other_node, case_shared_off_refused]
+
+if __name__ == "__main__":
+    only = os.environ.get("GCR_TWONODE_E2E_CASES")  # a comma list of names: those cases only, after the install
+    if only:
+        CASES = [case_install] + [c for c in CASES[1:] if c.__name__ in only.split(",")]
+    sys.exit(N.main(CASES, nodes=2))
