@@ -783,7 +783,8 @@ int main(int argc, char **argv)
 		    agent_controller_start(ctl, &err) < 0)
 			goto out;
 		if (rcfg.registry_port > 0 &&
-		    agent_ocireg_new(kube, cfg.node_name, cfg.images_dir, rcfg.registry_port, &ocireg, &err) < 0)
+		    agent_ocireg_new(kube, cfg.node_name, cfg.images_dir, strcmp(cfg.images_shared, "true") == 0,
+				     rcfg.registry_port, &ocireg, &err) < 0)
 			goto out;
 		/* Overcommit: the room requests on the registry; pods' settings and Events through the
 		 * controller's pod watch. */

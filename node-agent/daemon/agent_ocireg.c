@@ -4,10 +4,10 @@
  * distribution API's read side on 127.0.0.1 of the network namespace it runs in (the host's:
  * the chart gives the agent hostNetwork when eviction.restore is on). What it serves is built
  * on the fly around the image's criu/kubelet-checkpoint.tar (agent_ociimg), and only for a
- * Checkpoint of this node that the scaler issued a token for (an eviction's, for its replacement
- * pod), or whose status.image.reference the node agent published (any other Kubelet image, for
- * a user's own new pod): the manifest by that tag, blobs by the digests of an image whose tag
- * was asked; everything else is 404. */
+ * Checkpoint of this node (of any node when the images directory is shared) that the scaler
+ * issued a token for (an eviction's, for its replacement pod), or whose status.image.reference
+ * its node agent published (any other Kubelet image, for a user's own new pod): the manifest by
+ * that tag, blobs by the digests of an image whose tag was asked; everything else is 404. */
 #include "agent_ocireg.h"
 
 #include <arpa/inet.h>
@@ -48,6 +48,7 @@ struct agent_ocireg {
 	char node[256];
 	char images_dir[PATH_MAX];
 	int port;
+	int shared; /* images_dir is one filesystem on every node: serve other nodes' images too */
 	struct MHD_Daemon *d;
 	pthread_mutex_t lock; /* guards the cache (digesting happens under it: once per image) */
 	struct entry cache[AGENT_OCIREG_CACHE];
@@ -132,8 +133,10 @@ static int issued(struct agent_ocireg *r, const char *ns, const char *name, char
 		rc = gcr_err_set(err, -ENOENT, "a Checkpoint without a uid");
 		goto out;
 	}
-	if (phase == NULL || strcmp(phase, "Succeeded") != 0 || node == NULL || strcmp(node, r->node) != 0 || img == NULL) {
-		rc = gcr_err_set(err, -ENOENT, "not a Succeeded image of node %s", r->node);
+	if (phase == NULL || strcmp(phase, "Succeeded") != 0 || node == NULL || (!r->shared && strcmp(node, r->node) != 0) ||
+	    img == NULL) {
+		rc = gcr_err_set(err, -ENOENT, "not a Succeeded image%s%s", r->shared ? "" : " of node ",
+				 r->shared ? "" : r->node);
 		goto out;
 	}
 	char full[PATH_MAX], real[PATH_MAX];
@@ -336,7 +339,7 @@ static size_t no_unescape(void *cls, struct MHD_Connection *c, char *s)
 	return strlen(s);
 }
 
-int agent_ocireg_new(struct agent_kube *kube, const char *node, const char *images_dir, int port,
+int agent_ocireg_new(struct agent_kube *kube, const char *node, const char *images_dir, int shared, int port,
 		     struct agent_ocireg **out, struct gcr_err *err)
 {
 	*out = NULL;
@@ -347,6 +350,7 @@ int agent_ocireg_new(struct agent_kube *kube, const char *node, const char *imag
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	r->kube = kube;
 	r->port = port;
+	r->shared = shared;
 	snprintf(r->node, sizeof(r->node), "%s", node);
 	if (realpath(images_dir, r->images_dir) == NULL) /* absent now: compared as given */
 		snprintf(r->images_dir, sizeof(r->images_dir), "%s", images_dir);

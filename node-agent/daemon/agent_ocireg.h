@@ -23,8 +23,9 @@
 struct agent_ocireg;
 
 /* Serves on 127.0.0.1:port (loopback only, whatever the network namespace) the Checkpoints of
- * node whose image lies under images_dir. Borrows kube. */
-int agent_ocireg_new(struct agent_kube *kube, const char *node, const char *images_dir, int port,
+ * node whose image lies under images_dir; of every node when shared (images_dir is one
+ * filesystem on all of them, --images-shared). Borrows kube. */
+int agent_ocireg_new(struct agent_kube *kube, const char *node, const char *images_dir, int shared, int port,
 		     struct agent_ocireg **out, struct gcr_err *err) __attribute__((warn_unused_result));
 
 /* NULL-safe; stops the server. */
