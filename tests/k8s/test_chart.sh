@@ -193,6 +193,19 @@ images_shared() {
 		[[ $(python3 "$CHECKS" rules <(printf '%s\n' "$on")) == $(python3 "$CHECKS" rules "$TMP/default-nocrds.yaml") ]]
 }
 run "images.shared: on in the agent's config, the RBAC rules unchanged" images_shared
+images_claim() {
+	local on
+	on=$(h template x "$CHART" --set images.claim=gcr-images) && [[ $on == *'imagesShared: "true"'* ]] &&
+		python3 - "$on" <<-'PY'
+		import sys, yaml
+		ds = [d for d in yaml.safe_load_all(sys.argv[1]) if d and d.get("kind") == "DaemonSet"][0]
+		v = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "images"][0]
+		sys.exit(0 if v == {"name": "images", "persistentVolumeClaim": {"claimName": "gcr-images"}} else 1)
+		PY
+}
+run "images.claim: the images volume is that claim, shared implied" images_claim
+refuse "images.claim with images.pods refused" "images.claim and images.pods.enabled exclude each other" \
+	h template x "$CHART" --set images.claim=gcr-images --set images.pods.enabled=true
 
 # --- Dockerfile (no Docker engine here: lint, and the install layout) ------------
 
