@@ -10,11 +10,14 @@ chart's images.hostPath, as an NFS share would be). The chart with its defaults 
 images.kubelet and images.shared. Cases: the agent on both nodes, a suspend and resume of a pod on
 gcr-node-2 by its agent; a pod imaged on gcr-node, deleted, and a new pod on gcr-node-2 restored
 from that image (docs/images.md, "Shared storage"); the same with images.shared off: Failed
-ImageElsewhere, nothing run. GCR_TWONODE_SHARED=false installs the chart with images.shared off
+ImageElsewhere, nothing run; the images on a ReadWriteMany claim (images.claim) with the node
+registry on: a new pod on gcr-node-2 names the Checkpoint's status.image.reference and is
+restored there. GCR_TWONODE_SHARED=false installs the chart with images.shared off
 from the start (the positive case must then fail). GCR_TWONODE_E2E_CASES: a comma list of case
 names to run (after the install). Ends with "N passed, N failed".
 """
 import os
+import shutil
 import sys
 import time
 
@@ -45,15 +48,15 @@ def agents_ready():
     return ready if len(pods) == 2 and set(ready) == {node1(), node2()} else None
 
 
-def helm(verb, shared):
-    """helm install/upgrade: the chart's defaults plus images.kubelet and images.shared; waits for
-    an agent Ready on both nodes with that setting in its config."""
+def helm(verb, shared, extra=()):
+    """helm install/upgrade: the chart's defaults plus images.kubelet, images.shared and extra
+    --set values; waits for an agent Ready on both nodes with imagesShared shared in its config."""
     port = open(os.path.join(N.ENV["GCR_TESTBED_DIR"], "kubelet.port")).read().strip()
     N.run([os.path.join(N.ENV["GCR_TESTBED_BIN"], "helm"), verb, N.RELEASE, N.CHART, "-n", N.SYSTEM_NS,
            *(["--create-namespace"] if verb == "install" else []),
            "--set", f"image.repository={N.IMAGE_REPO}", "--set", f"image.tag={N.IMAGE_TAG}",
            "--set", "images.kubelet.enabled=true", "--set", f"images.kubelet.port={port}",
-           "--set", f"images.shared={shared}", "--wait", "--timeout", "180s"], timeout=200)
+           "--set", f"images.shared={shared}", *extra, "--wait", "--timeout", "180s"], timeout=200)
     cm = [c for c in kjson("get", "configmaps", "-n", N.SYSTEM_NS)["items"] if "config.yaml" in c.get("data", {})]
     check(len(cm) == 1 and f'imagesShared: "{shared}"' in cm[0]["data"]["config.yaml"],
           f"the agent's config does not say imagesShared {shared}")
@@ -190,7 +193,59 @@ def case_shared_off_refused():
         end_pod(ns, "dst")
 
 
-CASES = [case_install, case_suspend_resume_on_node2, case_restore_on_other_node, case_shared_off_refused]
+CLAIM_DIR = "/var/lib/gcr-claim"  # the PersistentVolume's directory, seen by both nodes like an NFS export
+
+
+def case_claim_and_reference():
+    """images.claim (a ReadWriteMany claim as every agent's images directory, shared implied) with
+    the node registry on (eviction.restore): a pod on gcr-node imaged, its Checkpoint publishes
+    status.image.reference; the image lies on the claim's volume; a new pod on gcr-node-2 that
+    names the reference is pulled from gcr-node-2's own agent and restored there, RESULT ok."""
+    ns = "two-claim"
+    shutil.rmtree(CLAIM_DIR, ignore_errors=True)  # an earlier run's images
+    os.makedirs(CLAIM_DIR)
+    apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "gcr-images-pv"},
+           "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": CLAIM_DIR, "type": "Directory"},
+                    "claimRef": {"namespace": N.SYSTEM_NS, "name": "gcr-images"}}})
+    apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "gcr-images", "namespace": N.SYSTEM_NS},
+           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": "gcr-images-pv",
+                    "resources": {"requests": {"storage": "1Gi"}}}})
+    helm("upgrade", "true", ["--set", "images.shared=false", "--set", "images.claim=gcr-images",
+                             "--set", "eviction.restore.enabled=true"])
+    N.namespace(ns)
+    try:
+        _, nbytes = N.workload_pod(ns, "src", 0, node=node1())
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "snap", "namespace": ns},
+               "spec": {"podName": "src", "action": "Image", "cpuCheckpoint": "Kubelet"}})
+        N.wait_phase("checkpoint", ns, "snap", timeout=180)
+        st = kjson("get", "checkpoint", "-n", ns, "snap")["status"]
+        ref = st.get("image", {}).get("reference", "")
+        check(st.get("nodeName") == node1() and ref.startswith(f"127.0.0.1:5055/gcr-evict/{ns}/snap:"),
+              f"Checkpoint on {st.get('nodeName')}, image {st.get('image')}")
+        on_claim = os.path.join(CLAIM_DIR, ns, "src", "snap")
+        check(sorted(os.listdir(on_claim)) == ["criu", "gpu", "manifest.json"], f"not on the claim: {on_claim}")
+        check(not os.path.exists(os.path.join("/var/lib/gcr/images", ns)), "the image went to the hostPath, not the claim")
+        end_pod(ns, "src")
+        N.restored_pod(ns, "dst", ref, pull="IfNotPresent", node=node2())
+        apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "back", "namespace": ns},
+               "spec": {"checkpointName": "snap", "podName": "dst"}})
+        N.wait_phase("restore", ns, "back", timeout=120)
+        r = kjson("get", "restore", "-n", ns, "back")["status"]
+        check(r.get("nodeName") == node2(), f"Restore done by {r.get('nodeName')}")
+        pulled = [e for e in N.events_for(ns, "dst") if e.get("reason") == "Pulled"]
+        check(pulled and ref in pulled[0].get("note", pulled[0].get("message", "")), f"Pulled events: {pulled}")
+        N.restored_program(ns, "dst", nbytes)
+        N.finish(ns, "dst")
+        log(f"claim: image of {node1()} on the claim, pulled by {node2()} from its own agent ({ref.split(':')[0]}:"
+            f"5055), restored: {r.get('durations')}")
+    finally:
+        end_pod(ns, "dst")
+        shutil.rmtree(CLAIM_DIR, ignore_errors=True)
+
+
+CASES = [case_install, case_suspend_resume_on_node2, case_restore_on_other_node, case_shared_off_refused,
+         case_claim_and_reference]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_TWONODE_E2E_CASES")  # a comma list of names: those cases only, after the install
