@@ -79,23 +79,28 @@ def script():
 
 
 def deployment(ns, name, kind="Deployment", replicas=1):
-    """A Deployment (or StatefulSet) of 1 replica opted in (label gpucr.dev/evict: image, the scheduling gate), its pod
-    uid 0 (CRIU needs CAP_SYS_RESOURCE for another uid on these machines), the test program on the
-    injected shim."""
+    """A Deployment (or StatefulSet, or Job) of 1 replica opted in (label gpucr.dev/evict: image, the
+    scheduling gate), its pod uid 0 (CRIU needs CAP_SYS_RESOURCE for another uid on these
+    machines), the test program on the injected shim."""
     labels = {"app": name, "gpucr.dev/evict": "image"}
-    apply({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": ns},
-           "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                    **({"serviceName": name} if kind == "StatefulSet" else {}),
-                    "template": {"metadata": {"labels": labels}, "spec": {
-                        "schedulingGates": [{"name": GATE}],
-                        "runtimeClassName": "nvidia", "terminationGracePeriodSeconds": 5,
-                        "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
-                        "containers": [{"name": "main", "image": N.WORKLOAD_IMAGE, "imagePullPolicy": "IfNotPresent",
-                                        "command": ["/bin/sh", "-c", script()],
-                                        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
-                                        "resources": {"limits": {"gpucr.dev/shim": "1"}},
-                                        "securityContext": {"allowPrivilegeEscalation": False,
-                                                            "capabilities": {"drop": ["ALL"]}}}]}}}})
+    pod = {"schedulingGates": [{"name": GATE}],
+           "runtimeClassName": "nvidia", "terminationGracePeriodSeconds": 5,
+           "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
+           "containers": [{"name": "main", "image": N.WORKLOAD_IMAGE, "imagePullPolicy": "IfNotPresent",
+                           "command": ["/bin/sh", "-c", script()],
+                           "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                           "resources": {"limits": {"gpucr.dev/shim": "1"}},
+                           "securityContext": {"allowPrivilegeEscalation": False,
+                                               "capabilities": {"drop": ["ALL"]}}}]}
+    if kind == "Job":  # a deleted pod counts against backoffLimit; the Job makes a new one
+        spec = {"backoffLimit": 3, "template": {"metadata": {"labels": labels},
+                                                "spec": {**pod, "restartPolicy": "Never"}}}
+    else:
+        spec = {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                **({"serviceName": name} if kind == "StatefulSet" else {}),
+                "template": {"metadata": {"labels": labels}, "spec": pod}}
+    apply({"apiVersion": "batch/v1" if kind == "Job" else "apps/v1", "kind": kind,
+           "metadata": {"name": name, "namespace": ns}, "spec": spec})
 
 
 def live_pods(ns, app, but=()):
@@ -266,10 +271,11 @@ def case_registry_refuses():
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
-def evict_and_replace(ns, app, corrupt=False):
-    """The Deployment's pod running, its eviction Checkpoint made, (a byte of its GPU data flipped,)
-    the pod deleted; returns (old pod, checkpoint, the replacement pod's name, t0, bytes)."""
-    deployment(ns, app)
+def evict_and_replace(ns, app, corrupt=False, kind="Deployment"):
+    """The Deployment's (or kind's) pod running, its eviction Checkpoint made, (a byte of its GPU
+    data flipped,) the pod deleted; returns (old pod, checkpoint, the replacement pod's name, t0,
+    bytes)."""
+    deployment(ns, app, kind=kind)
     p = wait_until("the first pod running", lambda: (p := one_pod(ns, app)) and
                    p["status"].get("phase") == "Running" and p, 120)
     old = p["metadata"]["name"]
@@ -459,6 +465,24 @@ def case_statefulset():
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
+def case_job():
+    """A Job's pod: the Job makes a new pod for the deleted one, with the template's gate; it is
+    restored from the eviction image as a Deployment's is (the Job is its controller owner)."""
+    ns = "team-replace5"
+    N.namespace(ns)
+    old, ck, new, _, nbytes, _ = evict_and_replace(ns, "train", kind="Job")
+    p = kjson("get", "pod", "-n", ns, new)
+    owner = next(o for o in p["metadata"]["ownerReferences"] if o.get("controller"))
+    check(owner["kind"] == "Job" and owner["name"] == "train", f"the replacement's owner is {owner}")
+    N.wait_phase("restore", ns, ck, timeout=180)
+    check(kjson("get", "checkpoint", "-n", ns, ck)["metadata"]["labels"].get("gpucr.dev/restored-into") == new[:63],
+          "the Checkpoint is not consumed by the Job's new pod")
+    restored_ok(ns, new, nbytes)
+    wait_until("a RestoredFromEviction Event", lambda: events(ns, new, "RestoredFromEviction"), 30)
+    log(f"Job: {new} (after {old}) restored from {ck}, RESULT ok")
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
 def case_drain_restored():
     """The whole route, nothing made by hand: a Deployment's pod opted in (the label, gcr-hold as its
     preStop hook, the scheduling gate) holding GPU data; `kubectl drain` of the node. The agent images
@@ -568,7 +592,8 @@ def case_corrupt_image():
 
 
 CASES = [case_install, case_registry_refuses, case_no_image_cold, case_failed_image_cold, case_replacement_restored,
-         case_checkpoint_in_progress, case_statefulset, case_drain_restored, case_corrupt_image, case_user_reference]
+         case_checkpoint_in_progress, case_statefulset, case_job, case_drain_restored, case_corrupt_image,
+         case_user_reference]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_REPLACE_E2E_CASES")  # a comma list of names: those cases only, after the install
