@@ -742,7 +742,8 @@ int main(int argc, char **argv)
 	seconds_opt("images-keep", cfg.images_keep, IMAGES_KEEP_MAX, &ccfg.images_keep, &err);
 	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
 	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
-	struct agent_replace_cfg rcfg = { .registry_port = atoi(cfg.restore_port) };
+	struct agent_replace_cfg rcfg = { .registry_port = atoi(cfg.restore_port),
+					 .images_shared = strcmp(cfg.images_shared, "true") == 0 };
 	seconds_opt("restore-wait-seconds", cfg.restore_wait_s, 3600, &rcfg.wait_s, &err);
 	if (node) {
 		/* The heartbeat carries this node's pods' activity, read from the shims' counters. */

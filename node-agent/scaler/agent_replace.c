@@ -2,8 +2,8 @@
  * contract's (docs/preemption.md, "The replacement pod"): a pod carrying the scheduling gate
  * gpucr.dev/restore whose controller owner has a Succeeded, unconsumed eviction Checkpoint
  * gets that image (the Checkpoint marked consumed first, with a 128-bit token as the image's
- * tag; the pod's container image pointed at its node's registry, nodeSelector to that node,
- * the gate removed); one in progress holds the gate, bounded; none removes it at once. Once
+ * tag; the pod's container image pointed at its node's registry, nodeSelector to that node
+ * unless the images directory is shared, the gate removed); one in progress holds the gate, bounded; none removes it at once. Once
  * the restored container runs, a Restore gives it its GPU data; its end is told by an Event on
  * the pod, and a failure deletes the pod so that its owner makes a new one, started cold.
  * Everything is read back from watches, so a new leader carries on where the old one was. */
@@ -289,7 +289,7 @@ static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 	int ci = -1;
 	const char *container = target_container(p, ck, &ci);
 	const char *host = sget(p, "host");
-	if (container == NULL || node == NULL || (host != NULL && strcmp(host, node) != 0)) {
+	if (container == NULL || node == NULL || (!r->cfg.images_shared && host != NULL && strcmp(host, node) != 0)) {
 		if (container == NULL)
 			snprintf(why, sizeof(why), "Checkpoint %s images container %s, which the pod lacks", ckname,
 				 sget(ck, "container") ? sget(ck, "container") : "(unnamed, and the pod has several)");
@@ -325,12 +325,13 @@ static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 	char ip[64];
 	snprintf(ip, sizeof(ip), "/spec/containers/%d/image", ci);
 	json_t *ops = json_pack("[o, {s:s, s:s, s:s}]", remove_gate_op(p), "op", "replace", "path", ip, "value", ref);
-	if (json_is_true(json_object_get(p, "has_sel")))
-		json_array_append_new(ops, json_pack("{s:s, s:s, s:s}", "op", "add", "path",
-						     "/spec/nodeSelector/kubernetes.io~1hostname", "value", node));
-	else
-		json_array_append_new(ops, json_pack("{s:s, s:s, s:{s:s}}", "op", "add", "path", "/spec/nodeSelector",
-						     "value", "kubernetes.io/hostname", node));
+	/* Node-local images: only the image's node has it. Shared: the scheduler picks the node. */
+	int has_sel = json_is_true(json_object_get(p, "has_sel"));
+	if (!r->cfg.images_shared)
+		json_array_append_new(ops, has_sel ? json_pack("{s:s, s:s, s:s}", "op", "add", "path",
+							       "/spec/nodeSelector/kubernetes.io~1hostname", "value", node)
+						   : json_pack("{s:s, s:s, s:{s:s}}", "op", "add", "path",
+							       "/spec/nodeSelector", "value", "kubernetes.io/hostname", node));
 	if (json_is_true(json_object_get(p, "has_ann")))
 		json_array_append_new(ops, json_pack("{s:s, s:s, s:s}", "op", "add", "path",
 						     "/metadata/annotations/gpucr.dev~1restore-from", "value", ckname));

@@ -23,6 +23,9 @@ struct agent_replace_cfg {
 	/* How long a gated pod waits, in seconds, for an eviction Checkpoint in progress (or about
 	 * to be made: a pod of its owner being deleted), and a restored pod for its container. */
 	int wait_s;
+	/* The images directory is one filesystem on every node (--images-shared): the replacement
+	 * is not pinned to the image's node; any node's registry serves the image. */
+	int images_shared;
 };
 
 struct agent_replace;

@@ -23,6 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_node_e2e as N  # noqa: E402
+import test_evict_e2e as E  # noqa: E402
+import test_replace_e2e as R  # noqa: E402
 
 check, kubectl, kjson, apply, wait_until, log = N.check, N.kubectl, N.kjson, N.apply, N.wait_until, N.log
 SHARED = os.environ.get("GCR_TWONODE_SHARED", "true")
@@ -244,8 +246,62 @@ def case_claim_and_reference():
         shutil.rmtree(CLAIM_DIR, ignore_errors=True)
 
 
+def case_drain_to_other_node():
+    """Eviction without loss across nodes (docs/preemption.md): images.shared, eviction and
+    eviction.restore on. A Deployment's pod opted in (the label, gcr-hold as preStop, the
+    scheduling gate), preferring gcr-node; `kubectl drain gcr-node`: the agent images it within its
+    grace period, the replacement is pointed at the image without a nodeSelector, scheduled on
+    gcr-node-2 (gcr-node is cordoned), pulled from gcr-node-2's own registry and restored there by
+    itself, RESULT ok. Nothing is done by the test after the drain."""
+    helm("upgrade", SHARED, ["--set", "eviction.enabled=true", "--set", "eviction.restore.enabled=true"])
+    ns, app = "two-drain", "drainweb"
+    N.namespace(ns)
+    spec = E.pod_spec(60)
+    spec["schedulingGates"] = [{"name": R.GATE}]
+    spec["containers"][0]["imagePullPolicy"] = "IfNotPresent"
+    spec["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100, "preference": {"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [node1()]}]}}]}}
+    apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "namespace": ns},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": app}},
+                    "template": {"metadata": {"labels": {"app": app, "gpucr.dev/evict": "image"}}, "spec": spec}}})
+    try:
+        p = wait_until("the first pod running", lambda: (p := R.one_pod(ns, app)) and
+                       p["status"].get("phase") == "Running" and p, 120)
+        old, uid = p["metadata"]["name"], p["metadata"]["uid"]
+        check(p["spec"].get("nodeName") == node1(), f"the first pod runs on {p['spec'].get('nodeName')}")
+        nbytes = int(R.ready_line(ns, old)["bytes"])
+        ck = E.ck_name(old, uid)
+        t0 = time.time()
+        d = E.drain(f"app={app}")
+        out, _ = d.communicate(timeout=200)
+        check(d.returncode == 0, f"kubectl drain failed: {out[-1500:]}")
+        c = kjson("get", "checkpoint", "-n", ns, ck)
+        check(c.get("status", {}).get("phase") == "Succeeded" and c["status"].get("nodeName") == node1(),
+              f"Checkpoint {ck}: {c.get('status')}")
+        N.wait_phase("restore", ns, ck, timeout=180)
+        t_restored = time.time()
+        rs = kjson("get", "restore", "-n", ns, ck)
+        new = rs["spec"].get("podName")
+        q = kjson("get", "pod", "-n", ns, new)
+        check(q["spec"].get("nodeName") == node2() and not q["spec"].get("nodeSelector"),
+              f"the replacement runs on {q['spec'].get('nodeName')}, nodeSelector {q['spec'].get('nodeSelector')}")
+        check(rs["status"].get("nodeName") == node2(), f"Restore done by {rs['status'].get('nodeName')}")
+        R.restored_ok(ns, new, nbytes)
+        back = wait_until("RestoredFromEviction on the replacement", lambda: E.event(ns, new, "RestoredFromEviction"), 30)
+        check(ck in back.get("note", ""), f"event {back}")
+        log(f"drain of {node1()}: {old} imaged, {new} restored on {node2()} {t_restored - t0:.1f} s after the drain "
+            f"began (Restore durations {rs['status'].get('durations')}), RESULT ok")
+        print(f"$ kubectl get pods -n {ns} -o wide\n{kubectl('get', 'pods', '-n', ns, '-o', 'wide').stdout}", flush=True)
+    finally:
+        E.uncordon()
+        kubectl("delete", "deployment", "-n", ns, app, "--ignore-not-found", "--wait=true", timeout=90)
+        for pod in [x["metadata"]["name"] for x in R.live_pods(ns, app)]:
+            end_pod(ns, pod)
+
+
 CASES = [case_install, case_suspend_resume_on_node2, case_restore_on_other_node, case_shared_off_refused,
-         case_claim_and_reference]
+         case_claim_and_reference, case_drain_to_other_node]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_TWONODE_E2E_CASES")  # a comma list of names: those cases only, after the install
