@@ -115,7 +115,8 @@ tier k8s-evict python3 tests/k8s/test_evict_e2e.py build
 # eviction Checkpoint, deleted, its replacement restored from the node agent's registry.
 tier k8s-replace python3 tests/k8s/test_replace_e2e.py build
 # Two real nodes on this machine, one images directory both see (images.shared, docs/images.md,
-# "Shared storage"): a pod imaged on gcr-node restored into a new pod on gcr-node-2; refused off.
+# "Shared storage"): a pod imaged on gcr-node restored into a new pod on gcr-node-2; refused off;
+# images on a ReadWriteMany claim; a drained pod's replacement restored on the other node.
 tier k8s-twonode python3 tests/k8s/test_twonode_e2e.py build
 
 echo
