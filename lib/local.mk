@@ -7,6 +7,7 @@ lib_libgcrcommon_la_SOURCES = \
 	lib/gcr_proto.c lib/gcr_proto.h \
 	lib/gcr_sock.c lib/gcr_sock.h \
 	lib/gcr_time.c lib/gcr_time.h \
+	lib/gcr_meminfo.c lib/gcr_meminfo.h \
 	lib/gcr_crc32c.c lib/gcr_crc32c.h \
 	lib/gcr_sha256.c lib/gcr_sha256.h \
 	lib/gcr_image.c lib/gcr_image.h \

@@ -30,6 +30,7 @@
 #include "agent_images.h"
 #include "agent_lease.h"
 #include "agent_ociimg.h"
+#include "agent_ocireg.h"
 #include "agent_record.h"
 #include "gcr_cr.h"
 #include "gcr_imgcr.h"
@@ -1002,8 +1003,8 @@ static int kubelet_checkpoint(struct agent_controller *c, const char *ns, const 
 static int publish_ref(struct agent_controller *c, const struct op *o, char *ref, size_t len)
 {
 	json_t *labels = json_object_get(json_object_get(o->obj, "metadata"), "labels");
-	const char *ev = json_string_value(json_object_get(labels, "gpucr.dev/eviction"));
-	char token[AGENT_OCIIMG_TOKEN_LEN + 1], hostport[32];
+	const char *ev = json_string_value(json_object_get(labels, AGENT_OCIREG_LABEL_EVICTION));
+	char token[AGENT_OCIIMG_TOKEN_LEN + 1];
 	struct gcr_err err;
 	if (c->registry_port <= 0 || (ev != NULL && strcmp(ev, "true") == 0))
 		return -ENOENT;
@@ -1012,8 +1013,7 @@ static int publish_ref(struct agent_controller *c, const struct op *o, char *ref
 			err.msg);
 		return -ENOENT;
 	}
-	snprintf(hostport, sizeof(hostport), "127.0.0.1:%d", c->registry_port);
-	return agent_ociimg_ref(hostport, o->d.ns, o->d.name, token, ref, len) < 0 ? -ENOENT : 0;
+	return agent_ociimg_ref(c->registry_port, o->d.ns, o->d.name, token, ref, len) < 0 ? -ENOENT : 0;
 }
 
 /* Image of a pod's process whose CPU side is the container runtime's checkpoint, restorable

@@ -161,8 +161,8 @@ void agent_ociimg_clear(struct agent_ociimg *img)
 	img->config = img->manifest = img->index = NULL;
 }
 
-int agent_ociimg_ref(const char *hostport, const char *ns, const char *name, const char *token, char *out, size_t len)
+int agent_ociimg_ref(int port, const char *ns, const char *name, const char *token, char *out, size_t len)
 {
-	int n = snprintf(out, len, "%s/%s/%s/%s:%s", hostport, AGENT_OCIIMG_REPO, ns, name, token);
+	int n = snprintf(out, len, "127.0.0.1:%d/%s/%s/%s:%s", port, AGENT_OCIIMG_REPO, ns, name, token);
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }

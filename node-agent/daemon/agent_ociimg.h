@@ -62,8 +62,9 @@ int agent_ociimg_build(const char *container, const char *layer_hex, long long l
 		       struct gcr_err *err) __attribute__((warn_unused_result));
 void agent_ociimg_clear(struct agent_ociimg *img);
 
-/* "<host:port>/gcr-evict/<ns>/<name>:<token>" into out. 0 or -ENAMETOOLONG. */
-int agent_ociimg_ref(const char *hostport, const char *ns, const char *name, const char *token, char *out,
-		     size_t len);
+/* "127.0.0.1:<port>/gcr-evict/<ns>/<name>:<token>" into out: the image on the registry of the
+ * node that pulls it (every node's agent_ocireg listens on its own loopback, same port).
+ * 0 or -ENAMETOOLONG. */
+int agent_ociimg_ref(int port, const char *ns, const char *name, const char *token, char *out, size_t len);
 
 #endif

@@ -80,11 +80,10 @@ static int published(struct agent_ocireg *r, const char *ns, const char *name, j
 	const char *cpu = json_string_value(json_object_get(img, "cpuCheckpoint"));
 	const char *cn = json_string_value(json_object_get(img, "container"));
 	const char *colon = ref ? strrchr(ref, ':') : NULL;
-	char hostport[32], want[700];
-	snprintf(hostport, sizeof(hostport), "127.0.0.1:%d", r->port);
+	char want[700];
 	if (colon == NULL || cpu == NULL || strcmp(cpu, "Kubelet") != 0 || cn == NULL || cn[0] == '\0' ||
 	    !agent_ociimg_token_valid(colon + 1) ||
-	    agent_ociimg_ref(hostport, ns, name, colon + 1, want, sizeof(want)) < 0 || strcmp(want, ref) != 0)
+	    agent_ociimg_ref(r->port, ns, name, colon + 1, want, sizeof(want)) < 0 || strcmp(want, ref) != 0)
 		return -ENOENT;
 	*tok = colon + 1;
 	*cname = cn;
@@ -119,7 +118,6 @@ static int issued(struct agent_ocireg *r, const char *ns, const char *name, char
 	int eviction = ev != NULL && strcmp(ev, "true") == 0;
 	if (!eviction) {
 		/* Any other Kubelet image: the reference its node agent wrote into its status. */
-		tok = NULL;
 		if (published(r, ns, name, ck, &tok, &cname) < 0) {
 			rc = gcr_err_set(err, -ENOENT, "neither an eviction Checkpoint issued for a restore nor a "
 					 "published image");

@@ -5,12 +5,13 @@
 #ifndef AGENT_OCIREG_H
 #define AGENT_OCIREG_H
 
+#include "agent_evictmsg.h"
 #include "agent_kube.h"
 #include "gcr_error.h"
 
 /* Labels and annotations of an eviction Checkpoint (docs/preemption.md, "Eviction without
  * loss": agent_evict writes the first, the scaler's agent_replace the others). */
-#define AGENT_OCIREG_LABEL_EVICTION "gpucr.dev/eviction"
+#define AGENT_OCIREG_LABEL_EVICTION AGENT_EVICTMSG_L_EVICTION /* agent_evict sets it */
 #define AGENT_OCIREG_LABEL_RESTORED_INTO "gpucr.dev/restored-into"
 /* The token issued for the restore: the image's tag; removed once the Restore is final. */
 #define AGENT_OCIREG_ANN_TOKEN "gpucr.dev/restore-token"

@@ -21,6 +21,7 @@
 #include "gcr_cr.h"
 #include "gcr_shimreply.h"
 #include "gcr_log.h"
+#include "gcr_meminfo.h"
 #include "gcr_nvml.h"
 #include "gcr_proto.h"
 #include "gcr_scale.h"
@@ -729,19 +730,11 @@ static void wake(struct agent_room *r, const struct wake *w)
 /* MemAvailable of <proc_root>/meminfo in bytes; 0 when it cannot be read (not checked). */
 static unsigned long long host_available(struct agent_room *r)
 {
-	char path[600], line[256];
-	unsigned long long kib = 0;
+	char path[600];
 	if (r->proc_root == NULL)
 		return 0;
 	snprintf(path, sizeof(path), "%s/meminfo", r->proc_root);
-	FILE *f = fopen(path, "re");
-	if (f == NULL)
-		return 0;
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
-			break;
-	fclose(f);
-	return kib < (1ULL << 44) ? kib << 10 : 0;
+	return gcr_meminfo_bytes(path, "MemAvailable");
 }
 
 /* Suspends requester pid (others held for it), idle idle_ms, so that they resume. */

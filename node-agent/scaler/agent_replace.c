@@ -3,9 +3,10 @@
  * gpucr.dev/restore whose controller owner has a Succeeded, unconsumed eviction Checkpoint
  * gets that image (the Checkpoint marked consumed first, with a 128-bit token as the image's
  * tag; the pod's container image pointed at its node's registry, nodeSelector to that node
- * unless the images directory is shared, the gate removed); one in progress holds the gate, bounded; none removes it at once. Once
- * the restored container runs, a Restore gives it its GPU data; its end is told by an Event on
- * the pod, and a failure deletes the pod so that its owner makes a new one, started cold.
+ * unless the images directory is shared, the gate removed); one in progress holds the gate,
+ * bounded; none removes it at once. Once the restored container runs, a Restore gives it its
+ * GPU data; its end is told by an Event on the pod, and a failure deletes the pod so that its
+ * owner makes a new one, started cold.
  * Everything is read back from watches, so a new leader carries on where the old one was. */
 #include "agent_replace.h"
 
@@ -284,7 +285,7 @@ static const char *target_container(json_t *p, json_t *ck, int *index)
 static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 {
 	const char *ns = sget(p, "ns"), *name = sget(p, "name"), *ckname = sget(ck, "name"), *node = sget(ck, "node");
-	char into[64], token[AGENT_OCIIMG_TOKEN_LEN + 1], why[700], hostport[32], ref[700];
+	char into[64], token[AGENT_OCIIMG_TOKEN_LEN + 1], why[700], ref[700];
 	struct gcr_err err;
 	int ci = -1;
 	const char *container = target_container(p, ck, &ci);
@@ -317,8 +318,7 @@ static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 	} else {
 		snprintf(token, sizeof(token), "%s", sget(ck, "token"));
 	}
-	snprintf(hostport, sizeof(hostport), "127.0.0.1:%d", r->cfg.registry_port);
-	if (agent_ociimg_ref(hostport, ns, ckname, token, ref, sizeof(ref)) < 0) {
+	if (agent_ociimg_ref(r->cfg.registry_port, ns, ckname, token, ref, sizeof(ref)) < 0) {
 		start_cold(r, p, "Warning", "the image reference is too long");
 		return;
 	}

@@ -23,6 +23,7 @@
 #include "gcr_crc32c.h"
 #include "gcr_image.h"
 #include "gcr_log.h"
+#include "gcr_meminfo.h"
 #include "gcr_time.h"
 #include "shim_config.h"
 #include "shim_digest.h"
@@ -123,22 +124,6 @@ static int slab_make(uint64_t size, struct slab *out, struct gcr_err *err)
 	return 0;
 }
 
-/* One "Name: N kB" value of /proc/meminfo, in bytes; 0 if absent. */
-static uint64_t meminfo_bytes(const char *name)
-{
-	FILE *f = fopen("/proc/meminfo", "re");
-	if (f == NULL)
-		return 0;
-	char line[128];
-	unsigned long long kb = 0;
-	size_t n = strlen(name);
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (strncmp(line, name, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%llu", &kb) == 1)
-			break;
-	fclose(f);
-	return (uint64_t)kb << 10;
-}
-
 /* A number from a cgroup file ("max" and anything unparsable: none, UINT64_MAX). */
 static uint64_t cgroup_value(const char *path)
 {
@@ -158,7 +143,7 @@ static uint64_t cgroup_value(const char *path)
  * most of a GPU on a host not much bigger than the GPU did). */
 static uint64_t host_room(void)
 {
-	uint64_t total = meminfo_bytes("MemTotal"), avail = meminfo_bytes("MemAvailable");
+	uint64_t total = gcr_meminfo_bytes(NULL, "MemTotal"), avail = gcr_meminfo_bytes(NULL, "MemAvailable");
 	uint64_t reserve = total / 16 > (2ull << 30) ? total / 16 : 2ull << 30;
 	uint64_t room = total == 0 ? UINT64_MAX : avail > reserve ? avail - reserve : 0;
 	static const char *const lim[2][2] = { { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current" },

@@ -208,6 +208,16 @@ def uncordon():
     kubectl("uncordon", N.ENV["GCR_TESTBED_NODE"], check=False)
 
 
+def drained(selector):
+    """kubectl drain of the pods selected, to its end; the node uncordoned again, also on failure."""
+    d = drain(selector)
+    try:
+        out, _ = d.communicate(timeout=200)
+    finally:
+        uncordon()
+    check(d.returncode == 0, f"kubectl drain failed: {out[-1500:]}")
+
+
 # ---- cases ----
 
 def case_drain_images():
@@ -227,12 +237,7 @@ def case_drain_images():
         hpid = N.host_pid(ns, pod)
         w = Watch(hpid, ns, ck, pod)
         t0 = time.time()
-        d = drain("app=web")
-        try:
-            out, _ = d.communicate(timeout=200)
-        finally:
-            uncordon()
-        check(d.returncode == 0, f"kubectl drain failed: {out[-1500:]}")
+        drained("app=web")
         wait_until("the program's process gone", lambda: w.gone, 60)
         c = kjson("get", "checkpoint", "-n", ns, ck)
         s = c.get("status", {})
@@ -349,13 +354,8 @@ def case_policy_off():
     try:
         pod, _, _ = deployment(ns, "web")
         t0 = time.monotonic()
-        d = drain("app=web")
-        try:
-            out, _ = d.communicate(timeout=200)
-        finally:
-            uncordon()
+        drained("app=web")
         took = time.monotonic() - t0
-        check(d.returncode == 0, f"kubectl drain failed: {out[-1500:]}")
         check(not eviction_checkpoints(ns), f"a Checkpoint with the policy off: {eviction_checkpoints(ns)}")
         check(took < 40, f"the drain took {took:.1f} s: the hold was not answered at once")
         check(event(ns, pod, "EvictionImageWritten") is None, "an EvictionImageWritten Event with the policy off")

@@ -98,14 +98,14 @@ static void test_token(void)
 	CHECK(!agent_ociimg_token_valid(NULL) && !agent_ociimg_token_valid("") && !agent_ociimg_token_valid(TOK "0"));
 	CHECK(!agent_ociimg_token_valid("0011223344556677889900aabbccddeG"));
 	char ref[200];
-	CHECK(agent_ociimg_ref("127.0.0.1:5055", "ns", "ck", a, ref, sizeof(ref)) == 0);
+	CHECK(agent_ociimg_ref(5055, "ns", "ck", a, ref, sizeof(ref)) == 0);
 	CHECK(strncmp(ref, "127.0.0.1:5055/gcr-evict/ns/ck:", 31) == 0 && strcmp(ref + 31, a) == 0);
 	struct agent_ocireq q;
 	char path[300];
 	/* The reference the scaler writes becomes a path the registry accepts. */
 	snprintf(path, sizeof(path), "/v2/gcr-evict/ns/ck/manifests/%s", strrchr(ref, ':') + 1);
 	CHECK(parse(path, &q) == 0 && strcmp(q.ref, a) == 0);
-	CHECK(agent_ociimg_ref("127.0.0.1:5055", "ns", "ck", a, ref, 20) == -ENAMETOOLONG);
+	CHECK(agent_ociimg_ref(5055, "ns", "ck", a, ref, 20) == -ENAMETOOLONG);
 }
 
 static int digest_of(const char *doc, const char *digest)
