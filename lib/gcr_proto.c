@@ -19,6 +19,12 @@ static const char *const op_names[] = {
 	[GCR_OP_IMAGE_READ_ID] = GCR_OP_IMAGE_READ,
 	[GCR_OP_ROOM_ID] = GCR_OP_ROOM,
 	[GCR_OP_WAKE_ID] = GCR_OP_WAKE,
+	[GCR_OP_FREEZE_ID] = GCR_OP_FREEZE,
+	[GCR_OP_DRAIN_ID] = GCR_OP_DRAIN,
+	[GCR_OP_THAW_ID] = GCR_OP_THAW,
+	[GCR_OP_DETACH_ID] = GCR_OP_DETACH,
+	[GCR_OP_IDS_ID] = GCR_OP_IDS,
+	[GCR_OP_REBUILD_ID] = GCR_OP_REBUILD,
 };
 
 const char *gcr_op_name(enum gcr_op op)

@@ -22,6 +22,13 @@ enum gcr_op {
 	/* overcommit: shim -> agent (docs/preemption.md) */
 	GCR_OP_ROOM_ID,
 	GCR_OP_WAKE_ID,
+	/* groups of processes (NCCL): lib/gcr_group.c drives them */
+	GCR_OP_FREEZE_ID,
+	GCR_OP_DRAIN_ID,
+	GCR_OP_THAW_ID,
+	GCR_OP_DETACH_ID,
+	GCR_OP_IDS_ID,
+	GCR_OP_REBUILD_ID,
 };
 
 struct gcr_req {

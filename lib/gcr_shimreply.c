@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gcr/protocol.h"
+#include "gcr_groupmsg.h"
 
 /* A string made only of printable ASCII without spaces, 1 .. cap - 1 bytes: what the shim
  * sends for states and NVML for UUIDs. Such a string may go into log lines and messages. */
@@ -37,8 +38,10 @@ static int count_of(json_t *obj, const char *key, long long max, long long *out,
 	return 0;
 }
 
-static const char *const st_names[GCR_SHIMREPLY_ST_N] = { GCR_STATE_RUNNING, GCR_STATE_SUSPENDING,
-							   GCR_STATE_SUSPENDED, GCR_STATE_RESUMING, "unknown" };
+static const char *const st_names[GCR_SHIMREPLY_ST_N] = {
+	GCR_STATE_RUNNING, GCR_STATE_SUSPENDING, GCR_STATE_SUSPENDED, GCR_STATE_RESUMING,  GCR_STATE_FROZEN,
+	GCR_STATE_DRAINED, GCR_STATE_DETACHED,   GCR_STATE_REBUILDING, GCR_STATE_REBUILT, "unknown"
+};
 
 const char *gcr_shimreply_st_name(enum gcr_shimreply_st s)
 {
@@ -164,5 +167,17 @@ int gcr_shimreply_calls(json_t *stats, long long *sum, struct gcr_err *err)
 		s += n; /* at most 4096 terms below 2^50: below 2^62 */
 	}
 	*sum = s;
+	return 0;
+}
+
+int gcr_shimreply_comms(json_t *reply, struct gcr_group_comms *out, struct gcr_err *err)
+{
+	out->n = 0;
+	json_t *c = json_object_get(reply, "comms");
+	if (c == NULL)
+		return gcr_err_set(err, -ENOENT, "shim reply has no \"comms\"");
+	struct gcr_err e;
+	if (gcr_groupmsg_comms(c, out, &e) < 0)
+		return gcr_err_set(err, -EPROTO, "shim reply: %s", e.msg);
 	return 0;
 }

@@ -39,11 +39,18 @@ enum gcr_shimreply_st {
 	GCR_SHIMREPLY_ST_SUSPENDING,
 	GCR_SHIMREPLY_ST_SUSPENDED,
 	GCR_SHIMREPLY_ST_RESUMING,
+	/* a member of a group of NCCL processes (include/gcr/protocol.h, "groups") */
+	GCR_SHIMREPLY_ST_FROZEN,
+	GCR_SHIMREPLY_ST_DRAINED,
+	GCR_SHIMREPLY_ST_DETACHED,
+	GCR_SHIMREPLY_ST_REBUILDING,
+	GCR_SHIMREPLY_ST_REBUILT,
 	GCR_SHIMREPLY_ST_UNKNOWN,
 	GCR_SHIMREPLY_ST_N
 };
 
-/* "running", "suspending", "suspended", "resuming", "unknown". */
+/* "running", "suspending", "suspended", "resuming", "frozen", "drained", "detached",
+ * "rebuilding", "rebuilt", "unknown". */
 const char *gcr_shimreply_st_name(enum gcr_shimreply_st s);
 
 /* The state named name (NULL-safe); GCR_SHIMREPLY_ST_UNKNOWN for any other string. */
@@ -73,6 +80,12 @@ int gcr_shimreply_sizes(json_t *status, long long *fast, long long *driver, stru
 
 /* A status's "restore_need": {"devices": [{"uuid": s, "bytes": n}, ...]}, at least one. */
 int gcr_shimreply_restore_need(json_t *status, struct gcr_shimreply_need *need, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* A status's (or a group op's reply's) "comms": the NCCL communicators of a group member,
+ * checked by gcr_groupmsg_comms; -ENOENT without any (no NCCL), -EPROTO malformed. */
+struct gcr_group_comms;
+int gcr_shimreply_comms(json_t *reply, struct gcr_group_comms *out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
 /* The sum of a stats reply's "calls" map of hook name to count: 0 .. LLONG_MAX. Every shim

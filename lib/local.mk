@@ -11,6 +11,7 @@ lib_libgcrcommon_la_SOURCES = \
 	lib/gcr_crc32c.c lib/gcr_crc32c.h \
 	lib/gcr_sha256.c lib/gcr_sha256.h \
 	lib/gcr_image.c lib/gcr_image.h \
+	lib/gcr_groupmsg.c lib/gcr_groupmsg.h \
 	include/gcr/protocol.h
 lib_libgcrcommon_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden $(JANSSON_CFLAGS)
 
@@ -27,6 +28,7 @@ lib_libgcrcontrol_la_SOURCES = \
 	lib/gcr_ctrdump.c lib/gcr_ctrdump.h \
 	lib/gcr_imgcr.c lib/gcr_imgcr.h \
 	lib/gcr_cr.c lib/gcr_cr.h \
+	lib/gcr_group.c lib/gcr_group.h \
 	lib/gcr_scale.c lib/gcr_scale.h \
 	lib/gcr_shimreply.c lib/gcr_shimreply.h
 lib_libgcrcontrol_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS)

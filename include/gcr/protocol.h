@@ -27,9 +27,15 @@
  *            initialised yet; -ETIMEDOUT the gate did not close in "timeout_ms"; -ENOMEM;
  *            -EINVAL a bad "timeout_ms"; others from the runtime, as -errno. A failed
  *            suspend was undone: the process runs.
+ *   suspend: -EXDEV the process holds live NCCL communicators (a member of a group of
+ *            processes: the whole group is suspended with the group ops below), nothing touched.
  *   resume:  -EINVAL not suspended; others from the runtime (the process stays suspended,
  *            held at the gate: resume again).
- *   trim:    -EINVAL a "restore_need" that is not an object. */
+ *   trim:    -EINVAL a "restore_need" that is not an object.
+ *   group ops (below): -EINVAL not in the state the op needs (the error names it); -EBADMSG
+ *            malformed args; -EBUSY a communicator is being created, a group stayed open, or a
+ *            rebuild still runs; -ENOTSUP a communicator uses what cannot be rebuilt (the error
+ *            says what); -ETIMEDOUT the op's bound passed (the error says the state left). */
 
 /* ---- ops ---- */
 /* status: no args. Never calls the driver. Result:
@@ -53,7 +59,9 @@
  *              step is CRIU's (absent in older shims: CUDA)
  *   "restore_need" (once a trim kept one) the object the last trim's "restore_need" gave */
 #define GCR_OP_STATUS "status"
-/* suspend: data out: gate closed, buffers staged, memory released. Args: "timeout_ms"
+/* suspend: data out: gate closed, buffers staged, memory released. Args: "group" (bool: a
+ * group member, drained or detached: its communicators are torn down first, and the process
+ * ends suspended with them down), "timeout_ms"
  * (1 .. 3600000: how long the gate waits for calls in flight; default the shim's
  * GCR_GATE_TIMEOUT_MS); "wake" (bool, default false: the node agent's overcommit suspends: the
  * first thread to reach the closed gate afterwards sends "wake" to the agent, below; not with
@@ -105,6 +113,66 @@
  * staging; -EIO a data file of the wrong size, -EBADMSG a table that does not match (the
  * process stays suspended, resume refused). */
 #define GCR_OP_IMAGE_READ "image-read"
+
+/* ---- groups: processes that communicate through NCCL, suspended and resumed as one
+ * (docs/design.md, "Groups of processes"). A coordinator (lib/gcr_group.c: gcrctl --group)
+ * drives every member through the same phase before any member starts the next:
+ *   suspend: freeze -> drain -> suspend {"group": true} (communicators torn down, then the data
+ *            step) -> the driver's checkpoint; a failure thaws (before the teardown) or rebuilds
+ *            (after it) every member;
+ *   resume:  the driver's restore -> resume (data in; the member ends "detached") -> ids (from
+ *            the member holding rank 0 of each communicator) -> rebuild -> thaw.
+ * Communicators are the shim's: the application holds the shim's handles, so torn down and
+ * rebuilt ones stay valid. A communicator is named across processes by its "key", 16 lowercase
+ * hex digits: a hash of the ncclUniqueId it was made from, or of its parent's key, the parent's
+ * split number and the colour. Lists hold at most GCR_GROUP_MAX_COMMS entries (lib/gcr_groupmsg.h).
+ *
+ * A communicator, as status and the group ops report it ("comms": [...]):
+ *   {"key": KEY, "rank": r, "nranks": n (1 .. 65536; rank 0 .. n-1), "count": submissions so far
+ *    (0 .. 2^50: collectives outside a group, and each ncclGroupEnd once per communicator it
+ *    touched, splits on the parent), "device": the CUDA device (-1 .. 63), "state": "live" |
+ *    "down" (torn down, rebuilt at resume) | "failed" (a member holding one of its ranks did not
+ *    come back: every call on it answers ncclRemoteError), "how": "init" | "split" | "local"
+ *    (ncclCommInitAll: every rank in this process), "parent": KEY (split only)}
+ * status adds "comms" when the process has any, and "nccl": {"held": threads waiting at the
+ * shim's NCCL wrappers}. */
+/* freeze: running -> frozen. New NCCL submissions wait at the shim's wrappers (a group already
+ * begun is let through to its ncclGroupEnd); the reply lists the counts. Args: "hold_ms" (1 ..
+ * 3600000): the member thaws by itself when no drain comes within it, or when the connection
+ * that froze it closes; "wait_ms" (1 .. 3600000, default 5000): how long open groups may take.
+ * Result: {"state", "comms", "ms": {"total"}}. */
+#define GCR_OP_FREEZE "freeze"
+/* drain: frozen -> drained. Args: "targets": [{"key": KEY, "count": n}, ...] (the largest count
+ * each communicator has in any member), "timeout_ms" (1 .. 3600000). Submissions are let through
+ * until every communicator of the member reaches its target, then NCCL's work is waited for on
+ * the GPU. A count past its target (members that disagree) or the bound passing thaws the member
+ * (-EPROTO, -ETIMEDOUT). Result: {"state": "drained", "comms", "ms": {"total"}}; or, when a
+ * thread waits at a communicator at its target while another is below its own, {"state":
+ * "frozen", "wants": [{"key", "count"}, ...], ...}: the group must go one further on those (the
+ * coordinator raises their targets in every member that holds them and drains again; targets
+ * only rise, and a drained member is drained again when one of its targets rose). A communicator
+ * whose every rank is in the member goes further by itself. */
+#define GCR_OP_DRAIN "drain"
+/* thaw: frozen, drained or rebuilt -> running: held submissions go on. No args. Result:
+ * {"state"}. */
+#define GCR_OP_THAW "thaw"
+/* detach: drained or rebuilt -> detached: every communicator torn down (ncclCommAbort, local),
+ * NCCL calls stay held; what a failed group operation does before it rebuilds. No args. Result:
+ * {"state", "ms": {"total"}}. The group's suspend ({"group": true}, from drained) detaches first
+ * itself. */
+#define GCR_OP_DETACH "detach"
+/* ids: detached only. Args: "keys": [KEY, ...]: communicators made by ncclCommInitRank* whose
+ * rank 0 this member holds. Result: {"ids": [{"key": KEY, "id": 256 lowercase hex digits (a
+ * fresh ncclUniqueId, made here)}, ...]}. */
+#define GCR_OP_IDS "ids"
+/* rebuild: detached -> rebuilding -> rebuilt (NCCL calls still held; thaw lets them go). Args:
+ * "ids" (as ids answered, one per communicator made by init), "failed": [KEY, ...] (their
+ * members did not come back: marked failed, not rebuilt), "timeout_ms" (1 .. 3600000). Every
+ * communicator is made again in the order the application made it (inits together, then splits
+ * on the new parents), with its recorded configuration. Past the bound the reply is -ETIMEDOUT
+ * and the member stays "rebuilding" until NCCL's initialisation ends (then rebuilt, or detached
+ * on failure). Result: {"state", "comms", "ms": {"init", "split", "total"}}. */
+#define GCR_OP_REBUILD "rebuild"
 
 /* Shim -> node agent, once, on the agent's registry socket: {"socket": control socket
  * path as the shim sees it, "version": ...}. The agent believes none of it beyond a
@@ -165,6 +233,12 @@
 #define GCR_STATE_SUSPENDING "suspending" /* a suspend in flight */
 #define GCR_STATE_SUSPENDED "suspended"   /* data in host memory, application held at the gate */
 #define GCR_STATE_RESUMING "resuming"     /* a resume in flight */
+/* Group members (above): */
+#define GCR_STATE_FROZEN "frozen"         /* NCCL submissions held, counts reported */
+#define GCR_STATE_DRAINED "drained"       /* counts at their targets, NCCL's work done */
+#define GCR_STATE_DETACHED "detached"     /* communicators torn down, NCCL calls held */
+#define GCR_STATE_REBUILDING "rebuilding" /* communicators being made again */
+#define GCR_STATE_REBUILT "rebuilt"       /* made again, NCCL calls still held until thaw */
 
 /* Default directory for the per-process sockets ("<dir>/gcr-<pid>-<start time>.sock",
  * docs/design.md). */
