@@ -78,6 +78,9 @@ static const struct option options[] = {
 	 * runs 19-23); GCR_CTX_SHRINK=0 leaves the context's local memory in the checkpoint. */
 	{ "GCR_CTX_SHRINK", parse_int, &shim_cfg.ctx_shrink, "1", 0, INT_MAX_SETTING },
 	{ "GCR_GATE_TIMEOUT_MS", parse_int, &shim_cfg.gate_timeout_ms, "30000", 0, INT_MAX_SETTING },
+	/* NCCL's communicators made the shim's (docs/design.md, "Groups"); 0: NCCL calls pass through
+	 * unmapped, and a process holding communicators is refused like any sharing memory. */
+	{ "GCR_NCCL", parse_int, &shim_cfg.nccl, "1", 0, 1 },
 	/* A suspend to an image is bound by the disk, which takes few large sequential writes
 	 * faster than many small ones: docs/images.md, "Numbers". */
 	{ "GCR_IMAGE_WRITERS", parse_int, &shim_cfg.image_writers, "2", 1, 64 },

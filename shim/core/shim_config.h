@@ -15,6 +15,7 @@ struct shim_config {
 	int incremental;        /* GCR_INCREMENTAL: keep the host copy after resume; copy only changes */
 	int ctx_shrink;         /* GCR_CTX_SHRINK (1): give the contexts' local memory back while suspended */
 	int gate_timeout_ms;    /* GCR_GATE_TIMEOUT_MS */
+	int nccl;               /* GCR_NCCL (1): interpose NCCL's communicators */
 	int image_writers;      /* GCR_IMAGE_WRITERS: copy workers that write a suspend to an image */
 	int image_piece_mib;    /* GCR_IMAGE_PIECE_MIB: the largest write of a suspend to an image */
 	int agent_register;     /* reserved for the node agent's registry */

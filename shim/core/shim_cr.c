@@ -2,7 +2,8 @@
  * gate -> sync -> digest (shim_digest) -> per chunk zero / unchanged / copy
  * (shim_image) -> copy out (shim_staging) -> release; and create -> map -> copy
  * in. Every failure unwinds to the state the operation started in. The process's one GPU
- * backend (CUDA or HIP) does the vendor calls, through struct shim_gpu_ops. */
+ * backend (CUDA or HIP) does the vendor calls, through struct shim_gpu_ops; a communication
+ * library over it (NCCL) is held, torn down and made again through struct shim_comm_ops. */
 #include "shim_cr.h"
 
 #include <dlfcn.h>
@@ -15,6 +16,7 @@
 #include "gcr_log.h"
 #include "gcr_time.h"
 #include "shim_alloc.h"
+#include "shim_comm.h"
 #include "shim_pool.h"
 #include "shim_config.h"
 #include "shim_gate.h"
@@ -27,21 +29,35 @@
 static pthread_mutex_t cr_lock = PTHREAD_MUTEX_INITIALIZER; /* one operation at a time */
 static _Atomic int state;
 static const struct shim_gpu_ops *backend; /* chosen at suspend, kept until resumed; cr_lock */
+/* The communication library a group member's communicators belong to (one today). */
+static const struct shim_comm_ops *const comm_lib = &shim_nccl_ops;
+/* A held group member (frozen, drained, rebuilt) thaws by itself at hold_until (monotonic ms, 0:
+ * not held), hold_ms after each step of its group's operation; cr_lock. */
+static double hold_until;
+static int hold_ms;
 
 
 /* The state machine: each state's name and the states it may go to. Suspend: running ->
  * suspending -> suspended, or back to running when it failed and was undone (or stays
  * suspended when undoing failed too: a resume restores it). Resume: suspended -> resuming ->
- * running, or back to suspended when it failed (retryable). */
+ * running, or back to suspended when it failed (retryable). A group member: running -> frozen
+ * -> drained (or back to running: thawed) -> detached (communicators torn down) -> suspending
+ * -> suspended (or back to detached); resuming -> detached -> rebuilding -> rebuilt (or back to
+ * detached) -> running. */
 #define EDGE(s) (1u << (s))
 static const struct {
 	const char *name; /* on the wire: status replies */
 	unsigned to;      /* EDGE() of every state it may go to */
 } states[SHIM_CR_NSTATES] = {
-	[SHIM_CR_RUNNING] = { "running", EDGE(SHIM_CR_SUSPENDING) },
-	[SHIM_CR_SUSPENDING] = { "suspending", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) },
+	[SHIM_CR_RUNNING] = { "running", EDGE(SHIM_CR_SUSPENDING) | EDGE(SHIM_CR_FROZEN) },
+	[SHIM_CR_SUSPENDING] = { "suspending", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) | EDGE(SHIM_CR_DETACHED) },
 	[SHIM_CR_SUSPENDED] = { "suspended", EDGE(SHIM_CR_RESUMING) },
-	[SHIM_CR_RESUMING] = { "resuming", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) },
+	[SHIM_CR_RESUMING] = { "resuming", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) | EDGE(SHIM_CR_DETACHED) },
+	[SHIM_CR_FROZEN] = { "frozen", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DRAINED) },
+	[SHIM_CR_DRAINED] = { "drained", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DETACHED) | EDGE(SHIM_CR_FROZEN) },
+	[SHIM_CR_DETACHED] = { "detached", EDGE(SHIM_CR_SUSPENDING) | EDGE(SHIM_CR_REBUILDING) },
+	[SHIM_CR_REBUILDING] = { "rebuilding", EDGE(SHIM_CR_REBUILT) | EDGE(SHIM_CR_DETACHED) },
+	[SHIM_CR_REBUILT] = { "rebuilt", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DETACHED) },
 };
 /* Suspend and resume requests that reached this process, refused ones included: what a test
  * reads to show that a process outside an operation's pod was never touched. */
@@ -593,7 +609,31 @@ static uint64_t host_bytes(void)
 	return ss.capacity + ss.ring;
 }
 
-static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, struct shim_cr_report *rep,
+/* A plain suspend of a process that holds live communicators: its peers' kernels would wait
+ * for it forever, and the memory NCCL shares with them cannot move. The whole group goes. */
+static int refuse_member(struct gcr_err *err)
+{
+	struct gcr_group_comms *c = malloc(sizeof(*c));
+	int held;
+	if (c == NULL)
+		return gcr_err_set(err, -EXDEV, "member of an NCCL group; suspend the group: gcrctl suspend --group PID,...");
+	shim_cr_comms(c, &held);
+	char list[400] = "";
+	size_t len = 0, shown = 0;
+	for (size_t i = 0; i < c->n && len + 60 < sizeof(list); i++) {
+		if (c->c[i].state != GCR_GROUP_COMM_LIVE)
+			continue;
+		char k[GCR_GROUP_KEY_LEN];
+		gcr_groupmsg_key_fmt(c->c[i].key, k);
+		len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s rank %d of %d", shown++ ? ", " : "", k,
+					c->c[i].rank, c->c[i].nranks);
+	}
+	free(c);
+	return gcr_err_set(err, -EXDEV, "member of an NCCL group (communicators %s); suspend the group: gcrctl "
+			   "suspend --group PID,... (process untouched, running)", list);
+}
+
+static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, int group, struct shim_cr_report *rep,
 			struct gcr_err *err)
 {
 	memset(rep, 0, sizeof(*rep));
@@ -602,9 +642,36 @@ static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, struct 
 	alloc_window(1);
 	int rc = 0;
 	double t_start = gcr_time_mono_ms(), t0 = t_start;
-	if (state != SHIM_CR_RUNNING) {
+	/* Where an unwound suspend goes back to: a group member's communicators stay torn down. */
+	enum shim_cr_state start = group ? SHIM_CR_DETACHED : SHIM_CR_RUNNING;
+	if (group && state != SHIM_CR_DRAINED && state != SHIM_CR_DETACHED) {
+		rc = gcr_err_set(err, -EINVAL, "a group suspend needs the member drained (state %s)",
+				 shim_cr_state_name(state));
+		goto out;
+	}
+	if (!group && state != SHIM_CR_RUNNING) {
 		rc = gcr_err_set(err, -EALREADY, "already suspended (state %s)", shim_cr_state_name(state));
 		goto out;
+	}
+	if (!group) {
+		int live, down, failed, held;
+		comm_lib->counts(&live, &down, &failed, &held);
+		if (live > 0) {
+			rc = refuse_member(err);
+			goto out;
+		}
+	}
+	if (group && state == SHIM_CR_DRAINED) {
+		/* Every member drained before any tears down: no peer's kernel still reads this one's
+		 * buffers. ncclCommAbort frees what NCCL exported and imported, so the data step below
+		 * meets a plain process. The gate is still open: NCCL's own threads free with it. */
+		double t = gcr_time_mono_ms();
+		rc = comm_lib->teardown(err);
+		if (rc < 0)
+			goto out;
+		hold_until = 0;
+		(void)cr_move(SHIM_CR_DETACHED, err);
+		GCR_LOG(GCR_LOG_DEBUG, "shim", "communicators torn down in %.1f ms", gcr_time_mono_ms() - t);
 	}
 	rc = choose_backend(&backend, err);
 	if (rc < 0)
@@ -618,7 +685,7 @@ static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, struct 
 	shim_real_relax_capture(); /* our driver calls must not break an app's capture */
 	rc = shim_gate_close(timeout_ms, err);
 	if (rc < 0) {
-		cr_move_back(SHIM_CR_RUNNING);
+		cr_move_back(start);
 		goto out;
 	}
 	rep->ms_gate = gcr_time_mono_ms() - t0;
@@ -689,7 +756,7 @@ static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, struct 
 	goto out;
 unwind_gate:
 	shim_staging_resume_background();
-	cr_move_back(SHIM_CR_RUNNING);
+	cr_move_back(start);
 	shim_gate_open();
 out:
 	alloc_window(0);
@@ -699,13 +766,18 @@ out:
 
 int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err)
 {
-	return suspend_impl(NULL, timeout_ms, rep, err);
+	return suspend_impl(NULL, timeout_ms, 0, rep, err);
+}
+
+int shim_cr_suspend_group(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err)
+{
+	return suspend_impl(NULL, timeout_ms, 1, rep, err);
 }
 
 int shim_cr_suspend_to(const struct shim_cr_sink *sink, int timeout_ms, struct shim_cr_report *rep,
 		       struct gcr_err *err)
 {
-	return suspend_impl(sink, timeout_ms, rep, err);
+	return suspend_impl(sink, timeout_ms, 0, rep, err);
 }
 
 void shim_cr_trim(void)
@@ -755,11 +827,189 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	rep->mappings = shim_alloc_nmaps();
 	finish_resume();
 	shim_staging_resume_background();
-	rc = cr_move(SHIM_CR_RUNNING, err);
+	/* A group member's communicators are still down: its NCCL calls stay held (the CUDA gate
+	 * opens) until its group rebuilds them. */
+	int live, down, failed, held;
+	comm_lib->counts(&live, &down, &failed, &held);
+	rc = cr_move(down > 0 ? SHIM_CR_DETACHED : SHIM_CR_RUNNING, err);
 	shim_gate_open();
 	rep->ms_total = gcr_time_mono_ms() - t_start;
 out:
 	alloc_window(0);
 	pthread_mutex_unlock(&cr_lock);
 	return rc;
+}
+
+/* ---- a group member (shim_comm.h): the coordinator moves every member through the same step
+ * before any goes on; each step here is bounded, and a member left held by a coordinator that
+ * went away thaws by itself ---- */
+
+static void hold_arm(void)
+{
+	hold_until = hold_ms > 0 ? gcr_time_mono_ms() + hold_ms : 0;
+}
+
+void shim_cr_comms(struct gcr_group_comms *out, int *held)
+{
+	int live, down, failed;
+	comm_lib->describe(out);
+	comm_lib->counts(&live, &down, &failed, held);
+}
+
+int shim_cr_freeze(int hold, int wait_ms, struct gcr_group_comms *out, struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = 0;
+	out->n = 0;
+	if (state != SHIM_CR_RUNNING)
+		rc = gcr_err_set(err, -EINVAL, "not running (state %s): nothing to freeze", shim_cr_state_name(state));
+	if (rc == 0 && (rc = comm_lib->freeze(wait_ms, err)) < 0)
+		gcr_err_wrap(err, "member still running");
+	if (rc == 0)
+		rc = cr_move(SHIM_CR_FROZEN, err);
+	if (rc == 0) {
+		hold_ms = hold;
+		hold_arm();
+		comm_lib->describe(out);
+	}
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+/* Back to running from a held state (lock held). */
+static void thaw_locked(void)
+{
+	comm_lib->thaw();
+	hold_until = 0;
+	cr_move_back(SHIM_CR_RUNNING);
+}
+
+int shim_cr_drain(const struct gcr_group_targets *t, int timeout_ms, struct gcr_group_comms *out,
+		  struct gcr_group_targets *wants, struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = 0;
+	out->n = 0;
+	wants->n = 0;
+	if (state != SHIM_CR_FROZEN && state != SHIM_CR_DRAINED) {
+		rc = gcr_err_set(err, -EINVAL, "not frozen (state %s): nothing to drain", shim_cr_state_name(state));
+	} else if ((rc = comm_lib->drain(t, timeout_ms, wants, err)) < 0) {
+		thaw_locked();
+		gcr_err_wrap(err, "member thawed, running");
+	} else {
+		if (state != (rc == 0 ? SHIM_CR_DRAINED : SHIM_CR_FROZEN))
+			(void)cr_move(rc == 0 ? SHIM_CR_DRAINED : SHIM_CR_FROZEN, err);
+		hold_arm();
+	}
+	comm_lib->describe(out);
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+int shim_cr_thaw(struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = 0;
+	if (state != SHIM_CR_FROZEN && state != SHIM_CR_DRAINED && state != SHIM_CR_REBUILT)
+		rc = gcr_err_set(err, -EINVAL, "not held (state %s): nothing to thaw", shim_cr_state_name(state));
+	else
+		thaw_locked();
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+int shim_cr_detach(struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = 0;
+	if (state != SHIM_CR_DRAINED && state != SHIM_CR_REBUILT)
+		rc = gcr_err_set(err, -EINVAL, "neither drained nor rebuilt (state %s): nothing to tear down",
+				 shim_cr_state_name(state));
+	if (rc == 0 && (rc = comm_lib->teardown(err)) == 0) {
+		hold_until = 0;
+		rc = cr_move(SHIM_CR_DETACHED, err);
+	}
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+int shim_cr_ids(const struct gcr_group_keys *keys, struct gcr_group_ids *out, struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = 0;
+	out->n = 0;
+	if (state != SHIM_CR_DETACHED)
+		rc = gcr_err_set(err, -EINVAL, "communicators not torn down (state %s)", shim_cr_state_name(state));
+	else
+		rc = comm_lib->ids(keys, out, err);
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+/* A rebuild that outlived its bound ends here, from the library's thread. */
+static void rebuild_late(int rc)
+{
+	pthread_mutex_lock(&cr_lock);
+	if (state == SHIM_CR_REBUILDING) {
+		cr_move_back(rc == 0 ? SHIM_CR_REBUILT : SHIM_CR_DETACHED);
+		if (rc == 0)
+			hold_arm();
+		GCR_LOG(rc == 0 ? GCR_LOG_WARN : GCR_LOG_ERROR, "shim", "NCCL communicators made again after the "
+			"rebuild's bound: %s", rc == 0 ? "rebuilt (held until thawed)" : "failed; detached");
+	}
+	pthread_mutex_unlock(&cr_lock);
+}
+
+int shim_cr_rebuild(const struct gcr_group_ids *ids, const struct gcr_group_keys *failed, int timeout_ms,
+		    struct gcr_group_comms *out, struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = 0;
+	out->n = 0;
+	if (state != SHIM_CR_DETACHED)
+		rc = gcr_err_set(err, -EINVAL, "not detached (state %s): nothing to rebuild", shim_cr_state_name(state));
+	if (rc == 0)
+		rc = cr_move(SHIM_CR_REBUILDING, err);
+	if (rc == 0) {
+		shim_real_relax_capture();
+		rc = comm_lib->rebuild(ids, failed, timeout_ms, rebuild_late, err);
+		if (rc == 0) {
+			rc = cr_move(SHIM_CR_REBUILT, err);
+			hold_arm();
+		} else if (rc == -ETIMEDOUT) {
+			gcr_err_wrap(err, "member rebuilding");
+		} else {
+			cr_move_back(SHIM_CR_DETACHED);
+			gcr_err_wrap(err, "member detached (communicators down, NCCL calls held); retry the rebuild");
+		}
+	}
+	comm_lib->describe(out);
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+void shim_cr_abandon(void)
+{
+	pthread_mutex_lock(&cr_lock);
+	if (state == SHIM_CR_FROZEN || state == SHIM_CR_DRAINED || state == SHIM_CR_REBUILT) {
+		GCR_LOG(GCR_LOG_WARN, "shim", "the coordinator of this group member went away while it was %s: thawed",
+			shim_cr_state_name(state));
+		thaw_locked();
+	}
+	pthread_mutex_unlock(&cr_lock);
+}
+
+double shim_cr_tick(void)
+{
+	pthread_mutex_lock(&cr_lock);
+	double next = hold_until;
+	if (next > 0 && gcr_time_mono_ms() >= next &&
+	    (state == SHIM_CR_FROZEN || state == SHIM_CR_DRAINED || state == SHIM_CR_REBUILT)) {
+		GCR_LOG(GCR_LOG_WARN, "shim", "group member %s for %d ms without its next step: thawed",
+			shim_cr_state_name(state), hold_ms);
+		thaw_locked();
+		next = 0;
+	}
+	pthread_mutex_unlock(&cr_lock);
+	return next;
 }

@@ -1,11 +1,14 @@
 /* shim_cr: the shim's side of suspend and resume, an explicit state machine:
- * RUNNING -> (gate, sync, copy out, release) -> SUSPENDED -> (create, map, copy in) -> RUNNING. */
+ * RUNNING -> (gate, sync, copy out, release) -> SUSPENDED -> (create, map, copy in) -> RUNNING;
+ * a member of a group of NCCL processes goes RUNNING -> FROZEN -> DRAINED -> (communicators torn
+ * down) -> SUSPENDED -> DETACHED -> REBUILDING -> REBUILT -> RUNNING (docs/design.md, "Groups"). */
 #ifndef SHIM_CR_H
 #define SHIM_CR_H
 
 #include <stdint.h>
 
 #include "gcr_error.h"
+#include "gcr_groupmsg.h"
 
 /* The states; their names (what status reports) and the edges allowed between them are one
  * table in shim_cr.c, so a new state is a row there. */
@@ -14,6 +17,11 @@ enum shim_cr_state {
 	SHIM_CR_SUSPENDING,
 	SHIM_CR_SUSPENDED,
 	SHIM_CR_RESUMING,
+	SHIM_CR_FROZEN,     /* a group member: NCCL submissions held, counts reported */
+	SHIM_CR_DRAINED,    /* counts at the group's targets, NCCL's work done */
+	SHIM_CR_DETACHED,   /* communicators torn down, NCCL calls held, CUDA running */
+	SHIM_CR_REBUILDING, /* communicators being made again */
+	SHIM_CR_REBUILT,    /* made again, NCCL calls held until thawed */
 	SHIM_CR_NSTATES
 };
 
@@ -39,9 +47,42 @@ int shim_cr_edge_check(enum shim_cr_state from, enum shim_cr_state to, struct gc
 void shim_cr_requests(unsigned long long *suspends, unsigned long long *resumes);
 
 /* Each returns 0 or -errno with err set; on failure the process is left running
- * (suspend) or suspended and resumable (resume). */
+ * (suspend) or suspended and resumable (resume). A process holding live NCCL communicators is
+ * refused (-EXDEV): its group is suspended with shim_cr_suspend_group. A resume of a process
+ * whose communicators were torn down ends DETACHED, waiting for its group's rebuild. */
 int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err);
 int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err);
+
+/* ---- a member of a group of processes that communicate through NCCL (shim_comm.h; the
+ * coordinator is lib/gcr_group.c). Each returns 0 or -errno with err saying the state left. ---- */
+/* running -> frozen; out: the communicators and their counts. The member thaws by itself
+ * hold_ms after the freeze (and after the drain, and after a rebuild) unless the group moved
+ * on, or when shim_cr_abandon says its coordinator is gone. */
+int shim_cr_freeze(int hold_ms, int wait_ms, struct gcr_group_comms *out, struct gcr_err *err);
+/* frozen (or drained: targets raised) -> drained: 0. 1: stays frozen, still draining, and wants
+ * lists the communicators the group must go one further on (shim_comm_ops.drain). On failure
+ * thawed (running). */
+int shim_cr_drain(const struct gcr_group_targets *t, int timeout_ms, struct gcr_group_comms *out,
+		  struct gcr_group_targets *wants, struct gcr_err *err);
+/* frozen, drained or rebuilt -> running. */
+int shim_cr_thaw(struct gcr_err *err);
+/* drained or rebuilt -> detached (communicators torn down). */
+int shim_cr_detach(struct gcr_err *err);
+/* drained (torn down first) or detached -> suspended; on failure detached. */
+int shim_cr_suspend_group(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err);
+/* detached: fresh unique ids for the communicators named (rank 0 here). */
+int shim_cr_ids(const struct gcr_group_keys *keys, struct gcr_group_ids *out, struct gcr_err *err);
+/* detached -> rebuilding -> rebuilt; -ETIMEDOUT leaves it rebuilding until NCCL ends; other
+ * failures detached. */
+int shim_cr_rebuild(const struct gcr_group_ids *ids, const struct gcr_group_keys *failed, int timeout_ms,
+		    struct gcr_group_comms *out, struct gcr_err *err);
+/* The communicators now (status). */
+void shim_cr_comms(struct gcr_group_comms *out, int *held);
+/* A held member's coordinator has gone (the connection that froze it closed): thaw now. */
+void shim_cr_abandon(void);
+/* Thaws a member held past its bound; returns the next such bound (monotonic ms), 0 for none.
+ * The control thread calls it as it goes round. */
+double shim_cr_tick(void);
 
 /* Suspend to an image (shim_imagefile): each copied chunk goes from its pinned slot to a file,
  * no staging. open gives each staged allocation's file (fd; dfd the same opened O_DIRECT, or

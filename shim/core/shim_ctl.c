@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <unistd.h>
 
+#include "gcr_groupmsg.h"
 #include "gcr_log.h"
 #include "gcr_proto.h"
 #include "gcr_sock.h"
@@ -132,6 +133,17 @@ static json_t *status_json(void)
 		if (restore_need != NULL)
 			json_object_set_new(j, "restore_need", json_deep_copy(restore_need));
 		pthread_mutex_unlock(&need_lock);
+		/* A group member's communicators (include/gcr/protocol.h, "groups"). */
+		struct gcr_group_comms *c = malloc(sizeof(*c));
+		int held = 0;
+		if (c != NULL) {
+			shim_cr_comms(c, &held);
+			if (c->n > 0)
+				json_object_set_new(j, "comms", gcr_groupmsg_comms_json(c));
+			if (c->n > 0 || held > 0)
+				json_object_set_new(j, "nccl", json_pack("{s:i}", "held", held));
+		}
+		free(c);
 	}
 	return j;
 }
@@ -293,6 +305,97 @@ static void undo_suspend(const char *why)
 		GCR_LOG(GCR_LOG_WARN, "shim", "suspend undone because %s; process running", why);
 }
 
+/* ---- group members (include/gcr/protocol.h, "groups") ---- */
+
+/* The connection that froze this member (its coordinator's): when it closes while the member
+ * is held, the member thaws (shim_cr_abandon); it is never closed for idling meanwhile. */
+static int group_owner = -1;
+
+static bool held(void)
+{
+	enum shim_cr_state st = shim_cr_state();
+	return st == SHIM_CR_FROZEN || st == SHIM_CR_DRAINED || st == SHIM_CR_REBUILT || st == SHIM_CR_REBUILDING;
+}
+
+static json_t *group_result(const struct gcr_group_comms *c, double ms)
+{
+	json_t *r = json_pack("{s:s, s:{s:f}}", "state", shim_cr_state_name(shim_cr_state()), "ms", "total", ms);
+	if (r != NULL && c != NULL)
+		json_object_set_new(r, "comms", gcr_groupmsg_comms_json(c));
+	return r;
+}
+
+/* One group op: its arguments checked (gcr_groupmsg), then shim_cr. */
+static int op_group(int fd, const struct gcr_req *req, json_t **result, struct gcr_err *err)
+{
+	double t0 = gcr_time_mono_ms();
+	long long hold = 0, wait = 0, timeout = 0;
+	json_t *args = req->args;
+	struct {
+		struct gcr_group_comms comms;
+		struct gcr_group_targets targets, wants;
+		struct gcr_group_keys keys;
+		struct gcr_group_ids ids;
+	} *m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	int rc = 0;
+	switch (req->op) {
+	case GCR_OP_FREEZE_ID:
+		rc = gcr_groupmsg_int(args, "hold_ms", 1, GCR_GROUP_MAX_MS, 30000, &hold, err);
+		if (rc == 0)
+			rc = gcr_groupmsg_int(args, "wait_ms", 1, GCR_GROUP_MAX_MS, GCR_GROUP_WAIT_MS, &wait, err);
+		if (rc == 0 && (rc = shim_cr_freeze((int)hold, (int)wait, &m->comms, err)) == 0)
+			group_owner = fd;
+		break;
+	case GCR_OP_DRAIN_ID:
+		rc = gcr_groupmsg_targets(json_object_get(args, "targets"), &m->targets, err);
+		if (rc == 0)
+			rc = gcr_groupmsg_int(args, "timeout_ms", 1, GCR_GROUP_MAX_MS, 30000, &timeout, err);
+		if (rc == 0 && (rc = shim_cr_drain(&m->targets, (int)timeout, &m->comms, &m->wants, err)) >= 0) {
+			group_owner = fd;
+			*result = group_result(&m->comms, gcr_time_mono_ms() - t0);
+			if (rc == 1 && *result != NULL)
+				json_object_set_new(*result, "wants", gcr_groupmsg_targets_json(&m->wants));
+			rc = 0;
+		}
+		break;
+	case GCR_OP_THAW_ID:
+		rc = shim_cr_thaw(err);
+		break;
+	case GCR_OP_DETACH_ID:
+		rc = shim_cr_detach(err);
+		break;
+	case GCR_OP_IDS_ID:
+		rc = gcr_groupmsg_keys(json_object_get(args, "keys"), &m->keys, err);
+		if (rc == 0)
+			rc = shim_cr_ids(&m->keys, &m->ids, err);
+		if (rc == 0)
+			*result = json_pack("{s:o}", "ids", gcr_groupmsg_ids_json(&m->ids));
+		break;
+	case GCR_OP_REBUILD_ID: {
+		json_t *failed = json_object_get(args, "failed");
+		rc = gcr_groupmsg_ids(json_object_get(args, "ids"), &m->ids, err);
+		if (rc == 0 && failed != NULL)
+			rc = gcr_groupmsg_keys(failed, &m->keys, err);
+		if (rc == 0)
+			rc = gcr_groupmsg_int(args, "timeout_ms", 1, GCR_GROUP_MAX_MS, 60000, &timeout, err);
+		if (rc == 0 && (rc = shim_cr_rebuild(&m->ids, &m->keys, (int)timeout, &m->comms, err)) == 0)
+			group_owner = fd;
+		break;
+	}
+	default:
+		rc = gcr_err_set(err, -EOPNOTSUPP, "unsupported op");
+	}
+	if (rc == 0 && *result == NULL)
+		*result = group_result(req->op == GCR_OP_THAW_ID || req->op == GCR_OP_DETACH_ID ? NULL : &m->comms,
+				       gcr_time_mono_ms() - t0);
+	if (rc == 0 && *result == NULL)
+		rc = gcr_err_set(err, -ENOMEM, "out of memory");
+	free(m);
+	return rc;
+}
+
 /* Returns the reply line for one request line of the peer on fd (malloc'd), or NULL when
  * there is nobody to reply to or no memory (the caller closes the connection). The rule
  * for abandoned requests: a request whose client has gone is not executed (checked right
@@ -345,10 +448,17 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 			rc = gcr_err_set(&err, -EINVAL, "\"wake\" must be a boolean, and not with \"image\"");
 			break;
 		}
+		/* "group": a drained member of a group of NCCL processes. */
+		json_t *group = json_object_get(req.args, "group");
+		if (group != NULL && (!json_is_boolean(group) || (json_is_true(group) && (dir != NULL || json_is_true(wake))))) {
+			rc = gcr_err_set(&err, -EINVAL, "\"group\" must be a boolean, and not with \"image\" or \"wake\"");
+			break;
+		}
 		need_set(NULL);
 		json_t *imgres = NULL;
-		rc = dir != NULL ? shim_imagefile_suspend(dir, timeout, &rep, &imgres, &err)
-				 : shim_cr_suspend(timeout, &rep, &err);
+		rc = dir != NULL	    ? shim_imagefile_suspend(dir, timeout, &rep, &imgres, &err)
+		     : json_is_true(group) ? shim_cr_suspend_group(timeout, &rep, &err)
+					   : shim_cr_suspend(timeout, &rep, &err);
 		if (rc == 0 && peer_gone(fd)) {
 			/* Nobody will dump or resume it: back from the files just written. */
 			json_t *r2 = NULL;
@@ -402,6 +512,14 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 		break;
 	case GCR_OP_IMAGE_READ_ID:
 		rc = op_image_read(req.args, &result, &err);
+		break;
+	case GCR_OP_FREEZE_ID:
+	case GCR_OP_DRAIN_ID:
+	case GCR_OP_THAW_ID:
+	case GCR_OP_DETACH_ID:
+	case GCR_OP_IDS_ID:
+	case GCR_OP_REBUILD_ID:
+		rc = op_group(fd, &req, &result, &err);
 		break;
 	case GCR_OP_RESUME_ID: {
 		if (shim_imagefile_dropped()) {
@@ -462,6 +580,10 @@ struct conn {
 
 static void conn_close(struct conn *c)
 {
+	if (c->fd == group_owner) {
+		group_owner = -1;
+		shim_cr_abandon(); /* a held member whose coordinator went: thawed */
+	}
 	close(c->fd);
 	gcr_linebuf_free(&c->lb);
 	c->fd = -1;
@@ -557,7 +679,11 @@ static void *ctl_thread(void *arg)
 	for (int i = 0; i < MAX_CONNS; i++)
 		conns[i].fd = -1;
 	for (;;) {
+		/* A group member held past its bound thaws here (shim_cr_tick). */
+		double hold = shim_cr_tick();
 		long long now = (long long)gcr_time_mono_ms(), wake = now + IDLE_MS;
+		if (hold > 0 && (long long)hold + 1 < wake)
+			wake = (long long)hold + 1;
 		int np = 1;
 		pfd[0] = (struct pollfd){ .fd = now < rest_until ? -1 : lfd, .events = POLLIN };
 		if (now < rest_until)
@@ -584,10 +710,13 @@ static void *ctl_thread(void *arg)
 			rest_until = (long long)gcr_time_mono_ms() + rest_ms;
 		/* After the reads: a line that came while a long request ran is served, not dropped. */
 		now = (long long)gcr_time_mono_ms();
-		for (int i = 0; i < MAX_CONNS; i++)
+		for (int i = 0; i < MAX_CONNS; i++) {
+			if (conns[i].fd >= 0 && conns[i].fd == group_owner && held())
+				conns[i].deadline = now + IDLE_MS; /* the coordinator of a held member */
 			if (conns[i].fd >= 0 && conns[i].deadline <= now &&
 			    (!conn_serve(&conns[i]) || conns[i].deadline <= now))
 				conn_close(&conns[i]);
+		}
 	}
 	return NULL;
 }

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <stdatomic.h>
 
+#include "shim_comm.h"
 #include "shim_hooktab.h"
 #include "shim_real.h"
 
@@ -16,19 +17,32 @@ __attribute__((no_sanitize("address", "undefined"))) static int is_hip_name(cons
 	return n[0] == 'h' && n[1] == 'i' && n[2] == 'p';
 }
 
+/* NCCL names: "nccl..." and the profiling "pnccl...". */
+__attribute__((no_sanitize("address", "undefined"))) static int is_nccl_name(const char *n)
+{
+	if (n[0] == 'p')
+		n++;
+	return n[0] == 'n' && n[1] == 'c' && n[2] == 'c' && n[3] == 'l';
+}
+
 /* Any driver or HIP runtime entry point the shim interposes is answered with its
- * wrapper, whatever handle it was looked up on; everything else is left alone. */
+ * wrapper, whatever handle it was looked up on (and so is NCCL's: a framework that opens it
+ * with ctypes finds its functions by dlsym); everything else is left alone. */
 __attribute__((no_sanitize("address", "undefined"))) static void *filter(void *found, const char *name)
 {
 	if (found == NULL || name == NULL)
 		return found;
 	enum shim_vendor vendor;
-	if (is_hip_name(name))
+	if (is_hip_name(name)) {
 		vendor = SHIM_HIP;
-	else if (name[0] == 'c' && name[1] == 'u')
+	} else if (name[0] == 'c' && name[1] == 'u') {
 		vendor = SHIM_CUDA;
-	else
+	} else if (is_nccl_name(name)) {
+		void *w = shim_nccl_ops.wrap(found, name);
+		return w != NULL ? w : found;
+	} else {
 		return found;
+	}
 	atomic_fetch_add_explicit(&shim_lookups.dlsym[vendor], 1, memory_order_relaxed);
 	void *w = shim_real_wrap(vendor, found);
 	if (w == NULL)

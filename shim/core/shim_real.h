@@ -48,6 +48,7 @@
  * never asks about peers. */
 #define SHIM_CU_OPTIONAL_LIST \
 	X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode)) \
+	X(cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *captureStatus)) \
 	X(cuDeviceCanAccessPeer, (int *canAccessPeer, CUdevice dev, CUdevice peerDev))
 
 struct shim_cu {

@@ -107,6 +107,11 @@ static CUresult record(struct cev *e, CUstream s)
 
 static atomic_int captures; /* captures begun and not ended, process-wide */
 
+int shim_cuda_capturing(void)
+{
+	return atomic_load_explicit(&captures, memory_order_relaxed) != 0;
+}
+
 static int cp_mark(const struct shim_pool_stream *k, void **out)
 {
 	CUstream s = (CUstream)(uintptr_t)k->handle;

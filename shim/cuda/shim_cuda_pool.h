@@ -21,4 +21,7 @@ int shim_cuda_pool_graph_pass(uint64_t to, uint64_t from);
 /* The application freed a pointer it imported from another process's pool (cuMemFree_v2). */
 void shim_cuda_pool_forget_import(uint64_t va);
 
+/* Whether a stream capture runs anywhere in the process now (one atomic load). */
+int shim_cuda_capturing(void);
+
 #endif

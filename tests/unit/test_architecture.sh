@@ -2,7 +2,8 @@
 # The rules of docs/architecture.md, checked on the source:
 #  1. the #include "..." graph of shim/ (and of node-agent/, lib/) has no cycle;
 #  2. no folder includes a header from a layer above it (lib <- shim, lib <- node-agent;
-#     shim/core never includes a vendor backend's header except through shim_gpu.h's ops);
+#     shim/core never includes a vendor backend's header except through shim_gpu.h's ops, nor
+#     NCCL's except through shim_comm.h's);
 #  3. a process-state string is compared in one place only (lib/gcr_cr.c, gcr_cr_state);
 #  4. vendor-neutral code never asks which backend it runs on (no "== &shim_cuda_ops").
 set -euo pipefail
@@ -72,6 +73,7 @@ layer_check(('lib', 'include'), ('shim', 'node-agent'), 'lib is below shim and n
 layer_check(('shim',), ('node-agent',), 'the shim does not know the agent')
 layer_check(('node-agent',), ('shim',), 'the agent speaks to the shim only through lib/ and protocol.h')
 layer_check(('shim/core',), ('shim/cuda', 'shim/hip'), 'the core reaches a backend only through shim_gpu_ops')
+layer_check(('shim/core',), ('shim/nccl',), 'the core reaches NCCL only through shim_comm_ops')
 
 # One place compares process states.
 state_word = re.compile(r'"(running|suspending|suspended|resuming|checkpointed|locked|resident|none)"'

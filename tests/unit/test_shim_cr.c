@@ -21,10 +21,16 @@
 static void check_edges(void)
 {
 	static const int allowed[SHIM_CR_NSTATES][SHIM_CR_NSTATES] = {
-		[SHIM_CR_RUNNING] = { [SHIM_CR_SUSPENDING] = 1 },
-		[SHIM_CR_SUSPENDING] = { [SHIM_CR_RUNNING] = 1, [SHIM_CR_SUSPENDED] = 1 },
+		[SHIM_CR_RUNNING] = { [SHIM_CR_SUSPENDING] = 1, [SHIM_CR_FROZEN] = 1 },
+		[SHIM_CR_SUSPENDING] = { [SHIM_CR_RUNNING] = 1, [SHIM_CR_SUSPENDED] = 1, [SHIM_CR_DETACHED] = 1 },
 		[SHIM_CR_SUSPENDED] = { [SHIM_CR_RESUMING] = 1 },
-		[SHIM_CR_RESUMING] = { [SHIM_CR_RUNNING] = 1, [SHIM_CR_SUSPENDED] = 1 },
+		[SHIM_CR_RESUMING] = { [SHIM_CR_RUNNING] = 1, [SHIM_CR_SUSPENDED] = 1, [SHIM_CR_DETACHED] = 1 },
+		/* a member of a group of NCCL processes */
+		[SHIM_CR_FROZEN] = { [SHIM_CR_RUNNING] = 1, [SHIM_CR_DRAINED] = 1 },
+		[SHIM_CR_DRAINED] = { [SHIM_CR_RUNNING] = 1, [SHIM_CR_DETACHED] = 1, [SHIM_CR_FROZEN] = 1 },
+		[SHIM_CR_DETACHED] = { [SHIM_CR_SUSPENDING] = 1, [SHIM_CR_REBUILDING] = 1 },
+		[SHIM_CR_REBUILDING] = { [SHIM_CR_REBUILT] = 1, [SHIM_CR_DETACHED] = 1 },
+		[SHIM_CR_REBUILT] = { [SHIM_CR_RUNNING] = 1, [SHIM_CR_DETACHED] = 1 },
 	};
 	for (int from = 0; from < SHIM_CR_NSTATES; from++)
 		for (int to = 0; to < SHIM_CR_NSTATES; to++) {
@@ -61,6 +67,11 @@ int main(void)
 	CHECK_STR(shim_cr_state_name(SHIM_CR_SUSPENDING), "suspending");
 	CHECK_STR(shim_cr_state_name(SHIM_CR_SUSPENDED), "suspended");
 	CHECK_STR(shim_cr_state_name(SHIM_CR_RESUMING), "resuming");
+	CHECK_STR(shim_cr_state_name(SHIM_CR_FROZEN), "frozen");
+	CHECK_STR(shim_cr_state_name(SHIM_CR_DRAINED), "drained");
+	CHECK_STR(shim_cr_state_name(SHIM_CR_DETACHED), "detached");
+	CHECK_STR(shim_cr_state_name(SHIM_CR_REBUILDING), "rebuilding");
+	CHECK_STR(shim_cr_state_name(SHIM_CR_REBUILT), "rebuilt");
 	CHECK_STR(shim_cr_state_name(SHIM_CR_NSTATES), "unknown");
 	check_edges();
 
