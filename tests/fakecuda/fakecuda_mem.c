@@ -53,6 +53,8 @@ struct fake_phys { /* cuMemCreate */
 	unsigned int refs; /* create + retains - releases; lives while refs or maps */
 	unsigned int maps;
 	void *saved;
+	bool exported; /* its file descriptor was given out (cuMemExportToShareableHandle) */
+	bool imported; /* another process's memory (cuMemImportFromShareableHandle): not charged here */
 };
 
 struct fake_map { /* cuMemMap */
@@ -954,8 +956,11 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 	ph = calloc(1, sizeof(*ph));
 	if (ph == NULL)
 		return fake_leave(CUDA_ERROR_OUT_OF_MEMORY);
-	/* A memfd is sparse: host pages are only used once written. */
-	fd = memfd_create("fakecuda-phys", MFD_CLOEXEC);
+	/* A memfd is sparse: host pages are only used once written. Its name carries the device, so
+	 * a process importing it knows where it lives (fake_import_device). */
+	char name[32];
+	snprintf(name, sizeof(name), "fakecuda-phys-dev%d", prop->location.id);
+	fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
 		if (fd >= 0)
 			close(fd);
@@ -998,7 +1003,8 @@ static void fake_phys_reap(struct fake_phys *ph)
 	}
 	if (ph->fd >= 0)
 		close(ph->fd);
-	fake_discharge(ph->prop.location.id, ph->size);
+	if (!ph->imported)
+		fake_discharge(ph->prop.location.id, ph->size);
 	free(ph->saved);
 	free(ph);
 }
@@ -1058,13 +1064,91 @@ FAKE_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp 
 	return fake_leave(rc);
 }
 
+/* Sharing physical memory between processes, as NCCL does between its ranks: a POSIX file
+ * descriptor of the memfd behind the handle (passed to the peer over a Unix socket), which the
+ * peer imports and maps; both see the same pages. Only handles created with that type
+ * requested can be exported, as on the device. */
 FAKE_EXPORT CUresult cuMemExportToShareableHandle(void *shareable,
 						  CUmemGenericAllocationHandle handle,
 						  CUmemAllocationHandleType type,
 						  unsigned long long flags)
 {
+	struct fake_phys *ph;
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+
 	FAKE_ENTER("cuMemExportToShareableHandle");
-	return fake_leave(CUDA_ERROR_NOT_SUPPORTED);
+	if (shareable == NULL || flags != 0)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return fake_leave(CUDA_ERROR_NOT_SUPPORTED);
+	fake_lock();
+	ph = fake_phys_find(handle);
+	if (ph != NULL && ph->fd >= 0 &&
+	    (ph->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) {
+		int fd = fcntl(ph->fd, F_DUPFD_CLOEXEC, 0);
+		rc = fd >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+		if (fd >= 0) {
+			*(int *)shareable = fd;
+			ph->exported = true;
+		}
+	}
+	fake_unlock();
+	return fake_leave(rc);
+}
+
+/* The device of an exported memfd, from its name ("/memfd:fakecuda-phys-devN (deleted)"). */
+static int fake_import_device(int fd)
+{
+	char link[64], target[128];
+	int dev = -1;
+	ssize_t n;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, target, sizeof(target) - 1);
+	if (n <= 0)
+		return -1;
+	target[n] = '\0';
+	const char *p = strstr(target, "fakecuda-phys-dev");
+	if (p == NULL || sscanf(p, "fakecuda-phys-dev%d", &dev) != 1 || dev < 0 || dev >= fake_device_count())
+		return -1;
+	return dev;
+}
+
+FAKE_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+						    CUmemAllocationHandleType type)
+{
+	struct fake_phys *ph;
+	struct stat st;
+	int fd = (int)(intptr_t)osHandle, dev;
+
+	FAKE_ENTER("cuMemImportFromShareableHandle");
+	if (handle == NULL || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	dev = fake_import_device(fd);
+	if (dev < 0 || fstat(fd, &st) != 0 || st.st_size <= 0 || (size_t)st.st_size % FAKE_GRANULARITY)
+		return fake_leave(CUDA_ERROR_INVALID_VALUE);
+	ph = calloc(1, sizeof(*ph));
+	if (ph == NULL)
+		return fake_leave(CUDA_ERROR_OUT_OF_MEMORY);
+	ph->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (ph->fd < 0) {
+		free(ph);
+		return fake_leave(CUDA_ERROR_OUT_OF_MEMORY);
+	}
+	ph->size = (size_t)st.st_size;
+	ph->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	ph->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	ph->prop.location.id = dev;
+	ph->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	ph->refs = 1;
+	ph->imported = true;
+	fake_lock();
+	ph->id = fake_next_id++;
+	ph->next = fake_physs;
+	fake_physs = ph;
+	*handle = ph->id;
+	fake_unlock();
+	return fake_leave(CUDA_SUCCESS);
 }
 
 FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
@@ -1248,6 +1332,11 @@ CUresult fake_mem_checkpoint(void)
 	for (a = fake_allocs; a != NULL; a = a->next)
 		if (a->kind == FAKE_ALLOC_MANAGED)
 			rc = CUDA_ERROR_NOT_SUPPORTED; /* as the driver: no checkpoint of UVM */
+	/* Memory shared with another process: a copy restored here would no longer be shared (the
+	 * stand-in refuses rather than break the peer). */
+	for (ph = fake_physs; ph != NULL; ph = ph->next)
+		if (ph->exported || ph->imported)
+			rc = CUDA_ERROR_NOT_SUPPORTED;
 	/* Take all host memory first, so nothing is released unless everything can be saved. */
 	for (a = fake_allocs; rc == CUDA_SUCCESS && a != NULL; a = a->next)
 		if (fake_is_device_kind(a->kind) && (a->saved = malloc(a->size)) == NULL)
@@ -1333,7 +1422,9 @@ CUresult fake_mem_restore(void)
 	}
 	charged = rc == CUDA_SUCCESS;
 	for (ph = fake_physs; rc == CUDA_SUCCESS && ph != NULL; ph = ph->next) {
-		ph->fd = memfd_create("fakecuda-phys", MFD_CLOEXEC);
+		char name[32];
+		snprintf(name, sizeof(name), "fakecuda-phys-dev%d", ph->prop.location.id);
+		ph->fd = memfd_create(name, MFD_CLOEXEC);
 		if (ph->fd < 0 || ftruncate(ph->fd, (off_t)ph->size) != 0 || fake_phys_copy(ph, false) != 0)
 			rc = CUDA_ERROR_OUT_OF_MEMORY;
 	}

@@ -89,6 +89,7 @@ static const struct fake_proc fake_procs[] = {
 	FAKE_P("cuMemGetAllocationPropertiesFromHandle", 10020, cuMemGetAllocationPropertiesFromHandle),
 	FAKE_P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
 	FAKE_P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+	FAKE_P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
 	FAKE_PT("cuMemcpy", 4000, cuMemcpy, cuMemcpy_ptds),
 	FAKE_PT("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz),
 	FAKE_PT("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds),

@@ -17,6 +17,15 @@ tests_progs_gcr_poolprog_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_progs_gcr_poolprog_LDADD = -L$(top_builddir)/tests/fakecuda -l:libcuda.so.1 -lpthread -ldl
 EXTRA_tests_progs_gcr_poolprog_DEPENDENCIES = $(FAKECUDA_LIB)
 
+# gcr-ncclprog: one rank of a group all-reducing every step through NCCL (the stand-in here;
+# LD_LIBRARY_PATH picks the real libnccl.so.2 on a GPU host).
+noinst_PROGRAMS += tests/progs/gcr-ncclprog
+tests_progs_gcr_ncclprog_SOURCES = tests/progs/gcr_ncclprog.c
+tests_progs_gcr_ncclprog_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -I$(srcdir)/shim/nccl
+tests_progs_gcr_ncclprog_LDADD = -L$(top_builddir)/tests/fakenccl -l:libnccl.so.2 \
+	-L$(top_builddir)/tests/fakecuda -l:libcuda.so.1 -ldl
+EXTRA_tests_progs_gcr_ncclprog_DEPENDENCIES = $(FAKENCCL_LIB) $(FAKECUDA_LIB)
+
 # nvcc -fatbin -arch=sm_90 -o gcr_kernels.fatbin tests/progs/gcr_kernels.cu
 EXTRA_DIST += tests/progs/gcr_kernels.cu
 
