@@ -16,6 +16,7 @@
 #include "gcr_client.h"
 #include "gcr_criu.h"
 #include "gcr_driver.h"
+#include "gcr_groupmsg.h"
 #include "gcr_log.h"
 #include "gcr_nvml.h"
 #include "gcr_shimreply.h"
@@ -334,12 +335,19 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
 		if (rc < 0)
 			goto out;
-		if (shim_st(status) != GCR_SHIMREPLY_ST_RUNNING) {
-			rc = gcr_err_set(err, -EALREADY, "process %d is already suspended (shim state %s)",
-					 (int)pid, shim_state(status));
+		enum gcr_shimreply_st st = shim_st(status);
+		int ready = o->group ? st == GCR_SHIMREPLY_ST_DRAINED || st == GCR_SHIMREPLY_ST_DETACHED
+				     : st == GCR_SHIMREPLY_ST_RUNNING;
+		if (!ready) {
+			rc = gcr_err_set(err, -EALREADY, "process %d is %s (shim state %s)", (int)pid,
+					 o->group ? "not a drained group member" : "already suspended", shim_state(status));
 			goto out;
 		}
 		hip = is_hip(pid, status);
+		if (hip && o->group) {
+			rc = gcr_err_set(err, -ENOTSUP, "process %d: groups of HIP processes are not supported", (int)pid);
+			goto out;
+		}
 	}
 	if (hip)
 		return hip_suspend(pid, o, &c, r, err, status);
@@ -361,6 +369,8 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 			json_object_set_new(args, "image", json_string(o->image_dir));
 		else if (o->wake)
 			json_object_set_new(args, "wake", json_true());
+		else if (o->group)
+			json_object_set_new(args, "group", json_true());
 		/* To an image the copies go at the disk's speed: minutes for the largest GPUs. */
 		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args, o->image_dir != NULL ? IMAGE_CALL_MS : SHIM_CALL_MS,
 				     &r->shim, err);
@@ -427,6 +437,28 @@ out:
 	return rc;
 }
 
+/* A resume of one member of a group whose communicators were torn down would leave it waiting
+ * for peers that nobody brings back: refused before the driver's restore, the group resumes as
+ * one. A status without communicators (older shims, no NCCL) is not a member. */
+static int refuse_member(struct gcr_client *c, struct gcr_err *err)
+{
+	json_t *status = NULL;
+	struct gcr_err e;
+	if (gcr_client_call(c, GCR_OP_STATUS_ID, NULL, 10000, &status, &e) < 0)
+		return 0; /* the resume below reads it again and says why */
+	struct gcr_group_comms *comms = malloc(sizeof(*comms));
+	int rc = 0;
+	if (comms != NULL && gcr_shimreply_comms(status, comms, &e) == 0)
+		for (size_t i = 0; i < comms->n && rc == 0; i++)
+			if (comms->c[i].state == GCR_GROUP_COMM_DOWN)
+				rc = gcr_err_set(err, -EXDEV, "process %d is a member of an NCCL group whose communicators "
+						 "are torn down; resume the group: gcrctl resume --group PID,... "
+						 "(nothing touched, process still suspended)", (int)c->pid);
+	free(comms);
+	json_decref(status);
+	return rc;
+}
+
 int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err)
 {
 	memset(r, 0, sizeof(*r));
@@ -448,6 +480,8 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		rc = gcr_client_open(&c, o->socket_dir, pid, err);
 		if (rc < 0)
+			goto out;
+		if (!o->group && (rc = refuse_member(&c, err)) < 0)
 			goto out;
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {

@@ -44,6 +44,10 @@ struct gcr_cr_opts {
 	/* Suspend: the node agent's overcommit suspend ("wake" to the shim: the process's next call
 	 * tells the agent). Not with image_dir. */
 	int wake;
+	/* A member of a group of NCCL processes driven by lib/gcr_group.c: suspend takes it drained
+	 * (its communicators are torn down first, "group" to the shim); resume leaves it detached for
+	 * its group's rebuild. Without it, a member is refused (-EXDEV) before anything is touched. */
+	int group;
 };
 
 /* Bytes the driver's restore gets beyond what NVML showed the process holding before its
@@ -72,7 +76,9 @@ void gcr_cr_result_clear(struct gcr_cr_result *r);
 /* 0 or -errno. After a failure the process is running (suspend) or still
  * suspended and resumable (resume); err says which step failed and why. Resume answers
  * -ENOSPC, before touching anything, when a GPU lacks the room the driver's restore needs
- * (retry later), and -ENOTSUP when that cannot be checked (no NVML, no need recorded). */
+ * (retry later), and -ENOTSUP when that cannot be checked (no NVML, no need recorded).
+ * -EXDEV: the process is a member of a group of NCCL processes (its shim holds communicators):
+ * nothing touched; lib/gcr_group.c suspends and resumes the whole group. */
 int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 

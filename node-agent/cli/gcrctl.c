@@ -13,6 +13,7 @@
 #include "gcr_client.h"
 #include "gcr_cr.h"
 #include "gcr_criu.h"
+#include "gcr_group.h"
 #include "gcr_imgcr.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
@@ -29,7 +30,14 @@ static void usage(FILE *f)
 		"  suspend --image DIR PID                   the same with the GPU data written to DIR/gpu (DIR\n"
 		"                                             as the process sees it), ready for a container\n"
 		"                                             runtime's checkpoint (docs/images.md)\n"
+		"  suspend --group PID,PID,... [--driver-only|--no-driver]  a group of processes that\n"
+		"                                             communicate through NCCL, as one operation:\n"
+		"                                             held at matching counts, communicators torn\n"
+		"                                             down, every member's data and driver state out\n"
+		"                                             at once; a failure brings every member back\n"
 		"  resume  [--driver-only|--no-driver] PID   back on the GPU at the same addresses\n"
+		"  resume --group PID,PID,...                 the group back: every member's driver state and\n"
+		"                                             data, then the communicators made again\n"
 		"  resume --image DIR PID                    after a container runtime's restore (or a suspend\n"
 		"                                             --image): the GPU data from DIR/gpu (DIR as the\n"
 		"                                             process sees it), then resume\n"
@@ -62,7 +70,9 @@ static void usage(FILE *f)
 		"checking it is free (an out-of-memory driver restore loses the process; see docs/design.md).\n"
 		"A resume refused for want of GPU memory exits with status 3: the process is still\n"
 		"suspended; retry when the GPU has room.\n"
-		"scale ranks by the shim's call counters: their growth over --sample-ms (default 0: their totals).\n",
+		"scale ranks by the shim's call counters: their growth over --sample-ms (default 0: their totals).\n"
+		"scale --replicas 0|1 --group PID,... suspends or resumes the group as one replica.\n"
+		"--timeout-ms bounds each step of a group operation (all members at once), default 30000.\n",
 		GCR_SOCKET_DIR_ENV, GCR_DEFAULT_SOCKET_DIR);
 }
 
@@ -97,12 +107,30 @@ static int fail(const char *op, pid_t pid, const struct gcr_err *err)
 	return err->code == -ENOSPC ? 3 : 1; /* 3: no room on the GPU yet, still suspended: retry */
 }
 
+/* A member of an NCCL group alone was refused: a second line names the group's processes (those
+ * whose shims share a communicator with it) and the command that suspends them together. */
+static void group_hint(const char *op, pid_t pid, const struct gcr_cr_opts *o, struct gcr_err *err)
+{
+	pid_t peers[GCR_GROUP_MAX_MEMBERS];
+	size_t n = 0;
+	struct gcr_err e;
+	(void)err;
+	if (gcr_group_find(o->socket_dir, pid, peers, GCR_GROUP_MAX_MEMBERS, &n, &e) < 0 || n == 0)
+		return;
+	fprintf(stderr, "gcrctl: %s %d: its NCCL group here: gcrctl %s --group ", op, (int)pid, op);
+	for (size_t i = 0; i < n; i++)
+		fprintf(stderr, "%s%d", i ? "," : "", (int)peers[i]);
+	fprintf(stderr, "\n");
+}
+
 static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 {
 	struct gcr_cr_result r;
 	struct gcr_err err = { 0 };
 	int resume = strcmp(op, "resume") == 0;
 	int rc = resume ? gcr_cr_resume(pid, o, &r, &err) : gcr_cr_suspend(pid, o, &r, &err);
+	if (rc == -EXDEV)
+		group_hint(op, pid, o, &err);
 	if (rc < 0) {
 		gcr_cr_result_clear(&r);
 		return fail(op, pid, &err);
@@ -129,6 +157,80 @@ static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 	json_decref(j);
 	gcr_cr_result_clear(&r);
 	return 0;
+}
+
+/* Parses "PID,PID,..." (outside input: a command line): 1 .. GCR_GROUP_MAX_MEMBERS pids. */
+static int parse_group(const char *s, pid_t *pids, size_t *n)
+{
+	char buf[GCR_GROUP_MAX_MEMBERS * 12];
+	*n = 0;
+	if (strlen(s) >= sizeof(buf))
+		return -EINVAL;
+	snprintf(buf, sizeof(buf), "%s", s);
+	for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+		if (*n == GCR_GROUP_MAX_MEMBERS || parse_pid(tok, &pids[*n]) < 0)
+			return -EINVAL;
+		(*n)++;
+	}
+	return *n > 0 ? 0 : -EINVAL;
+}
+
+/* suspend/resume --group: lib/gcr_group's operation over every member at once. */
+static int do_group(const char *op, const pid_t *pids, size_t n, const struct gcr_cr_opts *o)
+{
+	struct gcr_group_opts go = { .socket_dir = o->socket_dir, .mode = o->mode, .timeout_ms = o->timeout_ms,
+				     .unchecked = o->unchecked };
+	struct gcr_group_result *r = calloc(1, sizeof(*r));
+	struct gcr_err err = { 0 };
+	if (r == NULL) {
+		fprintf(stderr, "gcrctl: out of memory\n");
+		return 1;
+	}
+	int resume = strcmp(op, "resume") == 0;
+	int rc = resume ? gcr_group_resume(pids, n, &go, r, &err) : gcr_group_suspend(pids, n, &go, r, &err);
+	json_t *members = json_array();
+	for (size_t i = 0; i < r->n; i++) {
+		const struct gcr_group_member *m = &r->m[i];
+		json_t *j = json_pack("{s:i, s:b, s:s, s:i, s:b, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, s:{s:I, s:I}}",
+				      "pid", (int)m->pid, "ok", m->rc == 0, "state", m->state, "comms", m->comms, "gone",
+				      m->gone, "ms", "freeze", m->ms_freeze, "drain", m->ms_drain, "cr", m->ms_cr, "data",
+				      m->cr.ms_data, "driver",
+				      resume ? m->cr.ms_restore + m->cr.ms_unlock : m->cr.ms_lock + m->cr.ms_checkpoint,
+				      "ids", m->ms_ids, "rebuild", m->ms_rebuild, "thaw", m->ms_thaw, "bytes", "moved",
+				      (json_int_t)m->cr.bytes_moved, "total", (json_int_t)m->cr.bytes_total);
+		if (m->rc < 0)
+			json_object_set_new(j, "error", json_sprintf("%s: %s", m->step ? m->step : "?", m->err.msg));
+		json_array_append_new(members, j);
+	}
+	json_t *pj = json_array();
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(pj, json_integer(pids[i]));
+	json_t *j = json_pack("{s:s, s:o, s:b, s:s, s:i, s:i, s:b, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f}, s:{s:I, s:I}, s:o}",
+			      "op", op, "group", pj, "ok", rc == 0, "mode", gcr_cr_mode_name(o->mode), "comms", r->comms,
+			      "failed_comms", r->failed_comms, "rolled_back", r->rolled_back, "ms", "total", r->ms_total,
+			      "freeze", r->ms_freeze, "drain", r->ms_drain, "cr", r->ms_cr, "ids", r->ms_ids, "rebuild",
+			      r->ms_rebuild, "thaw", r->ms_thaw, "bytes", "moved", (json_int_t)r->bytes_moved, "total",
+			      (json_int_t)r->bytes_total, "members", members);
+	if (rc < 0) {
+		json_object_set_new(j, "error", json_string(err.msg));
+		json_object_set_new(j, "code", json_integer(err.code));
+	}
+	if (json_out)
+		print_json(j);
+	else if (rc == 0)
+		printf("%s group of %zu: ok in %.1f ms (%s%.1f ms), %d communicators, %.1f of %.1f MiB moved by the shims\n",
+		       op, n, r->ms_total, resume ? "resume " : "freeze ", resume ? r->ms_cr : r->ms_freeze,
+		       r->comms, (double)r->bytes_moved / 1048576.0, (double)r->bytes_total / 1048576.0);
+	if (!json_out && rc == 0)
+		printf("  steps: %s %.1f ms, %s %.1f ms, %s %.1f ms, %s %.1f ms\n", resume ? "resume" : "freeze",
+		       resume ? r->ms_cr : r->ms_freeze, resume ? "ids" : "drain", resume ? r->ms_ids : r->ms_drain,
+		       resume ? "rebuild" : "suspend", resume ? r->ms_rebuild : r->ms_cr, "thaw", r->ms_thaw);
+	json_decref(j);
+	if (rc < 0)
+		fprintf(stderr, "gcrctl: %s --group: %s\n", op, err.msg);
+	gcr_group_result_clear(r);
+	free(r);
+	return rc == -ENOSPC ? 3 : rc < 0 ? 1 : 0;
 }
 
 /* One line for a status object: "pid N: STATE (shim STATE, driver STATE)[, sizes]", the first
@@ -415,14 +517,16 @@ int main(int argc, char **argv)
 		{ "image", required_argument, NULL, 'i' }, { "leave-running", no_argument, NULL, 'L' },
 		{ "verify-first", no_argument, NULL, 'F' }, { "container", no_argument, NULL, 'C' },
 		{ "gpu-pair", required_argument, NULL, 'P' },
+		{ "group", required_argument, NULL, 'G' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int ch, replicas = -1, sample_ms = 0, leave_running = 0, verify_first = 0, container = 0;
-	const char *image = NULL;
+	const char *image = NULL, *group = NULL;
 	/* GNU getopt permutes, so options may also follow the command. */
 	static struct gcr_gpu_pair pairs[GCR_DRIVER_MAX_PAIRS];
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LFCP:", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LFCP:G:", opts, NULL)) != -1) {
 		switch (ch) {
+		case 'G': group = optarg; break;
 		case 's': o.socket_dir = optarg; break;
 		case 'I': o.images_dir = optarg; break;
 		case 'j': json_out = 1; break;
@@ -480,6 +584,36 @@ int main(int argc, char **argv)
 	}
 	const char *cmd = argv[optind];
 	pid_t pid = 0;
+	if (group != NULL) {
+		static pid_t gpids[GCR_GROUP_MAX_MEMBERS];
+		size_t ng = 0;
+		int is_scale = strcmp(cmd, "scale") == 0;
+		if (strcmp(cmd, "suspend") != 0 && strcmp(cmd, "resume") != 0 && !is_scale) {
+			fprintf(stderr, "gcrctl: --group goes with suspend, resume or scale\n");
+			return 2;
+		}
+		if (parse_group(group, gpids, &ng) < 0 || optind + 1 != argc || image != NULL) {
+			fprintf(stderr, "gcrctl: --group needs PID,PID,... (1 .. %d pids) and no PID after the command\n",
+				GCR_GROUP_MAX_MEMBERS);
+			return 2;
+		}
+		if (is_scale && replicas != 0 && replicas != 1) {
+			fprintf(stderr, "gcrctl: scale --group takes --replicas 0 or 1 (the group is one replica)\n");
+			return 2;
+		}
+		if (is_scale) {
+			/* One replica: suspended unless it must be resident; nothing to do when it already is. */
+			struct gcr_cr_proc_state ps;
+			struct gcr_err se;
+			int resident = gcr_cr_state(gpids[0], &o, &ps, &se) == 0 && ps.state == GCR_CR_ST_RUNNING;
+			if (resident == (replicas == 1)) {
+				printf("scale to %d: nothing to do\n", replicas);
+				return 0;
+			}
+			return do_group(replicas == 0 ? "suspend" : "resume", gpids, ng, &o);
+		}
+		return do_group(cmd, gpids, ng, &o);
+	}
 	if (strcmp(cmd, "scale") == 0) {
 		int n = argc - optind - 1;
 		pid_t *pids = n > 0 ? calloc((size_t)n, sizeof(*pids)) : NULL;

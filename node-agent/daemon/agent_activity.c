@@ -14,7 +14,6 @@
 #include "gcr_scale.h"
 
 /* Per pod below: [recent calls, last active, [processes per state]], one slot per state. */
-_Static_assert(GCR_SHIMREPLY_ST_N == 5, "the per-pod state array of agent_activity_note has 5 slots");
 
 struct agent_activity {
 	struct agent_registry *reg;
@@ -121,7 +120,10 @@ char *agent_activity_note(void *data)
 		/* A pod's states: how many of its processes are in each (the node's truth). */
 		json_t *pp = json_object_get(per_pod, procs[i].pod_uid);
 		if (pp == NULL) {
-			pp = json_pack("[I, f, [i, i, i, i, i]]", (json_int_t)recent, last, 0, 0, 0, 0, 0);
+			json_t *zeros = json_array();
+			for (int k = 0; zeros != NULL && k < GCR_SHIMREPLY_ST_N; k++)
+				json_array_append_new(zeros, json_integer(0));
+			pp = json_pack("[I, f, o]", (json_int_t)recent, last, zeros);
 			json_object_set_new(per_pod, procs[i].pod_uid, pp);
 		} else {
 			double pl = json_real_value(json_array_get(pp, 1));

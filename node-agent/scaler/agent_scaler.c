@@ -316,9 +316,12 @@ static int node_state(const struct agent_scalemsg_activity *a, int *partial)
 		total += a->procs[i];
 	if (!a->have_states || total == 0 || a->procs[GCR_SHIMREPLY_ST_UNKNOWN] > 0)
 		return -1;
-	if (a->procs[GCR_SHIMREPLY_ST_SUSPENDING] > 0)
+	/* A group member between steps of its group's operation counts as that operation. */
+	if (a->procs[GCR_SHIMREPLY_ST_SUSPENDING] > 0 || a->procs[GCR_SHIMREPLY_ST_FROZEN] > 0 ||
+	    a->procs[GCR_SHIMREPLY_ST_DRAINED] > 0)
 		return GCR_SCALE_SUSPENDING;
-	if (a->procs[GCR_SHIMREPLY_ST_RESUMING] > 0)
+	if (a->procs[GCR_SHIMREPLY_ST_RESUMING] > 0 || a->procs[GCR_SHIMREPLY_ST_DETACHED] > 0 ||
+	    a->procs[GCR_SHIMREPLY_ST_REBUILDING] > 0 || a->procs[GCR_SHIMREPLY_ST_REBUILT] > 0)
 		return GCR_SCALE_RESUMING;
 	if (a->procs[GCR_SHIMREPLY_ST_RUNNING] == total)
 		return GCR_SCALE_RESIDENT;

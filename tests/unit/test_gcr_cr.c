@@ -55,6 +55,13 @@ static const struct row rows[] = {
 	{ GCR_CR_DRIVER_ONLY, GCR_SHIMREPLY_ST_SUSPENDING, "PPPPPPP" },
 	{ GCR_CR_DRIVER_ONLY, GCR_SHIMREPLY_ST_RESUMING, "PPPPPPP" },
 	{ GCR_CR_DRIVER_ONLY, GCR_SHIMREPLY_ST_UNKNOWN, "PPPPPPP" },
+	/* A member of an NCCL group between the steps of its group's operation: never taken as
+	 * running or suspended (gcrctl resume --group finishes it). */
+#define GROUP_ROWS(st) { GCR_CR_FULL, st, "PPPPPPP" }, { GCR_CR_DATA_ONLY, st, "PPPPPPP" }, \
+		       { GCR_CR_DRIVER_ONLY, st, "PPPPPPP" },
+	GROUP_ROWS(GCR_SHIMREPLY_ST_FROZEN) GROUP_ROWS(GCR_SHIMREPLY_ST_DRAINED) GROUP_ROWS(GCR_SHIMREPLY_ST_DETACHED)
+	GROUP_ROWS(GCR_SHIMREPLY_ST_REBUILDING) GROUP_ROWS(GCR_SHIMREPLY_ST_REBUILT)
+#undef GROUP_ROWS
 };
 
 static enum gcr_cr_st st_of_letter(char c)
