@@ -26,12 +26,14 @@
 #include "gcr_time.h"
 
 /* A reply comes within the shim's own bound plus this (ms): the reply itself, the poll loop. */
-#define REPLY_SLACK_MS 5000
+#define REPLY_SLACK_MS 2000
+/* A status answers in microseconds; at most this, and never more than the operation's bound. */
 #define STATUS_MS 10000
 
 struct member {
 	struct gcr_client c; /* the coordinator's connection: the member's hold ends with it */
 	int open;
+	int hung; /* a request to it timed out: not asked again in this operation */
 	int active; /* takes part in the step being run */
 	enum gcr_shimreply_st st;
 	struct gcr_group_comms comms;
@@ -175,6 +177,7 @@ static int call(struct grp *g, size_t i, enum gcr_op op, json_t *args, int timeo
 	if (rc == -ETIMEDOUT || rc == -EPIPE || rc == -ECONNRESET || rc == -EIO || rc == -ENOTCONN || rc == -EPROTO) {
 		gcr_client_close(&mm->c);
 		mm->open = 0;
+		mm->hung |= rc == -ETIMEDOUT;
 	}
 	return rc;
 }
@@ -198,10 +201,15 @@ static void note_comms(struct grp *g, size_t i, json_t *reply)
 	g->r->m[i].comms = (int)g->mm[i].comms.n;
 }
 
+static int status_ms(const struct grp *g)
+{
+	return g->o->timeout_ms < STATUS_MS ? g->o->timeout_ms : STATUS_MS;
+}
+
 static int st_status(struct grp *g, size_t i, struct gcr_err *err)
 {
 	json_t *reply = NULL;
-	int rc = call(g, i, GCR_OP_STATUS_ID, NULL, STATUS_MS, &reply, err);
+	int rc = call(g, i, GCR_OP_STATUS_ID, NULL, status_ms(g), &reply, err);
 	if (rc == 0) {
 		note_state(g, i, reply);
 		note_comms(g, i, reply);
@@ -383,7 +391,7 @@ static int drain_loop(struct grp *g, struct gcr_err *err)
 static int st_thaw(struct grp *g, size_t i, struct gcr_err *err)
 {
 	json_t *reply = NULL;
-	int rc = call(g, i, GCR_OP_THAW_ID, NULL, STATUS_MS, &reply, err);
+	int rc = call(g, i, GCR_OP_THAW_ID, NULL, status_ms(g), &reply, err);
 	if (rc == 0)
 		note_state(g, i, reply);
 	json_decref(reply);
@@ -403,7 +411,7 @@ static int st_detach(struct grp *g, size_t i, struct gcr_err *err)
 static int st_ids(struct grp *g, size_t i, struct gcr_err *err)
 {
 	json_t *reply = NULL, *args = json_pack("{s:o}", "keys", gcr_groupmsg_keys_json(&g->mm[i].keys));
-	int rc = call(g, i, GCR_OP_IDS_ID, args, STATUS_MS, &reply, err);
+	int rc = call(g, i, GCR_OP_IDS_ID, args, status_ms(g) + REPLY_SLACK_MS, &reply, err);
 	struct gcr_group_ids *got = rc == 0 ? malloc(sizeof(*got)) : NULL;
 	struct gcr_err e;
 	if (rc == 0 && got == NULL)
@@ -629,7 +637,7 @@ static int pick_ids(struct grp *g, size_t i)
 static void refresh(struct grp *g)
 {
 	for (size_t i = 0; i < g->n; i++) {
-		if (!g->mm[i].open && !g->r->m[i].gone && !proc_gone(g->r->m[i].pid)) {
+		if (!g->mm[i].open && !g->mm[i].hung && !g->r->m[i].gone && !proc_gone(g->r->m[i].pid)) {
 			struct gcr_err e;
 			g->mm[i].open = gcr_client_open(&g->mm[i].c, g->o->socket_dir, g->r->m[i].pid, &e) == 0;
 		}

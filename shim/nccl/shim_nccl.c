@@ -89,6 +89,28 @@ static const char *object_of(const void *addr)
 	return di.dli_fname;
 }
 
+static __thread const void *first_caller;
+
+void shim_nccl_note_caller(const void *caller)
+{
+	if (atomic_load_explicit(&nccl_handle, memory_order_acquire) == NULL)
+		first_caller = caller;
+}
+
+/* A handle on the object holding addr whose local scope defines NCCL's names (not the shim's). */
+static void *caller_scope(const void *addr)
+{
+	const char *path = object_of(addr);
+	void *h = path != NULL ? dlopen(path, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+	void *fn = h != NULL ? shim_real_dlsym(h, "ncclCommInitRank") : NULL;
+	if (fn == NULL || object_of(fn) == NULL) {
+		if (h != NULL)
+			dlclose(h);
+		return NULL;
+	}
+	return h;
+}
+
 static int find_loaded(struct dl_phdr_info *info, size_t size, void *data)
 {
 	(void)size;
@@ -117,6 +139,8 @@ int shim_nccl_load(const void *hint)
 		h = dlopen("libnccl.so.2", RTLD_LAZY | RTLD_NOLOAD);
 	if (h == NULL)
 		dl_iterate_phdr(find_loaded, &h);
+	if (h == NULL && first_caller != NULL)
+		h = caller_scope(first_caller);
 	if (h == NULL) {
 		rc = -ENOENT;
 		goto out;

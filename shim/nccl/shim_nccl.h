@@ -40,9 +40,13 @@ extern struct shim_nccl_lib shim_nccl_lib;
 
 /* Finds the NCCL the application loaded (the object holding hint, else libnccl.so.2 already
  * loaded, else any loaded object named libnccl.so*: PyTorch loads it under an RTLD_LOCAL
- * dlopen, where dlsym(RTLD_NEXT) cannot see it) and fills the table; never loads one. 0 or
- * -ENOENT. */
+ * dlopen, where dlsym(RTLD_NEXT) cannot see it; else the object that called the first wrapper,
+ * for a library that carries NCCL inside it and calls its own exported names) and fills the
+ * table; never loads one. 0 or -ENOENT. */
 int shim_nccl_load(const void *hint);
+/* Every exported wrapper notes its caller first, for that last case (one load once loaded). */
+void shim_nccl_note_caller(const void *caller);
+#define SHIM_NCCL_NOTE_CALLER() shim_nccl_note_caller(__builtin_return_address(0))
 /* The real function behind a hook (loading on first use), NULL when there is none. */
 void *shim_nccl_real(unsigned id, int variant);
 #define SHIM_NCCL_REAL(sym, v) ((__typeof__(&sym))shim_nccl_real(SHIM_NCCL_HOOK_##sym, (v)))

@@ -27,6 +27,7 @@ SHIM_NCCL_COLL_LIST SHIM_NCCL_USE_LIST SHIM_NCCL_CUSTOM_LIST
 /* ---- generated: map "comm", wait for admission, call the real function of the same name ---- */
 #define SHIM_NCCL_BODY(sym, v, kind, strm, args)                                                  \
 	{                                                                                        \
+		SHIM_NCCL_NOTE_CALLER();                                                         \
 		struct shim_nccl_call call_;                                                     \
 		ncclResult_t r_ = shim_nccl_enter(&call_, SHIM_NCCL_HOOK_##sym, (v), comm, (strm), (kind)); \
 		if (r_ != ncclSuccess)                                                           \
@@ -140,22 +141,26 @@ static ncclResult_t init_one(unsigned id, int v, ncclComm_t *comm, int nranks, c
 SHIM_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
 						ncclConfig_t *config)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return init_one(SHIM_NCCL_HOOK_ncclCommInitRankConfig, 0, comm, nranks, &commId, 1, rank, config, 1);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
 						 ncclConfig_t *config)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return init_one(SHIM_NCCL_HOOK_ncclCommInitRankConfig, 1, comm, nranks, &commId, 1, rank, config, 1);
 }
 
 SHIM_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return init_one(SHIM_NCCL_HOOK_ncclCommInitRank, 0, comm, nranks, &commId, 1, rank, NULL, 0);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return init_one(SHIM_NCCL_HOOK_ncclCommInitRank, 1, comm, nranks, &commId, 1, rank, NULL, 0);
 }
 
@@ -172,12 +177,14 @@ static ncclResult_t init_scalable(int v, ncclComm_t *newcomm, int nranks, int my
 SHIM_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
 						  ncclUniqueId *commIds, ncclConfig_t *config)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return init_scalable(0, newcomm, nranks, myrank, nId, commIds, config);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
 						   ncclUniqueId *commIds, ncclConfig_t *config)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return init_scalable(1, newcomm, nranks, myrank, nId, commIds, config);
 }
 
@@ -222,11 +229,13 @@ static ncclResult_t init_all(int v, ncclComm_t *comm, int ndev, const int *devli
 
 SHIM_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return init_all(0, comm, ndev, devlist);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return init_all(1, comm, ndev, devlist);
 }
 
@@ -283,17 +292,20 @@ static ncclResult_t split(int v, unsigned id, ncclComm_t comm, int color, int ke
 
 SHIM_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return split(0, SHIM_NCCL_HOOK_ncclCommSplit, comm, color, key, newcomm, config, NULL, 0, 0);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return split(1, SHIM_NCCL_HOOK_ncclCommSplit, comm, color, key, newcomm, config, NULL, 0, 0);
 }
 
 SHIM_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
 					ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return split(0, SHIM_NCCL_HOOK_ncclCommShrink, comm, 0, 0, newcomm, config, excludeRanksList,
 		     excludeRanksCount, shrinkFlags);
 }
@@ -301,6 +313,7 @@ SHIM_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, 
 SHIM_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
 					 ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return split(1, SHIM_NCCL_HOOK_ncclCommShrink, comm, 0, 0, newcomm, config, excludeRanksList,
 		     excludeRanksCount, shrinkFlags);
 }
@@ -337,12 +350,14 @@ static ncclResult_t grow(int v, ncclComm_t comm, int nRanks, const ncclUniqueId 
 SHIM_EXPORT ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
 				      ncclComm_t *newcomm, ncclConfig_t *config)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return grow(0, comm, nRanks, uniqueId, rank, newcomm, config);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
 				       ncclComm_t *newcomm, ncclConfig_t *config)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return grow(1, comm, nRanks, uniqueId, rank, newcomm, config);
 }
 
@@ -382,21 +397,25 @@ static ncclResult_t destroy(unsigned id, int v, ncclComm_t comm)
 
 SHIM_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return destroy(SHIM_NCCL_HOOK_ncclCommDestroy, 0, comm);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return destroy(SHIM_NCCL_HOOK_ncclCommDestroy, 1, comm);
 }
 
 SHIM_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return destroy(SHIM_NCCL_HOOK_ncclCommAbort, 0, comm);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return destroy(SHIM_NCCL_HOOK_ncclCommAbort, 1, comm);
 }
 
@@ -417,11 +436,13 @@ static ncclResult_t comm_revoke(int v, ncclComm_t comm, int flags)
 
 SHIM_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return comm_revoke(0, comm, revokeFlags);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return comm_revoke(1, comm, revokeFlags);
 }
 
@@ -480,11 +501,13 @@ static ncclResult_t get_async_error(int v, ncclComm_t comm, ncclResult_t *asyncE
 
 SHIM_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return get_async_error(0, comm, asyncError);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return get_async_error(1, comm, asyncError);
 }
 
@@ -503,11 +526,13 @@ static const char *last_error(int v, ncclComm_t comm)
 
 SHIM_EXPORT const char *ncclGetLastError(ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return last_error(0, comm);
 }
 
 SHIM_EXPORT const char *pncclGetLastError(ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return last_error(1, comm);
 }
 
@@ -545,31 +570,37 @@ static ncclResult_t describe_one(unsigned id, int v, const ncclComm_t comm, int 
 
 SHIM_EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return describe_one(SHIM_NCCL_HOOK_ncclCommCount, 0, comm, count, COUNT);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int *count)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return describe_one(SHIM_NCCL_HOOK_ncclCommCount, 1, comm, count, COUNT);
 }
 
 SHIM_EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return describe_one(SHIM_NCCL_HOOK_ncclCommUserRank, 0, comm, rank, RANK);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int *rank)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return describe_one(SHIM_NCCL_HOOK_ncclCommUserRank, 1, comm, rank, RANK);
 }
 
 SHIM_EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return describe_one(SHIM_NCCL_HOOK_ncclCommCuDevice, 0, comm, device, DEVICE);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int *device)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return describe_one(SHIM_NCCL_HOOK_ncclCommCuDevice, 1, comm, device, DEVICE);
 }
 
@@ -600,11 +631,13 @@ static ncclResult_t reg(int v, const ncclComm_t comm, void *buff, size_t size, v
 
 SHIM_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return reg(0, comm, buff, size, handle);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return reg(1, comm, buff, size, handle);
 }
 
@@ -632,11 +665,13 @@ static ncclResult_t dereg(int v, const ncclComm_t comm, void *handle)
 
 SHIM_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return dereg(0, comm, handle);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void *handle)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return dereg(1, comm, handle);
 }
 
@@ -666,12 +701,14 @@ static ncclResult_t win_reg(int v, ncclComm_t comm, void *buff, size_t size, ncc
 
 SHIM_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win, int winFlags)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return win_reg(0, comm, buff, size, win, winFlags);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
 						 int winFlags)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return win_reg(1, comm, buff, size, win, winFlags);
 }
 
@@ -689,11 +726,13 @@ static ncclResult_t win_dereg(int v, ncclComm_t comm, ncclWindow_t win)
 
 SHIM_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return win_dereg(0, comm, win);
 }
 
 SHIM_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return win_dereg(1, comm, win);
 }
 
@@ -713,12 +752,14 @@ static ncclResult_t redop_create(int v, ncclRedOp_t *op, void *scalar, ncclDataT
 SHIM_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
 						  ncclScalarResidence_t residence, ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return redop_create(0, op, scalar, datatype, residence, comm);
 }
 
 SHIM_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
 						   ncclScalarResidence_t residence, ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return redop_create(1, op, scalar, datatype, residence, comm);
 }
 
@@ -736,17 +777,20 @@ static ncclResult_t redop_destroy(int v, ncclRedOp_t op, ncclComm_t comm)
 
 SHIM_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return redop_destroy(0, op, comm);
 }
 
 SHIM_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return redop_destroy(1, op, comm);
 }
 
 SHIM_EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const *reqs,
 					   ncclDevComm_t *outDevComm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	struct shim_nccl_call c;
 	ncclResult_t nr = shim_nccl_enter(&c, SHIM_NCCL_HOOK_ncclDevCommCreate, 0, comm, NULL, SHIM_NCCL_K_USE);
 	if (nr != ncclSuccess)
@@ -759,6 +803,7 @@ SHIM_EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequireme
 
 SHIM_EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const *devComm)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	struct shim_nccl_call c;
 	ncclResult_t nr = shim_nccl_enter(&c, SHIM_NCCL_HOOK_ncclDevCommDestroy, 0, comm, NULL, SHIM_NCCL_K_USE);
 	if (nr != ncclSuccess)
@@ -773,31 +818,37 @@ SHIM_EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const
 
 SHIM_EXPORT ncclResult_t ncclGroupStart(void)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return shim_nccl_group_start(0);
 }
 
 SHIM_EXPORT ncclResult_t pncclGroupStart(void)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return shim_nccl_group_start(1);
 }
 
 SHIM_EXPORT ncclResult_t ncclGroupEnd(void)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return shim_nccl_group_end(0, 0, NULL);
 }
 
 SHIM_EXPORT ncclResult_t pncclGroupEnd(void)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return shim_nccl_group_end(1, 0, NULL);
 }
 
 SHIM_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return shim_nccl_group_end(0, 1, simInfo);
 }
 
 SHIM_EXPORT ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
 {
+	SHIM_NCCL_NOTE_CALLER();
 	return shim_nccl_group_end(1, 1, simInfo);
 }
 

@@ -26,3 +26,8 @@ EXTRA_DIST += tests/flow/test_pools.sh tests/flow/test_pools.py
 # small stand-in GPU (docs/preemption.md).
 TESTS += tests/flow/test_overcommit.sh
 EXTRA_DIST += tests/flow/test_overcommit.sh tests/flow/test_overcommit.py
+# Groups of processes that communicate through NCCL (the stand-in tests/fakenccl), suspended and
+# resumed as one (gcrctl --group): bit-exact cycles, split communicators, several devices, members
+# killed, stopped or failing mid-operation, refusals (docs/design.md, "Groups").
+TESTS += tests/flow/test_nccl.sh
+EXTRA_DIST += tests/flow/test_nccl.sh tests/flow/test_nccl.py

@@ -877,15 +877,16 @@ CASES = [
 ]
 
 
-def run_cases(cases, label, argv):
-    """Runs each (name, fn) whose name matches argv[1] (all without it) on a Flow of its own;
-    one failure does not stop the rest. Prints "<label>: N passed, N failed"."""
+def run_cases(cases, label, argv, flow=None):
+    """Runs each (name, fn) whose name matches argv[1] (all without it) on a Flow of its own
+    (flow: a subclass of Flow); one failure does not stop the rest. Prints "<label>: N passed,
+    N failed"."""
     only = re.compile(argv[1]) if len(argv) > 1 else None
     passed = failed = 0
     for name, fn in cases:
         if only and not only.search(name):
             continue
-        f = Flow(name)
+        f = (flow or Flow)(name)
         try:
             fn(f)
             passed += 1
