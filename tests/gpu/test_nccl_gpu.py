@@ -1,0 +1,385 @@
+# tests/gpu/test_nccl_gpu.py: groups of PyTorch processes that communicate through NCCL (one per
+# GPU), suspended and resumed as one (gcrctl --group) on a multi-GPU machine: bit-exact cycles at
+# random moments, every GPU empty while suspended, a member killed mid-operation, a lone member
+# refused; and the benchmark of the TP group against the driver alone, in the same run.
+"""Run from anywhere: python3 tests/gpu/test_nccl_gpu.py [--only REGEX] [--skip REGEX] [--list]
+
+Ranks: GCR_NCCL_RANKS (default: every GPU nvidia-smi lists, at least 2). Tuning: GCR_CYCLES (3),
+GCR_NCCL_STEPS (300), GCR_NCCL_TP_STEPS (120), GCR_NCCL_TP_GIB (8: weights per rank),
+GCR_NCCL_BENCH_REPS (3), GCR_NCCL_DRIVER_TIMEOUT_MS (20000: the driver-alone baseline's bound),
+GCR_DEADLINE (epoch s). Measurements go to GCR_TEST_LOG and the benchmark to GCR_BENCH_LOG.
+Exit status: 0 all passed, 1 any failed, 3 none failed but some were not run.
+"""
+
+import argparse
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
+
+
+def env_int(name, default):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+CYCLES = env_int("GCR_CYCLES", 3)
+STEPS = env_int("GCR_NCCL_STEPS", 300)
+TP_STEPS = env_int("GCR_NCCL_TP_STEPS", 120)
+TP_GIB = float(os.environ.get("GCR_NCCL_TP_GIB", "8"))
+BENCH_REPS = env_int("GCR_NCCL_BENCH_REPS", 3)
+DRIVER_TIMEOUT_MS = env_int("GCR_NCCL_DRIVER_TIMEOUT_MS", 20000)
+PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_ranks.py")
+SEED = env_int("GCR_NCCL_SEED", int(time.time()) % 100000)
+
+
+class Fail(Exception):
+    pass
+
+
+class NotRun(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def gpu_count(cfg):
+    out = H._smi(cfg, ["--query-gpu=index", "--format=csv,noheader"])
+    return len([l for l in (out or "").splitlines() if l.strip()])
+
+
+def gpu_used(cfg):
+    """memory.used of every GPU (MiB), by index; raises when nvidia-smi fails."""
+    out = H._smi(cfg, ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"])
+    if out is None:
+        raise H.HarnessError("nvidia-smi gave no memory reading")
+    used = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2:
+            used[int(parts[0])] = int(float(parts[1]))
+    return used
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Ctx:
+    def __init__(self, session, name):
+        self.S = session
+        self.cfg = session.cfg
+        self.name = name
+        self.notes = []
+        self.groups = []
+
+    def note(self, msg):
+        self.notes.append(msg)
+        print("  note: %s" % msg, flush=True)
+
+    def log(self, **fields):
+        self.S.log.write(kind="measure", test=self.name, **fields)
+
+    def timeout(self, want):
+        return max(10.0, min(float(want), self.cfg.remaining_s() - 10.0))
+
+    def gctl(self, op, pids, *flags, timeout=300, env=None):
+        flags = ["--group", ",".join(map(str, pids))] + list(flags)
+        if env:
+            old = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+        try:
+            return self.S.ctl(op, None, flags, timeout=self.timeout(timeout), test=self.name)
+        finally:
+            for k, v in (old.items() if env else ()):
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def cleanup(self):
+        for g in self.groups:
+            g.kill()
+
+
+class Ranks:
+    """WORLD processes of nccl_ranks.py, one per GPU, each waiting for "go"."""
+
+    def __init__(self, T, tag, world, args, shim=True):
+        self.T = T
+        port = free_port()
+        self.procs = []
+        T.groups.append(self)
+        for r in range(world):
+            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world),
+                   "LOCAL_RANK": str(r), "NCCL_NVLS_ENABLE": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+            argv = [T.cfg.python, PROG, "--wait"] + list(args)
+            self.procs.append(T.S.start("%s-%s-r%d" % (T.name, tag, r), argv, shim=shim, extra_env=env))
+        for r, p in enumerate(self.procs):
+            m = p.expect(r"(READY pid=(\d+) rank=(\d+).*|ERROR .*)$", T.timeout(400), what="READY")
+            check(m.group(1).startswith("READY"), "rank %d: %s\n%s" % (r, m.group(1), p.tail()))
+            check(int(m.group(2)) == p.pid, "rank %d READY pid %s != %d" % (r, m.group(2), p.pid))
+            if shim and not H.wait_socket(T.S.socket_dir, p.pid, timeout=30):
+                T.note("no control socket for pid %d after 30 s" % p.pid)
+
+    @property
+    def pids(self):
+        return [p.pid for p in self.procs]
+
+    def go(self):
+        for p in self.procs:
+            p.send("go")
+
+    def at_step(self, k):
+        for p in self.procs:
+            m = p.expect(r"(STEP %d|ERROR .*|DONE)$" % k, self.T.timeout(300), what="STEP %d" % k)
+            check(m.group(1) == "STEP %d" % k, "rank %d: %s (before step %d)\n%s" % (
+                self.procs.index(p), m.group(1), k, p.tail()))
+
+    def digests(self):
+        out = []
+        for r, p in enumerate(self.procs):
+            m = p.expect(r"(DIGEST [0-9a-f]+|ERROR .*)$", self.T.timeout(600), what="DIGEST")
+            check(m.group(1).startswith("DIGEST"), "rank %d: %s\n%s" % (r, m.group(1), p.tail()))
+            out.append(m.group(1).split()[1])
+            p.expect(r"DONE$", self.T.timeout(60), what="DONE")
+        return out
+
+    def exit(self):
+        for p in self.procs:
+            if p.alive():
+                p.send("exit")
+        for p in self.procs:
+            p.wait_exit(self.T.timeout(120))
+
+    def kill(self):
+        for p in self.procs:
+            p.kill()
+
+
+def world_of(T):
+    n = env_int("GCR_NCCL_RANKS", 0) or gpu_count(T.cfg)
+    if n < 2:
+        raise NotRun("needs at least 2 GPUs (nvidia-smi lists %d)" % n)
+    return n
+
+
+def check_empty(T, g, what):
+    """Every GPU the group uses shows 0 MiB used, and no member is listed as a compute app."""
+    used = gpu_used(T.cfg)
+    ndev = gpu_count(T.cfg)
+    devs = sorted({r % ndev for r in range(len(g.procs))})
+    for d in devs:
+        check(used.get(d, -1) == 0, "%s: GPU %d shows %s MiB used while the group is suspended (all: %s)" % (
+            what, d, used.get(d), used))
+    for pid in g.pids:
+        check(T.S.gpu_mem(pid) == 0, "%s: pid %d listed with GPU memory while suspended" % (what, pid))
+    return used
+
+
+def group_cycle(T, g, what):
+    r = T.gctl("suspend", g.pids)
+    check(r.ok, "%s: group suspend: %s" % (what, r.describe()))
+    used = check_empty(T, g, what)
+    r2 = T.gctl("resume", g.pids)
+    check(r2.ok, "%s: group resume: %s" % (what, r2.describe()))
+    rec = {"what": what, "suspend_ms": r.get("ms", "total"), "resume_ms": r2.get("ms", "total"),
+           "freeze_ms": r.get("ms", "freeze"), "drain_ms": r.get("ms", "drain"), "data_driver_ms": r.get("ms", "cr"),
+           "resume_cr_ms": r2.get("ms", "cr"), "rebuild_ms": r2.get("ms", "rebuild"), "comms": r.get("comms"),
+           "bytes": r.get("bytes", "total"), "gpu_used_mib": used}
+    T.log(event="group-cycle", **rec)
+    print("  %s: suspend %.0f ms (freeze %.1f, drain %.1f, data+driver %.0f), resume %.0f ms (data+driver %.0f, "
+          "rebuild %.0f), %d communicators" % (what, rec["suspend_ms"] or -1, rec["freeze_ms"] or -1,
+                                              rec["drain_ms"] or -1, rec["data_driver_ms"] or -1,
+                                              rec["resume_ms"] or -1, rec["resume_cr_ms"] or -1,
+                                              rec["rebuild_ms"] or -1, rec["comms"] or 0), flush=True)
+    return r, r2
+
+
+def cycles_test(mode, steps, args, bench=False):
+    def run(T):
+        world = world_of(T)
+        ref = Ranks(T, "ref", world, args + ["--steps", str(steps)], shim=False)
+        ref.go()
+        want = ref.digests()
+        ref.exit()
+        g = Ranks(T, "gcr", world, args + ["--steps", str(steps)])
+        g.go()
+        rng = random.Random(SEED + len(mode))
+        points = sorted(rng.sample(range(3, max(steps - 10, 4)), CYCLES))
+        for i, k in enumerate(points):
+            g.at_step(k)
+            group_cycle(T, g, "%s cycle %d (after step %d)" % (mode, i, k))
+        got = g.digests()
+        check(got == want, "digests after %d cycles at steps %s: %s; without the shim or a suspend: %s" % (
+            CYCLES, points, got, want))
+        T.note("%d ranks, %d cycles at steps %s, bit-exact" % (world, CYCLES, points))
+        if bench:
+            run_bench(T, g, world)
+        g.exit()
+    return run
+
+
+TESTS = []
+
+
+def test(name, est_s):
+    def deco(fn):
+        TESTS.append((name, fn, est_s))
+        return fn
+    return deco
+
+
+test("nccl-allreduce-cycles", 80)(cycles_test(
+    "allreduce", STEPS, ["--mode", "allreduce", "--pace-ms", "20", "--hold-gib", "2"]))
+# The TP group's run, then (same processes, idle after it) the benchmark.
+test("nccl-tp-cycles-bench", 200)(cycles_test(
+    "tp", TP_STEPS, ["--mode", "tp", "--pace-ms", "40", "--weights-gib", str(TP_GIB)], bench=True))
+
+
+@test("nccl-single-refused", 40)
+def t_single_refused(T):
+    world = world_of(T)
+    g = Ranks(T, "g", world, ["--mode", "allreduce", "--steps", "100000", "--pace-ms", "10", "--hold-gib", "0.25"])
+    g.go()
+    g.at_step(5)
+    r = T.S.ctl("suspend", g.pids[0], test=T.name)
+    check(not r.ok and "member of an NCCL group" in (r.error or ""), "lone suspend: %s" % r.describe())
+    check("--group " + ",".join(map(str, g.pids)) in (r.stderr or ""), "no group hint: %r" % r.stderr)
+    st = T.S.ctl("status", g.pids[0], test=T.name)
+    check(H.dig(st.data, "shim", "state") == "running", "touched: %s" % st.describe())
+    g.at_step(20)  # still all-reducing
+
+
+@test("nccl-member-killed", 50)
+def t_member_killed(T):
+    """A member killed after the drain: the error names it, the others are back running."""
+    world = world_of(T)
+    g = Ranks(T, "g", world, ["--mode", "allreduce", "--steps", "100000", "--pace-ms", "10", "--hold-gib", "0.5"])
+    g.go()
+    g.at_step(10)
+    victim = g.procs[-1]
+    argv = [T.cfg.gcrctl, "--socket-dir", T.S.socket_dir, "--json", "suspend", "--group", ",".join(map(str, g.pids))]
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, GCR_GROUP_TEST_PAUSE="drain"))
+    line = p.stderr.readline()  # gcrctl's own pause line, bounded by the communicate below
+    check("paused after drain" in line, "gcrctl did not pause after the drain: %r" % line)
+    victim.kill()
+    out, err = p.communicate("\n", timeout=T.timeout(120))
+    data = H.parse_json_output(out) or {}
+    T.log(event="member-killed", result=data, stderr=err)
+    check(data.get("ok") is False and ("pid %d" % victim.pid) in (data.get("error") or ""),
+          "the error does not name the killed member: %r %r" % (out, err))
+    for q in g.procs[:-1]:
+        mine = [m for m in data.get("members", []) if m.get("pid") == q.pid]
+        check(mine and mine[0].get("state") == "running", "survivor %d after the operation: %s" % (q.pid, mine))
+        st = T.S.ctl("status", q.pid, test=T.name)
+        comms = H.dig(st.data, "shim", "comms") or []
+        check(H.dig(st.data, "shim", "state") == "running" or not q.alive(),
+              "survivor %d: %s" % (q.pid, st.describe()))
+        check(all(c.get("state") == "failed" for c in comms), "survivor %d's communicators: %s" % (q.pid, comms))
+    T.note("error: %s" % (data.get("error") or "")[:200])
+
+
+def bench_record(T, **rec):
+    T.S.log.write(kind="nccl-bench", test=T.name, **rec)
+    bl = os.environ.get("GCR_BENCH_LOG")
+    if bl:
+        log = H.JsonLog(bl)
+        log.write(kind="nccl-bench", test=T.name, **rec)
+        log.close()
+
+
+def run_bench(T, g, world):
+    """The TP group of WORLD x GCR_NCCL_TP_GIB GiB, idle after its run: BENCH_REPS suspend/resume
+    cycles (median), then the driver's checkpoint alone on the same group, bounded."""
+    for pid in g.pids:
+        H.wait_staging_ready(T.S, pid, timeout=T.timeout(180))
+    sus, res = [], []
+    for i in range(BENCH_REPS):
+        r, r2 = group_cycle(T, g, "bench rep %d" % i)
+        sus.append(r.get("ms", "total"))
+        res.append(r2.get("ms", "total"))
+    ms, _, _ = H.stats(sus)
+    mr, _, _ = H.stats(res)
+    rec = {"ranks": world, "gib_per_rank": TP_GIB, "suspend_ms": sus, "resume_ms": res, "suspend_median_ms": ms,
+           "resume_median_ms": mr}
+    # The driver alone, same processes, same run: its figure or its bounded failure.
+    t0 = time.time()
+    d = T.gctl("suspend", g.pids, "--driver-only", "--timeout-ms", str(DRIVER_TIMEOUT_MS))
+    rec["driver_suspend"] = {"ok": d.ok, "ms": d.get("ms", "total"), "wall_s": round(time.time() - t0, 2),
+                             "error": d.error}
+    if d.ok:
+        t0 = time.time()
+        d2 = T.gctl("resume", g.pids, "--driver-only", "--timeout-ms", str(DRIVER_TIMEOUT_MS))
+        rec["driver_resume"] = {"ok": d2.ok, "ms": d2.get("ms", "total"), "wall_s": round(time.time() - t0, 2),
+                                "error": d2.error}
+    bench_record(T, **rec)
+    print("  BENCH %d ranks x %.0f GiB: suspend median %.0f ms %s, resume median %.0f ms %s; driver alone: %s" % (
+        world, TP_GIB, ms or -1, sus, mr or -1, res,
+        ("suspend %.0f ms" % d.get("ms", "total")) + (", resume %.0f ms" % d2.get("ms", "total") if d2.ok else
+                                                       ", resume FAILED: %s" % d2.error)
+        if d.ok else "FAILED after %.1f s: %s" % (rec["driver_suspend"]["wall_s"], d.error)), flush=True)
+    T.note("suspend median %.0f ms, resume median %.0f ms" % (ms or -1, mr or -1))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", default=[])
+    ap.add_argument("--skip", action="append", default=[])
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args(argv)
+    selected = [t for t in TESTS if (not a.only or any(re.search(r, t[0]) for r in a.only))
+                and not any(re.search(r, t[0]) for r in a.skip)]
+    if a.list:
+        for name, _, est in selected:
+            print("%-28s ~%3d s" % (name, est))
+        return 0
+    session = H.Session()
+    cfg = session.cfg
+    session.log.write(kind="run-start", argv=sys.argv, suite="nccl", seed=SEED, cycles=CYCLES)
+    print("nccl gpu tests: %d selected, seed %d, log %s, process logs in %s" % (
+        len(selected), SEED, session.log.path, cfg.log_dir), flush=True)
+    counts = {"PASS": 0, "FAIL": 0, "NOT RUN": 0}
+    try:
+        for name, fn, est in selected:
+            t0 = time.time()
+            missing = cfg.missing("gcrctl", "shim")
+            if missing:
+                status, reason, notes = "NOT RUN", "missing " + ", ".join(missing), []
+            elif cfg.remaining_s() < est:
+                status, reason, notes = "NOT RUN", "time budget (%.0f s left, needs ~%d s)" % (cfg.remaining_s(), est), []
+            else:
+                print("--- %s %s (%.0f s left)" % (time.strftime("%H:%M:%S"), name, min(cfg.remaining_s(), 1e9)),
+                      flush=True)
+                T = Ctx(session, name)
+                status, reason = H.run_case(T, fn, NotRun, (Fail, H.HarnessError))
+                notes = T.notes
+            counts[status] += 1
+            H.report_case(session.log, name, status, reason, notes, t0)
+    finally:
+        session.close()
+    print("%d passed, %d failed, %d skipped" % (counts["PASS"], counts["FAIL"], counts["NOT RUN"]), flush=True)
+    if counts["FAIL"]:
+        return 1
+    return 3 if counts["NOT RUN"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
