@@ -713,7 +713,7 @@ static int rebuild_all(struct grp *g, struct gcr_err *err)
 	if (run_step(g, "rebuild", st_rebuild, &g->r->ms_rebuild, offsetof(struct gcr_group_member, ms_rebuild)) > 0) {
 		struct gcr_group_member *m = first_failed(g);
 		char first[GCR_ERR_MSG_MAX];
-		snprintf(first, sizeof(first), "pid %d: rebuild: %s", (int)m->pid, m->err.msg);
+		snprintf(first, sizeof(first), "pid %d: rebuild: %.200s", (int)m->pid, m->err.msg);
 		/* One made them, another did not: all down again, so a retry starts level. */
 		refresh(g);
 		activate(g, pick_rebuilt);
@@ -810,7 +810,7 @@ static int driver_only(struct grp *g, int resume, double t0, struct gcr_err *err
 	if (failed > 0) {
 		struct gcr_group_member *m = first_failed(g);
 		char first[GCR_ERR_MSG_MAX];
-		snprintf(first, sizeof(first), "pid %d: %s (driver only): %s", (int)m->pid, resume ? "resume" : "suspend",
+		snprintf(first, sizeof(first), "pid %d: %s (driver only): %.200s", (int)m->pid, resume ? "resume" : "suspend",
 			 m->err.msg);
 		rc = m->rc;
 		if (!resume) {
@@ -892,7 +892,7 @@ int gcr_group_suspend(const pid_t *pids, size_t n, const struct gcr_group_opts *
 	}
 	struct gcr_group_member *m = first_failed(&g);
 	char first[GCR_ERR_MSG_MAX];
-	snprintf(first, sizeof(first), "pid %d%s: suspend: %s", (int)m->pid, m->gone ? " (gone)" : "", m->err.msg);
+	snprintf(first, sizeof(first), "pid %d%s: suspend: %.200s", (int)m->pid, m->gone ? " (gone)" : "", m->err.msg);
 	rc = m->rc;
 	/* Undo: what was suspended comes back, then every communicator is made again. */
 	r->rolled_back = 1;

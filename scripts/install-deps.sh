@@ -36,4 +36,13 @@ if [ ! -f /usr/local/cuda/include/cuda.h ] && [ ! -f .cache/cuda/nvidia/cu13/inc
 		'nvidia-cuda-runtime==13.0.*'
 	unzip -qo .cache/cuda/wheel/nvidia_cuda_runtime-*.whl 'nvidia/cu13/include/*' -d .cache/cuda
 fi
+# NCCL headers, to check the interface the shim declares itself against the NCCL the GPU
+# machines' PyTorch uses (tests/unit/test_nccl_abi.c): the wheel is unpacked for its include/ only.
+if [ ! -f .cache/nccl/nvidia/nccl/include/nccl.h ]; then
+	mkdir -p .cache/nccl
+	python3 -m pip download -q --no-deps --only-binary=:all: -d .cache/nccl/wheel 'nvidia-nccl-cu13==2.28.9' &&
+		unzip -qo .cache/nccl/wheel/nvidia_nccl_cu13-*.whl 'nvidia/nccl/include/*' -d .cache/nccl &&
+		rm -rf .cache/nccl/wheel ||
+		echo "install-deps: no NCCL headers (tests/unit/test_nccl_abi will not be built)" >&2
+fi
 echo "install-deps: ok"

@@ -15,7 +15,7 @@
 enum shim_nccl_hook_id {
 #define SHIM_NCCL_COLL(sym, var, since, params, args) SHIM_NCCL_HOOK_##sym,
 #define SHIM_NCCL_USE(sym, var, since, params, args) SHIM_NCCL_HOOK_##sym,
-#define SHIM_NCCL_CUSTOM(sym, var, since) SHIM_NCCL_HOOK_##sym,
+#define SHIM_NCCL_CUSTOM(sym, var, since, ret, params) SHIM_NCCL_HOOK_##sym,
 	SHIM_NCCL_COLL_LIST SHIM_NCCL_USE_LIST SHIM_NCCL_CUSTOM_LIST
 #undef SHIM_NCCL_COLL
 #undef SHIM_NCCL_USE

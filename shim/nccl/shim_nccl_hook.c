@@ -18,8 +18,19 @@
 #define SHIM_NCCL_DECL_NONE(sym)
 #define SHIM_NCCL_COLL(sym, var, since, params, args) SHIM_NCCL_DECL_##var(sym)
 #define SHIM_NCCL_USE(sym, var, since, params, args) SHIM_NCCL_DECL_##var(sym)
-#define SHIM_NCCL_CUSTOM(sym, var, since) SHIM_NCCL_DECL_##var(sym)
+#define SHIM_NCCL_CUSTOM(sym, var, since, ret, params) SHIM_NCCL_DECL_##var(sym)
 SHIM_NCCL_COLL_LIST SHIM_NCCL_USE_LIST SHIM_NCCL_CUSTOM_LIST
+#undef SHIM_NCCL_COLL
+#undef SHIM_NCCL_USE
+#undef SHIM_NCCL_CUSTOM
+
+/* The hand-written wrappers' prototypes (shim_nccl_abi.h) are the list's (which
+ * tests/unit/test_nccl_abi.c checks against a real nccl.h). */
+#define SHIM_NCCL_COLL(sym, var, since, params, args)
+#define SHIM_NCCL_USE(sym, var, since, params, args)
+#define SHIM_NCCL_CUSTOM(sym, var, since, ret, params) \
+	_Static_assert(__builtin_types_compatible_p(__typeof__(sym), ret params), #sym " differs from its list entry");
+SHIM_NCCL_CUSTOM_LIST
 #undef SHIM_NCCL_COLL
 #undef SHIM_NCCL_USE
 #undef SHIM_NCCL_CUSTOM
@@ -43,7 +54,7 @@ SHIM_NCCL_COLL_LIST SHIM_NCCL_USE_LIST SHIM_NCCL_CUSTOM_LIST
 #define SHIM_NCCL_USE(sym, var, since, params, args)                                             \
 	SHIM_EXPORT ncclResult_t sym params SHIM_NCCL_BODY(sym, 0, SHIM_NCCL_K_USE, NULL, args) \
 	SHIM_NCCL_TWIN_##var(sym, params, SHIM_NCCL_BODY(sym, 1, SHIM_NCCL_K_USE, NULL, args))
-#define SHIM_NCCL_CUSTOM(sym, var, since)
+#define SHIM_NCCL_CUSTOM(sym, var, since, ret, params)
 SHIM_NCCL_COLL_LIST SHIM_NCCL_USE_LIST
 #undef SHIM_NCCL_COLL
 #undef SHIM_NCCL_USE
@@ -861,7 +872,7 @@ SHIM_EXPORT ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
 	[SHIM_NCCL_HOOK_##sym] = { { #sym, SHIM_NCCL_NAME_##var(sym) }, { (void *)&sym, SHIM_NCCL_WRAP_##var(sym) }, { NULL, NULL } },
 #define SHIM_NCCL_COLL(sym, var, since, params, args) SHIM_NCCL_ROW(sym, var)
 #define SHIM_NCCL_USE(sym, var, since, params, args) SHIM_NCCL_ROW(sym, var)
-#define SHIM_NCCL_CUSTOM(sym, var, since) SHIM_NCCL_ROW(sym, var)
+#define SHIM_NCCL_CUSTOM(sym, var, since, ret, params) SHIM_NCCL_ROW(sym, var)
 struct shim_nccl_hook shim_nccl_hooks[SHIM_NCCL_HOOK_COUNT] = { SHIM_NCCL_COLL_LIST SHIM_NCCL_USE_LIST
 									 SHIM_NCCL_CUSTOM_LIST };
 #undef SHIM_NCCL_COLL

@@ -463,10 +463,11 @@ static int nccl_teardown(struct gcr_err *err)
 	return 0;
 }
 
-static struct shim_nccl_rec *find_key(struct shim_nccl_rec **all, size_t n, uint64_t key)
+/* The record of key's rank 0 here (a process may hold several ranks of one communicator). */
+static struct shim_nccl_rec *find_root(struct shim_nccl_rec **all, size_t n, uint64_t key)
 {
 	for (size_t i = 0; i < n; i++)
-		if (all[i]->key == key && !all[i]->nocolor)
+		if (all[i]->key == key && !all[i]->nocolor && all[i]->rank == 0)
 			return all[i];
 	return NULL;
 }
@@ -482,7 +483,7 @@ static int nccl_ids(const struct gcr_group_keys *keys, struct gcr_group_ids *out
 	size_t n = shim_nccl_recs(all, SHIM_NCCL_MAX_COMMS);
 	shim_nccl_unlock();
 	for (size_t i = 0; i < keys->n; i++) {
-		struct shim_nccl_rec *r = find_key(all, n, keys->key[i]);
+		struct shim_nccl_rec *r = find_root(all, n, keys->key[i]);
 		key_str(keys->key[i], k);
 		if (r == NULL || r->how != GCR_GROUP_HOW_INIT || r->rank != 0 || r->state != SHIM_NCCL_DOWN)
 			return gcr_err_set(err, -EINVAL, "communicator %s: not one this process made by init, holds rank 0 "

@@ -74,6 +74,12 @@ fi
 for f in node-agent/gcrctl shim/.libs/libgcr.so; do
 	[ -e "$f" ] || note "MISSING $f"
 done
+# The NCCL interface the shim declares itself, against this machine's nccl.h (PyTorch's wheel).
+if make tests/unit/test_nccl_abi >>"$LOGS/build.log" 2>&1 && tests/unit/test_nccl_abi; then
+	note "nccl abi: ok"
+else
+	note "nccl abi: FAILED or no nccl.h found (see build.log)"
+fi
 pack
 
 section "NCCL group tests and benchmark"

@@ -27,10 +27,15 @@ static struct {
 	const char *id_file, *module;
 } opt = { .nranks = 1, .device = -1, .steps = 50, .mib = 8, .module = "gcr_kernels.h" };
 
+static void wait_for(const char *want);
+
+/* With --wait the program stays until told to exit, so a test can look at it after the error. */
 static void die(const char *what, long code)
 {
 	printf("ERROR %s (%ld)\n", what, code);
 	fprintf(stderr, "gcr-ncclprog rank %d: %s failed (%ld)\n", opt.rank, what, code);
+	if (opt.wait)
+		wait_for("exit");
 	exit(3);
 }
 

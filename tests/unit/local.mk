@@ -144,3 +144,27 @@ TESTS += tests/unit/test_shim_agent
 tests_unit_test_shim_agent_SOURCES = tests/unit/test_shim_agent.c shim/core/shim_agent.c shim/core/shim_config.c
 tests_unit_test_shim_agent_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
 tests_unit_test_shim_agent_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+
+# The group operations' lists (lib/gcr_groupmsg): round trips and every refusal.
+check_PROGRAMS += tests/unit/test_groupmsg
+TESTS += tests/unit/test_groupmsg
+tests_unit_test_groupmsg_SOURCES = tests/unit/test_groupmsg.c
+tests_unit_test_groupmsg_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
+tests_unit_test_groupmsg_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+# The shim's NCCL module on the stand-in driver and the stand-in NCCL (shim/nccl).
+check_PROGRAMS += tests/unit/test_shim_nccl
+TESTS += tests/unit/test_shim_nccl
+tests_unit_test_shim_nccl_SOURCES = tests/unit/test_shim_nccl.c $(SHIM_CORE_SOURCES)
+tests_unit_test_shim_nccl_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_nccl_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
+EXTRA_tests_unit_test_shim_nccl_DEPENDENCIES = $(FAKECUDA_LIB) $(FAKENCCL_LIB)
+# The NCCL interface the shim declares itself, against a real nccl.h (configure found one).
+EXTRA_DIST += tests/unit/test_nccl_abi.c tests/unit/nccl_stub/cuda_runtime.h tests/unit/nccl_stub/cuda_fp16.h \
+	tests/unit/nccl_stub/cuda_bf16.h tests/unit/nccl_stub/cuda_fp8.h
+if HAVE_NCCL_H
+check_PROGRAMS += tests/unit/test_nccl_abi
+TESTS += tests/unit/test_nccl_abi
+tests_unit_test_nccl_abi_SOURCES = tests/unit/test_nccl_abi.c
+tests_unit_test_nccl_abi_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/shim/nccl -I$(srcdir)/tests/unit/nccl_stub \
+	$(NCCL_CPPFLAGS) $(CUDA_CPPFLAGS)
+endif
