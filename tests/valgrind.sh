@@ -87,5 +87,44 @@ exec {prog_in}>&-
 wait "$prog_pid" 2>/dev/null; rc=$?
 [ "$flow_ok" -eq 1 ] && [ "$rc" -eq 0 ] && ok "hip-shim-under-valgrind" || ko "hip-shim-under-valgrind (result $flow_ok, exit $rc)"
 rm -rf "$sock"
+# A group of two NCCL ranks on the stand-in NCCL (the shim's communicators, hold, teardown and
+# rebuild under memcheck) suspended and resumed as one by gcrctl --group (lib/gcr_group), while
+# they all-reduce if it is quick enough, else idle after their last step.
+sock=$(mktemp -d)
+export GCR_SOCKET_DIR=$sock FAKECUDA_DIR=$sock LD_LIBRARY_PATH=$b/tests/fakecuda:$b/tests/fakenccl
+npids=() nrc=() nin=()
+for r in 0 1; do
+	mkfifo "$sock/in$r"
+	"${vg[@]}" env LD_PRELOAD="$b/shim/.libs/libgcr.so" "$b/tests/progs/gcr-ncclprog" --rank $r --nranks 2 \
+		--id-file "$sock/id" --steps 500 --mib 2 --pace-ms 10 --wait --module "$src/tests/progs/gcr_kernels.h" \
+		<"$sock/in$r" >"$sock/rank$r.out" 2>&1 &
+	npids+=($!)
+	exec {fd}>"$sock/in$r"
+	nin+=("$fd")
+done
+# Every wait bounded: a line in both outputs within 120 s.
+both() {
+	for _ in $(seq 600); do
+		grep -q "$1" "$sock/rank0.out" && grep -q "$1" "$sock/rank1.out" && return 0
+		sleep 0.2
+	done
+	return 1
+}
+flow_ok=0
+if both '^READY'; then
+	for fd in "${nin[@]}"; do echo go >&"$fd"; done
+	gpids=$(grep -ho '^READY pid=[0-9]*' "$sock"/rank0.out "$sock"/rank1.out | sed 's/READY pid=//' | paste -sd,)
+	both '^STEP 3$' && "${vg[@]}" "$b/node-agent/gcrctl" --json suspend --group "$gpids" >/dev/null &&
+		"${vg[@]}" "$b/node-agent/gcrctl" --json resume --group "$gpids" >/dev/null && both '^DONE$' && flow_ok=1
+fi
+for fd in "${nin[@]}"; do echo exit >&"$fd"; exec {fd}>&-; done
+for p in "${npids[@]}"; do
+	[ "$flow_ok" -eq 1 ] || kill "$p" 2>/dev/null
+	wait "$p"; nrc+=($?)
+done
+d0=$(grep '^DIGEST' "$sock/rank0.out") d1=$(grep '^DIGEST' "$sock/rank1.out")
+[ "$flow_ok" -eq 1 ] && [ "${nrc[*]}" = "0 0" ] && [ -n "$d0" ] && [ "$d0" = "$d1" ] && ok "nccl-group-under-valgrind" ||
+	{ ko "nccl-group-under-valgrind (cycle $flow_ok, exits ${nrc[*]})"; for o in "$sock"/rank*.out; do tail -n 5 "$o"; done; }
+rm -rf "$sock"
 echo "valgrind: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
