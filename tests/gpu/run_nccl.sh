@@ -80,6 +80,12 @@ if make tests/unit/test_nccl_abi >>"$LOGS/build.log" 2>&1 && tests/unit/test_ncc
 else
 	note "nccl abi: FAILED or no nccl.h found (see build.log)"
 fi
+# Every function of that nccl.h taking or returning a communicator is in the shim's list.
+if NCCL_CPPFLAGS="$(sed -n 's/^NCCL_CPPFLAGS = //p' Makefile)" tests/unit/test_nccl_cover.sh; then
+	note "nccl coverage: ok"
+else
+	note "nccl coverage: FAILED or no nccl.h found"
+fi
 pack
 
 section "NCCL group tests and benchmark"

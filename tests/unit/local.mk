@@ -158,12 +158,13 @@ tests_unit_test_shim_nccl_SOURCES = tests/unit/test_shim_nccl.c $(SHIM_CORE_SOUR
 tests_unit_test_shim_nccl_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
 tests_unit_test_shim_nccl_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 EXTRA_tests_unit_test_shim_nccl_DEPENDENCIES = $(FAKECUDA_LIB) $(FAKENCCL_LIB)
-# The NCCL interface the shim declares itself, against a real nccl.h (configure found one).
-EXTRA_DIST += tests/unit/test_nccl_abi.c tests/unit/nccl_stub/cuda_runtime.h tests/unit/nccl_stub/cuda_fp16.h \
-	tests/unit/nccl_stub/cuda_bf16.h tests/unit/nccl_stub/cuda_fp8.h
+# The NCCL interface the shim declares itself, against a real nccl.h (configure found one), and
+# every function of it that takes or returns a communicator in the shim's list.
+EXTRA_DIST += tests/unit/test_nccl_cover.sh tests/unit/test_nccl_abi.c tests/unit/nccl_stub/cuda_runtime.h \
+	tests/unit/nccl_stub/cuda_fp16.h tests/unit/nccl_stub/cuda_bf16.h tests/unit/nccl_stub/cuda_fp8.h
 if HAVE_NCCL_H
 check_PROGRAMS += tests/unit/test_nccl_abi
-TESTS += tests/unit/test_nccl_abi
+TESTS += tests/unit/test_nccl_abi tests/unit/test_nccl_cover.sh
 tests_unit_test_nccl_abi_SOURCES = tests/unit/test_nccl_abi.c
 tests_unit_test_nccl_abi_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/shim/nccl -I$(srcdir)/tests/unit/nccl_stub \
 	$(NCCL_CPPFLAGS) $(CUDA_CPPFLAGS)
