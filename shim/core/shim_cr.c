@@ -693,6 +693,8 @@ static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, int gro
 	/* Allocation calls are gated too, so the table's records stay from here. */
 	if (backend->sync_all(err) < 0)
 		rc = err->code = -EIO;
+	else
+		shim_gate_set_quiet(); /* the application's work is all done: its queries get "done" */
 	/* Every free has completed now: the arena's idle segments go instead of being copied. */
 	if (rc == 0)
 		(void)shim_pool_release_idle();

@@ -14,6 +14,7 @@
 static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
 static atomic_int gate_closed;
+static atomic_int gate_quiet; /* shim_gate_set_quiet */
 static _Atomic uint64_t gate_waits;
 static void (*_Atomic wait_hook)(void);
 /* Threads waiting now; the first one's arrival (monotonic ms), both under gate_lock. */
@@ -181,6 +182,7 @@ int shim_gate_close(int timeout_ms, struct gcr_err *err)
 void shim_gate_open(void)
 {
 	pthread_mutex_lock(&gate_lock);
+	atomic_store(&gate_quiet, 0);
 	atomic_store(&gate_closed, 0);
 	pthread_cond_broadcast(&gate_cond);
 	pthread_mutex_unlock(&gate_lock);
@@ -189,6 +191,17 @@ void shim_gate_open(void)
 int shim_gate_is_closed(void)
 {
 	return atomic_load(&gate_closed);
+}
+
+void shim_gate_set_quiet(void)
+{
+	if (atomic_load(&gate_closed))
+		atomic_store(&gate_quiet, 1);
+}
+
+int shim_gate_quiet(void)
+{
+	return atomic_load_explicit(&gate_quiet, memory_order_acquire);
 }
 
 void shim_gate_set_wait_hook(void (*fn)(void))

@@ -42,6 +42,13 @@ void shim_gate_exit(struct shim_thread *t);
 int shim_gate_close(int timeout_ms, struct gcr_err *err);
 void shim_gate_open(void);
 int shim_gate_is_closed(void);
+/* The closed gate's GPU is quiet: every piece of work submitted before it closed has finished
+ * (shim_cr sets it after its synchronisation; opening the gate clears it). While it is, the
+ * backends answer queries on that work (is this event, this stream done?) themselves: yes,
+ * without entering a driver whose checkpoint lock would hold the caller (PyTorch's watchdog
+ * thread, whose stopped heartbeat ends the process after 8 minutes). */
+void shim_gate_set_quiet(void);
+int shim_gate_quiet(void);
 
 /* Called (outside the gate's locks) by each thread about to wait at the closed gate, before
  * it waits; NULL: none. The overcommit wake (shim_agent) hangs here; the open gate never

@@ -722,6 +722,35 @@ SHIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 	return r;
 }
 
+/* Queries while the closed gate's GPU is quiet (shim_gate_set_quiet): every event and stream
+ * the application can name has finished its work, and the driver may be locked for its
+ * checkpoint, which would hold the caller until resume. */
+SHIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
+{
+	if (shim_gate_quiet())
+		return CUDA_SUCCESS;
+	__typeof__(&cuEventQuery) real = SHIM_REAL(cuEventQuery, 0);
+	return real != NULL ? real(hEvent) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult stream_query(int v, CUstream hStream)
+{
+	if (shim_gate_quiet())
+		return CUDA_SUCCESS;
+	__typeof__(&cuStreamQuery) real = SHIM_REAL(cuStreamQuery, v);
+	return real != NULL ? real(hStream) : CUDA_ERROR_NOT_FOUND;
+}
+
+SHIM_EXPORT CUresult cuStreamQuery(CUstream hStream)
+{
+	return stream_query(0, hStream);
+}
+
+SHIM_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
+{
+	return stream_query(1, hStream);
+}
+
 SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
 {
 	__typeof__(&cuStreamDestroy_v2) real = SHIM_REAL(cuStreamDestroy_v2, 0);

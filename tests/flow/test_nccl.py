@@ -427,6 +427,30 @@ def case_driver_only(f):
     check(g.digests() == want, "digests")
 
 
+def case_watchdog(f):
+    """A watchdog thread polling as PyTorch's does (its last step's event, the communicator's
+    asynchronous error, every 10 ms) keeps its beat while the group is suspended, the stand-in
+    driver locked (its calls would wait there), with nothing reported as an error."""
+    g = f.group(2, extra=["--watchdog"])
+    g.go()
+    g.at_step(4)
+    r = f.gctl("suspend", g.pids)
+    check(r.ok, "group suspend: %s" % r.describe())
+    for p in g.procs:
+        check(f.state(p.pid) == "checkpointed", "pid %d driver state %s" % (p.pid, f.state(p.pid)))
+        mark = p.mark()
+        p.expect(r"BEAT \d+$", 10, since=mark, what="a watchdog beat while suspended")
+        for _ in range(3):
+            p.expect(r"BEAT \d+$", 10, what="watchdog beats while suspended")
+        check(f.state(p.pid) == "checkpointed", "pid %d driver state %s" % (p.pid, f.state(p.pid)))
+    r2 = f.gctl("resume", g.pids)
+    check(r2.ok, "group resume: %s" % r2.describe())
+    got = g.digests()
+    for p in g.procs:
+        check(not p.seen(r"ERROR"), "pid %d's watchdog saw an error:\n%s" % (p.pid, p.tail()))
+    check(got == reference(f, 2), "digests with the watchdog: %s, uninterrupted %s" % (got, reference(f, 2)))
+
+
 def case_scale(f):
     """gcrctl scale --replicas 0/1 --group: the group as one replica."""
     g = f.group(2)
@@ -457,6 +481,7 @@ CASES = [
     ("incomplete-group", case_incomplete_group),
     ("driver-only", case_driver_only),
     ("scale", case_scale),
+    ("watchdog", case_watchdog),
 ]
 
 

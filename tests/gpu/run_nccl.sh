@@ -3,6 +3,7 @@
 # GPUs: builds, records the machine, runs tests/gpu/test_nccl_gpu.py (PyTorch ranks all-reducing,
 # a tensor-parallel inference loop with 8 GiB of weights per rank, 3 suspend/resume cycles each at
 # random moments, bit-exact, every GPU at 0 MiB while suspended; a member killed mid-operation; a
+# group suspended longer than PyTorch's heartbeat timeout (5 s there); a
 # lone member refused; the TP group's benchmark against the driver alone in the same run) and
 # leaves logs and a report in $OUT.
 #

@@ -7,6 +7,7 @@
 Ranks: GCR_NCCL_RANKS (default: every GPU nvidia-smi lists, at least 2). Tuning: GCR_CYCLES (3),
 GCR_NCCL_STEPS (300), GCR_NCCL_TP_STEPS (120), GCR_NCCL_TP_GIB (8: weights per rank),
 GCR_NCCL_BENCH_REPS (3), GCR_NCCL_DRIVER_TIMEOUT_MS (20000: the driver-alone baseline's bound),
+GCR_NCCL_HOLD_S (25: the long suspension against PyTorch's heartbeat monitor),
 GCR_DEADLINE (epoch s). Measurements go to GCR_TEST_LOG and the benchmark to GCR_BENCH_LOG.
 Exit status: 0 all passed, 1 any failed, 3 none failed but some were not run.
 """
@@ -15,7 +16,6 @@ import argparse
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +38,7 @@ TP_STEPS = env_int("GCR_NCCL_TP_STEPS", 120)
 TP_GIB = float(os.environ.get("GCR_NCCL_TP_GIB", "8"))
 BENCH_REPS = env_int("GCR_NCCL_BENCH_REPS", 3)
 DRIVER_TIMEOUT_MS = env_int("GCR_NCCL_DRIVER_TIMEOUT_MS", 20000)
+HOLD_S = env_int("GCR_NCCL_HOLD_S", 25)
 PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_ranks.py")
 SEED = env_int("GCR_NCCL_SEED", int(time.time()) % 100000)
 
@@ -121,7 +122,7 @@ class Ctx:
 class Ranks:
     """WORLD processes of nccl_ranks.py, one per GPU, each waiting for "go"."""
 
-    def __init__(self, T, tag, world, args, shim=True):
+    def __init__(self, T, tag, world, args, shim=True, extra_env=None):
         self.T = T
         port = free_port()
         self.procs = []
@@ -129,6 +130,7 @@ class Ranks:
         for r in range(world):
             env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world),
                    "LOCAL_RANK": str(r), "NCCL_NVLS_ENABLE": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+            env.update(extra_env or {})
             argv = [T.cfg.python, PROG, "--wait"] + list(args)
             self.procs.append(T.S.start("%s-%s-r%d" % (T.name, tag, r), argv, shim=shim, extra_env=env))
         for r, p in enumerate(self.procs):
@@ -249,14 +251,14 @@ def test(name, est_s):
     return deco
 
 
-test("nccl-allreduce-cycles", 80)(cycles_test(
+test("nccl-allreduce-cycles", 60)(cycles_test(
     "allreduce", STEPS, ["--mode", "allreduce", "--pace-ms", "20", "--hold-gib", "2"]))
 # The TP group's run, then (same processes, idle after it) the benchmark.
-test("nccl-tp-cycles-bench", 200)(cycles_test(
+test("nccl-tp-cycles-bench", 150)(cycles_test(
     "tp", TP_STEPS, ["--mode", "tp", "--pace-ms", "40", "--weights-gib", str(TP_GIB)], bench=True))
 
 
-@test("nccl-member-killed", 50)
+@test("nccl-member-killed", 40)
 def t_member_killed(T):
     """A member killed after the drain: the error names it, the others are back running."""
     world = world_of(T)
@@ -286,7 +288,39 @@ def t_member_killed(T):
     T.note("error: %s" % (data.get("error") or "")[:200])
 
 
-@test("nccl-single-refused", 40)
+@test("nccl-watchdog-long-suspend", 60)
+def t_watchdog(T):
+    """PyTorch's heartbeat monitor (here 5 s; 480 s by default) ends a process whose watchdog
+    thread stops: a group suspended longer (GCR_NCCL_HOLD_S, 25 s) must come back alive, its
+    watchdog's event queries answered while the driver is locked."""
+    world = world_of(T)
+    env = {"TORCH_NCCL_ENABLE_MONITORING": "1", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "5",
+           "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+    g = Ranks(T, "g", world, ["--mode", "allreduce", "--steps", "100000", "--pace-ms", "10", "--hold-gib", "0.25"],
+              extra_env=env)
+    g.go()
+    g.at_step(10)
+    r = T.gctl("suspend", g.pids)
+    check(r.ok, "group suspend: %s" % r.describe())
+    check_empty(T, g, "long suspend")
+    t0 = time.time()
+    while time.time() - t0 < HOLD_S:  # the suspension's length, not a synchronisation
+        for p in g.procs:
+            check(p.alive(), "pid %d ended %.0f s into the suspension (PyTorch's heartbeat monitor?)\n%s" % (
+                p.pid, time.time() - t0, p.tail()))
+        time.sleep(1)
+    r2 = T.gctl("resume", g.pids)
+    check(r2.ok, "group resume after %.0f s: %s" % (time.time() - t0, r2.describe()))
+    for p in g.procs:
+        mark = p.mark()
+        for i in range(5):
+            m = p.expect(r"(STEP \d+|ERROR .*)$", T.timeout(60), since=mark if i == 0 else None,
+                         what="steps after the long suspension")
+            check(m.group(1).startswith("STEP"), "pid %d: %s\n%s" % (p.pid, m.group(1), p.tail()))
+    T.note("%d ranks suspended %.0f s with a 5 s heartbeat timeout, all-reducing again" % (world, HOLD_S))
+
+
+@test("nccl-single-refused", 30)
 def t_single_refused(T):
     world = world_of(T)
     g = Ranks(T, "g", world, ["--mode", "allreduce", "--steps", "100000", "--pace-ms", "10", "--hold-gib", "0.25"])

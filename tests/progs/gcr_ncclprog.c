@@ -12,6 +12,8 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +24,7 @@
 #include "shim_nccl_abi.h"
 
 static struct {
-	int rank, nranks, device, steps, split, nonblocking, dlopen_api, wait, pace_ms, devices;
+	int rank, nranks, device, steps, split, nonblocking, dlopen_api, wait, pace_ms, devices, watchdog;
 	size_t mib;
 	const char *id_file, *module;
 } opt = { .nranks = 1, .device = -1, .steps = 50, .mib = 8, .module = "gcr_kernels.h" };
@@ -123,7 +125,8 @@ static void options(int argc, char **argv)
 		{ "steps", required_argument, NULL, 's' },    { "split", no_argument, NULL, 'S' },
 		{ "nonblocking", no_argument, NULL, 'B' },   { "api", required_argument, NULL, 'a' },
 		{ "module", required_argument, NULL, 'M' },   { "wait", no_argument, NULL, 'w' },
-		{ "pace-ms", required_argument, NULL, 'p' },  { NULL, 0, NULL, 0 },
+		{ "pace-ms", required_argument, NULL, 'p' },  { "watchdog", no_argument, NULL, 'W' },
+		{ NULL, 0, NULL, 0 },
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -141,13 +144,14 @@ static void options(int argc, char **argv)
 		case 'M': opt.module = optarg; break;
 		case 'w': opt.wait = 1; break;
 		case 'p': opt.pace_ms = atoi(optarg); break;
+		case 'W': opt.watchdog = 1; break;
 		default: exit(2);
 		}
 	}
 	if (opt.nranks < 1 || opt.rank < 0 || opt.rank >= opt.nranks || opt.id_file == NULL || opt.mib < 1) {
 		fprintf(stderr, "usage: gcr-ncclprog --rank R --nranks N --id-file PATH [--device D] [--devices K] "
 			"[--mib M] [--steps S] [--split] [--nonblocking] [--api link|dlopen] [--module PATH] [--wait] "
-			"[--pace-ms P]\n");
+			"[--pace-ms P] [--watchdog]\n");
 		exit(2);
 	}
 }
@@ -208,6 +212,39 @@ static ncclComm_t ready(ncclComm_t c, ncclResult_t r)
 	if (r != ncclSuccess)
 		die("communicator init", r);
 	return c;
+}
+
+/* --watchdog: a thread polling as PyTorch's watchdog does, every 10 ms: is the last step's event
+ * done, has the world communicator an asynchronous error; "BEAT n" every 10 polls. Its beat
+ * must go on while the group is suspended (a stopped one ends a PyTorch process). */
+static struct {
+	pthread_t thread;
+	atomic_int stop;
+	CUcontext ctx;
+	CUevent ev;
+	ncclComm_t comm;
+} wd;
+
+static void *watchdog(void *arg)
+{
+	(void)arg;
+	if (cuCtxSetCurrent(wd.ctx) != CUDA_SUCCESS) {
+		printf("ERROR watchdog cuCtxSetCurrent\n");
+		return NULL;
+	}
+	for (long n = 1; !atomic_load(&wd.stop); n++) {
+		CUresult q = cuEventQuery(wd.ev);
+		ncclResult_t st = ncclSuccess, r = nc.CommGetAsyncError(wd.comm, &st);
+		if ((q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) || r != ncclSuccess || st != ncclSuccess) {
+			printf("ERROR watchdog cuEventQuery %d ncclCommGetAsyncError %d/%d\n", (int)q, (int)r, (int)st);
+			return NULL;
+		}
+		if (n % 10 == 0)
+			printf("BEAT %ld\n", n / 10);
+		struct timespec ts = { 0, 10 * 1000000L };
+		nanosleep(&ts, NULL); /* the watchdog's own period */
+	}
+	return NULL;
 }
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
@@ -287,6 +324,14 @@ int main(int argc, char **argv)
 		if (me != opt.nranks - 1 - opt.rank)
 			die("split rank", me);
 	}
+	if (opt.watchdog) {
+		wd.ctx = ctx;
+		wd.comm = world;
+		CU(cuEventCreate(&wd.ev, CU_EVENT_DISABLE_TIMING));
+		CU(cuEventRecord(wd.ev, s));
+		if (pthread_create(&wd.thread, NULL, watchdog, NULL) != 0)
+			die("pthread_create", errno);
+	}
 	printf("READY pid=%d rank=%d\n", (int)getpid(), opt.rank);
 	if (opt.wait)
 		wait_for("go");
@@ -308,6 +353,8 @@ int main(int argc, char **argv)
 			NC(nc.Recv((void *)c, nb, ncclUint32, (opt.rank + opt.nranks - 1) % opt.nranks, world, s));
 			NC(nc.GroupEnd());
 		}
+		if (opt.watchdog)
+			CU(cuEventRecord(wd.ev, s));
 		CU(cuStreamSynchronize(s));
 		ncclResult_t st = ncclSuccess;
 		NC(nc.CommGetAsyncError(world, &st));
@@ -318,6 +365,11 @@ int main(int argc, char **argv)
 			struct timespec ts = { opt.pace_ms / 1000, (long)(opt.pace_ms % 1000) * 1000000L };
 			nanosleep(&ts, NULL); /* the program's own pace, not a synchronisation */
 		}
+	}
+	if (opt.watchdog) {
+		atomic_store(&wd.stop, 1);
+		pthread_join(wd.thread, NULL);
+		CU(cuEventDestroy(wd.ev));
 	}
 	uint64_t h = 0xcbf29ce484222325ull;
 	uint32_t *host = malloc(na * 4);

@@ -71,6 +71,15 @@ int main(void)
 	shim_gate_open();
 	CHECK(!shim_gate_is_closed());
 
+	/* Quiet: only a closed gate's (set after the synchronisation), cleared when it opens. */
+	shim_gate_set_quiet();
+	CHECK(!shim_gate_quiet());
+	CHECK(shim_gate_close(1000, &err) == 0 && !shim_gate_quiet());
+	shim_gate_set_quiet();
+	CHECK(shim_gate_quiet());
+	shim_gate_open();
+	CHECK(!shim_gate_quiet());
+
 	/* A call in flight that never returns: close gives up with -EBUSY and reopens. */
 	pthread_t holder;
 	pthread_create(&holder, NULL, hold_inside, NULL);
