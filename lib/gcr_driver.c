@@ -155,6 +155,12 @@ static int uuid_bytes(const char *s, unsigned char out[16])
 	return n == 32 ? 0 : -1;
 }
 
+int gcr_driver_is_uuid(const char *s)
+{
+	unsigned char b[16];
+	return s != NULL && strlen(s) < sizeof(((struct gcr_gpu_pair *)0)->to) && uuid_bytes(s, b) == 0;
+}
+
 int gcr_driver_parse_pair(const char *s, struct gcr_gpu_pair *p, struct gcr_err *err)
 {
 	const char *eq = s != NULL ? strchr(s, '=') : NULL;
