@@ -35,8 +35,6 @@ struct gcr_gpu_pair {
 };
 /* Parses "FROM=TO" (outside input: a command line); 0 or -EINVAL with err set. */
 int gcr_driver_parse_pair(const char *s, struct gcr_gpu_pair *p, struct gcr_err *err);
-/* Whether s is a GPU UUID as NVML and nvidia-smi -L print it (GPU-xxxxxxxx-xxxx-...). */
-int gcr_driver_is_uuid(const char *s);
 /* npairs 0: onto the GPUs it was checkpointed on. */
 int gcr_driver_restore(pid_t pid, const struct gcr_gpu_pair *pairs, size_t npairs, struct gcr_err *err);
 int gcr_driver_unlock(pid_t pid, struct gcr_err *err);

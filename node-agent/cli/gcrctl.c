@@ -18,6 +18,7 @@
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
 #include "gcr_time.h"
+#include "gcr_uuid.h"
 
 static int json_out;
 
@@ -471,7 +472,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case 'G':
-			if (!gcr_driver_is_uuid(optarg)) {
+			if (!gcr_uuid_valid(optarg)) {
 				fprintf(stderr, "gcrctl: --gpu '%s': expected a GPU UUID (GPU-xxxxxxxx-...)\n", optarg);
 				return 2;
 			}

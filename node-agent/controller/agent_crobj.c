@@ -1,6 +1,8 @@
 /* agent_crobj: decoding and checking Checkpoint and Restore objects (agent_crobj.h). */
 #include "agent_crobj.h"
 
+#include "gcr_uuid.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -147,7 +149,7 @@ int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_cro
 	}
 	json_t *tg = json_object_get(spec, "targetGPU"), *gp = json_object_get(spec, "gpuPairs");
 	if (kind == AGENT_CROBJ_RESTORE && tg != NULL) {
-		if (!gcr_driver_is_uuid(json_string_value(tg)))
+		if (!gcr_uuid_valid(json_string_value(tg)))
 			return gcr_err_set(err, -EINVAL, "spec.targetGPU is not a GPU UUID");
 		snprintf(o->target_gpu, sizeof(o->target_gpu), "%s", json_string_value(tg));
 	}
@@ -161,7 +163,7 @@ int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_cro
 		json_array_foreach(gp, i, pr)
 		{
 			const char *from = str(pr, "from"), *to = str(pr, "to");
-			if (!gcr_driver_is_uuid(from) || !gcr_driver_is_uuid(to))
+			if (!gcr_uuid_valid(from) || !gcr_uuid_valid(to))
 				return gcr_err_set(err, -EINVAL, "spec.gpuPairs[%zu]: from and to must be GPU UUIDs", i);
 			snprintf(o->pairs[i].from, sizeof(o->pairs[i].from), "%s", from);
 			snprintf(o->pairs[i].to, sizeof(o->pairs[i].to), "%s", to);
