@@ -205,14 +205,11 @@ static int room_need(pid_t pid, json_t **need, struct gcr_err *err)
 	return 0;
 }
 
-/* Whether every GPU in the shim status's restore record has its bytes plus the margin free
- * now; -ENOSPC if one has not, -ENOTSUP if there is no record we can read. */
-static int room_check(pid_t pid, json_t *status, const struct gcr_cr_opts *o, struct gcr_err *err)
+/* The shim status's record of what the restore needs, as an error a caller can show. */
+static int need_of(pid_t pid, json_t *status, struct gcr_shimreply_need *need, struct gcr_err *err)
 {
-	unsigned long long margin = room_margin();
-	struct gcr_shimreply_need need;
 	struct gcr_err e;
-	int rc = gcr_shimreply_restore_need(status, &need, &e);
+	int rc = gcr_shimreply_restore_need(status, need, &e);
 	if (rc == -ENOENT)
 		return gcr_err_set(err, -ENOTSUP, "the shim kept no record of the GPU memory pid %d's restore needs "
 				   "(suspended by an older gcr?); process still suspended (driver checkpointed); "
@@ -221,14 +218,75 @@ static int room_check(pid_t pid, json_t *status, const struct gcr_cr_opts *o, st
 		return gcr_err_set(err, -ENOTSUP, "the shim's record of the restore's GPU memory is malformed (%s); "
 				   "process still suspended (driver checkpointed); resume --unchecked to restore anyway",
 				   e.msg);
-	for (size_t i = 0; i < need.n; i++) {
-		const char *uuid = need.dev[i].uuid;
-		for (size_t k = 0; k < o->ngpu_pairs; k++) /* restored onto another GPU: its room counts */
-			if (strcmp(o->gpu_pairs[k].from, uuid) == 0)
-				uuid = o->gpu_pairs[k].to;
-		unsigned long long bytes = (unsigned long long)need.dev[i].bytes;
+	return 0;
+}
+
+/* The GPU that need's device i is restored onto: its pair's, else its own. */
+static const char *dest_of(const struct gcr_gpu_pair *pairs, size_t np, const char *uuid)
+{
+	for (size_t k = 0; k < np; k++)
+		if (strcmp(pairs[k].from, uuid) == 0)
+			return pairs[k].to;
+	return uuid;
+}
+
+/* The driver's gpuPairs for this process, from o's pairs or target and the GPUs its restore
+ * needs: every such GPU named (the driver wants all of them once one is remapped; identity for
+ * those o leaves alone), pairs of GPUs it did not use left out, no two onto one GPU, every
+ * target on this node and of the checkpointed GPU's model. *np 0: restore where it was. */
+static int plan_pairs(pid_t pid, const struct gcr_shimreply_need *need, const struct gcr_cr_opts *o,
+		      struct gcr_gpu_pair *out, size_t *np, struct gcr_err *err)
+{
+	*np = 0;
+	if (o->target_gpu == NULL && o->ngpu_pairs == 0)
+		return 0;
+	if (o->target_gpu != NULL && need->n != 1)
+		return gcr_err_set(err, -EINVAL, "pid %d used %zu GPUs: a target GPU needs GPU pairs for each; process "
+				   "still suspended (driver checkpointed)", (int)pid, need->n);
+	if (need->n > GCR_DRIVER_MAX_PAIRS)
+		return gcr_err_set(err, -EINVAL, "pid %d used %zu GPUs, more than the %d pairs the driver takes",
+				   (int)pid, need->n, GCR_DRIVER_MAX_PAIRS);
+	int moved = 0;
+	for (size_t i = 0; i < need->n; i++) {
+		const char *from = need->dev[i].uuid;
+		const char *to = o->target_gpu != NULL ? o->target_gpu : dest_of(o->gpu_pairs, o->ngpu_pairs, from);
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(out[j].to, to) == 0)
+				return gcr_err_set(err, -EINVAL, "pid %d: GPUs %s and %s would both be restored onto %s; "
+						   "process still suspended (driver checkpointed)", (int)pid, out[j].from,
+						   from, to);
+		snprintf(out[i].from, sizeof(out[i].from), "%s", from);
+		snprintf(out[i].to, sizeof(out[i].to), "%s", to);
+		if (strcmp(from, to) == 0)
+			continue;
+		moved = 1;
+		char m_from[128], m_to[128];
+		struct gcr_err e;
+		int rc = gcr_nvml_model(to, m_to, sizeof(m_to), &e);
+		if (rc == -ENODEV)
+			return gcr_err_set(err, -ENODEV, "pid %d: no GPU %s on this node to restore onto; process still "
+					   "suspended (driver checkpointed) on %s", (int)pid, to, from);
+		if (rc == 0 && gcr_nvml_model(from, m_from, sizeof(m_from), &e) == 0 &&
+		    strcmp(m_from, "unknown") != 0 && strcmp(m_to, "unknown") != 0 && strcmp(m_from, m_to) != 0)
+			return gcr_err_set(err, -EINVAL, "pid %d: GPU %s is an %s, the process was checkpointed on an %s "
+					   "(%s): the driver restores onto the same model only; process still suspended "
+					   "(driver checkpointed)", (int)pid, to, m_to, m_from, from);
+	}
+	*np = moved ? need->n : 0;
+	return 0;
+}
+
+/* Whether every GPU the restore needs (on the GPU pairs' targets) has its bytes plus the margin
+ * free now; -ENOSPC if one has not. */
+static int room_check(pid_t pid, const struct gcr_shimreply_need *need, const struct gcr_gpu_pair *pairs,
+		      size_t np, struct gcr_err *err)
+{
+	unsigned long long margin = room_margin();
+	for (size_t i = 0; i < need->n; i++) {
+		const char *uuid = dest_of(pairs, np, need->dev[i].uuid); /* moved: the new GPU's room counts */
+		unsigned long long bytes = (unsigned long long)need->dev[i].bytes;
 		unsigned long long fr = 0, total = 0;
-		rc = gcr_nvml_mem(uuid, &fr, &total, err);
+		int rc = gcr_nvml_mem(uuid, &fr, &total, err);
 		if (rc < 0) {
 			gcr_err_wrap(err, "cannot check the GPU has room for the restore; process still suspended "
 				     "(driver checkpointed); resume --unchecked to restore anyway");
@@ -466,8 +524,12 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	json_t *status = NULL;
 	int rc = 0, did = 0;
 	enum gcr_driver_state ds = GCR_DRIVER_RUNNING;
+	struct gcr_gpu_pair pairs[GCR_DRIVER_MAX_PAIRS];
+	size_t npairs = 0;
 	double t0 = gcr_time_mono_ms(), t;
 	r->control = o->mode == GCR_CR_DATA_ONLY ? GCR_CR_CONTROL_NONE : GCR_CR_CONTROL_DRIVER;
+	if (o->target_gpu != NULL && o->ngpu_pairs > 0)
+		return gcr_err_set(err, -EINVAL, "a target GPU or GPU pairs, not both; process %d untouched", (int)pid);
 	/* A HIP process CRIU dumped: it comes back from its images first (same pid, its staged
 	 * data in its memory), then the shim's data step below. */
 	if (dumped(o, pid)) {
@@ -510,19 +572,31 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore room not checked (driver-only: no shim keeps the "
 			"need); an out-of-memory restore would lose the process", (int)pid);
 	} else if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) {
+		struct gcr_shimreply_need need;
 		t = gcr_time_mono_ms();
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
 		if (rc == 0)
-			rc = room_check(pid, status, o, err);
+			rc = need_of(pid, status, &need, err);
+		if (rc == 0)
+			rc = plan_pairs(pid, &need, o, pairs, &npairs, err);
+		if (rc == 0)
+			rc = room_check(pid, &need, pairs, npairs, err);
 		json_decref(status);
 		status = NULL;
 		r->ms_room = gcr_time_mono_ms() - t;
 		if (rc < 0)
 			goto out;
+	} else if (o->target_gpu != NULL && ds == GCR_DRIVER_CHECKPOINTED) {
+		rc = gcr_err_set(err, -EINVAL, "a target GPU needs the shim's record of the GPUs pid %d used (not with "
+				 "--unchecked or driver-only); name them with GPU pairs", (int)pid);
+		goto out;
+	} else if (ds == GCR_DRIVER_CHECKPOINTED) { /* unchecked: o's pairs as they are */
+		npairs = o->ngpu_pairs < GCR_DRIVER_MAX_PAIRS ? o->ngpu_pairs : GCR_DRIVER_MAX_PAIRS;
+		memcpy(pairs, o->gpu_pairs, npairs * sizeof(*pairs));
 	}
 	if (ds == GCR_DRIVER_CHECKPOINTED) {
 		t = gcr_time_mono_ms();
-		rc = gcr_driver_restore(pid, o->gpu_pairs, o->ngpu_pairs, err);
+		rc = gcr_driver_restore(pid, pairs, npairs, err);
 		r->ms_restore = gcr_time_mono_ms() - t;
 		if (rc == -ENOMEM) /* past the room check: someone allocated meanwhile */
 			gcr_err_wrap(err, "the driver's restore ran out of GPU memory after the room check passed; "

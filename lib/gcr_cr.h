@@ -41,6 +41,12 @@ struct gcr_cr_opts {
 	 * room check looks at each pair's new GPU. */
 	const struct gcr_gpu_pair *gpu_pairs;
 	size_t ngpu_pairs;
+	/* Resume onto this GPU (UUID): the one GPU the process used, whichever it was (a process of
+	 * several GPUs needs gpu_pairs). Not with gpu_pairs. Pairs of GPUs the process did not use
+	 * are left out; GPUs it used that no pair names stay where they were. Before the driver is
+	 * called, every target must exist, be the same model and have room (-ENODEV / -EINVAL /
+	 * -ENOSPC, the process still suspended where it was). */
+	const char *target_gpu;
 	/* Suspend: the node agent's overcommit suspend ("wake" to the shim: the process's next call
 	 * tells the agent). Not with image_dir. */
 	int wake;

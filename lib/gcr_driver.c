@@ -1,6 +1,7 @@
 /* gcr_driver: thin, type-checked calls into the dlopen'd driver. Prototypes come
  * from cuda.h through __typeof__, so a changed signature fails the build. */
 #include "gcr_driver.h"
+#include "gcr_uuid.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -137,24 +138,6 @@ int gcr_driver_checkpoint(pid_t pid, struct gcr_err *err)
 }
 
 /* "GPU-" and 32 hex digits, dashes anywhere between them ignored, into the 16 bytes of a CUuuid. */
-static int uuid_bytes(const char *s, unsigned char out[16])
-{
-	if (strncmp(s, "GPU-", 4) != 0)
-		return -1;
-	size_t n = 0;
-	for (const char *c = s + 4; *c != '\0'; c++) {
-		if (*c == '-')
-			continue;
-		int v = *c >= '0' && *c <= '9' ? *c - '0' : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10
-			: *c >= 'A' && *c <= 'F' ? *c - 'A' + 10 : -1;
-		if (v < 0 || n >= 32)
-			return -1;
-		out[n / 2] = (unsigned char)(n % 2 == 0 ? v << 4 : out[n / 2] | v);
-		n++;
-	}
-	return n == 32 ? 0 : -1;
-}
-
 int gcr_driver_parse_pair(const char *s, struct gcr_gpu_pair *p, struct gcr_err *err)
 {
 	const char *eq = s != NULL ? strchr(s, '=') : NULL;
@@ -164,7 +147,7 @@ int gcr_driver_parse_pair(const char *s, struct gcr_gpu_pair *p, struct gcr_err 
 	memcpy(p->from, s, (size_t)(eq - s));
 	p->from[eq - s] = '\0';
 	snprintf(p->to, sizeof(p->to), "%s", eq + 1);
-	if (uuid_bytes(p->from, b) < 0 || uuid_bytes(p->to, b) < 0)
+	if (gcr_uuid_parse(p->from, b) < 0 || gcr_uuid_parse(p->to, b) < 0)
 		return gcr_err_set(err, -EINVAL, "GPU pair '%s': each side must be a GPU UUID (GPU-xxxxxxxx-...)", s);
 	return 0;
 }
@@ -180,8 +163,8 @@ int gcr_driver_restore(pid_t pid, const struct gcr_gpu_pair *pairs, size_t npair
 	CUcheckpointRestoreArgs args;
 	memset(&args, 0, sizeof(args)); /* the reserved fields must be zero */
 	for (size_t i = 0; i < npairs; i++)
-		if (uuid_bytes(pairs[i].from, (unsigned char *)gp[i].oldUuid.bytes) < 0 ||
-		    uuid_bytes(pairs[i].to, (unsigned char *)gp[i].newUuid.bytes) < 0)
+		if (gcr_uuid_parse(pairs[i].from, (unsigned char *)gp[i].oldUuid.bytes) < 0 ||
+		    gcr_uuid_parse(pairs[i].to, (unsigned char *)gp[i].newUuid.bytes) < 0)
 			return gcr_err_set(err, -EINVAL, "GPU pair %s=%s: not GPU UUIDs", pairs[i].from, pairs[i].to);
 	args.gpuPairs = gp;
 	args.gpuPairsCount = (unsigned int)npairs;

@@ -210,3 +210,15 @@ int gcr_nvml_gpu_ident(unsigned int index, char *model, size_t mlen, char *drive
 		snprintf(driver, dlen, "%s", buf);
 	return 0;
 }
+
+int gcr_nvml_model(const char *uuid, char *model, size_t mlen, struct gcr_err *err)
+{
+	char uuids[GCR_NVML_MAX_DEVICES][GCR_NVML_UUID_LEN], driver[8];
+	int n = 0;
+	snprintf(model, mlen, "unknown");
+	int rc = gcr_nvml_gpus(uuids, GCR_NVML_MAX_DEVICES, &n, err);
+	for (int i = 0; rc == 0 && i < n; i++)
+		if (strcmp(uuids[i], uuid) == 0)
+			return gcr_nvml_gpu_ident((unsigned)i, model, mlen, driver, sizeof(driver), err);
+	return rc < 0 ? rc : gcr_err_set(err, -ENODEV, "no GPU %s on this node", uuid);
+}

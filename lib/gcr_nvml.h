@@ -37,4 +37,8 @@ int gcr_nvml_gpus(char (*uuids)[GCR_NVML_UUID_LEN], int max, int *n, struct gcr_
 int gcr_nvml_gpu_ident(unsigned int index, char *model, size_t mlen, char *driver, size_t dlen,
 		       struct gcr_err *err);
 
+/* The model name of the GPU with this UUID ("unknown" where NVML cannot say); -ENODEV when no
+ * GPU has it, -ENOENT without NVML. */
+int gcr_nvml_model(const char *uuid, char *model, size_t mlen, struct gcr_err *err);
+
 #endif

@@ -12,6 +12,7 @@ lib_libgcrcommon_la_SOURCES = \
 	lib/gcr_sha256.c lib/gcr_sha256.h \
 	lib/gcr_image.c lib/gcr_image.h \
 	lib/gcr_groupmsg.c lib/gcr_groupmsg.h \
+	lib/gcr_uuid.c lib/gcr_uuid.h \
 	include/gcr/protocol.h
 lib_libgcrcommon_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden $(JANSSON_CFLAGS)
 

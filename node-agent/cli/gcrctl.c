@@ -19,6 +19,7 @@
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
 #include "gcr_time.h"
+#include "gcr_uuid.h"
 
 static int json_out;
 
@@ -61,7 +62,9 @@ static void usage(FILE *f)
 		"                                             and CRIU files checked first, the GPU data while\n"
 		"                                             CRIU restores (or first, with --verify-first)\n"
 		"--gpu-pair FROM=TO (resume, restore; repeatable): the driver restores the GPU with UUID FROM's\n"
-		"state onto the GPU with UUID TO (same model; nvidia-smi -L lists UUIDs).\n"
+		"state onto the GPU with UUID TO (same model; nvidia-smi -L lists UUIDs); --gpu UUID: the one\n"
+		"GPU the process used, whichever it was, onto GPU UUID. Checked first: the target exists, is\n"
+		"the same model and has room; otherwise the process stays suspended where it was.\n"
 		"--driver-only: the driver's checkpoint API alone; --no-driver (or --keep-context): the\n"
 		"shim's data step alone, the CUDA context stays resident. Socket dir: $%s or %s.\n"
 		"HIP (AMD) processes: the control step is CRIU (criu dump, which ends the process, and\n"
@@ -518,13 +521,14 @@ int main(int argc, char **argv)
 		{ "verify-first", no_argument, NULL, 'F' }, { "container", no_argument, NULL, 'C' },
 		{ "gpu-pair", required_argument, NULL, 'P' },
 		{ "group", required_argument, NULL, 'G' },
+		{ "gpu", required_argument, NULL, 'g' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int ch, replicas = -1, sample_ms = 0, leave_running = 0, verify_first = 0, container = 0;
 	const char *image = NULL, *group = NULL;
 	/* GNU getopt permutes, so options may also follow the command. */
 	static struct gcr_gpu_pair pairs[GCR_DRIVER_MAX_PAIRS];
-	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LFCP:G:", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "s:jt:DNhVr:S:I:Ui:LFCP:G:g:", opts, NULL)) != -1) {
 		switch (ch) {
 		case 'G': group = optarg; break;
 		case 's': o.socket_dir = optarg; break;
@@ -572,6 +576,13 @@ int main(int argc, char **argv)
 			o.ngpu_pairs++;
 			break;
 		}
+		case 'g':
+			if (!gcr_uuid_valid(optarg)) {
+				fprintf(stderr, "gcrctl: --gpu '%s': expected a GPU UUID (GPU-xxxxxxxx-...)\n", optarg);
+				return 2;
+			}
+			o.target_gpu = optarg;
+			break;
 		case 'N': o.mode = GCR_CR_DATA_ONLY; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("gcrctl %s\n", PACKAGE_VERSION); return 0;

@@ -601,9 +601,14 @@ static int timeout_ms_of(const struct agent_crobj *d)
  * they were suspended in, all at once (gcr_scale_run: one thread per process). Returns 0 or
  * the first error, with its message in err. */
 static int resume_all(struct agent_controller *c, const struct proc *p, int n, enum gcr_cr_mode mode,
-		      int timeout_ms, struct gcr_cr_result *sum, struct gcr_err *err)
+		      int timeout_ms, const struct agent_crobj *rs, struct gcr_cr_result *sum, struct gcr_err *err)
 {
 	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = timeout_ms };
+	if (rs != NULL) { /* a Restore: onto the GPUs it names, if any */
+		opts.target_gpu = rs->target_gpu[0] != '\0' ? rs->target_gpu : NULL;
+		opts.gpu_pairs = rs->pairs;
+		opts.ngpu_pairs = rs->npairs;
+	}
 	struct gcr_scale_proc sp[MAX_PROCS];
 	int k = 0;
 	for (int i = 0; i < n && k < MAX_PROCS; i++)
@@ -765,7 +770,7 @@ static void run_checkpoint(struct agent_controller *c, struct op *o, struct agen
 				bad = i;
 		}
 		struct gcr_err e2;
-		int urc = nu > 0 ? resume_all(c, undo, nu, mode, opts.timeout_ms, NULL, &e2) : 0;
+		int urc = nu > 0 ? resume_all(c, undo, nu, mode, opts.timeout_ms, NULL, NULL, &e2) : 0;
 		snprintf(note, sizeof(note), "suspend of pid %d failed: %s%s%s", (int)sp[bad].pid, sp[bad].err.msg,
 			 nu == 0 ? "" : urc == 0 ? "; processes already suspended were resumed" : "; undo failed: ",
 			 nu > 0 && urc < 0 ? e2.msg : "");
@@ -1321,7 +1326,7 @@ static void recover_checkpoint(struct agent_controller *c, struct op *o, struct 
 		start_checkpoint(c, o, r, p, n);
 	} else {
 		struct gcr_err err;
-		int rc = n > 0 ? resume_all(c, p, n, mode, timeout_ms_of(&o->d), NULL, &err) : 0;
+		int rc = n > 0 ? resume_all(c, p, n, mode, timeout_ms_of(&o->d), NULL, NULL, &err) : 0;
 		char note[1024];
 		snprintf(note, sizeof(note), "the agent restarted mid-checkpoint%s; %s%s", gone ? " and a process is gone" : "",
 			 rc == 0 ? "partly suspended processes were resumed" : "undo failed: ", rc == 0 ? "" : err.msg);
@@ -1352,7 +1357,7 @@ static int release_processes(struct agent_controller *c, struct agent_record *r,
 	struct proc p[MAX_PROCS];
 	int gone, n = verified_procs(c, r, p, &gone);
 	struct gcr_err err;
-	int rc = n > 0 ? resume_all(c, p, n, mode_of(r->keep_context), DEFAULT_TIMEOUT_MS, NULL, &err) : 0;
+	int rc = n > 0 ? resume_all(c, p, n, mode_of(r->keep_context), DEFAULT_TIMEOUT_MS, NULL, NULL, &err) : 0;
 	if (rc < 0) {
 		snprintf(note, len, "resuming the processes failed (%s); they stay suspended and restorable, retrying",
 			 err.msg);
@@ -1497,7 +1502,7 @@ static int wait_for_room(struct agent_controller *c, struct op *o, const struct 
 			return gcr_err_set(err, -ECANCELED, "agent stopping while waiting for GPU memory");
 		delay = delay * 2 < ROOM_RETRY_MAX_MS ? delay * 2 : ROOM_RETRY_MAX_MS;
 		tries++;
-		rc = resume_all(c, p, n, mode, timeout_ms_of(&o->d), sum, err);
+		rc = resume_all(c, p, n, mode, timeout_ms_of(&o->d), &o->d, sum, err);
 		if (rc < 0 && err->code == -ENOSPC)
 			rc = -ENOSPC;
 		GCR_LOG(GCR_LOG_INFO, "controller", "Restore %s/%s: try %d after waiting for GPU memory: %s", o->d.ns,
@@ -1560,7 +1565,7 @@ static void run_restore(struct agent_controller *c, struct op *o, struct agent_r
 	struct gcr_err err;
 	double t0 = gcr_time_mono_ms();
 	test_pause(c, "before-rs");
-	int rc = resume_all(c, p, n, mode, timeout_ms_of(d), &sum, &err);
+	int rc = resume_all(c, p, n, mode, timeout_ms_of(d), d, &sum, &err);
 	if (rc < 0 && err.code == -ENOSPC)
 		rc = wait_for_room(c, o, p, n, mode, &sum, &err);
 	double ms = gcr_time_mono_ms() - t0;

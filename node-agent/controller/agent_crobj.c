@@ -1,6 +1,8 @@
 /* agent_crobj: decoding and checking Checkpoint and Restore objects (agent_crobj.h). */
 #include "agent_crobj.h"
 
+#include "gcr_uuid.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -144,6 +146,29 @@ int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_cro
 		if (!agent_crobj_is_subdomain(json_string_value(pn)))
 			return gcr_err_set(err, -EINVAL, "spec.podName is not a valid pod name");
 		snprintf(o->pod, sizeof(o->pod), "%s", json_string_value(pn));
+	}
+	json_t *tg = json_object_get(spec, "targetGPU"), *gp = json_object_get(spec, "gpuPairs");
+	if (kind == AGENT_CROBJ_RESTORE && tg != NULL) {
+		if (!gcr_uuid_valid(json_string_value(tg)))
+			return gcr_err_set(err, -EINVAL, "spec.targetGPU is not a GPU UUID");
+		snprintf(o->target_gpu, sizeof(o->target_gpu), "%s", json_string_value(tg));
+	}
+	if (kind == AGENT_CROBJ_RESTORE && gp != NULL) {
+		if (tg != NULL)
+			return gcr_err_set(err, -EINVAL, "spec.targetGPU and spec.gpuPairs together");
+		if (!json_is_array(gp) || json_array_size(gp) > AGENT_CROBJ_MAX_PAIRS)
+			return gcr_err_set(err, -EINVAL, "spec.gpuPairs is not a list of at most %d pairs",
+					   AGENT_CROBJ_MAX_PAIRS);
+		json_t *pr;
+		json_array_foreach(gp, i, pr)
+		{
+			const char *from = str(pr, "from"), *to = str(pr, "to");
+			if (!gcr_uuid_valid(from) || !gcr_uuid_valid(to))
+				return gcr_err_set(err, -EINVAL, "spec.gpuPairs[%zu]: from and to must be GPU UUIDs", i);
+			snprintf(o->pairs[i].from, sizeof(o->pairs[i].from), "%s", from);
+			snprintf(o->pairs[i].to, sizeof(o->pairs[i].to), "%s", to);
+		}
+		o->npairs = json_array_size(gp);
 	}
 	json_t *to = json_object_get(spec, "timeoutSeconds");
 	if (to != NULL) {

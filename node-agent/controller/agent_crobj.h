@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 
+#include "gcr_driver.h"
 #include "gcr_error.h"
 
 /* Buffer sizes with the NUL: a namespace or container name is a DNS label (63), an object,
@@ -15,6 +16,8 @@
 #define AGENT_CROBJ_NS_LEN 64
 #define AGENT_CROBJ_NAME_LEN 254
 #define AGENT_CROBJ_UID_LEN 64
+/* Restore spec.gpuPairs: at most this many (the CRD's maxItems). */
+#define AGENT_CROBJ_MAX_PAIRS 16
 
 /* The finalizer the node agent keeps on a Checkpoint while its processes are suspended by it. */
 #define AGENT_CROBJ_FINALIZER "gpucr.dev/resume-on-delete"
@@ -52,6 +55,11 @@ struct agent_crobj {
 	/* Restore spec.podName: the new pod (created from the runtime's checkpoint) whose restored
 	 * process gets the GPU data of an Image; "" when absent (a Suspend's own processes). */
 	char pod[AGENT_CROBJ_NAME_LEN];
+	/* Restore spec.targetGPU ("" when absent) or spec.gpuPairs: resume onto other GPUs of the
+	 * node (gcr_cr_opts.target_gpu / gpu_pairs). */
+	char target_gpu[GCR_DRIVER_UUID_LEN];
+	struct gcr_gpu_pair pairs[AGENT_CROBJ_MAX_PAIRS];
+	size_t npairs;
 	int timeout_s;                      /* spec.timeoutSeconds, 0 when absent */
 	/* status: hints only */
 	enum agent_crobj_phase phase;

@@ -488,6 +488,7 @@ def case_restore_fails(f):
 # does; gcrctl must refuse before it while another process holds the GPU. ----
 
 ENOSPC = 28
+ENODEV = 19
 ROOM_MARGIN_MIB = 16   # GCR_RESTORE_MARGIN_MIB for these cases
 ROOM_SCRATCH_MIB = 8   # FAKECUDA_RESTORE_SCRATCH_MIB: the fake driver's own restore work
 
@@ -627,6 +628,32 @@ def case_restore_room_unchecked(f):
         check(not r.ok and "CUDA_ERROR_OPERATING_SYSTEM" in (r.error or ""),
               "resume %s after the out-of-memory restore, GPU empty: %s" % (flags, r.describe()))
     p.kill()
+
+
+def case_other_gpu(f):
+    """Resume onto another GPU (--gpu, --gpu-pair; a Restore's targetGPU/gpuPairs): checked before
+    the driver is called. A target this node lacks is refused (-ENODEV) with the process still
+    suspended where it was; --gpu with --gpu-pair is refused untouched; a pair of a GPU the
+    process did not use is left out (the driver wants only the GPUs it checkpointed), so the
+    resume runs in place; the data is bit-exact after all of it. Moving for real needs two GPUs
+    (tests/gpu/test_gpu.py, move-gpu)."""
+    absent = "GPU-00000000-1111-2222-3333-444444444444"
+    p = f.start(["--mib", "32", "--iters", "5", "--wait"])
+    check(f.ctl("suspend", p.pid).ok, "suspend")
+    r = f.ctl("resume", p.pid, "--gpu", absent)
+    check(not r.ok and r.get("code") == -ENODEV and "no GPU %s" % absent in (r.error or "")
+          and "still suspended" in (r.error or ""), "resume onto an absent GPU: %s" % r.describe())
+    check(f.state(p.pid) == "checkpointed", "driver state %s after the refusal" % f.state(p.pid))
+    check(f.mem(p.pid) == 0, "GPU memory held after the refusal")
+    r = f.ctl("resume", p.pid, "--gpu", absent, "--gpu-pair", absent + "=" + absent.replace("0000", "5555"))
+    check(not r.ok and "not both" in (r.error or ""), "--gpu with --gpu-pair: %s" % r.describe())
+    check(f.state(p.pid) == "checkpointed", "driver state %s after --gpu with --gpu-pair" % f.state(p.pid))
+    r = f.ctl("resume", p.pid, "--gpu", "GPU-12")
+    check(r.rc == 2 and "GPU UUID" in (r.stderr or ""), "a malformed --gpu: %s" % r.describe())
+    r = f.ctl("resume", p.pid, "--gpu-pair", absent + "=" + absent.replace("0000", "5555"))
+    check(r.ok, "a pair of a GPU the process did not use is left out, the resume in place: %s" % r.describe())
+    p.send("go")
+    f.finish(p)
 
 
 def case_modes(f):
@@ -863,6 +890,7 @@ CASES = [
     ("restore-room", case_restore_room),
     ("restore-room-unchecked", case_restore_room_unchecked),
     ("suspend-cut-short", case_suspend_cut_short),
+    ("other-gpu", case_other_gpu),
     ("modes", case_modes),
     ("peer-credentials", case_peer_credentials),
     ("zero-skip", case_zero_skip),

@@ -435,9 +435,10 @@ def case_write_fails(c):
 
 
 def case_gpu_pair_unknown(c):
-    """--gpu-pair reaches the driver's restore (the stand-in checks its arguments: reserved fields
-    zero, both UUIDs known): a pair naming GPUs this machine lacks fails the driver's restore, the
-    restored process is killed and reaped, nothing runs; without the pair the image restores.
+    """Restoring an image onto another GPU (--gpu, --gpu-pair): a target this machine lacks is
+    refused before the driver's restore (-ENODEV), the restored process killed and reaped,
+    nothing runs; a malformed pair is refused by gcrctl; a pair of GPUs the process did not use
+    is left out (the driver wants only the GPUs it checkpointed), so the image restores in place.
     Restoring onto another GPU for real needs a two-GPU machine (tests/gpu/test_image_gpu.py)."""
     p = c.start(["--mib", "16", "--wait", "--iters", "30"])
     p.send("go")
@@ -445,15 +446,18 @@ def case_gpu_pair_unknown(c):
     img = os.path.join(c.d, "img")
     checkpoint(c, p, img)
     p.reap()
-    pair = "GPU-00000000-1111-2222-3333-444444444444=GPU-55555555-6666-7777-8888-999999999999"
-    rc, rep, err = c.ctl("restore", "--image", img, "--gpu-pair", pair)
-    check(rc != 0, "restore onto GPUs that do not exist succeeded: %s" % rep)
-    check("cuCheckpointProcessRestore" in err and "killed" in err, "unexpected failure: %s" % err)
+    absent = "GPU-00000000-1111-2222-3333-444444444444"
+    rc, rep, err = c.ctl("restore", "--image", img, "--gpu", absent)
+    check(rc != 0, "restore onto a GPU that does not exist succeeded: %s" % rep)
+    check("no GPU %s" % absent in err and "killed" in err, "unexpected failure: %s" % err)
     check(not c.alive(p.pid), "the restored process still runs")
     print("  refused: %s" % err.strip().splitlines()[-1][:240])
     rc, rep, err = c.ctl("restore", "--image", img, "--gpu-pair", "GPU-12")
     check(rc == 2 and "GPU UUID" in err, "a malformed pair: rc %d %s" % (rc, err))
-    restore_ok(c, p, img)
+    pair = absent + "=GPU-55555555-6666-7777-8888-999999999999"
+    rc, rep, err = c.ctl("restore", "--image", img, "--gpu-pair", pair)
+    check(rc == 0 and rep.get("ok") and rep.get("pid") == p.pid and c.alive(p.pid),
+          "a pair of GPUs the process did not use, left out: rc %d %s %s" % (rc, rep, err))
     finish(p)
 
 

@@ -45,6 +45,15 @@ static void check_obj(json_t *j, enum agent_crobj_kind kind)
 	if ((o.cpu_kubelet && (kind != AGENT_CROBJ_CHECKPOINT || o.action != AGENT_ACTION_IMAGE)) ||
 	    (o.pod[0] != '\0' && (kind != AGENT_CROBJ_RESTORE || !agent_crobj_is_subdomain(o.pod))))
 		abort();
+	/* Other GPUs: only a Restore names them, one way or the other, each a UUID. */
+	if ((o.target_gpu[0] != '\0' || o.npairs > 0) && (kind != AGENT_CROBJ_RESTORE ||
+							 (o.target_gpu[0] != '\0' && o.npairs > 0)))
+		abort();
+	if (o.npairs > AGENT_CROBJ_MAX_PAIRS || (o.target_gpu[0] != '\0' && !gcr_uuid_valid(o.target_gpu)))
+		abort();
+	for (size_t i = 0; i < o.npairs; i++)
+		if (!gcr_uuid_valid(o.pairs[i].from) || !gcr_uuid_valid(o.pairs[i].to))
+			abort();
 }
 
 static void check_record(json_t *j)

@@ -418,6 +418,30 @@ def gpu_mem_mib(cfg, pid):
     return total
 
 
+def gpu_uuids(cfg):
+    """The GPUs' UUIDs in nvidia-smi's order, or [] when it cannot say."""
+    out = _smi(cfg, ["--query-gpu=uuid", "--format=csv,noheader"])
+    return [l.strip() for l in (out or "").splitlines() if l.strip().startswith("GPU-")]
+
+
+def gpu_mem_by_uuid(cfg, pid):
+    """{GPU UUID: MiB} nvidia-smi reports for pid on each GPU it is listed on; None when
+    nvidia-smi failed."""
+    out = _smi(cfg, ["--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"])
+    if out is None:
+        return None
+    mem = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            if len(parts) < 3 or int(parts[0]) != int(pid):
+                continue
+            mem[parts[1]] = mem.get(parts[1], 0) + int(float(parts[2]))
+        except ValueError:
+            continue
+    return mem
+
+
 def gpu_used_mib(cfg):
     """Device-wide memory.used (MiB) of the first GPU, or None."""
     out = _smi(cfg, ["--query-gpu=memory.used", "--format=csv,noheader,nounits"])

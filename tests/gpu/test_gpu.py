@@ -233,6 +233,60 @@ for _api in (["--api", "link"], ["--api", "dlsym"], ["--api", "procaddr"], ["--a
     test(_name, 40, TP_NEEDS)(tp_cycle_test(_api + ALL_FEATURES))
 
 
+MOVE_MIB = env_int("GCR_MOVE_MIB", 8192)
+MOVE_REPS = env_int("GCR_MOVE_REPS", 3)
+
+
+@test("move-gpu", 120, TP_NEEDS)
+def t_move_gpu(T):
+    """Issue 31 part 3: a process moved from GPU 0 to GPU 1 and back (gcrctl resume --gpu: the
+    driver's restore with GPU pairs, then the shim's data step at the same addresses): after each
+    move nvidia-smi lists it only on the new GPU, 0 MiB anywhere while suspended, and the
+    program's own check at the end is exact. Timed against same-GPU resumes of the same process
+    in the same run (medians of GCR_MOVE_REPS); refusals first: a GPU the node lacks, with the
+    process still suspended where it was."""
+    uuids = H.gpu_uuids(T.cfg)
+    if len(uuids) < 2:
+        raise NotRun("needs two GPUs (nvidia-smi lists %d)" % len(uuids))
+    mib = MOVE_MIB // 4 * 4
+    p, pid, _ = T.start("prog", [T.cfg.testprog, "--module", T.cfg.fatbin, "--mib", mib, "--buffers", 4,
+                                 "--threads", TP_THREADS, "--iters", TP_ITERS * 4, "--wait", "--device", 0])
+    p.send("go")
+    p.expect(PROGRESS, T.timeout(180), since=0, what="first ITER")
+    where = H.gpu_mem_by_uuid(T.cfg, pid) or {}
+    check(list(where) == [uuids[0]], "running on %r, expected only %s" % (where, uuids[0]))
+    absent = "GPU-00000000-1111-2222-3333-444444444444"
+    check(T.ctl("suspend", pid).ok, "suspend")
+    expect_refusal(T, T.ctl("resume", pid, ["--gpu", absent]), "resume onto a GPU the node lacks", "no GPU")
+    check(T.S.gpu_mem(pid) == 0, "GPU memory held after the refusal")
+    check(T.ctl("resume", pid).ok, "resume in place after the refusal")
+    same, moved = [], []
+    on = 0
+    for i in range(MOVE_REPS):
+        for target in (1 - on, on):  # a move, then a resume in place on the new GPU
+            s = T.ctl("suspend", pid)
+            check(s.ok, "suspend before %s: %s" % ("move" if target != on else "resume", s.describe()))
+            check(T.S.gpu_mem(pid) == 0, "GPU memory held while suspended")
+            flags = ["--gpu", uuids[target]] if target != on else []
+            r = T.ctl("resume", pid, flags)
+            check(r.ok, "resume %s: %s\n%s" % (flags, r.describe(), p.tail()))
+            (moved if target != on else same).append(r.get("ms", "total"))
+            where = H.gpu_mem_by_uuid(T.cfg, pid) or {}
+            check(list(where) == [uuids[target]], "after resume %s: nvidia-smi lists the process on %r" % (
+                flags, where))
+            T.log(event="move" if target != on else "same", rep=i, to=uuids[target], resume=r.record())
+            on = target
+            if not p.seen(r"DONE\b"):  # the program computes on its new GPU before the next move
+                mark = p.mark()
+                p.expect(PROGRESS, T.timeout(120), since=mark, what="progress after the resume")
+    med_same, med_moved = statistics.median(same), statistics.median(moved)
+    T.log(event="move-summary", mib=mib, same_ms=same, moved_ms=moved, median_same_ms=med_same,
+          median_moved_ms=med_moved, ratio=med_moved / med_same if med_same else None)
+    T.note("%d MiB: resume in place %.0f ms, onto the other GPU %.0f ms (%.2fx; medians of %d)" % (
+        mib, med_same, med_moved, med_moved / med_same if med_same else 0, len(same)))
+    finish(T, p)
+
+
 @test("error-nonexistent-pid", 10, ("gcrctl",))
 def t_nonexistent(T):
     try:

@@ -650,6 +650,26 @@ def main():
         untouched(fx["pid"])
         E.wait_event("rs-room", "Normal", "Restored")
 
+    def restore_onto_absent_gpu():
+        """A Restore naming another GPU (spec.targetGPU) that this node lacks: Failed with the
+        reason and a Warning Event before the driver is touched, the process still suspended and
+        checkpointed where it was; a plain Restore of the same Checkpoint then brings it back."""
+        E.apply(checkpoint("ck-gpu", "gpu-pod"))
+        c = E.wait_phase("checkpoint", "ck-gpu", ("Succeeded", "Failed"))
+        check(c["status"]["phase"] == "Succeeded", "checkpoint: %s" % c["status"].get("message"))
+        suspended(fx["pid"])
+        absent = "GPU-00000000-1111-2222-3333-444444444444"
+        obj = restore("rs-gpu-absent", "ck-gpu")
+        obj["spec"]["targetGPU"] = absent
+        E.apply(obj)
+        r = E.wait_phase("restore", "rs-gpu-absent", ("Succeeded", "Failed"))["status"]
+        msg = r.get("message", "")
+        check(r["phase"] == "Failed" and "no GPU %s" % absent in msg and "still suspended" in msg,
+              "Restore onto an absent GPU: %s" % json.dumps(r))
+        E.wait_event("rs-gpu-absent", "Warning")
+        suspended(fx["pid"])
+        do_restore("rs-gpu-back", "ck-gpu")
+
     def bad(name, obj, kind, want):
         E.apply(obj)
         o = E.wait_phase(kind, name, ("Succeeded", "Failed"))
@@ -912,6 +932,8 @@ def main():
                  "having waited, holds and renews it; none for a node without agent pod", own_lease)
             case("GPU full at restore: Restore waits (WaitingForGPUMemory, Warning Event), succeeds once "
                  "room is back", restore_waits_for_room)
+            case("Restore onto a GPU the node lacks (spec.targetGPU): Failed + Event before the driver, still "
+                 "suspended where it was; a plain Restore then succeeds", restore_onto_absent_gpu)
             case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
             case("bad input: pod without a GCR process -> Failed + Event", no_shim)
             case("bad input: pod on a node without an agent -> Failed + Event, process untouched",

@@ -85,6 +85,12 @@ tests_unit_test_criu_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
 tests_unit_test_criu_LDADD = lib/libgcrcontrol.la lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 
 # The image checksum (lib/gcr_crc32c): known answers, instruction against table.
+check_PROGRAMS += tests/unit/test_gcr_uuid
+TESTS += tests/unit/test_gcr_uuid
+tests_unit_test_gcr_uuid_SOURCES = tests/unit/test_gcr_uuid.c
+tests_unit_test_gcr_uuid_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
+tests_unit_test_gcr_uuid_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+
 check_PROGRAMS += tests/unit/test_gcr_crc32c
 TESTS += tests/unit/test_gcr_crc32c
 tests_unit_test_gcr_crc32c_SOURCES = tests/unit/test_gcr_crc32c.c
