@@ -272,7 +272,35 @@ static int plan_pairs(pid_t pid, const struct gcr_shimreply_need *need, const st
 					   "(%s): the driver restores onto the same model only; process still suspended "
 					   "(driver checkpointed)", (int)pid, to, m_to, m_from, from);
 	}
-	*np = moved ? need->n : 0;
+	if (!moved)
+		return 0;
+	/* The driver takes the pairs as a permutation of the process's GPUs (measured on two H100s:
+	 * 0->1 alone is CUDA_ERROR_INVALID_VALUE, 0->1 with 1->0 restores onto GPU 1): a GPU a pair
+	 * moves onto, which the process still sees under its own ordinal, goes where a moved GPU was.
+	 * Such a GPU holds none of the process's memory, so it needs no room. */
+	size_t n = need->n;
+	for (size_t i = 0; i < need->n; i++) {
+		int is_from = 0;
+		for (size_t j = 0; j < need->n; j++)
+			is_from |= strcmp(out[j].from, out[i].to) == 0;
+		if (is_from)
+			continue;
+		for (size_t j = 0; j < need->n; j++) { /* a GPU moved away, not yet anyone's target */
+			int taken = 0;
+			for (size_t k = 0; k < n; k++)
+				taken |= strcmp(out[k].to, out[j].from) == 0;
+			if (taken)
+				continue;
+			if (n == GCR_DRIVER_MAX_PAIRS)
+				return gcr_err_set(err, -EINVAL, "pid %d: more GPU pairs than the driver takes",
+						   (int)pid);
+			snprintf(out[n].from, sizeof(out[n].from), "%s", out[i].to);
+			snprintf(out[n].to, sizeof(out[n].to), "%s", out[j].from);
+			n++;
+			break;
+		}
+	}
+	*np = n;
 	return 0;
 }
 
