@@ -294,8 +294,8 @@ static int plan_pairs(pid_t pid, const struct gcr_shimreply_need *need, const st
 			if (n == GCR_DRIVER_MAX_PAIRS)
 				return gcr_err_set(err, -EINVAL, "pid %d: more GPU pairs than the driver takes",
 						   (int)pid);
-			snprintf(out[n].from, sizeof(out[n].from), "%s", out[i].to);
-			snprintf(out[n].to, sizeof(out[n].to), "%s", out[j].from);
+			memcpy(out[n].from, out[i].to, sizeof(out[n].from)); /* same size, NUL-terminated */
+			memcpy(out[n].to, out[j].from, sizeof(out[n].to));
 			n++;
 			break;
 		}
