@@ -30,6 +30,7 @@ fuzz_manifest|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256
 fuzz_roommsg|node-agent/overcommit/agent_roommsg.c lib/gcr_proto.c|jansson
 fuzz_evictmsg|node-agent/evict/agent_evictmsg.c|jansson
 fuzz_ocipath|node-agent/daemon/agent_ociimg.c lib/gcr_sha256.c|jansson
+fuzz_ocihead|node-agent/daemon/agent_ociimg.c lib/gcr_sha256.c|jansson
 fuzz_imagemac|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c|jansson
 '
 # Linked into every target.
