@@ -1,4 +1,4 @@
-/* agent_criimg: three CRI calls over gRPC core (the device plugin's library), each a unary call
+/* agent_criimg: two CRI calls over gRPC core (the device plugin's library), each a unary call
  * on a channel of its own, waited for on a completion queue of its own: the sweep runs every
  * few seconds, so nothing is kept open between calls. */
 #include "agent_criimg.h"
@@ -178,29 +178,6 @@ int agent_criimg_images(const char *endpoint, const char *prefix, struct agent_c
 	if (rc < 0)
 		agent_criimg_list_clear(out);
 	return rc;
-}
-
-int agent_criimg_in_use(const char *endpoint, const char *id, int *used, struct gcr_err *err)
-{
-	*used = 0;
-	Runtime__V1__ListContainersRequest req = RUNTIME__V1__LIST_CONTAINERS_REQUEST__INIT;
-	uint8_t rb[16], *resp = NULL;
-	size_t rl = runtime__v1__list_containers_request__pack(&req, rb), len = 0;
-	int rc = call(endpoint, "/runtime.v1.RuntimeService/ListContainers", rb, rl, &resp, &len, err);
-	if (rc < 0)
-		return rc;
-	Runtime__V1__ListContainersResponse *r = runtime__v1__list_containers_response__unpack(NULL, len, resp);
-	free(resp);
-	if (r == NULL)
-		return gcr_err_set(err, -EBADMSG, "CRI ListContainers: an answer that does not decode");
-	for (size_t i = 0; i < r->n_containers && !*used; i++) {
-		const Runtime__V1__Container *c = r->containers[i];
-		*used = (c->image_ref != NULL && strcmp(c->image_ref, id) == 0) ||
-			(c->image_id != NULL && strcmp(c->image_id, id) == 0) ||
-			(c->image != NULL && c->image->image != NULL && strcmp(c->image->image, id) == 0);
-	}
-	runtime__v1__list_containers_response__free_unpacked(r, NULL);
-	return 0;
 }
 
 int agent_criimg_remove(const char *endpoint, const char *id, struct gcr_err *err)

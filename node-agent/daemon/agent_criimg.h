@@ -1,6 +1,5 @@
 /* agent_criimg: the node's container image store, through the runtime's CRI socket (the one
- * the kubelet uses): the images whose names start with a prefix, the images containers were
- * created from, and the removal of an image. What agent_ocireg's sweep needs so that no
+ * the kubelet uses): the images whose names start with a prefix, and the removal of an image. What agent_ocireg's sweep needs so that no
  * checkpoint image stays where a pod could start from it without a pull (docs/install.md,
  * "The image registry"). */
 #ifndef AGENT_CRIIMG_H
@@ -33,10 +32,6 @@ void agent_criimg_shutdown(void);
 int agent_criimg_images(const char *endpoint, const char *prefix, struct agent_criimg_list *out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 void agent_criimg_list_clear(struct agent_criimg_list *l);
-
-/* Whether a container (any state) of the runtime was created from image id: *used 1 or 0. */
-int agent_criimg_in_use(const char *endpoint, const char *id, int *used, struct gcr_err *err)
-	__attribute__((warn_unused_result));
 
 /* Removes image id (every name of it) from the store; gone already is success. */
 int agent_criimg_remove(const char *endpoint, const char *id, struct gcr_err *err)

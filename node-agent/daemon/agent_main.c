@@ -148,7 +148,7 @@ static const struct opt_row opts_table[] = {
 	  "pulls checkpoint images from this agent only (docs/install.md, \"The image registry\")" },
 	{ "restore-cri-endpoint", "restoreCriEndpoint", SLOT(restore_cri_endpoint), NULL,
 	  "the container runtime's CRI socket (the kubelet's): checkpoint images are removed from the node's image "
-	  "store once a container was created from them or their token is withdrawn (default: none, they stay)" },
+	  "store once a container was started from them or their token is withdrawn (default: none, they stay)" },
 	{ "images-key-dir", "imagesKeyDir", SLOT(images_key_dir), NULL,
 	  "directory of the shared images' key (\"key\", and \"previous\" while rotating): every image is signed, "
 	  "every restore refuses one not signed with it; required with --images-shared (docs/images.md)" },

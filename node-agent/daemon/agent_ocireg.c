@@ -8,7 +8,7 @@
  * for its replacement pod), or whose status.image.reference its node agent published (any other
  * Kubelet image, for a user's own new pod): the manifest by that tag, blobs by the digests of an
  * image whose tag was asked; everything else is 404. A sweep keeps the node's image store from
- * holding a checkpoint image once a container was created from it or its token is withdrawn
+ * holding a checkpoint image once a container was started from it or its token is withdrawn
  * (agent_criimg). Tokens are never logged. */
 #include "agent_ocireg.h"
 
@@ -516,10 +516,57 @@ static void metrics(FILE *f, void *data)
 
 /* ---- the node's image store ---- */
 
+/* The images named by containers of this node's pods that have started (running, or ended): a
+ * container the runtime restored from a checkpoint image reports its base image to the CRI, so
+ * the pods say which checkpoint image it was made from. A JSON object used as a set, or NULL. */
+static json_t *started_images(struct agent_ocireg *r)
+{
+	char path[400];
+	snprintf(path, sizeof(path), "/api/v1/pods?fieldSelector=spec.nodeName%%3D%s", r->cfg.node);
+	long st = 0;
+	json_t *list = NULL, *out = NULL;
+	struct gcr_err err;
+	if (agent_kube_request(r->kube, "GET", path, NULL, NULL, &st, &list, &err) < 0 || st != 200) {
+		GCR_LOG(GCR_LOG_DEBUG, "ocireg", "image store: pods of node %s not listed (HTTP %ld)", r->cfg.node, st);
+		json_decref(list);
+		return NULL;
+	}
+	out = json_object();
+	size_t i, k;
+	json_t *pod, *cs;
+	json_array_foreach(json_object_get(list, "items"), i, pod)
+	{
+		json_t *spec = json_object_get(pod, "spec"), *status = json_object_get(pod, "status");
+		const char *lists[][2] = { { "containers", "containerStatuses" }, { "initContainers", "initContainerStatuses" } };
+		for (size_t l = 0; l < 2; l++) {
+			json_array_foreach(json_object_get(status, lists[l][1]), k, cs)
+			{
+				json_t *state = json_object_get(cs, "state"), *last = json_object_get(cs, "lastState");
+				const char *cname = json_string_value(json_object_get(cs, "name"));
+				if (cname == NULL || (json_object_get(state, "running") == NULL &&
+						      json_object_get(state, "terminated") == NULL &&
+						      json_object_get(last, "terminated") == NULL))
+					continue;
+				size_t j;
+				json_t *c;
+				json_array_foreach(json_object_get(spec, lists[l][0]), j, c)
+				{
+					const char *n = json_string_value(json_object_get(c, "name"));
+					const char *img = json_string_value(json_object_get(c, "image"));
+					if (n != NULL && img != NULL && strcmp(n, cname) == 0)
+						json_object_set_new(out, img, json_true());
+				}
+			}
+		}
+	}
+	json_decref(list);
+	return out;
+}
+
 /* One pass: every image named under 127.0.0.1:<port>/gcr-evict/ goes unless its token is still
- * the one issued and no container was created from it yet. While both hold, the registry would
- * serve it to the token anyway, so the store grants nothing more; after, a pod naming it with
- * imagePullPolicy IfNotPresent would start from it without any pull. */
+ * the one issued and no container of this node was started from it yet. While both hold, the
+ * registry would serve it to the token anyway, so the store grants nothing more; after, a pod
+ * naming it with imagePullPolicy IfNotPresent would start from it without any pull. */
 static void sweep(struct agent_ocireg *r)
 {
 	char prefix[64];
@@ -530,10 +577,13 @@ static void sweep(struct agent_ocireg *r)
 		GCR_LOG(GCR_LOG_DEBUG, "ocireg", "image store: %s", err.msg);
 		return;
 	}
+	json_t *started = l.n > 0 ? started_images(r) : NULL;
 	for (size_t i = 0; i < l.n && !atomic_load(&r->stop); i++) {
 		const struct agent_criimg_image *im = &l.img[i];
 		char ck[320] = "", why[200] = "";
 		int keep = 1, used = 0;
+		for (size_t k = 0; k < im->nnames && started != NULL; k++)
+			used |= json_object_get(started, im->names[k]) != NULL;
 		/* Its tag's Checkpoint and token; a digest name alone (no token) is never kept. */
 		for (size_t k = 0; k < im->nnames; k++) {
 			const char *rest = im->names[k] + strlen(prefix), *colon = strrchr(rest, ':');
@@ -557,9 +607,9 @@ static void sweep(struct agent_ocireg *r)
 			keep = 0;
 			snprintf(why, sizeof(why), "named by digest only");
 		}
-		if (keep && agent_criimg_in_use(r->cfg.cri_endpoint, im->id, &used, &err) == 0 && used) {
+		if (keep && used) {
 			keep = 0;
-			snprintf(why, sizeof(why), "a container was created from it");
+			snprintf(why, sizeof(why), "a container was started from it");
 		}
 		if (keep)
 			continue;
@@ -572,6 +622,7 @@ static void sweep(struct agent_ocireg *r)
 		GCR_LOG(GCR_LOG_INFO, "ocireg", "checkpoint image of Checkpoint %s (%s) removed from the node's image store: "
 			"%s", ck[0] ? ck : "?", im->id, why);
 	}
+	json_decref(started);
 	agent_criimg_list_clear(&l);
 }
 

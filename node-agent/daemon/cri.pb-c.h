@@ -22,21 +22,10 @@ typedef struct Runtime__V1__Image Runtime__V1__Image;
 typedef struct Runtime__V1__ListImagesResponse Runtime__V1__ListImagesResponse;
 typedef struct Runtime__V1__RemoveImageRequest Runtime__V1__RemoveImageRequest;
 typedef struct Runtime__V1__RemoveImageResponse Runtime__V1__RemoveImageResponse;
-typedef struct Runtime__V1__ContainerFilter Runtime__V1__ContainerFilter;
-typedef struct Runtime__V1__ListContainersRequest Runtime__V1__ListContainersRequest;
-typedef struct Runtime__V1__Container Runtime__V1__Container;
-typedef struct Runtime__V1__ListContainersResponse Runtime__V1__ListContainersResponse;
 
 
 /* --- enums --- */
 
-typedef enum _Runtime__V1__ContainerState {
-  RUNTIME__V1__CONTAINER_STATE__CONTAINER_CREATED = 0,
-  RUNTIME__V1__CONTAINER_STATE__CONTAINER_RUNNING = 1,
-  RUNTIME__V1__CONTAINER_STATE__CONTAINER_EXITED = 2,
-  RUNTIME__V1__CONTAINER_STATE__CONTAINER_UNKNOWN = 3
-    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(RUNTIME__V1__CONTAINER_STATE)
-} Runtime__V1__ContainerState;
 
 /* --- messages --- */
 
@@ -112,52 +101,6 @@ struct  Runtime__V1__RemoveImageResponse
 #define RUNTIME__V1__REMOVE_IMAGE_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&runtime__v1__remove_image_response__descriptor) \
      }
-
-
-struct  Runtime__V1__ContainerFilter
-{
-  ProtobufCMessage base;
-  char *id;
-};
-#define RUNTIME__V1__CONTAINER_FILTER__INIT \
- { PROTOBUF_C_MESSAGE_INIT (&runtime__v1__container_filter__descriptor) \
-    , (char *)protobuf_c_empty_string }
-
-
-struct  Runtime__V1__ListContainersRequest
-{
-  ProtobufCMessage base;
-  Runtime__V1__ContainerFilter *filter;
-};
-#define RUNTIME__V1__LIST_CONTAINERS_REQUEST__INIT \
- { PROTOBUF_C_MESSAGE_INIT (&runtime__v1__list_containers_request__descriptor) \
-    , NULL }
-
-
-struct  Runtime__V1__Container
-{
-  ProtobufCMessage base;
-  char *id;
-  char *pod_sandbox_id;
-  Runtime__V1__ImageSpec *image;
-  char *image_ref;
-  Runtime__V1__ContainerState state;
-  char *image_id;
-};
-#define RUNTIME__V1__CONTAINER__INIT \
- { PROTOBUF_C_MESSAGE_INIT (&runtime__v1__container__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, NULL, (char *)protobuf_c_empty_string, RUNTIME__V1__CONTAINER_STATE__CONTAINER_CREATED, (char *)protobuf_c_empty_string }
-
-
-struct  Runtime__V1__ListContainersResponse
-{
-  ProtobufCMessage base;
-  size_t n_containers;
-  Runtime__V1__Container **containers;
-};
-#define RUNTIME__V1__LIST_CONTAINERS_RESPONSE__INIT \
- { PROTOBUF_C_MESSAGE_INIT (&runtime__v1__list_containers_response__descriptor) \
-    , 0,NULL }
 
 
 /* Runtime__V1__ImageSpec methods */
@@ -293,82 +236,6 @@ Runtime__V1__RemoveImageResponse *
 void   runtime__v1__remove_image_response__free_unpacked
                      (Runtime__V1__RemoveImageResponse *message,
                       ProtobufCAllocator *allocator);
-/* Runtime__V1__ContainerFilter methods */
-void   runtime__v1__container_filter__init
-                     (Runtime__V1__ContainerFilter         *message);
-size_t runtime__v1__container_filter__get_packed_size
-                     (const Runtime__V1__ContainerFilter   *message);
-size_t runtime__v1__container_filter__pack
-                     (const Runtime__V1__ContainerFilter   *message,
-                      uint8_t             *out);
-size_t runtime__v1__container_filter__pack_to_buffer
-                     (const Runtime__V1__ContainerFilter   *message,
-                      ProtobufCBuffer     *buffer);
-Runtime__V1__ContainerFilter *
-       runtime__v1__container_filter__unpack
-                     (ProtobufCAllocator  *allocator,
-                      size_t               len,
-                      const uint8_t       *data);
-void   runtime__v1__container_filter__free_unpacked
-                     (Runtime__V1__ContainerFilter *message,
-                      ProtobufCAllocator *allocator);
-/* Runtime__V1__ListContainersRequest methods */
-void   runtime__v1__list_containers_request__init
-                     (Runtime__V1__ListContainersRequest         *message);
-size_t runtime__v1__list_containers_request__get_packed_size
-                     (const Runtime__V1__ListContainersRequest   *message);
-size_t runtime__v1__list_containers_request__pack
-                     (const Runtime__V1__ListContainersRequest   *message,
-                      uint8_t             *out);
-size_t runtime__v1__list_containers_request__pack_to_buffer
-                     (const Runtime__V1__ListContainersRequest   *message,
-                      ProtobufCBuffer     *buffer);
-Runtime__V1__ListContainersRequest *
-       runtime__v1__list_containers_request__unpack
-                     (ProtobufCAllocator  *allocator,
-                      size_t               len,
-                      const uint8_t       *data);
-void   runtime__v1__list_containers_request__free_unpacked
-                     (Runtime__V1__ListContainersRequest *message,
-                      ProtobufCAllocator *allocator);
-/* Runtime__V1__Container methods */
-void   runtime__v1__container__init
-                     (Runtime__V1__Container         *message);
-size_t runtime__v1__container__get_packed_size
-                     (const Runtime__V1__Container   *message);
-size_t runtime__v1__container__pack
-                     (const Runtime__V1__Container   *message,
-                      uint8_t             *out);
-size_t runtime__v1__container__pack_to_buffer
-                     (const Runtime__V1__Container   *message,
-                      ProtobufCBuffer     *buffer);
-Runtime__V1__Container *
-       runtime__v1__container__unpack
-                     (ProtobufCAllocator  *allocator,
-                      size_t               len,
-                      const uint8_t       *data);
-void   runtime__v1__container__free_unpacked
-                     (Runtime__V1__Container *message,
-                      ProtobufCAllocator *allocator);
-/* Runtime__V1__ListContainersResponse methods */
-void   runtime__v1__list_containers_response__init
-                     (Runtime__V1__ListContainersResponse         *message);
-size_t runtime__v1__list_containers_response__get_packed_size
-                     (const Runtime__V1__ListContainersResponse   *message);
-size_t runtime__v1__list_containers_response__pack
-                     (const Runtime__V1__ListContainersResponse   *message,
-                      uint8_t             *out);
-size_t runtime__v1__list_containers_response__pack_to_buffer
-                     (const Runtime__V1__ListContainersResponse   *message,
-                      ProtobufCBuffer     *buffer);
-Runtime__V1__ListContainersResponse *
-       runtime__v1__list_containers_response__unpack
-                     (ProtobufCAllocator  *allocator,
-                      size_t               len,
-                      const uint8_t       *data);
-void   runtime__v1__list_containers_response__free_unpacked
-                     (Runtime__V1__ListContainersResponse *message,
-                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Runtime__V1__ImageSpec_Closure)
@@ -392,25 +259,12 @@ typedef void (*Runtime__V1__RemoveImageRequest_Closure)
 typedef void (*Runtime__V1__RemoveImageResponse_Closure)
                  (const Runtime__V1__RemoveImageResponse *message,
                   void *closure_data);
-typedef void (*Runtime__V1__ContainerFilter_Closure)
-                 (const Runtime__V1__ContainerFilter *message,
-                  void *closure_data);
-typedef void (*Runtime__V1__ListContainersRequest_Closure)
-                 (const Runtime__V1__ListContainersRequest *message,
-                  void *closure_data);
-typedef void (*Runtime__V1__Container_Closure)
-                 (const Runtime__V1__Container *message,
-                  void *closure_data);
-typedef void (*Runtime__V1__ListContainersResponse_Closure)
-                 (const Runtime__V1__ListContainersResponse *message,
-                  void *closure_data);
 
 /* --- services --- */
 
 
 /* --- descriptors --- */
 
-extern const ProtobufCEnumDescriptor    runtime__v1__container_state__descriptor;
 extern const ProtobufCMessageDescriptor runtime__v1__image_spec__descriptor;
 extern const ProtobufCMessageDescriptor runtime__v1__image_filter__descriptor;
 extern const ProtobufCMessageDescriptor runtime__v1__list_images_request__descriptor;
@@ -418,10 +272,6 @@ extern const ProtobufCMessageDescriptor runtime__v1__image__descriptor;
 extern const ProtobufCMessageDescriptor runtime__v1__list_images_response__descriptor;
 extern const ProtobufCMessageDescriptor runtime__v1__remove_image_request__descriptor;
 extern const ProtobufCMessageDescriptor runtime__v1__remove_image_response__descriptor;
-extern const ProtobufCMessageDescriptor runtime__v1__container_filter__descriptor;
-extern const ProtobufCMessageDescriptor runtime__v1__list_containers_request__descriptor;
-extern const ProtobufCMessageDescriptor runtime__v1__container__descriptor;
-extern const ProtobufCMessageDescriptor runtime__v1__list_containers_response__descriptor;
 
 PROTOBUF_C__END_DECLS
 
