@@ -74,6 +74,8 @@ struct agent_ocisrv {
 	unsigned int nserving;
 	struct agent_ocisrv_stats st;
 	double last_hint[3];
+	unsigned long who_inode; /* the taken port's socket last named, and by whom (front thread) */
+	char who[160];
 };
 
 enum { HINT_PLAIN, HINT_NOCERT, HINT_REFUSED };
@@ -175,8 +177,10 @@ static int take_listener(const struct inet_diag_msg *m, void *data)
 	return 1;
 }
 
-/* Who holds port: "by pid P (uid U)" as far as the kernel and /proc tell. */
-static void who_listens(const char *proc_root, int port, char *out, size_t len)
+/* Who holds port: "by pid P (uid U)" as far as the kernel and /proc tell. The pid costs a walk of
+ * every process's descriptors, so it is looked for once per listening socket (*inode: the last
+ * one named, out kept from then). */
+static void who_listens(const char *proc_root, int port, unsigned long *inode, char *out, size_t len)
 {
 	struct listener l = { .port = port, .uid = -1 };
 	for (int fam = AF_INET; l.uid < 0 && fam != 0; fam = fam == AF_INET ? AF_INET6 : 0) {
@@ -185,9 +189,13 @@ static void who_listens(const char *proc_root, int port, char *out, size_t len)
 		(void)diag(&r, 1, take_listener, &l);
 	}
 	if (l.uid < 0) {
+		*inode = 0;
 		snprintf(out, len, "by a socket the kernel did not name");
 		return;
 	}
+	if (l.inode == *inode && out[0] != '\0')
+		return;
+	*inode = l.inode;
 	/* The process: whose descriptor is socket:[inode] (hostPID: every process of the node). */
 	long pid = -1;
 	char want[64];
@@ -241,9 +249,8 @@ static int try_listen(struct agent_ocisrv *s, char *why, size_t len)
 		int e = errno;
 		close(fd);
 		if (e == EADDRINUSE) {
-			char who[160];
-			who_listens(s->cfg.proc_root, s->cfg.port, who, sizeof(who));
-			snprintf(why, len, "127.0.0.1:%d is taken %s", s->cfg.port, who);
+			who_listens(s->cfg.proc_root, s->cfg.port, &s->who_inode, s->who, sizeof(s->who));
+			snprintf(why, len, "127.0.0.1:%d is taken %s", s->cfg.port, s->who);
 		} else {
 			snprintf(why, len, "127.0.0.1:%d: %s", s->cfg.port, strerror(e));
 		}

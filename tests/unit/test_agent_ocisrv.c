@@ -241,7 +241,7 @@ static void test_serve(void)
 {
 	int port = free_port();
 	struct agent_ocisrv *s = start(port, 0, 0, 0, 0, 0);
-	CHECK(wait_state(1, 5000));
+	CHECK(wait_state(1, 30000));
 	struct client c;
 	char buf[4096];
 	CHECK(client_open(port, 1, &c) == 0);
@@ -292,7 +292,7 @@ static void test_squat(void)
 	setsockopt(sq, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	CHECK(bind(sq, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(sq, 8) == 0);
 	struct agent_ocisrv *s = start(port, 0, 0, 0, 0, 0);
-	CHECK(wait_state(0, 5000));
+	CHECK(wait_state(0, 30000));
 	char mine[64];
 	snprintf(mine, sizeof(mine), "by pid %d ", (int)getpid());
 	pthread_mutex_lock(&mu);
@@ -303,14 +303,14 @@ static void test_squat(void)
 	/* Retried meanwhile (back-off 20..100 ms here): wait for a few tries, by the counter. */
 	struct agent_ocisrv_stats st = { 0 };
 	double t0 = gcr_time_mono_ms();
-	while (st.bind_failures < 3 && gcr_time_mono_ms() - t0 < 5000) {
+	while (st.bind_failures < 3 && gcr_time_mono_ms() - t0 < 30000) {
 		struct timespec ts = { 0, 10 * 1000000L };
 		nanosleep(&ts, NULL);
 		agent_ocisrv_stats(s, &st);
 	}
 	CHECK(st.bind_failures >= 3 && st.listening == 0);
 	close(sq);
-	CHECK(wait_state(1, 5000));
+	CHECK(wait_state(1, 30000));
 	CHECK(pull_once(port) == 200);
 	agent_ocisrv_free(s);
 }
@@ -321,7 +321,7 @@ static void test_flood(void)
 	int port = free_port();
 	/* Small tables: 8 handshakes, 2 per user, 6 for root. */
 	struct agent_ocisrv *s = start(port, 8, 2, 6, 4, 2000);
-	CHECK(wait_state(1, 5000));
+	CHECK(wait_state(1, 30000));
 	int fds[40];
 	for (int i = 0; i < 40; i++)
 		fds[i] = tcp(port); /* root's, this process's: idle, never a byte */
@@ -376,7 +376,7 @@ static void test_idle(void)
 	int port = free_port();
 	/* 1.5 s for a handshake: a honest one takes milliseconds (under valgrind, tenths). */
 	struct agent_ocisrv *s = start(port, 8, 2, 6, 2, 1500);
-	CHECK(wait_state(1, 5000));
+	CHECK(wait_state(1, 30000));
 	struct client a, b;
 	char buf[4096];
 	CHECK(client_open(port, 1, &a) == 0 && client_ask(&a, "GET /a HTTP/1.1\r\n\r\n", 0, buf, sizeof(buf)) == 200);
