@@ -22,6 +22,24 @@
 
 /* ---- small helpers ---- */
 
+static int sha_from_hex(const char *s, uint8_t out[GCR_SHA256_LEN])
+{
+	if (s == NULL || strlen(s) != 2 * GCR_SHA256_LEN)
+		return -1;
+	for (size_t i = 0; i < GCR_SHA256_LEN; i++) {
+		int v = 0;
+		for (int k = 0; k < 2; k++) {
+			char c = s[2 * i + (size_t)k];
+			int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+			if (d < 0)
+				return -1;
+			v = v * 16 + d;
+		}
+		out[i] = (uint8_t)v;
+	}
+	return 0;
+}
+
 /* A relative path inside the image: no leading '/', no "..", no empty or "." parts. */
 static int safe_rel(const char *s)
 {
@@ -272,12 +290,23 @@ void gcr_image_manifest_clear(struct gcr_image_manifest *m)
 
 int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manifest *m, struct gcr_err *err)
 {
+	return gcr_image_manifest_parse_keyed(buf, len, NULL, m, err);
+}
+
+int gcr_image_manifest_parse_keyed(const char *buf, size_t len, const struct gcr_imagemac_keys *keys,
+				   struct gcr_image_manifest *m, struct gcr_err *err)
+{
 	memset(m, 0, sizeof(*m));
 	json_error_t je;
 	json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
 	if (root == NULL)
 		return gcr_err_set(err, -EBADMSG, "manifest is not JSON (line %d: %.80s)", je.line, je.text);
-	int rc = 0;
+	/* The MAC first: nothing of a manifest someone else wrote is taken before it. */
+	int rc = keys != NULL && json_is_object(root) ? gcr_imagemac_check(root, keys, err) : 0;
+	if (rc < 0) {
+		json_decref(root);
+		return rc;
+	}
 	uint64_t format = 0, created = 0, pid = 0;
 	json_t *gpu = json_object_get(root, "gpu"), *files = json_object_get(root, "files");
 	if (!json_is_object(root) || get_u64(root, "format", &format) < 0)
@@ -323,11 +352,17 @@ int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manif
 		struct gcr_image_file *fi = &m->files[i];
 		char hex[GCR_CRC32C_HEX];
 		json_t *crc = json_is_object(f) ? json_object_get(f, "crc32c") : NULL;
+		json_t *sha = json_is_object(f) ? json_object_get(f, "sha256") : NULL;
 		fi->has_crc = crc != NULL;
+		fi->has_sha = sha != NULL;
 		if (!json_is_object(f) || get_str(f, "path", fi->path, sizeof(fi->path)) < 0 || !safe_rel(fi->path) ||
 		    get_u64(f, "size", &fi->size) < 0 ||
 		    (crc != NULL && (get_str(f, "crc32c", hex, sizeof(hex)) < 0 || gcr_crc32c_from_hex(hex, &fi->crc) < 0)))
 			rc = gcr_err_set(err, -EBADMSG, "manifest file entry %zu: needs a relative path, size and crc32c", i);
+		else if (sha != NULL && sha_from_hex(json_string_value(sha), fi->sha) < 0)
+			rc = gcr_err_set(err, -EBADMSG, "manifest file entry %zu: sha256 is not 64 hex digits", i);
+		else if (keys != NULL && sha == NULL)
+			rc = gcr_err_set(err, -EBADMSG, "signed manifest: file %s has no sha256", fi->path);
 		for (size_t k = 0; rc == 0 && k < i; k++)
 			if (strcmp(m->files[k].path, fi->path) == 0)
 				rc = gcr_err_set(err, -EBADMSG, "manifest lists %s twice", fi->path);
@@ -342,11 +377,13 @@ int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manif
 	json_decref(root);
 	if (rc < 0)
 		gcr_image_manifest_clear(m);
+	else
+		m->signed_ok = keys != NULL;
 	return rc;
 }
 
-/* CRC-32C and size of a file. */
-static int crc_file(const char *path, uint64_t *size, uint32_t *crc, struct gcr_err *err)
+/* CRC-32C and size of a file, and its SHA-256 into sha unless NULL. */
+static int crc_file(const char *path, uint64_t *size, uint32_t *crc, uint8_t *sha, struct gcr_err *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -363,6 +400,8 @@ static int crc_file(const char *path, uint64_t *size, uint32_t *crc, struct gcr_
 	uint32_t c = 0;
 	uint64_t n = 0;
 	int rc = 0;
+	struct gcr_sha256 hs;
+	gcr_sha256_init(&hs);
 	for (;;) {
 		ssize_t r = read(fd, b, IO_BUF);
 		if (r < 0 && errno == EINTR)
@@ -374,12 +413,16 @@ static int crc_file(const char *path, uint64_t *size, uint32_t *crc, struct gcr_
 		if (r == 0)
 			break;
 		c = gcr_crc32c_update(c, b, (size_t)r);
+		if (sha != NULL)
+			gcr_sha256_update(&hs, b, (size_t)r);
 		n += (uint64_t)r;
 	}
 	free(b);
 	close(fd);
 	*crc = c;
 	*size = n;
+	if (sha != NULL)
+		gcr_sha256_final(&hs, sha);
 	return rc;
 }
 
@@ -439,10 +482,16 @@ static int walk_sub(const char *dir, const char *sub, struct walk *w, int hash, 
 		memset(f, 0, sizeof(*f));
 		memcpy(f->path, rel, strlen(rel) + 1);
 		f->size = (uint64_t)st.st_size;
-		if (hash && table_find(table, rel) == NULL) {
-			f->has_crc = 1;
-			rc = crc_file(full, &f->size, &f->crc, err);
-			if (rc == 0)
+		int data = table_find(table, rel) != NULL;
+		if (hash && (!data || hash > 1)) {
+			/* A data file's chunks carry its CRCs; signed, it gets a SHA-256 too. */
+			uint32_t crc = 0;
+			f->has_crc = !data;
+			f->has_sha = hash > 1;
+			rc = crc_file(full, &f->size, &crc, f->has_sha ? f->sha : NULL, err);
+			if (!data)
+				f->crc = crc;
+			if (rc == 0 && !data)
 				rc = fsync_path(full, 0, err);
 		}
 	}
@@ -454,10 +503,17 @@ static int walk_sub(const char *dir, const char *sub, struct walk *w, int hash, 
 
 int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err)
 {
+	return gcr_image_manifest_write_signed(dir, m, NULL, err);
+}
+
+int gcr_image_manifest_write_signed(const char *dir, const struct gcr_image_manifest *m,
+				    const struct gcr_imagemac_key *key, struct gcr_err *err)
+{
 	struct walk w = { 0 };
-	int rc = walk_sub(dir, GCR_IMAGE_CRIU_DIR, &w, 1, &m->table, err);
+	int hash = key != NULL ? 2 : 1;
+	int rc = walk_sub(dir, GCR_IMAGE_CRIU_DIR, &w, hash, &m->table, err);
 	if (rc == 0)
-		rc = walk_sub(dir, GCR_IMAGE_GPU_DIR, &w, 1, &m->table, err);
+		rc = walk_sub(dir, GCR_IMAGE_GPU_DIR, &w, hash, &m->table, err);
 	json_t *files = json_array(), *root = NULL;
 	for (size_t i = 0; rc == 0 && i < w.n; i++) {
 		json_t *f = json_pack("{s:s, s:I}", "path", w.files[i].path, "size", (json_int_t)w.files[i].size);
@@ -465,6 +521,11 @@ int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m
 			char hex[GCR_CRC32C_HEX];
 			gcr_crc32c_to_hex(w.files[i].crc, hex);
 			json_object_set_new(f, "crc32c", json_string(hex));
+		}
+		if (f != NULL && w.files[i].has_sha) {
+			char hex[GCR_SHA256_HEX];
+			gcr_sha256_to_hex(w.files[i].sha, hex);
+			json_object_set_new(f, "sha256", json_string(hex));
 		}
 		json_array_append_new(files, f);
 	}
@@ -481,6 +542,8 @@ int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m
 			rc = gcr_err_set(err, -ENOMEM, "out of memory for the manifest");
 		else if (m->node[0] != '\0' && json_object_set_new(root, "node", json_string(m->node)) < 0)
 			rc = gcr_err_set(err, -ENOMEM, "out of memory for the manifest");
+		else if (key != NULL)
+			rc = gcr_imagemac_sign(root, key, err);
 	}
 	json_decref(files);
 	free(w.files);
@@ -768,6 +831,74 @@ static int verify_chunks(const char *dir, const struct gcr_image_table *t, int t
 	return rc;
 }
 
+/* ---- a signed image's data files: each file's SHA-256, one reader per file ---- */
+
+struct srun {
+	const char *dir;
+	const struct gcr_image_manifest *m;
+	atomic_size_t next;
+	atomic_int failed;
+	pthread_mutex_t lock;
+	struct gcr_err err; /* the first failure, under lock */
+};
+
+static void *srun_thread(void *arg)
+{
+	struct srun *r = arg;
+	for (;;) {
+		size_t k = atomic_fetch_add(&r->next, 1);
+		if (k >= r->m->nfiles || atomic_load(&r->failed))
+			break;
+		const struct gcr_image_file *f = &r->m->files[k];
+		if (f->has_crc) /* whole-file checks done by verify_meta */
+			continue;
+		char path[PATH_MAX];
+		uint64_t size = 0;
+		uint32_t crc;
+		uint8_t sha[GCR_SHA256_LEN];
+		struct gcr_err e = { 0 };
+		snprintf(path, sizeof(path), "%s/%s", r->dir, f->path);
+		int rc = crc_file(path, &size, &crc, sha, &e);
+		if (rc == 0 && (size != f->size || memcmp(sha, f->sha, sizeof(sha)) != 0))
+			rc = gcr_err_set(&e, -EIO, "%s: SHA-256 does not match the signed manifest (changed): refused", path);
+		if (rc < 0) {
+			pthread_mutex_lock(&r->lock);
+			if (!atomic_load(&r->failed))
+				r->err = e;
+			atomic_store(&r->failed, 1);
+			pthread_mutex_unlock(&r->lock);
+		}
+	}
+	return NULL;
+}
+
+static int verify_sha(const char *dir, const struct gcr_image_manifest *m, int threads, struct gcr_err *err)
+{
+	struct srun r = { .dir = dir, .m = m };
+	pthread_mutex_init(&r.lock, NULL);
+	pthread_t th[VERIFY_THREADS];
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t nt = threads > 0 && threads < VERIFY_THREADS ? (size_t)threads : VERIFY_THREADS, started = 0;
+	if (nt > m->nfiles)
+		nt = m->nfiles;
+	if (cores > 0 && nt > (size_t)cores)
+		nt = (size_t)cores;
+	for (; started < nt; started++)
+		if (pthread_create(&th[started], NULL, srun_thread, &r) != 0)
+			break;
+	if (started == 0)
+		srun_thread(&r);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	int rc = 0;
+	if (atomic_load(&r.failed)) {
+		*err = r.err;
+		rc = err->code;
+	}
+	pthread_mutex_destroy(&r.lock);
+	return rc;
+}
+
 int gcr_image_env_check(const struct gcr_image_manifest *m, const struct gcr_image_expect *expect,
 			struct gcr_err *err)
 {
@@ -784,7 +915,10 @@ int gcr_image_env_check(const struct gcr_image_manifest *m, const struct gcr_ima
 
 int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, int threads, struct gcr_err *err)
 {
-	return verify_chunks(dir, &m->table, threads, err);
+	int rc = verify_chunks(dir, &m->table, threads, err);
+	if (rc == 0 && m->signed_ok)
+		rc = verify_sha(dir, m, threads, err);
+	return rc;
 }
 
 int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
@@ -814,7 +948,7 @@ int gcr_image_verify_meta(const char *dir, const struct gcr_image_expect *expect
 		return gcr_err_set(err, -ENOENT, "%s has no %s: not a whole image, refused", dir, GCR_IMAGE_MANIFEST);
 	if (rc < 0)
 		return rc;
-	rc = gcr_image_manifest_parse(buf, len, m, err);
+	rc = gcr_image_manifest_parse_keyed(buf, len, expect != NULL ? expect->keys : NULL, m, err);
 	free(buf);
 	if (rc < 0)
 		return gcr_err_wrap(err, "%s", path);
@@ -869,10 +1003,14 @@ int gcr_image_verify_meta(const char *dir, const struct gcr_image_expect *expect
 			continue;
 		uint64_t size;
 		uint32_t crc;
+		uint8_t sha[GCR_SHA256_LEN];
 		snprintf(path, sizeof(path), "%s/%s", dir, m->files[k].path);
-		rc = crc_file(path, &size, &crc, err);
+		rc = crc_file(path, &size, &crc, m->signed_ok ? sha : NULL, err);
 		if (rc == 0 && (size != m->files[k].size || crc != m->files[k].crc))
 			rc = gcr_err_set(err, -EIO, "%s: CRC-32C does not match the manifest (corrupt): refused", path);
+		else if (rc == 0 && m->signed_ok && memcmp(sha, m->files[k].sha, sizeof(sha)) != 0)
+			rc = gcr_err_set(err, -EIO, "%s: SHA-256 does not match the signed manifest (changed): refused",
+					 path);
 	}
 	if (rc < 0)
 		gcr_image_manifest_clear(m);

@@ -10,8 +10,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "gcr_error.h"
 #include "gcr_crc32c.h"
+#include "gcr_error.h"
+#include "gcr_imagemac.h"
 
 #define GCR_IMAGE_FORMAT 2 /* 1: SHA-256 checksums (phase 1), no longer read */
 #define GCR_IMAGE_MANIFEST "manifest.json"
@@ -53,11 +54,16 @@ struct gcr_image_file {
 	uint64_t size;
 	int has_crc;  /* 0 only for an allocation's data file: its chunks carry the checksums */
 	uint32_t crc; /* CRC-32C of the whole file */
+	int has_sha;  /* in a signed manifest, every file (gcr_imagemac) */
+	uint8_t sha[GCR_SHA256_LEN];
 };
 
 /* What must match between an image and the machine that restores it. */
 struct gcr_image_expect {
 	char gpu_vendor[32], gpu_model[128], driver[64], shim_version[32];
+	/* Shared storage: the manifest must carry a MAC under one of these keys and every file a
+	 * SHA-256, which verify checks (NULL: neither is asked for). */
+	const struct gcr_imagemac_keys *keys;
 };
 
 /* How the image was taken: GCR (the shim wrote gpu/, the driver's checkpoint moved the rest) or
@@ -81,7 +87,8 @@ struct gcr_image_manifest {
 	 * before the field): with images on storage every node shares, each agent's retention
 	 * touches only its own (docs/images.md, "Shared storage"). */
 	char node[GCR_IMAGE_NODE_MAX];
-	struct gcr_image_expect env;     /* gpu vendor/model, driver, shim version */
+	struct gcr_image_expect env;     /* gpu vendor/model, driver, shim version (env.keys unused) */
+	int signed_ok;                   /* its MAC was checked against keys (verify with expect->keys) */
 	size_t nfiles;
 	struct gcr_image_file *files; /* owned */
 	struct gcr_image_table table;
@@ -97,12 +104,20 @@ void gcr_image_table_clear(struct gcr_image_table *t);
 /* ---- the manifest ---- */
 /* Parses manifest.json's bytes (buf, len: outside input). 0 or -EBADMSG / -ENOMEM. */
 int gcr_image_manifest_parse(const char *buf, size_t len, struct gcr_image_manifest *m, struct gcr_err *err);
+/* The same, and with keys (non-NULL) the manifest's MAC checked first (gcr_imagemac_check's
+ * errors) and a SHA-256 required of every file; then m->signed_ok is 1. */
+int gcr_image_manifest_parse_keyed(const char *buf, size_t len, const struct gcr_imagemac_keys *keys,
+				   struct gcr_image_manifest *m, struct gcr_err *err);
 void gcr_image_manifest_clear(struct gcr_image_manifest *m);
 
 /* Writes dir/manifest.json for what dir holds now: every regular file under criu/ and gpu/ with
  * its size and CRC-32C (the table's data files: size only, their chunks carry CRCs), m's
  * identity fields and table; then fsyncs every file and directory. */
 int gcr_image_manifest_write(const char *dir, const struct gcr_image_manifest *m, struct gcr_err *err);
+/* The same with every file's SHA-256 (data files too: read back, from the page cache) and the
+ * manifest signed with key (gcr_imagemac_sign); key NULL: as gcr_image_manifest_write. */
+int gcr_image_manifest_write_signed(const char *dir, const struct gcr_image_manifest *m,
+				    const struct gcr_imagemac_key *key, struct gcr_err *err);
 
 /* While another program (CRIU) writes files into dir: a thread starts the disk write-back of
  * what they hold every few ms, so the manifest's fsync finds little left (the kernel itself
@@ -137,7 +152,8 @@ int gcr_image_verify(const char *dir, const struct gcr_image_expect *expect, str
  * data chunk's CRC-32C (m from meta; m is not cleared on failure). */
 int gcr_image_verify_meta(const char *dir, const struct gcr_image_expect *expect, struct gcr_image_manifest *m,
 			  struct gcr_err *err);
-/* threads: at most this many readers (0: up to 16, never more than the cores). */
+/* threads: at most this many readers (0: up to 16, never more than the cores). With m->signed_ok,
+ * also every data file's SHA-256 (whole files, one reader each). */
 int gcr_image_verify_data(const char *dir, const struct gcr_image_manifest *m, int threads, struct gcr_err *err);
 /* The machine check of verify_meta alone (expect's empty fields are not compared; the driver
  * mode's shim version neither): for a caller that learns the machine while it verifies. */

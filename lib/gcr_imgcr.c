@@ -271,7 +271,7 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 	m.pid = pid;
 	snprintf(m.node, sizeof(m.node), "%s", o->node ? o->node : "");
 	if (rc == 0)
-		rc = gcr_image_manifest_write(partial, &m, err);
+		rc = gcr_image_manifest_write_signed(partial, &m, o->sign, err);
 	if (rc == 0)
 		rc = gcr_image_commit(partial, dir, err);
 	r->ms_manifest = gcr_time_mono_ms() - t0;

@@ -32,6 +32,9 @@ struct gcr_imgcr_opts {
 	/* checkpoint: the Kubernetes node whose agent writes the image, recorded in its manifest
 	 * (NULL or "": none) */
 	const char *node;
+	/* checkpoint: sign the manifest with this key, every file's SHA-256 in it (images on
+	 * shared storage, gcr_imagemac; NULL: unsigned) */
+	const struct gcr_imagemac_key *sign;
 };
 
 struct gcr_imgcr_result {

@@ -10,6 +10,7 @@ lib_libgcrcommon_la_SOURCES = \
 	lib/gcr_meminfo.c lib/gcr_meminfo.h \
 	lib/gcr_crc32c.c lib/gcr_crc32c.h \
 	lib/gcr_sha256.c lib/gcr_sha256.h \
+	lib/gcr_imagemac.c lib/gcr_imagemac.h \
 	lib/gcr_image.c lib/gcr_image.h \
 	lib/gcr_groupmsg.c lib/gcr_groupmsg.h \
 	lib/gcr_uuid.c lib/gcr_uuid.h \
@@ -36,5 +37,7 @@ lib_libgcrcontrol_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) $(JANSSON_CFLAGS
 lib_libgcrcontrol_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl
 # The manifest parser's libFuzzer target (tests/fuzz/run.sh builds and runs it).
 EXTRA_DIST += tests/fuzz/fuzz_manifest.c tests/fuzz/dict/fuzz_manifest.dict tests/fuzz/corpus/fuzz_manifest
+# A shared image's signed manifest (lib/gcr_imagemac.c), with and without the key.
+EXTRA_DIST += tests/fuzz/fuzz_imagemac.c tests/fuzz/corpus/fuzz_imagemac
 # The container status parser's libFuzzer target (lib/gcr_ctrdump.c).
 EXTRA_DIST += tests/fuzz/fuzz_ctrdump.c tests/fuzz/corpus/fuzz_ctrdump

@@ -40,9 +40,26 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/overcommit/agent_room.c node-agent/overcommit/agent_room.h \
 	node-agent/evict/agent_evict.c node-agent/evict/agent_evict.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
-node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
-node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrdp.la lib/libgcrcontrol.la \
-	$(JANSSON_LIBS) $(YAML_LIBS) $(CURL_LIBS) $(MHD_LIBS) -ldl
+node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS) \
+	$(GNUTLS_CFLAGS)
+node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrreg.la node-agent/libgcrdp.la \
+	lib/libgcrcontrol.la $(JANSSON_LIBS) $(YAML_LIBS) $(CURL_LIBS) $(MHD_LIBS) $(GNUTLS_LIBS) -ldl
+
+# The checkpoint-image registry's transport (TLS with GnuTLS: agent_regtls, agent_ocisrv) and the
+# node's image store through the CRI (gRPC core, protobuf-c messages generated from cri.proto,
+# committed: scripts/gen-cri-proto.sh). A library of their own so that their unit tests link
+# them without the kube client.
+noinst_LTLIBRARIES += node-agent/libgcrreg.la
+node_agent_libgcrreg_la_SOURCES = \
+	node-agent/daemon/agent_regtls.c node-agent/daemon/agent_regtls.h \
+	node-agent/daemon/agent_ocisrv.c node-agent/daemon/agent_ocisrv.h \
+	node-agent/daemon/agent_criimg.c node-agent/daemon/agent_criimg.h \
+	node-agent/daemon/cri.pb-c.c node-agent/daemon/cri.pb-c.h
+node_agent_libgcrreg_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
+node_agent_libgcrreg_la_CFLAGS = $(AM_CFLAGS) $(GNUTLS_CFLAGS) $(GRPC_CFLAGS) $(PROTOBUF_C_CFLAGS)
+node_agent_libgcrreg_la_LIBADD = node-agent/libgcragent.la lib/libgcrcommon.la $(GNUTLS_LIBS) $(GRPC_LIBS) \
+	$(PROTOBUF_C_LIBS)
+EXTRA_DIST += node-agent/daemon/cri.proto scripts/gen-cri-proto.sh
 # gcr-hold: a pod's preStop hook (eviction imaging), shipped beside the shim in /opt/gcr/lib
 # (scripts/image-stage.sh). Static and libc-only, so it runs in any container image; hence
 # no sanitizers either (they cannot link statically).

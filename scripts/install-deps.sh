@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential autoconf automake libtool pkg-config
-      libjansson-dev libyaml-dev libcurl4-openssl-dev libmicrohttpd-dev
+      libjansson-dev libyaml-dev libcurl4-openssl-dev libmicrohttpd-dev libgnutls28-dev
       clang-14 libclang-rt-14-dev valgrind python3 unzip
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
       libamdhip64-dev

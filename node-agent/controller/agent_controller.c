@@ -91,7 +91,7 @@ struct agent_controller {
 	struct agent_registry *reg;
 	struct agent_metrics *metrics;
 	struct agent_record_store *rec;
-	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir, *kubelet_url;
+	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir, *kubelet_url, *key_dir;
 	int pause_s, grace_ms, images_keep, images_shared, registry_port;
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
@@ -888,6 +888,14 @@ static const char *images_owner(const struct agent_controller *c)
 	return c->images_shared ? c->node : NULL;
 }
 
+/* The images key (shared storage): *keys loaded when the agent has a key directory; 0 when it
+ * has none (*keys->n 0) or they loaded, else -errno with why. The caller clears them. */
+static int load_keys(struct agent_controller *c, struct gcr_imagemac_keys *keys, struct gcr_err *err)
+{
+	memset(keys, 0, sizeof(*keys));
+	return c->key_dir == NULL ? 0 : gcr_imagemac_load(c->key_dir, keys, err);
+}
+
 /* After an image of a pod committed at path: its pod directory keeps images.keep images.
  * Returns how many were removed (0 when pruning failed: logged, the image stands). */
 static int image_prune(struct agent_controller *c, const struct agent_crobj *d, const char *path)
@@ -939,7 +947,13 @@ static void run_image(struct agent_controller *c, struct op *o, const struct pro
 	/* A pod's process: written in its allocation's image directory, then moved to path. */
 	char work[PATH_MAX] = "";
 	struct stat st;
-	if (io.whole_container && (rc = pod_image_dir(c, p[0].pid, d->uid, work, sizeof(work), &err)) < 0)
+	struct gcr_imagemac_keys keys;
+	if ((rc = load_keys(c, &keys, &err)) < 0)
+		gcr_err_wrap(&err, "process untouched");
+	io.sign = keys.n > 0 ? &keys.key[0] : NULL;
+	if (rc < 0)
+		;
+	else if (io.whole_container && (rc = pod_image_dir(c, p[0].pid, d->uid, work, sizeof(work), &err)) < 0)
 		gcr_err_wrap(&err, "process untouched");
 	else if (io.whole_container && lstat(path, &st) == 0)
 		rc = gcr_err_set(&err, -EEXIST, "%s exists: an image is never overwritten (process untouched)", path);
@@ -948,6 +962,7 @@ static void run_image(struct agent_controller *c, struct op *o, const struct pro
 		rc = gcr_imgcr_checkpoint(p[0].pid, work[0] ? work : path, &io, &r, &err);
 		test_pause(c, "after-cr");
 	}
+	gcr_imagemac_clear(&keys);
 	if (rc == 0 && work[0] && (rc = agent_images_move(work, path, &err)) < 0)
 		gcr_err_wrap(&err, "the image is whole at %s; the process runs on", work);
 	if (rc < 0) {
@@ -1139,8 +1154,11 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 		json_decref(root);
 	}
 	free(buf);
-	if (rc == 0)
-		rc = gcr_image_manifest_write(partial, &m, &err);
+	struct gcr_imagemac_keys keys;
+	if (rc == 0 && (rc = load_keys(c, &keys, &err)) == 0) {
+		rc = gcr_image_manifest_write_signed(partial, &m, keys.n > 0 ? &keys.key[0] : NULL, &err);
+		gcr_imagemac_clear(&keys);
+	}
 	if (rc == 0)
 		rc = gcr_image_commit(partial, path, &err);
 	gcr_image_manifest_clear(&m);
@@ -1192,7 +1210,10 @@ out:
 	char ref[700];
 	if (publish_ref(c, o, ref, sizeof(ref)) == 0) {
 		json_object_set_new(json_object_get(extra, "image"), "reference", json_string(ref));
-		snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), "; a new pod restores it from image %s", ref);
+		/* The reference carries the token: status.image.reference only, never the message, an
+		 * Event or a log line (docs/install.md, "The image registry"). */
+		snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), "; a new pod restores it from the image named in "
+			 "status.image.reference");
 	}
 	set_status(c, o, "Succeeded", "ImageWritten", msg, extra);
 	event(c, o->obj, "Checkpoint", "Normal", "ImageWritten", msg);
@@ -1792,11 +1813,18 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 	int rc = agent_images_path(c->images_dir, d->ns, ckd->target, ckd->name, path, sizeof(path), &err);
 	struct gcr_image_manifest m = { 0 };
 	struct gcr_image_expect here;
+	struct gcr_imagemac_keys keys = { 0 };
 	gcr_imgcr_expect_here(&here);
-	/* The whole image before anything runs: the process stays held while it is checked. */
-	if (rc == 0 && (rc = gcr_image_verify(path, &here, &m, &err)) == 0 && strcmp(m.mode, GCR_IMAGE_MODE_RUNTIME) != 0)
+	if (rc == 0 && (rc = load_keys(c, &keys, &err)) == 0 && keys.n > 0)
+		here.keys = &keys;
+	/* The whole image before anything runs: the process stays held while it is checked. Signed
+	 * (shared storage): the manifest's MAC, then every file's SHA-256 where it is read (the GPU
+	 * data as it is copied below, the CPU side by containerd against the digest the registry
+	 * took from this manifest). */
+	if (rc == 0)
+		rc = here.keys != NULL ? gcr_image_verify_meta(path, &here, &m, &err) : gcr_image_verify(path, &here, &m, &err);
+	if (rc == 0 && strcmp(m.mode, GCR_IMAGE_MODE_RUNTIME) != 0)
 		rc = gcr_err_set(&err, -ENOTSUP, "%s is not an image with the kubelet's CPU side (mode %s)", path, m.mode);
-	gcr_image_manifest_clear(&m);
 	if (rc < 0)
 		gcr_err_wrap(&err, "image refused");
 	double t_verify = gcr_time_mono_ms() - t0;
@@ -1807,9 +1835,13 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 	if (rc == 0 && (sfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
 		rc = gcr_err_set(&err, -errno, "cannot open %s: %s", path, strerror(errno));
 	if (rc == 0) {
-		long long b = agent_images_copy_dir(sfd, pfd, GCR_IMAGE_GPU_DIR, &err);
+		long long b = agent_images_copy_dir_checked(sfd, pfd, GCR_IMAGE_GPU_DIR, m.signed_ok ? &m : NULL, &err);
 		rc = b < 0 ? (int)b : 0;
+		if (rc < 0 && m.signed_ok)
+			gcr_err_wrap(&err, "image refused");
 	}
+	gcr_image_manifest_clear(&m);
+	gcr_imagemac_clear(&keys);
 	if (sfd >= 0)
 		close(sfd);
 	if (rc == 0) {
@@ -2135,6 +2167,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->images_keep = cfg->images_keep > 0 ? cfg->images_keep : DEFAULT_IMAGES_KEEP;
 	c->images_shared = cfg->images_shared != 0;
 	c->kubelet_url = cfg->kubelet_url && cfg->kubelet_url[0] ? strdup(cfg->kubelet_url) : NULL;
+	c->key_dir = cfg->images_key_dir && cfg->images_key_dir[0] ? strdup(cfg->images_key_dir) : NULL;
 	c->registry_port = cfg->registry_port;
 	c->pause = cfg->test_pause ? strdup(cfg->test_pause) : NULL;
 	size_t qn = strlen(cfg->node_name) + 64;
@@ -2231,6 +2264,7 @@ void agent_controller_free(struct agent_controller *c)
 	free(c->socket_dir);
 	free(c->images_dir);
 	free(c->kubelet_url);
+	free(c->key_dir);
 	free(c->pause);
 	free(c->pod_query);
 	free(c->instance);

@@ -33,6 +33,10 @@ struct agent_controller_cfg {
 	 * a Kubelet image that no eviction made gets status.image.reference there, the checkpoint
 	 * image a user's new pod names. 0: none. */
 	int registry_port;
+	/* Shared images' keys (gcr_imagemac: a directory holding "key" and maybe "previous", read
+	 * at every use so that a rotated Secret takes effect): every image written is signed and
+	 * every Restore refuses an image not signed by one of them. NULL: neither. */
+	const char *images_key_dir;
 	/* Test hook (GCR_AGENT_TEST_PAUSE): "before-cr" or "after-cr" makes the
 	 * worker sleep pause_s seconds at that point of a Checkpoint, "before-rs" before
 	 * a Restore's resume, "after-rs" after it (before its final status); NULL: none. */

@@ -322,8 +322,9 @@ int agent_images_pod_dir(pid_t pid, const char *uid, int *dfd, char *inside, siz
 	return rc;
 }
 
-/* Copies the open file in to the open file out; the bytes, or -errno. */
-static long long copy_fd(int in, int out, const char *what, struct gcr_err *err)
+/* Copies the open file in to the open file out; the bytes, or -errno. With sha, its SHA-256
+ * of what was written. */
+static long long copy_fd(int in, int out, const char *what, struct gcr_sha256 *sha, struct gcr_err *err)
 {
 	static const size_t buf_len = 1u << 20;
 	char *buf = malloc(buf_len);
@@ -340,6 +341,8 @@ static long long copy_fd(int in, int out, const char *what, struct gcr_err *err)
 		}
 		if (n == 0)
 			break;
+		if (sha != NULL)
+			gcr_sha256_update(sha, buf, (size_t)n);
 		for (ssize_t off = 0; off < n;) {
 			ssize_t w = write(out, buf + off, (size_t)(n - off));
 			if (w < 0 && errno == EINTR)
@@ -359,6 +362,12 @@ static long long copy_fd(int in, int out, const char *what, struct gcr_err *err)
 }
 
 long long agent_images_copy_dir(int src_dfd, int dst_dfd, const char *sub, struct gcr_err *err)
+{
+	return agent_images_copy_dir_checked(src_dfd, dst_dfd, sub, NULL, err);
+}
+
+long long agent_images_copy_dir_checked(int src_dfd, int dst_dfd, const char *sub, const struct gcr_image_manifest *m,
+					struct gcr_err *err)
 {
 	int sfd = openat(src_dfd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (sfd < 0)
@@ -404,9 +413,24 @@ long long agent_images_copy_dir(int src_dfd, int dst_dfd, const char *sub, struc
 			close(in);
 			break;
 		}
-		long long n = copy_fd(in, out, what, err);
+		const struct gcr_image_file *want = NULL;
+		for (size_t k = 0; m != NULL && k < m->nfiles && want == NULL; k++)
+			if (strcmp(m->files[k].path, what) == 0)
+				want = &m->files[k];
+		struct gcr_sha256 sha;
+		gcr_sha256_init(&sha);
+		long long n = m != NULL && (want == NULL || !want->has_sha)
+				      ? gcr_err_set(err, -EIO, "%s is not in the signed manifest: refused", what)
+				      : copy_fd(in, out, what, m != NULL ? &sha : NULL, err);
 		close(in);
 		close(out);
+		if (n >= 0 && want != NULL) {
+			uint8_t got[GCR_SHA256_LEN];
+			gcr_sha256_final(&sha, got);
+			if ((uint64_t)n != want->size || memcmp(got, want->sha, sizeof(got)) != 0)
+				n = gcr_err_set(err, -EIO, "%s: SHA-256 does not match the signed manifest (changed): "
+						"refused", what);
+		}
 		total = n < 0 ? n : total + n;
 	}
 	closedir(d); /* closes sfd */
@@ -432,7 +456,7 @@ long long agent_images_copy_file(const char *src, const char *dst, struct gcr_er
 		close(in);
 		return gcr_err_set(err, -e, "cannot create %s: %s", dst, strerror(e));
 	}
-	long long n = copy_fd(in, out, src, err);
+	long long n = copy_fd(in, out, src, NULL, err);
 	close(in);
 	close(out);
 	return n;

@@ -66,6 +66,14 @@ int agent_images_pod_dir(pid_t pid, const char *uid, int *dfd, char *inside, siz
 long long agent_images_copy_dir(int src_dfd, int dst_dfd, const char *sub, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
+/* The same, each file's SHA-256 taken as it is copied and compared with m's entry for
+ * "sub/<name>" (a signed manifest, gcr_imagemac: every file has one): a file m does not list,
+ * or whose bytes differ, fails the copy (-EIO, "changed"). What is copied is what was checked,
+ * whatever the source does meanwhile. m NULL: as agent_images_copy_dir. */
+struct gcr_image_manifest;
+long long agent_images_copy_dir_checked(int src_dfd, int dst_dfd, const char *sub, const struct gcr_image_manifest *m,
+					struct gcr_err *err) __attribute__((warn_unused_result));
+
 /* Copies the regular file src (opened without following a final symbolic link) to the new file
  * dst (0600, fsynced). Returns the bytes copied, or -errno. */
 long long agent_images_copy_file(const char *src, const char *dst, struct gcr_err *err)

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,7 +68,8 @@ struct cfg {
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
 		*record_dir, *restore_grace_s, *images_dir, *images_keep, *images_shared, *overcommit, *overcommit_margin_mib, *overcommit_return_ms, *overcommit_idle_ms,
 		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url,
-		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s;
+		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s, *restore_certs_dir,
+		*restore_cri_endpoint, *images_key_dir;
 	struct dp_cfg dp;
 };
 
@@ -140,6 +142,16 @@ static const struct opt_row opts_table[] = {
 	  "eviction images restored into replacement pods (docs/preemption.md, \"The replacement pod\"): role node "
 	  "serves them on 127.0.0.1:PORT of its network namespace (the host's), role scaler points gated pods there; "
 	  "0: off (0..65535)" },
+	{ "restore-registry-certs-dir", "restoreRegistryCertsDir", SLOT(restore_certs_dir), "/etc/containerd/certs.d",
+	  "containerd's registry configuration root (its CRI config_path): the agent writes hosts.toml, a CA and a "
+	  "client certificate for https://127.0.0.1:PORT into <dir>/127.0.0.1_PORT_ at every start, so that containerd "
+	  "pulls checkpoint images from this agent only (docs/install.md, \"The image registry\")" },
+	{ "restore-cri-endpoint", "restoreCriEndpoint", SLOT(restore_cri_endpoint), NULL,
+	  "the container runtime's CRI socket (the kubelet's): checkpoint images are removed from the node's image "
+	  "store once a container was started from them or their token is withdrawn (default: none, they stay)" },
+	{ "images-key-dir", "imagesKeyDir", SLOT(images_key_dir), NULL,
+	  "directory of the shared images' key (\"key\", and \"previous\" while rotating): every image is signed, "
+	  "every restore refuses one not signed with it; required with --images-shared (docs/images.md)" },
 	{ "restore-wait-seconds", "restoreWaitSeconds", SLOT(restore_wait_s), "90",
 	  "a pod gated gpucr.dev/restore waits this long for its owner's eviction Checkpoint in progress, and a "
 	  "restored pod for its container, before it starts cold (1..3600)" },
@@ -555,6 +567,13 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 		return -EINVAL;
 	if (c->images_dir[0] != '/')
 		return gcr_err_set(err, -EINVAL, "--images-dir: '%s' is not an absolute path", c->images_dir);
+	/* On storage other machines write to, CRC-32C is no defence: images are signed there. */
+	if (strcmp(c->images_shared, "true") == 0 && (c->images_key_dir == NULL || c->images_key_dir[0] != '/'))
+		return gcr_err_set(err, -EINVAL, "--images-shared needs --images-key-dir (an absolute path): images "
+				   "on shared storage are signed with a key the agents hold (docs/images.md, \"Shared storage\")");
+	if (c->restore_certs_dir[0] != '/')
+		return gcr_err_set(err, -EINVAL, "--restore-registry-certs-dir: '%s' is not an absolute path",
+				   c->restore_certs_dir);
 	if (c->kubelet_url != NULL && c->kubelet_url[0] != '\0' &&
 	    (strncmp(c->kubelet_url, "https://", 8) != 0 || c->kubelet_url[strlen(c->kubelet_url) - 1] == '/'))
 		return gcr_err_set(err, -EINVAL, "--kubelet-url: '%s' is not https://HOST:PORT", c->kubelet_url);
@@ -570,6 +589,20 @@ static int registered_gauge(void *data)
 static int dp_registered(void *data)
 {
 	return agent_dp_registrations(data) > 0;
+}
+
+/* /readyz of role node: the device plugin registered (when on), the image registry holding its
+ * port (when on: a squatted port is retried, and says so here). */
+struct node_ready {
+	struct agent_dp *dp;
+	struct agent_ocireg *ocireg;
+	char what[200];
+};
+
+static int node_ready(void *data)
+{
+	struct node_ready *n = data;
+	return (n->dp == NULL || dp_registered(n->dp)) && (n->ocireg == NULL || agent_ocireg_listening(n->ocireg));
 }
 
 /* The device plugin, serving and registering from its own thread; the shims it injects
@@ -682,6 +715,7 @@ int main(int argc, char **argv)
 	struct agent_room *room = NULL;
 	struct agent_evict *evict = NULL;
 	int rc, status = 1;
+	struct node_ready nready = { 0 };
 
 	gcr_log_init(GCR_LOG_INFO);
 	if (parse_args(&cfg, argc, argv, &err) < 0) {
@@ -721,7 +755,9 @@ int main(int argc, char **argv)
 	if (node && cfg.dp.enabled) {
 		if (dp_start(&cfg, &dp, &err) < 0)
 			goto out;
-		agent_metrics_set_ready_check(metrics, "device plugin registered with the kubelet", dp_registered, dp);
+		nready.dp = dp;
+		snprintf(nready.what, sizeof(nready.what), "device plugin registered with the kubelet");
+		agent_metrics_set_ready_check(metrics, nready.what, node_ready, &nready);
 	}
 	const char *ps = getenv("GCR_AGENT_TEST_PAUSE_S");
 	struct agent_controller_cfg ccfg = {
@@ -733,6 +769,7 @@ int main(int argc, char **argv)
 		.images_shared = strcmp(cfg.images_shared, "true") == 0,
 		.kubelet_url = cfg.kubelet_url,
 		.registry_port = atoi(cfg.restore_port),
+		.images_key_dir = cfg.images_key_dir,
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};
@@ -783,10 +820,28 @@ int main(int argc, char **argv)
 		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
 		    agent_controller_start(ctl, &err) < 0)
 			goto out;
-		if (rcfg.registry_port > 0 &&
-		    agent_ocireg_new(kube, cfg.node_name, cfg.images_dir, strcmp(cfg.images_shared, "true") == 0,
-				     rcfg.registry_port, &ocireg, &err) < 0)
-			goto out;
+		if (rcfg.registry_port > 0) {
+			char hosts[PATH_MAX];
+			snprintf(hosts, sizeof(hosts), "%s/127.0.0.1_%d_", cfg.restore_certs_dir, rcfg.registry_port);
+			if (mkdir(hosts, 0755) < 0 && errno != EEXIST) {
+				gcr_err_set(&err, -errno, "cannot create %s: %s", hosts, strerror(errno));
+				goto out;
+			}
+			struct agent_ocireg_cfg ocfg = {
+				.node = cfg.node_name, .images_dir = cfg.images_dir,
+				.shared = strcmp(cfg.images_shared, "true") == 0, .port = rcfg.registry_port,
+				.hosts_dir = hosts, .proc_root = cfg.proc_root, .cri_endpoint = cfg.restore_cri_endpoint,
+				.images_key_dir = cfg.images_key_dir, .pod_ns = getenv("POD_NAMESPACE"),
+				.pod_name = getenv("POD_NAME") };
+			if (agent_ocireg_new(kube, metrics, &ocfg, &ocireg, &err) < 0)
+				goto out;
+			/* A taken port is retried, never fatal; /readyz says so meanwhile. */
+			nready.ocireg = ocireg;
+			snprintf(nready.what, sizeof(nready.what), "%s%sthe image registry on 127.0.0.1:%d (its port is "
+				 "taken: see the log)", dp != NULL ? "device plugin registered with the kubelet" : "",
+				 dp != NULL ? ", and " : "", rcfg.registry_port);
+			agent_metrics_set_ready_check(metrics, nready.what, node_ready, &nready);
+		}
 		/* Overcommit: the room requests on the registry; pods' settings and Events through the
 		 * controller's pod watch. */
 		struct agent_room_cfg ocfg = { .socket_dir = cfg.socket_dir, .record_dir = cfg.record_dir,

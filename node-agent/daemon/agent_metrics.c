@@ -81,6 +81,11 @@ struct agent_metrics {
 	/* Eviction imaging: holds by outcome (AGENT_METRICS_EVICT_*) and seconds to a written image. */
 	unsigned long long evict[AGENT_METRICS_EVICT_N];
 	double evict_s;
+	/* Other modules' series (agent_metrics_add_source): guarded by src_lock, which a scrape
+	 * holds while it calls them, so a removed source is never called again. */
+	pthread_mutex_t src_lock;
+	agent_metrics_source_fn src_fn[AGENT_METRICS_SOURCES];
+	void *src_data[AGENT_METRICS_SOURCES];
 };
 
 /* /readyz: 200 "ok" once the lists are done and the extra check holds; else 503 naming
@@ -179,8 +184,33 @@ static char *render(struct agent_metrics *m)
 		   "# TYPE gcr_agent_registered_processes gauge\n"
 		   "gcr_agent_registered_processes %d\n",
 		m->registered ? m->registered(m->data) : 0);
+	pthread_mutex_lock(&m->src_lock);
+	for (int i = 0; i < AGENT_METRICS_SOURCES; i++)
+		if (m->src_fn[i] != NULL)
+			m->src_fn[i](f, m->src_data[i]);
+	pthread_mutex_unlock(&m->src_lock);
 	fclose(f);
 	return buf;
+}
+
+void agent_metrics_add_source(struct agent_metrics *m, agent_metrics_source_fn fn, void *data)
+{
+	pthread_mutex_lock(&m->src_lock);
+	int done = 0;
+	for (int i = 0; i < AGENT_METRICS_SOURCES && !done; i++) {
+		if (fn == NULL && m->src_data[i] == data && m->src_fn[i] != NULL) {
+			m->src_fn[i] = NULL;
+			m->src_data[i] = NULL;
+			done = 1;
+		} else if (fn != NULL && m->src_fn[i] == NULL) {
+			m->src_fn[i] = fn;
+			m->src_data[i] = data;
+			done = 1;
+		}
+	}
+	pthread_mutex_unlock(&m->src_lock);
+	if (fn != NULL && !done)
+		GCR_LOG(GCR_LOG_WARN, "metrics", "more than %d metric sources: one is left out", AGENT_METRICS_SOURCES);
 }
 
 static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -320,6 +350,7 @@ bind_ok:;
 	if (m == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	pthread_mutex_init(&m->lock, NULL);
+	pthread_mutex_init(&m->src_lock, NULL);
 	m->registered = registered;
 	m->data = data;
 	m->max_connections = lim->max_connections;
@@ -350,6 +381,7 @@ void agent_metrics_free(struct agent_metrics *m)
 	if (m->d != NULL)
 		MHD_stop_daemon(m->d);
 	pthread_mutex_destroy(&m->lock);
+	pthread_mutex_destroy(&m->src_lock);
 	free(m);
 }
 

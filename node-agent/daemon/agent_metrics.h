@@ -3,6 +3,8 @@
 #ifndef AGENT_METRICS_H
 #define AGENT_METRICS_H
 
+#include <stdio.h>
+
 #include "gcr_error.h"
 
 struct agent_metrics;
@@ -55,6 +57,13 @@ void agent_metrics_set_ready(struct agent_metrics *m);
 typedef int (*agent_metrics_ready_fn)(void *data);
 void agent_metrics_set_ready_check(struct agent_metrics *m, const char *what, agent_metrics_ready_fn fn,
 				   void *data);
+
+/* A module's own series, printed at every scrape after the agent's (fn(f, data) writes whole
+ * "# HELP"/"# TYPE" blocks; called without the metrics lock). At most
+ * AGENT_METRICS_SOURCES; fn NULL removes data's source (before data is freed). */
+#define AGENT_METRICS_SOURCES 4
+typedef void (*agent_metrics_source_fn)(FILE *f, void *data);
+void agent_metrics_add_source(struct agent_metrics *m, agent_metrics_source_fn fn, void *data);
 
 /* One finished operation: kind "checkpoint"/"restore", ok or not, its
  * duration in ms and bytes moved. */

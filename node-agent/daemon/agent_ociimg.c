@@ -1,6 +1,7 @@
-/* agent_ociimg: request paths of the node's checkpoint-image registry, and the OCI image it
- * serves. The paths are outside input (anything on the node's loopback may ask), so they are
- * parsed to a closed shape: fixed words, DNS names, a token or a digest, nothing else. */
+/* agent_ociimg: request heads and paths of the node's checkpoint-image registry, and the OCI
+ * image it serves. Heads and paths are outside input (anything on the node's loopback may
+ * connect), so they are parsed to a closed shape: fixed words, DNS names, a token or a digest,
+ * nothing else. */
 #include "agent_ociimg.h"
 
 #include <errno.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 
 static int lower_hex(const char *s, size_t n)
@@ -92,6 +94,110 @@ int agent_ociimg_parse(const char *path, size_t len, struct agent_ocireq *out, s
 		return gcr_err_set(err, -EINVAL, "reference is neither a sha256 digest nor a token%s",
 				   manifests ? "" : " (blobs want a digest)");
 	memcpy(out->ref, seg[3], sl[3]);
+	return 0;
+}
+
+static int tchar(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* Whether the comma list v (n bytes) holds the token want, in any case. */
+static int has_token(const char *v, size_t n, const char *want)
+{
+	size_t w = strlen(want);
+	for (size_t i = 0; i < n;) {
+		while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+			i++;
+		size_t j = i;
+		while (j < n && v[j] != ',' && v[j] != ' ' && v[j] != '\t')
+			j++;
+		if (j - i == w && strncasecmp(v + i, want, w) == 0)
+			return 1;
+		while (j < n && v[j] != ',')
+			j++;
+		i = j;
+	}
+	return 0;
+}
+
+int agent_ociimg_head(const char *buf, size_t len, struct agent_ocihead *out, struct gcr_err *err)
+{
+	memset(out, 0, sizeof(out[0]));
+	/* The end of the head first: nothing is taken from an incomplete one. */
+	size_t end = 0;
+	for (size_t i = 0; i + 3 < len && i + 4 <= AGENT_OCIIMG_HEAD_MAX; i++)
+		if (memcmp(buf + i, "\r\n\r\n", 4) == 0) {
+			end = i + 4;
+			break;
+		}
+	if (end == 0)
+		return len >= AGENT_OCIIMG_HEAD_MAX ? gcr_err_set(err, -E2BIG, "request head over %d bytes",
+								 AGENT_OCIIMG_HEAD_MAX)
+						    : -EAGAIN;
+	/* Request line: METHOD SP target SP HTTP/1.x CRLF. */
+	size_t i = 0;
+	while (i < end && tchar((unsigned char)buf[i]))
+		i++;
+	if (i == 0 || i > 16 || buf[i] != ' ')
+		return gcr_err_set(err, -EINVAL, "malformed request method");
+	out->method = i == 3 && memcmp(buf, "GET", 3) == 0	? AGENT_OCIMETHOD_GET
+		      : i == 4 && memcmp(buf, "HEAD", 4) == 0 ? AGENT_OCIMETHOD_HEAD
+							    : AGENT_OCIMETHOD_OTHER;
+	size_t t = ++i;
+	while (i < end && (unsigned char)buf[i] > 0x20 && (unsigned char)buf[i] < 0x7f)
+		i++;
+	if (i == t || buf[i] != ' ')
+		return gcr_err_set(err, -EINVAL, "malformed request target");
+	out->target_off = t;
+	out->target_len = i - t;
+	i++;
+	if (end - i < 10 || memcmp(buf + i, "HTTP/1.", 7) != 0 || (buf[i + 7] != '0' && buf[i + 7] != '1') ||
+	    memcmp(buf + i + 8, "\r\n", 2) != 0)
+		return gcr_err_set(err, -EINVAL, "not HTTP/1.0 or HTTP/1.1");
+	int v11 = buf[i + 7] == '1';
+	out->keep_alive = v11;
+	i += 10;
+	/* Headers, up to the empty line at end - 2. */
+	int nh = 0;
+	while (i < end - 2) {
+		if (++nh > AGENT_OCIIMG_HEADERS_MAX)
+			return gcr_err_set(err, -EINVAL, "more than %d headers", AGENT_OCIIMG_HEADERS_MAX);
+		size_t n = i;
+		while (n < end && tchar((unsigned char)buf[n]))
+			n++;
+		if (n == i || buf[n] != ':')
+			return gcr_err_set(err, -EINVAL, "malformed header name (or a folded line)");
+		size_t v = n + 1, e = v;
+		while (e < end && buf[e] != '\r') {
+			unsigned char c = (unsigned char)buf[e];
+			if ((c < 0x20 && c != '\t') || c == 0x7f)
+				return gcr_err_set(err, -EINVAL, "control byte in a header value");
+			e++;
+		}
+		if (e + 1 >= end || buf[e + 1] != '\n')
+			return gcr_err_set(err, -EINVAL, "a header line without CRLF");
+		while (v < e && (buf[v] == ' ' || buf[v] == '\t'))
+			v++;
+		size_t ve = e;
+		while (ve > v && (buf[ve - 1] == ' ' || buf[ve - 1] == '\t'))
+			ve--;
+		size_t nl = n - i;
+		if (nl == 10 && strncasecmp(buf + i, "connection", 10) == 0) {
+			if (has_token(buf + v, ve - v, "close"))
+				out->keep_alive = 0;
+			else if (!v11 && has_token(buf + v, ve - v, "keep-alive"))
+				out->keep_alive = 1;
+		} else if (nl == 14 && strncasecmp(buf + i, "content-length", 14) == 0) {
+			if (ve - v != 1 || buf[v] != '0')
+				return gcr_err_set(err, -EINVAL, "a request with a body (Content-Length)");
+		} else if (nl == 17 && strncasecmp(buf + i, "transfer-encoding", 17) == 0) {
+			return gcr_err_set(err, -EINVAL, "a request with a body (Transfer-Encoding)");
+		}
+		i = e + 2;
+	}
+	out->len = end;
 	return 0;
 }
 

@@ -1,5 +1,5 @@
 /* agent_ociimg: the pure half of the node's checkpoint-image registry (agent_ocireg): the
- * request paths it accepts (OCI distribution API, read-only, one repository per eviction
+ * request heads and paths it accepts (OCI distribution API, read-only, one repository per eviction
  * Checkpoint) and the OCI image it builds around a kubelet checkpoint archive. */
 #ifndef AGENT_OCIIMG_H
 #define AGENT_OCIIMG_H
@@ -39,6 +39,32 @@ struct agent_ocireq {
  * (ref a token-shaped tag or a sha256 digest) or .../blobs/<sha256 digest>. len: bytes of path
  * (it need not be NUL-terminated; a NUL inside is refused). 0 or -EINVAL with a message. */
 int agent_ociimg_parse(const char *path, size_t len, struct agent_ocireq *out, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* One HTTP/1.x request head, as containerd sends them (GET or HEAD, no body): what the
+ * registry needs of it. Offsets are into the buffer parsed. */
+#define AGENT_OCIIMG_HEAD_MAX 8192 /* bytes of a request head at most; more is refused */
+#define AGENT_OCIIMG_HEADERS_MAX 64
+enum agent_ocimethod {
+	AGENT_OCIMETHOD_GET = 1,
+	AGENT_OCIMETHOD_HEAD,
+	AGENT_OCIMETHOD_OTHER, /* a well-formed method the registry does not serve (405) */
+};
+
+struct agent_ocihead {
+	enum agent_ocimethod method;
+	size_t target_off, target_len; /* the request target, as sent (no %-decoding) */
+	int keep_alive;                /* HTTP/1.1 unless "Connection: close"; 1.0 with "keep-alive" */
+	size_t len;                    /* bytes of the head, its empty line included */
+};
+
+/* Parses the request head at the start of buf (len bytes: outside input, NULs included):
+ * the request line (token method, a target of visible ASCII, HTTP/1.0 or 1.1), then headers
+ * (token names, no line folding, no control bytes), CRLF line ends. A head announcing a body
+ * (Content-Length other than 0, Transfer-Encoding) is refused. 0; -EAGAIN when the head's end
+ * is not in buf yet (and buf is shorter than AGENT_OCIIMG_HEAD_MAX); -E2BIG past that size;
+ * -EINVAL malformed, with a message. */
+int agent_ociimg_head(const char *buf, size_t len, struct agent_ocihead *out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
 /* A new token: AGENT_OCIIMG_TOKEN_LEN lower-case hex digits of getrandom() and the NUL.

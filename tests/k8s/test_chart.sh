@@ -187,12 +187,83 @@ restore_on() {
 		[[ $off != *'hostNetwork: true'* && $off != *'restoreRegistryPort'* && $off != *'verbs: ["patch", "delete"]'* ]]
 }
 run "eviction.restore: hostNetwork, the registry port and the scaler's pod writes only when on" restore_on
+# The registry's TLS (containerd's host directory for the port, only it) and the CRI socket (the
+# store sweep), mounted only with eviction.restore; criSocket "" leaves the socket out.
+restore_mounts() {
+	local on nosock off
+	on=$(h template x "$CHART" --set images.kubelet.enabled=true --set eviction.restore.enabled=true \
+		--set eviction.restore.registryPort=5099) &&
+		nosock=$(h template x "$CHART" --set images.kubelet.enabled=true --set eviction.restore.enabled=true \
+			--set eviction.restore.criSocket=) &&
+		off=$(h template x "$CHART" --set images.kubelet.enabled=true) &&
+		python3 - "$on" "$nosock" "$off" <<-'PY'
+		import sys, yaml
+		def ds(text):
+		    d = [d for d in yaml.safe_load_all(text) if d and d.get("kind") == "DaemonSet"][0]
+		    pod = d["spec"]["template"]["spec"]
+		    vols = {v["name"]: v for v in pod["volumes"]}
+		    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+		    cm = [d for d in yaml.safe_load_all(text) if d and d.get("kind") == "ConfigMap"][0]
+		    return vols, mounts, yaml.safe_load(cm["data"]["config.yaml"])
+		vols, mounts, cfg = ds(sys.argv[1])
+		hosts = "/etc/containerd/certs.d/127.0.0.1_5099_"
+		ok = (vols["registry-hosts"]["hostPath"] == {"path": hosts, "type": "DirectoryOrCreate"} and
+		      mounts["registry-hosts"]["mountPath"] == hosts and
+		      vols["cri-socket"]["hostPath"] == {"path": "/run/containerd/containerd.sock", "type": "Socket"} and
+		      mounts["cri-socket"]["mountPath"] == "/run/containerd/containerd.sock" and
+		      cfg["restoreRegistryCertsDir"] == "/etc/containerd/certs.d" and
+		      cfg["restoreCriEndpoint"] == "/run/containerd/containerd.sock")
+		vols, mounts, cfg = ds(sys.argv[2])
+		ok = ok and "cri-socket" not in vols and "cri-socket" not in mounts and "restoreCriEndpoint" not in cfg
+		vols, mounts, cfg = ds(sys.argv[3])
+		ok = ok and not {"registry-hosts", "cri-socket"} & set(vols) and "restoreRegistryCertsDir" not in cfg
+		sys.exit(0 if ok else 1)
+		PY
+}
+run "eviction.restore: containerd's host directory for the registry and the CRI socket, only when on" restore_mounts
+refuse "eviction.restore.certsDir relative refused" "eviction.restore.certsDir must be an absolute path" \
+	h template x "$CHART" --set images.kubelet.enabled=true --set eviction.restore.enabled=true \
+	--set eviction.restore.certsDir=etc/certs.d
 images_shared() {
 	local on
 	on=$(h template x "$CHART" --set images.shared=true) && [[ $on == *'imagesShared: "true"'* ]] &&
 		[[ $(python3 "$CHECKS" rules <(printf '%s\n' "$on")) == $(python3 "$CHECKS" rules "$TMP/default-nocrds.yaml") ]]
 }
 run "images.shared: on in the agent's config, the RBAC rules unchanged" images_shared
+# Shared images are signed: the key's Secret (made by the chart, or the operator's), mounted
+# read-only into the agent, named in its config; none without shared storage.
+images_key() {
+	local made mine off
+	made=$(h template x "$CHART" --set images.shared=true) &&
+		mine=$(h template x "$CHART" --set images.claim=gcr-images --set images.key.secretName=my-key) &&
+		off=$(h template x "$CHART") &&
+		python3 - "$made" "$mine" "$off" <<-'PY'
+		import base64, sys, yaml
+		def docs(text):
+		    return [d for d in yaml.safe_load_all(text) if d]
+		def agent(text):
+		    d = [d for d in docs(text) if d.get("kind") == "DaemonSet"][0]["spec"]["template"]["spec"]
+		    cm = [d for d in docs(text) if d.get("kind") == "ConfigMap"][0]
+		    return ({v["name"]: v for v in d["volumes"]}, {m["name"]: m for m in d["containers"][0]["volumeMounts"]},
+		            yaml.safe_load(cm["data"]["config.yaml"]))
+		sec = [d for d in docs(sys.argv[1]) if d.get("kind") == "Secret"]
+		vols, mounts, cfg = agent(sys.argv[1])
+		ok = (len(sec) == 1 and sec[0]["metadata"]["name"] == "x-gcr-images-key" and
+		      len(base64.b64decode(sec[0]["data"]["key"])) == 64 and
+		      sec[0]["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep" and
+		      vols["images-key"]["secret"]["secretName"] == "x-gcr-images-key" and
+		      mounts["images-key"] == {"name": "images-key", "mountPath": "/etc/gcr-images-key", "readOnly": True} and
+		      cfg["imagesKeyDir"] == "/etc/gcr-images-key")
+		vols, mounts, cfg = agent(sys.argv[2])
+		ok = ok and not [d for d in docs(sys.argv[2]) if d.get("kind") == "Secret"] and \
+		    vols["images-key"]["secret"]["secretName"] == "my-key"
+		vols, mounts, cfg = agent(sys.argv[3])
+		ok = ok and "images-key" not in vols and "imagesKeyDir" not in cfg and \
+		    not [d for d in docs(sys.argv[3]) if d.get("kind") == "Secret"]
+		sys.exit(0 if ok else 1)
+		PY
+}
+run "images.shared/claim: the images key's Secret made or named, mounted read-only, in the agent's config" images_key
 images_claim() {
 	local on
 	on=$(h template x "$CHART" --set images.claim=gcr-images) && [[ $on == *'imagesShared: "true"'* ]] &&

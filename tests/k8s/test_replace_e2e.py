@@ -23,13 +23,13 @@ import json
 import os
 import socket
 import sys
+import ssl
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_node_e2e as N  # noqa: E402
 import test_evict_e2e as E  # noqa: E402
+import registry_client as R  # noqa: E402
 
 check, kubectl, kjson, apply, wait_until, log = N.check, N.kubectl, N.kjson, N.apply, N.wait_until, N.log
 PORT = 5055
@@ -61,16 +61,10 @@ def case_install():
 
 # ---- helpers ----
 
-def http(path, method="GET", host="127.0.0.1", accept=None):
-    """(status, headers, body) of a request to the node's registry."""
-    req = urllib.request.Request(f"http://{host}:{PORT}{path}", method=method)
-    if accept:
-        req.add_header("Accept", accept)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
+def http(path, method="GET", accept=None):
+    """(status, headers, body) of a request to the node's registry, as containerd makes it: TLS with
+    the files the agent wrote into containerd's host directory (registry_client)."""
+    return R.request(PORT, path, method=method, accept=accept)
 
 
 def script():
@@ -250,6 +244,18 @@ def case_registry_refuses():
         check(code == 404, f"{what}: {path} answered {code}, not 404")
     code, _, _ = http(f"{base}/blobs/uploads/", method="POST")
     check(code in (404, 405), f"an upload answered {code}")
+    # Only containerd (the client certificate of the host directory) is answered, only over TLS,
+    # and only by a server holding the agent's CA key (the name 127.0.0.1 checked against it).
+    toml = R.hosts_toml(PORT)
+    check(f'server = "https://127.0.0.1:{PORT}"' in toml and "skip_verify = false" in toml, f"hosts.toml: {toml}")
+    try:
+        R.request(PORT, f"{base}/manifests/{token}", client_cert=False)
+        check(False, "the registry answered a client without the node's client certificate")
+    except (ssl.SSLError, ConnectionError, OSError) as e:
+        log(f"registry: a client without the client certificate refused ({type(e).__name__})")
+    raw = R.plain(PORT, f"{base}/manifests/{token}")
+    check(raw.startswith(b"HTTP/1.1 400 ") and b"TLS only" in raw and b"index" not in raw,
+          f"plain HTTP answered {raw[:200]!r}")
     # The token withdrawn (as once the Restore is final): nothing served.
     kubectl("annotate", "checkpoint", "-n", ns, ck, "gpucr.dev/restore-token-")
     code, _, _ = http(f"{base}/blobs/{layer['digest']}")
@@ -377,8 +383,12 @@ def case_user_reference():
     prefix = f"127.0.0.1:{PORT}/gcr-evict/{ns}/snap:"
     check(ref.startswith(prefix) and len(ref) == len(prefix) + 32, f"status.image {st.get('image')}")
     check(st["image"].get("container") == "main", f"status.image.container {st['image'].get('container')}")
-    check(ref in st.get("message", ""), f"the message does not name the reference: {st.get('message')}")
     token = ref.rsplit(":", 1)[1]
+    # The token is in status.image.reference only: not in the message nor the Event.
+    check(token not in st.get("message", "") and "status.image.reference" in st.get("message", ""),
+          f"the message: {st.get('message')}")
+    notes = [e.get("note", "") for e in kjson("get", "events.events.k8s.io", "-n", ns)["items"]]
+    check(notes and not any(token in n for n in notes), f"an Event carries the token: {notes}")
     path = f"/v2/gcr-evict/{ns}/snap/manifests/"
     accept = "application/vnd.oci.image.index.v1+json,application/vnd.oci.image.manifest.v1+json"
     code, _, _ = http(path + token, accept=accept)

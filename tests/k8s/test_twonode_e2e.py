@@ -73,6 +73,11 @@ def helm(verb, shared, extra=()):
     for n in (node1(), node2()):
         wait_until(f"Lease gcr-agent-{n} held by {n}", lambda: kjson("get", "lease", "-n", N.SYSTEM_NS,
                    f"gcr-agent-{n}")["spec"].get("holderIdentity") == n, 60)
+    # And its shim slots back on the node: a restarted device plugin's slots count only once its
+    # kubelet reports them again (until then a pod asking for one can only go to the other node).
+    for n in (node1(), node2()):
+        wait_until(f"gpucr.dev/shim allocatable on {n}", lambda: int(kjson("get", "node", n)["status"].get(
+                   "allocatable", {}).get("gpucr.dev/shim", "0")) > 0, 60)
     return agents
 
 

@@ -76,6 +76,10 @@ BINARIES=(etcd kube-apiserver kubectl helm kubelet kube-controller-manager kube-
 # containerd has a cache of its own: bumping it does not rebuild the Kubernetes binaries.
 CTRD_RECIPE=1
 CTRD_BINARIES=(containerd containerd-shim-runc-v2 ctr)
+# Where a node has its runtime's CRI socket and containerd its registry host configurations:
+# the chart's defaults (eviction.restore.criSocket, certsDir), so the tests set neither.
+CRI_SOCKET=/run/containerd/containerd.sock
+REGISTRY_CERTS_DIR=/etc/containerd/certs.d
 
 log() { printf 'testbed: %s\n' "$*" >&2; }
 die() { printf 'testbed: error: %s\n' "$*" >&2; exit 1; }
@@ -627,6 +631,10 @@ node_containerd() {
 	  snapshotter = "overlayfs"
 	  [plugins."io.containerd.cri.v1.images".pinned_images]
 	    sandbox = "$PAUSE_IMAGE"
+	  # Registry host configurations (hosts.toml) as on a real node: the chart's agent writes the
+	  # one for its checkpoint-image registry here (eviction.restore.certsDir, TLS).
+	  [plugins."io.containerd.cri.v1.images".registry]
+	    config_path = "$REGISTRY_CERTS_DIR"
 	[plugins."io.containerd.cri.v1.runtime"]
 	  enable_selinux = false
 	  disable_apparmor = true
@@ -652,10 +660,15 @@ node_containerd() {
 	    bin_dirs = ["/usr/lib/cni"]
 	    conf_dir = "$d/cni/net.d"
 	EOF
+	# The node's containerd configuration root, as a node has it (the first node's is the host's
+	# own path, the second node's a private one).
+	"${NODE_EXEC[@]}" mkdir -p "$REGISTRY_CERTS_DIR"
 	log "starting containerd ($("$CTRD/containerd" --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), criu ${criu:-none})"
 	# Its own runc shim and CRIU first in PATH (containerd finds the shim there).
 	PATH="$d/bin:$CTRD:$PATH" start_proc "${pfx}containerd" "$d/containerd.log" "${NODE_EXEC[@]}" "$CTRD/containerd" --config "$d/containerd/config.toml"
 	wait_for "containerd" "${pfx}containerd" "$CTRD/ctr" --address "$d/containerd/containerd.sock" version
+	# Its CRI socket also where a node has it (the chart's eviction.restore.criSocket): a link.
+	"${NODE_EXEC[@]}" ln -sfn "$d/containerd/containerd.sock" "$CRI_SOCKET"
 	local img n=0
 	for img in "${GCR_TESTBED_IMAGES:-/nonexistent}"/*.tar; do
 		[[ -f $img ]] || continue
@@ -807,7 +820,7 @@ NODE2_POD_CIDR=10.88.1.0/24
 NODE2_POD_GW=10.88.1.1
 NODE2_CGROUP=gcr-node-2
 NODE2_PRIVATE=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/gcr /opt/gcr/lib
-	/run/netns /run/containerd /run/nri)
+	/run/netns /run/containerd /run/nri /etc/containerd/certs.d)
 
 node2_certs() {
 	(
@@ -960,6 +973,15 @@ cmd_up_node() {
 	[[ -e $KUBELET_ROOT/.gcr-testbed ]] && die "$KUBELET_ROOT belongs to another test bed; run down first"
 	new_state
 	touch "$STATE/.gcr-testbed-node"
+	# Host paths a node has that this machine may lack: made here, removed by down.
+	local p
+	[[ -e $CRI_SOCKET || -L $CRI_SOCKET ]] && die "$CRI_SOCKET exists: another containerd or test bed runs"
+	for p in /run/containerd /etc/containerd /etc/containerd/certs.d; do
+		if [[ ! -e $p ]]; then
+			mkdir -p "$p"
+			printf '%s\n' "$p" >>"$STATE/host-paths-made"
+		fi
+	done
 	trap 'rc=$?; if ((rc != 0)); then log "up-node failed; tearing down"; GCR_TESTBED_KEEP=1 stop_all "$STATE"; fi' EXIT
 	gen_certs "$STATE/pki" "IP:$NODE_IP,IP:$NODE_SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 	node_certs
@@ -1019,6 +1041,16 @@ node_cleanup() {
 	ip link del "$NODE_BRIDGE" 2>/dev/null || true
 	[[ -e $KUBELET_ROOT/.gcr-testbed ]] && rm -rf "$KUBELET_ROOT"
 	rm -rf /var/log/pods /var/log/containers
+	# The CRI socket's link, the agents' registry host directories, the paths made for them.
+	[[ -L $CRI_SOCKET && $(readlink "$CRI_SOCKET") == "$dir/"* ]] && rm -f "$CRI_SOCKET"
+	local h
+	for h in "$REGISTRY_CERTS_DIR"/127.0.0.1_*_; do
+		[[ -f $h/hosts.toml ]] && grep -q '^# Written by gcr-agent' "$h/hosts.toml" && rm -rf "$h"
+		[[ -d $h ]] && rmdir "$h" 2>/dev/null
+	done
+	if [[ -f $dir/host-paths-made ]]; then
+		tac "$dir/host-paths-made" | while read -r h; do rmdir "$h" 2>/dev/null || true; done
+	fi
 }
 
 # Containers first, through containerd while it runs (their shims unmount and

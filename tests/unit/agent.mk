@@ -65,6 +65,14 @@ tests_unit_test_agent_ociimg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_ociimg_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_ociimg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 
+# The registry's transport and TLS identity (node-agent/libgcrreg.la), a GnuTLS client playing containerd.
+check_PROGRAMS += tests/unit/test_agent_ocisrv
+TESTS += tests/unit/test_agent_ocisrv
+tests_unit_test_agent_ocisrv_SOURCES = tests/unit/test_agent_ocisrv.c
+tests_unit_test_agent_ocisrv_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_ocisrv_CFLAGS = $(AGENT_TEST_CFLAGS) $(GNUTLS_CFLAGS)
+tests_unit_test_agent_ocisrv_LDADD = node-agent/libgcrreg.la $(AGENT_TEST_LDADD) $(GNUTLS_LIBS) $(JANSSON_LIBS)
+
 # The agent's daemon modules, compiled into their tests from source.
 tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c
 tests_unit_test_agent_registry_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
@@ -102,7 +110,8 @@ EXTRA_DIST += \
 	tests/fuzz/fuzz_dpmsg.c tests/fuzz/dict/fuzz_dpmsg.dict tests/fuzz/corpus/fuzz_dpmsg \
 	tests/fuzz/fuzz_scalemsg.c tests/fuzz/dict/fuzz_scalemsg.dict tests/fuzz/corpus/fuzz_scalemsg \
 	tests/fuzz/fuzz_criu.c tests/fuzz/corpus/fuzz_criu \
-	tests/fuzz/fuzz_ocipath.c tests/fuzz/dict/fuzz_ocipath.dict tests/fuzz/corpus/fuzz_ocipath
+	tests/fuzz/fuzz_ocipath.c tests/fuzz/dict/fuzz_ocipath.dict tests/fuzz/corpus/fuzz_ocipath \
+	tests/fuzz/fuzz_ocihead.c tests/fuzz/dict/fuzz_ocihead.dict tests/fuzz/corpus/fuzz_ocihead
 
 # The device plugin's messages (node-agent/libgcrdp.la); the plugin itself is tested
 # against the Go kubelet stand-in by tests/dp/test_deviceplugin.sh.

@@ -361,6 +361,46 @@ static void test_copy(void)
 	close(dfd);
 }
 
+/* The checked copy of a signed image's gpu/: each file's SHA-256 against the manifest's entry. */
+static void test_copy_checked(void)
+{
+	char src[PATH_MAX], dst[PATH_MAX], p[PATH_MAX + 64];
+	struct gcr_err err = { 0, "" };
+	snprintf(src, sizeof(src), "%s/chk-src", root);
+	snprintf(dst, sizeof(dst), "%s/chk-dst", root);
+	CHECK(mkdir(src, 0700) == 0 && mkdir(dst, 0700) == 0);
+	snprintf(p, sizeof(p), "%s/gpu", src);
+	CHECK(mkdir(p, 0700) == 0);
+	snprintf(p, sizeof(p), "%s/gpu/a.bin", src);
+	write_file(p, "0123456789");
+	struct gcr_image_file files[1] = { { .path = "gpu/a.bin", .size = 10, .has_sha = 1 } };
+	struct gcr_sha256 s;
+	gcr_sha256_init(&s);
+	gcr_sha256_update(&s, "0123456789", 10);
+	gcr_sha256_final(&s, files[0].sha);
+	struct gcr_image_manifest m = { .nfiles = 1, .files = files, .signed_ok = 1 };
+	int sfd = open(src, O_RDONLY | O_DIRECTORY), dfd = open(dst, O_RDONLY | O_DIRECTORY);
+	CHECK(sfd >= 0 && dfd >= 0);
+	CHECK(agent_images_copy_dir_checked(sfd, dfd, "gpu", &m, &err) == 10);
+	agent_images_remove_at(dfd, "gpu");
+	/* The same length, one byte changed: refused, naming the file. */
+	snprintf(p, sizeof(p), "%s/gpu/a.bin", src);
+	write_file(p, "0123456780");
+	CHECK(agent_images_copy_dir_checked(sfd, dfd, "gpu", &m, &err) == -EIO &&
+	      strstr(err.msg, "gpu/a.bin: SHA-256 does not match") != NULL);
+	agent_images_remove_at(dfd, "gpu");
+	/* A file the manifest does not list: refused. */
+	write_file(p, "0123456789");
+	snprintf(p, sizeof(p), "%s/gpu/extra.bin", src);
+	write_file(p, "x");
+	CHECK(agent_images_copy_dir_checked(sfd, dfd, "gpu", &m, &err) == -EIO &&
+	      strstr(err.msg, "not in the signed manifest") != NULL);
+	agent_images_remove_at(dfd, "gpu");
+	agent_images_remove_at(sfd, "gpu");
+	close(sfd);
+	close(dfd);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/test-agent-images-XXXXXX");
@@ -373,6 +413,7 @@ int main(void)
 	test_manifest_node();
 	test_action();
 	test_cpu_checkpoint();
+	test_copy_checked();
 	test_copy();
 	gcr_image_remove(root);
 	return test_summary("test_agent_images");

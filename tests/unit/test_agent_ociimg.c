@@ -142,11 +142,79 @@ static void test_build(void)
 	CHECK(agent_ociimg_build("", D64, 1, &img, &err) == -EINVAL);
 }
 
+static int head(const char *h, struct agent_ocihead *out)
+{
+	struct gcr_err err = { 0 };
+	int rc = agent_ociimg_head(h, strlen(h), out, &err);
+	CHECK(rc == 0 || rc == -EAGAIN || (err.code == rc && err.msg[0] != '\0' && strchr(err.msg, '\n') == NULL));
+	return rc;
+}
+
+static void test_head(void)
+{
+	struct agent_ocihead h;
+	const char *g = "GET /v2/gcr-evict/a/b/manifests/" TOK " HTTP/1.1\r\nHost: 127.0.0.1:5055\r\n"
+			"User-Agent: containerd/v2.3.7\r\nAccept: application/vnd.oci.image.index.v1+json\r\n\r\n";
+	CHECK(head(g, &h) == 0 && h.method == AGENT_OCIMETHOD_GET && h.keep_alive && h.len == strlen(g));
+	CHECK(h.target_len == strlen("/v2/gcr-evict/a/b/manifests/" TOK) && strncmp(g + h.target_off, "/v2/", 4) == 0);
+	CHECK(head("HEAD /v2/ HTTP/1.1\r\nConnection: close\r\n\r\n", &h) == 0 && h.method == AGENT_OCIMETHOD_HEAD &&
+	      !h.keep_alive);
+	CHECK(head("GET /v2/ HTTP/1.1\r\nconnection: Keep-Alive, CLOSE\r\n\r\n", &h) == 0 && !h.keep_alive);
+	CHECK(head("GET /v2/ HTTP/1.0\r\n\r\n", &h) == 0 && !h.keep_alive);
+	CHECK(head("GET /v2/ HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", &h) == 0 && h.keep_alive);
+	CHECK(head("POST /v2/x/blobs/uploads/ HTTP/1.1\r\nContent-Length: 0\r\n\r\n", &h) == 0 &&
+	      h.method == AGENT_OCIMETHOD_OTHER);
+	/* Two heads back to back: the first's length ends it (pipelining). */
+	const char *two = "GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n";
+	CHECK(head(two, &h) == 0 && h.len == strlen("GET /a HTTP/1.1\r\n\r\n"));
+	/* Not whole yet. */
+	CHECK(head("", &h) == -EAGAIN && head("GET /v2/ HTTP/1.1\r\nHost: x\r\n", &h) == -EAGAIN);
+	/* Refused. */
+	const char *bad[] = {
+		"GET /v2/ HTTP/2.0\r\n\r\n", "GET  /v2/ HTTP/1.1\r\n\r\n", "GET /v2/\r\n\r\n",
+		" GET /v2/ HTTP/1.1\r\n\r\n", "G(T /v2/ HTTP/1.1\r\n\r\n", "GET /v\x7f" "2/ HTTP/1.1\r\n\r\n",
+		"GET /v2/ HTTP/1.1\n\r\n\r\n", "GET /v2/ HTTP/1.1\r\nHost : x\r\n\r\n",
+		"GET /v2/ HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", "GET /v2/ HTTP/1.1\r\nX: a\x01" "b\r\n\r\n",
+		"GET /v2/ HTTP/1.1\r\nX: a\rb\r\n\r\n", "GET /v2/ HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+		"GET /v2/ HTTP/1.1\r\nContent-Length: 00\r\n\r\n",
+		"GET /v2/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "GETTTTTTTTTTTTTTT /v2/ HTTP/1.1\r\n\r\n",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = head(bad[i], &h);
+		CHECK(rc == -EINVAL);
+		if (rc != -EINVAL)
+			fprintf(stderr, "head accepted (%d): %s\n", rc, bad[i]);
+	}
+	/* A NUL in the target or a header. */
+	struct gcr_err err = { 0 };
+	CHECK(agent_ociimg_head("GET /v\0/ HTTP/1.1\r\n\r\n", 23, &h, &err) == -EINVAL);
+	CHECK(agent_ociimg_head("GET / HTTP/1.1\r\nX: \0\r\n\r\n", 26, &h, &err) == -EINVAL);
+	/* Too many headers; a head past the size with no end. */
+	char *big = malloc(AGENT_OCIIMG_HEAD_MAX + 64);
+	CHECK(big != NULL);
+	if (big != NULL) {
+		size_t n = (size_t)snprintf(big, 64, "GET / HTTP/1.1\r\n");
+		for (int i = 0; i <= AGENT_OCIIMG_HEADERS_MAX; i++)
+			n += (size_t)snprintf(big + n, 16, "X: %d\r\n", i % 10);
+		memcpy(big + n, "\r\n", 3);
+		CHECK(agent_ociimg_head(big, n + 2, &h, &err) == -EINVAL);
+		memset(big, 'a', AGENT_OCIIMG_HEAD_MAX + 10);
+		memcpy(big, "GET /", 5);
+		CHECK(agent_ociimg_head(big, AGENT_OCIIMG_HEAD_MAX + 10, &h, &err) == -E2BIG);
+		CHECK(agent_ociimg_head(big, AGENT_OCIIMG_HEAD_MAX - 1, &h, &err) == -EAGAIN);
+		/* An end just past the size is not looked for. */
+		memcpy(big + AGENT_OCIIMG_HEAD_MAX - 2, "\r\n\r\n", 4);
+		CHECK(agent_ociimg_head(big, AGENT_OCIIMG_HEAD_MAX + 2, &h, &err) == -E2BIG);
+		free(big);
+	}
+}
+
 int main(void)
 {
 	test_sha256();
 	test_parse();
 	test_token();
 	test_build();
+	test_head();
 	return test_summary("test_agent_ociimg");
 }

@@ -50,7 +50,14 @@ static void fill_table(struct gcr_image_table *t, const uint8_t *data, int bigge
 
 /* A whole image at root/name: criu/ and gpu/ files, a manifest, committed from its partial
  * name; out gets its path. */
+static int make_image_signed(const char *name, int bigger, const struct gcr_imagemac_key *key, char *out, size_t len);
+
 static int make_image(const char *name, int bigger, char *out, size_t len)
+{
+	return make_image_signed(name, bigger, NULL, out, len);
+}
+
+static int make_image_signed(const char *name, int bigger, const struct gcr_imagemac_key *key, char *out, size_t len)
 {
 	static uint8_t data[DATA_LEN];
 	for (size_t i = 0; i < sizeof(data); i++)
@@ -79,7 +86,7 @@ static int make_image(const char *name, int bigger, char *out, size_t len)
 	snprintf(m.env.driver, sizeof(m.env.driver), "570.1");
 	snprintf(m.env.shim_version, sizeof(m.env.shim_version), "0.1.0");
 	fill_table(&m.table, data, bigger);
-	int rc = gcr_image_manifest_write(partial, &m, &err);
+	int rc = gcr_image_manifest_write_signed(partial, &m, key, &err);
 	CHECK(rc == 0);
 	gcr_image_manifest_clear(&m);
 	if (rc == 0)
@@ -88,7 +95,7 @@ static int make_image(const char *name, int bigger, char *out, size_t len)
 	return rc;
 }
 
-static const struct gcr_image_expect here = { "nvidia", "Model A", "570.1", "0.1.0" };
+static const struct gcr_image_expect here = { "nvidia", "Model A", "570.1", "0.1.0", NULL };
 
 /* verify refuses dir with code and a message containing word; m is left empty. */
 static void refused(const char *dir, const struct gcr_image_expect *e, int code, const char *word)
@@ -180,7 +187,7 @@ static void test_verify(void)
 		return;
 	accepted(img, &here);
 	accepted(img, NULL);
-	struct gcr_image_expect blank = { "", "", "", "" }; /* empty fields are not compared */
+	struct gcr_image_expect blank = { "", "", "", "", NULL }; /* empty fields are not compared */
 	accepted(img, &blank);
 
 	/* The machine differs. */
@@ -289,6 +296,145 @@ static void test_short_table(void)
 		refused(img, &here, -EIO, "its chunks need");
 }
 
+static void hmac_hex(const void *k, size_t kl, const char *data, char hex[GCR_SHA256_HEX])
+{
+	uint8_t d[GCR_SHA256_LEN];
+	gcr_hmac_sha256(k, kl, data, strlen(data), d);
+	gcr_sha256_to_hex(d, hex);
+}
+
+/* RFC 4231's test cases 1, 2 and 6 (a key longer than the block). */
+static void test_hmac(void)
+{
+	char hex[GCR_SHA256_HEX];
+	uint8_t k1[20], k6[131];
+	memset(k1, 0x0b, sizeof(k1));
+	memset(k6, 0xaa, sizeof(k6));
+	hmac_hex(k1, sizeof(k1), "Hi There", hex);
+	CHECK_STR(hex, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+	hmac_hex("Jefe", 4, "what do ya want for nothing?", hex);
+	CHECK_STR(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+	hmac_hex(k6, sizeof(k6), "Test Using Larger Than Block-Size Key - Hash Key First", hex);
+	CHECK_STR(hex, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+static void key_file(const char *dir, const char *name, const char *text, size_t n)
+{
+	char p[PATH_MAX];
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	FILE *f = fopen(p, "w");
+	CHECK(f != NULL && fwrite(text, 1, n, f) == n);
+	if (f != NULL)
+		fclose(f);
+}
+
+static void test_keys(void)
+{
+	char dir[PATH_MAX], big[GCR_IMAGEMAC_KEY_MAX + 2];
+	struct gcr_imagemac_keys k;
+	struct gcr_err err = { 0, "" };
+	snprintf(dir, sizeof(dir), "%s/keys", root);
+	CHECK(mkdir(dir, 0700) == 0);
+	CHECK(gcr_imagemac_load(dir, &k, &err) == -ENOENT && strstr(err.msg, "key") != NULL);
+	key_file(dir, "key", "short\n", 6);
+	CHECK(gcr_imagemac_load(dir, &k, &err) == -EINVAL && strstr(err.msg, "fewer than 32") != NULL);
+	memset(big, 'k', sizeof(big));
+	key_file(dir, "key", big, sizeof(big));
+	CHECK(gcr_imagemac_load(dir, &k, &err) == -EINVAL && strstr(err.msg, "more than") != NULL);
+	key_file(dir, "key", "0123456789abcdef0123456789abcdef\n", 33);
+	CHECK(gcr_imagemac_load(dir, &k, &err) == 0 && k.n == 1 && k.key[0].len == 32 && strlen(k.key[0].id) == 16);
+	char id0[GCR_IMAGEMAC_ID_HEX];
+	snprintf(id0, sizeof(id0), "%s", k.key[0].id);
+	key_file(dir, "previous", "fedcba9876543210fedcba9876543210", 32);
+	CHECK(gcr_imagemac_load(dir, &k, &err) == 0 && k.n == 2 && strcmp(k.key[0].id, id0) == 0 &&
+	      strcmp(k.key[1].id, id0) != 0);
+	gcr_imagemac_clear(&k);
+	CHECK(k.n == 0 && k.key[0].len == 0);
+}
+
+/* Re-signs dir's manifest with key after replacing from with to in it (an agent's signature on a
+ * manifest that lies about the data). */
+static void resign(const char *dir, const char *from, const char *to, const struct gcr_imagemac_key *key)
+{
+	edit(dir, from, to);
+	char p[PATH_MAX];
+	snprintf(p, sizeof(p), "%s/manifest.json", dir);
+	json_t *doc = json_load_file(p, 0, NULL);
+	struct gcr_err err = { 0, "" };
+	CHECK(doc != NULL && gcr_imagemac_sign(doc, key, &err) == 0 && json_dump_file(doc, p, JSON_INDENT(1)) == 0);
+	json_decref(doc);
+}
+
+static void test_signed(void)
+{
+	char img[512], kdir[PATH_MAX - 16];
+	struct gcr_imagemac_keys keys, other;
+	struct gcr_err err = { 0, "" };
+	snprintf(kdir, sizeof(kdir), "%s/keys", root);
+	key_file(kdir, "previous", "", 0);
+	char p[PATH_MAX];
+	snprintf(p, sizeof(p), "%s/previous", kdir);
+	unlink(p);
+	CHECK(gcr_imagemac_load(kdir, &keys, &err) == 0 && keys.n == 1);
+	other = keys;
+	other.key[0].k[0] ^= 1;
+	snprintf(other.key[0].id, sizeof(other.key[0].id), "00000000000000ff");
+	struct gcr_image_expect ek = here;
+	ek.keys = &keys;
+	struct gcr_image_expect eo = here;
+	eo.keys = &other;
+	/* Signed and whole: accepted with the key, and without one (the MAC is not asked for). */
+	if (make_image_signed("signed", 0, &keys.key[0], img, sizeof(img)) == 0) {
+		accepted(img, &ek);
+		accepted(img, &here);
+		struct gcr_image_manifest m;
+		CHECK(gcr_image_verify(img, &ek, &m, &err) == 0 && m.signed_ok && m.nfiles == 4);
+		for (size_t i = 0; i < m.nfiles; i++)
+			CHECK(m.files[i].has_sha);
+		gcr_image_manifest_clear(&m);
+		refused(img, &eo, -EKEYREJECTED, "signed with key");
+		/* The old key kept as "previous": still accepted after a rotation. */
+		struct gcr_imagemac_keys rot = { .n = 2 };
+		rot.key[0] = other.key[0];
+		rot.key[1] = keys.key[0];
+		struct gcr_image_expect er = here;
+		er.keys = &rot;
+		accepted(img, &er);
+		/* Any change to the manifest without the key: refused before anything is read. */
+		edit(img, "\"pid\": 4242", "\"pid\": 4243");
+		refused(img, &ek, -EPERM, "MAC does not match");
+		edit(img, "\"pid\": 4243", "\"pid\": 4242");
+		accepted(img, &ek);
+	}
+	if (make_image_signed("signed2", 0, &keys.key[0], img, sizeof(img)) == 0) {
+		/* The data file's SHA-256 replaced in a correctly signed manifest: its bytes are refused. */
+		char *buf = NULL;
+		size_t len;
+		snprintf(p, sizeof(p), "%s/manifest.json", img);
+		CHECK(gcr_image_read_file(p, 1 << 20, &buf, &len, &err) == 0);
+		char *at = buf ? strstr(buf, "gpu/alloc-0-1.bin") : NULL;
+		char *sha = at ? strstr(at, "\"sha256\": \"") : NULL;
+		char old[80];
+		if (sha != NULL) {
+			snprintf(old, sizeof(old), "%.77s", sha);
+			char new[80];
+			snprintf(new, sizeof(new), "%s", old);
+			new[12] = new[12] == 'a' ? 'b' : 'a';
+			resign(img, old, new, &keys.key[0]);
+			refused(img, &ek, -EIO, "SHA-256 does not match the signed manifest");
+		}
+		CHECK(sha != NULL);
+		free(buf);
+	}
+	/* Unsigned: refused where a key is asked for. */
+	if (make_image("unsigned", 0, img, sizeof(img)) == 0) {
+		accepted(img, &here);
+		refused(img, &ek, -EBADMSG, "not signed");
+	}
+	gcr_imagemac_clear(&keys);
+	gcr_imagemac_clear(&other);
+}
+
 int main(void)
 {
 	if (mkdtemp(root) == NULL) {
@@ -299,6 +445,9 @@ int main(void)
 	test_commit();
 	test_verify();
 	test_short_table();
+	test_hmac();
+	test_keys();
+	test_signed();
 	gcr_image_remove(root);
 	return test_summary("test_gcr_image");
 }
