@@ -9,6 +9,8 @@
 #include <time.h>
 
 #include "gcr_client.h"
+#include "gcr_group.h"
+#include "gcr_groupmsg.h"
 #include "gcr_shimreply.h"
 #include "gcr_time.h"
 
@@ -117,22 +119,149 @@ int gcr_scale_plan(struct gcr_scale_member *m, size_t n, int replicas, struct gc
 	return 0;
 }
 
+/* One unit of a run: a process alone, or the processes of one NCCL group (first .. in members,
+ * listed by next[]), which suspend and resume only together (lib/gcr_group). */
 struct run_arg {
-	struct gcr_scale_proc *p;
+	struct gcr_scale_proc *p; /* the whole array */
+	const int *next;          /* the next member of the same group, -1 at the end */
+	size_t first;
+	int group;
 	const struct gcr_cr_opts *o;
 	double t0;
 };
 
+static void run_group(struct run_arg *a)
+{
+	struct gcr_scale_proc *p = a->p;
+	pid_t pids[GCR_GROUP_MAX_MEMBERS];
+	size_t idx[GCR_GROUP_MAX_MEMBERS], n = 0;
+	for (int i = (int)a->first; i >= 0 && n < GCR_GROUP_MAX_MEMBERS; i = a->next[i]) {
+		pids[n] = p[i].pid;
+		idx[n++] = (size_t)i;
+	}
+	struct gcr_group_opts go = { .socket_dir = a->o->socket_dir, .mode = a->o->mode,
+				     .timeout_ms = a->o->timeout_ms, .unchecked = a->o->unchecked };
+	struct gcr_group_result *r = calloc(1, sizeof(*r));
+	struct gcr_err err;
+	int rc;
+	if (r == NULL)
+		rc = gcr_err_set(&err, -ENOMEM, "out of memory");
+	else if (a->o->target_gpu != NULL || a->o->ngpu_pairs > 0 || a->o->image_dir != NULL || a->o->wake)
+		rc = gcr_err_set(&err, -ENOTSUP, "processes %d.. form an NCCL group, which suspends and resumes on "
+				 "its own GPUs only (no other GPU, image or wake); nothing was done", (int)pids[0]);
+	else if (p[a->first].action == GCR_SCALE_SUSPEND)
+		rc = gcr_group_suspend(pids, n, &go, r, &err);
+	else
+		rc = gcr_group_resume(pids, n, &go, r, &err);
+	double done = gcr_time_mono_ms() - a->t0;
+	for (size_t k = 0; k < n; k++) {
+		struct gcr_scale_proc *q = &p[idx[k]];
+		q->ms_done = done;
+		q->rc = rc;
+		if (rc < 0)
+			q->err = err; /* the group's error names the member that failed */
+		if (r != NULL && rc == 0)
+			for (size_t m = 0; m < r->n; m++)
+				if (r->m[m].pid == q->pid) { /* its own data and driver parts, for reports */
+					q->r = r->m[m].cr;
+					memset(&r->m[m].cr, 0, sizeof(r->m[m].cr)); /* taken over */
+				}
+	}
+	if (r != NULL)
+		gcr_group_result_clear(r);
+	free(r);
+}
+
 static void *run_one(void *data)
 {
 	struct run_arg *a = data;
-	struct gcr_scale_proc *p = a->p;
-	if (p->action == GCR_SCALE_SUSPEND)
+	struct gcr_scale_proc *p = &a->p[a->first];
+	if (a->group >= 0)
+		run_group(a);
+	else if (p->action == GCR_SCALE_SUSPEND)
 		p->rc = gcr_cr_suspend(p->pid, a->o, &p->r, &p->err);
 	else
 		p->rc = gcr_cr_resume(p->pid, a->o, &p->r, &p->err);
-	p->ms_done = gcr_time_mono_ms() - a->t0;
+	if (a->group < 0)
+		p->ms_done = gcr_time_mono_ms() - a->t0;
 	return NULL;
+}
+
+static int find_root(int *parent, int i)
+{
+	while (parent[i] != i)
+		i = parent[i] = parent[parent[i]];
+	return i;
+}
+
+/* The NCCL groups among the processes acted on: those whose shims hold a communicator in common
+ * (by key) are one group (union-find). group[i]: the group's first process, or -1 alone; next[]
+ * links each group's processes. Shims that do not answer, or hold no communicator, are alone:
+ * their own suspend then says why (a lone member of a live group is refused by its shim). */
+static void find_groups(const struct gcr_scale_proc *p, size_t n, const char *socket_dir, int *group, int *next)
+{
+	for (size_t i = 0; i < n; i++)
+		group[i] = next[i] = -1;
+	pid_t *pids = calloc(n ? n : 1, sizeof(*pids));
+	json_t **res = calloc(n ? n : 1, sizeof(*res));
+	int *rcs = calloc(n ? n : 1, sizeof(*rcs)), *parent = calloc(n ? n : 1, sizeof(*parent));
+	struct gcr_group_comms *c = calloc(n ? n : 1, sizeof(*c));
+	struct gcr_err e;
+	size_t k = 0;
+	for (size_t i = 0; pids != NULL && i < n; i++)
+		if (p[i].action != GCR_SCALE_NONE)
+			pids[k++] = p[i].pid;
+	if (pids == NULL || res == NULL || rcs == NULL || parent == NULL || c == NULL || k < 2 ||
+	    gcr_client_call_all(socket_dir, pids, k, GCR_OP_STATUS_ID, NULL, 5000, res, rcs, &e) < 0)
+		goto out;
+	/* c[j] / parent[j] are indexed like pids (the processes acted on) */
+	for (size_t j = 0; j < k; j++) {
+		parent[j] = (int)j;
+		if (rcs[j] < 0 || gcr_shimreply_comms(res[j], &c[j], &e) < 0)
+			c[j].n = 0;
+	}
+	for (size_t a = 0; a < k; a++)
+		for (size_t b = a + 1; b < k; b++)
+			for (size_t x = 0; x < c[a].n; x++)
+				for (size_t y = 0; y < c[b].n; y++)
+					if (c[a].c[x].key == c[b].c[y].key) {
+						int ra = find_root(parent, (int)a), rb = find_root(parent, (int)b);
+						if (ra != rb)
+							parent[rb] = ra;
+					}
+	/* map back to p's indices; a group is linked in p's order from its first process */
+	int *last = calloc(k, sizeof(*last)), *first = calloc(k, sizeof(*first));
+	if (last == NULL || first == NULL) {
+		free(last);
+		free(first);
+		goto out;
+	}
+	for (size_t j = 0; j < k; j++)
+		first[j] = last[j] = -1;
+	for (size_t i = 0, j = 0; i < n; i++) {
+		if (p[i].action == GCR_SCALE_NONE)
+			continue;
+		int root = find_root(parent, (int)j);
+		if (c[j].n > 0) {
+			if (first[root] < 0)
+				first[root] = (int)i;
+			else
+				next[last[root]] = (int)i;
+			last[root] = (int)i;
+			group[i] = first[root];
+		}
+		j++;
+	}
+	free(last);
+	free(first);
+out:
+	for (size_t j = 0; res != NULL && j < k; j++)
+		json_decref(res[j]);
+	free(pids);
+	free(res);
+	free(rcs);
+	free(parent);
+	free(c);
 }
 
 int gcr_scale_run(struct gcr_scale_proc *p, size_t n, const struct gcr_cr_opts *o, double *ms_wall)
@@ -140,6 +269,7 @@ int gcr_scale_run(struct gcr_scale_proc *p, size_t n, const struct gcr_cr_opts *
 	struct run_arg *args = calloc(n ? n : 1, sizeof(*args));
 	pthread_t *th = calloc(n ? n : 1, sizeof(*th));
 	char *started = calloc(n ? n : 1, 1);
+	int *group = calloc(n ? n : 1, sizeof(*group)), *next = calloc(n ? n : 1, sizeof(*next));
 	double t0 = gcr_time_mono_ms();
 	int rc = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -148,19 +278,35 @@ int gcr_scale_run(struct gcr_scale_proc *p, size_t n, const struct gcr_cr_opts *
 		memset(&p[i].r, 0, sizeof(p[i].r));
 		gcr_err_clear(&p[i].err);
 	}
+	if (group != NULL && next != NULL)
+		find_groups(p, n, o->socket_dir, group, next);
 	for (size_t i = 0; i < n; i++) {
 		if (p[i].action == GCR_SCALE_NONE)
 			continue;
+		int g = group != NULL && next != NULL ? group[i] : -1;
+		if (g >= 0 && (size_t)g != i)
+			continue; /* run by its group's first process */
+		/* A group whose members were asked different things (a plan over pods that share one
+		 * group) is refused whole: half a group cannot move. */
+		int mixed = 0;
+		for (int j = g >= 0 ? next[g] : -1; j >= 0; j = next[j])
+			mixed |= p[j].action != p[i].action;
+		if (mixed) {
+			for (int j = g; j >= 0; j = next[j]) {
+				p[j].rc = gcr_err_set(&p[j].err, -EINVAL, "processes of one NCCL group (%d, ...) were asked "
+						      "to suspend and to resume at once; nothing was done", (int)p[g].pid);
+			}
+			continue;
+		}
+		struct run_arg a = { .p = p, .next = next, .first = i, .group = g, .o = o, .t0 = t0 };
 		/* Without memory or threads each still runs, one after the other. */
 		if (args != NULL)
-			args[i] = (struct run_arg){ .p = &p[i], .o = o, .t0 = t0 };
+			args[i] = a;
 		if (args == NULL || th == NULL || started == NULL ||
-		    pthread_create(&th[i], NULL, run_one, &args[i]) != 0) {
-			struct run_arg a = { .p = &p[i], .o = o, .t0 = t0 };
+		    pthread_create(&th[i], NULL, run_one, &args[i]) != 0)
 			run_one(&a);
-		} else {
+		else
 			started[i] = 1;
-		}
 	}
 	for (size_t i = 0; i < n; i++)
 		if (started != NULL && started[i])
@@ -173,6 +319,8 @@ int gcr_scale_run(struct gcr_scale_proc *p, size_t n, const struct gcr_cr_opts *
 	free(args);
 	free(th);
 	free(started);
+	free(group);
+	free(next);
 	return rc;
 }
 

@@ -463,6 +463,25 @@ def case_scale(f):
     check(g.digests() == reference(f, 2), "digests")
 
 
+def case_scale_found(f):
+    """gcrctl scale over plain pids (what the agent's Checkpoint, Restore and GPUResidency run, one
+    pod's processes at a time): the ranks of a group are found by their communicators and taken
+    together as one group operation, a process outside any group alone; all suspended at 0, all
+    back at 3, the group bit-exact and the other program's own check exact."""
+    g = f.group(2)
+    lone = f.start(["--mib", "16", "--iters", "5", "--wait"], name="lone")
+    g.go()
+    g.at_step(2)
+    pids = [str(p) for p in g.pids] + [str(lone.pid)]
+    r = f.S.ctl("scale", None, ["--replicas", "0"] + pids, test=f.name)
+    check(r.ok and all(shim_state(f, p) == "suspended" for p in g.pids + [lone.pid]), "scale 0: %s" % r.describe())
+    r = f.S.ctl("scale", None, ["--replicas", "3"] + pids, test=f.name)
+    check(r.ok and all(shim_state(f, p) == "running" for p in g.pids + [lone.pid]), "scale 3: %s" % r.describe())
+    check(g.digests() == reference(f, 2), "digests")
+    lone.send("go")
+    f.finish(lone)
+
+
 CASES = [
     ("allreduce-2", case_allreduce(2)),
     ("allreduce-3-split", case_allreduce(3, split=True)),
@@ -481,6 +500,7 @@ CASES = [
     ("incomplete-group", case_incomplete_group),
     ("driver-only", case_driver_only),
     ("scale", case_scale),
+    ("scale-found", case_scale_found),
     ("watchdog", case_watchdog),
 ]
 

@@ -44,6 +44,8 @@ GCRCTL = os.path.join(BUILD, "node-agent", "gcrctl")
 AGENT = os.environ.get("GCR_E2E_AGENT") or os.path.join(BUILD, "node-agent", "gcr-agent")
 SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
 TESTPROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
+NCCLPROG = os.path.join(BUILD, "tests", "progs", "gcr-ncclprog")
+FAKENCCL = os.path.join(BUILD, "tests", "fakenccl")
 TESTBED = os.path.join(SRC, "tests", "k8s", "testbed.sh")
 CHART_SA = os.path.join(SRC, "tests", "k8s", "chart_sa_kubeconfig.sh")
 RBAC_EXPECTED = os.path.join(SRC, "tests", "k8s", "rbac-expected.txt")
@@ -257,8 +259,9 @@ class Env:
         return json.loads(out.stdout) if out.returncode == 0 else None
 
     # --- processes ---
-    def start_prog(self, pod_uid, cid):
-        """gcr-testprog under the shim, its cgroup file written under its own pid before exec."""
+    def start_prog(self, pod_uid, cid, argv=None, ready=r"READY pid=(\d+)", wait=True):
+        """gcr-testprog (or argv) under the shim, its cgroup file written under its own pid before
+        exec."""
         cg = ("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/"
               "cri-containerd-%s.scope" % (pod_uid.replace("-", "_"), cid))
         # The registry reads the process's start time from <proc-root>/<pid>/stat: the real one.
@@ -269,12 +272,16 @@ class Env:
                     "LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.fake_dir, "FAKECUDA_MEM_MIB": str(self.gpu_mib),
                     "GCR_SOCKET_DIR": self.sock_dir, "GCR_AGENT_SOCKET": self.registry,
                     "GCR_LOG_LEVEL": "warn"})
-        argv = ["bash", "-c", script, "prog", TESTPROG, "--module",
-                os.path.join(SRC, "tests", "progs", "gcr_kernels.h"),
-                "--mib", "16", "--threads", "2", "--iters", "50", "--wait"]
+        if argv is not None:  # the stand-in NCCL beside the stand-in driver
+            env["LD_LIBRARY_PATH"] = FAKE_DIR + ":" + FAKENCCL
+        argv = ["bash", "-c", script, "prog"] + (argv or [
+            TESTPROG, "--module", os.path.join(SRC, "tests", "progs", "gcr_kernels.h"),
+            "--mib", "16", "--threads", "2", "--iters", "50", "--wait"])
         p = Prog(argv, env)
         self.progs.append(p)
-        m = p.expect(r"READY pid=(\d+)", 60)
+        if not wait:  # ranks of one group: READY once every rank has started
+            return p
+        m = p.expect(ready, 60)
         check(int(m.group(1)) == p.p.pid, "READY pid %s != %d" % (m.group(1), p.p.pid))
         return p
 
@@ -670,6 +677,70 @@ def main():
         suspended(fx["pid"])
         do_restore("rs-gpu-back", "ck-gpu")
 
+    def tp_pod():
+        """A pod whose two GPU processes are NCCL ranks (tensor-parallel in one container): its
+        Checkpoint suspends them as one group (each alone would be refused: its peer's collective
+        would strand), both at 0 bytes and checkpointed; its Restore brings both back; their digests
+        equal those of the same two ranks run without GCR, so nothing was lost or replayed."""
+        def ranks(tag, shim, cid=None, uid=None):
+            idf = os.path.join(E.sock_dir, "nccl-id-%s" % tag)
+            argvs = [[NCCLPROG, "--rank", str(r), "--nranks", "2", "--id-file", idf, "--steps", "60", "--mib", "4",
+                      "--pace-ms", "20", "--wait", "--module", os.path.join(SRC, "tests", "progs", "gcr_kernels.h")]
+                     for r in range(2)]
+            if shim:
+                ps = [E.start_prog(uid, cid, argv=a, wait=False) for a in argvs]
+            else:
+                env = dict(E.fake_env(), LD_LIBRARY_PATH=FAKE_DIR + ":" + FAKENCCL)
+                ps = [Prog(a, env) for a in argvs]
+                E.progs.extend(ps)
+            for q in ps:
+                q.expect(r"READY pid=(\d+) rank", 60)
+            return ps
+
+        def digests(ps):
+            out = []
+            for q in ps:
+                m = q.expect(r"(DIGEST [0-9a-f]+|ERROR .*)$", 240)
+                check(m.group(1).startswith("DIGEST"), "rank: %s" % m.group(1))
+                out.append(m.group(1).split()[1])
+                q.send("exit")
+            return out
+
+        ref = ranks("ref", False)
+        for q in ref:
+            q.send("go")
+        want = digests(ref)
+        cid = uuid.uuid4().hex + uuid.uuid4().hex
+        uid = E.make_pod("tp-pod", cid)
+        ps = ranks("tp", True, cid, uid)
+        def registered(n):
+            m = re.search(r"^gcr_agent_registered_processes (\d+)", E.http("/metrics")[1], re.M)
+            return m is not None and int(m.group(1)) >= n
+
+        try:
+            pids = [q.p.pid for q in ps]
+            E.wait("the agent registers both ranks", lambda: registered(3))  # and the first pod's process
+            for q in ps:
+                q.send("go")
+            for q in ps:
+                q.expect(r"STEP 5$", 60)
+            E.apply(checkpoint("ck-tp", "tp-pod"))
+            c = E.wait_phase("checkpoint", "ck-tp", ("Succeeded", "Failed"))
+            check(c["status"]["phase"] == "Succeeded", "checkpoint of the TP pod: %s" % c["status"].get("message"))
+            for pid in pids:
+                suspended(pid)
+            do_restore_of = restore("rs-tp", "ck-tp")
+            E.apply(do_restore_of)
+            r = E.wait_phase("restore", "rs-tp", ("Succeeded", "Failed"))
+            check(r["status"]["phase"] == "Succeeded", "restore of the TP pod: %s" % r["status"].get("message"))
+            for pid in pids:
+                check(E.drv_state(pid) == "running" and E.mem(pid) > 0, "rank %d not back on the GPU" % pid)
+            check(digests(ps) == want, "the ranks' digests differ from an uninterrupted run")
+        finally:
+            for q in ps:
+                q.kill()
+            E.wait("the agent forgets both ranks", lambda: not registered(3))
+
     def bad(name, obj, kind, want):
         E.apply(obj)
         o = E.wait_phase(kind, name, ("Succeeded", "Failed"))
@@ -934,6 +1005,8 @@ def main():
                  "room is back", restore_waits_for_room)
             case("Restore onto a GPU the node lacks (spec.targetGPU): Failed + Event before the driver, still "
                  "suspended where it was; a plain Restore then succeeds", restore_onto_absent_gpu)
+            case("a pod of two NCCL ranks: its Checkpoint suspends them as one group, its Restore brings both "
+                 "back, digests of an uninterrupted run", tp_pod)
             case("bad input: pod missing -> Failed + Event, process untouched", pod_missing)
             case("bad input: pod without a GCR process -> Failed + Event", no_shim)
             case("bad input: pod on a node without an agent -> Failed + Event, process untouched",
