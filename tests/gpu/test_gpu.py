@@ -263,7 +263,8 @@ def t_move_gpu(T):
     same, moved = [], []
     on = 0
     for i in range(MOVE_REPS):
-        for target in (1 - on, on):  # a move, then a resume in place on the new GPU
+        for kind in ("move", "same"):  # a move, then a resume in place on the new GPU
+            target = 1 - on if kind == "move" else on
             s = T.ctl("suspend", pid)
             check(s.ok, "suspend before %s: %s" % ("move" if target != on else "resume", s.describe()))
             check(T.S.gpu_mem(pid) == 0, "GPU memory held while suspended")
