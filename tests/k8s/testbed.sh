@@ -970,7 +970,14 @@ cmd_up_node() {
 	BIN=$(cmd_build)
 	CTRD=$(ctrd_dir)
 	[[ -f $CTRD/.complete ]] || die "containerd is not in $CTRD after the build"
-	[[ -e $KUBELET_ROOT/.gcr-testbed ]] && die "$KUBELET_ROOT belongs to another test bed; run down first"
+	if [[ -e $KUBELET_ROOT/.gcr-testbed ]]; then
+		# A bed whose kubelet still runs is another run's; one whose kubelet is gone was killed
+		# before its down (a CI job stopped, a machine image taken mid-run): its leftovers go.
+		pgrep -x kubelet >/dev/null && die "$KUBELET_ROOT belongs to a running test bed; run down first"
+		log "$KUBELET_ROOT: leftovers of a test bed no kubelet serves any more; cleaning them"
+		node_cleanup /nonexistent-gcr-testbed
+		[[ -L $CRI_SOCKET && ! -e $CRI_SOCKET ]] && rm -f "$CRI_SOCKET"
+	fi
 	new_state
 	touch "$STATE/.gcr-testbed-node"
 	# Host paths a node has that this machine may lack: made here, removed by down.

@@ -43,6 +43,7 @@ int main(void)
 	SHIM_NCCL_COLL_LIST SHIM_NCCL_USE_LIST SHIM_NCCL_CUSTOM_LIST
 	printf("test_nccl_abi: nccl.h %d.%d.%d: %d prototypes the same, %d not in this version or C++ only\n",
 	       NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, checked, skipped);
-	printf("test_nccl_abi: %d passed, 0 failed\n", checked + 6);
-	return checked > 40 ? 0 : 1;
+	/* Every check above is made by the compiler; an empty list would check nothing. */
+	printf("test_nccl_abi: %d passed, %d failed\n", checked + 6, checked == 0);
+	return checked > 0 ? 0 : 1;
 }
