@@ -12,7 +12,9 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_victims \
 	tests/unit/test_agent_roommsg \
 	tests/unit/test_agent_evictmsg \
-	tests/unit/test_agent_ociimg
+	tests/unit/test_agent_ociimg \
+	tests/unit/test_agent_share \
+	tests/unit/test_agent_roompolicy
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -64,6 +66,16 @@ tests_unit_test_agent_ociimg_SOURCES = tests/unit/test_agent_ociimg.c
 tests_unit_test_agent_ociimg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_ociimg_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_ociimg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
+tests_unit_test_agent_share_SOURCES = tests/unit/test_agent_share.c
+tests_unit_test_agent_share_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_share_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_share_LDADD = $(AGENT_TEST_LDADD) -lpthread
+
+tests_unit_test_agent_roompolicy_SOURCES = tests/unit/test_agent_roompolicy.c
+tests_unit_test_agent_roompolicy_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_roompolicy_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_roompolicy_LDADD = $(AGENT_TEST_LDADD)
 
 # The agent's daemon modules, compiled into their tests from source.
 tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c
