@@ -112,6 +112,9 @@ struct agent_controller {
 	/* "ns/pod" of each pod a worker is acting on -> keys deferred until it is done, so
 	 * that operations on one pod never overlap (its processes' state machine is one). */
 	json_t *busy;
+	/* Each namespace's share of the workers (cfg.workers); namespace -> keys waiting for it. */
+	struct agent_share *workers_share;
+	json_t *ns_waiting;
 	struct watch w[NK];
 	int nworkers;
 	pthread_t workers[MAX_PARALLEL];
@@ -1995,14 +1998,40 @@ static void pod_key(struct agent_controller *c, const char *key, char *out, size
 	json_decref(obj);
 }
 
-/* Takes pod for this worker; 0 when another worker has it: key is then deferred and
- * queued again once that worker is done with the pod. */
-static int claim(struct agent_controller *c, const char *pod, const char *key)
+/* The namespace of a pod key ("ns/pod", or "ns/<key>" for an operation naming no pod). */
+static void ns_of_pod_key(const char *pod, char *out, size_t len)
 {
+	const char *slash = strchr(pod, '/');
+	snprintf(out, len, "%.*s", slash != NULL ? (int)(slash - pod) : (int)strlen(pod), pod);
+}
+
+/* Takes pod for this worker, and a worker of its namespace's share: 1 taken; 0 when another
+ * worker has the pod, or the namespace holds its whole share of the workers: key is then
+ * deferred and queued again once that worker is done with the pod, or the namespace with one
+ * of its operations. *told: the namespace's share refused this time, to be told (an Event on
+ * the object, once a minute at most); msg (len bytes) says so. */
+static int claim(struct agent_controller *c, const char *pod, const char *key, int *told, char *msg, size_t len)
+{
+	char ns[300];
+	struct gcr_err err;
+	*told = 0;
+	ns_of_pod_key(pod, ns, sizeof(ns));
 	pthread_mutex_lock(&c->lock);
 	json_t *waiting = json_object_get(c->busy, pod);
 	int got = waiting == NULL;
-	if (got) {
+	if (got && c->workers_share != NULL && agent_share_take(c->workers_share, ns, key, told, &err) < 0) {
+		json_t *nw = json_object_get(c->ns_waiting, ns);
+		if (nw == NULL) {
+			nw = json_object();
+			json_object_set_new(c->ns_waiting, ns, nw);
+		}
+		json_object_set_new(nw, key, json_true());
+		snprintf(msg, len, "waits for a worker: namespace %.63s runs %d operations at once on node %.100s, its share of the "
+			 "node's %d (the other namespaces' operations go on); it runs when one of them ends", ns,
+			 agent_share_limit(c->workers_share), c->node, agent_share_capacity(c->workers_share));
+		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s", key, msg);
+		got = 0;
+	} else if (got) {
 		json_object_set_new(c->busy, pod, json_object());
 	} else {
 		json_object_set_new(waiting, key, json_true());
@@ -2014,11 +2043,18 @@ static int claim(struct agent_controller *c, const char *pod, const char *key)
 
 static void release(struct agent_controller *c, const char *pod)
 {
+	char ns[300];
+	ns_of_pod_key(pod, ns, sizeof(ns));
 	pthread_mutex_lock(&c->lock);
 	const char *k;
 	json_t *v;
 	json_object_foreach(json_object_get(c->busy, pod), k, v) enqueue_locked(c, k);
 	json_object_del(c->busy, pod);
+	if (c->workers_share != NULL) {
+		agent_share_give(c->workers_share, ns);
+		json_object_foreach(json_object_get(c->ns_waiting, ns), k, v) enqueue_locked(c, k);
+		json_object_del(c->ns_waiting, ns);
+	}
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -2034,8 +2070,22 @@ static void process(struct agent_controller *c, const char *key)
 	if (key[0] != 'o' && strchr(key + 2, '/') == NULL)
 		return;
 	pod_key(c, key, pod, sizeof(pod));
-	if (!claim(c, pod, key))
+	int told = 0;
+	char msg[512];
+	if (!claim(c, pod, key, &told, msg, sizeof(msg))) {
+		json_t *obj = NULL;
+		if (told && key[0] != 'o' && strchr(key + 2, '/') != NULL) {
+			char ns[300], name[300];
+			const char *slash = strchr(key + 2, '/');
+			snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key - 2), key + 2);
+			snprintf(name, sizeof(name), "%s", slash + 1);
+			obj = cache_get(c, key[0] == 'c' ? K_CK : K_RS, ns, name);
+		}
+		if (obj != NULL) /* an API call: after the claim's lock */
+			event(c, obj, key[0] == 'c' ? "Checkpoint" : "Restore", "Warning", "WorkerShareUsed", msg);
+		json_decref(obj);
 		return;
+	}
 	if (key[0] == 'o') {
 		reconcile_orphan(c, key, key + 2);
 		release(c, pod);
@@ -2144,10 +2194,12 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->done = json_object();
 	c->first_seen = json_object();
 	c->busy = json_object();
+	c->ns_waiting = json_object();
+	c->workers_share = cfg->workers;
 	c->nworkers = cfg->max_parallel > 0 ? cfg->max_parallel : DEFAULT_PARALLEL;
 	if (c->nworkers > MAX_PARALLEL)
 		c->nworkers = MAX_PARALLEL;
-	if (c->node == NULL || c->busy == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->images_dir == NULL ||
+	if (c->node == NULL || c->busy == NULL || c->ns_waiting == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->images_dir == NULL ||
 	    c->pod_query == NULL ||
 	    c->instance == NULL || c->queue == NULL || c->queued == NULL || c->retry == NULL || c->backoff == NULL ||
 	    c->done == NULL || c->first_seen == NULL || (cfg->test_pause && c->pause == NULL)) {
@@ -2217,6 +2269,7 @@ void agent_controller_free(struct agent_controller *c)
 	json_decref(c->done);
 	json_decref(c->first_seen);
 	json_decref(c->busy);
+	json_decref(c->ns_waiting);
 	agent_record_store_free(c->rec);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
