@@ -11,6 +11,7 @@ lib_libgcrcommon_la_SOURCES = \
 	lib/gcr_crc32c.c lib/gcr_crc32c.h \
 	lib/gcr_sha256.c lib/gcr_sha256.h \
 	lib/gcr_image.c lib/gcr_image.h \
+	lib/gcr_jsonbudget.c lib/gcr_jsonbudget.h \
 	include/gcr/protocol.h
 lib_libgcrcommon_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden $(JANSSON_CFLAGS)
 

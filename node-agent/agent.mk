@@ -10,6 +10,7 @@ node_agent_libgcragent_la_SOURCES = \
 	node-agent/daemon/agent_share.c node-agent/daemon/agent_share.h \
 	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \
 	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
+	node-agent/kube/agent_quantity.c node-agent/kube/agent_quantity.h \
 	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \
 	node-agent/controller/agent_crobj.c node-agent/controller/agent_crobj.h \
 	node-agent/controller/agent_record.c node-agent/controller/agent_record.h \

@@ -31,11 +31,13 @@
 #include "agent_lease.h"
 #include "agent_ociimg.h"
 #include "agent_ocireg.h"
+#include "agent_quantity.h"
 #include "agent_record.h"
 #include "gcr_cr.h"
 #include "gcr_imgcr.h"
 #include "gcr_procns.h"
 #include "gcr_log.h"
+#include "gcr_nvml.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
 #include "gcr_time.h"
@@ -1019,6 +1021,51 @@ static int publish_ref(struct agent_controller *c, const struct op *o, char *ref
 	return agent_ociimg_ref(c->registry_port, o->d.ns, o->d.name, token, ref, len) < 0 ? -ENOENT : 0;
 }
 
+/* What a pod's process may make the agent copy into its image (docs/install.md, "Input bounds"):
+ * the bytes it holds on the GPU now (NVML: the driver's count, not the shim's word; where NVML
+ * cannot say, every GPU's memory), and no more than its container's ephemeral-storage limit
+ * when it has one, so that the copy counts against the pod that made it. 0 with err: no bound. */
+static unsigned long long copy_bound(struct agent_controller *c, const struct agent_crobj *d, const struct proc *p,
+				     char *why, size_t len, struct gcr_err *err)
+{
+	struct gcr_nvml_use use[GCR_NVML_MAX_DEVICES];
+	int k = 0;
+	unsigned long long gpu = 0, limit = 0;
+	if (gcr_nvml_proc_use(p->pid, use, GCR_NVML_MAX_DEVICES, &k, err) == 0) {
+		for (int i = 0; i < k; i++)
+			gpu += use[i].bytes;
+		snprintf(why, len, "%llu MiB on the GPU", gpu >> 20);
+	} else {
+		char gpus[GCR_NVML_MAX_DEVICES][GCR_NVML_UUID_LEN];
+		int n = 0;
+		GCR_LOG(GCR_LOG_WARN, "controller", "pid %d: its GPU bytes unknown (%s); its image's files are bounded by "
+			"the node's GPU memory", (int)p->pid, err->msg);
+		for (int i = 0; gcr_nvml_gpus(gpus, GCR_NVML_MAX_DEVICES, &n, err) == 0 && i < n; i++) {
+			unsigned long long fr = 0, total = 0;
+			if (gcr_nvml_mem(gpus[i], &fr, &total, err) == 0)
+				gpu += total;
+		}
+		snprintf(why, len, "%llu MiB: the node's GPU memory", gpu >> 20);
+	}
+	json_t *pod = cache_get(c, K_POD, d->ns, d->target), *ct;
+	size_t i;
+	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "containers"), i, ct) {
+		const char *name = json_string_value(json_object_get(ct, "name"));
+		const char *q = json_string_value(json_object_get(
+			json_object_get(json_object_get(ct, "resources"), "limits"), "ephemeral-storage"));
+		if (name != NULL && strcmp(name, p->container) == 0 && q != NULL &&
+		    agent_quantity_parse(q, strlen(q), &limit) == 0 && limit < gpu) {
+			snprintf(why, len, "%llu MiB: container %.63s's ephemeral-storage limit %.32s", limit >> 20,
+				 p->container, q);
+			gpu = limit;
+		}
+	}
+	json_decref(pod);
+	if (gpu == 0)
+		gcr_err_set(err, -EIO, "the bytes pid %d may write cannot be bounded (NVML: %s)", (int)p->pid, err->msg);
+	return gpu;
+}
+
 /* Image of a pod's process whose CPU side is the container runtime's checkpoint, restorable
  * into a new pod (docs/images.md, "Restore into a new pod"): the shim suspends with its GPU
  * data written to image-<uid> in the pod's socket directory, the kubelet checkpoints the
@@ -1035,6 +1082,7 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 	int pfd = -1, suspended = 0, made = 0, rc = 0;
 	struct gcr_imgcr_result rr = { 0 };
 	struct gcr_cr_result cr = { 0 };
+	struct gcr_image_manifest m = { .format = GCR_IMAGE_FORMAT, .pid = p[0].pid };
 	double t0 = gcr_time_mono_ms(), t_dump = 0, t_copy = 0;
 	long long gpu_bytes = 0;
 	if (n != 1) {
@@ -1061,6 +1109,12 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 	    0)
 		return;
 	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms_of(d) };
+	char bound_why[160] = "";
+	unsigned long long bound = copy_bound(c, d, &p[0], bound_why, sizeof(bound_why), &err);
+	if (bound == 0) {
+		rc = gcr_err_wrap(&err, "process untouched");
+		goto out;
+	}
 	rc = agent_images_pod_dir(p[0].pid, d->uid, &pfd, inside, sizeof(inside), &err);
 	if (rc < 0) {
 		gcr_err_wrap(&err, "process untouched");
@@ -1105,12 +1159,14 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 	if (rc == 0 && idfd < 0)
 		rc = gcr_err_set(&err, -errno, "cannot open %s: %s", partial, strerror(errno));
 	if (rc == 0) {
-		gpu_bytes = agent_images_copy_dir(pfd, idfd, GCR_IMAGE_GPU_DIR, &err);
+		gpu_bytes = agent_images_copy_gpu(pfd, idfd, bound, &m.table, &err);
 		rc = gpu_bytes < 0 ? (int)gpu_bytes : 0;
+		if (rc < 0 && gpu_bytes == -EFBIG)
+			gcr_err_wrap(&err, "bound %s", bound_why);
 	}
 	if (idfd >= 0)
 		close(idfd);
-	char dst[PATH_MAX + 64], table[PATH_MAX + 32];
+	char dst[PATH_MAX + 64];
 	snprintf(dst, sizeof(dst), "%s/%s", partial, GCR_IMAGE_CRIU_DIR);
 	if (rc == 0 && mkdir(dst, 0700) < 0)
 		rc = gcr_err_set(&err, -errno, "cannot create %s: %s", dst, strerror(errno));
@@ -1119,29 +1175,17 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 		long long an = agent_images_copy_file(archive, dst, &err);
 		rc = an < 0 ? (int)an : 0;
 	}
-	struct gcr_image_manifest m = { .format = GCR_IMAGE_FORMAT, .created = (long long)time(NULL), .pid = p[0].pid };
+	m.created = (long long)time(NULL);
 	snprintf(m.mode, sizeof(m.mode), "%s", GCR_IMAGE_MODE_RUNTIME);
 	snprintf(m.node, sizeof(m.node), "%s", c->node);
 	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
 	struct gcr_image_expect here;
 	gcr_imgcr_expect_here(&here);
 	m.env = here;
-	snprintf(table, sizeof(table), "%s/%s", partial, GCR_IMAGE_TABLE);
-	char *buf = NULL;
-	size_t len = 0;
-	if (rc == 0)
-		rc = gcr_image_read_file(table, GCR_IMAGE_MAX_JSON, &buf, &len, &err);
-	if (rc == 0) {
-		json_t *root = json_loadb(buf, len, 0, NULL);
-		rc = gcr_image_table_from_json(json_object_get(root, "allocs"), &m.table, &err);
-		json_decref(root);
-	}
-	free(buf);
-	if (rc == 0)
+	if (rc == 0) /* the table as copied: parsed once, within its bounds */
 		rc = gcr_image_manifest_write(partial, &m, &err);
 	if (rc == 0)
 		rc = gcr_image_commit(partial, path, &err);
-	gcr_image_manifest_clear(&m);
 	t_copy = gcr_time_mono_ms() - t1;
 	if (rc == 0) {
 		made = 0;
@@ -1150,6 +1194,7 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 		gcr_err_wrap(&err, "the process runs on");
 	}
 out:
+	gcr_image_manifest_clear(&m);
 	if (made)
 		gcr_image_remove(partial);
 	if (pfd >= 0) {

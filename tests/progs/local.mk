@@ -17,6 +17,11 @@ tests_progs_gcr_poolprog_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_progs_gcr_poolprog_LDADD = -L$(top_builddir)/tests/fakecuda -l:libcuda.so.1 -lpthread -ldl
 EXTRA_tests_progs_gcr_poolprog_DEPENDENCIES = $(FAKECUDA_LIB)
 
+# gcr-hostile: a hostile tenant's pod against the node agent (the k8s-hostile tier): floods of
+# its shared tables, planted input. libc only.
+noinst_PROGRAMS += tests/progs/gcr-hostile
+tests_progs_gcr_hostile_SOURCES = tests/progs/gcr_hostile.c
+
 # nvcc -fatbin -arch=sm_90 -o gcr_kernels.fatbin tests/progs/gcr_kernels.cu
 EXTRA_DIST += tests/progs/gcr_kernels.cu
 
