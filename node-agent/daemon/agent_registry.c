@@ -29,6 +29,9 @@
 #define ENVIRON_MAX (256 * 1024)
 /* How long a reply from this thread may take to leave (ms); the shim reads it at once. */
 #define REPLY_MS 200
+/* Connections taken from the listen queue per wake of the server thread: a pod flooding the
+ * socket must not leave another pod's registration waiting behind it one poll at a time. */
+#define ACCEPT_BATCH 64
 /* How often every entry's process is looked at (ms): an entry whose process exited or whose
  * pid now names another process (its start time changed) is dropped, even while some other
  * process holds its connection open (a child that registered and passed its socket on). */
@@ -247,6 +250,12 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 		return fd;
 	}
 	r->lfd = fd;
+	/* Non-blocking: the server thread takes what the queue holds, up to ACCEPT_BATCH a wake. */
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) {
+		int e = errno;
+		agent_registry_free(r);
+		return gcr_err_set(err, -e, "registry socket %s: %s", socket_path, strerror(e));
+	}
 	/* Shims accept only root or their owner; the registry is the same. */
 	struct gcr_err e2;
 	int reaped = gcr_sock_reap(socket_dir, &e2);
@@ -263,11 +272,12 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 	return 0;
 }
 
-static void accept_one(struct agent_registry *r)
+/* Takes one connection from the listen queue; 0 when there was none. */
+static int accept_one(struct agent_registry *r)
 {
 	int fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 	if (fd < 0)
-		return;
+		return 0;
 	struct gcr_peer peer;
 	struct gcr_err err;
 	struct agent_registry_proc p = { 0 };
@@ -276,14 +286,14 @@ static void accept_one(struct agent_registry *r)
 		GCR_LOG(GCR_LOG_WARN, "registry", "registration refused: %s",
 			prc < 0 ? err.msg : "the peer's pid is outside our PID namespace");
 		close(fd);
-		return;
+		return 1;
 	}
 	int rc = identify(r, peer.pid, &p, &err);
 	if (rc < 0) {
 		GCR_LOG(GCR_LOG_WARN, "registry", "registration of pid %d (uid %d) refused, it is not in a pod: %s",
 			(int)peer.pid, (int)peer.uid, err.msg);
 		close(fd);
-		return;
+		return 1;
 	}
 	pthread_mutex_lock(&r->lock);
 	rc = add_locked(r, fd, &p);
@@ -291,6 +301,7 @@ static void accept_one(struct agent_registry *r)
 	if (rc == 0)
 		GCR_LOG(GCR_LOG_INFO, "registry", "registered pid %d (pod %s container %.12s)", (int)p.pid,
 			p.pod_uid, p.container_id);
+	return 1;
 }
 
 static void reply_line(int fd, char *line)
@@ -397,8 +408,8 @@ static void *serve(void *data)
 		}
 		pthread_mutex_unlock(&r->lock);
 		int ready = poll(pfd, (nfds_t)n, POLL_MS);
-		if (ready > 0 && (pfd[0].revents & POLLIN))
-			accept_one(r);
+		for (int k = 0; ready > 0 && (pfd[0].revents & POLLIN) && k < ACCEPT_BATCH && accept_one(r); k++)
+			;
 		pthread_mutex_lock(&r->lock);
 		for (int j = 1; ready > 0 && j < n; j++)
 			if (pfd[j].revents && r->e[idx[j]].used && r->e[idx[j]].fd == pfd[j].fd)
