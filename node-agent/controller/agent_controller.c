@@ -1162,7 +1162,8 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 		gpu_bytes = agent_images_copy_gpu(pfd, idfd, bound, &m.table, &err);
 		rc = gpu_bytes < 0 ? (int)gpu_bytes : 0;
 		if (rc < 0 && gpu_bytes == -EFBIG)
-			gcr_err_wrap(&err, "bound %s", bound_why);
+			GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: pid %d's files bounded by %s", d->ns, d->name,
+				(int)p[0].pid, bound_why);
 	}
 	if (idfd >= 0)
 		close(idfd);

@@ -65,10 +65,12 @@ static int pid_alive(pid_t pid)
 
 /* Field 22 of <proc_root>/<pid>/stat, the start time in clock ticks after boot; 0 when it
  * cannot be read. The command name (field 2) may hold spaces and ')', so fields are
- * counted from the last ')'. */
-static unsigned long long start_time(const char *proc_root, pid_t pid)
+ * counted from the last ')'. *state (may be NULL) gets field 3 ('?' when unreadable). */
+static unsigned long long stat_of(const char *proc_root, pid_t pid, char *state)
 {
 	char path[512], buf[1024];
+	if (state != NULL)
+		*state = '?';
 	snprintf(path, sizeof(path), "%s/%d/stat", proc_root, (int)pid);
 	FILE *f = fopen(path, "re");
 	if (f == NULL)
@@ -77,9 +79,16 @@ static unsigned long long start_time(const char *proc_root, pid_t pid)
 	fclose(f);
 	buf[n] = '\0';
 	char *p = strrchr(buf, ')');
+	if (p != NULL && p[1] == ' ' && p[2] != '\0' && state != NULL)
+		*state = p[2];
 	for (int field = 2; p != NULL && field < 22; field++)
 		p = strchr(p + 1, ' ');
 	return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+static unsigned long long start_time(const char *proc_root, pid_t pid)
+{
+	return stat_of(proc_root, pid, NULL);
 }
 
 unsigned long long agent_registry_start_time(struct agent_registry *r, pid_t pid)
@@ -364,13 +373,18 @@ static void read_one(struct agent_registry *r, struct entry *e)
 		r->h.gone(r->h.data, &e->p);
 }
 
-/* Whether e's process still runs: its pid alive and, when its start time is known, the same
- * process (not a later one that got the pid). */
+/* Whether e's process still runs: its pid alive and not a zombie (an exited child its parent
+ * has not reaped keeps its pid), and, when its start time is known, the same process (not a
+ * later one that got the pid). */
 static int same_process(struct agent_registry *r, const struct entry *e)
 {
 	if (!pid_alive(e->p.pid))
 		return 0;
-	return e->p.start == 0 || start_time(r->proc_root, e->p.pid) == e->p.start;
+	char state;
+	unsigned long long start = stat_of(r->proc_root, e->p.pid, &state);
+	if (state == 'Z' || state == 'X')
+		return 0;
+	return e->p.start == 0 || start == e->p.start;
 }
 
 /* Drops the entries whose process is gone, connection open or not. Caller holds the lock. */

@@ -164,11 +164,17 @@ int main(void)
 	CHECK(wait_count(r, 4));
 	CHECK(agent_share_used(sh, U) == 3 && agent_share_used(sh, U2) == 1);
 	CHECK(agent_registry_find(r, U2, NULL, p, 4) == 1 && p[0].pid == kid[5]);
+	/* The children exit, unreaped (zombies keep their pids: the stat file says Z). */
 	for (int i = 0; i < 6; i++) {
 		(void)!write(end[i], "e", 1);
-		CHECK(waitpid(kid[i], NULL, 0) == kid[i]);
+		CHECK(waitid(P_PID, (id_t)kid[i], &(siginfo_t){ 0 }, WEXITED | WNOWAIT) == 0);
+		snprintf(cmd, sizeof(cmd), "printf '%d (x) Z 1 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 0\\n' > %s/%d/stat",
+			 (int)kid[i], path, (int)kid[i]);
+		CHECK(system(cmd) == 0);
 	}
-	CHECK(wait_count(r, 0)); /* the sweep: dead pids, connections still open here */
+	CHECK(wait_count(r, 0)); /* the sweep: zombies, connections still open here */
+	for (int i = 0; i < 6; i++)
+		CHECK(waitpid(kid[i], NULL, 0) == kid[i]);
 	CHECK(agent_share_used(sh, U) == 0 && agent_share_used(sh, U2) == 0);
 	for (int i = 0; i < 6; i++) {
 		close(kfd[i]);
