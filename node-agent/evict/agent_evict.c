@@ -471,8 +471,7 @@ static void accept_one(struct agent_evict *e)
 	if (e->share != NULL && agent_share_take(e->share, pod.pod_uid, who, NULL, &err) < 0) {
 		char m[GCR_ERR_MSG_MAX + 32];
 		snprintf(m, sizeof(m), "nothing done: %s", err.msg);
-		reply(fd, AGENT_EVICTMSG_NOTHING, m);
-		metric(e, AGENT_EVICTMSG_NOTHING, 0);
+		reply(fd, AGENT_EVICTMSG_NOTHING, m); /* counted by the share, not as a hold */
 		close(fd);
 		return;
 	}
