@@ -630,33 +630,42 @@ static void grant_add(struct agent_room *r, const struct agent_registry_proc *p,
 	snprintf(g->uuid, sizeof(g->uuid), "%s", uuid);
 }
 
+/* Grant i was not used: its pod loses its priority for unused_backoff_ms (told once). */
+static void grant_unused(struct agent_room *r, int i, unsigned long long holds_now, double now)
+{
+	struct grant *g = &r->grants[i];
+	char label[320], note[640];
+	penalize(r, g->key, now + r->cfg.unused_backoff_ms);
+	pod_label(r, g->pod, g->pid, label, sizeof(label));
+	GCR_LOG(GCR_LOG_WARN, "overcommit", "pid %d (pod %s) was given room for %llu MiB on %s by suspends and did not "
+		"use it (it holds %llu MiB, %llu MiB when it asked; the room free again, or %d ms passed): it loses its "
+		"priority for %d ms; the processes held for it resume", (int)g->pid, label, g->asked >> 20, g->uuid,
+		holds_now >> 20, g->before >> 20, AGENT_ROOM_USE_MS, r->cfg.unused_backoff_ms);
+	snprintf(note, sizeof(note), "asked for %llu MiB of room on GPU %s, which other pods were suspended for, and did "
+		 "not use it: its requests for room are refused for %.0f s (overcommit.unusedBackoffMs) and those pods "
+		 "resume", g->asked >> 20, g->uuid, r->cfg.unused_backoff_ms / 1000.0);
+	event(r, g->pod, "Warning", "OvercommitRoomUnused", note);
+	r->grants[i] = r->grants[--r->ngrants];
+}
+
 /* Each room given: used once the requester's bytes on that GPU have grown by what it asked
- * (less a granule: the driver's rounding); not used within AGENT_ROOM_USE_MS, its pod loses
- * its priority for unused_backoff_ms, and the processes held for it resume (monitor). */
-static void grants_check(struct agent_room *r)
+ * (less a granule: the driver's rounding); not used within AGENT_ROOM_USE_MS, or its victims'
+ * room seen free again before (room_returned: it never took it), its pod loses its priority for
+ * unused_backoff_ms, and the processes held for it resume (monitor). pid -1: every grant by
+ * the clock; else only pid's, which just gave its room back. */
+static void grants_check(struct agent_room *r, pid_t returned)
 {
 	double now = gcr_time_mono_ms();
 	for (int i = r->ngrants - 1; i >= 0; i--) {
 		struct grant *g = &r->grants[i];
+		if (returned > 0 && g->pid != returned)
+			continue;
 		int gone = !alive(r, g->pid, g->start);
 		unsigned long long b = gone ? 0 : bytes_on(g->pid, g->uuid);
 		int used = !gone && b + AGENT_ROOM_GRANULE >= g->before + g->asked;
-		if (!gone && !used && now - g->at >= AGENT_ROOM_USE_MS) {
-			double until = now + r->cfg.unused_backoff_ms;
-			penalize(r, g->key, until);
-			char label[320], note[640];
-			pod_label(r, g->pod, g->pid, label, sizeof(label));
-			GCR_LOG(GCR_LOG_WARN, "overcommit", "pid %d (pod %s) was given room for %llu MiB on %s by suspends and "
-				"did not use it within %d ms (it holds %llu MiB, held %llu MiB when it asked): it loses its "
-				"priority for %d ms; the processes held for it resume", (int)g->pid, label, g->asked >> 20,
-				g->uuid, AGENT_ROOM_USE_MS, b >> 20, g->before >> 20, r->cfg.unused_backoff_ms);
-			snprintf(note, sizeof(note), "asked for %llu MiB of room on GPU %s, which other pods were suspended "
-				 "for, and did not use it within %.0f s: its requests for room are refused for %.0f s "
-				 "(overcommit.unusedBackoffMs) and those pods resume", g->asked >> 20, g->uuid,
-				 AGENT_ROOM_USE_MS / 1000.0, r->cfg.unused_backoff_ms / 1000.0);
-			event(r, g->pod, "Warning", "OvercommitRoomUnused", note);
-		}
-		if (gone || used || now - g->at >= AGENT_ROOM_USE_MS)
+		if (!gone && !used && (returned > 0 || now - g->at >= AGENT_ROOM_USE_MS))
+			grant_unused(r, i, b, now);
+		else if (gone || used || now - g->at >= AGENT_ROOM_USE_MS)
 			r->grants[i] = r->grants[--r->ngrants];
 	}
 }
@@ -1048,7 +1057,7 @@ static void monitor(struct agent_room *r)
 			GCR_LOG(GCR_LOG_INFO, "overcommit", "held pid %d is gone", (int)r->held[i].pid);
 			drop_hold(r, i);
 		}
-	grants_check(r);
+	grants_check(r, -1);
 	idle_check(r);
 	pthread_mutex_lock(&r->hlock);
 	qsort(r->held, (size_t)r->nheld, sizeof(*r->held), resume_order);
@@ -1084,6 +1093,11 @@ static void monitor(struct agent_room *r)
 				i++;
 				continue;
 			}
+			grants_check(r, h->for_pid); /* the room it was given free again: was it ever used? */
+			h = &r->held[i];
+			if (penalty_left(r, fkey) > 0)
+				snprintf(why, sizeof(why), "pid %d it was held for did not use the room it was given",
+					 (int)h->for_pid);
 		} else if (alive(r, h->for_pid, h->for_start)) {
 			snprintf(why, sizeof(why), "pid %d it was held for is suspended for idling", (int)h->for_pid);
 		} else {
