@@ -16,8 +16,9 @@
  *                                      chunks), "objects" (a tree that is no table)
  *   gcr-hostile plant DIR SECONDS (table FILE | sparse BYTES)
  *                                      waits for DIR/image-* /gpu/allocs.json (the shim's image
- *                                      files of a Kubelet-route image) and puts FILE in its place,
- *                                      or a sparse gpu/filler.bin of BYTES beside it
+ *                                      files of a Kubelet-route image) and, once the process's
+ *                                      own resume has read it back, puts FILE in its place; or
+ *                                      puts a sparse gpu/filler.bin of BYTES beside it at once
  *
  * The sockets: $GCR_AGENT_SOCKET (the device plugin sets it) and evict.sock beside it. */
 #include <dirent.h>
@@ -307,6 +308,7 @@ static int cmd_plant(const char *dir, double seconds, const char *what, const ch
 	if (strcmp(what, "table") == 0) {
 		snprintf(tmp, sizeof(tmp), "%s/.hostile", gpu);
 		snprintf(dst, sizeof(dst), "%s/allocs.json", gpu);
+		/* Ready beside it first, so the swap is one rename. */
 		int in = open(arg, O_RDONLY), out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
 		char buf[1 << 16];
 		ssize_t r;
@@ -316,6 +318,18 @@ static int cmd_plant(const char *dir, double seconds, const char *what, const ch
 			close(in);
 		if (out >= 0)
 			close(out);
+		/* Swapped once the process's own resume has read it (its atime passes its mtime: relatime
+		 * updates a file read since it was written), so the resume goes through and the agent's
+		 * copy right after it is what meets the planted table: watched without a pause. */
+		struct stat st;
+		while (stat(dst, &st) == 0 && (st.st_atim.tv_sec < st.st_mtim.tv_sec ||
+					       (st.st_atim.tv_sec == st.st_mtim.tv_sec &&
+						st.st_atim.tv_nsec <= st.st_mtim.tv_nsec))) {
+			if (now_s() > end) {
+				printf("PLANT %s was never read back in %.0f s\n", dst, seconds);
+				return 1;
+			}
+		}
 		if (rename(tmp, dst) < 0) {
 			perror("gcr-hostile: rename");
 			return 1;
