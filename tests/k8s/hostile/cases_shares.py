@@ -197,7 +197,8 @@ def case_hold_flood(ctx):
     a, b = ctx.namespace("hs-holds-a"), ctx.namespace("hs-holds-b")
     share, before = share_of(ctx, "holds"), refused(ctx, "holds")
     hostile(a, "flood", "holds 64 120")
-    wait_until("the flood refused past its share", lambda: refused(ctx, "holds") > before, 60)
+    wait_until("the flood holding its share of the holds", lambda: (ctx.metric(
+        "gcr_agent_share_in_use", table="holds") or 0) >= share, 60)
     podname, _, _ = E.deployment(b, "web")
     uid = kjson("get", "pod", "-n", b, podname)["metadata"]["uid"]
     ck = E.ck_name(podname, uid)
@@ -209,7 +210,7 @@ def case_hold_flood(ctx):
     check(s.get("phase") == "Succeeded", f"the victim's eviction image: {s.get('phase')}: {s.get('message')}")
     check(events(b, podname, "EvictionImageWritten"), "no EvictionImageWritten Event on the drained pod")
     note = told(ctx, a, "flood", "ShareExhausted", "eviction holds")
-    n = refused(ctx, "holds") - before
+    n = refused(ctx, "holds") - before  # the flood, refused past its share
     check(n >= 1, "no refusal counted")
     check(agent_lines(ctx, r"share: pod [0-9a-f-]+: eviction holds .* refused"), "no log line of the refusal")
     ctx.figure(f"hold flood: {share} holds per pod; the flood refused {n:.0f} times; another namespace's drained pod "
@@ -261,12 +262,12 @@ def case_worker_pinning(ctx):
         checkpoint(a, p, p, {"timeoutSeconds": 3600})
     wait_until(f"{share} of namespace {a}'s Checkpoints Running", lambda: sum(
         kjson("get", "checkpoint", "-n", a, p).get("status", {}).get("phase") == "Running" for p in pids) >= share, 60)
-    note = wait_until("a WorkerShareUsed Event", lambda: next((e.get("note") for p in pids for e in events(
-        a, p, "WorkerShareUsed")), None), 60)
     pid, nbytes = N.workload_pod(b, "app", 1000)
     t_ck, t_rs = timed_cr(b, "app", pid, nbytes, "pinned")
     running = sum(kjson("get", "checkpoint", "-n", a, p).get("status", {}).get("phase") == "Running" for p in pids)
     check(running <= share, f"{running} of namespace {a}'s Checkpoints run at once, more than its share {share}")
+    note = wait_until("a WorkerShareUsed Event", lambda: next((e.get("note") for p in pids for e in events(
+        a, p, "WorkerShareUsed")), None), 60)
     N.finish(b, "app")
     for p, hp in pids.items():
         stop(a, p, hp, "CONT")
@@ -439,8 +440,12 @@ def case_honest_under_attack(ctx):
     checkpoint(x, "pin", "attacker", {"timeoutSeconds": 3600})
     wait_until("the attacker's Checkpoint holding a worker", lambda: kjson("get", "checkpoint", "-n", x, "pin").get(
         "status", {}).get("phase") == "Running", 60)
-    wait_until("the attacker refused in every table", lambda: all(refused(ctx, t) > r0[t] for t in r0), 120)
+    wait_until("the attacker's floods under way", lambda: "REGISTER children=1100" in kubectl(
+        "exec", "-n", x, "attacker", "--", "cat", "/tmp/reg.log", check=False).stdout and (ctx.metric(
+            "gcr_agent_share_in_use", table="holds") or 0) >= share_of(ctx, "holds"), 120)
     under = round_("under")
+    check(all(refused(ctx, t) > r0[t] for t in r0), f"the attacker was not refused in every table: "
+          f"{ {t: refused(ctx, t) - r0[t] for t in r0} }")
     log(f"under attack: {under}")
     for t in r0:
         log(f"attacker refused in {t}: {refused(ctx, t) - r0[t]:.0f} times")
