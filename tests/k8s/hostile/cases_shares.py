@@ -182,6 +182,13 @@ def restarts():
     return sum(c.get("restartCount", 0) for c in a["status"].get("containerStatuses", []))
 
 
+def agent_same(apid, r0):
+    """The agent process and container that were there at the start: no OOM kill, no restart."""
+    a = N.agent_ready()
+    last = [c.get("lastState", {}).get("terminated", {}) for c in a["status"].get("containerStatuses", [])]
+    check(restarts() == r0 and agent_proc() == apid, f"the agent restarted: {[t for t in last if t]}")
+
+
 def agent_lines(ctx, pattern):
     rx = re.compile(pattern)
     return [x for x in ctx.agent_log() if rx.search(x)]
@@ -342,8 +349,8 @@ def case_allocs_oversized(ctx):
     msg = kjson("get", "checkpoint", "-n", ns, "big")["status"].get("message", "")
     planted = kubectl("exec", "-n", ns, "big", "--", "cat", "/tmp/plant.log", check=False).stdout.strip()
     check("PLANT table" in planted, f"the table was not planted: {planted}")
+    agent_same(apid, r0)
     check(phase == "Failed" and "more than" in msg, f"a 40 MB table: {phase}: {msg}")
-    check(agent_proc() == apid and restarts() == r0, "the agent restarted")
     hwm1 = vm_kib(apid, "VmHWM")
     check(hwm1 < LIMIT_MIB * 1024, f"the agent's peak RSS {hwm1 >> 10} MiB")
     # The largest allowed: parsed, within the budget.
@@ -352,7 +359,7 @@ def case_allocs_oversized(ctx):
     ready(ns, "cap", 48, extra_script=plant)
     phase2 = image_kubelet(ns, "cap", "cap")
     msg2 = kjson("get", "checkpoint", "-n", ns, "cap")["status"].get("message", "")
-    check(agent_proc() == apid and restarts() == r0, "the agent restarted")
+    agent_same(apid, r0)
     hwm2 = vm_kib(apid, "VmHWM")
     check(hwm2 < LIMIT_MIB * 1024, f"the agent's peak RSS {hwm2 >> 10} MiB with the largest table allowed")
     ctx.figure(f"agent RSS: peak {hwm0 >> 10} MiB before, {hwm1 >> 10} MiB after a 40 MB allocs.json (refused: "
