@@ -620,7 +620,8 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		goto out;
 	} else if (ds == GCR_DRIVER_CHECKPOINTED) { /* unchecked: o's pairs as they are */
 		npairs = o->ngpu_pairs < GCR_DRIVER_MAX_PAIRS ? o->ngpu_pairs : GCR_DRIVER_MAX_PAIRS;
-		memcpy(pairs, o->gpu_pairs, npairs * sizeof(*pairs));
+		if (npairs > 0) /* gpu_pairs may be NULL when there are none */
+			memcpy(pairs, o->gpu_pairs, npairs * sizeof(*pairs));
 	}
 	if (ds == GCR_DRIVER_CHECKPOINTED) {
 		t = gcr_time_mono_ms();

@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gcr_jsonbudget.h"
+
 #define IO_BUF (1u << 20) /* bytes per read while hashing */
 #define VERIFY_THREADS 16
 
@@ -76,30 +78,27 @@ static int get_str(json_t *o, const char *k, char *out, size_t len)
 	return 0;
 }
 
-int gcr_image_read_file(const char *path, size_t max, char **buf, size_t *len, struct gcr_err *err)
+int gcr_image_read_fd(int fd, const char *what, size_t max, char **buf, size_t *len, struct gcr_err *err)
 {
 	*buf = NULL;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return gcr_err_set(err, -errno, "cannot open %s: %s", path, strerror(errno));
 	struct stat st;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
-		close(fd);
-		return gcr_err_set(err, -EBADMSG, "%s is not a regular file of at most %zu bytes", path, max);
-	}
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+		return gcr_err_set(err, -EBADMSG, "%s is not a regular file", what);
+	if ((uint64_t)st.st_size > max)
+		return gcr_err_set(err, -EFBIG, "%s has %lld bytes, more than the %zu read at most", what,
+				   (long long)st.st_size, max);
 	char *b = malloc((size_t)st.st_size + 1);
 	size_t n = 0;
-	int rc = b ? 0 : gcr_err_set(err, -ENOMEM, "out of memory reading %s", path);
+	int rc = b ? 0 : gcr_err_set(err, -ENOMEM, "out of memory reading %s", what);
 	while (rc == 0 && n < (size_t)st.st_size) {
 		ssize_t r = read(fd, b + n, (size_t)st.st_size - n);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
-			rc = gcr_err_set(err, -EIO, "reading %s: %s", path, r < 0 ? strerror(errno) : "short file");
+			rc = gcr_err_set(err, -EIO, "reading %s: %s", what, r < 0 ? strerror(errno) : "short file");
 		else
 			n += (size_t)r;
 	}
-	close(fd);
 	if (rc < 0) {
 		free(b);
 		return rc;
@@ -108,6 +107,17 @@ int gcr_image_read_file(const char *path, size_t max, char **buf, size_t *len, s
 	*buf = b;
 	*len = n;
 	return 0;
+}
+
+int gcr_image_read_file(const char *path, size_t max, char **buf, size_t *len, struct gcr_err *err)
+{
+	*buf = NULL;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return gcr_err_set(err, -errno, "cannot open %s: %s", path, strerror(errno));
+	int rc = gcr_image_read_fd(fd, path, max, buf, len, err);
+	close(fd);
+	return rc;
 }
 
 int gcr_image_pwrite(int fd, int dfd, const void *buf, size_t len, uint64_t off)
@@ -219,6 +229,44 @@ static int alloc_from_json(json_t *o, size_t idx, struct gcr_image_alloc *a, str
 	return 0;
 }
 
+/* Orders allocations by file name, or by record (qsort over pointers). */
+static int by_file(const void *x, const void *y)
+{
+	return strcmp((*(const struct gcr_image_alloc *const *)x)->file, (*(const struct gcr_image_alloc *const *)y)->file);
+}
+
+static int by_record(const void *x, const void *y)
+{
+	const struct gcr_image_alloc *a = *(const struct gcr_image_alloc *const *)x;
+	const struct gcr_image_alloc *b = *(const struct gcr_image_alloc *const *)y;
+	if (a->slot != b->slot)
+		return a->slot < b->slot ? -1 : 1;
+	return a->gen < b->gen ? -1 : a->gen > b->gen;
+}
+
+/* Whether two allocations share a file or a record: sorted, so n log n (a table of 65,536
+ * allocations pairwise took seconds of the agent's time). */
+static int shared_file_or_record(const struct gcr_image_table *t, struct gcr_err *err)
+{
+	if (t->n < 2)
+		return 0;
+	const struct gcr_image_alloc **v = malloc(t->n * sizeof(*v));
+	if (v == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory for %zu allocations", t->n);
+	int rc = 0;
+	for (int pass = 0; pass < 2 && rc == 0; pass++) {
+		for (size_t i = 0; i < t->n; i++)
+			v[i] = &t->a[i];
+		qsort(v, t->n, sizeof(*v), pass == 0 ? by_file : by_record);
+		for (size_t i = 1; i < t->n && rc == 0; i++)
+			if ((pass == 0 ? by_file : by_record)(&v[i - 1], &v[i]) == 0)
+				rc = gcr_err_set(err, -EBADMSG, "allocations %zu and %zu share a %s", (size_t)(v[i - 1] - t->a),
+						 (size_t)(v[i] - t->a), pass == 0 ? "file" : "record");
+	}
+	free(v);
+	return rc;
+}
+
 int gcr_image_table_from_json(json_t *allocs, struct gcr_image_table *t, struct gcr_err *err)
 {
 	memset(t, 0, sizeof(*t));
@@ -234,14 +282,35 @@ int gcr_image_table_from_json(json_t *allocs, struct gcr_image_table *t, struct 
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		rc = alloc_from_json(json_array_get(allocs, i), i, &t->a[i], err);
 		t->n = i + 1;
-		for (size_t k = 0; k < i && rc == 0; k++)
-			if (strcmp(t->a[k].file, t->a[i].file) == 0 ||
-			    (t->a[k].slot == t->a[i].slot && t->a[k].gen == t->a[i].gen))
-				rc = gcr_err_set(err, -EBADMSG, "allocations %zu and %zu share a file or a record", k, i);
 	}
+	if (rc == 0)
+		rc = shared_file_or_record(t, err);
 	if (rc < 0)
 		gcr_image_table_clear(t);
 	return rc;
+}
+
+int gcr_image_table_parse(const char *buf, size_t len, struct gcr_image_table *t, struct gcr_err *err)
+{
+	memset(t, 0, sizeof(*t));
+	if (len > GCR_IMAGE_MAX_TABLE)
+		return gcr_err_set(err, -EFBIG, "the table has %zu bytes, more than %llu (at most about 110,000 chunks of "
+				   "GPU data per process)", len, GCR_IMAGE_MAX_TABLE);
+	json_t *root = gcr_jsonbudget_loadb(buf, len, JSON_REJECT_DUPLICATES, GCR_IMAGE_PARSE_BUDGET, err);
+	if (root == NULL)
+		return gcr_err_wrap(err, "the table");
+	int rc = gcr_image_table_from_json(json_object_get(root, "allocs"), t, err);
+	json_decref(root);
+	return rc;
+}
+
+uint64_t gcr_image_alloc_need(const struct gcr_image_alloc *a)
+{
+	uint64_t need = 0;
+	for (size_t c = 0; c < a->nchunks; c++)
+		if (!a->chunks[c].zero)
+			need = a->chunks[c].off + a->chunks[c].len;
+	return need;
 }
 
 json_t *gcr_image_table_to_json(const struct gcr_image_table *t)
@@ -297,10 +366,11 @@ int gcr_image_manifest_parse_keyed(const char *buf, size_t len, const struct gcr
 				   struct gcr_image_manifest *m, struct gcr_err *err)
 {
 	memset(m, 0, sizeof(*m));
-	json_error_t je;
-	json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+	if (len > GCR_IMAGE_MAX_JSON)
+		return gcr_err_set(err, -EFBIG, "manifest has %zu bytes, more than %llu", len, GCR_IMAGE_MAX_JSON);
+	json_t *root = gcr_jsonbudget_loadb(buf, len, JSON_REJECT_DUPLICATES, GCR_IMAGE_PARSE_BUDGET, err);
 	if (root == NULL)
-		return gcr_err_set(err, -EBADMSG, "manifest is not JSON (line %d: %.80s)", je.line, je.text);
+		return gcr_err_wrap(err, "manifest");
 	/* The MAC first: nothing of a manifest someone else wrote is taken before it. */
 	int rc = keys != NULL && json_is_object(root) ? gcr_imagemac_check(root, keys, err) : 0;
 	if (rc < 0) {

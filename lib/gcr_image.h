@@ -22,7 +22,15 @@
 #define GCR_IMAGE_TABLE "gpu/allocs.json"
 #define GCR_IMAGE_PARTIAL ".partial." /* DIR.partial.<pid>: being written, never an image */
 #define GCR_IMAGE_CHUNK (2ull << 20)   /* bytes per chunk of a GPU allocation */
-#define GCR_IMAGE_MAX_JSON (256ull << 20) /* largest manifest or table read (bytes) */
+/* The largest allocation table read (bytes): a process writes it, so its size is outside input.
+ * About 110,000 chunks of GPU data (220 GiB of non-zero data in one process; a chunk's entry
+ * is about 55 bytes, an all-zero one 7). docs/install.md, "Input bounds". */
+#define GCR_IMAGE_MAX_TABLE (6ull << 20)
+/* The largest manifest read (bytes): the table, and one line per file (GCR_IMAGE_MAX_FILES). */
+#define GCR_IMAGE_MAX_JSON (16ull << 20)
+/* The memory a table's or a manifest's parse may take (gcr_jsonbudget; bytes): an honest table
+ * of GCR_IMAGE_MAX_TABLE bytes takes about 70 MiB, a hostile one fails here. */
+#define GCR_IMAGE_PARSE_BUDGET (96ull << 20)
 #define GCR_IMAGE_MAX_FILES 65536
 #define GCR_IMAGE_NAME_MAX 256
 #define GCR_IMAGE_NODE_MAX 254 /* a node name: a DNS subdomain, <= 253 */
@@ -98,6 +106,12 @@ struct gcr_image_manifest {
 /* Parses an "allocs" array; checks every field: chunks cover size in order, offsets inside
  * no file twice, names under gpu/. On failure nothing is kept. */
 int gcr_image_table_from_json(json_t *allocs, struct gcr_image_table *t, struct gcr_err *err);
+/* Parses a table file's bytes ({"allocs": [...]}: gpu/allocs.json, outside input): at most
+ * GCR_IMAGE_MAX_TABLE bytes, within GCR_IMAGE_PARSE_BUDGET (gcr_jsonbudget). 0, or -EFBIG (too
+ * large to parse), -EBADMSG (not a table), -ENOMEM, with err saying which. */
+int gcr_image_table_parse(const char *buf, size_t len, struct gcr_image_table *t, struct gcr_err *err);
+/* The bytes the data file of allocation a must hold: up to its last non-zero chunk. */
+uint64_t gcr_image_alloc_need(const struct gcr_image_alloc *a);
 json_t *gcr_image_table_to_json(const struct gcr_image_table *t); /* NULL: out of memory */
 void gcr_image_table_clear(struct gcr_image_table *t);
 
@@ -176,5 +190,8 @@ void gcr_image_test_hold(const char *env);
 
 /* Reads a whole file of at most max bytes (NUL-terminated, malloc'd). */
 int gcr_image_read_file(const char *path, size_t max, char **buf, size_t *len, struct gcr_err *err);
+/* The same from an open file (fd stays open): a regular file of at most max bytes, read whole;
+ * -EFBIG when larger, -EBADMSG when not a regular file. */
+int gcr_image_read_fd(int fd, const char *what, size_t max, char **buf, size_t *len, struct gcr_err *err);
 
 #endif

@@ -251,12 +251,9 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 	size_t len;
 	snprintf(table, sizeof(table), "%s/%s", partial, GCR_IMAGE_TABLE);
 	if (!drv)
-		rc = gcr_image_read_file(table, GCR_IMAGE_MAX_JSON, &buf, &len, err);
-	if (rc == 0 && !drv) {
-		json_t *root = json_loadb(buf, len, 0, NULL);
-		rc = gcr_image_table_from_json(json_object_get(root, "allocs"), &m.table, err);
-		json_decref(root);
-	}
+		rc = gcr_image_read_file(table, GCR_IMAGE_MAX_TABLE, &buf, &len, err);
+	if (rc == 0 && !drv)
+		rc = gcr_image_table_parse(buf, len, &m.table, err);
 	free(buf);
 	struct gcr_image_expect here;
 	gcr_imgcr_expect_here(&here);

@@ -14,6 +14,7 @@ lib_libgcrcommon_la_SOURCES = \
 	lib/gcr_image.c lib/gcr_image.h \
 	lib/gcr_groupmsg.c lib/gcr_groupmsg.h \
 	lib/gcr_uuid.c lib/gcr_uuid.h \
+	lib/gcr_jsonbudget.c lib/gcr_jsonbudget.h \
 	include/gcr/protocol.h
 lib_libgcrcommon_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden $(JANSSON_CFLAGS)
 

@@ -7,13 +7,16 @@ node_agent_libgcragent_la_SOURCES = \
 	node-agent/daemon/agent_cgroup.c node-agent/daemon/agent_cgroup.h \
 	node-agent/daemon/agent_config.c node-agent/daemon/agent_config.h \
 	node-agent/daemon/agent_ociimg.c node-agent/daemon/agent_ociimg.h \
+	node-agent/daemon/agent_share.c node-agent/daemon/agent_share.h \
 	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \
 	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
+	node-agent/kube/agent_quantity.c node-agent/kube/agent_quantity.h \
 	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \
 	node-agent/controller/agent_crobj.c node-agent/controller/agent_crobj.h \
 	node-agent/controller/agent_record.c node-agent/controller/agent_record.h \
 	node-agent/controller/agent_images.c node-agent/controller/agent_images.h \
 	node-agent/overcommit/agent_roommsg.c node-agent/overcommit/agent_roommsg.h \
+	node-agent/overcommit/agent_roompolicy.c node-agent/overcommit/agent_roompolicy.h \
 	node-agent/overcommit/agent_victims.c node-agent/overcommit/agent_victims.h \
 	node-agent/evict/agent_evictmsg.c node-agent/evict/agent_evictmsg.h
 node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)

@@ -15,6 +15,7 @@
 #include "gcr_criu.h"
 #include "gcr_group.h"
 #include "gcr_imgcr.h"
+#include "gcr_jsonbudget.h"
 #include "gcr_log.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
@@ -506,6 +507,7 @@ static int do_criu(void)
 int main(int argc, char **argv)
 {
 	gcr_log_init(GCR_LOG_WARN);
+	gcr_jsonbudget_install(); /* before any jansson call: tables and manifests parse within a budget */
 	struct gcr_cr_opts o = { .socket_dir = getenv(GCR_SOCKET_DIR_ENV), .mode = GCR_CR_FULL,
 				 .timeout_ms = 30000 };
 	if (o.socket_dir == NULL)

@@ -31,11 +31,13 @@
 #include "agent_lease.h"
 #include "agent_ociimg.h"
 #include "agent_ocireg.h"
+#include "agent_quantity.h"
 #include "agent_record.h"
 #include "gcr_cr.h"
 #include "gcr_imgcr.h"
 #include "gcr_procns.h"
 #include "gcr_log.h"
+#include "gcr_nvml.h"
 #include "gcr_scale.h"
 #include "gcr_shimreply.h"
 #include "gcr_time.h"
@@ -112,6 +114,9 @@ struct agent_controller {
 	/* "ns/pod" of each pod a worker is acting on -> keys deferred until it is done, so
 	 * that operations on one pod never overlap (its processes' state machine is one). */
 	json_t *busy;
+	/* Each namespace's share of the workers (cfg.workers); namespace -> keys waiting for it. */
+	struct agent_share *workers_share;
+	json_t *ns_waiting;
 	struct watch w[NK];
 	int nworkers;
 	pthread_t workers[MAX_PARALLEL];
@@ -1036,6 +1041,51 @@ static int publish_ref(struct agent_controller *c, const struct op *o, char *ref
 	return agent_ociimg_ref(c->registry_port, o->d.ns, o->d.name, token, ref, len) < 0 ? -ENOENT : 0;
 }
 
+/* What a pod's process may make the agent copy into its image (docs/install.md, "Input bounds"):
+ * the bytes it holds on the GPU now (NVML: the driver's count, not the shim's word; where NVML
+ * cannot say, every GPU's memory), and no more than its container's ephemeral-storage limit
+ * when it has one, so that the copy counts against the pod that made it. 0 with err: no bound. */
+static unsigned long long copy_bound(struct agent_controller *c, const struct agent_crobj *d, const struct proc *p,
+				     char *why, size_t len, struct gcr_err *err)
+{
+	struct gcr_nvml_use use[GCR_NVML_MAX_DEVICES];
+	int k = 0;
+	unsigned long long gpu = 0, limit = 0;
+	if (gcr_nvml_proc_use(p->pid, use, GCR_NVML_MAX_DEVICES, &k, err) == 0) {
+		for (int i = 0; i < k; i++)
+			gpu += use[i].bytes;
+		snprintf(why, len, "%llu MiB on the GPU", gpu >> 20);
+	} else {
+		char gpus[GCR_NVML_MAX_DEVICES][GCR_NVML_UUID_LEN];
+		int n = 0;
+		GCR_LOG(GCR_LOG_WARN, "controller", "pid %d: its GPU bytes unknown (%s); its image's files are bounded by "
+			"the node's GPU memory", (int)p->pid, err->msg);
+		for (int i = 0; gcr_nvml_gpus(gpus, GCR_NVML_MAX_DEVICES, &n, err) == 0 && i < n; i++) {
+			unsigned long long fr = 0, total = 0;
+			if (gcr_nvml_mem(gpus[i], &fr, &total, err) == 0)
+				gpu += total;
+		}
+		snprintf(why, len, "%llu MiB: the node's GPU memory", gpu >> 20);
+	}
+	json_t *pod = cache_get(c, K_POD, d->ns, d->target), *ct;
+	size_t i;
+	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "containers"), i, ct) {
+		const char *name = json_string_value(json_object_get(ct, "name"));
+		const char *q = json_string_value(json_object_get(
+			json_object_get(json_object_get(ct, "resources"), "limits"), "ephemeral-storage"));
+		if (name != NULL && strcmp(name, p->container) == 0 && q != NULL &&
+		    agent_quantity_parse(q, strlen(q), &limit) == 0 && limit < gpu) {
+			snprintf(why, len, "%llu MiB: container %.63s's ephemeral-storage limit %.32s", limit >> 20,
+				 p->container, q);
+			gpu = limit;
+		}
+	}
+	json_decref(pod);
+	if (gpu == 0)
+		gcr_err_set(err, -EIO, "the bytes pid %d may write cannot be bounded (NVML: %s)", (int)p->pid, err->msg);
+	return gpu;
+}
+
 /* Image of a pod's process whose CPU side is the container runtime's checkpoint, restorable
  * into a new pod (docs/images.md, "Restore into a new pod"): the shim suspends with its GPU
  * data written to image-<uid> in the pod's socket directory, the kubelet checkpoints the
@@ -1052,6 +1102,7 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 	int pfd = -1, suspended = 0, made = 0, rc = 0;
 	struct gcr_imgcr_result rr = { 0 };
 	struct gcr_cr_result cr = { 0 };
+	struct gcr_image_manifest m = { .format = GCR_IMAGE_FORMAT, .pid = p[0].pid };
 	double t0 = gcr_time_mono_ms(), t_dump = 0, t_copy = 0;
 	long long gpu_bytes = 0;
 	if (n != 1) {
@@ -1078,6 +1129,12 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 	    0)
 		return;
 	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms_of(d) };
+	char bound_why[160] = "";
+	unsigned long long bound = copy_bound(c, d, &p[0], bound_why, sizeof(bound_why), &err);
+	if (bound == 0) {
+		rc = gcr_err_wrap(&err, "process untouched");
+		goto out;
+	}
 	rc = agent_images_pod_dir(p[0].pid, d->uid, &pfd, inside, sizeof(inside), &err);
 	if (rc < 0) {
 		gcr_err_wrap(&err, "process untouched");
@@ -1122,12 +1179,15 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 	if (rc == 0 && idfd < 0)
 		rc = gcr_err_set(&err, -errno, "cannot open %s: %s", partial, strerror(errno));
 	if (rc == 0) {
-		gpu_bytes = agent_images_copy_dir(pfd, idfd, GCR_IMAGE_GPU_DIR, &err);
+		gpu_bytes = agent_images_copy_gpu(pfd, idfd, bound, &m.table, &err);
 		rc = gpu_bytes < 0 ? (int)gpu_bytes : 0;
+		if (rc < 0 && gpu_bytes == -EFBIG)
+			GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: pid %d's files bounded by %s", d->ns, d->name,
+				(int)p[0].pid, bound_why);
 	}
 	if (idfd >= 0)
 		close(idfd);
-	char dst[PATH_MAX + 64], table[PATH_MAX + 32];
+	char dst[PATH_MAX + 64];
 	snprintf(dst, sizeof(dst), "%s/%s", partial, GCR_IMAGE_CRIU_DIR);
 	if (rc == 0 && mkdir(dst, 0700) < 0)
 		rc = gcr_err_set(&err, -errno, "cannot create %s: %s", dst, strerror(errno));
@@ -1136,24 +1196,14 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 		long long an = agent_images_copy_file(archive, dst, &err);
 		rc = an < 0 ? (int)an : 0;
 	}
-	struct gcr_image_manifest m = { .format = GCR_IMAGE_FORMAT, .created = (long long)time(NULL), .pid = p[0].pid };
+	m.created = (long long)time(NULL);
 	snprintf(m.mode, sizeof(m.mode), "%s", GCR_IMAGE_MODE_RUNTIME);
 	snprintf(m.node, sizeof(m.node), "%s", c->node);
 	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
 	struct gcr_image_expect here;
 	gcr_imgcr_expect_here(&here);
 	m.env = here;
-	snprintf(table, sizeof(table), "%s/%s", partial, GCR_IMAGE_TABLE);
-	char *buf = NULL;
-	size_t len = 0;
-	if (rc == 0)
-		rc = gcr_image_read_file(table, GCR_IMAGE_MAX_JSON, &buf, &len, &err);
-	if (rc == 0) {
-		json_t *root = json_loadb(buf, len, 0, NULL);
-		rc = gcr_image_table_from_json(json_object_get(root, "allocs"), &m.table, &err);
-		json_decref(root);
-	}
-	free(buf);
+	/* The table as copied (parsed once, within its bounds); signed where the node has a key. */
 	struct gcr_imagemac_keys keys;
 	if (rc == 0 && (rc = load_keys(c, &keys, &err)) == 0) {
 		rc = gcr_image_manifest_write_signed(partial, &m, keys.n > 0 ? &keys.key[0] : NULL, &err);
@@ -1161,7 +1211,6 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 	}
 	if (rc == 0)
 		rc = gcr_image_commit(partial, path, &err);
-	gcr_image_manifest_clear(&m);
 	t_copy = gcr_time_mono_ms() - t1;
 	if (rc == 0) {
 		made = 0;
@@ -1170,6 +1219,7 @@ static void run_image_kubelet(struct agent_controller *c, struct op *o, const st
 		gcr_err_wrap(&err, "the process runs on");
 	}
 out:
+	gcr_image_manifest_clear(&m);
 	if (made)
 		gcr_image_remove(partial);
 	if (pfd >= 0) {
@@ -2032,14 +2082,40 @@ static void pod_key(struct agent_controller *c, const char *key, char *out, size
 	json_decref(obj);
 }
 
-/* Takes pod for this worker; 0 when another worker has it: key is then deferred and
- * queued again once that worker is done with the pod. */
-static int claim(struct agent_controller *c, const char *pod, const char *key)
+/* The namespace of a pod key ("ns/pod", or "ns/<key>" for an operation naming no pod). */
+static void ns_of_pod_key(const char *pod, char *out, size_t len)
 {
+	const char *slash = strchr(pod, '/');
+	snprintf(out, len, "%.*s", slash != NULL ? (int)(slash - pod) : (int)strlen(pod), pod);
+}
+
+/* Takes pod for this worker, and a worker of its namespace's share: 1 taken; 0 when another
+ * worker has the pod, or the namespace holds its whole share of the workers: key is then
+ * deferred and queued again once that worker is done with the pod, or the namespace with one
+ * of its operations. *told: the namespace's share refused this time, to be told (an Event on
+ * the object, once a minute at most); msg (len bytes) says so. */
+static int claim(struct agent_controller *c, const char *pod, const char *key, int *told, char *msg, size_t len)
+{
+	char ns[300];
+	struct gcr_err err;
+	*told = 0;
+	ns_of_pod_key(pod, ns, sizeof(ns));
 	pthread_mutex_lock(&c->lock);
 	json_t *waiting = json_object_get(c->busy, pod);
 	int got = waiting == NULL;
-	if (got) {
+	if (got && c->workers_share != NULL && agent_share_take(c->workers_share, ns, key, told, &err) < 0) {
+		json_t *nw = json_object_get(c->ns_waiting, ns);
+		if (nw == NULL) {
+			nw = json_object();
+			json_object_set_new(c->ns_waiting, ns, nw);
+		}
+		json_object_set_new(nw, key, json_true());
+		snprintf(msg, len, "waits for a worker: namespace %.63s runs %d operations at once on node %.100s, its share of the "
+			 "node's %d (the other namespaces' operations go on); it runs when one of them ends", ns,
+			 agent_share_limit(c->workers_share), c->node, agent_share_capacity(c->workers_share));
+		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s", key, msg);
+		got = 0;
+	} else if (got) {
 		json_object_set_new(c->busy, pod, json_object());
 	} else {
 		json_object_set_new(waiting, key, json_true());
@@ -2051,11 +2127,18 @@ static int claim(struct agent_controller *c, const char *pod, const char *key)
 
 static void release(struct agent_controller *c, const char *pod)
 {
+	char ns[300];
+	ns_of_pod_key(pod, ns, sizeof(ns));
 	pthread_mutex_lock(&c->lock);
 	const char *k;
 	json_t *v;
 	json_object_foreach(json_object_get(c->busy, pod), k, v) enqueue_locked(c, k);
 	json_object_del(c->busy, pod);
+	if (c->workers_share != NULL) {
+		agent_share_give(c->workers_share, ns);
+		json_object_foreach(json_object_get(c->ns_waiting, ns), k, v) enqueue_locked(c, k);
+		json_object_del(c->ns_waiting, ns);
+	}
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -2071,8 +2154,22 @@ static void process(struct agent_controller *c, const char *key)
 	if (key[0] != 'o' && strchr(key + 2, '/') == NULL)
 		return;
 	pod_key(c, key, pod, sizeof(pod));
-	if (!claim(c, pod, key))
+	int told = 0;
+	char msg[512];
+	if (!claim(c, pod, key, &told, msg, sizeof(msg))) {
+		json_t *obj = NULL;
+		if (told && key[0] != 'o' && strchr(key + 2, '/') != NULL) {
+			char ns[300], name[300];
+			const char *slash = strchr(key + 2, '/');
+			snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key - 2), key + 2);
+			snprintf(name, sizeof(name), "%s", slash + 1);
+			obj = cache_get(c, key[0] == 'c' ? K_CK : K_RS, ns, name);
+		}
+		if (obj != NULL) /* an API call: after the claim's lock */
+			event(c, obj, key[0] == 'c' ? "Checkpoint" : "Restore", "Warning", "WorkerShareUsed", msg);
+		json_decref(obj);
 		return;
+	}
 	if (key[0] == 'o') {
 		reconcile_orphan(c, key, key + 2);
 		release(c, pod);
@@ -2182,10 +2279,12 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->done = json_object();
 	c->first_seen = json_object();
 	c->busy = json_object();
+	c->ns_waiting = json_object();
+	c->workers_share = cfg->workers;
 	c->nworkers = cfg->max_parallel > 0 ? cfg->max_parallel : DEFAULT_PARALLEL;
 	if (c->nworkers > MAX_PARALLEL)
 		c->nworkers = MAX_PARALLEL;
-	if (c->node == NULL || c->busy == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->images_dir == NULL ||
+	if (c->node == NULL || c->busy == NULL || c->ns_waiting == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->images_dir == NULL ||
 	    c->pod_query == NULL ||
 	    c->instance == NULL || c->queue == NULL || c->queued == NULL || c->retry == NULL || c->backoff == NULL ||
 	    c->done == NULL || c->first_seen == NULL || (cfg->test_pause && c->pause == NULL)) {
@@ -2255,6 +2354,7 @@ void agent_controller_free(struct agent_controller *c)
 	json_decref(c->done);
 	json_decref(c->first_seen);
 	json_decref(c->busy);
+	json_decref(c->ns_waiting);
 	agent_record_store_free(c->rec);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);

@@ -7,6 +7,7 @@
 #include "agent_kube.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
+#include "agent_share.h"
 #include "gcr_error.h"
 
 /* How long a Restore whose Checkpoint does not exist waits (Pending) before it fails, by
@@ -44,6 +45,11 @@ struct agent_controller_cfg {
 	int pause_s;
 	/* Operations run at once, on different pods (one pod's are serialised); 0: 4. */
 	int max_parallel;
+	/* Each namespace's share of the workers (agent_share, capacity max_parallel; borrowed): an
+	 * operation of a namespace that holds its whole share waits (an Event on its object, at most
+	 * once a minute per namespace) until one of that namespace's own ends, so a tenant whose
+	 * operations hang pins no more than its share. NULL: none. */
+	struct agent_share *workers;
 };
 
 struct agent_controller;

@@ -440,6 +440,184 @@ long long agent_images_copy_dir_checked(int src_dfd, int dst_dfd, const char *su
 	return total;
 }
 
+/* Whether st is a file with holes: fewer bytes allocated than its size, by more than a little
+ * (filesystems that keep a tiny file inline allocate none; a dense file never misses 64 KiB). */
+static int sparse(const struct stat *st)
+{
+	return st->st_size > 65536 && (unsigned long long)st->st_blocks * 512 + 65536 < (unsigned long long)st->st_size;
+}
+
+/* Copies exactly len bytes of in to out; -EIO when in ends first or holds more. */
+static long long copy_exact(int in, int out, unsigned long long len, const char *what, struct gcr_err *err)
+{
+	static const size_t buf_len = 1u << 20;
+	char *buf = malloc(buf_len);
+	if (buf == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	unsigned long long done = 0;
+	long long rc = 0;
+	while (rc == 0 && done <= len) {
+		size_t want = len - done < buf_len ? (size_t)(len - done) : buf_len;
+		ssize_t n = read(in, buf, want > 0 ? want : 1); /* at the end: one byte more must not come */
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			rc = gcr_err_set(err, -errno, "reading %s: %s", what, strerror(errno));
+		else if (n == 0 && done < len)
+			rc = gcr_err_set(err, -EIO, "%s ended at %llu of its %llu bytes (changed while copied): refused", what,
+					 done, len);
+		else if (n == 0)
+			break;
+		else if (done == len)
+			rc = gcr_err_set(err, -EIO, "%s grew past its %llu bytes while copied: refused", what, len);
+		for (ssize_t off = 0; rc == 0 && off < n;) {
+			ssize_t w = write(out, buf + off, (size_t)(n - off));
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0)
+				rc = gcr_err_set(err, -errno, "writing %s: %s", what, strerror(errno));
+			else
+				off += w;
+		}
+		if (rc == 0)
+			done += (unsigned long long)n;
+	}
+	free(buf);
+	if (rc == 0 && fsync(out) < 0)
+		rc = gcr_err_set(err, -errno, "fsync of %s: %s", what, strerror(errno));
+	return rc < 0 ? rc : (long long)done;
+}
+
+/* The table's allocation whose data file is gpu/<name>; NULL: none. */
+static const struct gcr_image_alloc *table_file(const struct gcr_image_table *t, const char *name)
+{
+	for (size_t i = 0; i < t->n; i++)
+		if (strcmp(t->a[i].file + strlen(GCR_IMAGE_GPU_DIR "/"), name) == 0)
+			return &t->a[i];
+	return NULL;
+}
+
+long long agent_images_copy_gpu(int src_dfd, int dst_dfd, unsigned long long max_bytes, struct gcr_image_table *t,
+				struct gcr_err *err)
+{
+	const char *table_name = GCR_IMAGE_TABLE + strlen(GCR_IMAGE_GPU_DIR "/");
+	memset(t, 0, sizeof(*t));
+	int sfd = openat(src_dfd, GCR_IMAGE_GPU_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (sfd < 0)
+		return gcr_err_set(err, -errno, "cannot open %s/: %s", GCR_IMAGE_GPU_DIR, strerror(errno));
+	char *tbuf = NULL;
+	size_t tlen = 0;
+	long long total = 0;
+	int tfd = openat(sfd, table_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (tfd < 0)
+		total = gcr_err_set(err, -errno, "cannot open %s: %s", GCR_IMAGE_TABLE, strerror(errno));
+	else if ((total = gcr_image_read_fd(tfd, GCR_IMAGE_TABLE, GCR_IMAGE_MAX_TABLE, &tbuf, &tlen, err)) == 0 &&
+		 (total = gcr_image_table_parse(tbuf, tlen, t, err)) < 0)
+		gcr_err_wrap(err, "%s", GCR_IMAGE_TABLE);
+	if (tfd >= 0)
+		close(tfd);
+	/* What the table makes the agent write, before anything is: its files under gpu/ itself, their
+	 * data within the bound. */
+	unsigned long long need = tlen;
+	for (size_t i = 0; total == 0 && i < t->n; i++) {
+		if (strchr(t->a[i].file + strlen(GCR_IMAGE_GPU_DIR "/"), '/') != NULL ||
+		    strcmp(t->a[i].file + strlen(GCR_IMAGE_GPU_DIR "/"), table_name) == 0)
+			total = gcr_err_set(err, -EINVAL, "%s names %s: not a data file of gpu/ (refused)", GCR_IMAGE_TABLE,
+					    t->a[i].file);
+		need += gcr_image_alloc_need(&t->a[i]);
+	}
+	if (total == 0 && need > max_bytes)
+		total = gcr_err_set(err, -EFBIG, "the GPU data files come to %llu MiB, more than the %llu MiB the pod may "
+				    "have written (what its process held on the GPU, and its ephemeral-storage limit): "
+				    "refused", need >> 20, max_bytes >> 20);
+	/* Every entry checked before the copy starts. */
+	DIR *d = total == 0 ? fdopendir(dup(sfd)) : NULL;
+	if (total == 0 && d == NULL)
+		total = gcr_err_set(err, -errno, "cannot read %s/: %s", GCR_IMAGE_GPU_DIR, strerror(errno));
+	struct dirent *de;
+	while (total == 0 && (de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 || strcmp(de->d_name, table_name) == 0)
+			continue;
+		const struct gcr_image_alloc *a = table_file(t, de->d_name);
+		struct stat st;
+		if (a == NULL) {
+			total = gcr_err_set(err, -EINVAL, "%s/%.200s is not in %s: refused", GCR_IMAGE_GPU_DIR, de->d_name,
+					    GCR_IMAGE_TABLE);
+		} else if (fstatat(sfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode)) {
+			total = gcr_err_set(err, -EINVAL, "%s: not a regular file (refused)", a->file);
+		} else if ((unsigned long long)st.st_size != gcr_image_alloc_need(a)) {
+			total = gcr_err_set(err, -EINVAL, "%s has %lld bytes, its chunks need %llu: refused", a->file,
+					    (long long)st.st_size, (unsigned long long)gcr_image_alloc_need(a));
+		} else if (sparse(&st)) {
+			total = gcr_err_set(err, -EINVAL, "%s has holes (%lld bytes in %llu allocated): a sparse file is "
+					    "refused", a->file, (long long)st.st_size,
+					    (unsigned long long)st.st_blocks * 512);
+		}
+	}
+	if (d != NULL)
+		closedir(d);
+	for (size_t i = 0; total == 0 && i < t->n; i++) {
+		struct stat st;
+		if (gcr_image_alloc_need(&t->a[i]) > 0 &&
+		    fstatat(sfd, t->a[i].file + strlen(GCR_IMAGE_GPU_DIR "/"), &st, AT_SYMLINK_NOFOLLOW) < 0)
+			total = gcr_err_set(err, -EINVAL, "%s is missing: refused", t->a[i].file);
+	}
+	int dfd = -1;
+	if (total == 0 && mkdirat(dst_dfd, GCR_IMAGE_GPU_DIR, 0700) < 0)
+		total = gcr_err_set(err, -errno, "cannot create %s/: %s", GCR_IMAGE_GPU_DIR, strerror(errno));
+	if (total == 0 && (dfd = openat(dst_dfd, GCR_IMAGE_GPU_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		total = gcr_err_set(err, -errno, "cannot open %s/: %s", GCR_IMAGE_GPU_DIR, strerror(errno));
+	/* The copy: each file by its table's name, exactly its size; the table from the bytes parsed. */
+	for (size_t i = 0; total >= 0 && i < t->n; i++) {
+		const struct gcr_image_alloc *a = &t->a[i];
+		const char *name = a->file + strlen(GCR_IMAGE_GPU_DIR "/");
+		int in = openat(sfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		if (in < 0 && errno == ENOENT && gcr_image_alloc_need(a) == 0)
+			continue; /* all zero: no file needed */
+		int out = in < 0 ? -1 : openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		struct stat st;
+		long long n;
+		if (in < 0 || out < 0)
+			n = gcr_err_set(err, -errno, "%s: %s", a->file, strerror(errno));
+		else if (fstat(in, &st) < 0 || !S_ISREG(st.st_mode) || sparse(&st))
+			n = gcr_err_set(err, -EINVAL, "%s changed while copied: refused", a->file);
+		else
+			n = copy_exact(in, out, gcr_image_alloc_need(a), a->file, err);
+		if (in >= 0)
+			close(in);
+		if (out >= 0)
+			close(out);
+		total = n < 0 ? n : total + n;
+	}
+	if (total >= 0) {
+		int out = openat(dfd, table_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		long long n = out < 0 ? gcr_err_set(err, -errno, "cannot create %s: %s", GCR_IMAGE_TABLE, strerror(errno)) : 0;
+		for (size_t off = 0; n == 0 && off < tlen;) {
+			ssize_t w = write(out, tbuf + off, tlen - off);
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0)
+				n = gcr_err_set(err, -errno, "writing %s: %s", GCR_IMAGE_TABLE, strerror(errno));
+			else
+				off += (size_t)w;
+		}
+		if (n == 0 && fsync(out) < 0)
+			n = gcr_err_set(err, -errno, "fsync of %s: %s", GCR_IMAGE_TABLE, strerror(errno));
+		if (out >= 0)
+			close(out);
+		total = n < 0 ? n : total + (long long)tlen;
+	}
+	if (total >= 0 && fsync(dfd) < 0)
+		total = gcr_err_set(err, -errno, "fsync of %s/: %s", GCR_IMAGE_GPU_DIR, strerror(errno));
+	if (dfd >= 0)
+		close(dfd);
+	close(sfd);
+	free(tbuf);
+	if (total < 0)
+		gcr_image_table_clear(t);
+	return total;
+}
+
 long long agent_images_copy_file(const char *src, const char *dst, struct gcr_err *err)
 {
 	int in = open(src, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "gcr_error.h"
+#include "gcr_image.h"
 
 /* The image directory of Checkpoint ns/name of pod (each a valid Kubernetes name) under root
  * (absolute), into out (len bytes). 0, -EINVAL (a name that is not one, a relative root) or
@@ -73,6 +74,19 @@ long long agent_images_copy_dir(int src_dfd, int dst_dfd, const char *sub, struc
 struct gcr_image_manifest;
 long long agent_images_copy_dir_checked(int src_dfd, int dst_dfd, const char *sub, const struct gcr_image_manifest *m,
 					struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* Copies the GPU data files a pod's process wrote, src_dfd's gpu/, into a new directory gpu/ of
+ * dst_dfd, bounded by what the pod may make the agent write (docs/install.md, "Input bounds"):
+ * its table (gpu/allocs.json: GCR_IMAGE_MAX_TABLE bytes at most, parsed within the budget of
+ * gcr_jsonbudget) names every other file; each is a regular file of exactly the bytes its chunks
+ * need, without holes (its blocks cover its size: a sparse file would cost the node's disk what it
+ * never cost the pod's); together they hold at most max_bytes (the caller's bound: what the
+ * process held on the GPU, and the container's ephemeral-storage limit). Anything else is
+ * refused before a byte is written (-EFBIG past a bound, -EINVAL a file that is not one of the
+ * table's, -EIO one that changed while copied). *t gets the table (the manifest's; the caller
+ * clears it). Returns the bytes copied, or -errno. */
+long long agent_images_copy_gpu(int src_dfd, int dst_dfd, unsigned long long max_bytes, struct gcr_image_table *t,
+				struct gcr_err *err) __attribute__((warn_unused_result));
 
 /* Copies the regular file src (opened without following a final symbolic link) to the new file
  * dst (0600, fsynced). Returns the bytes copied, or -errno. */

@@ -27,9 +27,12 @@
 #include "agent_registry.h"
 #include "agent_replace.h"
 #include "agent_room.h"
+#include "agent_roompolicy.h"
+#include "agent_share.h"
 #include "agent_evict.h"
 #include "agent_evictmsg.h"
 #include "gcr/protocol.h"
+#include "gcr_jsonbudget.h"
 #include "gcr_log.h"
 
 /* Largest configuration file we read, in bytes. */
@@ -69,7 +72,8 @@ struct cfg {
 		*record_dir, *restore_grace_s, *images_dir, *images_keep, *images_shared, *overcommit, *overcommit_margin_mib, *overcommit_return_ms, *overcommit_idle_ms,
 		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url,
 		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s, *restore_certs_dir,
-		*restore_cri_endpoint, *images_key_dir;
+		*restore_cri_endpoint, *images_key_dir,
+		*share_pods, *share_registry, *share_holds, *share_room, *share_workers, *room_from, *unused_backoff_ms;
 	struct dp_cfg dp;
 };
 
@@ -123,6 +127,24 @@ static const struct opt_row opts_table[] = {
 	  "true: a process whose pod Kubernetes does not show is opted in and ranked by its environment "
 	  "(GCR_OVERCOMMIT, GCR_PRIORITY, GCR_PREEMPTIBLE); false: only pods labelled gpucr.dev/overcommit take part "
 	  "(the chart: its device plugin sets GCR_OVERCOMMIT for every container)" },
+	{ "overcommit-room-from", "overcommitRoomFrom", SLOT(room_from), "",
+	  "which namespaces may suspend pods of which for room: 'REQUESTER=VICTIM,...;...', names or * (the chart's "
+	  "overcommit.roomFrom); a namespace always may from itself; empty: from itself only (docs/preemption.md)" },
+	{ "overcommit-unused-backoff-ms", "overcommitUnusedBackoffMs", SLOT(unused_backoff_ms), "60000",
+	  "a pod given room by suspends that does not use it within 3 s loses its priority this long (ms, "
+	  "1..86400000; -1: never): its requests are refused and the pods held for it resume" },
+	{ "share-pods", "sharePods", SLOT(share_pods), "0",
+	  "pods a node's tables are shared among: each pod gets max(1, capacity / this) of each (0: devicePlugin.slots "
+	  "with the device plugin on, else 32; docs/install.md, \"Shares per pod\")" },
+	{ "share-registry-per-pod", "shareRegistryPerPod", SLOT(share_registry), "0",
+	  "registered processes one pod may have at once (of 1024; 0: the fair share)" },
+	{ "share-holds-per-pod", "shareHoldsPerPod", SLOT(share_holds), "0",
+	  "gcr-hold connections one pod may have at once (of 64; 0: the fair share)" },
+	{ "share-room-per-pod", "shareRoomPerPod", SLOT(share_room), "0",
+	  "room requests one pod may have waiting at once (of 64; 0: the fair share)" },
+	{ "workers-per-namespace", "workersPerNamespace", SLOT(share_workers), "0",
+	  "Checkpoints and Restores of one namespace run at once on this node (of --max-parallel; 0: half of it, at "
+	  "least 1)" },
 	{ "processes-outside-pods", "processesOutsidePods", SLOT(outside_pods), "false",
 	  "true: shims of processes outside pods register too (a machine without Kubernetes: gcrctl and "
 	  "overcommit work on them; Checkpoint objects cannot name them)" },
@@ -558,6 +580,38 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	}
 	{
 		char *end = NULL;
+		long v = strtol(c->unused_backoff_ms, &end, 10);
+		if (end == c->unused_backoff_ms || *end != '\0' || v < -1 || v == 0 || v > 86400000)
+			return gcr_err_set(err, -EINVAL, "--overcommit-unused-backoff-ms: '%s' is not -1 or an integer in "
+					   "1..86400000", c->unused_backoff_ms);
+	}
+	{
+		static const struct {
+			const char *name;
+			size_t off;
+			long max;
+		} counts[] = { { "share-pods", SLOT(share_pods), 1024 },
+			       { "share-registry-per-pod", SLOT(share_registry), AGENT_REGISTRY_MAX },
+			       { "share-holds-per-pod", SLOT(share_holds), AGENT_EVICT_MAX_HOLDS },
+			       { "share-room-per-pod", SLOT(share_room), AGENT_ROOM_QUEUE },
+			       { "workers-per-namespace", SLOT(share_workers), MAX_PARALLEL_MAX } };
+		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+			const char *v = *(char **)(void *)((char *)c + counts[i].off);
+			char *end = NULL;
+			long n = strtol(v, &end, 10);
+			if (end == v || *end != '\0' || n < 0 || n > counts[i].max)
+				return gcr_err_set(err, -EINVAL, "--%s: '%s' is not an integer in 0..%ld", counts[i].name, v,
+						   counts[i].max);
+		}
+		struct agent_roompolicy *pol = malloc(sizeof(*pol));
+		int prc = pol != NULL ? agent_roompolicy_parse(c->room_from, strlen(c->room_from), pol, err)
+				      : gcr_err_set(err, -ENOMEM, "out of memory");
+		free(pol);
+		if (prc < 0)
+			return gcr_err_wrap(err, "--overcommit-room-from");
+	}
+	{
+		char *end = NULL;
 		long v = strtol(c->restore_port, &end, 10);
 		if (end == c->restore_port || *end != '\0' || v < 0 || v > 65535)
 			return gcr_err_set(err, -EINVAL, "--restore-registry-port: '%s' is not an integer in 0..65535",
@@ -678,6 +732,9 @@ static int oc_pod(void *data, const char *uid, struct agent_room_pod *out)
 		out->has_priority = 1;
 		out->priority = (int)json_integer_value(prio);
 	}
+	snprintf(out->ns, sizeof(out->ns), "%s", json_string_value(json_object_get(md, "namespace")) &&
+		 strlen(json_string_value(json_object_get(md, "namespace"))) < sizeof(out->ns)
+		 ? json_string_value(json_object_get(md, "namespace")) : "");
 	snprintf(out->name, sizeof(out->name), "%.150s/%.150s", json_string_value(json_object_get(md, "namespace"))
 		 ? json_string_value(json_object_get(md, "namespace")) : "", json_string_value(json_object_get(md, "name"))
 		 ? json_string_value(json_object_get(md, "name")) : uid);
@@ -688,6 +745,49 @@ static int oc_pod(void *data, const char *uid, struct agent_room_pod *out)
 static void oc_event(void *data, const char *uid, const char *type, const char *reason, const char *note)
 {
 	agent_controller_pod_event(data, uid, type, reason, "Overcommit", note);
+}
+
+/* A pod past its share of a table (agent_share's thread): a Warning Event on it. */
+static void share_event(void *data, const char *uid, const char *table, const char *note)
+{
+	(void)table;
+	agent_controller_pod_event(data, uid, "Warning", "ShareExhausted", "Share", note);
+}
+
+/* The node's shared tables (agent_share), one share per pod each, the workers' per namespace. */
+struct shares {
+	struct agent_shares *ss;
+	struct agent_share *registry, *holds, *room, *workers;
+};
+
+static int shares_new(const struct cfg *c, int max_parallel, struct shares *out, struct gcr_err *err)
+{
+	int pods = atoi(c->share_pods);
+	if (pods == 0)
+		pods = c->dp.enabled ? (c->dp.slots ? (int)c->dp.slots : 16) : AGENT_SHARE_OWNERS_DEFAULT;
+	int per_ns = atoi(c->share_workers) > 0 ? atoi(c->share_workers) : (max_parallel / 2 > 1 ? max_parallel / 2 : 1);
+	*out = (struct shares){ .ss = agent_shares_new() };
+	if (out->ss == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	const struct agent_share_cfg t[] = {
+		{ .name = "registry", .what = "registered processes", .owner = "pod", .capacity = AGENT_REGISTRY_MAX,
+		  .per_owner = atoi(c->share_registry), .owners = pods, .tell = 1 },
+		{ .name = "holds", .what = "eviction holds (gcr-hold)", .owner = "pod", .capacity = AGENT_EVICT_MAX_HOLDS,
+		  .per_owner = atoi(c->share_holds), .owners = pods, .tell = 1 },
+		{ .name = "room", .what = "waiting room requests", .owner = "pod", .capacity = AGENT_ROOM_QUEUE,
+		  .per_owner = atoi(c->share_room), .owners = pods, .tell = 1 },
+		{ .name = "workers", .what = "Checkpoint and Restore workers", .owner = "namespace",
+		  .capacity = max_parallel, .per_owner = per_ns },
+	};
+	struct agent_share **slot[] = { &out->registry, &out->holds, &out->room, &out->workers };
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+		if ((*slot[i] = agent_shares_add(out->ss, &t[i], err)) == NULL)
+			return err->code;
+	GCR_LOG(GCR_LOG_INFO, "agent", "shares among %d pods: registry %d of %d per pod, eviction holds %d of %d, room "
+		"requests %d of %d, workers %d of %d per namespace", pods, agent_share_limit(out->registry),
+		AGENT_REGISTRY_MAX, agent_share_limit(out->holds), AGENT_EVICT_MAX_HOLDS, agent_share_limit(out->room),
+		AGENT_ROOM_QUEUE, agent_share_limit(out->workers), max_parallel);
+	return 0;
 }
 
 static int gate_synced(void *data)
@@ -714,10 +814,13 @@ int main(int argc, char **argv)
 	struct agent_dp *dp = NULL;
 	struct agent_room *room = NULL;
 	struct agent_evict *evict = NULL;
+	struct shares shares = { 0 };
+	struct agent_roompolicy *room_policy = NULL;
 	int rc, status = 1;
 	struct node_ready nready = { 0 };
 
 	gcr_log_init(GCR_LOG_INFO);
+	gcr_jsonbudget_install(); /* before any jansson call: tables and manifests parse within a budget */
 	if (parse_args(&cfg, argc, argv, &err) < 0) {
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
 		usage(stderr);
@@ -779,6 +882,13 @@ int main(int argc, char **argv)
 	seconds_opt("images-keep", cfg.images_keep, IMAGES_KEEP_MAX, &ccfg.images_keep, &err);
 	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
 	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
+	if (node) {
+		if (shares_new(&cfg, ccfg.max_parallel, &shares, &err) < 0)
+			goto out;
+		agent_registry_set_share(reg, shares.registry);
+		agent_metrics_set_shares(metrics, shares.ss);
+		ccfg.workers = shares.workers;
+	}
 	struct agent_replace_cfg rcfg = { .registry_port = atoi(cfg.restore_port),
 					 .images_shared = strcmp(cfg.images_shared, "true") == 0 };
 	seconds_opt("restore-wait-seconds", cfg.restore_wait_s, 3600, &rcfg.wait_s, &err);
@@ -820,6 +930,9 @@ int main(int argc, char **argv)
 		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
 		    agent_controller_start(ctl, &err) < 0)
 			goto out;
+		agent_shares_set_teller(shares.ss, share_event, ctl);
+		if (agent_shares_start(shares.ss, &err) < 0)
+			goto out;
 		if (rcfg.registry_port > 0) {
 			char hosts[PATH_MAX];
 			snprintf(hosts, sizeof(hosts), "%s/127.0.0.1_%d_", cfg.restore_certs_dir, rcfg.registry_port);
@@ -851,7 +964,17 @@ int main(int argc, char **argv)
 					       .return_ms = (int)strtol(cfg.overcommit_return_ms, NULL, 10),
 					       .idle_ms = (int)strtol(cfg.overcommit_idle_ms, NULL, 10),
 					       .data_only = strcmp(cfg.overcommit_mode, "data") == 0,
-					       .trust_env = strcmp(cfg.overcommit_env, "true") == 0 };
+					       .trust_env = strcmp(cfg.overcommit_env, "true") == 0,
+					       .unused_backoff_ms = (int)strtol(cfg.unused_backoff_ms, NULL, 10),
+					       .share = shares.room };
+		room_policy = calloc(1, sizeof(*room_policy));
+		if (room_policy == NULL ||
+		    agent_roompolicy_parse(cfg.room_from, strlen(cfg.room_from), room_policy, &err) < 0) {
+			if (room_policy == NULL)
+				gcr_err_set(&err, -ENOMEM, "out of memory");
+			goto out;
+		}
+		ocfg.policy = room_policy;
 		struct agent_room_hooks hooks = { .pod = oc_pod, .event = oc_event, .data = ctl };
 		if (agent_room_new(reg, activity, metrics, &ocfg, &hooks, &room, &err) < 0 ||
 		    agent_room_start(room, &err) < 0)
@@ -868,7 +991,7 @@ int main(int argc, char **argv)
 		struct agent_evict_cfg ecfg = { .socket_path = hold_sock, .proc_root = cfg.proc_root,
 						.node_name = cfg.node_name, .resource_name = cfg.dp.resource_name,
 						.enabled = strcmp(cfg.eviction, "true") == 0, .rate_mib_s = ev_rate,
-						.fixed_s = ev_fixed };
+						.fixed_s = ev_fixed, .share = shares.holds };
 		if (agent_evict_new(kube, ctl, reg, metrics, &ecfg, &evict, &err) < 0 ||
 		    agent_evict_start(evict, &err) < 0)
 			goto out;
@@ -901,6 +1024,7 @@ out:
 	agent_replace_free(replace);
 	agent_gate_free(gate);
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
+	agent_shares_stop(shares.ss); /* no more Events through the controller */
 	agent_evict_free(evict);    /* holds in flight are answered; before the controller they use */
 	agent_room_free(room);      /* held processes stay held, with their records, for the next agent */
 	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
@@ -910,6 +1034,8 @@ out:
 	agent_ocireg_free(ocireg);
 	agent_metrics_free(metrics);
 	agent_registry_free(reg);
+	agent_shares_free(shares.ss); /* after every table that borrows a share */
+	free(room_policy);
 	agent_kube_free(kube);
 	cfg_free(&cfg);
 	return status;

@@ -65,6 +65,7 @@ struct agent_metrics {
 	atomic_uint log_suppressed; /* lines dropped since */
 	agent_metrics_gauge_fn registered;
 	void *data;
+	struct agent_shares *shares; /* guarded by lock; NULL: none */
 	atomic_int ready;
 	agent_metrics_ready_fn ready_fn; /* guarded by lock, with ready_data and ready_what */
 	void *ready_data;
@@ -108,6 +109,17 @@ static char *readyz(struct agent_metrics *m, unsigned int *code)
 		     extra ? "" : "not ready: waiting for: ", extra ? "" : what, extra ? "" : "\n") < 0)
 		return NULL;
 	return body;
+}
+
+/* One table's share lines (agent_shares_each's callback). */
+static void share_lines(void *data, const struct agent_share_stat *st)
+{
+	FILE *f = data;
+	fprintf(f, "gcr_agent_share_capacity{table=\"%s\"} %d\n", st->name, st->capacity);
+	fprintf(f, "gcr_agent_share_per_owner{table=\"%s\"} %d\n", st->name, st->per_owner);
+	fprintf(f, "gcr_agent_share_in_use{table=\"%s\"} %d\n", st->name, st->in_use);
+	fprintf(f, "gcr_agent_share_owners{table=\"%s\"} %d\n", st->name, st->owners);
+	fprintf(f, "gcr_agent_share_refused_total{table=\"%s\"} %llu\n", st->name, st->refused);
 }
 
 static char *render(struct agent_metrics *m)
@@ -167,6 +179,18 @@ static char *render(struct agent_metrics *m)
 	fprintf(f, "# HELP gcr_agent_eviction_image_seconds_total Time from the hold to a written image, summed.\n"
 		   "# TYPE gcr_agent_eviction_image_seconds_total counter\n"
 		   "gcr_agent_eviction_image_seconds_total %.3f\n", m->evict_s);
+	if (m->shares != NULL) {
+		fprintf(f, "# HELP gcr_agent_share_capacity Entries of a per-node table or pool (docs/install.md, \"Shares "
+			   "per pod\").\n# TYPE gcr_agent_share_capacity gauge\n"
+			   "# HELP gcr_agent_share_per_owner Entries one pod (workers: one namespace) may hold at once.\n"
+			   "# TYPE gcr_agent_share_per_owner gauge\n"
+			   "# HELP gcr_agent_share_in_use Entries held now.\n# TYPE gcr_agent_share_in_use gauge\n"
+			   "# HELP gcr_agent_share_owners Pods (workers: namespaces) holding entries now.\n"
+			   "# TYPE gcr_agent_share_owners gauge\n"
+			   "# HELP gcr_agent_share_refused_total Requests refused because their pod (namespace) held its "
+			   "whole share, or the table was full.\n# TYPE gcr_agent_share_refused_total counter\n");
+		agent_shares_each(m->shares, share_lines, f);
+	}
 	fprintf(f, "# HELP gcr_agent_bytes_moved_total Bytes moved between GPU and host memory.\n"
 		   "# TYPE gcr_agent_bytes_moved_total counter\n");
 	for (int k = 0; k < NKINDS; k++)
@@ -392,6 +416,13 @@ void agent_metrics_set_ready_check(struct agent_metrics *m, const char *what, ag
 	m->ready_fn = fn;
 	m->ready_data = data;
 	m->ready_what = what ? what : "?";
+	pthread_mutex_unlock(&m->lock);
+}
+
+void agent_metrics_set_shares(struct agent_metrics *m, struct agent_shares *ss)
+{
+	pthread_mutex_lock(&m->lock);
+	m->shares = ss;
 	pthread_mutex_unlock(&m->lock);
 }
 

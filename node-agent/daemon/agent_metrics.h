@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 
+#include "agent_share.h"
 #include "gcr_error.h"
 
 struct agent_metrics;
@@ -46,6 +47,10 @@ unsigned long agent_metrics_raise_nofile(void);
 /* Connections the HTTP server holds now. */
 unsigned int agent_metrics_connections(struct agent_metrics *m);
 void agent_metrics_free(struct agent_metrics *m);
+
+/* The shares of the node's tables (agent_share; borrowed, NULL: none again before it is
+ * freed): /metrics shows each table's capacity, share, use and refusals. */
+void agent_metrics_set_shares(struct agent_metrics *m, struct agent_shares *ss);
 
 /* The watches have listed once: /readyz answers 200 from now on. */
 void agent_metrics_set_ready(struct agent_metrics *m);

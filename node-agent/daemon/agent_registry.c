@@ -19,6 +19,7 @@
 #include "gcr_log.h"
 #include "gcr_proto.h"
 #include "gcr_sock.h"
+#include "gcr_time.h"
 
 /* How long the server thread sleeps in poll, in ms: the bound on noticing stop. */
 #define POLL_MS 200
@@ -28,6 +29,13 @@
 #define ENVIRON_MAX (256 * 1024)
 /* How long a reply from this thread may take to leave (ms); the shim reads it at once. */
 #define REPLY_MS 200
+/* Connections taken from the listen queue per wake of the server thread: a pod flooding the
+ * socket must not leave another pod's registration waiting behind it one poll at a time. */
+#define ACCEPT_BATCH 64
+/* How often every entry's process is looked at (ms): an entry whose process exited or whose
+ * pid now names another process (its start time changed) is dropped, even while some other
+ * process holds its connection open (a child that registered and passed its socket on). */
+#define SWEEP_MS 2000
 
 struct entry {
 	int used;
@@ -43,6 +51,8 @@ struct agent_registry {
 	int started;
 	atomic_int stop;
 	int flags; /* AGENT_REGISTRY_* */
+	struct agent_share *share; /* each pod's share of the entries (NULL: the table's bound only) */
+	double last_sweep;         /* monotonic ms */
 	struct agent_registry_handler h;
 	pthread_mutex_t lock; /* guards e */
 	struct entry e[AGENT_REGISTRY_MAX];
@@ -55,10 +65,12 @@ static int pid_alive(pid_t pid)
 
 /* Field 22 of <proc_root>/<pid>/stat, the start time in clock ticks after boot; 0 when it
  * cannot be read. The command name (field 2) may hold spaces and ')', so fields are
- * counted from the last ')'. */
-static unsigned long long start_time(const char *proc_root, pid_t pid)
+ * counted from the last ')'. *state (may be NULL) gets field 3 ('?' when unreadable). */
+static unsigned long long stat_of(const char *proc_root, pid_t pid, char *state)
 {
 	char path[512], buf[1024];
+	if (state != NULL)
+		*state = '?';
 	snprintf(path, sizeof(path), "%s/%d/stat", proc_root, (int)pid);
 	FILE *f = fopen(path, "re");
 	if (f == NULL)
@@ -67,9 +79,16 @@ static unsigned long long start_time(const char *proc_root, pid_t pid)
 	fclose(f);
 	buf[n] = '\0';
 	char *p = strrchr(buf, ')');
+	if (p != NULL && p[1] == ' ' && p[2] != '\0' && state != NULL)
+		*state = p[2];
 	for (int field = 2; p != NULL && field < 22; field++)
 		p = strchr(p + 1, ' ');
 	return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+static unsigned long long start_time(const char *proc_root, pid_t pid)
+{
+	return stat_of(proc_root, pid, NULL);
 }
 
 unsigned long long agent_registry_start_time(struct agent_registry *r, pid_t pid)
@@ -118,13 +137,27 @@ static int identify(struct agent_registry *r, pid_t pid, struct agent_registry_p
 	return 0;
 }
 
-/* Adds (or replaces) the entry of pid; takes fd. Caller holds the lock. */
-static void add_locked(struct agent_registry *r, int fd, const struct agent_registry_proc *p)
+/* Frees entry e and its pod's share of it (its connection closed). Caller holds the lock. */
+static void drop_locked(struct agent_registry *r, struct entry *e)
+{
+	if (e->fd >= 0)
+		close(e->fd);
+	gcr_linebuf_free(&e->lb);
+	if (r->share != NULL)
+		agent_share_give(r->share, e->p.pod_uid);
+	e->used = 0;
+	e->fd = -1;
+}
+
+/* Adds (or replaces) the entry of pid; takes fd. An entry of another pod is one of that pod's
+ * share (agent_share: refused past it, to that pod alone). Caller holds the lock. 0, or -errno
+ * when not added (fd closed). */
+static int add_locked(struct agent_registry *r, int fd, const struct agent_registry_proc *p)
 {
 	struct entry *free_e = NULL;
 	for (int i = 0; i < AGENT_REGISTRY_MAX; i++) {
 		struct entry *e = &r->e[i];
-		if (e->used && e->p.pid == p->pid) {
+		if (e->used && e->p.pid == p->pid && strcmp(e->p.pod_uid, p->pod_uid) == 0) {
 			if (e->fd >= 0 && fd >= 0) {
 				close(e->fd);
 				gcr_linebuf_free(&e->lb);
@@ -134,19 +167,31 @@ static void add_locked(struct agent_registry *r, int fd, const struct agent_regi
 				gcr_linebuf_init(&e->lb, LINE_MAX_BYTES);
 			}
 			e->p = *p;
-			return;
+			return 0;
 		}
+		if (e->used && e->p.pid == p->pid) /* the pid now names a process of another pod */
+			drop_locked(r, e);
 		if (!e->used && free_e == NULL)
 			free_e = e;
 	}
-	if (free_e == NULL) {
-		GCR_LOG(GCR_LOG_WARN, "registry", "table full; pid %d not tracked", (int)p->pid);
+	struct gcr_err err;
+	char who[32];
+	snprintf(who, sizeof(who), "pid %d", (int)p->pid);
+	int rc = r->share != NULL ? agent_share_take(r->share, p->pod_uid, who, NULL, &err) : 0;
+	if (rc == 0 && free_e == NULL) {
+		if (r->share != NULL)
+			agent_share_give(r->share, p->pod_uid);
+		rc = gcr_err_set(&err, -ENOSPC, "table full (%d processes)", AGENT_REGISTRY_MAX);
+		GCR_LOG(GCR_LOG_WARN, "registry", "%s; pid %d not tracked", err.msg, (int)p->pid);
+	}
+	if (rc < 0) {
 		if (fd >= 0)
 			close(fd);
-		return;
+		return rc;
 	}
 	*free_e = (struct entry){ .used = 1, .fd = fd, .p = *p };
 	gcr_linebuf_init(&free_e->lb, LINE_MAX_BYTES);
+	return 0;
 }
 
 static void scan_cb(pid_t pid, const char *path, void *data)
@@ -159,10 +204,11 @@ static void scan_cb(pid_t pid, const char *path, void *data)
 		return;
 	}
 	pthread_mutex_lock(&r->lock);
-	add_locked(r, -1, &p);
+	int rc = add_locked(r, -1, &p);
 	pthread_mutex_unlock(&r->lock);
-	GCR_LOG(GCR_LOG_INFO, "registry", "found running shim pid %d (pod %s container %.12s)", (int)pid,
-		p.pod_uid, p.container_id);
+	if (rc == 0)
+		GCR_LOG(GCR_LOG_INFO, "registry", "found running shim pid %d (pod %s container %.12s)", (int)pid,
+			p.pod_uid, p.container_id);
 }
 
 /* The device plugin's per-allocation dirs (<alloc_root>/<id>/) hold the sockets of shims in
@@ -213,6 +259,12 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 		return fd;
 	}
 	r->lfd = fd;
+	/* Non-blocking: the server thread takes what the queue holds, up to ACCEPT_BATCH a wake. */
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) {
+		int e = errno;
+		agent_registry_free(r);
+		return gcr_err_set(err, -e, "registry socket %s: %s", socket_path, strerror(e));
+	}
 	/* Shims accept only root or their owner; the registry is the same. */
 	struct gcr_err e2;
 	int reaped = gcr_sock_reap(socket_dir, &e2);
@@ -229,11 +281,12 @@ int agent_registry_new(const char *socket_path, const char *socket_dir, const ch
 	return 0;
 }
 
-static void accept_one(struct agent_registry *r)
+/* Takes one connection from the listen queue; 0 when there was none. */
+static int accept_one(struct agent_registry *r)
 {
 	int fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 	if (fd < 0)
-		return;
+		return 0;
 	struct gcr_peer peer;
 	struct gcr_err err;
 	struct agent_registry_proc p = { 0 };
@@ -242,20 +295,22 @@ static void accept_one(struct agent_registry *r)
 		GCR_LOG(GCR_LOG_WARN, "registry", "registration refused: %s",
 			prc < 0 ? err.msg : "the peer's pid is outside our PID namespace");
 		close(fd);
-		return;
+		return 1;
 	}
 	int rc = identify(r, peer.pid, &p, &err);
 	if (rc < 0) {
 		GCR_LOG(GCR_LOG_WARN, "registry", "registration of pid %d (uid %d) refused, it is not in a pod: %s",
 			(int)peer.pid, (int)peer.uid, err.msg);
 		close(fd);
-		return;
+		return 1;
 	}
 	pthread_mutex_lock(&r->lock);
-	add_locked(r, fd, &p);
+	rc = add_locked(r, fd, &p);
 	pthread_mutex_unlock(&r->lock);
-	GCR_LOG(GCR_LOG_INFO, "registry", "registered pid %d (pod %s container %.12s)", (int)p.pid,
-		p.pod_uid, p.container_id);
+	if (rc == 0)
+		GCR_LOG(GCR_LOG_INFO, "registry", "registered pid %d (pod %s container %.12s)", (int)p.pid,
+			p.pod_uid, p.container_id);
+	return 1;
 }
 
 static void reply_line(int fd, char *line)
@@ -313,12 +368,39 @@ static void read_one(struct agent_registry *r, struct entry *e)
 	if (n >= 0 || n == -EAGAIN || n == -EWOULDBLOCK || n == -EINTR)
 		return;
 	GCR_LOG(GCR_LOG_INFO, "registry", "pid %d gone (connection closed)", (int)e->p.pid);
-	close(e->fd);
-	gcr_linebuf_free(&e->lb);
-	e->used = 0;
-	e->fd = -1;
+	drop_locked(r, e);
 	if (r->h.gone != NULL)
 		r->h.gone(r->h.data, &e->p);
+}
+
+/* Whether e's process still runs: its pid alive and not a zombie (an exited child its parent
+ * has not reaped keeps its pid), and, when its start time is known, the same process (not a
+ * later one that got the pid). */
+static int same_process(struct agent_registry *r, const struct entry *e)
+{
+	if (!pid_alive(e->p.pid))
+		return 0;
+	char state;
+	unsigned long long start = stat_of(r->proc_root, e->p.pid, &state);
+	if (state == 'Z' || state == 'X')
+		return 0;
+	return e->p.start == 0 || start == e->p.start;
+}
+
+/* Drops the entries whose process is gone, connection open or not. Caller holds the lock. */
+static void sweep_locked(struct agent_registry *r)
+{
+	for (int i = 0; i < AGENT_REGISTRY_MAX; i++) {
+		struct entry *e = &r->e[i];
+		if (!e->used || same_process(r, e))
+			continue;
+		GCR_LOG(GCR_LOG_INFO, "registry", "pid %d (pod %s) gone%s", (int)e->p.pid, e->p.pod_uid,
+			e->fd >= 0 ? " while its connection stays open (another process holds it): dropped" : "");
+		struct agent_registry_proc p = e->p;
+		drop_locked(r, e);
+		if (r->h.gone != NULL)
+			r->h.gone(r->h.data, &p);
+	}
 }
 
 static void *serve(void *data)
@@ -339,20 +421,43 @@ static void *serve(void *data)
 			}
 		}
 		pthread_mutex_unlock(&r->lock);
-		if (poll(pfd, (nfds_t)n, POLL_MS) <= 0)
-			continue;
-		if (pfd[0].revents & POLLIN)
-			accept_one(r);
+		int ready = poll(pfd, (nfds_t)n, POLL_MS);
+		for (int k = 0; ready > 0 && (pfd[0].revents & POLLIN) && k < ACCEPT_BATCH && accept_one(r); k++)
+			;
 		pthread_mutex_lock(&r->lock);
-		for (int j = 1; j < n; j++)
+		for (int j = 1; ready > 0 && j < n; j++)
 			if (pfd[j].revents && r->e[idx[j]].used && r->e[idx[j]].fd == pfd[j].fd)
 				read_one(r, &r->e[idx[j]]);
+		double now = gcr_time_mono_ms();
+		if (now - r->last_sweep >= SWEEP_MS) {
+			r->last_sweep = now;
+			sweep_locked(r);
+		}
 		pthread_mutex_unlock(&r->lock);
 	}
 out:
 	free(pfd);
 	free(idx);
 	return NULL;
+}
+
+void agent_registry_set_share(struct agent_registry *r, struct agent_share *s)
+{
+	pthread_mutex_lock(&r->lock);
+	r->share = s;
+	/* The start-up scan's entries: counted now; past a pod's share, not tracked. */
+	for (int i = 0; s != NULL && i < AGENT_REGISTRY_MAX; i++) {
+		struct entry *e = &r->e[i];
+		char who[32];
+		struct gcr_err err;
+		snprintf(who, sizeof(who), "pid %d", (int)e->p.pid);
+		if (e->used && agent_share_take(s, e->p.pod_uid, who, NULL, &err) < 0) {
+			r->share = NULL; /* nothing of it to give back */
+			drop_locked(r, e);
+			r->share = s;
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
 }
 
 void agent_registry_set_handler(struct agent_registry *r, const struct agent_registry_handler *h)
@@ -395,12 +500,12 @@ void agent_registry_free(struct agent_registry *r)
 }
 
 /* Drops scanned entries whose process has exited (they have no connection). */
-static int live_locked(struct entry *e)
+static int live_locked(struct agent_registry *r, struct entry *e)
 {
 	if (!e->used)
 		return 0;
 	if (e->fd < 0 && !pid_alive(e->p.pid)) {
-		e->used = 0;
+		drop_locked(r, e);
 		return 0;
 	}
 	return 1;
@@ -413,7 +518,7 @@ int agent_registry_find(struct agent_registry *r, const char *pod_uid, const cha
 	pthread_mutex_lock(&r->lock);
 	for (int i = 0; i < AGENT_REGISTRY_MAX && n < max; i++) {
 		struct entry *e = &r->e[i];
-		if (!live_locked(e) || (pod_uid != NULL && strcmp(e->p.pod_uid, pod_uid) != 0))
+		if (!live_locked(r, e) || (pod_uid != NULL && strcmp(e->p.pod_uid, pod_uid) != 0))
 			continue;
 		if (container_id != NULL && container_id[0] != '\0' &&
 		    strcmp(e->p.container_id, container_id) != 0)
@@ -429,7 +534,7 @@ int agent_registry_get(struct agent_registry *r, pid_t pid, struct agent_registr
 	int rc = -ENOENT;
 	pthread_mutex_lock(&r->lock);
 	for (int i = 0; i < AGENT_REGISTRY_MAX; i++) {
-		if (live_locked(&r->e[i]) && r->e[i].p.pid == pid) {
+		if (live_locked(r, &r->e[i]) && r->e[i].p.pid == pid) {
 			*out = r->e[i].p;
 			rc = 0;
 			break;
@@ -444,7 +549,7 @@ int agent_registry_count(struct agent_registry *r)
 	int n = 0;
 	pthread_mutex_lock(&r->lock);
 	for (int i = 0; i < AGENT_REGISTRY_MAX; i++)
-		n += live_locked(&r->e[i]);
+		n += live_locked(r, &r->e[i]);
 	pthread_mutex_unlock(&r->lock);
 	return n;
 }

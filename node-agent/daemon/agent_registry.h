@@ -7,6 +7,7 @@
 
 #include "agent_cgroup.h"
 #include "agent_roommsg.h"
+#include "agent_share.h"
 #include "gcr_error.h"
 
 /* Processes one agent tracks at most (one node's GPU processes). */
@@ -49,6 +50,11 @@ struct agent_registry;
 int agent_registry_new(const char *socket_path, const char *socket_dir, const char *alloc_root,
 		       const char *proc_root, int flags, struct agent_registry **out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
+
+/* Each pod's share of the table (agent_share; borrowed, must outlive r): a registration past
+ * its pod's share is refused (the connection closed, the pod told). Set before
+ * agent_registry_start; the start-up scan's entries are counted once it is set. NULL: none. */
+void agent_registry_set_share(struct agent_registry *r, struct agent_share *s);
 
 /* Sets (or, all NULL, clears) the overcommit handler; once this returns, the old one is never
  * called again. Without one, room requests are answered "not granted" at once. */

@@ -54,12 +54,16 @@ struct agent_evict {
 	pthread_mutex_t lock; /* guards active and jobs */
 	pthread_cond_t cv;
 	int active; /* connection threads alive */
+	struct agent_share *share; /* each pod's share of the holds (NULL: AGENT_EVICT_MAX_HOLDS only) */
 	struct job jobs[AGENT_EVICT_MAX_HOLDS];
 };
 
+/* One hold's connection, its caller identified before its thread starts. */
 struct conn {
 	struct agent_evict *e;
 	int fd;
+	pid_t pid;
+	struct agent_cgroup_pod pod;
 };
 
 static double wall_s(void)
@@ -351,22 +355,11 @@ static struct job *job_get(struct agent_evict *e, const char *uid, int *first)
 	return free_j;
 }
 
-static void serve_conn(struct agent_evict *e, int fd)
+static void serve_conn(struct agent_evict *e, int fd, pid_t pid, const struct agent_cgroup_pod *caller)
 {
-	struct gcr_peer peer;
 	struct gcr_err err;
-	struct agent_cgroup_pod pod;
-	char path[512], *line = NULL;
-	if (gcr_sock_peer(fd, &peer, &err) < 0 || peer.pid <= 0) {
-		reply(fd, AGENT_EVICTMSG_NOTHING, "the caller's pid is not visible to the agent");
-		return;
-	}
-	snprintf(path, sizeof(path), "%s/%d/cgroup", e->proc_root, (int)peer.pid);
-	if (agent_cgroup_read_file(path, &pod, &err) < 0) {
-		GCR_LOG(GCR_LOG_WARN, "evict", "hold from pid %d refused, it is not in a pod: %s", (int)peer.pid, err.msg);
-		reply(fd, AGENT_EVICTMSG_NOTHING, "the caller is not in a pod");
-		return;
-	}
+	struct agent_cgroup_pod pod = *caller;
+	char *line = NULL;
 	struct gcr_linebuf lb;
 	if (gcr_linebuf_init(&lb, AGENT_EVICTMSG_MAX_LINE + 1) < 0)
 		return;
@@ -375,7 +368,7 @@ static void serve_conn(struct agent_evict *e, int fd)
 		rc = agent_evictmsg_parse_hold(line, strlen(line), &err);
 	gcr_linebuf_free(&lb);
 	if (rc < 0) {
-		GCR_LOG(GCR_LOG_WARN, "evict", "pid %d (pod %s): a bad hold: %s", (int)peer.pid, pod.pod_uid, err.msg);
+		GCR_LOG(GCR_LOG_WARN, "evict", "pid %d (pod %s): a bad hold: %s", (int)pid, pod.pod_uid, err.msg);
 		char m[GCR_ERR_MSG_MAX + 32];
 		snprintf(m, sizeof(m), "bad request: %s", err.msg);
 		reply(fd, AGENT_EVICTMSG_NOTHING, m);
@@ -426,8 +419,10 @@ static void *conn_main(void *data)
 {
 	struct conn *c = data;
 	struct agent_evict *e = c->e;
-	serve_conn(e, c->fd);
+	serve_conn(e, c->fd, c->pid, &c->pod);
 	close(c->fd);
+	if (e->share != NULL)
+		agent_share_give(e->share, c->pod.pod_uid);
 	free(c);
 	pthread_mutex_lock(&e->lock);
 	e->active--;
@@ -436,11 +431,50 @@ static void *conn_main(void *data)
 	return NULL;
 }
 
+/* The caller of fd: its pid (peer credentials) and pod (its cgroup). 0, or -errno with the
+ * hold answered "nothing" and fd closed. */
+static int caller_of(struct agent_evict *e, int fd, pid_t *pid, struct agent_cgroup_pod *pod)
+{
+	struct gcr_peer peer;
+	struct gcr_err err;
+	char path[512];
+	if (gcr_sock_peer(fd, &peer, &err) < 0 || peer.pid <= 0) {
+		reply(fd, AGENT_EVICTMSG_NOTHING, "the caller's pid is not visible to the agent");
+		close(fd);
+		return -ESRCH;
+	}
+	snprintf(path, sizeof(path), "%s/%d/cgroup", e->proc_root, (int)peer.pid);
+	if (agent_cgroup_read_file(path, pod, &err) < 0) {
+		GCR_LOG(GCR_LOG_WARN, "evict", "hold from pid %d refused, it is not in a pod: %s", (int)peer.pid, err.msg);
+		reply(fd, AGENT_EVICTMSG_NOTHING, "the caller is not in a pod");
+		close(fd);
+		return -ENOENT;
+	}
+	*pid = peer.pid;
+	return 0;
+}
+
+/* A hold's connection: its caller identified, its pod's share of the holds taken (past it,
+ * that pod alone is answered "nothing": agent_share logs, counts and tells), then its thread. */
 static void accept_one(struct agent_evict *e)
 {
 	int fd = accept4(e->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 	if (fd < 0)
 		return;
+	pid_t pid;
+	struct agent_cgroup_pod pod;
+	if (caller_of(e, fd, &pid, &pod) < 0)
+		return;
+	struct gcr_err err;
+	char who[48];
+	snprintf(who, sizeof(who), "gcr-hold pid %d", (int)pid);
+	if (e->share != NULL && agent_share_take(e->share, pod.pod_uid, who, NULL, &err) < 0) {
+		char m[GCR_ERR_MSG_MAX + 32];
+		snprintf(m, sizeof(m), "nothing done: %s", err.msg);
+		reply(fd, AGENT_EVICTMSG_NOTHING, m); /* counted by the share, not as a hold */
+		close(fd);
+		return;
+	}
 	pthread_mutex_lock(&e->lock);
 	int full = e->active >= AGENT_EVICT_MAX_HOLDS;
 	if (!full)
@@ -451,7 +485,7 @@ static void accept_one(struct agent_evict *e)
 	pthread_attr_t at;
 	int ok = 0;
 	if (c != NULL) {
-		*c = (struct conn){ .e = e, .fd = fd };
+		*c = (struct conn){ .e = e, .fd = fd, .pid = pid, .pod = pod };
 		pthread_attr_init(&at);
 		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 		ok = pthread_create(&th, &at, conn_main, c) == 0;
@@ -462,6 +496,8 @@ static void accept_one(struct agent_evict *e)
 	reply(fd, AGENT_EVICTMSG_NOTHING, "the agent cannot take another hold now; nothing done");
 	close(fd);
 	free(c);
+	if (e->share != NULL)
+		agent_share_give(e->share, pod.pod_uid);
 	if (!full) {
 		pthread_mutex_lock(&e->lock);
 		e->active--;
@@ -493,6 +529,7 @@ int agent_evict_new(struct agent_kube *kube, struct agent_controller *ctl, struc
 	e->reg = reg;
 	e->m = m;
 	e->cfg = *cfg;
+	e->share = cfg->share;
 	e->lfd = -1;
 	pthread_mutex_init(&e->lock, NULL);
 	pthread_cond_init(&e->cv, NULL);

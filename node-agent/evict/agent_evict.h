@@ -8,6 +8,7 @@
 #include "agent_kube.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
+#include "agent_share.h"
 #include "gcr_error.h"
 
 /* Defaults of struct agent_evict_cfg's numbers (0 there means these). */
@@ -24,6 +25,9 @@ struct agent_evict_cfg {
 	int enabled;               /* 0: every hold is answered "nothing" at once */
 	double rate_mib_s;
 	double fixed_s;
+	/* Each pod's share of the holds (agent_share, capacity AGENT_EVICT_MAX_HOLDS; borrowed):
+	 * a pod past it is answered "nothing" alone, the others' holds go on. NULL: none. */
+	struct agent_share *share;
 };
 
 struct agent_evict;

@@ -38,6 +38,11 @@
 #define STATUS_MS 1000
 /* The records' folder under record_dir. */
 #define RECORD_SUBDIR "overcommit"
+/* Pods a refusal by policy or back-off is told to (an Event) at most once per TELL_MS each. */
+#define TOLD_MAX 64
+#define TELL_MS 60000
+/* A pod's key: its uid, or "pid/<pid>" outside pods. */
+#define KEY_LEN (AGENT_CGROUP_UID_LEN + 16)
 
 /* One process suspended for another. */
 struct hold {
@@ -70,6 +75,21 @@ struct request {
 struct wake {
 	struct agent_registry_proc p;
 	double at; /* monotonic ms its first caller reached the gate */
+};
+
+/* Room given to a requester by suspends, waiting to be seen used (AGENT_ROOM_USE_MS). */
+struct grant {
+	pid_t pid;
+	unsigned long long start;
+	char key[KEY_LEN], pod[AGENT_CGROUP_UID_LEN + 1], uuid[GCR_NVML_UUID_LEN];
+	unsigned long long before, asked; /* its bytes on the GPU when it asked; what it asked */
+	double at;                        /* monotonic ms of the grant */
+};
+
+/* A pod that did not use the room it was given: no priority until then. */
+struct penalty {
+	char key[KEY_LEN];
+	double until; /* monotonic ms */
 };
 
 /* A requester's driver calls, sampled every check_ms while others are held for it. */
@@ -106,6 +126,17 @@ struct agent_room {
 	pthread_mutex_t hlock;
 	struct hold *held;
 	int nheld;
+	/* The worker's own: room given and not yet seen used; pods without priority for a while;
+	 * when a pod was last told a refusal by policy or back-off. */
+	struct agent_roompolicy policy;
+	struct grant *grants; /* MAX_HELD */
+	int ngrants;
+	struct penalty *pen; /* MAX_HELD */
+	int npen;
+	struct {
+		char key[KEY_LEN];
+		double at;
+	} told[TOLD_MAX];
 };
 
 static double now_s(void)
@@ -159,21 +190,80 @@ static void events_flush(struct agent_room *r)
 }
 
 /* Opt-in, priority and never-suspend of p: its pod's (Kubernetes) when the pod is known, else
- * the process's environment if trusted (cfg.trust_env), else not opted in. */
+ * the process's environment if trusted (cfg.trust_env), else not opted in; ns (may be NULL,
+ * 64 bytes) its pod's namespace, "" when not known (outside pods: the room policy's ""). */
 static void settings_of(struct agent_room *r, const struct agent_registry_proc *p, int *opted, int *prio,
-			int *preemptible)
+			int *preemptible, char *ns)
 {
 	struct agent_room_pod pod = { 0 };
 	*opted = r->cfg.trust_env && p->env.overcommit;
 	*prio = p->env.priority;
 	*preemptible = p->env.preemptible;
+	if (ns != NULL)
+		ns[0] = '\0';
 	if (r->hooks.pod != NULL && p->pod_uid[0] != '\0' && r->hooks.pod(r->hooks.data, p->pod_uid, &pod) == 0) {
 		*opted = pod.overcommit;
 		if (pod.has_priority)
 			*prio = pod.priority;
 		if (pod.never)
 			*preemptible = 0;
+		if (ns != NULL)
+			snprintf(ns, sizeof(pod.ns), "%s", pod.ns);
 	}
+}
+
+/* ---- room not used: the back-off ---- */
+
+static void key_of(const char *uid, pid_t pid, char *out)
+{
+	if (uid[0] != '\0')
+		snprintf(out, KEY_LEN, "%s", uid);
+	else
+		snprintf(out, KEY_LEN, "pid/%d", (int)pid);
+}
+
+/* Seconds key has still without priority (0: none). */
+static double penalty_left(struct agent_room *r, const char *key)
+{
+	double now = gcr_time_mono_ms();
+	for (int i = 0; i < r->npen; i++)
+		if (strcmp(r->pen[i].key, key) == 0)
+			return r->pen[i].until > now ? (r->pen[i].until - now) / 1000 : 0;
+	return 0;
+}
+
+static void penalize(struct agent_room *r, const char *key, double until)
+{
+	double now = gcr_time_mono_ms();
+	int i = 0;
+	while (i < r->npen && strcmp(r->pen[i].key, key) != 0 && r->pen[i].until > now)
+		i++;
+	if (i == MAX_HELD)
+		return; /* as many penalties as processes: the oldest stay */
+	snprintf(r->pen[i].key, sizeof(r->pen[i].key), "%s", key);
+	r->pen[i].until = until;
+	if (i == r->npen)
+		r->npen++;
+}
+
+/* Whether key was told a refusal by policy or back-off within TELL_MS; marks it told now. */
+static int told_recently(struct agent_room *r, const char *key)
+{
+	double now = gcr_time_mono_ms();
+	int oldest = 0;
+	for (int i = 0; i < TOLD_MAX; i++) {
+		if (strcmp(r->told[i].key, key) == 0) {
+			if (now - r->told[i].at < TELL_MS)
+				return 1;
+			oldest = i;
+			break;
+		}
+		if (r->told[i].at < r->told[oldest].at)
+			oldest = i;
+	}
+	snprintf(r->told[oldest].key, sizeof(r->told[oldest].key), "%s", key);
+	r->told[oldest].at = now;
+	return 0;
 }
 
 /* ---- records: <dir>/<pid>.json, written whole then renamed ---- */
@@ -483,17 +573,23 @@ static int suspend_victims(struct agent_room *r, const struct agent_registry_pro
 }
 
 /* The registered processes (cand, room for AGENT_REGISTRY_MAX) as candidates v for a request
- * of self on GPU uuid, and the field in seen ("pid:priority/bytes[,why not]" each). */
-static int gather(struct agent_room *r, pid_t self, const char *uuid, struct agent_registry_proc *cand,
-		  struct agent_victim *v, char *seen, size_t len)
+ * of self (of namespace req_ns) on GPU uuid, and the field in seen ("pid:priority/bytes[,why
+ * not]" each); those the room policy keeps from req_ns are not eligible, counted in *by_policy
+ * (may be NULL). */
+static int gather(struct agent_room *r, pid_t self, const char *req_ns, const char *uuid,
+		  struct agent_registry_proc *cand, struct agent_victim *v, char *seen, size_t len, int *by_policy)
 {
 	int nc = agent_registry_find(r->reg, NULL, NULL, cand, AGENT_REGISTRY_MAX);
 	size_t used = 0;
 	seen[0] = '\0';
 	for (int i = 0; i < nc; i++) {
 		int co, cp, ce;
-		settings_of(r, &cand[i], &co, &cp, &ce);
-		int other = cand[i].pid != self && co && !is_held(r, cand[i].pid);
+		char cns[64];
+		settings_of(r, &cand[i], &co, &cp, &ce, cns);
+		int allowed = agent_roompolicy_allows(&r->policy, req_ns, cns);
+		int other = cand[i].pid != self && co && !is_held(r, cand[i].pid) && allowed;
+		if (cand[i].pid != self && co && !allowed && by_policy != NULL)
+			(*by_policy)++;
 		v[i] = (struct agent_victim){ .pid = cand[i].pid, .priority = cp, .preemptible = ce, .eligible = other,
 					      .last_active = agent_activity_last(r->act, cand[i].pid),
 					      .bytes = other ? bytes_on(cand[i].pid, uuid) : 0 };
@@ -501,6 +597,7 @@ static int gather(struct agent_room *r, pid_t self, const char *uuid, struct age
 			v[i].bytes = data_bytes(r, cand[i].pid, v[i].bytes);
 		const char *why = cand[i].pid == self ? ",self"
 				  : !co			      ? ",not-opted-in"
+				  : !allowed		      ? ",other-namespace"
 				  : !other		      ? ",held"
 				  : !ce			      ? ",never"
 							      : "";
@@ -519,6 +616,60 @@ static int hold_of(struct agent_room *r, pid_t pid)
 	return -1;
 }
 
+/* Room made for p by suspends: watched until seen used (grants_check). */
+static void grant_add(struct agent_room *r, const struct agent_registry_proc *p, const char *key, const char *uuid,
+		      unsigned long long before, unsigned long long asked)
+{
+	if (r->cfg.unused_backoff_ms < 0 || r->ngrants == MAX_HELD)
+		return;
+	struct grant *g = &r->grants[r->ngrants++];
+	*g = (struct grant){ .pid = p->pid, .start = p->start, .before = before, .asked = asked,
+			     .at = gcr_time_mono_ms() };
+	snprintf(g->key, sizeof(g->key), "%s", key);
+	snprintf(g->pod, sizeof(g->pod), "%s", p->pod_uid);
+	snprintf(g->uuid, sizeof(g->uuid), "%s", uuid);
+}
+
+/* Grant i was not used: its pod loses its priority for unused_backoff_ms (told once). */
+static void grant_unused(struct agent_room *r, int i, unsigned long long holds_now, double now)
+{
+	struct grant *g = &r->grants[i];
+	char label[320], note[640];
+	penalize(r, g->key, now + r->cfg.unused_backoff_ms);
+	pod_label(r, g->pod, g->pid, label, sizeof(label));
+	GCR_LOG(GCR_LOG_WARN, "overcommit", "pid %d (pod %s) was given room for %llu MiB on %s by suspends and did not "
+		"use it (it holds %llu MiB, %llu MiB when it asked; the room free again, or %d ms passed): it loses its "
+		"priority for %d ms; the processes held for it resume", (int)g->pid, label, g->asked >> 20, g->uuid,
+		holds_now >> 20, g->before >> 20, AGENT_ROOM_USE_MS, r->cfg.unused_backoff_ms);
+	snprintf(note, sizeof(note), "asked for %llu MiB of room on GPU %s, which other pods were suspended for, and did "
+		 "not use it: its requests for room are refused for %.0f s (overcommit.unusedBackoffMs) and those pods "
+		 "resume", g->asked >> 20, g->uuid, r->cfg.unused_backoff_ms / 1000.0);
+	event(r, g->pod, "Warning", "OvercommitRoomUnused", note);
+	r->grants[i] = r->grants[--r->ngrants];
+}
+
+/* Each room given: used once the requester's bytes on that GPU have grown by what it asked
+ * (less a granule: the driver's rounding); not used within AGENT_ROOM_USE_MS, or its victims'
+ * room seen free again before (room_returned: it never took it), its pod loses its priority for
+ * unused_backoff_ms, and the processes held for it resume (monitor). pid -1: every grant by
+ * the clock; else only pid's, which just gave its room back. */
+static void grants_check(struct agent_room *r, pid_t returned)
+{
+	double now = gcr_time_mono_ms();
+	for (int i = r->ngrants - 1; i >= 0; i--) {
+		struct grant *g = &r->grants[i];
+		if (returned > 0 && g->pid != returned)
+			continue;
+		int gone = !alive(r, g->pid, g->start);
+		unsigned long long b = gone ? 0 : bytes_on(g->pid, g->uuid);
+		int used = !gone && b + AGENT_ROOM_GRANULE >= g->before + g->asked;
+		if (!gone && !used && (returned > 0 || now - g->at >= AGENT_ROOM_USE_MS))
+			grant_unused(r, i, b, now);
+		else if (gone || used || now - g->at >= AGENT_ROOM_USE_MS)
+			r->grants[i] = r->grants[--r->ngrants];
+	}
+}
+
 static void handle(struct agent_room *r, struct request *q)
 {
 	const struct agent_registry_proc *p = &q->p;
@@ -528,8 +679,10 @@ static void handle(struct agent_room *r, struct request *q)
 	int opted, prio, preemptible, k = 0, nc = 0;
 	struct agent_registry_proc *cand = NULL;
 	struct agent_victim *v = NULL;
-	int *pick = NULL;
-	settings_of(r, p, &opted, &prio, &preemptible);
+	int *pick = NULL, by_policy = 0, tell = 0;
+	char req_ns[64], key[KEY_LEN];
+	settings_of(r, p, &opted, &prio, &preemptible, req_ns);
+	key_of(p->pod_uid, p->pid, key);
 	int self = hold_of(r, p->pid);
 	if (self >= 0) {
 		/* It asks, so it runs: someone else resumed it (gcrctl resume). */
@@ -545,6 +698,13 @@ static void handle(struct agent_room *r, struct request *q)
 			 (int)p->pid, AGENT_ROOM_OPT_IN_KEY, AGENT_ROOM_OPT_IN_VALUE, GCR_OVERCOMMIT_ENV);
 		goto deny;
 	}
+	double left = penalty_left(r, key);
+	if (left > 0) {
+		snprintf(reason, sizeof(reason), "%s was given room by suspends and did not use it: its requests are refused "
+			 "for another %.0f s (overcommit.unusedBackoffMs)", p->pod_uid[0] ? "the pod" : "the process", left);
+		tell = 1;
+		goto deny;
+	}
 	if (gpu_of(p->pid, uuid, &err) < 0) {
 		snprintf(reason, sizeof(reason), "cannot tell the GPU of pid %d: %s", (int)p->pid, err.msg);
 		goto deny;
@@ -552,9 +712,12 @@ static void handle(struct agent_room *r, struct request *q)
 	unsigned long long want = (q->req.bytes + AGENT_ROOM_GRANULE - 1) / AGENT_ROOM_GRANULE * AGENT_ROOM_GRANULE +
 				  r->cfg.margin;
 	unsigned long long total = 0, fr = free_on(uuid, &total);
-	if (want > total) {
-		snprintf(reason, sizeof(reason), "%llu MiB wanted, more than GPU %s has (%llu MiB)", want >> 20, uuid,
-			 total >> 20);
+	/* Its need: what it holds there already plus what it asks must fit in the GPU; anything else
+	 * no suspend can serve. NVML's count, not the shim's word. */
+	unsigned long long holds = bytes_on(p->pid, uuid);
+	if (want > total || holds + want > total) {
+		snprintf(reason, sizeof(reason), "%llu MiB wanted (pid %d holds %llu MiB there already): more than GPU %s "
+			 "has (%llu MiB)", want >> 20, (int)p->pid, holds >> 20, uuid, total >> 20);
 		goto deny;
 	}
 	if (fr >= want) {
@@ -571,7 +734,7 @@ static void handle(struct agent_room *r, struct request *q)
 		goto deny;
 	}
 	char seen[1024];
-	nc = gather(r, p->pid, uuid, cand, v, seen, sizeof(seen));
+	nc = gather(r, p->pid, req_ns, uuid, cand, v, seen, sizeof(seen), &by_policy);
 	/* Why these victims: the whole field, once per request (requests come only on out-of-memory). */
 	GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) needs %llu MiB more on %s; pid:priority/bytes:%s",
 		(int)p->pid, prio, (want - fr) >> 20, uuid, seen);
@@ -579,6 +742,12 @@ static void handle(struct agent_room *r, struct request *q)
 	if (k < 0) {
 		snprintf(reason, sizeof(reason), "%llu MiB free on GPU %s, %llu MiB wanted; processes of priority below "
 			 "%d that may be suspended hold %llu MiB", fr >> 20, uuid, want >> 20, prio, freed >> 20);
+		if (by_policy > 0) {
+			snprintf(reason + strlen(reason), sizeof(reason) - strlen(reason), "; %d process(es) of other "
+				 "namespaces may not be suspended for namespace %s (overcommit.roomFrom)", by_policy,
+				 req_ns[0] ? req_ns : "\"\"");
+			tell = 1;
+		}
 		goto deny;
 	}
 	double t_suspend = now_s();
@@ -588,6 +757,8 @@ static void handle(struct agent_room *r, struct request *q)
 		reply(q->fd, q->req.id, 1, done, freed, NULL);
 		GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d: room for %llu bytes made on %s (%d suspended, %llu bytes) "
 			"in %.1f ms", (int)p->pid, q->req.bytes, uuid, done, freed, gcr_time_mono_ms() - q->queued);
+		if (done > 0)
+			grant_add(r, p, key, uuid, holds, q->req.bytes);
 		goto out;
 	}
 	/* Not enough after all (a suspend failed, or the memory went to someone else): the
@@ -606,6 +777,8 @@ static void handle(struct agent_room *r, struct request *q)
 deny:
 	GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d: no room for %llu bytes: %s", (int)p->pid, q->req.bytes, reason);
 	reply(q->fd, q->req.id, 0, 0, 0, reason);
+	if (tell && !told_recently(r, key)) /* once a minute at most: requests come at every out-of-memory */
+		event(r, p->pod_uid, "Warning", "OvercommitRoomRefused", reason);
 out:
 	free(cand);
 	free(v);
@@ -651,8 +824,10 @@ static int wake_try(struct agent_room *r, int i)
 			snprintf(why, sizeof(why), "the agent is out of memory");
 			goto out;
 		}
-		char seen[1024];
-		int nc = gather(r, pid, uuid, cand, v, seen, sizeof(seen));
+		char seen[1024], wns[64];
+		int wo, wp, we;
+		settings_of(r, &p, &wo, &wp, &we, wns);
+		int nc = gather(r, pid, wns, uuid, cand, v, seen, sizeof(seen), NULL);
 		k = agent_victims_pick(v, nc, prio, need - fr, pick, &freed);
 		if (k < 0) {
 			rc = -ENOSPC;
@@ -746,7 +921,7 @@ static void idle_suspend(struct agent_room *r, struct watch *wt, double idle_ms)
 	if (agent_registry_get(r->reg, wt->pid, &p) < 0 || gpu_of(p.pid, uuid, &err) < 0)
 		return;
 	int opted, prio, preemptible, nfor = 0;
-	settings_of(r, &p, &opted, &prio, &preemptible);
+	settings_of(r, &p, &opted, &prio, &preemptible, NULL);
 	for (int i = 0; i < r->nheld; i++)
 		nfor += r->held[i].for_pid == p.pid && !r->held[i].idle;
 	pod_label(r, p.pod_uid, p.pid, label, sizeof(label));
@@ -882,6 +1057,7 @@ static void monitor(struct agent_room *r)
 			GCR_LOG(GCR_LOG_INFO, "overcommit", "held pid %d is gone", (int)r->held[i].pid);
 			drop_hold(r, i);
 		}
+	grants_check(r, -1);
 	idle_check(r);
 	pthread_mutex_lock(&r->hlock);
 	qsort(r->held, (size_t)r->nheld, sizeof(*r->held), resume_order);
@@ -908,11 +1084,20 @@ static void monitor(struct agent_room *r)
 			i++;
 			continue;
 		}
-		if (resident(r, h->for_pid, h->for_start)) {
+		char fkey[KEY_LEN];
+		key_of(h->for_pod, h->for_pid, fkey);
+		if (resident(r, h->for_pid, h->for_start) && penalty_left(r, fkey) > 0) {
+			snprintf(why, sizeof(why), "pid %d it was held for did not use the room it was given", (int)h->for_pid);
+		} else if (resident(r, h->for_pid, h->for_start)) {
 			if (!room_returned(r, h, why, sizeof(why))) {
 				i++;
 				continue;
 			}
+			grants_check(r, h->for_pid); /* the room it was given free again: was it ever used? */
+			h = &r->held[i];
+			if (penalty_left(r, fkey) > 0)
+				snprintf(why, sizeof(why), "pid %d it was held for did not use the room it was given",
+					 (int)h->for_pid);
 		} else if (alive(r, h->for_pid, h->for_start)) {
 			snprintf(why, sizeof(why), "pid %d it was held for is suspended for idling", (int)h->for_pid);
 		} else {
@@ -972,6 +1157,8 @@ static void *worker(void *data)
 			pop_front(r->q, &r->nq, sizeof(q), &q);
 			pthread_mutex_unlock(&r->lock);
 			handle(r, &q);
+			if (r->cfg.share != NULL)
+				agent_share_give(r->cfg.share, q.p.pod_uid);
 			events_flush(r);
 			pthread_mutex_lock(&r->lock);
 			continue; /* requests first: an allocation is waiting */
@@ -998,18 +1185,34 @@ static void *worker(void *data)
 
 /* ---- the registry's callbacks (its thread: queue and return) ---- */
 
+/* Refuses a room request at once (-EBUSY): nothing queued. */
+static void refuse_busy(int fd, long long id, const char *why)
+{
+	char *line = gcr_proto_reply_err_line(id, -EBUSY, why);
+	struct gcr_err err;
+	if (line != NULL)
+		(void)gcr_sock_write_all(fd, line, strlen(line), 0, &err);
+	free(line);
+	close(fd);
+}
+
 static void on_room(void *data, const struct agent_registry_proc *p, int fd, const struct agent_roommsg_room *req)
 {
 	struct agent_room *r = data;
+	struct gcr_err err;
+	char who[48];
+	snprintf(who, sizeof(who), "a room request of pid %d", (int)p->pid);
+	/* The pod's share of the queue first: a pod past it is refused alone. */
+	if (r->cfg.share != NULL && agent_share_take(r->cfg.share, p->pod_uid, who, NULL, &err) < 0) {
+		refuse_busy(fd, req->id, err.msg);
+		return;
+	}
 	pthread_mutex_lock(&r->lock);
 	if (r->nq == AGENT_ROOM_QUEUE) {
 		pthread_mutex_unlock(&r->lock);
-		char *line = gcr_proto_reply_err_line(req->id, -EBUSY, "too many room requests waiting");
-		struct gcr_err err;
-		if (line != NULL)
-			(void)gcr_sock_write_all(fd, line, strlen(line), 0, &err);
-		free(line);
-		close(fd);
+		if (r->cfg.share != NULL)
+			agent_share_give(r->cfg.share, p->pod_uid);
+		refuse_busy(fd, req->id, "too many room requests waiting");
 		return;
 	}
 	r->q[r->nq++] = (struct request){ .p = *p, .fd = fd, .req = *req, .queued = gcr_time_mono_ms() };
@@ -1072,6 +1275,11 @@ int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struc
 		r->cfg.check_ms = AGENT_ROOM_CHECK_MS;
 	if (r->cfg.return_ms == 0)
 		r->cfg.return_ms = AGENT_ROOM_RETURN_MS;
+	if (r->cfg.unused_backoff_ms == 0)
+		r->cfg.unused_backoff_ms = AGENT_ROOM_UNUSED_BACKOFF_MS;
+	if (cfg->policy != NULL)
+		r->policy = *cfg->policy;
+	r->cfg.policy = NULL; /* r->policy is the copy */
 	if (hooks != NULL)
 		r->hooks = *hooks;
 	pthread_mutex_init(&r->lock, NULL);
@@ -1082,7 +1290,10 @@ int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struc
 	r->held = calloc(MAX_HELD, sizeof(*r->held));
 	r->wq = calloc(MAX_HELD, sizeof(*r->wq));
 	r->watch = calloc(MAX_HELD, sizeof(*r->watch));
-	if (r->socket_dir == NULL || r->held == NULL || r->wq == NULL || r->watch == NULL ||
+	r->grants = calloc(MAX_HELD, sizeof(*r->grants));
+	r->pen = calloc(MAX_HELD, sizeof(*r->pen));
+	if (r->socket_dir == NULL || r->held == NULL || r->wq == NULL || r->watch == NULL || r->grants == NULL ||
+	    r->pen == NULL ||
 	    (cfg->proc_root != NULL && r->proc_root == NULL) ||
 	    asprintf(&r->dir, "%s/%s", cfg->record_dir, RECORD_SUBDIR) < 0) {
 		r->dir = NULL;
@@ -1113,9 +1324,12 @@ int agent_room_start(struct agent_room *r, struct gcr_err *err)
 	if (rc != 0)
 		return gcr_err_set(err, -rc, "cannot start the overcommit thread: %s", strerror(rc));
 	r->started = 1;
-	GCR_LOG(GCR_LOG_INFO, "overcommit", "policy %s (%s suspends; idle requesters %s%d ms); %d processes held; "
-		"records in %s", r->cfg.enabled ? "on" : "off", r->cfg.data_only ? "data-only" : "full",
-		r->cfg.idle_ms > 0 ? "suspended after " : "never suspended, ", r->cfg.idle_ms, r->nheld, r->dir);
+	char rules[512];
+	agent_roompolicy_describe(&r->policy, rules, sizeof(rules));
+	GCR_LOG(GCR_LOG_INFO, "overcommit", "policy %s (%s suspends; idle requesters %s%d ms; room from: %s; room not "
+		"used: no priority for %d ms); %d processes held; records in %s", r->cfg.enabled ? "on" : "off",
+		r->cfg.data_only ? "data-only" : "full", r->cfg.idle_ms > 0 ? "suspended after " : "never suspended, ",
+		r->cfg.idle_ms, rules, r->cfg.unused_backoff_ms, r->nheld, r->dir);
 	return 0;
 }
 
@@ -1132,14 +1346,19 @@ void agent_room_free(struct agent_room *r)
 		pthread_mutex_unlock(&r->lock);
 		pthread_join(r->th, NULL);
 	}
-	for (int i = 0; i < r->nq; i++)
+	for (int i = 0; i < r->nq; i++) {
 		reply(r->q[i].fd, r->q[i].req.id, 0, 0, 0, "the agent is stopping");
+		if (r->cfg.share != NULL)
+			agent_share_give(r->cfg.share, r->q[i].p.pod_uid);
+	}
 	pthread_cond_destroy(&r->cv);
 	pthread_mutex_destroy(&r->lock);
 	pthread_mutex_destroy(&r->hlock);
 	free(r->held);
 	free(r->wq);
 	free(r->watch);
+	free(r->grants);
+	free(r->pen);
 	free(r->socket_dir);
 	free(r->proc_root);
 	free(r->dir);

@@ -12,6 +12,8 @@
 #include "agent_activity.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
+#include "agent_roompolicy.h"
+#include "agent_share.h"
 #include "gcr_error.h"
 
 /* Defaults of struct agent_room_cfg's numbers (0 there means these). */
@@ -25,6 +27,11 @@
 #define AGENT_ROOM_IDLE_GATE_MS 2000
 /* Bytes asked beyond the allocation, its size rounded up to this (the VMM granularity). */
 #define AGENT_ROOM_GRANULE (2ULL << 20)
+/* A requester others were suspended for must show the room used (NVML: its bytes on that GPU
+ * grown by what it asked, less a granule) within this long after the grant (ms), else it loses
+ * its priority for unused_backoff_ms. The shim allocates again as soon as the grant arrives. */
+#define AGENT_ROOM_USE_MS 3000
+#define AGENT_ROOM_UNUSED_BACKOFF_MS 60000
 
 struct agent_room_cfg {
 	const char *socket_dir; /* the shims' control sockets (gcr_cr) */
@@ -55,6 +62,15 @@ struct agent_room_cfg {
 	 * shim's "wake"), which suspends them again. 0: off. The calls are the shim's counters,
 	 * read every check_ms: an idle time is known to within check_ms. */
 	int idle_ms;
+	/* A pod (a process outside pods) that was given room by suspends and did not use it within
+	 * AGENT_ROOM_USE_MS loses its priority this long (ms): its requests are refused, and the
+	 * processes held for it resume at once. 0 means AGENT_ROOM_UNUSED_BACKOFF_MS; negative: off. */
+	int unused_backoff_ms;
+	/* Which namespaces may take room from which (copied); NULL: each from itself only. */
+	const struct agent_roompolicy *policy;
+	/* Each pod's share of the queued room requests (agent_share, capacity AGENT_ROOM_QUEUE;
+	 * borrowed): past it, that pod's request is refused at once (-EBUSY). NULL: the queue only. */
+	struct agent_share *share;
 };
 
 /* What Kubernetes says of a pod. A pod Kubernetes knows opts in by its label or annotation
@@ -68,6 +84,7 @@ struct agent_room_pod {
 	int priority;  /* spec.priority */
 	int never;     /* annotation gpucr.dev/preemptible: "false" */
 	char name[320]; /* "namespace/name" */
+	char ns[64];    /* its namespace (the room policy's) */
 };
 
 /* Whether pod (a Kubernetes Pod object) opted in: label or annotation gpucr.dev/overcommit: suspend. */

@@ -205,8 +205,13 @@ static int write_table(const char *dir, struct list *l, struct gcr_err *err)
 		rc = gcr_err_set(err, -EIO, "cannot write %s", path);
 	json_decref(root);
 	int fd = rc == 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+	struct stat st;
 	if (rc == 0 && (fd < 0 || fsync(fd) < 0))
 		rc = gcr_err_set(err, -EIO, "cannot sync %s: %s", path, strerror(errno));
+	/* What every reader refuses: said here, where the image is being written. */
+	if (rc == 0 && fstat(fd, &st) == 0 && (unsigned long long)st.st_size > GCR_IMAGE_MAX_TABLE)
+		rc = gcr_err_set(err, -EFBIG, "the table of %zu allocations has %lld bytes, more than an image may "
+				 "(%llu: about 110,000 chunks of GPU data)", l->n, (long long)st.st_size, GCR_IMAGE_MAX_TABLE);
 	if (fd >= 0)
 		close(fd);
 	return rc;
@@ -513,15 +518,10 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 	if (rc == 0 && (size_t)snprintf(path, sizeof(path), "%s/%s", dir, GCR_IMAGE_TABLE) >= sizeof(path))
 		rc = gcr_err_set(err, -ENAMETOOLONG, "image-read: path too long");
 	if (rc == 0)
-		rc = gcr_image_read_file(path, GCR_IMAGE_MAX_JSON, &buf, &len, err);
+		rc = gcr_image_read_file(path, GCR_IMAGE_MAX_TABLE, &buf, &len, err);
 	struct gcr_image_table t = { 0 };
-	if (rc == 0) {
-		json_error_t je;
-		json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
-		rc = root == NULL ? gcr_err_set(err, -EBADMSG, "%s is not JSON", path)
-				  : gcr_image_table_from_json(json_object_get(root, "allocs"), &t, err);
-		json_decref(root);
-	}
+	if (rc == 0 && (rc = gcr_image_table_parse(buf, len, &t, err)) < 0)
+		gcr_err_wrap(err, "%s", path);
 	free(buf);
 	struct list l = { 0 };
 	if (rc == 0)

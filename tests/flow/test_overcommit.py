@@ -44,6 +44,10 @@ WAIT_S = 60  # the bound on any one wait
 # must fail: nothing then gives an idle requester's victims back).
 IDLE_MS = 1500
 IDLE_FLAG = os.environ.get("GCR_OC_FLOW_IDLE_MS", str(IDLE_MS))
+# case_room_unused's --overcommit-unused-backoff-ms; GCR_OC_FLOW_UNUSED_MS=-1 runs it with the
+# back-off off (it must fail: the victim is suspended at every request).
+UNUSED_FLAG = os.environ.get("GCR_OC_FLOW_UNUSED_MS", "60000")
+HOSTILE = os.path.join(BUILD, "tests", "progs", "gcr-hostile")
 
 
 class Fail(Exception):
@@ -128,9 +132,9 @@ class Node:
         self.agent = None
 
     def start(self, name, mib, prio=None, opt_in=True, preemptible=True, buffers=4, extra_env=None, linger=False,
-              hold_after=False):
-        """gcr-testprog under the shim; it starts (and registers) only once its pid has a pod
-        and an environment in the fake /proc."""
+              hold_after=False, program=None):
+        """gcr-testprog under the shim (or program, an argv); it starts (and registers) only once
+        its pid has a pod and an environment in the fake /proc."""
         self.n += 1
         env = {"LD_PRELOAD": self.cfg.shim, "GCR_LOG_LEVEL": "info", "GCR_AGENT_SOCKET": self.registry}
         environ = {}
@@ -143,9 +147,9 @@ class Node:
         env.update(environ)
         env.update(extra_env or {})
         argv = ["sh", "-c", 'read go && exec env "$@"', "sh"] + ["%s=%s" % kv for kv in env.items()] + \
-            [self.cfg.testprog, "--module", MODULE, "--mib", str(mib), "--buffers", str(buffers), "--threads",
-             "1", "--iters", "3", "--wait"] + (["--linger"] if linger else []) + \
-            (["--hold-after"] if hold_after else [])
+            (program or [self.cfg.testprog, "--module", MODULE, "--mib", str(mib), "--buffers", str(buffers),
+                         "--threads", "1", "--iters", "3", "--wait"] + (["--linger"] if linger else []) +
+             (["--hold-after"] if hold_after else []))
         p = H.Proc(self.cfg, name, argv, extra_env=self.env)
         self.procs.append(p)
         p.uid = ""
@@ -694,11 +698,33 @@ def case_gcrctl_not_woken(n):
     n.finish(p)
 
 
+def case_room_unused(n):
+    """Room without need (issue 33): a high-priority process that holds no GPU memory asks for
+    256 MiB every 0.5 s and never allocates (gcr-hostile). The first request suspends the low
+    one; the room is not used (free again, or 3 s passed), so the asker loses its priority (its requests refused
+    for --overcommit-unused-backoff-ms) and the low one is resumed at once: suspended once, not at
+    each request, its data bit-exact. GCR_OC_FLOW_UNUSED_MS=-1 makes it fail."""
+    n.start_agent("--overcommit-unused-backoff-ms", UNUSED_FLAG, "--overcommit-return-ms", "500")
+    low = n.start("low", 384, prio=1, hold_after=True)
+    n.ready(low)
+    mark = n.agent_mark()
+    asker = n.start("asker", 0, prio=10, program=[HOSTILE, "room", str(256 << 20), "16", "500"])
+    m = asker.expect(r"ROOM sent=\d+ answered=(\d+) granted=(\d+) denied=(\d+)", WAIT_S, what="the asker's summary")
+    suspends = len([x for x in n.agent.lines[mark:] if re.search(r"suspended pid %d " % low.pid, x)])
+    check(suspends == 1, "the low one was suspended %d times for a process that used no room (%s)"
+          % (suspends, m.group(0)))
+    n.agent_line(r"pid %d .*did not use it .*loses its priority" % asker.pid, mark)
+    n.agent_line(r"resumed pid %d .*did not use the room it was given" % low.pid, mark)
+    n.agent_line(r"pid %d: no room .*did not use it: its requests are refused" % asker.pid, mark)
+    poll(lambda: n.state(low) == "running", "the low one running")
+    n.ran_checked(low)
+
+
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
          (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_idle_faults, 512), (case_idle_host_full, 512),
          (case_idle_restart, 512), (case_victim_called, 512),
-         (case_gcrctl_not_woken, 512)]
+         (case_gcrctl_not_woken, 512), (case_room_unused, 512)]
 
 
 def main():

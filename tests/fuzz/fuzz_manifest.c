@@ -1,6 +1,9 @@
-/* fuzz_manifest: arbitrary bytes as an image's manifest.json through gcr_image_manifest_parse;
- * aborts when an accepted manifest breaks what verify and image-read rely on. */
+/* fuzz_manifest: arbitrary bytes as an image's manifest.json through gcr_image_manifest_parse,
+ * and as a process's gpu/allocs.json through gcr_image_table_parse (with jansson's allocations
+ * under gcr_jsonbudget, as in the agent); aborts when an accepted manifest or table breaks what
+ * verify, the agent's copy and image-read rely on. */
 #include "gcr_image.h"
+#include "gcr_jsonbudget.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -8,6 +11,15 @@
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	(void)argc;
+	(void)argv;
+	gcr_jsonbudget_install();
+	return 0;
+}
 
 /* A path verify joins to the image directory: relative, no "." or ".." part, bounded. */
 static void check_rel(const char *s)
@@ -71,8 +83,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct gcr_err err = { 0, "" };
 	memset(&m, 0xa5, sizeof(m));
 	int rc = gcr_image_manifest_parse((const char *)data, size, &m, &err);
-	if (rc != 0 && rc != -EBADMSG && rc != -ENOTSUP && rc != -ENOMEM)
+	if (rc != 0 && rc != -EBADMSG && rc != -ENOTSUP && rc != -ENOMEM && rc != -EFBIG)
 		abort();
+	/* The same bytes as a table file: accepted only whole, each allocation's need inside it. */
+	struct gcr_image_table t;
+	struct gcr_err terr = { 0, "" };
+	memset(&t, 0xa5, sizeof(t));
+	int trc = gcr_image_table_parse((const char *)data, size, &t, &terr);
+	if (trc < 0 && (t.a != NULL || t.n != 0 || terr.msg[0] == '\0'))
+		abort();
+	for (size_t i = 0; trc == 0 && i < t.n; i++)
+		if (gcr_image_alloc_need(&t.a[i]) > t.a[i].size)
+			abort();
+	if (trc == 0)
+		gcr_image_table_clear(&t);
 	if (rc < 0) {
 		/* Nothing kept on failure, and a message says why. */
 		if (m.files != NULL || m.table.a != NULL || m.nfiles != 0 || err.code != rc || err.msg[0] == '\0')

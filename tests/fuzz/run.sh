@@ -26,13 +26,15 @@ fuzz_linebuf|lib/gcr_sock.c|
 fuzz_shimreply|lib/gcr_shimreply.c lib/gcr_groupmsg.c|jansson
 fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_record.c lib/gcr_uuid.c|jansson
 fuzz_agentconfig|node-agent/daemon/agent_config.c|yaml-0.1
-fuzz_manifest|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c|jansson
+fuzz_manifest|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
 fuzz_roommsg|node-agent/overcommit/agent_roommsg.c lib/gcr_proto.c|jansson
+fuzz_roompolicy|node-agent/overcommit/agent_roompolicy.c|
+fuzz_quantity|node-agent/kube/agent_quantity.c|
 fuzz_evictmsg|node-agent/evict/agent_evictmsg.c|jansson
 fuzz_ocipath|node-agent/daemon/agent_ociimg.c lib/gcr_sha256.c|jansson
 fuzz_groupmsg|lib/gcr_groupmsg.c lib/gcr_shimreply.c|jansson
 fuzz_ocihead|node-agent/daemon/agent_ociimg.c lib/gcr_sha256.c|jansson
-fuzz_imagemac|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c|jansson
+fuzz_imagemac|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
 '
 # Linked into every target.
 COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c lib/gcr_time.c'

@@ -280,6 +280,11 @@ def cmd_default(render, ns):
           cfg.get("overcommit") == "true" and cfg.get("overcommitMarginMiB") == 0
           and cfg.get("overcommitMode") == "full" and cfg.get("overcommitEnv") == "false"
           and cfg["devicePlugin"].get("shimEnv") == {"GCR_OVERCOMMIT": "1"}, cfg)
+    check("shares per pod by default: the fair share of each table among the slots, half the workers per "
+          "namespace; room from the same namespace only, room not used: 60 s without priority",
+          cfg.get("sharePods") == 0 and cfg.get("shareRegistryPerPod") == 0 and cfg.get("shareHoldsPerPod") == 0
+          and cfg.get("shareRoomPerPod") == 0 and cfg.get("workersPerNamespace") == 0
+          and cfg.get("overcommitRoomFrom") == "" and cfg.get("overcommitUnusedBackoffMs") == 60000, cfg)
     check("config: device plugin on, 32 slots of gpucr.dev/shim",
           cfg["devicePlugin"]["enabled"] is True and cfg["devicePlugin"]["slots"] == 32
           and cfg["devicePlugin"]["resourceName"] == "gpucr.dev/shim", cfg)
@@ -294,6 +299,9 @@ def cmd_test(render, ns):
           in (spec.get("tolerations") or []), spec.get("tolerations"))
     check("nodeSelector from values", spec.get("nodeSelector") == {"gcr.test/gpu": "h100"},
           spec.get("nodeSelector"))
+    check("config: room policy and shares from values",
+          cfg.get("overcommitRoomFrom") == "inference=batch,dev" and cfg.get("shareHoldsPerPod") == 4
+          and cfg.get("workersPerNamespace") == 1 and cfg.get("overcommitUnusedBackoffMs") == -1, cfg)
     check("config: 7 slots, shim settings, CDI device",
           cfg["devicePlugin"]["slots"] == 7
           and cfg["devicePlugin"]["shimEnv"] == {"GCR_VMM_MIN_BYTES": "4194304", "GCR_OVERCOMMIT": "1"}

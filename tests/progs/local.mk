@@ -26,6 +26,11 @@ tests_progs_gcr_ncclprog_LDADD = -L$(top_builddir)/tests/fakenccl -l:libnccl.so.
 	-L$(top_builddir)/tests/fakecuda -l:libcuda.so.1 -ldl
 EXTRA_tests_progs_gcr_ncclprog_DEPENDENCIES = $(FAKENCCL_LIB) $(FAKECUDA_LIB)
 
+# gcr-hostile: a hostile tenant's pod against the node agent (the k8s-hostile tier): floods of
+# its shared tables, planted input. libc only.
+noinst_PROGRAMS += tests/progs/gcr-hostile
+tests_progs_gcr_hostile_SOURCES = tests/progs/gcr_hostile.c
+
 # nvcc -fatbin -arch=sm_90 -o gcr_kernels.fatbin tests/progs/gcr_kernels.cu
 EXTRA_DIST += tests/progs/gcr_kernels.cu
 

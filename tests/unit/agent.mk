@@ -12,7 +12,10 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_victims \
 	tests/unit/test_agent_roommsg \
 	tests/unit/test_agent_evictmsg \
-	tests/unit/test_agent_ociimg
+	tests/unit/test_agent_ociimg \
+	tests/unit/test_agent_share \
+	tests/unit/test_agent_roompolicy \
+	tests/unit/test_agent_quantity
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -72,6 +75,21 @@ tests_unit_test_agent_ocisrv_SOURCES = tests/unit/test_agent_ocisrv.c
 tests_unit_test_agent_ocisrv_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_ocisrv_CFLAGS = $(AGENT_TEST_CFLAGS) $(GNUTLS_CFLAGS)
 tests_unit_test_agent_ocisrv_LDADD = node-agent/libgcrreg.la $(AGENT_TEST_LDADD) $(GNUTLS_LIBS) $(JANSSON_LIBS)
+
+tests_unit_test_agent_share_SOURCES = tests/unit/test_agent_share.c
+tests_unit_test_agent_share_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_share_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_share_LDADD = $(AGENT_TEST_LDADD) -lpthread
+
+tests_unit_test_agent_roompolicy_SOURCES = tests/unit/test_agent_roompolicy.c
+tests_unit_test_agent_roompolicy_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_roompolicy_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_roompolicy_LDADD = $(AGENT_TEST_LDADD)
+
+tests_unit_test_agent_quantity_SOURCES = tests/unit/test_agent_quantity.c
+tests_unit_test_agent_quantity_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_quantity_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_quantity_LDADD = $(AGENT_TEST_LDADD)
 
 # The agent's daemon modules, compiled into their tests from source.
 tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c

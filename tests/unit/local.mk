@@ -103,6 +103,11 @@ TESTS += tests/unit/test_gcr_image
 tests_unit_test_gcr_image_SOURCES = tests/unit/test_gcr_image.c
 tests_unit_test_gcr_image_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
 tests_unit_test_gcr_image_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+check_PROGRAMS += tests/unit/test_gcr_jsonbudget
+TESTS += tests/unit/test_gcr_jsonbudget
+tests_unit_test_gcr_jsonbudget_SOURCES = tests/unit/test_gcr_jsonbudget.c
+tests_unit_test_gcr_jsonbudget_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
+tests_unit_test_gcr_jsonbudget_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS) -lpthread
 
 # The suspend/resume flow and the combined process state (lib/gcr_cr, in libgcrcontrol)
 # against a stand-in shim the test serves for its own pid; no GPU, no driver.

@@ -2,7 +2,8 @@
  * paths from names, the per-pod limit (oldest by the manifest's time removed first), the sweep
  * of images whose Checkpoint is gone, and what neither ever removes (partial images, a
  * directory without a manifest, an unknown answer); the descriptor-based copies of an image
- * whose CPU side is the kubelet's (regular files only, never through a symbolic link); also
+ * whose CPU side is the kubelet's (regular files only, never through a symbolic link; a pod's gpu/
+ * files only as its table names them, within its bound, without holes); also
  * agent_crobj's spec.action, spec.cpuCheckpoint and a Restore's spec.podName. */
 #include "config.h"
 
@@ -401,6 +402,101 @@ static void test_copy_checked(void)
 	close(dfd);
 }
 
+/* A pod's gpu/ as the shim writes it: allocation 1 (4 MiB: one 2 MiB chunk of data, one zero),
+ * allocation 2 (1 MiB, all zero: no file), the table. */
+#define DATA_LEN (2u << 20)
+static const char *table_json =
+	"{\"allocs\":[{\"address\":4096,\"size\":4194304,\"slot\":1,\"gen\":0,\"file\":\"gpu/alloc-1-0.bin\","
+	"\"chunks\":[{\"off\":0,\"len\":2097152,\"crc32c\":\"00000000\"},\"zero\"]},"
+	"{\"address\":8192,\"size\":1048576,\"slot\":2,\"gen\":0,\"file\":\"gpu/alloc-2-0.bin\",\"chunks\":[\"zero\"]}]}";
+
+static void pod_gpu_dir(const char *src, int sparse_data)
+{
+	char p[PATH_MAX + 64];
+	snprintf(p, sizeof(p), "rm -rf %s && mkdir -p %s/gpu", src, src);
+	CHECK(system(p) == 0);
+	snprintf(p, sizeof(p), "%s/gpu/allocs.json", src);
+	write_file(p, table_json);
+	snprintf(p, sizeof(p), "%s/gpu/alloc-1-0.bin", src);
+	int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	CHECK(fd >= 0);
+	if (sparse_data) {
+		CHECK(ftruncate(fd, DATA_LEN) == 0); /* all hole: 0 bytes of the pod's disk */
+	} else {
+		static char buf[DATA_LEN];
+		memset(buf, 7, sizeof(buf));
+		CHECK(write(fd, buf, sizeof(buf)) == (ssize_t)sizeof(buf));
+	}
+	close(fd);
+}
+
+/* copy_gpu from src into a fresh dst; its result, err's message in msg. */
+static long long copy_gpu(const char *src, const char *dst, unsigned long long bound, struct gcr_image_table *t,
+			  char *msg)
+{
+	char p[PATH_MAX + 64];
+	snprintf(p, sizeof(p), "rm -rf %s && mkdir -p %s", dst, dst);
+	CHECK(system(p) == 0);
+	struct gcr_err err = { 0, "" };
+	int sfd = open(src, O_RDONLY | O_DIRECTORY), dfd = open(dst, O_RDONLY | O_DIRECTORY);
+	long long n = agent_images_copy_gpu(sfd, dfd, bound, t, &err);
+	snprintf(msg, GCR_ERR_MSG_MAX, "%s", err.msg);
+	close(sfd);
+	close(dfd);
+	return n;
+}
+
+static void test_copy_gpu(void)
+{
+	char src[PATH_MAX], dst[PATH_MAX], p[2 * PATH_MAX + 64], msg[GCR_ERR_MSG_MAX];
+	struct gcr_image_table t;
+	struct stat st;
+	snprintf(src, sizeof(src), "%s/pod", root);
+	snprintf(dst, sizeof(dst), "%s/img", root);
+	/* Whole: the table's files, each its chunks' size, the table as read. */
+	pod_gpu_dir(src, 0);
+	CHECK(copy_gpu(src, dst, 8u << 20, &t, msg) == (long long)(DATA_LEN + strlen(table_json)));
+	CHECK(t.n == 2 && t.a[0].nchunks == 2 && gcr_image_alloc_need(&t.a[0]) == DATA_LEN);
+	gcr_image_table_clear(&t);
+	snprintf(p, sizeof(p), "%s/gpu/alloc-1-0.bin", dst);
+	CHECK(stat(p, &st) == 0 && st.st_size == DATA_LEN && (st.st_mode & 0777) == 0600);
+	snprintf(p, sizeof(p), "%s/gpu/alloc-2-0.bin", dst);
+	CHECK(!exists_path(p));
+	/* Past the pod's bound (what it held on the GPU, its ephemeral-storage limit): nothing written. */
+	CHECK(copy_gpu(src, dst, DATA_LEN - 1, &t, msg) == -EFBIG && strstr(msg, "more than") != NULL);
+	snprintf(p, sizeof(p), "%s/gpu", dst);
+	CHECK(!exists_path(p) && t.n == 0 && t.a == NULL);
+	/* A file the table does not name (the 12 KB sparse file of the audit). */
+	snprintf(p, sizeof(p), "truncate -s 1G %s/gpu/filler.bin", src);
+	CHECK(system(p) == 0);
+	CHECK(copy_gpu(src, dst, 8u << 20, &t, msg) == -EINVAL && strstr(msg, "filler.bin is not in") != NULL);
+	/* The table's file with holes, or of another size, or missing, or a link. */
+	pod_gpu_dir(src, 1);
+	CHECK(copy_gpu(src, dst, 8u << 20, &t, msg) == -EINVAL && strstr(msg, "sparse") != NULL);
+	pod_gpu_dir(src, 0);
+	snprintf(p, sizeof(p), "truncate -s 1M %s/gpu/alloc-1-0.bin", src);
+	CHECK(system(p) == 0);
+	CHECK(copy_gpu(src, dst, 8u << 20, &t, msg) == -EINVAL && strstr(msg, "chunks need") != NULL);
+	snprintf(p, sizeof(p), "rm %s/gpu/alloc-1-0.bin", src);
+	CHECK(system(p) == 0);
+	CHECK(copy_gpu(src, dst, 8u << 20, &t, msg) == -EINVAL && strstr(msg, "missing") != NULL);
+	snprintf(p, sizeof(p), "ln -s /etc/passwd %s/gpu/alloc-1-0.bin", src);
+	CHECK(system(p) == 0);
+	CHECK(copy_gpu(src, dst, 8u << 20, &t, msg) == -EINVAL && strstr(msg, "regular") != NULL);
+	/* A table past its bound is not even read; one that names a file outside gpu/ is refused. */
+	pod_gpu_dir(src, 0);
+	snprintf(p, sizeof(p), "truncate -s %llu %s/gpu/allocs.json", GCR_IMAGE_MAX_TABLE + 1, src);
+	CHECK(system(p) == 0);
+	CHECK(copy_gpu(src, dst, 1ull << 40, &t, msg) == -EFBIG);
+	snprintf(p, sizeof(p), "%s/gpu/allocs.json", src);
+	unlink(p);
+	write_file(p, "{\"allocs\":[{\"address\":1,\"size\":1,\"slot\":1,\"gen\":0,\"file\":\"gpu/x/y.bin\","
+		      "\"chunks\":[\"zero\"]}]}");
+	CHECK(copy_gpu(src, dst, 1ull << 40, &t, msg) == -EINVAL && strstr(msg, "not a data file") != NULL);
+	snprintf(p, sizeof(p), "rm -rf %s %s", src, dst);
+	CHECK(system(p) == 0);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/test-agent-images-XXXXXX");
@@ -415,6 +511,7 @@ int main(void)
 	test_cpu_checkpoint();
 	test_copy_checked();
 	test_copy();
+	test_copy_gpu();
 	gcr_image_remove(root);
 	return test_summary("test_agent_images");
 }

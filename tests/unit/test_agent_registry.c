@@ -9,11 +9,67 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include "gcr_log.h"
 #include "gcr_sock.h"
 
 #define U "1f0c5b0e-9d7a-4c2b-8e6f-3a4b5c6d7e8f"
 #define U_ "1f0c5b0e_9d7a_4c2b_8e6f_3a4b5c6d7e8f"
 #define C "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"
+
+#define U2 "2a1d6c1f-0e8b-4d3c-9f70-4b5c6d7e8f90"
+#define U2_ "2a1d6c1f_0e8b_4d3c_9f70_4b5c6d7e8f90"
+
+/* A child whose fake <proc>/<pid>/cgroup names pod uid_ (underscores): it connects the socket fd
+ * its parent made (so the parent holds the same connection), says on ready whether the agent
+ * closed it within 2 s ('C') or not ('O'), then waits for its end. */
+static pid_t child_of(const char *proc, const char *uid_, const char *sock, int fd, int *ready, int *end)
+{
+	int go[2], rd[2], en[2];
+	if (pipe(go) < 0 || pipe(rd) < 0 || pipe(en) < 0)
+		return -1;
+	pid_t pid = fork();
+	if (pid == 0) {
+		char c;
+		close(go[1]);
+		close(rd[0]);
+		close(en[1]);
+		(void)!read(go[0], &c, 1);
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+		snprintf(a.sun_path, sizeof(a.sun_path), "%.107s", sock);
+		char state = 'X';
+		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+			/* Closed by the registry ('C'), or still open when the parent asks ('O', its byte). */
+			struct pollfd p[2] = { { .fd = fd, .events = POLLIN }, { .fd = en[0], .events = POLLIN } };
+			if (poll(p, 2, 30000) > 0 && (p[0].revents & (POLLIN | POLLHUP)) &&
+			    recv(fd, &c, 1, MSG_DONTWAIT) == 0)
+				state = 'C';
+			else if (p[1].revents & POLLIN)
+				state = read(en[0], &c, 1) == 1 ? 'O' : 'X';
+		}
+		(void)!write(rd[1], &state, 1);
+		(void)!read(en[0], &c, 1);
+		_exit(0);
+	}
+	char cmd[1024];
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/%d && printf '%%s\\n' "
+		 "'0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s"
+		 ".slice/cri-containerd-" C ".scope' > %s/%d/cgroup", proc, (int)pid, uid_, proc, (int)pid);
+	if (system(cmd) != 0)
+		return -1;
+	close(go[0]);
+	close(rd[1]);
+	close(en[0]);
+	(void)!write(go[1], "g", 1);
+	close(go[1]);
+	*ready = rd[0];
+	*end = en[1];
+	return pid;
+}
 
 /* Polls (bounded, 5 s) until the registry holds want processes. */
 static int wait_count(struct agent_registry *r, int want)
@@ -81,7 +137,75 @@ int main(void)
 	CHECK(wait_count(r, 0));
 	close(fd);
 
+	/* Each pod's share (agent_share, 3 here): five children of one pod register, the last two
+	 * are refused (their connection closed at once) while another pod's child still registers;
+	 * once the children exit, their entries go although their parent holds the connections. */
+	gcr_log_level = GCR_LOG_ERROR;
+	struct agent_shares *shares = agent_shares_new();
+	struct agent_share *sh = agent_shares_add(shares, &(struct agent_share_cfg){ .name = "registry", .what = "processes",
+										 .capacity = AGENT_REGISTRY_MAX, .per_owner = 3 },
+						  &err);
+	CHECK(sh != NULL);
+	agent_registry_set_share(r, sh);
+	int kfd[6], ready[6], end[6];
+	pid_t kid[6];
+	char closed = 0, open_n = 0;
+	for (int i = 0; i < 6; i++) { /* at once */
+		kfd[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		kid[i] = child_of(path, i < 5 ? U_ : U2_, sock, kfd[i], &ready[i], &end[i]);
+		CHECK(kid[i] > 0);
+	}
+	/* The two refused are closed (the registry's answer, however long it takes: 30 s bound); then
+	 * the others are asked whether theirs is still open. */
+	char st[6] = { 0 };
+	for (int n = 0; n < 2;) {
+		struct pollfd pf[6];
+		for (int i = 0; i < 6; i++)
+			pf[i] = (struct pollfd){ .fd = st[i] ? -1 : ready[i], .events = POLLIN };
+		if (poll(pf, 6, 30000) <= 0)
+			break;
+		for (int i = 0; i < 6; i++)
+			if (pf[i].revents & POLLIN) {
+				CHECK(read(ready[i], &st[i], 1) == 1);
+				n++;
+			}
+	}
+	for (int i = 0; i < 6; i++) {
+		if (st[i] == 0) {
+			(void)!write(end[i], "p", 1);
+			CHECK(read(ready[i], &st[i], 1) == 1);
+		}
+		if (i < 5) {
+			closed += st[i] == 'C';
+			open_n += st[i] == 'O';
+		} else {
+			CHECK(st[i] == 'O'); /* the other pod is not affected */
+		}
+	}
+	CHECK(open_n == 3 && closed == 2);
+	CHECK(wait_count(r, 4));
+	CHECK(agent_share_used(sh, U) == 3 && agent_share_used(sh, U2) == 1);
+	CHECK(agent_registry_find(r, U2, NULL, p, 4) == 1 && p[0].pid == kid[5]);
+	/* The children exit, unreaped (zombies keep their pids: the stat file says Z). */
+	for (int i = 0; i < 6; i++) {
+		(void)!write(end[i], "e", 1);
+		CHECK(waitid(P_PID, (id_t)kid[i], &(siginfo_t){ 0 }, WEXITED | WNOWAIT) == 0);
+		snprintf(cmd, sizeof(cmd), "printf '%d (x) Z 1 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 0\\n' > %s/%d/stat",
+			 (int)kid[i], path, (int)kid[i]);
+		CHECK(system(cmd) == 0);
+	}
+	CHECK(wait_count(r, 0)); /* the sweep: zombies, connections still open here */
+	for (int i = 0; i < 6; i++)
+		CHECK(waitpid(kid[i], NULL, 0) == kid[i]);
+	CHECK(agent_share_used(sh, U) == 0 && agent_share_used(sh, U2) == 0);
+	for (int i = 0; i < 6; i++) {
+		close(kfd[i]);
+		close(ready[i]);
+		close(end[i]);
+	}
+
 	agent_registry_free(r);
+	agent_shares_free(shares);
 	struct stat sb;
 	CHECK(stat(sock, &sb) < 0); /* socket removed */
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

@@ -12,7 +12,7 @@
 #                                   scripts/image-stage.sh's /usr/local/bin and /opt/gcr/lib,
 #                                   plus CRIU (scripts/install-criu.sh) in /usr/local/sbin;
 #                                   ENTRYPOINT gcr-agent; ldd-checked like the Dockerfile
-#   docker.io/gcr-test/workload:dev the same Debian root file system + gcr-testprog, fakesmi and
+#   docker.io/gcr-test/workload:dev the same Debian root file system + gcr-testprog, gcr-hostile, fakesmi and
 #                                   gcrctl in /usr/local/bin, the stand-in libcuda.so.1 and libnvidia-ml.so.1 in
 #                                   /usr/lib/x86_64-linux-gnu, the module file gcr-testprog
 #                                   loads at /usr/local/share/gcr-test/gcr_kernels.h; no shim;
@@ -177,7 +177,7 @@ echo "$name $OUT/gcr.tar"
 # ---- workload: the test program on the stand-in driver, no shim ----
 app=$work/workload
 mkdir -p "$app/usr/local/bin" "$app/usr/lib/x86_64-linux-gnu" "$app/usr/local/share/gcr-test"
-cp "$BUILD/tests/progs/gcr-testprog" "$BUILD/tests/fakecuda/fakesmi" \
+cp "$BUILD/tests/progs/gcr-testprog" "$BUILD/tests/progs/gcr-hostile" "$BUILD/tests/fakecuda/fakesmi" \
 	"$work/stage/usr/local/bin/gcrctl" "$app/usr/local/bin/"
 cp "$BUILD/tests/fakecuda/libcuda.so.1" "$BUILD/tests/fakecuda/libnvidia-ml.so.1" "$app/usr/lib/x86_64-linux-gnu/"
 # gcr-testprog --module: the stand-in driver loads any readable file (a GPU wants a fatbin).
