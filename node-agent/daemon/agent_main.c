@@ -66,7 +66,7 @@ struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
 		*record_dir, *restore_grace_s, *images_dir, *images_keep, *images_shared, *overcommit, *overcommit_margin_mib, *overcommit_return_ms, *overcommit_idle_ms,
-		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url,
+		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url, *kubelet_checkpoints,
 		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s;
 	struct dp_cfg dp;
 };
@@ -127,6 +127,9 @@ static const struct opt_row opts_table[] = {
 	{ "kubelet-url", "kubeletURL", SLOT(kubelet_url), NULL,
 	  "https://HOST:PORT of this node's kubelet, whose checkpoint API writes the CPU side of an Image with "
 	  "spec.cpuCheckpoint Kubelet (default: none, such Images fail)" },
+	{ "kubelet-checkpoints-dir", "kubeletCheckpointsDir", SLOT(kubelet_checkpoints), "/var/lib/kubelet/checkpoints",
+	  "where the kubelet writes its checkpoint archives (its root dir + /checkpoints, mounted at the same path): "
+	  "an Image cut short by an agent restart during the kubelet's checkpoint has its archive removed there" },
 	{ "eviction", "eviction", SLOT(eviction), "false",
 	  "true: a pod labelled gpucr.dev/evict: image whose preStop hook runs gcr-hold is imaged (a Checkpoint "
 	  "evict-<pod>-<uid>, needs --kubelet-url) when it is deleted for preemption or drain; false: gcr-hold is "
@@ -657,6 +660,20 @@ static void oc_event(void *data, const char *uid, const char *type, const char *
 	agent_controller_pod_event(data, uid, type, reason, "Overcommit", note);
 }
 
+/* The controller's view of the overcommit policy's holds (a Checkpoint takes one over). data:
+ * the room's pointer, set before the controller starts and cleared after it stops. */
+static int oc_held(void *data, pid_t pid, unsigned long long start, int *data_only)
+{
+	struct agent_room *room = *(struct agent_room **)data;
+	return room != NULL ? agent_room_holds(room, pid, start, data_only) : 0;
+}
+
+static int oc_release(void *data, pid_t pid, unsigned long long start, int *data_only, int timeout_ms)
+{
+	struct agent_room *room = *(struct agent_room **)data;
+	return room != NULL ? agent_room_release(room, pid, start, data_only, timeout_ms) : -ENOENT;
+}
+
 static int gate_synced(void *data)
 {
 	return agent_gate_synced(data);
@@ -732,6 +749,10 @@ int main(int argc, char **argv)
 		.images_dir = cfg.images_dir,
 		.images_shared = strcmp(cfg.images_shared, "true") == 0,
 		.kubelet_url = cfg.kubelet_url,
+		.kubelet_checkpoints = cfg.kubelet_checkpoints,
+		.alloc_root = cfg.dp.enabled ? cfg.dp.socket_root : NULL,
+		.proc_root = cfg.proc_root,
+		.adopt = { .held = oc_held, .release = oc_release, .data = &room },
 		.registry_port = atoi(cfg.restore_port),
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
@@ -780,8 +801,9 @@ int main(int argc, char **argv)
 			cfg.agent_selector ? cfg.agent_selector : "no --agent-selector: creates no node heartbeat Lease");
 	}
 	if (node) {
-		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
-		    agent_controller_start(ctl, &err) < 0)
+		/* The controller's workers ask the overcommit policy (agent_room) about its holds, and the
+		 * policy asks the controller's pod watch about pods: both made before either starts. */
+		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0)
 			goto out;
 		if (rcfg.registry_port > 0 &&
 		    agent_ocireg_new(kube, cfg.node_name, cfg.images_dir, strcmp(cfg.images_shared, "true") == 0,
@@ -799,7 +821,7 @@ int main(int argc, char **argv)
 					       .trust_env = strcmp(cfg.overcommit_env, "true") == 0 };
 		struct agent_room_hooks hooks = { .pod = oc_pod, .event = oc_event, .data = ctl };
 		if (agent_room_new(reg, activity, metrics, &ocfg, &hooks, &room, &err) < 0 ||
-		    agent_room_start(room, &err) < 0)
+		    agent_room_start(room, &err) < 0 || agent_controller_start(ctl, &err) < 0)
 			goto out;
 		/* Eviction imaging: gcr-hold's socket beside the registry's, which every shim container sees. */
 		char hold_sock[600];
@@ -847,7 +869,10 @@ out:
 	agent_gate_free(gate);
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
 	agent_evict_free(evict);    /* holds in flight are answered; before the controller they use */
+	if (ctl != NULL)
+		agent_controller_stop(ctl); /* its workers ask the overcommit policy about its holds */
 	agent_room_free(room);      /* held processes stay held, with their records, for the next agent */
+	room = NULL;
 	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
 	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */
