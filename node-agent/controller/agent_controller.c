@@ -79,6 +79,10 @@
 /* What Images leave behind (in pods' directories, the kubelet's archives) is looked for this often
  * (ms): the sweep reads every allocation's directory. */
 #define LEFTOVER_SWEEP_MS 10000
+/* The condition that says whether a Checkpoint's status is the agent's (False, reason Forged:
+ * a final phase someone else wrote, which the CRD keeps final). */
+#define FORGED_TYPE "SetByAgent"
+#define FORGED_REASON "Forged"
 
 enum kind { K_POD, K_CK, K_RS, NK };
 /* The queue's key of the images sweep (agent_images_sweep), one at a time. */
@@ -381,6 +385,13 @@ static json_t *build_status(struct agent_controller *c, struct op *o, const char
 	json_object_set_new(st, "conditions",
 			    json_pack("[{s:s, s:s, s:s, s:s, s:s}]", "type", "Complete", "status", cs,
 				      "lastTransitionTime", now, "reason", reason, "message", message));
+	/* A Checkpoint's status says it is the agent's (the column SetByAgent): one it did not write
+	 * is marked False (mark_forged). */
+	if (o->kind == K_CK)
+		json_array_append_new(json_object_get(st, "conditions"),
+				      json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", FORGED_TYPE, "status", "True",
+						"lastTransitionTime", now, "reason", "WrittenByAgent", "message",
+						"this status was written by the GCR agent of its node"));
 	return st;
 }
 
@@ -1340,9 +1351,6 @@ static void delete_checkpoint(struct agent_controller *c, struct op *o, struct a
 
 /* ---- a final phase the agent did not write ---- */
 
-/* The condition that marks it (and the reason of the Complete condition beside it). */
-#define FORGED_TYPE "SetByAgent"
-#define FORGED_REASON "Forged"
 
 /* Seconds since the epoch of an RFC 3339 time ("2026-11-27T04:48:27Z"); -1 when unreadable. */
 static long long rfc3339_s(const char *t)

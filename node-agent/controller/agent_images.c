@@ -558,7 +558,8 @@ static int clear_alloc(void *arg, const char *path, const char *name)
 		 * in it. */
 		struct stat st;
 		long long min_age = a->socket_dirs ? AGENT_IMAGES_PARTIAL_MAX_AGE_S : AGENT_IMAGES_ALLOC_MIN_AGE_S;
-		if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || a->now - (long long)st.st_mtime < min_age)
+		/* ctime: a pod can set a file's mtime to the future, not its ctime. */
+		if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || a->now - (long long)st.st_ctime < min_age)
 			continue;
 		agent_images_remove_at(fd, de->d_name);
 		a->removed++;
@@ -617,7 +618,7 @@ static int sweep_pod_partials(void *arg, const char *path, const char *name)
 		    snprintf(full, sizeof(full), "%s/%s", path, de->d_name) >= (int)sizeof(full) ||
 		    lstat(full, &st) < 0 || !S_ISDIR(st.st_mode))
 			continue;
-		if (p->now - (long long)st.st_mtime < AGENT_IMAGES_PARTIAL_MAX_AGE_S ||
+		if (p->now - (long long)st.st_ctime < AGENT_IMAGES_PARTIAL_MAX_AGE_S ||
 		    (p->owned != NULL && p->owned(p->data, full)))
 			continue;
 		gcr_image_remove(full);

@@ -100,8 +100,8 @@ void agent_images_remove_at(int dfd, const char *name);
  * agent reads) of what no Image in flight owns, once AGENT_IMAGES_ALLOC_MIN_AGE_S old: nothing
  * the pod puts there lives long, outside every limit of the pod's. And every allocation's socket directory
  * (<alloc_root>/<id>, NULL: none) of its "image-*" directories no Image owns and older than
- * AGENT_IMAGES_PARTIAL_MAX_AGE_S (now - their last change: a Restore's copy in flight has no
- * record). Returns the entries removed. */
+ * AGENT_IMAGES_PARTIAL_MAX_AGE_S (now - their ctime, which the pod cannot set back or ahead: a
+ * Restore's copy in flight has no record). Returns the entries removed. */
 int agent_images_sweep_allocs(const char *root, const char *alloc_root, agent_images_owned_fn owned, void *data,
 			      long long now);
 
@@ -109,6 +109,6 @@ int agent_images_sweep_allocs(const char *root, const char *alloc_root, agent_im
  * than this (s): every image's run is bounded by its timeout (<= 1 h), so it is a leftover. */
 #define AGENT_IMAGES_PARTIAL_MAX_AGE_S 7200
 /* What a pod put in its image directory is removed once this old (s, since its last change). */
-#define AGENT_IMAGES_ALLOC_MIN_AGE_S 60
+#define AGENT_IMAGES_ALLOC_MIN_AGE_S 15
 
 #endif
