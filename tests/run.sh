@@ -118,6 +118,9 @@ tier k8s-replace python3 tests/k8s/test_replace_e2e.py build
 # "Shared storage"): a pod imaged on gcr-node restored into a new pod on gcr-node-2; refused off;
 # images on a ReadWriteMany claim; a drained pod's replacement restored on the other node.
 tier k8s-twonode python3 tests/k8s/test_twonode_e2e.py build
+# A hostile tenant on a shared node (issue 33): one real-node bed, the chart with the attacked routes
+# on, every module tests/k8s/hostile/cases_*.py (shares per pod, input bounds, the registry, crashes).
+tier k8s-hostile python3 tests/k8s/test_hostile_e2e.py build
 
 echo
 echo "=== summary"
