@@ -1005,7 +1005,9 @@ static void run_image(struct agent_controller *c, struct op *o, struct agent_rec
 	if (!out.final) {
 		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: %s", r->ns, r->name, out.msg);
 		save(c, r);
-		if (o->obj != NULL)
+		/* Said once: a write of the same again would bring its own event, and a try, back at once. */
+		const char *said = status_str(o->obj, "message");
+		if (o->obj != NULL && (said == NULL || strcmp(said, out.msg) != 0))
 			set_status(c, o, "Running", "InProgress", out.msg,
 				   json_pack("{s:o}", "processes", procs_json(&p, 1, out.state)));
 		retry_later(c, o->key, 0);

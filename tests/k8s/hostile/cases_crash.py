@@ -30,14 +30,47 @@ CHECKPOINTS = "/var/lib/kubelet/checkpoints"
 GROUP = "gpucr.dev/v1alpha1"
 
 HELM_SET = {
-    "images.pods.enabled": "true",
-    "images.pods.capabilities": "{SYS_ADMIN,SYS_CHROOT,NET_ADMIN}",
     "agent.extraEnv[0].name": "GCR_AGENT_TEST_PAUSE",
     "agent.extraEnv[0].value": "file:" + PAUSE,
 }
+# The agent's own CRIU on pods, for the cases that need it only: with it, each container's image
+# directory is mounted at a path of its own allocation, which a container restored into a new pod
+# (another allocation) does not find, so restores into new pods (other modules') need it off.
+PODS = {"images.pods.enabled": "true", "images.pods.capabilities": "{SYS_ADMIN,SYS_CHROOT,NET_ADMIN}"}
 
 
 # ---- helpers ----
+
+def diagnose(ctx, what, ns=None, pod=None, pids=()):
+    """On the way out of a failed step: what the agent, the runtime and the pod say."""
+    try:
+        lines = ctx.agent_log()
+        keys = [str(p) for p in pids] + ([pod] if pod else [])
+        ctx.log(f"{what}: agent lines:\n  " + "\n  ".join(
+            [l for l in lines if any(k in l for k in keys)][-25:] if keys else lines[-25:]))
+        if ns and pod:
+            st = ctx.kjson("get", "pod", "-n", ns, pod).get("status", {})
+            ctx.log(f"{what}: pod {ns}/{pod} status: {json.dumps(st.get('containerStatuses'))[:2500]}")
+        for p in [x for x in pids if isinstance(x, int)]:
+            try:
+                ctx.log(f"{what}: /proc/{p}/stat: {open(f'/proc/{p}/stat').read()[:200]}")
+            except OSError as e:
+                ctx.log(f"{what}: /proc/{p}/stat: {e}")
+        state = os.path.join(ctx.N.ENV["GCR_TESTBED_DIR"], "containerd", "state", "io.containerd.runtime.v2.task",
+                             "k8s.io")
+        for d in (os.listdir(state) if os.path.isdir(state) else []):
+            for f in ("criu-dump.log", "dump.log"):
+                lp = os.path.join(state, d, f)
+                if os.path.exists(lp):
+                    txt = open(lp, errors="replace").read().splitlines()
+                    keep = [l for l in txt if "rror" in l or "Warn" in l][-20:] + txt[-15:]
+                    ctx.log(f"{what}: {lp}:\n  " + "\n  ".join(l[:300] for l in keep))
+        clog = os.path.join(ctx.N.ENV["GCR_TESTBED_DIR"], "containerd.log")
+        if os.path.exists(clog):
+            tail = open(clog, errors="replace").read().splitlines()[-40:]
+            ctx.log(f"{what}: containerd.log tail:\n  " + "\n  ".join(l[:400] for l in tail))
+    except Exception as e:  # noqa: BLE001 (diagnostics only)
+        ctx.log(f"{what}: diagnostics failed: {e}")
 
 def pause_at(point, seconds=180):
     with open(PAUSE + ".tmp", "w") as f:
@@ -161,6 +194,8 @@ def kill_at_each_step(ctx, ns, pod, steps, kubelet):
             reason = (s.get("conditions") or [{}])[0].get("reason")
             outcomes.append(f"{point}: {s['phase']} {reason} ({took:.1f} s after the kill)")
             ctx.log(f"killed at image-{point}: {s['phase']} ({reason}) {s.get('message', '')[:300]}")
+            if s["phase"] != want[0] or reason != want[1]:
+                diagnose(ctx, f"killed at image-{point}", ns, pod, [pid, name])
             ctx.check(s["phase"] == want[0] and reason == want[1],
                       f"killed at image-{point}: {s['phase']} {reason}, want {want}: {s.get('message')}")
             running_with_memory(ctx, ns, pod, pid, nbytes, f"killed at image-{point}")
@@ -204,9 +239,14 @@ def case_kill_mid_image_criu(ctx):
     files, which go: Failed Interrupted); after the commit, the process still held (brought back
     from the image, moved: Succeeded)."""
     ns = ctx.namespace("crash-criu")
-    kill_at_each_step(ctx, ns, "criu", [("dump", ("Failed", "Interrupted")),
-                                        ("seal", ("Failed", "Interrupted")),
-                                        ("back", ("Succeeded", "ImageWritten"))], kubelet=False)
+    ctx.helm_upgrade(PODS)
+    try:
+        kill_at_each_step(ctx, ns, "criu", [("dump", ("Failed", "Interrupted")),
+                                            ("seal", ("Failed", "Interrupted")),
+                                            ("back", ("Succeeded", "ImageWritten"))], kubelet=False)
+    finally:
+        ctx.cleanup()  # its pods hold the allocations of the upgrade's image directories
+        ctx.helm_upgrade()
 
 
 def case_stopped_processes(ctx):
@@ -221,6 +261,8 @@ def case_stopped_processes(ctx):
     host = {p: N.host_pid(ns, p) for p in pods[:4]}
     for p in pods[:4]:
         os.kill(host[p], signal.SIGSTOP)
+    ctx.wait_until("the four stopped", lambda: all(open(f"/proc/{host[p]}/stat").read().rsplit(")", 1)[1].split()[0]
+                                                   == "T" for p in pods[:4]), 10)
     try:
         t0 = time.monotonic()
         for p in pods:
@@ -233,6 +275,8 @@ def case_stopped_processes(ctx):
             st = final(ctx, "checkpoint", ns, p, 60)
             done = time.monotonic() - t0
             slowest = max(slowest, done)
+            if st["phase"] != "Failed" or "stopped (state T" not in st.get("message", ""):
+                diagnose(ctx, f"stopped {p}", ns, p, [host[p]])
             ctx.check(st["phase"] == "Failed" and "stopped (state T" in st.get("message", ""),
                       f"Checkpoint {p} of a stopped process: {st['phase']}: {st.get('message')}")
         ctx.figure(f"4 stopped processes: their Checkpoints Failed (state named) within {slowest:.1f} s; an honest "
@@ -350,8 +394,12 @@ def case_sidecar_first(ctx):
     dst = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dst", "namespace": ns},
            "spec": spec(ref, "exit 99")}
     ctx.apply(dst)
-    ctx.wait_until("dst's containers running", lambda: len([c for c in ctx.kjson("get", "pod", "-n", ns, "dst")[
-        "status"].get("containerStatuses", []) if "running" in c.get("state", {})]) == 2, 120)
+    try:
+        ctx.wait_until("dst's containers running", lambda: len([c for c in ctx.kjson("get", "pod", "-n", ns, "dst")[
+            "status"].get("containerStatuses", []) if "running" in c.get("state", {})]) == 2, 120)
+    except AssertionError:
+        diagnose(ctx, "dst", ns, "dst")
+        raise
     ctx.apply({"apiVersion": GROUP, "kind": "Restore", "metadata": {"name": "back", "namespace": ns},
                "spec": {"checkpointName": "snap", "podName": "dst"}})
     s = final(ctx, "restore", ns, "back", 120)
@@ -361,8 +409,10 @@ def case_sidecar_first(ctx):
               f"the sidecar was touched: {cs['aaa-sidecar']}")
     logs = ctx.kubectl("logs", "-n", ns, "dst", "-c", "main").stdout
     pid = int(logs.split("READY pid=")[1].split()[0])
-    ctx.check(N.smi(ns, "dst", "state", pid) == "running" and int(N.smi(ns, "dst", "mem", pid)) >= nbytes,
-              "the restored model server lacks its GPU data")
+
+    def smi(what):
+        return ctx.kubectl("exec", "-n", ns, "dst", "-c", "main", "--", "fakesmi", what, str(pid)).stdout.strip()
+    ctx.check(smi("state") == "running" and int(smi("mem")) >= nbytes, "the restored model server lacks its GPU data")
     ctx.kubectl("exec", "-n", ns, "dst", "-c", "main", "--", "sh", "-c", "echo go >> /tmp/ctl")
     ctx.wait_until("dst DONE", lambda: "DONE" in ctx.kubectl("logs", "-n", ns, "dst", "-c", "main").stdout.split("\n"), 60)
     ctx.kubectl("exec", "-n", ns, "dst", "-c", "main", "--", "sh", "-c", "echo check >> /tmp/ctl")
@@ -389,6 +439,16 @@ def case_alloc_leftovers(ctx):
     """images.pods: what a pod writes into its image directory (.alloc/<id>, writable by it,
     outside its ephemeral-storage limit) is removed by the sweep once it is a few seconds old,
     links never followed; the directory itself stays for the pod's next image."""
+    N = ctx.N
+    ctx.helm_upgrade(PODS)
+    try:
+        alloc_junk(ctx)
+    finally:
+        ctx.cleanup()
+        ctx.helm_upgrade()
+
+
+def alloc_junk(ctx):
     N = ctx.N
     ns = ctx.namespace("crash-alloc")
     N.workload_pod(ns, "junk", 0)
