@@ -465,30 +465,7 @@ static void fail(struct agent_controller *c, struct op *o, const char *reason, c
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	json_t *st = build_status(c, o, "Failed", reason, msg, NULL);
-	/* Its record first (state failed, no process): a final phase with none was not this agent's. */
-	struct agent_record r = { .state = AGENT_REC_FAILED, .action = o->d.action == AGENT_ACTION_IMAGE ?
-							AGENT_REC_ACT_IMAGE : AGENT_REC_ACT_SUSPEND };
-	struct gcr_err err;
-	if (o->kind == K_CK && agent_record_get(c->rec, o->d.uid, &r) == -ENOENT) {
-		snprintf(r.uid, sizeof(r.uid), "%s", o->d.uid);
-		snprintf(r.ns, sizeof(r.ns), "%s", o->d.ns);
-		snprintf(r.name, sizeof(r.name), "%s", o->d.name);
-		snprintf(r.pod, sizeof(r.pod), "%s", agent_crobj_is_subdomain(o->d.target) ? o->d.target : "none");
-		snprintf(r.pod_uid, sizeof(r.pod_uid), "none");
-		r.state = AGENT_REC_FAILED;
-		r.action = o->d.action == AGENT_ACTION_IMAGE ? AGENT_REC_ACT_IMAGE : AGENT_REC_ACT_SUSPEND;
-		r.img.attempt = 1;
-		agent_record_set_status(&r.ck_status, st);
-		if (agent_record_put(c->rec, &r, &err) < 0)
-			GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: its failure not recorded: %s", o->d.ns,
-				o->d.name, err.msg);
-	}
-	agent_record_clear(&r);
-	if (write_status(c, o, st) == 0)
-		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s/%s: Failed (%s) %s", action_of(o), o->d.ns, o->d.name, reason,
-			msg);
-	json_decref(st);
+	set_status(c, o, "Failed", reason, msg, NULL);
 	event(c, o->obj, action_of(o), "Warning", reason, msg);
 	agent_metrics_op(c->metrics, o->kind == K_CK ? "checkpoint" : "restore", 0, 0, 0);
 	mark_done(c, o->d.uid);
@@ -1487,7 +1464,10 @@ static void reconcile_checkpoint(struct agent_controller *c, struct op *o)
 	if (is_done(c, d->uid))
 		return; /* a finished object is never redone */
 	if (d->phase == AGENT_PHASE_SUCCEEDED || d->phase == AGENT_PHASE_FAILED) {
-		if (forged_here(c, o))
+		/* A Succeeded always has a record (a Suspend's or an Image's, kept until the Checkpoint
+		 * goes); a Failed one may have none (nothing touched, nothing recorded), and claims
+		 * nothing. */
+		if (d->phase == AGENT_PHASE_SUCCEEDED && forged_here(c, o))
 			mark_forged(c, o, "the GCR agent has no record of this Checkpoint: nothing was done for it");
 		return; /* never redone */
 	}

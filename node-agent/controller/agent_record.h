@@ -3,7 +3,7 @@
  * touched and after each step. It is what recovery after a restart, a Restore and a deletion
  * work from: which processes (pid and start time), of which pod (uid), in which mode, how far
  * it got, and the final statuses written, so a status lost to an API fault is written again.
- * Every Checkpoint the agent ends gets one, also one it failed touching nothing: a final phase
+ * Every Checkpoint the agent ends Succeeded has one, until the Checkpoint goes: a Succeeded
  * without a record was not written by the agent (a forged one, marked so). */
 #ifndef AGENT_RECORD_H
 #define AGENT_RECORD_H
@@ -119,9 +119,9 @@ int agent_record_put(struct agent_record_store *s, const struct agent_record *r,
 int agent_record_del(struct agent_record_store *s, const char *uid, struct gcr_err *err);
 /* The records' keys: a new array of {"uid", "ns", "name", "pod"}. */
 json_t *agent_record_list(struct agent_record_store *s);
-/* When this store began to record every Checkpoint the agent ends (s since the epoch, kept in
- * the directory): a final phase on a Checkpoint created since then, and without a record, was
- * not written by the agent. */
+/* When this store began (s since the epoch, kept in the directory): a Succeeded on a Checkpoint
+ * created since then, and without a record, was not written by the agent (an older agent ended
+ * some Images without one). */
 long long agent_record_store_since(struct agent_record_store *s);
 
 #endif

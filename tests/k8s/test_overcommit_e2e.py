@@ -16,6 +16,7 @@ import json
 import os
 import re
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_node_e2e as N  # noqa: E402
@@ -385,6 +386,35 @@ def case_agent_restart(ns):
     log(f"agent {old['metadata']['name']} deleted while {ns}/low was held; {new['metadata']['name']} resumed it")
 
 
+@in_namespace("oc-own")
+def case_taken_over(ns):
+    """The low pod is held for the high one; its owner's own Checkpoint takes the hold over
+    (issue 33: it failed "already suspended", with no Kubernetes way back): Succeeded, the policy
+    no longer resumes it (still suspended after the high pod ended), and the owner's Restore
+    resumes it, data bit-exact."""
+    lpid, lbytes = ready(ns, "low", 2061, 192, "gcr-oc-low")
+    ready(ns, "high", 2062, 384, "gcr-oc-high")
+    held(ns, "low", lpid)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "own", "namespace": ns},
+           "spec": {"podName": "low"}})
+    N.wait_phase("checkpoint", ns, "own")
+    st = kjson("get", "checkpoint", "-n", ns, "own")["status"]
+    check("already suspended by the overcommit policy" in st.get("message", ""), f"Checkpoint own: {st.get('message')}")
+    wait_until("the agent's take-over line", lambda: any(re.search(r"pid %d .*taken over by a Checkpoint" % lpid, x)
+                                                         for x in agent_log()), 30)
+    finish(ns, "high")
+    # The policy's monitor looks every 0.5 s: ten of its turns after the high pod ended, still held.
+    line(ns, "high", r"^EXIT ", 30)
+    for _ in range(10):
+        held(ns, "low", lpid)
+        time.sleep(0.5)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "own", "namespace": ns},
+           "spec": {"checkpointName": "own"}})
+    N.wait_phase("restore", ns, "own")
+    running(ns, "low", lpid, lbytes)
+    finish(ns, "low")
+
+
 @in_namespace("oc-off")
 def case_policy_off(ns):
     """helm upgrade --set overcommit.enabled=false: the same two pods as case_two, the high one's
@@ -408,7 +438,7 @@ def case_policy_off(ns):
 
 
 CASES = [case_install, case_two, case_idle, case_three_just_enough, case_three_order, case_never_preemptible,
-         case_agent_restart, case_readiness, case_policy_off]
+         case_agent_restart, case_taken_over, case_readiness, case_policy_off]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_OC_E2E_CASES")  # a comma list of names: those cases only, after the install
