@@ -36,7 +36,7 @@
 /* The kubelet names its archive with the time it took the request (RFC 3339, whole seconds): the
  * archive of the request sent at dump_at is named within this window around it (s). */
 #define ARCHIVE_BEFORE_S 2
-#define ARCHIVE_AFTER_S 10
+#define ARCHIVE_AFTER_S 5
 /* An Image cut short before its dump is run again at most this many times in all. */
 #define MAX_ATTEMPTS 2
 /* Most entries looked at in the kubelet's checkpoint directory per record and sweep. */
@@ -271,9 +271,45 @@ static int archive_of(const struct agent_record *r, const char *name)
 	return t >= r->img.dump_at - ARCHIVE_BEFORE_S && t <= r->img.dump_at + ARCHIVE_AFTER_S;
 }
 
+/* Another Image's dump the sweep must not take an archive from: one in flight (its window), or
+ * one whose record names its archive. */
+struct other_dump {
+	char uid[AGENT_CROBJ_UID_LEN], ns[AGENT_CROBJ_NS_LEN], pod[AGENT_CROBJ_NAME_LEN];
+	char container[AGENT_CROBJ_NS_LEN], archive[AGENT_RECORD_PATH_MAX];
+	long long dump_at;
+	int inflight;
+};
+
+struct others {
+	struct other_dump *v;
+	size_t n;
+};
+
+/* Whether name (full: its path) is another Image's: named in its record, or in the window of its
+ * dump while it is in flight. */
+static int others_own(const struct others *o, const struct agent_record *r, const char *name, const char *full)
+{
+	for (size_t i = 0; o != NULL && i < o->n; i++) {
+		const struct other_dump *d = &o->v[i];
+		if (strcmp(d->uid, r->uid) == 0)
+			continue;
+		if (d->archive[0] != '\0' && strcmp(d->archive, full) == 0)
+			return 1;
+		struct agent_record x = { .n = 0 };
+		snprintf(x.ns, sizeof(x.ns), "%s", d->ns);
+		snprintf(x.pod, sizeof(x.pod), "%s", d->pod);
+		snprintf(x.img.container, sizeof(x.img.container), "%s", d->container);
+		x.img.dump_at = d->dump_at;
+		if (d->inflight && d->dump_at > 0 && archive_of(&x, name))
+			return 1;
+	}
+	return 0;
+}
+
 /* Removes the kubelet's archives of r's dump (a restart cut it short: its path never reached the
- * record) but the one named in keep; how many. */
-static int drop_archives(struct agent_ckimage *m, const struct agent_record *r, const char *keep)
+ * record) but the one named in keep and those of others (NULL: none known); how many. */
+static int drop_archives(struct agent_ckimage *m, const struct agent_record *r, const char *keep,
+			 const struct others *others)
 {
 	if (!r->img.kubelet || r->img.dump_at <= 0 || r->img.container[0] == '\0')
 		return 0;
@@ -285,7 +321,8 @@ static int drop_archives(struct agent_ckimage *m, const struct agent_record *r, 
 	while (d != NULL && (de = readdir(d)) != NULL && seen++ < MAX_ARCHIVES) {
 		char full[PATH_MAX];
 		snprintf(full, sizeof(full), "%s/%s", m->checkpoints, de->d_name);
-		if (!archive_of(r, de->d_name) || (keep != NULL && strcmp(full, keep) == 0))
+		if (!archive_of(r, de->d_name) || (keep != NULL && strcmp(full, keep) == 0) ||
+		    others_own(others, r, de->d_name, full))
 			continue;
 		if (unlinkat(fd, de->d_name, 0) == 0) {
 			GCR_LOG(GCR_LOG_INFO, "image", "Checkpoint %s/%s: the kubelet's archive %s of a dump cut short "
@@ -311,7 +348,7 @@ static void cleanup(struct agent_ckimage *m, struct agent_record *r)
 	drop_work(m, r);
 	if (r->img.archive[0] != '\0')
 		(void)unlink(r->img.archive); /* the container's memory: never left in the kubelet's directory */
-	drop_archives(m, r, NULL);
+	drop_archives(m, r, NULL, NULL);
 }
 
 int agent_ckimage_pending(const struct agent_record *r, long long now_s)
@@ -802,7 +839,7 @@ static void recover(struct agent_ckimage *m, struct agent_record *r, int gate_ms
 		again(m, r, gate_ms, op_ms, when, out);
 		return;
 	}
-	drop_archives(m, r, NULL); /* and again by the sweep while that dump may still write one */
+	drop_archives(m, r, NULL, NULL); /* and again by the sweep while that dump may still write one */
 	say(out, 1, 0, "Interrupted", r->img.from_suspended ? "Checkpointed" : "Running",
 	    "the agent restarted %s; the process was brought back (%s), the Image's leftovers removed%s; no image "
 	    "written", when, r->img.from_suspended ? "it stays suspended, as it was" : "running",
@@ -864,6 +901,25 @@ int agent_ckimage_sweep(struct agent_ckimage *m, const char *alloc_root)
 	int removed = 0;
 	size_t i;
 	json_t *e;
+	/* Every kubelet Image's dump first: one record's leftover archive is never another's. */
+	struct others others = { .v = calloc(json_array_size(list) + 1, sizeof(*others.v)) };
+	json_array_foreach(list, i, e)
+	{
+		struct agent_record r;
+		const char *uid = json_string_value(json_object_get(e, "uid"));
+		if (others.v != NULL && uid != NULL && agent_record_get(m->cfg.rec, uid, &r) == 0 &&
+		    r.action == AGENT_REC_ACT_IMAGE && r.img.kubelet) {
+			struct other_dump *d = &others.v[others.n++];
+			snprintf(d->uid, sizeof(d->uid), "%s", r.uid);
+			snprintf(d->ns, sizeof(d->ns), "%s", r.ns);
+			snprintf(d->pod, sizeof(d->pod), "%s", r.pod);
+			snprintf(d->container, sizeof(d->container), "%s", r.img.container);
+			snprintf(d->archive, sizeof(d->archive), "%s", r.img.archive);
+			d->dump_at = r.img.dump_at;
+			d->inflight = r.state == AGENT_REC_IMAGING;
+		}
+		agent_record_clear(&r);
+	}
 	json_array_foreach(list, i, e)
 	{
 		struct agent_record r;
@@ -898,7 +954,7 @@ int agent_ckimage_sweep(struct agent_ckimage *m, const char *alloc_root)
 			}
 		}
 		if (agent_ckimage_pending(&r, now))
-			removed += drop_archives(m, &r, NULL);
+			removed += drop_archives(m, &r, NULL, others.v != NULL ? &others : NULL);
 		struct gcr_err err;
 		if (dirty && agent_record_put(m->cfg.rec, &r, &err) < 0)
 			GCR_LOG(GCR_LOG_WARN, "image", "record of Checkpoint %s/%s: %s", r.ns, r.name, err.msg);
@@ -908,5 +964,6 @@ int agent_ckimage_sweep(struct agent_ckimage *m, const char *alloc_root)
 	removed += agent_images_sweep_allocs(m->images_dir, alloc_root, owned_path, &owned, now);
 	removed += agent_images_sweep_partials(m->images_dir, owned_path, &owned, now);
 	json_decref(owned.paths);
+	free(others.v);
 	return removed;
 }
