@@ -433,6 +433,7 @@ def case_wake_lost(ns):
     check(line(ns, "high", r"^RESULT ", 60) == "RESULT ok", "high: its own check failed")
     check(line(ns, "high", r"^EXIT ", 30) == "EXIT 0", "high: exit status not 0")
     wait_resumed(ns, "low", lpid, lbytes)
+    N.finish(ns, "low")  # bit-exact after its two suspends; it keeps its memory (--hold-after)
     N.ctl(ns, "low", "exit")
     check(line(ns, "low", r"^EXIT ", 30) == "EXIT 0", "low: exit status not 0")
 
@@ -451,8 +452,9 @@ def case_taken_over(ns):
     N.wait_phase("checkpoint", ns, "own")
     st = kjson("get", "checkpoint", "-n", ns, "own")["status"]
     check("already suspended by the overcommit policy" in st.get("message", ""), f"Checkpoint own: {st.get('message')}")
-    wait_until("the agent's take-over line", lambda: any(re.search(r"pid %d .*taken over by a Checkpoint" % lpid, x)
-                                                         for x in agent_log()), 30)
+    # The agent names the host pid; lpid is the pod's own: the low pod is the only one held here.
+    wait_until("the agent's take-over line", lambda: any(re.search(
+        r"pid \d+ \(priority 10, suspended for another pod\) taken over by a Checkpoint", x) for x in agent_log()), 30)
     finish(ns, "high")
     # The policy's monitor looks every 0.5 s: ten of its turns after the high pod ended, still held.
     line(ns, "high", r"^EXIT ", 30)
