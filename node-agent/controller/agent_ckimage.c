@@ -905,7 +905,7 @@ int agent_ckimage_sweep(struct agent_ckimage *m, const char *alloc_root)
 	struct others others = { .v = calloc(json_array_size(list) + 1, sizeof(*others.v)) };
 	json_array_foreach(list, i, e)
 	{
-		struct agent_record r;
+		struct agent_record r = { .n = 0 };
 		const char *uid = json_string_value(json_object_get(e, "uid"));
 		if (others.v != NULL && uid != NULL && agent_record_get(m->cfg.rec, uid, &r) == 0 &&
 		    r.action == AGENT_REC_ACT_IMAGE && r.img.kubelet) {
@@ -922,7 +922,7 @@ int agent_ckimage_sweep(struct agent_ckimage *m, const char *alloc_root)
 	}
 	json_array_foreach(list, i, e)
 	{
-		struct agent_record r;
+		struct agent_record r = { .n = 0 };
 		const char *uid = json_string_value(json_object_get(e, "uid"));
 		if (uid == NULL || agent_record_get(m->cfg.rec, uid, &r) < 0 || r.action != AGENT_REC_ACT_IMAGE) {
 			agent_record_clear(&r);
