@@ -675,7 +675,8 @@ static void run_agent(struct agent_ckimage *m, struct agent_record *r, int gate_
 	int in_pod = gcr_procns_same(pid, &nserr) == 0;
 	r->img.work[0] = '\0';
 	if (in_pod && pod_image_dir(m, pid, r->uid, r->img.work, sizeof(r->img.work), &err) < 0) {
-		say(out, 1, 0, "ImageFailed", "Running", "%s (process untouched)", err.msg);
+		say(out, 1, 0, "ImageFailed", "Running", "image of pid %d to %s failed: %s (process untouched)", (int)pid,
+		    r->img.path, err.msg);
 		return;
 	}
 	struct gcr_cr_opts cro = { .socket_dir = m->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = gate_ms,
