@@ -20,6 +20,11 @@
 #include "gcr_time.h"
 
 #define CONNECT_MS 2000
+/* While it waits for a reply, a call looks at the process this often (ms), and gives up once it
+ * has seen it stopped this long (ms): a stopped process (SIGSTOP, a debugger) answers nothing
+ * until someone continues it, and its peers must not wait out their whole bound for it. */
+#define STOP_CHECK_MS 250
+#define STOPPED_GIVE_UP_MS 1000
 
 static int process_owner(pid_t pid, uid_t *uid)
 {
@@ -215,14 +220,54 @@ int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int time
 		return rc;
 	struct gcr_linebuf lb;
 	gcr_linebuf_init(&lb, GCR_PROTO_MAX_LINE);
-	char *reply;
-	rc = gcr_linebuf_read(&lb, c->fd, timeout_ms, &reply, err);
+	char *reply = NULL;
+	double now = gcr_time_mono_ms(), deadline = now + (timeout_ms < 0 ? 0 : timeout_ms), stopped_since = 0;
+	char st = 0;
+	/* In slices, looking at the process between them (the line buffer keeps what came). */
+	for (;;) {
+		double left = timeout_ms < 0 ? STOP_CHECK_MS : deadline - now;
+		rc = gcr_linebuf_read(&lb, c->fd, left < STOP_CHECK_MS ? (int)(left > 0 ? left : 0) : STOP_CHECK_MS, &reply,
+				      err);
+		if (rc != -ETIMEDOUT)
+			break;
+		now = gcr_time_mono_ms();
+		st = gcr_client_proc_state(c->pid);
+		int stopped = st == 'T' || st == 't';
+		stopped_since = !stopped ? 0 : stopped_since > 0 ? stopped_since : now;
+		if (stopped && now - stopped_since >= STOPPED_GIVE_UP_MS) {
+			rc = gcr_err_set(err, -ETIMEDOUT, "process %d is stopped (state %c: %s): its shim cannot answer",
+					 (int)c->pid, st, st == 'T' ? "SIGSTOP or job control" : "held by a debugger or tracer");
+			break;
+		}
+		if (timeout_ms >= 0 && now >= deadline) {
+			rc = gcr_err_set(err, -ETIMEDOUT, "no reply in %d ms%s", timeout_ms,
+					 stopped ? " (the process is stopped)" : "");
+			break;
+		}
+	}
 	if (rc < 0)
 		rc = gcr_err_wrap(err, "talking to the shim of pid %d", (int)c->pid);
 	else
 		rc = take_reply(reply, id, c->pid, result, err);
 	gcr_linebuf_free(&lb);
 	return rc;
+}
+
+char gcr_client_proc_state(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = pid > 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* "pid (comm) S ...": the command may hold spaces and parentheses; the state follows the last ')'. */
+	const char *p = strrchr(buf, ')');
+	return p != NULL && p[1] == ' ' && p[2] != '\0' ? p[2] : 0;
 }
 
 /* Finds the shims of the pids still without a socket (fds[i] < 0, rcs[i] not final) in

@@ -25,10 +25,12 @@ struct gcr_client {
 int gcr_client_open(struct gcr_client *c, const char *dir, pid_t pid, struct gcr_err *err);
 void gcr_client_close(struct gcr_client *c);
 
-/* Sends one request and waits up to timeout_ms for its reply. args (may be NULL) is stolen,
- * on every path: the caller never decrefs it. On success
+/* Sends one request and waits up to timeout_ms (< 0: no bound) for its reply. args (may be
+ * NULL) is stolen, on every path: the caller never decrefs it. On success
  * *result is the reply's result object (caller decrefs). A reply with ok=false
- * becomes its negative errno with the shim's message in err. */
+ * becomes its negative errno with the shim's message in err. A process seen stopped (state T
+ * or t: SIGSTOP, a debugger) for a second of the wait is given up on at once: -ETIMEDOUT with
+ * a message that names the state. */
 int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int timeout_ms,
 		    json_t **result, struct gcr_err *err);
 
@@ -44,6 +46,10 @@ int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int time
 int gcr_client_call_all(const char *dir, const pid_t *pids, size_t n, enum gcr_op op, json_t *args,
 			int timeout_ms, json_t **results, int *rcs, struct gcr_err *err)
 	__attribute__((warn_unused_result));
+
+/* The state letter of /proc/<pid>/stat ('R', 'S', 'T' stopped, 't' traced, 'Z'...), 0 when
+ * unreadable. */
+char gcr_client_proc_state(pid_t pid);
 
 /* Calls fn for each live shim socket in dir with the pid its peer credentials show. */
 int gcr_client_list(const char *dir, void (*fn)(pid_t pid, const char *path, void *data),

@@ -25,6 +25,25 @@
 /* A suspend of 64 GiB copies for about 1.5 s; leave ample room. */
 #define SHIM_CALL_MS 600000
 #define IMAGE_CALL_MS 3600000 /* a suspend to an image: bounded by the disk */
+#define STATUS_CALL_MS 10000
+
+/* A stopped process (SIGSTOP, a debugger) answers nothing until continued, and the driver's
+ * steps on it may wait for it too: said at once, before any of them. -ETIMEDOUT or 0. */
+static int stopped(pid_t pid, const char *what, struct gcr_err *err)
+{
+	char st = gcr_client_proc_state(pid);
+	if (st != 'T' && st != 't')
+		return 0;
+	return gcr_err_set(err, -ETIMEDOUT, "process %d is stopped (state %c: %s): %s not done; it can be once the "
+			   "process is continued", (int)pid, st, st == 'T' ? "SIGSTOP or job control" : "held by a debugger "
+			   "or tracer", what);
+}
+
+/* A wait for the shim's answer: natural ms, at most the caller's o->call_ms. */
+static int call_ms(const struct gcr_cr_opts *o, int natural)
+{
+	return o->call_ms > 0 && o->call_ms < natural ? o->call_ms : natural;
+}
 
 const char *gcr_cr_mode_name(enum gcr_cr_mode m)
 {
@@ -332,19 +351,19 @@ static int room_check(pid_t pid, const struct gcr_shimreply_need *need, const st
 
 /* Asks the shim to undo its data step after a later step failed (after a suspend to an image,
  * the data comes back from its files: image-read first). */
-static void undo_data(struct gcr_client *c, const char *image_dir, struct gcr_err *err)
+static void undo_data(struct gcr_client *c, const struct gcr_cr_opts *o, const char *image_dir, struct gcr_err *err)
 {
 	json_t *res = NULL;
 	struct gcr_err e2;
 	int rc = 0;
 	if (image_dir != NULL) {
-		rc = gcr_client_call(c, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", image_dir), SHIM_CALL_MS, &res,
-				     &e2);
+		rc = gcr_client_call(c, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", image_dir),
+				     call_ms(o, SHIM_CALL_MS), &res, &e2);
 		json_decref(res);
 		res = NULL;
 	}
 	if (rc == 0)
-		rc = gcr_client_call(c, GCR_OP_RESUME_ID, NULL, SHIM_CALL_MS, &res, &e2);
+		rc = gcr_client_call(c, GCR_OP_RESUME_ID, NULL, call_ms(o, SHIM_CALL_MS), &res, &e2);
 	if (rc < 0)
 		gcr_err_wrap(err, "and undoing the data step failed too (%s); run resume again", e2.msg);
 	else
@@ -379,7 +398,7 @@ static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client
 	json_t *args = json_pack("{s:i}", "timeout_ms", o->timeout_ms);
 	if (o->wake && o->mode != GCR_CR_FULL) /* full: CRIU dumps the process, nothing calls */
 		json_object_set_new(args, "wake", json_true());
-	rc = gcr_client_call(c, GCR_OP_SUSPEND_ID, args, SHIM_CALL_MS, &r->shim, err);
+	rc = gcr_client_call(c, GCR_OP_SUSPEND_ID, args, call_ms(o, SHIM_CALL_MS), &r->shim, err);
 	if (rc < 0)
 		goto out; /* the shim unwound itself: still running */
 	shim_bytes(pid, r);
@@ -395,7 +414,7 @@ static int hip_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_client
 			if (gcr_client_open(c, o->socket_dir, pid, &e2) < 0)
 				gcr_err_wrap(err, "and the shim no longer answers (%s)", e2.msg);
 			else
-				undo_data(c, NULL, err);
+				undo_data(c, o, NULL, err);
 			goto out;
 		}
 	}
@@ -414,11 +433,13 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 	double t0 = gcr_time_mono_ms(), t;
 	int rc = 0, hip = 0;
 	r->control = o->mode == GCR_CR_DATA_ONLY ? GCR_CR_CONTROL_NONE : GCR_CR_CONTROL_DRIVER;
+	if ((rc = stopped(pid, "suspend", err)) < 0)
+		goto out;
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
 		rc = gcr_client_open(&c, o->socket_dir, pid, err);
 		if (rc < 0)
 			goto out;
-		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
+		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, call_ms(o, STATUS_CALL_MS), &status, err);
 		if (rc < 0)
 			goto out;
 		enum gcr_shimreply_st st = shim_st(status);
@@ -458,8 +479,8 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		else if (o->group)
 			json_object_set_new(args, "group", json_true());
 		/* To an image the copies go at the disk's speed: minutes for the largest GPUs. */
-		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args, o->image_dir != NULL ? IMAGE_CALL_MS : SHIM_CALL_MS,
-				     &r->shim, err);
+		rc = gcr_client_call(&c, GCR_OP_SUSPEND_ID, args,
+				     call_ms(o, o->image_dir != NULL ? IMAGE_CALL_MS : SHIM_CALL_MS), &r->shim, err);
 		if (rc < 0)
 			goto out; /* the shim unwound itself: still running */
 		shim_bytes(pid, r);
@@ -471,14 +492,14 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		r->ms_room = gcr_time_mono_ms() - t;
 		if (rc < 0) {
 			gcr_err_wrap(err, "cannot record the GPU memory a restore will need (--unchecked skips)");
-			undo_data(&c, o->image_dir, err);
+			undo_data(&c, o, o->image_dir, err);
 			goto out;
 		}
 		/* Kept by the shim before the driver's checkpoint: if this suspend is cut short after
 		 * it (gcrctl or the agent killed), the resume still finds what it must check. */
 		json_t *res = NULL, *args = json_pack("{s:O, s:b}", "restore_need", need, "trim", 0);
 		struct gcr_err e2;
-		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, 10000, &res, &e2) < 0)
+		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
 			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore need not kept before the driver's checkpoint "
 				"(kept after it): %s", (int)pid, e2.msg);
 		json_decref(res);
@@ -489,7 +510,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		r->ms_lock = gcr_time_mono_ms() - t;
 		if (rc < 0) {
 			if (o->mode == GCR_CR_FULL)
-				undo_data(&c, o->image_dir, err);
+				undo_data(&c, o, o->image_dir, err);
 			goto out;
 		}
 		t = gcr_time_mono_ms();
@@ -500,7 +521,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 			if (gcr_driver_unlock(pid, &e2) < 0)
 				gcr_err_wrap(err, "unlock failed too (%s)", e2.msg);
 			else if (o->mode == GCR_CR_FULL)
-				undo_data(&c, o->image_dir, err);
+				undo_data(&c, o, o->image_dir, err);
 			goto out;
 		}
 	}
@@ -511,7 +532,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		 * restore's need for whichever resume comes (gcrctl or the agent). */
 		json_t *res = NULL, *args = need != NULL ? json_pack("{s:O}", "restore_need", need) : NULL;
 		struct gcr_err e2;
-		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, 10000, &res, &e2) < 0)
+		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
 			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed, restore need not kept (resume "
 				"will need --unchecked): %s", (int)pid, e2.msg);
 		json_decref(res);
@@ -558,6 +579,8 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	r->control = o->mode == GCR_CR_DATA_ONLY ? GCR_CR_CONTROL_NONE : GCR_CR_CONTROL_DRIVER;
 	if (o->target_gpu != NULL && o->ngpu_pairs > 0)
 		return gcr_err_set(err, -EINVAL, "a target GPU or GPU pairs, not both; process %d untouched", (int)pid);
+	if ((rc = stopped(pid, "resume", err)) < 0)
+		goto out;
 	/* A HIP process CRIU dumped: it comes back from its images first (same pid, its staged
 	 * data in its memory), then the shim's data step below. */
 	if (dumped(o, pid)) {
@@ -579,7 +602,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		if (rc < 0 && o->mode == GCR_CR_FULL) {
 			/* No CUDA driver here: a HIP process's control state was CRIU's (above). */
 			struct gcr_err e2;
-			if (gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, &e2) == 0 && is_hip(pid, status)) {
+			if (gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, call_ms(o, STATUS_CALL_MS), &status, &e2) == 0 && is_hip(pid, status)) {
 				rc = 0;
 				ds = GCR_DRIVER_RUNNING;
 				if (!did)
@@ -602,7 +625,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	} else if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) {
 		struct gcr_shimreply_need need;
 		t = gcr_time_mono_ms();
-		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
+		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, call_ms(o, STATUS_CALL_MS), &status, err);
 		if (rc == 0)
 			rc = need_of(pid, status, &need, err);
 		if (rc == 0)
@@ -646,12 +669,12 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		did = 1;
 	}
 	if (o->mode != GCR_CR_DRIVER_ONLY) {
-		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, &status, err);
+		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, call_ms(o, STATUS_CALL_MS), &status, err);
 		if (rc < 0)
 			goto out;
 		if (shim_st(status) == GCR_SHIMREPLY_ST_SUSPENDED) {
 			t = gcr_time_mono_ms();
-			rc = gcr_client_call(&c, GCR_OP_RESUME_ID, NULL, SHIM_CALL_MS, &r->shim, err);
+			rc = gcr_client_call(&c, GCR_OP_RESUME_ID, NULL, call_ms(o, SHIM_CALL_MS), &r->shim, err);
 			r->ms_data = gcr_time_mono_ms() - t;
 			if (rc < 0) {
 				gcr_err_wrap(err, "GPU data kept (in host memory, or in the image files after image-read), "
@@ -668,6 +691,68 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 	}
 	r->ms_total = gcr_time_mono_ms() - t0;
 out:
+	json_decref(status);
+	gcr_client_close(&c);
+	return rc;
+}
+
+int gcr_cr_control(pid_t pid, const struct gcr_cr_opts *o, int out, struct gcr_err *err)
+{
+	struct gcr_client c = { .fd = -1 };
+	json_t *status = NULL, *need = NULL, *res = NULL;
+	enum gcr_driver_state ds;
+	int rc = stopped(pid, "the driver's step", err);
+	if (rc == 0)
+		rc = gcr_client_open(&c, o->socket_dir, pid, err);
+	if (rc == 0)
+		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, call_ms(o, STATUS_CALL_MS), &status, err);
+	if (rc == 0 && shim_st(status) != GCR_SHIMREPLY_ST_SUSPENDED)
+		rc = gcr_err_set(err, -EINVAL, "process %d: its shim is %s, not suspended", (int)pid, shim_state(status));
+	if (rc == 0 && is_hip(pid, status))
+		rc = gcr_err_set(err, -ENOTSUP, "process %d is a HIP process: its control step is CRIU's", (int)pid);
+	if (rc == 0)
+		rc = gcr_driver_state(pid, &ds, err);
+	if (rc < 0)
+		goto out;
+	if (out) {
+		if (ds != GCR_DRIVER_RUNNING) {
+			rc = gcr_err_set(err, -EALREADY, "process %d: the driver holds it already (%s)", (int)pid,
+					 gcr_driver_state_name(ds));
+			goto out;
+		}
+		if (!o->unchecked && (rc = room_need(pid, &need, err)) < 0) {
+			gcr_err_wrap(err, "cannot record the GPU memory its restore will need; untouched");
+			goto out;
+		}
+		if (need != NULL)
+			rc = gcr_client_call(&c, GCR_OP_TRIM_ID, json_pack("{s:O, s:b}", "restore_need", need, "trim", 0),
+					     call_ms(o, STATUS_CALL_MS), &res, err);
+		if (rc == 0)
+			rc = gcr_driver_lock(pid, (unsigned)o->timeout_ms, err);
+		if (rc == 0 && (rc = gcr_driver_checkpoint(pid, err)) < 0) {
+			struct gcr_err e2;
+			if (gcr_driver_unlock(pid, &e2) < 0)
+				gcr_err_wrap(err, "unlock failed too (%s)", e2.msg);
+		}
+		if (rc < 0)
+			gcr_err_wrap(err, "its context stays on the GPU, its data suspended");
+		goto out;
+	}
+	if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) { /* back where it was: no pairs */
+		struct gcr_shimreply_need rn;
+		rc = need_of(pid, status, &rn, err);
+		if (rc == 0)
+			rc = room_check(pid, &rn, NULL, 0, err);
+	}
+	if (rc == 0 && ds == GCR_DRIVER_CHECKPOINTED && (rc = gcr_driver_restore(pid, NULL, 0, err)) == 0)
+		ds = GCR_DRIVER_LOCKED;
+	if (rc == 0 && ds == GCR_DRIVER_LOCKED)
+		rc = gcr_driver_unlock(pid, err);
+	if (rc < 0)
+		gcr_err_wrap(err, "its context still checkpointed by the driver, its data suspended");
+out:
+	json_decref(res);
+	json_decref(need);
 	json_decref(status);
 	gcr_client_close(&c);
 	return rc;
@@ -727,7 +812,7 @@ static void read_state(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_pro
 		return;
 	}
 	if (rc == 0)
-		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, 10000, status, shim_err);
+		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, call_ms(o, STATUS_CALL_MS), status, shim_err);
 	gcr_client_close(&c);
 	const char *name;
 	if (*status != NULL) {
@@ -739,8 +824,11 @@ static void read_state(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_pro
 			*shim_err = e; /* then as no shim */
 		}
 		ps->hip = is_hip(pid, *status);
+		struct gcr_err de;
+		if (gcr_shimreply_data(*status, &ps->data, &de) < 0)
+			ps->data = GCR_SHIMREPLY_DATA_HOST; /* absent: an older shim, or running */
 	}
-	if (!ps->hip)
+	if (!ps->hip && stopped(pid, "reading the driver's state", drv_err) == 0)
 		ps->driver = gcr_driver_state(pid, &ps->driver_st, drv_err) == 0;
 }
 

@@ -54,6 +54,10 @@ struct gcr_cr_opts {
 	 * (its communicators are torn down first, "group" to the shim); resume leaves it detached for
 	 * its group's rebuild. Without it, a member is refused (-EXDEV) before anything is touched. */
 	int group;
+	/* Each wait for the shim's answer at most this long (ms): the operation's own bound. 0: the
+	 * flow's defaults (10 s for a status, 10 min for a suspend or resume, 1 h for a suspend to an
+	 * image). A stopped process is given up on at once either way (gcr_client_call). */
+	int call_ms;
 };
 
 /* Bytes the driver's restore gets beyond what NVML showed the process holding before its
@@ -87,6 +91,13 @@ void gcr_cr_result_clear(struct gcr_cr_result *r);
  * nothing touched; lib/gcr_group.c suspends and resumes the whole group. */
 int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
 int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err);
+
+/* The driver's step alone, on a process whose shim is suspended (its data out): out (1) takes
+ * its context off the GPU (the restore's need kept by the shim, the driver's lock and
+ * checkpoint), in (0) brings it back (the room checked, the driver's restore and unlock). What a
+ * data-only suspend lacks for a CRIU dump of the process, and gives back after it. On failure the
+ * driver's side is as it was (err says so). CUDA only: -ENOTSUP for a HIP process. */
+int gcr_cr_control(pid_t pid, const struct gcr_cr_opts *o, int out, struct gcr_err *err);
 
 /* ---- a process's state, one value for every reader (gcrctl, the controller, scaling) ----
  *
@@ -130,6 +141,7 @@ struct gcr_cr_proc_state {
 	int driver;                 /* 1: the driver's state was read (0: see the rule above) */
 	enum gcr_driver_state driver_st; /* when driver */
 	int dumped;                 /* CRIU's dump mark is there and no shim answers */
+	enum gcr_shimreply_data data; /* when shim and suspended: where its GPU data is (HOST if unsaid) */
 };
 
 /* The verdict from the readings in *in (state ignored), in mode. The one place process

@@ -407,6 +407,10 @@ int gcr_image_manifest_parse_keyed(const char *buf, size_t len, const struct gcr
 		    (get_str(root, "node", m->node, sizeof(m->node)) < 0 || m->node[0] == '\0'))
 			rc = gcr_err_set(err, -EBADMSG, "manifest \"node\" is not a name of at most %d characters",
 					 GCR_IMAGE_NODE_MAX - 1);
+		if (rc == 0 && json_object_get(root, "container") != NULL &&
+		    (get_str(root, "container", m->container, sizeof(m->container)) < 0 || m->container[0] == '\0'))
+			rc = gcr_err_set(err, -EBADMSG, "manifest \"container\" is not a name of at most %d characters",
+					 GCR_IMAGE_CONTAINER_MAX - 1);
 	}
 	if (rc == 0) {
 		m->created = (long long)created;
@@ -611,6 +615,8 @@ int gcr_image_manifest_write_signed(const char *dir, const struct gcr_image_mani
 		if (root == NULL)
 			rc = gcr_err_set(err, -ENOMEM, "out of memory for the manifest");
 		else if (m->node[0] != '\0' && json_object_set_new(root, "node", json_string(m->node)) < 0)
+			rc = gcr_err_set(err, -ENOMEM, "out of memory for the manifest");
+		else if (m->container[0] != '\0' && json_object_set_new(root, "container", json_string(m->container)) < 0)
 			rc = gcr_err_set(err, -ENOMEM, "out of memory for the manifest");
 		else if (key != NULL)
 			rc = gcr_imagemac_sign(root, key, err);

@@ -34,6 +34,7 @@
 #define GCR_IMAGE_MAX_FILES 65536
 #define GCR_IMAGE_NAME_MAX 256
 #define GCR_IMAGE_NODE_MAX 254 /* a node name: a DNS subdomain, <= 253 */
+#define GCR_IMAGE_CONTAINER_MAX 64 /* a container name: a DNS label, <= 63 */
 
 /* One chunk of an allocation: all zero (nothing in the file) or len bytes at off. */
 struct gcr_image_chunk {
@@ -95,6 +96,9 @@ struct gcr_image_manifest {
 	 * before the field): with images on storage every node shares, each agent's retention
 	 * touches only its own (docs/images.md, "Shared storage"). */
 	char node[GCR_IMAGE_NODE_MAX];
+	/* The Kubernetes container the process ran in ("" outside Kubernetes and in images from
+	 * before the field): a Restore into a new pod restores that container, by name. */
+	char container[GCR_IMAGE_CONTAINER_MAX];
 	struct gcr_image_expect env;     /* gpu vendor/model, driver, shim version (env.keys unused) */
 	int signed_ok;                   /* its MAC was checked against keys (verify with expect->keys) */
 	size_t nfiles;

@@ -33,6 +33,12 @@
 
 #define IMAGE_OP_MS 3600000 /* image-write / image-read: bounded by the disk, not by us */
 
+/* A wait on the process: IMAGE_OP_MS, or the caller's operation's bound. */
+static int op_ms(const struct gcr_cr_opts *cro)
+{
+	return cro->call_ms > 0 && cro->call_ms < IMAGE_OP_MS ? cro->call_ms : IMAGE_OP_MS;
+}
+
 void gcr_imgcr_expect_here(struct gcr_image_expect *e)
 {
 	memset(e, 0, sizeof(*e));
@@ -44,16 +50,16 @@ void gcr_imgcr_expect_here(struct gcr_image_expect *e)
 
 /* One request to pid's shim (a fresh connection: the socket may have been renamed). args is
  * stolen: gcr_client_call takes it, and it is dropped here when no call is made. */
-static int shim_call(pid_t pid, const char *sock_dir, enum gcr_op op, json_t *args, json_t **res, char *path,
-		     size_t plen, struct gcr_err *err)
+static int shim_call(pid_t pid, const struct gcr_cr_opts *cro, enum gcr_op op, json_t *args, json_t **res,
+		     char *path, size_t plen, struct gcr_err *err)
 {
 	struct gcr_client c;
 	*res = NULL;
-	int rc = gcr_client_open(&c, sock_dir, pid, err);
+	int rc = gcr_client_open(&c, cro->socket_dir, pid, err);
 	if (rc == 0) {
 		if (path != NULL)
 			snprintf(path, plen, "%s", c.path);
-		rc = gcr_client_call(&c, op, args, IMAGE_OP_MS, res, err);
+		rc = gcr_client_call(&c, op, args, op_ms(cro), res, err);
 	} else {
 		json_decref(args);
 	}
@@ -64,7 +70,8 @@ static int shim_call(pid_t pid, const char *sock_dir, enum gcr_op op, json_t *ar
 /* The same at a socket path (a restored process: its listening socket, restored by CRIU, does
  * not carry its pid in its credentials, so gcr_client_open would not take it). The peer
  * must say it is pid. args is stolen. */
-static int shim_call_at(const char *path, pid_t pid, enum gcr_op op, json_t *args, json_t **res, struct gcr_err *err)
+static int shim_call_at(const char *path, pid_t pid, const struct gcr_cr_opts *cro, enum gcr_op op, json_t *args,
+			json_t **res, struct gcr_err *err)
 {
 	struct gcr_client c = { .fd = -1, .pid = pid, .next_id = 1 };
 	json_t *st = NULL;
@@ -76,7 +83,7 @@ static int shim_call_at(const char *path, pid_t pid, enum gcr_op op, json_t *arg
 		rc = gcr_err_set(err, -ESRCH, "the shim at %s is not pid %d's", path, (int)pid);
 	json_decref(st);
 	if (rc == 0)
-		rc = gcr_client_call(&c, op, args, IMAGE_OP_MS, res, err); /* steals args */
+		rc = gcr_client_call(&c, op, args, op_ms(cro), res, err); /* steals args */
 	else
 		json_decref(args);
 	gcr_client_close(&c);
@@ -134,10 +141,7 @@ static int criu_ready(int hip, struct gcr_criu_info *info, struct gcr_err *err)
  * process running. */
 static int bring_back(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_err *err)
 {
-	json_t *res = NULL;
-	int rc = shim_call(pid, cro->socket_dir, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", dir), &res, NULL, 0,
-			   err);
-	json_decref(res);
+	int rc = gcr_imgcr_attach(pid, dir, cro, err);
 	struct gcr_cr_result cr;
 	if (rc == 0) {
 		rc = gcr_cr_resume(pid, cro, &cr, err);
@@ -146,17 +150,84 @@ static int bring_back(pid_t pid, const char *dir, const struct gcr_cr_opts *cro,
 	return rc;
 }
 
+long long gcr_imgcr_bytes(const char *dir)
+{
+	return dir_bytes(dir);
+}
+
+int gcr_imgcr_seal(const char *partial, const char *dir, const struct gcr_imgcr_seal *s, long long *gpu_bytes,
+		   struct gcr_err *err)
+{
+	struct gcr_image_manifest m = { .format = GCR_IMAGE_FORMAT, .created = (long long)time(NULL), .pid = s->pid };
+	struct gcr_image_expect here;
+	char table[PATH_MAX + 32], *buf = NULL;
+	size_t len = 0;
+	int rc = 0;
+	snprintf(m.mode, sizeof(m.mode), "%s", s->mode ? s->mode : GCR_IMAGE_MODE_GCR);
+	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
+	snprintf(m.socket, sizeof(m.socket), "%s", s->socket ? s->socket : "");
+	snprintf(m.node, sizeof(m.node), "%s", s->node ? s->node : "");
+	snprintf(m.container, sizeof(m.container), "%s", s->container ? s->container : "");
+	gcr_imgcr_expect_here(&here);
+	m.env = here;
+	if (s->vendor != NULL)
+		snprintf(m.env.gpu_vendor, sizeof(m.env.gpu_vendor), "%s", s->vendor);
+	if (s->shim_version != NULL)
+		snprintf(m.env.shim_version, sizeof(m.env.shim_version), "%s", s->shim_version);
+	if (!s->no_table) {
+		snprintf(table, sizeof(table), "%s/%s", partial, GCR_IMAGE_TABLE);
+		rc = gcr_image_read_file(table, GCR_IMAGE_MAX_TABLE, &buf, &len, err);
+		if (rc == 0) /* written by the process: within its bounds (gcr_jsonbudget) */
+			rc = gcr_image_table_parse(buf, len, &m.table, err);
+		free(buf);
+	}
+	if (gpu_bytes != NULL) {
+		*gpu_bytes = 0;
+		for (size_t i = 0; i < m.table.n; i++)
+			*gpu_bytes += (long long)m.table.a[i].size;
+	}
+	if (rc == 0)
+		rc = gcr_image_manifest_write_signed(partial, &m, s->sign, err);
+	if (rc == 0)
+		rc = gcr_image_commit(partial, dir, err);
+	gcr_image_manifest_clear(&m);
+	return rc;
+}
+
+int gcr_imgcr_attach(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_err *err)
+{
+	json_t *res = NULL;
+	int rc = shim_call(pid, cro, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", dir), &res, NULL, 0, err);
+	json_decref(res);
+	return rc;
+}
+
+int gcr_imgcr_write(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, long long *bytes, struct gcr_err *err)
+{
+	json_t *res = NULL;
+	int rc = shim_call(pid, cro, GCR_OP_IMAGE_WRITE_ID, json_pack("{s:s}", "dir", dir), &res, NULL, 0, err);
+	*bytes = rc == 0 ? json_integer_value(json_object_get(res, "bytes")) : 0;
+	json_decref(res);
+	return rc;
+}
+
+static void step(const struct gcr_imgcr_opts *o, enum gcr_imgcr_step st, const char *partial)
+{
+	if (o->step != NULL)
+		o->step(o->step_data, st, partial);
+}
+
 int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
 			 struct gcr_err *err)
 {
 	memset(r, 0, sizeof(*r));
 	r->pid = pid;
 	double t_start = gcr_time_mono_ms(), t0;
-	char partial[PATH_MAX], abs_partial[PATH_MAX], criu_dir[PATH_MAX + 8];
+	char partial[PATH_MAX], abs_partial[PATH_MAX], criu_dir[PATH_MAX + 8], socket[GCR_IMAGE_NAME_MAX] = "";
+	char shim_version[32] = "none";
 	struct stat st;
 	struct gcr_criu_info info;
 	struct gcr_cr_opts cro = *o->cr;
-	struct gcr_image_manifest m = { 0 };
 	int suspended = 0, written = 0, gone = 0, made = 0;
 	json_t *status = NULL, *res = NULL;
 	int rc = 0;
@@ -169,16 +240,13 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 		return rc;
 	/* What the process is (CUDA or HIP, its shim's version) before anything is touched. */
 	int hip = 0, drv = o->driver_only;
-	snprintf(m.mode, sizeof(m.mode), "%s", drv ? GCR_IMAGE_MODE_DRIVER : GCR_IMAGE_MODE_GCR);
-	if (drv) {
-		snprintf(m.env.shim_version, sizeof(m.env.shim_version), "none");
-	} else {
-		rc = shim_call(pid, cro.socket_dir, GCR_OP_STATUS_ID, NULL, &status, m.socket, sizeof(m.socket), err);
+	if (!drv) {
+		rc = shim_call(pid, &cro, GCR_OP_STATUS_ID, NULL, &status, socket, sizeof(socket), err);
 		if (rc < 0)
 			return gcr_err_wrap(err, "process untouched");
 		hip = json_is_true(json_object_get(json_object_get(status, "backends"), "hip"));
 		const char *ver = json_string_value(json_object_get(status, "version"));
-		snprintf(m.env.shim_version, sizeof(m.env.shim_version), "%s", ver ? ver : "unknown");
+		snprintf(shim_version, sizeof(shim_version), "%s", ver ? ver : "unknown");
 		json_decref(status);
 	}
 	rc = criu_ready(hip, &info, err);
@@ -186,6 +254,7 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 		return gcr_err_wrap(err, "process untouched");
 	/* HIP: CRIU with its amdgpu plugin is the control step, so the shim's data step alone. */
 	cro.mode = drv ? GCR_CR_DRIVER_ONLY : hip ? GCR_CR_DATA_ONLY : GCR_CR_FULL;
+	step(o, GCR_IMGCR_STEP_SUSPEND, partial);
 	if (mkdir(partial, 0700) < 0)
 		return gcr_err_set(err, -errno, "cannot create %s: %s (process untouched)", partial, strerror(errno));
 	made = 1;
@@ -217,8 +286,8 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 		rc = gcr_err_set(err, -EPROTO, "the shim's suspend reported no image: is its version too old?");
 	t0 = gcr_time_mono_ms();
 	if (rc == 0 && hip)
-		rc = shim_call(pid, cro.socket_dir, GCR_OP_IMAGE_WRITE_ID, json_pack("{s:s}", "dir", abs_partial), &res,
-			       NULL, 0, err);
+		rc = shim_call(pid, &cro, GCR_OP_IMAGE_WRITE_ID, json_pack("{s:s}", "dir", abs_partial), &res, NULL, 0,
+			       err);
 	if (hip)
 		r->ms_write = gcr_time_mono_ms() - t0;
 	/* From here the data is in the partial image only: the undo is image-read + resume. */
@@ -233,6 +302,7 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 	json_decref(res);
 	r->rss = vm_rss(pid);
 	struct gcr_criu_argv av;
+	step(o, GCR_IMGCR_STEP_DUMP, partial);
 	t0 = gcr_time_mono_ms();
 	enum gcr_criu_after after = o->leave_running ? GCR_CRIU_LEAVE_RUNNING : GCR_CRIU_KILL;
 	rc = o->whole_container ? gcr_ctrdump_argv(&info, pid, criu_dir, after, &av, err)
@@ -246,37 +316,19 @@ int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts
 	if (rc < 0)
 		goto out;
 	gone = !o->leave_running;
+	step(o, GCR_IMGCR_STEP_SEAL, partial);
 	t0 = gcr_time_mono_ms();
-	char table[PATH_MAX + 32], *buf = NULL;
-	size_t len;
-	snprintf(table, sizeof(table), "%s/%s", partial, GCR_IMAGE_TABLE);
-	if (!drv)
-		rc = gcr_image_read_file(table, GCR_IMAGE_MAX_TABLE, &buf, &len, err);
-	if (rc == 0 && !drv)
-		rc = gcr_image_table_parse(buf, len, &m.table, err);
-	free(buf);
-	struct gcr_image_expect here;
-	gcr_imgcr_expect_here(&here);
-	memcpy(m.env.gpu_vendor, here.gpu_vendor, sizeof(here.gpu_vendor));
-	if (hip)
-		snprintf(m.env.gpu_vendor, sizeof(m.env.gpu_vendor), "amd");
-	memcpy(m.env.gpu_model, here.gpu_model, sizeof(here.gpu_model));
-	memcpy(m.env.driver, here.driver, sizeof(here.driver));
-	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
-	m.format = GCR_IMAGE_FORMAT;
-	m.created = (long long)time(NULL);
-	m.pid = pid;
-	snprintf(m.node, sizeof(m.node), "%s", o->node ? o->node : "");
-	if (rc == 0)
-		rc = gcr_image_manifest_write_signed(partial, &m, o->sign, err);
-	if (rc == 0)
-		rc = gcr_image_commit(partial, dir, err);
+	struct gcr_imgcr_seal seal = { .mode = drv ? GCR_IMAGE_MODE_DRIVER : GCR_IMAGE_MODE_GCR, .pid = pid,
+				       .socket = socket, .shim_version = shim_version, .vendor = hip ? "amd" : NULL,
+				       .node = o->node, .container = o->container, .no_table = drv, .sign = o->sign };
+	rc = gcr_imgcr_seal(partial, dir, &seal, NULL, err);
 	r->ms_manifest = gcr_time_mono_ms() - t0;
 	if (rc == 0) {
 		made = 0;
 		r->image = dir_bytes(dir);
 	}
 	if (rc == 0 && o->leave_running) {
+		step(o, GCR_IMGCR_STEP_BACK, partial);
 		t0 = gcr_time_mono_ms();
 		char abs_dir[PATH_MAX];
 		if (realpath(dir, abs_dir) == NULL) {
@@ -307,10 +359,16 @@ out:
 			}
 			char first[GCR_ERR_MSG_MAX];
 			snprintf(first, sizeof(first), "%s", err->msg);
-			if (b < 0)
+			if (b < 0 && written) {
+				/* Its GPU data is in the partial image's files only: they stay. */
+				gcr_err_set(err, rc, "%s; the process stays suspended with its GPU data in %s (resume "
+					    "failed: %s; image-read that directory, then resume)", first, abs_partial, e2.msg);
+				made = 0;
+			} else if (b < 0) {
 				gcr_err_set(err, rc, "%s; the process stays suspended (resume failed: %s)", first, e2.msg);
-			else
+			} else {
 				gcr_err_set(err, rc, "%s; process resumed, no image written", first);
+			}
 		} else if (gone) {
 			gcr_err_wrap(err, "the process was ended by CRIU's dump; its image is kept at %s", partial);
 			made = 0; /* the only copy of the process: kept */
@@ -318,7 +376,6 @@ out:
 		if (made)
 			gcr_image_remove(partial);
 	}
-	gcr_image_manifest_clear(&m);
 	r->ms_total = gcr_time_mono_ms() - t_start;
 	return rc;
 }
@@ -329,9 +386,7 @@ int gcr_imgcr_resume_restored(pid_t pid, const char *dir, const struct gcr_cr_op
 	memset(r, 0, sizeof(*r));
 	r->pid = pid;
 	double t0 = gcr_time_mono_ms();
-	json_t *args = json_pack("{s:s}", "dir", dir), *res = NULL;
-	int rc = shim_call(pid, cro->socket_dir, GCR_OP_IMAGE_READ_ID, args, &res, NULL, 0, err);
-	json_decref(res);
+	int rc = gcr_imgcr_attach(pid, dir, cro, err);
 	r->ms_read = gcr_time_mono_ms() - t0;
 	if (rc < 0) {
 		r->ms_total = r->ms_read;
@@ -502,7 +557,8 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
 	t0 = gcr_time_mono_ms();
 	json_t *res = NULL;
 	if (!drv) /* attaches the files: the resume reads them straight to the GPU */
-		rc = shim_call_at(m.socket, pid, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", abs_dir), &res, err);
+		rc = shim_call_at(m.socket, pid, &cro, GCR_OP_IMAGE_READ_ID, json_pack("{s:s}", "dir", abs_dir), &res,
+				  err);
 	json_decref(res);
 	r->ms_read = gcr_time_mono_ms() - t0;
 	if (rc == 0) {

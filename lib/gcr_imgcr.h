@@ -11,6 +11,15 @@
 #include "gcr_error.h"
 #include "gcr_image.h"
 
+/* The steps of gcr_imgcr_checkpoint, in order: the suspend to the partial image's files, CRIU's
+ * dump, the manifest and the commit, and (leave_running) the resume from the committed files. */
+enum gcr_imgcr_step {
+	GCR_IMGCR_STEP_SUSPEND,
+	GCR_IMGCR_STEP_DUMP,
+	GCR_IMGCR_STEP_SEAL,
+	GCR_IMGCR_STEP_BACK,
+};
+
 struct gcr_imgcr_opts {
 	const struct gcr_cr_opts *cr; /* socket dir, timeouts */
 	int leave_running;            /* checkpoint: the process goes on (else CRIU ends it) */
@@ -29,9 +38,14 @@ struct gcr_imgcr_opts {
 	 * from its PID namespace's init, bind mounts and sandbox netns external (gcr_ctrdump;
 	 * docs/images.md, "Pods"). Restoring such an image is the container runtime's part. */
 	int whole_container;
-	/* checkpoint: the Kubernetes node whose agent writes the image, recorded in its manifest
-	 * (NULL or "": none) */
-	const char *node;
+	/* checkpoint: the Kubernetes node whose agent writes the image, and the container the
+	 * process runs in, recorded in its manifest (NULL or "": none) */
+	const char *node, *container;
+	/* checkpoint: told before each step, with the partial image's path, so that a caller that
+	 * may die meanwhile (the node agent) records how far it got before the step runs; NULL:
+	 * none. */
+	void (*step)(void *data, enum gcr_imgcr_step step, const char *partial);
+	void *step_data;
 	/* checkpoint: sign the manifest with this key, every file's SHA-256 in it (images on
 	 * shared storage, gcr_imagemac; NULL: unsigned) */
 	const struct gcr_imagemac_key *sign;
@@ -52,6 +66,28 @@ struct gcr_imgcr_result {
  * and the dump did not end it); err says which step failed and the process's state. */
 int gcr_imgcr_checkpoint(pid_t pid, const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
 			 struct gcr_err *err);
+/* What gcr_imgcr_seal writes into a manifest besides the files and the machine. */
+struct gcr_imgcr_seal {
+	const char *mode;         /* GCR_IMAGE_MODE_*; NULL: gcr */
+	pid_t pid;                /* the process imaged */
+	const char *socket;       /* its shim's control socket (NULL: none) */
+	const char *shim_version; /* its shim's version; NULL: this build's */
+	const char *vendor;       /* "amd" for a HIP process; NULL: this machine's (nvidia) */
+	const char *node, *container; /* NULL: none */
+	int no_table;             /* the driver mode: no gpu/, no table */
+	const struct gcr_imagemac_key *sign; /* sign the manifest (gcr_imagemac); NULL: unsigned */
+};
+
+/* The end of every image, whatever wrote its files: partial (DIR.partial.<pid>, holding criu/
+ * and gpu/ with the shim's table) gets its manifest (the table, every file's size and CRC-32C,
+ * s's fields, this machine's GPU and driver), all fsynced, and is committed as dir. On failure
+ * partial is left as it was, for the caller to remove. *gpu_bytes (may be NULL) gets the sum of
+ * the table's allocations. */
+int gcr_imgcr_seal(const char *partial, const char *dir, const struct gcr_imgcr_seal *s, long long *gpu_bytes,
+		   struct gcr_err *err) __attribute__((warn_unused_result));
+/* The bytes of an image's files (its manifest, criu/ and gpu/), by their sizes. */
+long long gcr_imgcr_bytes(const char *dir);
+
 /* Restores the image dir: refused before anything is touched unless gcr_image_verify passes
  * against this machine; a failure after CRIU's restore kills the restored process. */
 int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gcr_imgcr_result *r,
@@ -61,9 +97,19 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
  * its shim's gate with its GPU data in dir/gpu (dir as pid's mount namespace sees it), reads
  * that data back (image-read; its shim found through cro->socket_dir, or its own view of it
  * for a process in a container) and resumes. On failure pid is left suspended; the caller
- * decides whether it ends (err says which step failed). */
+ * decides whether it ends (err says which step failed). Every wait on the process is bounded
+ * by cro->call_ms (0: an hour, the disk's bound). */
 int gcr_imgcr_resume_restored(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_imgcr_result *r,
 			      struct gcr_err *err);
+/* image-read alone: pid's data, in dir/gpu's files only, becomes what its next resume reads
+ * (it stays suspended). */
+int gcr_imgcr_attach(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_err *err);
+/* image-write alone: pid, suspended with its data in host memory, writes it to dir/gpu's files
+ * and gives that memory back (its data then in those files only: gcr_imgcr_attach before a
+ * resume); its registry connection closed and control socket re-bound for a CRIU dump. *bytes
+ * gets the GPU bytes imaged. */
+int gcr_imgcr_write(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, long long *bytes, struct gcr_err *err);
+
 /* What this machine offers an image (GPU 0's model, the driver, this gcr's shim version). */
 void gcr_imgcr_expect_here(struct gcr_image_expect *e);
 

@@ -83,6 +83,40 @@ int gcr_shimreply_is_hip(json_t *status, int *hip, struct gcr_err *err)
 	return 0;
 }
 
+int gcr_shimreply_data(json_t *status, enum gcr_shimreply_data *data, struct gcr_err *err)
+{
+	static const char *const names[] = { "host", "written", "files" };
+	*data = GCR_SHIMREPLY_DATA_HOST;
+	json_t *v = json_object_get(status, "data");
+	if (v == NULL)
+		return gcr_err_set(err, -ENOENT, "shim status has no \"data\"");
+	for (size_t i = 0; json_is_string(v) && i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(json_string_value(v), names[i]) == 0) {
+			*data = (enum gcr_shimreply_data)i;
+			return 0;
+		}
+	return gcr_err_set(err, -EPROTO, "shim status: \"data\" is not \"host\", \"written\" or \"files\"");
+}
+
+int gcr_shimreply_wake(json_t *status, int *called, long long *waited_ms, struct gcr_err *err)
+{
+	*called = 0;
+	*waited_ms = 0;
+	json_t *w = json_object_get(status, "wake");
+	if (w == NULL)
+		return gcr_err_set(err, -ENOENT, "shim status has no \"wake\"");
+	const char *st = json_string_value(json_object_get(w, "state"));
+	long long ms;
+	if (!json_is_object(w) || st == NULL || (strcmp(st, "armed") != 0 && strcmp(st, "called") != 0))
+		return gcr_err_set(err, -EPROTO, "shim status: \"wake\" needs a state \"armed\" or \"called\"");
+	int rc = count_of(w, "waited_ms", GCR_SHIMREPLY_BYTES_MAX, &ms, err);
+	if (rc < 0)
+		return rc == -ENOENT ? gcr_err_set(err, -EPROTO, "shim status: \"wake\" without \"waited_ms\"") : rc;
+	*called = strcmp(st, "called") == 0;
+	*waited_ms = *called ? ms : 0;
+	return 0;
+}
+
 int gcr_shimreply_bytes(json_t *report, long long *total, long long *moved, struct gcr_err *err)
 {
 	*total = *moved = 0;

@@ -88,6 +88,21 @@ struct gcr_group_comms;
 int gcr_shimreply_comms(json_t *reply, struct gcr_group_comms *out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
+/* Where a suspended process's GPU data is (a status's "data", protocol.h). */
+enum gcr_shimreply_data {
+	GCR_SHIMREPLY_DATA_HOST = 0, /* host memory: a resume brings it back */
+	GCR_SHIMREPLY_DATA_WRITTEN,  /* image files only: image-read, then resume */
+	GCR_SHIMREPLY_DATA_FILES,    /* image files attached: a resume reads them */
+};
+int gcr_shimreply_data(json_t *status, enum gcr_shimreply_data *data, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
+/* A status's "wake" (a wake suspend in effect): *called 1 when a thread has called since it
+ * (the wake sent, or tried), with *waited_ms since that first call (0 .. 2^50 - 1); 0 while
+ * armed. */
+int gcr_shimreply_wake(json_t *status, int *called, long long *waited_ms, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+
 /* The sum of a stats reply's "calls" map of hook name to count: 0 .. LLONG_MAX. Every shim
  * sends the map, so its absence is -EPROTO too (-ENOENT would read as "no shim" to callers). */
 int gcr_shimreply_calls(json_t *stats, long long *sum, struct gcr_err *err) __attribute__((warn_unused_result));

@@ -31,6 +31,7 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/kube/agent_kube.c node-agent/kube/agent_kube.h \
 	node-agent/daemon/agent_registry.c node-agent/daemon/agent_registry.h \
 	node-agent/controller/agent_controller.c node-agent/controller/agent_controller.h \
+	node-agent/controller/agent_ckimage.c node-agent/controller/agent_ckimage.h \
 	node-agent/kube/agent_lease.c node-agent/kube/agent_lease.h \
 	node-agent/kube/agent_leader.c node-agent/kube/agent_leader.h \
 	node-agent/kube/agent_objmap.c node-agent/kube/agent_objmap.h \

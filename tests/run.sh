@@ -106,10 +106,12 @@ tier k8s-chart tests/k8s/test_chart.sh
 # A real node: kubelet, containerd, runc, the chart with its defaults (tests/k8s/node/README.md).
 tier k8s-node python3 tests/k8s/test_node_e2e.py build
 # GPU memory overcommit by suspend on the real node (docs/preemption.md): pods of different
-# PriorityClass on one 512 MiB stand-in GPU, an agent restart, readiness, the policy switched off (3 min).
+# PriorityClass on one 512 MiB stand-in GPU, an agent restart, readiness, a wake lost with a killed
+# agent, a held pod taken over by its owner's Checkpoint, the policy switched off (5 min).
 tier k8s-overcommit python3 tests/k8s/test_overcommit_e2e.py build
 # Eviction without loss, the checkpoint at deletion (docs/preemption.md): opted-in pods drained,
-# deleted plainly, deleted with too little time, the policy off; the drained pod's image restored.
+# deleted plainly, deleted with too little time, the policy off; the drained pod's image restored;
+# pods already suspended (a Checkpoint, a GPUResidency at 0) drained: imaged from their suspended state.
 tier k8s-evict python3 tests/k8s/test_evict_e2e.py build
 # Eviction without loss, the replacement pod (docs/preemption.md): a Deployment's pod imaged by an
 # eviction Checkpoint, deleted, its replacement restored from the node agent's registry.

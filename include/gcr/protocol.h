@@ -57,7 +57,14 @@
  *   "requests" {"suspend","resume"}: requests that reached the shim's C/R code
  *   "backends" {"cuda": bool, "hip": bool}: runtimes loaded; HIP only means the control
  *              step is CRIU's (absent in older shims: CUDA)
- *   "restore_need" (once a trim kept one) the object the last trim's "restore_need" gave */
+ *   "restore_need" (once a trim kept one) the object the last trim's "restore_need" gave
+ *   "data"     (while suspended) where its GPU data is: "host" (host memory: resume), "written"
+ *              (image files only, after a suspend to an image or image-write: image-read, then
+ *              resume) or "files" (image files attached by image-read: the next resume reads them)
+ *   "wake"     (while suspended by a suspend with "wake", below) {"state": "armed" (no thread has
+ *              called since) or "called" (one has: its wake was sent to the agent, or tried),
+ *              "waited_ms": how long the first caller has waited (0 while armed)}: an agent that
+ *              restarted finds here a wake it never received (docs/preemption.md, "Wake on call") */
 #define GCR_OP_STATUS "status"
 /* suspend: data out: gate closed, buffers staged, memory released. Args: "group" (bool: a
  * group member, drained or detached: its communicators are torn down first, and the process
@@ -200,7 +207,9 @@
  * waiting thread had waited when the line left; a thread may arrive while the suspend is
  * still in flight). The agent treats it as a room request at the process's priority for the
  * bytes it held (docs/preemption.md, "Wake on call"); a line from a process it did not suspend
- * is logged and ignored. A process suspended without "wake" (gcrctl, a Checkpoint) sends none. */
+ * is logged and ignored. A process suspended without "wake" (gcrctl, a Checkpoint) sends none.
+ * A wake the agent lost (it restarted meanwhile) stays in the status ("wake": "called") until
+ * the resume. */
 #define GCR_OP_WAKE "wake"
 #define GCR_WAKE_MAX_WAITED_MS 86400000LL
 /* The process's environment as the agent reads it (<procRoot>/<pid>/environ; the device

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent_ckimage.h"
 #include "agent_crobj.h"
 #include "agent_gate.h"
 #include "agent_images.h"
@@ -34,6 +35,7 @@
 #include "agent_quantity.h"
 #include "agent_record.h"
 #include "gcr_cr.h"
+#include "gcr_image.h"
 #include "gcr_imgcr.h"
 #include "gcr_procns.h"
 #include "gcr_log.h"
@@ -58,6 +60,9 @@
 /* Longest wait for the scaler's process to mark a gated pod not ready before its suspend,
  * in ms: traffic should leave first, but a missing scaler must not stop the suspend. */
 #define GATE_WAIT_MS 10000
+/* A suspend or resume's wait for the shim's answer: the operation's timeout (the gate's and the
+ * driver lock's bound) plus this (ms), for the copies after the gate closed. */
+#define GATE_SLACK_MS 60000
 /* A Restore refused for want of GPU memory (gcr_cr_resume's -ENOSPC: nothing touched) is
  * retried after 1 s, doubling to 30 s, for the Restore's timeoutSeconds or else this long
  * (ms): room usually comes back when a neighbour's job or request ends, within minutes. */
@@ -73,6 +78,13 @@
 /* Records whose Checkpoint is gone, and images whose Checkpoint is gone, are looked for this
  * often (ms). */
 #define SWEEP_MS 2000
+/* What Images leave behind (in pods' directories, the kubelet's archives) is looked for this often
+ * (ms): the sweep reads every allocation's directory. */
+#define LEFTOVER_SWEEP_MS 10000
+/* The condition that says whether a Checkpoint's status is the agent's (False, reason Forged:
+ * a final phase someone else wrote, which the CRD keeps final). */
+#define FORGED_TYPE "SetByAgent"
+#define FORGED_REASON "Forged"
 
 enum kind { K_POD, K_CK, K_RS, NK };
 /* The queue's key of the images sweep (agent_images_sweep), one at a time. */
@@ -93,8 +105,12 @@ struct agent_controller {
 	struct agent_registry *reg;
 	struct agent_metrics *metrics;
 	struct agent_record_store *rec;
-	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir, *kubelet_url, *key_dir;
+	struct agent_ckimage *img; /* the Image action (agent_ckimage) */
+	char *node, *lease_ns, *socket_dir, *pause, *pod_query, *instance, *images_dir, *kubelet_url, *key_dir,
+		*alloc_root;
 	int pause_s, grace_ms, images_keep, images_shared, registry_port;
+	struct agent_controller_adopt adopt;
+	double last_leftovers; /* the last sweep of leftovers (monotonic ms) */
 	atomic_int stop;
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;
@@ -375,6 +391,13 @@ static json_t *build_status(struct agent_controller *c, struct op *o, const char
 	json_object_set_new(st, "conditions",
 			    json_pack("[{s:s, s:s, s:s, s:s, s:s}]", "type", "Complete", "status", cs,
 				      "lastTransitionTime", now, "reason", reason, "message", message));
+	/* A Checkpoint's status says it is the agent's (the column SetByAgent): one it did not write
+	 * is marked False (mark_forged). */
+	if (o->kind == K_CK)
+		json_array_append_new(json_object_get(st, "conditions"),
+				      json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", FORGED_TYPE, "status", "True",
+						"lastTransitionTime", now, "reason", "WrittenByAgent", "message",
+						"this status was written by the GCR agent of its node"));
 	return st;
 }
 
@@ -454,13 +477,34 @@ static void fail(struct agent_controller *c, struct op *o, const char *reason, c
 	mark_done(c, o->d.uid);
 }
 
+/* The test hook: GCR_AGENT_TEST_PAUSE=where pauses pause_s seconds there; =file:PATH reads
+ * "where seconds" from PATH at each point (a test chooses the point, one agent serving every
+ * case: PATH must be a file only root can write, as the record directory). */
 static void test_pause(struct agent_controller *c, const char *where)
 {
-	if (c->pause == NULL || strcmp(c->pause, where) != 0)
+	int secs = c->pause_s;
+	if (c->pause == NULL)
 		return;
-	GCR_LOG(GCR_LOG_WARN, "controller", "test hook: pausing %d s at %s", c->pause_s, where);
-	for (int i = 0; i < c->pause_s * 10 && !atomic_load(&c->stop); i++)
+	if (strncmp(c->pause, "file:", 5) == 0) {
+		char line[128], at[64];
+		FILE *f = fopen(c->pause + 5, "re");
+		int ok = f != NULL && fgets(line, sizeof(line), f) != NULL && sscanf(line, "%63s %d", at, &secs) >= 1 &&
+			 strcmp(at, where) == 0;
+		if (f != NULL)
+			fclose(f);
+		if (!ok)
+			return;
+	} else if (strcmp(c->pause, where) != 0) {
+		return;
+	}
+	GCR_LOG(GCR_LOG_WARN, "controller", "test hook: pausing %d s at %s", secs, where);
+	for (int i = 0; i < secs * 10 && !atomic_load(&c->stop); i++)
 		usleep(100 * 1000);
+}
+
+static void image_pause(void *data, const char *where)
+{
+	test_pause(data, where);
 }
 
 /* Saves r; a failure is logged (the status says what happened; a restart then finds the
@@ -608,7 +652,8 @@ static int timeout_ms_of(const struct agent_crobj *d)
 static int resume_all(struct agent_controller *c, const struct proc *p, int n, enum gcr_cr_mode mode,
 		      int timeout_ms, const struct agent_crobj *rs, struct gcr_cr_result *sum, struct gcr_err *err)
 {
-	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = timeout_ms };
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = timeout_ms,
+				    .call_ms = timeout_ms + GATE_SLACK_MS };
 	if (rs != NULL) { /* a Restore: onto the GPUs it names, if any */
 		opts.target_gpu = rs->target_gpu[0] != '\0' ? rs->target_gpu : NULL;
 		opts.gpu_pairs = rs->pairs;
@@ -705,12 +750,13 @@ static void other_node(struct agent_controller *c, struct op *o, const char *nod
 /* A pod declaring the readiness gate is marked not ready by the scaler's process (agent_gate:
  * node agents may not write pods) as soon as its Checkpoint exists; the suspend waits for
  * that to reach this node's pod watch, bounded, so traffic leaves before the threads stop. */
-static void wait_gate(struct agent_controller *c, const char *ns, const char *name)
+static void wait_gate(struct agent_controller *c, const char *ns, const char *name, int bound_ms)
 {
 	char key[600];
 	snprintf(key, sizeof(key), "%s/%s", ns, name);
 	struct timespec dl;
-	gcr_time_deadline(&dl, GATE_WAIT_MS);
+	int wait_ms = bound_ms > 0 && bound_ms < GATE_WAIT_MS ? bound_ms : GATE_WAIT_MS;
+	gcr_time_deadline(&dl, wait_ms);
 	pthread_mutex_lock(&c->lock);
 	json_t *pod = json_object_get(c->cache[K_POD], key);
 	int declared = agent_gate_declared(pod), rc = 0;
@@ -724,7 +770,7 @@ static void wait_gate(struct agent_controller *c, const char *ns, const char *na
 	if (declared && rc != 0)
 		GCR_LOG(GCR_LOG_WARN, "controller",
 			"pod %s: %s still not False after %d ms (is the scaler running?); suspending anyway", key,
-			AGENT_GATE_TYPE, GATE_WAIT_MS);
+			AGENT_GATE_TYPE, wait_ms);
 }
 
 /* ---- Checkpoint ---- */
@@ -752,11 +798,54 @@ static void finish_checkpoint(struct agent_controller *c, struct op *o, struct a
 
 /* Suspends the recorded processes all at once (gcr_scale_run, as gcrctl scale does) in the
  * recorded mode; on a failure resumes those this run suspended. */
+/* Processes the overcommit policy holds suspended (for idling, or for another pod): their owner's
+ * Checkpoint takes them over rather than failing "already suspended", and its Restore resumes
+ * them (docs/preemption.md, "Taken over by a Checkpoint"). Only when the policy holds every one
+ * of them in one mode (the record has one). 1: taken over and finished; 0: not held, nothing done. */
+static int take_over(struct agent_controller *c, struct op *o, struct agent_record *r, const struct proc *p, int n)
+{
+	int mode = -1, d = 0, taken = 0, rc = 0;
+	if (c->adopt.held == NULL || c->adopt.release == NULL)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		if (c->adopt.held(c->adopt.data, p[i].pid, r->p[i].start, &d) != 1 || (mode >= 0 && d != mode))
+			return 0;
+		mode = d;
+	}
+	struct gcr_err err = { 0 };
+	for (; taken < n && rc == 0; taken += rc == 0)
+		if ((rc = c->adopt.release(c->adopt.data, p[taken].pid, r->p[taken].start, &d, timeout_ms_of(&o->d))) < 0)
+			gcr_err_set(&err, rc, "pid %d: %s", (int)p[taken].pid,
+				    rc == -ETIMEDOUT ? "the overcommit policy did not give it up in time" : "no longer held");
+	r->keep_context = mode;
+	char note[1024];
+	if (rc < 0 && taken == 0)
+		return 0;
+	if (rc < 0) {
+		struct gcr_err e2;
+		int urc = resume_all(c, p, taken, mode_of(mode), timeout_ms_of(&o->d), NULL, NULL, &e2);
+		snprintf(note, sizeof(note), "taking over processes the overcommit policy held failed at %s; the %d taken "
+			 "over were %s", err.msg, taken, urc == 0 ? "resumed" : "left suspended (resume failed)");
+		finish_checkpoint(c, o, r, 0, "CheckpointFailed", note, NULL, 0, 0);
+		return 1;
+	}
+	snprintf(note, sizeof(note), "%d process(es) already suspended by the overcommit policy%s: this Checkpoint holds "
+		 "them now (the policy no longer resumes them); a Restore resumes them", n,
+		 mode ? ", data only (CUDA context kept on the GPU)" : "");
+	json_t *extra = json_pack("{s:o, s:s}", "processes", procs_json(p, n, "Checkpointed"), "mode",
+				  mode_api_name(mode_of(mode)));
+	finish_checkpoint(c, o, r, 1, "Checkpointed", note, extra, 0, 0);
+	return 1;
+}
+
 static void run_checkpoint(struct agent_controller *c, struct op *o, struct agent_record *r, const struct proc *p,
 			   int n)
 {
+	if (take_over(c, o, r, p, n))
+		return;
 	enum gcr_cr_mode mode = mode_of(r->keep_context);
-	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = timeout_ms_of(&o->d) };
+	struct gcr_cr_opts opts = { .socket_dir = c->socket_dir, .mode = mode, .timeout_ms = timeout_ms_of(&o->d),
+				    .call_ms = timeout_ms_of(&o->d) + GATE_SLACK_MS };
 	struct gcr_cr_result sum = { 0 };
 	double t0 = gcr_time_mono_ms();
 	test_pause(c, "before-cr");
@@ -834,57 +923,11 @@ static void start_checkpoint(struct agent_controller *c, struct op *o, struct ag
 			agent_record_del(c->rec, r->uid, &err);
 		return;
 	}
-	wait_gate(c, r->ns, r->pod);
+	wait_gate(c, r->ns, r->pod, timeout_ms_of(&o->d));
 	run_checkpoint(c, o, r, p, n);
 }
 
-/* ---- Checkpoint with action Image ---- */
-
-/* Where the image of pid, a process in a pod, is written first: its allocation's image directory
- * (the device plugin's GCR_IMAGE_DIR, mounted at the same path in the container, so the shim and
- * CRIU mean the same directory), checked to be <images_dir>/.alloc/<id> and, opened inside the
- * process's own root, the very directory the agent has there. out gets <that dir>/<uid>. */
-static int pod_image_dir(struct agent_controller *c, pid_t pid, const char *uid, char *out, size_t len,
-			 struct gcr_err *err)
-{
-	char v[PATH_MAX];
-	int rc = gcr_procns_env(pid, "GCR_IMAGE_DIR", v, sizeof(v), err);
-	if (rc < 0)
-		return gcr_err_set(err, rc, "the pod has no image directory (GCR_IMAGE_DIR: the chart's images.pods is "
-				   "off, or the pod started before it was on)");
-	if (!agent_images_is_alloc_dir(c->images_dir, v))
-		return gcr_err_set(err, -EPERM, "GCR_IMAGE_DIR %.200s is not an allocation's image directory under %s", v,
-				   c->images_dir);
-	struct stat ours, theirs;
-	int fd = gcr_procns_open_dir(pid, v, err);
-	if (fd < 0)
-		return fd;
-	rc = fstat(fd, &theirs) < 0 || lstat(v, &ours) < 0 ? -errno : 0;
-	close(fd);
-	if (rc < 0)
-		return gcr_err_set(err, rc, "cannot read %s: %s", v, strerror(-rc));
-	if (!S_ISDIR(ours.st_mode) || ours.st_dev != theirs.st_dev || ours.st_ino != theirs.st_ino)
-		return gcr_err_set(err, -EPERM, "%s in the pod is not the agent's %s", v, v);
-	if (snprintf(out, len, "%s/%s", v, uid) >= (int)len)
-		return gcr_err_set(err, -ENAMETOOLONG, "image path too long");
-	return 0;
-}
-
-/* Writes an image of the pod's one GCR process (gcr_imgcr, leaving it running) to
- * <images_dir>/<ns>/<pod>/<name>, then prunes the pod's images past images_keep. No record:
- * the process is never left suspended on purpose; a failure leaves it as gcr_imgcr says
- * (resumed, or suspended and resumable), and the status and Event carry that message. */
-/* An Image that failed: status Failed with the processes' state, a Warning Event, the metric. */
-static void image_failed(struct agent_controller *c, struct op *o, const struct proc *p, int n, const char *path,
-			 const struct gcr_err *err, const char *state, double total_ms)
-{
-	char msg[PATH_MAX + 2 * GCR_ERR_MSG_MAX];
-	snprintf(msg, sizeof(msg), "image of pid %d to %s failed: %s", (int)p[0].pid, path, err->msg);
-	set_status(c, o, "Failed", "ImageFailed", msg, json_pack("{s:o}", "processes", procs_json(p, n, state)));
-	event(c, o->obj, "Checkpoint", "Warning", "ImageFailed", msg);
-	agent_metrics_op(c->metrics, "checkpoint", 0, total_ms, 0);
-	mark_done(c, o->d.uid);
-}
+/* ---- Checkpoint with action Image (agent_ckimage runs it; here its record and statuses) ---- */
 
 /* Whose images this node's retention removes (agent_images.h): on shared storage only its own;
  * node-local, every one in the directory (also those from before manifests named the node). */
@@ -917,108 +960,53 @@ static int image_prune(struct agent_controller *c, const struct agent_crobj *d, 
 	return pruned > 0 ? pruned : 0;
 }
 
-static void run_image(struct agent_controller *c, struct op *o, const struct proc *p, int n)
+/* What a pod's process may make the agent copy into its image (agent_ckimage_cfg.copy_bound;
+ * docs/install.md, "Input bounds"): the bytes it holds on the GPU now (NVML: the driver's count,
+ * not the shim's word; a suspended process, or where NVML cannot say: every GPU's memory), and no
+ * more than its container's ephemeral-storage limit when it has one, so that the copy counts
+ * against the pod that made it. 0 with err: no bound. */
+static unsigned long long copy_bound(void *data, const struct agent_record *r, int suspended, char *why, size_t len,
+				     struct gcr_err *err)
 {
-	const struct agent_crobj *d = &o->d;
-	char path[PATH_MAX], msg[PATH_MAX + 2 * GCR_ERR_MSG_MAX];
-	struct gcr_err err;
-	if (n != 1) {
-		fail(c, o, "ImageFailed",
-		     "pod %s/%s has %d processes under the GCR shim; an image holds one (name its container in "
-		     "spec.containerName); nothing was done",
-		     d->ns, d->target, n);
-		return;
+	struct agent_controller *c = data;
+	struct gcr_nvml_use use[GCR_NVML_MAX_DEVICES];
+	int k = 0;
+	unsigned long long gpu = 0, limit = 0;
+	if (!suspended && gcr_nvml_proc_use(r->p[0].pid, use, GCR_NVML_MAX_DEVICES, &k, err) == 0) {
+		for (int i = 0; i < k; i++)
+			gpu += use[i].bytes;
+		snprintf(why, len, "%llu MiB on the GPU", gpu >> 20);
+	} else {
+		char gpus[GCR_NVML_MAX_DEVICES][GCR_NVML_UUID_LEN];
+		int n = 0;
+		if (!suspended)
+			GCR_LOG(GCR_LOG_WARN, "controller", "pid %d: its GPU bytes unknown (%s); its image's files are "
+				"bounded by the node's GPU memory", (int)r->p[0].pid, err->msg);
+		for (int i = 0; gcr_nvml_gpus(gpus, GCR_NVML_MAX_DEVICES, &n, err) == 0 && i < n; i++) {
+			unsigned long long fr = 0, total = 0;
+			if (gcr_nvml_mem(gpus[i], &fr, &total, err) == 0)
+				gpu += total;
+		}
+		snprintf(why, len, "%llu MiB: the node's GPU memory", gpu >> 20);
 	}
-	if (agent_images_path(c->images_dir, d->ns, d->target, d->name, path, sizeof(path), &err) < 0 ||
-	    agent_images_mkparents(path, &err) < 0) {
-		fail(c, o, "ImageFailed", "%s; nothing was done", err.msg);
-		return;
+	json_t *pod = cache_get(c, K_POD, r->ns, r->pod), *ct;
+	size_t i;
+	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "containers"), i, ct) {
+		const char *name = json_string_value(json_object_get(ct, "name"));
+		const char *q = json_string_value(json_object_get(
+			json_object_get(json_object_get(ct, "resources"), "limits"), "ephemeral-storage"));
+		if (name != NULL && strcmp(name, r->p[0].container) == 0 && q != NULL &&
+		    agent_quantity_parse(q, strlen(q), &limit) == 0 && limit < gpu) {
+			snprintf(why, len, "%llu MiB: container %.63s's ephemeral-storage limit %.32s", limit >> 20,
+				 r->p[0].container, q);
+			gpu = limit;
+		}
 	}
-	snprintf(msg, sizeof(msg), "writing an image of pid %d to %s", (int)p[0].pid, path);
-	int rc = set_status(c, o, "Running", "InProgress", msg,
-			    json_pack("{s:o}", "processes", procs_json(p, n, "Running")));
-	if (rc < 0) {
-		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: not run (its status cannot be written)", d->ns,
-			d->name);
-		return;
-	}
-	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms_of(d) };
-	/* A process in a container (not in our PID and mount namespaces: a pod's) is dumped with its
-	 * container's whole tree (gcr_ctrdump); one on the host alone. */
-	struct gcr_err nserr;
-	struct gcr_imgcr_opts io = { .cr = &cro, .leave_running = 1,
-				     .whole_container = gcr_procns_same(p[0].pid, &nserr) == 0, .node = c->node };
-	struct gcr_imgcr_result r = { 0 };
-	/* A pod's process: written in its allocation's image directory, then moved to path. */
-	char work[PATH_MAX] = "";
-	struct stat st;
-	struct gcr_imagemac_keys keys;
-	if ((rc = load_keys(c, &keys, &err)) < 0)
-		gcr_err_wrap(&err, "process untouched");
-	io.sign = keys.n > 0 ? &keys.key[0] : NULL;
-	if (rc < 0)
-		;
-	else if (io.whole_container && (rc = pod_image_dir(c, p[0].pid, d->uid, work, sizeof(work), &err)) < 0)
-		gcr_err_wrap(&err, "process untouched");
-	else if (io.whole_container && lstat(path, &st) == 0)
-		rc = gcr_err_set(&err, -EEXIST, "%s exists: an image is never overwritten (process untouched)", path);
-	if (rc == 0) {
-		test_pause(c, "before-cr");
-		rc = gcr_imgcr_checkpoint(p[0].pid, work[0] ? work : path, &io, &r, &err);
-		test_pause(c, "after-cr");
-	}
-	gcr_imagemac_clear(&keys);
-	if (rc == 0 && work[0] && (rc = agent_images_move(work, path, &err)) < 0)
-		gcr_err_wrap(&err, "the image is whole at %s; the process runs on", work);
-	if (rc < 0) {
-		image_failed(c, o, p, n, path, &err, "Failed", r.ms_total);
-		return;
-	}
-	int pruned = image_prune(c, d, path);
-	snprintf(msg, sizeof(msg), "image of pid %d written to %s: %lld bytes (%lld GPU bytes, %lld written); the "
-		 "process runs on%s",
-		 (int)p[0].pid, path, r.image, r.bytes, r.written,
-		 pruned > 0 ? "; older images of the pod past the limit removed" : "");
-	json_t *extra = json_pack(
-		"{s:o, s:s, s:{s:s, s:I, s:I, s:I}, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "processes",
-		procs_json(p, n, "Running"), "mode", "Full", "image", "path", path, "bytes", (json_int_t)r.image,
-		"gpuBytes", (json_int_t)r.bytes, "writtenBytes", (json_int_t)r.written, "bytes", "vmm",
-		(json_int_t)r.bytes, "total", (json_int_t)r.bytes, "durations", "suspend", (json_int_t)r.ms_suspend,
-		"write", (json_int_t)r.ms_write, "dump", (json_int_t)r.ms_dump, "manifest", (json_int_t)r.ms_manifest,
-		"resume", (json_int_t)r.ms_resume, "total", (json_int_t)r.ms_total);
-	set_status(c, o, "Succeeded", "ImageWritten", msg, extra);
-	event(c, o->obj, "Checkpoint", "Normal", "ImageWritten", msg);
-	agent_metrics_op(c->metrics, "checkpoint", 1, r.ms_total, r.image);
-	mark_done(c, d->uid);
-}
-
-/* ---- Checkpoint with action Image, the CPU side by the kubelet (spec.cpuCheckpoint Kubelet) ---- */
-
-/* The kubelet's checkpoint of a container, at most this long (s): its CRIU dump of the CPU side. */
-#define KUBELET_CHECKPOINT_S 300
-
-/* POST /checkpoint/<ns>/<pod>/<container> on this node's kubelet (its checkpoint API, the
- * container runtime's CRI CheckpointContainer, which leaves the container running): archive
- * (len bytes) gets the archive's path on the node. */
-static int kubelet_checkpoint(struct agent_controller *c, const char *ns, const char *pod, const char *container,
-			      char *archive, size_t len, struct gcr_err *err)
-{
-	char path[900];
-	snprintf(path, sizeof(path), "/checkpoint/%s/%s/%s?timeout=%d", ns, pod, container, KUBELET_CHECKPOINT_S);
-	long st = 0;
-	json_t *out = NULL;
-	int rc = agent_kube_request_at(c->kube, c->kubelet_url, "POST", path, KUBELET_CHECKPOINT_S + 30, &st, &out, err);
-	if (rc == 0 && st != 200) /* >= 400: the request said why */
-		rc = st >= 400 ? -EIO : gcr_err_set(err, -EIO, "HTTP %ld", st);
-	const char *a = json_string_value(json_array_get(json_object_get(out, "items"), 0));
-	if (rc == 0 && (a == NULL || a[0] != '/' || strstr(a, "/../") != NULL || strlen(a) >= len))
-		rc = gcr_err_set(err, -EPROTO, "the kubelet's answer names no checkpoint archive");
-	if (rc == 0)
-		snprintf(archive, len, "%s", a);
-	json_decref(out);
-	if (rc < 0)
-		gcr_err_wrap(err, "the kubelet's checkpoint of %s/%s/%s", ns, pod, container);
-	return rc;
+	json_decref(pod);
+	if (gpu == 0)
+		gcr_err_set(err, -EIO, "the bytes pid %d may write cannot be bounded (NVML: %s)", (int)r->p[0].pid,
+			    err->msg);
+	return gpu;
 }
 
 /* The checkpoint image's reference on this node's registry (agent_ocireg), with a new 128-bit
@@ -1041,234 +1029,159 @@ static int publish_ref(struct agent_controller *c, const struct op *o, char *ref
 	return agent_ociimg_ref(c->registry_port, o->d.ns, o->d.name, token, ref, len) < 0 ? -ENOENT : 0;
 }
 
-/* What a pod's process may make the agent copy into its image (docs/install.md, "Input bounds"):
- * the bytes it holds on the GPU now (NVML: the driver's count, not the shim's word; where NVML
- * cannot say, every GPU's memory), and no more than its container's ephemeral-storage limit
- * when it has one, so that the copy counts against the pod that made it. 0 with err: no bound. */
-static unsigned long long copy_bound(struct agent_controller *c, const struct agent_crobj *d, const struct proc *p,
-				     char *why, size_t len, struct gcr_err *err)
+/* An Image's every wait on its process: spec.timeoutSeconds, else this (ms): its suspend and
+ * resume move the GPU data at the disk's speed, not PCIe's. */
+#define IMAGE_OP_DEFAULT_MS (10 * 60 * 1000)
+
+static int image_op_ms(const struct agent_crobj *d)
 {
-	struct gcr_nvml_use use[GCR_NVML_MAX_DEVICES];
-	int k = 0;
-	unsigned long long gpu = 0, limit = 0;
-	if (gcr_nvml_proc_use(p->pid, use, GCR_NVML_MAX_DEVICES, &k, err) == 0) {
-		for (int i = 0; i < k; i++)
-			gpu += use[i].bytes;
-		snprintf(why, len, "%llu MiB on the GPU", gpu >> 20);
-	} else {
-		char gpus[GCR_NVML_MAX_DEVICES][GCR_NVML_UUID_LEN];
-		int n = 0;
-		GCR_LOG(GCR_LOG_WARN, "controller", "pid %d: its GPU bytes unknown (%s); its image's files are bounded by "
-			"the node's GPU memory", (int)p->pid, err->msg);
-		for (int i = 0; gcr_nvml_gpus(gpus, GCR_NVML_MAX_DEVICES, &n, err) == 0 && i < n; i++) {
-			unsigned long long fr = 0, total = 0;
-			if (gcr_nvml_mem(gpus[i], &fr, &total, err) == 0)
-				gpu += total;
-		}
-		snprintf(why, len, "%llu MiB: the node's GPU memory", gpu >> 20);
-	}
-	json_t *pod = cache_get(c, K_POD, d->ns, d->target), *ct;
-	size_t i;
-	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "containers"), i, ct) {
-		const char *name = json_string_value(json_object_get(ct, "name"));
-		const char *q = json_string_value(json_object_get(
-			json_object_get(json_object_get(ct, "resources"), "limits"), "ephemeral-storage"));
-		if (name != NULL && strcmp(name, p->container) == 0 && q != NULL &&
-		    agent_quantity_parse(q, strlen(q), &limit) == 0 && limit < gpu) {
-			snprintf(why, len, "%llu MiB: container %.63s's ephemeral-storage limit %.32s", limit >> 20,
-				 p->container, q);
-			gpu = limit;
-		}
-	}
-	json_decref(pod);
-	if (gpu == 0)
-		gcr_err_set(err, -EIO, "the bytes pid %d may write cannot be bounded (NVML: %s)", (int)p->pid, err->msg);
-	return gpu;
+	return d->timeout_s > 0 ? d->timeout_s * 1000 : IMAGE_OP_DEFAULT_MS;
 }
 
-/* Image of a pod's process whose CPU side is the container runtime's checkpoint, restorable
- * into a new pod (docs/images.md, "Restore into a new pod"): the shim suspends with its GPU
- * data written to image-<uid> in the pod's socket directory, the kubelet checkpoints the
- * container (its runtime's CRIU, the process held suspended), the process resumes from those
- * files; then the files and the kubelet's archive go to <images_dir>/<ns>/<pod>/<name> with a
- * manifest (mode runtime). A failure before the resume resumes the process from the files. */
-static void run_image_kubelet(struct agent_controller *c, struct op *o, const struct proc *p, int n)
+/* The Image of r (state imaging) run or finished by agent_ckimage, then its outcome into the
+ * record first and the status after (sync_checkpoint writes it again if that write is lost).
+ * Not over (its process not back yet): the record stays imaging, retried with backoff. */
+static void run_image(struct agent_controller *c, struct op *o, struct agent_record *r)
+{
+	struct agent_ckimage_out out;
+	agent_ckimage_run(c->img, r, timeout_ms_of(&o->d), image_op_ms(&o->d), &out);
+	struct proc p = { .pid = r->p[0].pid };
+	snprintf(p.container, sizeof(p.container), "%s", r->img.container);
+	if (!out.final) {
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: %s", r->ns, r->name, out.msg);
+		save(c, r);
+		/* Said once: a write of the same again would bring its own event, and a try, back at once. */
+		const char *said = status_str(o->obj, "message");
+		if (o->obj != NULL && (said == NULL || strcmp(said, out.msg) != 0))
+			set_status(c, o, "Running", "InProgress", out.msg,
+				   json_pack("{s:o}", "processes", procs_json(&p, 1, out.state)));
+		retry_later(c, o->key, 0);
+		agent_ckimage_out_clear(&out);
+		return;
+	}
+	json_t *extra = out.extra != NULL ? json_incref(out.extra) : json_object();
+	char msg[sizeof(out.msg) + 900];
+	snprintf(msg, sizeof(msg), "%s", out.msg);
+	if (out.ok) {
+		if (image_prune(c, &o->d, r->img.path) > 0)
+			snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), "; older images of the pod past the limit "
+				 "removed");
+		char ref[700];
+		if (r->img.kubelet && o->obj != NULL && publish_ref(c, o, ref, sizeof(ref)) == 0) {
+			json_object_set_new(json_object_get(extra, "image"), "reference", json_string(ref));
+			/* The reference carries the token: status.image.reference only, never the message, an
+			 * Event or a log line (docs/install.md, "The image registry"). */
+			snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), "; a new pod restores it from the image "
+				 "named in status.image.reference");
+		}
+	}
+	json_object_set_new(extra, "processes", procs_json(&p, 1, out.state));
+	json_t *st = build_status(c, o, out.ok ? "Succeeded" : "Failed", out.reason, msg, extra);
+	agent_record_set_status(&r->ck_status, st);
+	r->state = out.ok ? AGENT_REC_IMAGED : AGENT_REC_FAILED;
+	save(c, r);
+	if (o->obj != NULL && write_status(c, o, st) == 0)
+		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: %s (%s) %s", o->d.ns, o->d.name,
+			out.ok ? "Succeeded" : "Failed", out.reason, msg);
+	json_decref(st);
+	if (o->obj != NULL)
+		event(c, o->obj, "Checkpoint", out.ok ? "Normal" : "Warning", out.ok ? "ImageWritten" : out.reason, msg);
+	agent_metrics_op(c->metrics, "checkpoint", out.ok, out.ms_total, out.bytes);
+	mark_done(c, r->uid);
+	retry_reset(c, o->key);
+	agent_ckimage_out_clear(&out);
+}
+
+/* A new Image of the pod's one GCR process: refused at once where nothing can be done, else
+ * recorded (imaging, step start) before anything is touched, then run. */
+static void new_image(struct agent_controller *c, struct op *o, json_t *pod, const struct agent_registry_proc *rp,
+		      int n)
 {
 	const struct agent_crobj *d = &o->d;
-	char path[PATH_MAX], partial[PATH_MAX], inside[PATH_MAX], archive[PATH_MAX] = "";
-	char msg[PATH_MAX + 2 * GCR_ERR_MSG_MAX];
-	struct gcr_err err = { 0 };
-	struct stat st;
-	int pfd = -1, suspended = 0, made = 0, rc = 0;
-	struct gcr_imgcr_result rr = { 0 };
-	struct gcr_cr_result cr = { 0 };
-	struct gcr_image_manifest m = { .format = GCR_IMAGE_FORMAT, .pid = p[0].pid };
-	double t0 = gcr_time_mono_ms(), t_dump = 0, t_copy = 0;
-	long long gpu_bytes = 0;
+	struct gcr_err err;
 	if (n != 1) {
 		fail(c, o, "ImageFailed", "pod %s/%s has %d processes under the GCR shim; an image holds one (name its "
 		     "container in spec.containerName); nothing was done", d->ns, d->target, n);
 		return;
 	}
-	if (c->kubelet_url == NULL) {
+	if (gcr_image_is_partial(d->name)) {
+		fail(c, o, "InvalidSpec", "Checkpoint name %s holds \"%s\", which names a partial image (never taken for "
+		     "an image, never removed by retention): an Image needs another name; nothing was done", d->name,
+		     GCR_IMAGE_PARTIAL);
+		return;
+	}
+	if (d->cpu_kubelet && c->kubelet_url == NULL) {
 		fail(c, o, "ImageFailed", "spec.cpuCheckpoint Kubelet: this agent has no kubelet URL (the chart's "
 		     "images.kubelet.enabled is off); nothing was done");
 		return;
 	}
-	if (agent_images_path(c->images_dir, d->ns, d->target, d->name, path, sizeof(path), &err) < 0 ||
-	    agent_images_mkparents(path, &err) < 0) {
+	struct agent_record r = { .keep_context = 0, .state = AGENT_REC_IMAGING, .action = AGENT_REC_ACT_IMAGE, .n = 1 };
+	snprintf(r.uid, sizeof(r.uid), "%s", d->uid);
+	snprintf(r.ns, sizeof(r.ns), "%s", d->ns);
+	snprintf(r.name, sizeof(r.name), "%s", d->name);
+	snprintf(r.pod, sizeof(r.pod), "%s", d->target);
+	snprintf(r.pod_uid, sizeof(r.pod_uid), "%s", rp[0].pod_uid);
+	r.p[0].pid = rp[0].pid;
+	r.p[0].start = rp[0].start;
+	container_name_of(pod, rp[0].container_id, r.p[0].container, sizeof(r.p[0].container));
+	r.img = (struct agent_record_image){ .kubelet = d->cpu_kubelet, .step = AGENT_REC_STEP_START, .attempt = 1 };
+	snprintf(r.img.container, sizeof(r.img.container), "%s", r.p[0].container);
+	if (agent_images_path(c->images_dir, d->ns, d->target, d->name, r.img.path, sizeof(r.img.path), &err) < 0) {
 		fail(c, o, "ImageFailed", "%s; nothing was done", err.msg);
 		return;
 	}
-	if (lstat(path, &st) == 0) {
-		fail(c, o, "ImageFailed", "%s exists: an image is never overwritten (process untouched)", path);
+	if (d->cpu_kubelet && r.img.container[0] == '\0') {
+		fail(c, o, "ImageFailed", "pod %s/%s lists no container for pid %d: the kubelet checkpoints a container "
+		     "by name; nothing was done", d->ns, d->target, (int)rp[0].pid);
 		return;
 	}
-	snprintf(msg, sizeof(msg), "writing an image of pid %d to %s (CPU side by the kubelet)", (int)p[0].pid, path);
-	if (set_status(c, o, "Running", "InProgress", msg, json_pack("{s:o}", "processes", procs_json(p, n, "Running"))) <
-	    0)
+	if (agent_record_put(c->rec, &r, &err) < 0) {
+		fail(c, o, "RecordFailed", "cannot record the operation on the node (%s); nothing was done", err.msg);
 		return;
-	struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL, .timeout_ms = timeout_ms_of(d) };
-	char bound_why[160] = "";
-	unsigned long long bound = copy_bound(c, d, &p[0], bound_why, sizeof(bound_why), &err);
-	if (bound == 0) {
-		rc = gcr_err_wrap(&err, "process untouched");
-		goto out;
 	}
-	rc = agent_images_pod_dir(p[0].pid, d->uid, &pfd, inside, sizeof(inside), &err);
-	if (rc < 0) {
-		gcr_err_wrap(&err, "process untouched");
-		goto out;
+	char msg[PATH_MAX + 200];
+	snprintf(msg, sizeof(msg), "writing an image of pid %d to %s%s", (int)rp[0].pid, r.img.path,
+		 d->cpu_kubelet ? " (CPU side by the kubelet)" : "");
+	struct proc p = { .pid = rp[0].pid };
+	snprintf(p.container, sizeof(p.container), "%s", r.p[0].container);
+	int rc = set_status(c, o, "Running", "InProgress", msg, json_pack("{s:o}", "processes", procs_json(&p, 1, "Running")));
+	if (rc == -ECANCELED) {
+		agent_record_clear(&r);
+		return; /* stopping: recorded at step start, run after the restart */
 	}
-	cro.image_dir = inside;
+	if (rc < 0) { /* gone, or someone wrote a final phase: it is not run */
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: not run (its status cannot be written)", d->ns,
+			d->name);
+		agent_record_del(c->rec, r.uid, &err);
+		agent_record_clear(&r);
+		return;
+	}
 	test_pause(c, "before-cr");
-	rc = gcr_cr_suspend(p[0].pid, &cro, &cr, &err);
-	gcr_cr_result_clear(&cr);
-	if (rc < 0) {
-		gcr_err_wrap(&err, "suspend to %s", inside);
-		goto out;
-	}
-	suspended = 1;
-	double t1 = gcr_time_mono_ms();
-	rc = kubelet_checkpoint(c, d->ns, d->target, p[0].container, archive, sizeof(archive), &err);
-	t_dump = gcr_time_mono_ms() - t1;
+	run_image(c, o, &r);
 	test_pause(c, "after-cr");
-	cro.image_dir = NULL;
-	struct gcr_err rerr;
-	int back = gcr_imgcr_resume_restored(p[0].pid, inside, &cro, &rr, &rerr);
-	if (back < 0) {
-		char first[GCR_ERR_MSG_MAX];
-		snprintf(first, sizeof(first), "%s", rc < 0 ? err.msg : "image taken");
-		rc = gcr_err_set(&err, back, "%s; the process stays suspended with its GPU data in %s (resume failed: %s)",
-				 first, inside, rerr.msg);
-		pfd = pfd >= 0 ? (close(pfd), -1) : -1; /* the only copy of its data: kept */
-		goto out;
+	agent_record_clear(&r);
+}
+
+/* An Image's record whose Checkpoint is gone: one cut short is brought back and cleaned all the
+ * same (no status to write); the record goes once nothing is left for the sweep. */
+static void orphan_image(struct agent_controller *c, const char *key, struct agent_record *r)
+{
+	struct gcr_err err;
+	if (r->state == AGENT_REC_IMAGING) {
+		struct op o = { .kind = K_CK, .key = key };
+		snprintf(o.d.ns, sizeof(o.d.ns), "%s", r->ns);
+		snprintf(o.d.name, sizeof(o.d.name), "%s", r->name);
+		snprintf(o.d.uid, sizeof(o.d.uid), "%s", r->uid);
+		run_image(c, &o, r);
+		if (r->state == AGENT_REC_IMAGING)
+			return; /* retried */
 	}
-	suspended = 0;
-	if (rc < 0) {
-		gcr_err_wrap(&err, "process resumed, no image written");
-		goto out;
-	}
-	/* The process runs on: the image is put together from the files and the archive. */
-	t1 = gcr_time_mono_ms();
-	rc = gcr_image_partial_name(path, getpid(), partial, sizeof(partial), &err);
-	if (rc == 0 && mkdir(partial, 0700) < 0)
-		rc = gcr_err_set(&err, -errno, "cannot create %s: %s", partial, strerror(errno));
-	made = rc == 0;
-	int idfd = made ? open(partial, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
-	if (rc == 0 && idfd < 0)
-		rc = gcr_err_set(&err, -errno, "cannot open %s: %s", partial, strerror(errno));
-	if (rc == 0) {
-		gpu_bytes = agent_images_copy_gpu(pfd, idfd, bound, &m.table, &err);
-		rc = gpu_bytes < 0 ? (int)gpu_bytes : 0;
-		if (rc < 0 && gpu_bytes == -EFBIG)
-			GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: pid %d's files bounded by %s", d->ns, d->name,
-				(int)p[0].pid, bound_why);
-	}
-	if (idfd >= 0)
-		close(idfd);
-	char dst[PATH_MAX + 64];
-	snprintf(dst, sizeof(dst), "%s/%s", partial, GCR_IMAGE_CRIU_DIR);
-	if (rc == 0 && mkdir(dst, 0700) < 0)
-		rc = gcr_err_set(&err, -errno, "cannot create %s: %s", dst, strerror(errno));
-	snprintf(dst, sizeof(dst), "%s/%s", partial, GCR_IMAGE_RUNTIME_ARCHIVE);
-	if (rc == 0) {
-		long long an = agent_images_copy_file(archive, dst, &err);
-		rc = an < 0 ? (int)an : 0;
-	}
-	m.created = (long long)time(NULL);
-	snprintf(m.mode, sizeof(m.mode), "%s", GCR_IMAGE_MODE_RUNTIME);
-	snprintf(m.node, sizeof(m.node), "%s", c->node);
-	snprintf(m.gcr_version, sizeof(m.gcr_version), "%s", PACKAGE_VERSION);
-	struct gcr_image_expect here;
-	gcr_imgcr_expect_here(&here);
-	m.env = here;
-	/* The table as copied (parsed once, within its bounds); signed where the node has a key. */
-	struct gcr_imagemac_keys keys;
-	if (rc == 0 && (rc = load_keys(c, &keys, &err)) == 0) {
-		rc = gcr_image_manifest_write_signed(partial, &m, keys.n > 0 ? &keys.key[0] : NULL, &err);
-		gcr_imagemac_clear(&keys);
-	}
-	if (rc == 0)
-		rc = gcr_image_commit(partial, path, &err);
-	t_copy = gcr_time_mono_ms() - t1;
-	if (rc == 0) {
-		made = 0;
-		(void)unlink(archive); /* the kubelet's copy: the image holds it now */
-	} else {
-		gcr_err_wrap(&err, "the process runs on");
-	}
-out:
-	gcr_image_manifest_clear(&m);
-	if (made)
-		gcr_image_remove(partial);
-	if (pfd >= 0) {
-		int sfd = -1;
-		char parent[PATH_MAX];
-		snprintf(parent, sizeof(parent), "%s", inside);
-		char *slash = strrchr(parent, '/');
-		if (slash != NULL) {
-			*slash = '\0';
-			sfd = gcr_procns_open_dir(p[0].pid, parent, &(struct gcr_err){ 0 });
-		}
-		if (sfd >= 0) {
-			agent_images_remove_at(sfd, slash + 1);
-			close(sfd);
-		}
-		close(pfd);
-	}
-	double total = gcr_time_mono_ms() - t0;
-	if (rc < 0 && archive[0] != '\0')
-		(void)unlink(archive); /* the container's memory: not left in the kubelet's directory */
-	if (rc < 0) {
-		image_failed(c, o, p, n, path, &err, suspended ? "Checkpointed" : "Failed", total);
+	if (agent_ckimage_pending(r, (long long)time(NULL))) {
+		retry_later(c, key, SWEEP_MS * 5);
 		return;
 	}
-	int pruned = image_prune(c, d, path);
-	char f[PATH_MAX + 64];
-	snprintf(f, sizeof(f), "%s/%s", path, GCR_IMAGE_RUNTIME_ARCHIVE);
-	long long image = gpu_bytes + (stat(f, &st) == 0 ? (long long)st.st_size : 0);
-	snprintf(msg, sizeof(msg), "image of pid %d written to %s: %lld bytes (%lld GPU bytes; CPU side by the kubelet, "
-		 "restorable into a new pod); the process runs on%s", (int)p[0].pid, path, image, rr.bytes,
-		 pruned > 0 ? "; older images of the pod past the limit removed" : "");
-	json_t *extra = json_pack(
-		"{s:o, s:s, s:{s:s, s:I, s:I, s:s, s:s}, s:{s:I, s:I, s:I, s:I}}", "processes",
-		procs_json(p, n, "Running"), "mode", "Full", "image", "path", path, "bytes", (json_int_t)image,
-		"gpuBytes", (json_int_t)rr.bytes, "cpuCheckpoint", "Kubelet", "container", p[0].container, "durations",
-		"dump", (json_int_t)t_dump, "resume", (json_int_t)rr.ms_total, "manifest", (json_int_t)t_copy, "total",
-		(json_int_t)total);
-	char ref[700];
-	if (publish_ref(c, o, ref, sizeof(ref)) == 0) {
-		json_object_set_new(json_object_get(extra, "image"), "reference", json_string(ref));
-		/* The reference carries the token: status.image.reference only, never the message, an
-		 * Event or a log line (docs/install.md, "The image registry"). */
-		snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), "; a new pod restores it from the image named in "
-			 "status.image.reference");
-	}
-	set_status(c, o, "Succeeded", "ImageWritten", msg, extra);
-	event(c, o->obj, "Checkpoint", "Normal", "ImageWritten", msg);
-	agent_metrics_op(c->metrics, "checkpoint", 1, total, image);
-	mark_done(c, d->uid);
+	agent_record_del(c->rec, r->uid, &err);
+	retry_reset(c, key);
 }
 
 /* Whether Checkpoint ns/name is in the (listed) cache: agent_images_sweep's question. */
@@ -1291,6 +1204,15 @@ static void sweep_images(struct agent_controller *c)
 		GCR_LOG(GCR_LOG_WARN, "controller", "images sweep: %s", err.msg);
 	else if (n > 0)
 		GCR_LOG(GCR_LOG_INFO, "controller", "images sweep: %d image(s) whose Checkpoint is gone removed", n);
+	/* What Images left (agent_ckimage_sweep): less often, it reads every pod's directories. */
+	double now = gcr_time_mono_ms();
+	if (now - c->last_leftovers < LEFTOVER_SWEEP_MS)
+		return;
+	c->last_leftovers = now;
+	n = agent_ckimage_sweep(c->img, c->alloc_root);
+	if (n > 0)
+		GCR_LOG(GCR_LOG_INFO, "controller", "leftovers sweep: %d leftover(s) of images removed (partial images, "
+			"the kubelet's archives, pods' copies, what pods put in their image directories)", n);
 }
 
 /* A new Checkpoint: the pod named in this namespace, its processes from the registry (by the
@@ -1335,16 +1257,8 @@ static void new_checkpoint(struct agent_controller *c, struct op *o)
 		return;
 	}
 	if (d->action == AGENT_ACTION_IMAGE) {
-		struct proc ip[MAX_PROCS];
-		for (int i = 0; i < n; i++) {
-			ip[i].pid = rp[i].pid;
-			container_name_of(pod, rp[i].container_id, ip[i].container, sizeof(ip[i].container));
-		}
+		new_image(c, o, pod, rp, n);
 		json_decref(pod);
-		if (d->cpu_kubelet)
-			run_image_kubelet(c, o, ip, n);
-		else
-			run_image(c, o, ip, n);
 		return;
 	}
 	struct agent_record r = { .keep_context = d->keep_context, .state = AGENT_REC_SUSPENDING, .n = n };
@@ -1447,6 +1361,22 @@ static void delete_checkpoint(struct agent_controller *c, struct op *o, struct a
 {
 	char note[1200];
 	struct gcr_err err;
+	if (r->action == AGENT_REC_ACT_IMAGE) {
+		/* An Image holds nothing once over: one cut short is finished first; the record stays
+		 * while the sweep has something of it to look after. */
+		if (r->state == AGENT_REC_IMAGING)
+			run_image(c, o, r);
+		if (r->state == AGENT_REC_IMAGING)
+			return;
+		if (o->d.finalizer && ck_finalizer(c, r->ns, r->name, r->uid, 0, &err) < 0 && err.code != -ENOENT) {
+			retry_later(c, o->key, 0);
+			return;
+		}
+		if (!agent_ckimage_pending(r, (long long)time(NULL)))
+			agent_record_del(c->rec, r->uid, &err);
+		retry_reset(c, o->key);
+		return;
+	}
 	if (r->state != AGENT_REC_FAILED && r->state != AGENT_REC_RESUMED) {
 		pthread_mutex_lock(&c->lock);
 		int first = json_object_get(c->backoff, o->key) == NULL;
@@ -1469,11 +1399,88 @@ static void delete_checkpoint(struct agent_controller *c, struct op *o, struct a
 	agent_record_del(c->rec, r->uid, &err);
 }
 
+/* ---- a final phase the agent did not write ---- */
+
+
+/* Seconds since the epoch of an RFC 3339 time ("2026-11-27T04:48:27Z"); -1 when unreadable. */
+static long long rfc3339_s(const char *t)
+{
+	struct tm tm = { 0 };
+	const char *end = t != NULL ? strptime(t, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
+	return end != NULL ? (long long)timegm(&tm) : -1;
+}
+
+/* Whether o carries the mark already (then nothing is written again for each of its events). */
+static int forged_marked(const struct op *o)
+{
+	json_t *conds = json_object_get(json_object_get(o->obj, "status"), "conditions");
+	size_t i;
+	json_t *cd;
+	json_array_foreach(conds, i, cd)
+	{
+		const char *t = json_string_value(json_object_get(cd, "type"));
+		const char *st = json_string_value(json_object_get(cd, "status"));
+		if (t != NULL && strcmp(t, FORGED_TYPE) == 0 && st != NULL && strcmp(st, "False") == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* Whether Checkpoint o's final phase (with no record here, nor written by this process) is this
+ * agent's to judge and was not written by it: its status names this node, or its pod is on this
+ * node; created since this node's records began to cover every Checkpoint the agent ends
+ * (agent_record_store_since: an older agent finished some without one); not marked already. */
+static int forged_here(struct agent_controller *c, struct op *o)
+{
+	long long created = rfc3339_s(md_str(o->obj, "creationTimestamp"));
+	if (created < 0 || created < agent_record_store_since(c->rec))
+		return 0;
+	int here = strcmp(o->d.node, c->node) == 0;
+	if (!here && o->d.node[0] == '\0') {
+		json_t *pod = cache_get(c, K_POD, o->d.ns, o->d.target);
+		here = pod != NULL;
+		json_decref(pod);
+	}
+	return here && !forged_marked(o);
+}
+
+/* Marks o's final phase as not the agent's (the CRD keeps a final phase final, so it cannot be
+ * put right): the condition SetByAgent False, the Complete condition Unknown, both with reason
+ * Forged, the message saying so, and a Warning Event. The phase stays what was written;
+ * `kubectl get checkpoints -o wide` shows the message, and the printer column SetByAgent. */
+static void mark_forged(struct agent_controller *c, struct op *o, const char *why)
+{
+	char now[40], msg[800];
+	agent_kube_time(now, sizeof(now), 0);
+	snprintf(msg, sizeof(msg), "FORGED: phase %s was not written by the GCR agent (%s); do not trust this status",
+		 agent_crobj_phase_name(o->d.phase), why);
+	json_t *patch = json_pack("{s:{s:s, s:[{s:s, s:s, s:s, s:s, s:s}, {s:s, s:s, s:s, s:s, s:s}]}}", "status",
+				  "message", msg, "conditions", "type", "Complete", "status", "Unknown",
+				  "lastTransitionTime", now, "reason", FORGED_REASON, "message", msg, "type", FORGED_TYPE,
+				  "status", "False", "lastTransitionTime", now, "reason", FORGED_REASON, "message", msg);
+	struct gcr_err err;
+	int rc = patch != NULL ? agent_kube_patch_status(c->kube, o->path, patch, &err) : -ENOMEM;
+	json_decref(patch);
+	if (rc < 0) {
+		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: forged phase %s not marked: %s", o->d.ns, o->d.name,
+			agent_crobj_phase_name(o->d.phase), rc == -ENOMEM ? "out of memory" : err.msg);
+		if (rc != -ENOENT)
+			retry_later(c, o->key, 0);
+		return;
+	}
+	GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: %s", o->d.ns, o->d.name, msg);
+	event(c, o->obj, "Checkpoint", "Warning", "StatusForged", msg);
+}
+
 /* A Checkpoint with a record: brings the object in line with it (final status, finalizer). */
 static void sync_checkpoint(struct agent_controller *c, struct op *o, struct agent_record *r)
 {
 	if (r->state == AGENT_REC_SUSPENDING) {
 		recover_checkpoint(c, o, r);
+		return;
+	}
+	if (r->state == AGENT_REC_IMAGING) {
+		run_image(c, o, r); /* cut short by a restart: finished from its record */
 		return;
 	}
 	if (r->state == AGENT_REC_RESUMING && r->rs_uid[0] != '\0' &&
@@ -1497,7 +1504,12 @@ static void sync_checkpoint(struct agent_controller *c, struct op *o, struct age
 	if (ph != NULL && strcmp(ph, agent_crobj_phase_name(o->d.phase)) != 0) {
 		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: status says %s, its record %s: written again",
 			r->ns, r->name, o->d.phase == AGENT_PHASE_NONE ? "nothing" : agent_crobj_phase_name(o->d.phase), ph);
-		write_status(c, o, r->ck_status);
+		if (write_status(c, o, r->ck_status) == -EINVAL && !forged_marked(o)) {
+			/* A final phase someone else wrote is final for the API server too: marked. */
+			char why[300];
+			snprintf(why, sizeof(why), "the GCR agent of node %s recorded %s for this Checkpoint", c->node, ph);
+			mark_forged(c, o, why);
+		}
 	}
 }
 
@@ -1520,8 +1532,16 @@ static void reconcile_checkpoint(struct agent_controller *c, struct op *o)
 			retry_later(c, o->key, 0);
 		return;
 	}
-	if (is_done(c, d->uid) || d->phase == AGENT_PHASE_SUCCEEDED || d->phase == AGENT_PHASE_FAILED)
+	if (is_done(c, d->uid))
 		return; /* a finished object is never redone */
+	if (d->phase == AGENT_PHASE_SUCCEEDED || d->phase == AGENT_PHASE_FAILED) {
+		/* A Succeeded always has a record (a Suspend's or an Image's, kept until the Checkpoint
+		 * goes); a Failed one may have none (nothing touched, nothing recorded), and claims
+		 * nothing. */
+		if (d->phase == AGENT_PHASE_SUCCEEDED && forged_here(c, o))
+			mark_forged(c, o, "the GCR agent has no record of this Checkpoint: nothing was done for it");
+		return; /* never redone */
+	}
 	if (d->node[0] != '\0' && strcmp(d->node, c->node) != 0 && d->phase == AGENT_PHASE_RUNNING)
 		return; /* another node's agent took it */
 	new_checkpoint(c, o);
@@ -1777,6 +1797,55 @@ static pid_t restored_shim(struct agent_controller *c, const pid_t *pids, int n)
  * shim's gate), gets the GPU data: the image checked whole first (manifest, sizes, every
  * checksum), copied into the pod's socket directory, read by the shim, resumed. Any failure
  * ends the restored container (nothing half-running) with a Failed status and a Warning Event. */
+/* The container an image was taken from (its manifest's "container"), "" when it names none (an
+ * image from before the field) or cannot be read (its check refuses it later). */
+static void image_container(const char *path, char *out, size_t len)
+{
+	char mf[PATH_MAX + 32], *buf = NULL;
+	size_t n = 0;
+	struct gcr_image_manifest m;
+	struct gcr_err err;
+	out[0] = '\0';
+	snprintf(mf, sizeof(mf), "%s/%s", path, GCR_IMAGE_MANIFEST);
+	if (gcr_image_read_file(mf, GCR_IMAGE_MAX_JSON, &buf, &n, &err) == 0 &&
+	    gcr_image_manifest_parse(buf, n, &m, &err) == 0) {
+		if (agent_crobj_is_label(m.container))
+			snprintf(out, len, "%s", m.container);
+		gcr_image_manifest_clear(&m);
+	}
+	free(buf);
+}
+
+/* Whether pod's spec declares a container named name. */
+static int pod_declares(json_t *pod, const char *name)
+{
+	size_t i;
+	json_t *ct;
+	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "containers"), i, ct)
+	{
+		const char *n = json_string_value(json_object_get(ct, "name"));
+		if (n != NULL && strcmp(n, name) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* "a, b" of pod's containers, for a message. */
+static void pod_containers(json_t *pod, char *out, size_t len)
+{
+	size_t i, used = 0;
+	json_t *ct;
+	out[0] = '\0';
+	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "containers"), i, ct)
+	{
+		const char *n = json_string_value(json_object_get(ct, "name"));
+		int w = snprintf(out + used, len - used, "%s%.63s", i ? ", " : "", n ? n : "?");
+		if (w < 0 || (size_t)w >= len - used)
+			break;
+		used += (size_t)w;
+	}
+}
+
 static void restore_image(struct agent_controller *c, struct op *o, const struct agent_crobj *ckd)
 {
 	const struct agent_crobj *d = &o->d;
@@ -1820,17 +1889,40 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 		     "images.shared says a directory every node shares); nothing was done", ckd->name, ckd->node, c->node);
 		return;
 	}
-	/* The restored container: the pod's one container running (the image holds one process). */
-	json_t *cst = json_array_get(json_object_get(json_object_get(pod, "status"), "containerStatuses"), 0);
-	char cid[AGENT_CGROUP_CID_LEN + 8], uid[AGENT_CROBJ_UID_LEN];
-	const char *id = cst && json_object_get(json_object_get(cst, "state"), "running") ? status_container_id(cst) : NULL;
+	/* The restored container: the one the image was taken from, by the name its manifest keeps (a
+	 * pod's other containers, sidecars, are never touched); an image from before the field: the
+	 * container whose process waits restored at its shim's gate. */
+	char cname[GCR_IMAGE_CONTAINER_MAX] = "", cid[AGENT_CGROUP_CID_LEN + 8] = "", uid[AGENT_CROBJ_UID_LEN];
 	const char *pu = md_str(pod, "uid");
-	snprintf(cid, sizeof(cid), "%s", id ? id : "");
 	snprintf(uid, sizeof(uid), "%s", pu ? pu : "");
+	if (agent_images_path(c->images_dir, d->ns, ckd->target, ckd->name, path, sizeof(path), &err) == 0)
+		image_container(path, cname, sizeof(cname));
+	if (cname[0] != '\0' && !pod_declares(pod, cname)) {
+		char names[300];
+		pod_containers(pod, names, sizeof(names));
+		json_decref(pod);
+		fail(c, o, "ContainerNotFound", "the image of Checkpoint %s was taken from container %s; pod %s/%s has no "
+		     "container %s (it has: %s); nothing was done", ckd->name, cname, d->ns, d->pod, cname, names);
+		return;
+	}
+	pid_t pids[64], pid = 0;
+	int n = 0;
+	json_t *css = json_object_get(json_object_get(pod, "status"), "containerStatuses"), *cst;
+	size_t ci;
+	json_array_foreach(css, ci, cst)
+	{
+		const char *nm = json_string_value(json_object_get(cst, "name"));
+		const char *id = json_object_get(json_object_get(cst, "state"), "running") ? status_container_id(cst) : NULL;
+		if (nm == NULL || id == NULL || (cname[0] != '\0' && strcmp(nm, cname) != 0))
+			continue;
+		snprintf(cid, sizeof(cid), "%s", id);
+		n = container_pids(uid, cid, pids, 64);
+		pid = n > 0 ? restored_shim(c, pids, n) : 0;
+		if (pid != 0 || cname[0] != '\0')
+			break;
+		n = 0; /* not this one: no container of the pod is ended for another's image */
+	}
 	json_decref(pod);
-	pid_t pids[64];
-	int n = cid[0] ? container_pids(uid, cid, pids, 64) : 0;
-	pid_t pid = n > 0 ? restored_shim(c, pids, n) : 0;
 	if (pid == 0) {
 		/* Not restored yet (the runtime restores when the container starts): wait, bounded. */
 		double now = gcr_time_mono_ms();
@@ -1896,23 +1988,12 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 		close(sfd);
 	if (rc == 0) {
 		struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL,
-					   .timeout_ms = timeout_ms_of(d) };
+					   .timeout_ms = timeout_ms_of(d), .call_ms = image_op_ms(d) };
 		test_pause(c, "before-rs");
 		rc = gcr_imgcr_resume_restored(pid, inside, &cro, &rr, &err);
 	}
 	if (pfd >= 0) {
-		char parent[PATH_MAX];
-		snprintf(parent, sizeof(parent), "%s", inside);
-		char *slash = strrchr(parent, '/');
-		int dfd = -1;
-		if (slash != NULL) {
-			*slash = '\0';
-			dfd = gcr_procns_open_dir(pid, parent, &(struct gcr_err){ 0 });
-		}
-		if (dfd >= 0) {
-			agent_images_remove_at(dfd, slash + 1);
-			close(dfd);
-		}
+		agent_images_pod_remove(pid, inside);
 		close(pfd);
 	}
 	double total = gcr_time_mono_ms() - t0;
@@ -2007,7 +2088,9 @@ static void reconcile_orphan(struct agent_controller *c, const char *key, const 
 	struct agent_record r;
 	if (agent_record_get(c->rec, uid, &r) < 0)
 		return;
-	if (!cache_has_uid(c, K_CK, r.ns, r.name, uid)) {
+	if (!cache_has_uid(c, K_CK, r.ns, r.name, uid) && r.action == AGENT_REC_ACT_IMAGE) {
+		orphan_image(c, key, &r);
+	} else if (!cache_has_uid(c, K_CK, r.ns, r.name, uid)) {
 		char note[1200];
 		struct gcr_err err;
 		if (r.state == AGENT_REC_FAILED || r.state == AGENT_REC_RESUMED ||
@@ -2267,6 +2350,8 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->key_dir = cfg->images_key_dir && cfg->images_key_dir[0] ? strdup(cfg->images_key_dir) : NULL;
 	c->registry_port = cfg->registry_port;
 	c->pause = cfg->test_pause ? strdup(cfg->test_pause) : NULL;
+	c->alloc_root = cfg->alloc_root ? strdup(cfg->alloc_root) : NULL;
+	c->adopt = cfg->adopt;
 	size_t qn = strlen(cfg->node_name) + 64;
 	c->pod_query = malloc(qn);
 	c->instance = malloc(qn);
@@ -2287,11 +2372,22 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	if (c->node == NULL || c->busy == NULL || c->ns_waiting == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->images_dir == NULL ||
 	    c->pod_query == NULL ||
 	    c->instance == NULL || c->queue == NULL || c->queued == NULL || c->retry == NULL || c->backoff == NULL ||
-	    c->done == NULL || c->first_seen == NULL || (cfg->test_pause && c->pause == NULL)) {
+	    c->done == NULL || c->first_seen == NULL || (cfg->test_pause && c->pause == NULL) ||
+	    (cfg->alloc_root && c->alloc_root == NULL)) {
 		agent_controller_free(c);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	}
 	int rc = agent_record_store_new(cfg->record_dir, &c->rec, err);
+	if (rc < 0) {
+		agent_controller_free(c);
+		return rc;
+	}
+	struct agent_ckimage_cfg icfg = { .kube = kube, .reg = reg, .rec = c->rec, .socket_dir = c->socket_dir,
+					  .images_dir = c->images_dir, .proc_root = cfg->proc_root, .node = c->node,
+					  .kubelet_url = c->kubelet_url, .checkpoints_dir = cfg->kubelet_checkpoints,
+					  .key_dir = c->key_dir, .copy_bound = copy_bound, .copy_bound_data = c,
+					  .pause = image_pause, .pause_data = c };
+	rc = agent_ckimage_new(&icfg, &c->img, err);
 	if (rc < 0) {
 		agent_controller_free(c);
 		return rc;
@@ -2355,6 +2451,7 @@ void agent_controller_free(struct agent_controller *c)
 	json_decref(c->first_seen);
 	json_decref(c->busy);
 	json_decref(c->ns_waiting);
+	agent_ckimage_free(c->img);
 	agent_record_store_free(c->rec);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
@@ -2365,6 +2462,7 @@ void agent_controller_free(struct agent_controller *c)
 	free(c->images_dir);
 	free(c->kubelet_url);
 	free(c->key_dir);
+	free(c->alloc_root);
 	free(c->pause);
 	free(c->pod_query);
 	free(c->instance);

@@ -4,6 +4,8 @@
 #ifndef AGENT_CONTROLLER_H
 #define AGENT_CONTROLLER_H
 
+#include <sys/types.h>
+
 #include "agent_kube.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
@@ -13,6 +15,19 @@
 /* How long a Restore whose Checkpoint does not exist waits (Pending) before it fails, by
  * default: objects applied together reach the agent in any order. */
 #define AGENT_CONTROLLER_GRACE_S 30
+
+/* Processes the overcommit policy holds suspended (agent_room), as a Checkpoint may take them over:
+ * its owner's Checkpoint of a pod suspended for idling or for another pod holds it from then on,
+ * and its Restore resumes it (docs/preemption.md). NULL hooks: none. */
+struct agent_controller_adopt {
+	/* Whether pid (with its start time) is held: 1 (with *data_only, the mode it was suspended
+	 * in), 0 not, < 0 unknown. */
+	int (*held)(void *data, pid_t pid, unsigned long long start, int *data_only);
+	/* Releases pid from the policy (it stays suspended; the policy no longer resumes it): 0, or
+	 * -ENOENT when it was not held (any more), -ETIMEDOUT. */
+	int (*release)(void *data, pid_t pid, unsigned long long start, int *data_only, int timeout_ms);
+	void *data;
+};
 
 struct agent_controller_cfg {
 	const char *node_name;
@@ -50,6 +65,15 @@ struct agent_controller_cfg {
 	 * once a minute per namespace) until one of that namespace's own ends, so a tenant whose
 	 * operations hang pins no more than its share. NULL: none. */
 	struct agent_share *workers;
+	/* The device plugin's socket root (<root>/<id>: each allocation's socket directory, where
+	 * the kubelet's route writes a pod's image-<uid>); NULL: none. The sweep removes what no
+	 * Image owns there. */
+	const char *alloc_root;
+	/* Where the kubelet writes its checkpoint archives (NULL: /var/lib/kubelet/checkpoints). */
+	const char *kubelet_checkpoints;
+	/* "/proc" or a test tree (NULL: /proc): <pid>/cgroup names a process's pod. */
+	const char *proc_root;
+	struct agent_controller_adopt adopt;
 };
 
 struct agent_controller;

@@ -297,6 +297,20 @@ int agent_images_sweep(const char *root, const char *owner, agent_images_exists_
 
 /* ---- a pod's side of an image whose CPU side is the kubelet's ---- */
 
+int agent_images_pod_path(pid_t pid, const char *uid, char *inside, size_t len, struct gcr_err *err)
+{
+	char sock[PATH_MAX];
+	if (!agent_crobj_is_token(uid))
+		return gcr_err_set(err, -EINVAL, "not a uid: %.80s", uid);
+	if (gcr_procns_env(pid, GCR_SOCKET_DIR_ENV, sock, sizeof(sock), err) < 0)
+		snprintf(sock, sizeof(sock), "%s", GCR_DEFAULT_SOCKET_DIR);
+	if (sock[0] != '/')
+		return gcr_err_set(err, -EINVAL, "pid %d's %s is not absolute: %.200s", (int)pid, GCR_SOCKET_DIR_ENV, sock);
+	if ((size_t)snprintf(inside, len, "%s/image-%s", sock, uid) >= len)
+		return gcr_err_set(err, -ENAMETOOLONG, "path too long");
+	return 0;
+}
+
 int agent_images_pod_dir(pid_t pid, const char *uid, int *dfd, char *inside, size_t len, struct gcr_err *err)
 {
 	char sock[PATH_MAX], name[96];
@@ -640,31 +654,193 @@ long long agent_images_copy_file(const char *src, const char *dst, struct gcr_er
 	return n;
 }
 
-void agent_images_remove_at(int dfd, const char *name)
+/* Removes every entry of the open directory fd (depth levels left), never following a link. */
+static void clear_fd(int fd, int depth)
 {
-	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	int dup_fd = dup(fd);
+	DIR *d = dup_fd < 0 ? NULL : fdopendir(dup_fd);
 	struct dirent *de;
-	while (d != NULL && (de = readdir(d)) != NULL) {
+	if (d == NULL) {
+		if (dup_fd >= 0)
+			close(dup_fd);
+		return;
+	}
+	while ((de = readdir(d)) != NULL) {
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
 		if (unlinkat(fd, de->d_name, 0) == 0 || errno != EISDIR)
 			continue;
-		int sfd = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		DIR *sd = sfd < 0 ? NULL : fdopendir(sfd);
-		struct dirent *se;
-		while (sd != NULL && (se = readdir(sd)) != NULL)
-			if (strcmp(se->d_name, ".") != 0 && strcmp(se->d_name, "..") != 0)
-				(void)unlinkat(sfd, se->d_name, 0);
-		if (sd != NULL)
-			closedir(sd);
-		else if (sfd >= 0)
-			close(sfd);
+		if (depth > 0) {
+			int sfd = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sfd >= 0) {
+				clear_fd(sfd, depth - 1);
+				close(sfd);
+			}
+		}
 		(void)unlinkat(fd, de->d_name, AT_REMOVEDIR);
+	}
+	closedir(d);
+}
+
+void agent_images_remove_at(int dfd, const char *name)
+{
+	if (unlinkat(dfd, name, 0) == 0 || errno != EISDIR)
+		return; /* a file, a link, or nothing */
+	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd >= 0) {
+		clear_fd(fd, AGENT_IMAGES_MAX_DEPTH);
+		close(fd);
+	}
+	(void)unlinkat(dfd, name, AT_REMOVEDIR);
+}
+
+int agent_images_pod_open(pid_t pid, const char *dir, struct gcr_err *err)
+{
+	char parent[PATH_MAX];
+	if (dir == NULL || dir[0] != '/' || snprintf(parent, sizeof(parent), "%s", dir) >= (int)sizeof(parent))
+		return gcr_err_set(err, -EINVAL, "not an absolute path: %.200s", dir ? dir : "");
+	char *slash = strrchr(parent, '/');
+	*slash = '\0';
+	int pfd = gcr_procns_open_dir(pid, parent[0] ? parent : "/", err);
+	if (pfd < 0)
+		return pfd;
+	int fd = openat(pfd, slash + 1, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	int e = errno;
+	close(pfd);
+	return fd >= 0 ? fd : gcr_err_set(err, -e, "cannot open %s in pid %d's root: %s", dir, (int)pid, strerror(e));
+}
+
+void agent_images_pod_remove(pid_t pid, const char *dir)
+{
+	char parent[PATH_MAX];
+	struct gcr_err err;
+	if (dir == NULL || dir[0] != '/' || snprintf(parent, sizeof(parent), "%s", dir) >= (int)sizeof(parent))
+		return;
+	char *slash = strrchr(parent, '/');
+	*slash = '\0';
+	int pfd = gcr_procns_open_dir(pid, parent[0] ? parent : "/", &err);
+	if (pfd >= 0) {
+		agent_images_remove_at(pfd, slash + 1);
+		close(pfd);
+	}
+}
+
+/* ---- leftovers in directories a pod can write ---- */
+
+struct allocs {
+	agent_images_owned_fn owned;
+	void *data;
+	long long now;
+	int removed;
+	int socket_dirs; /* the allocations' socket directories: only image-* entries are looked at */
+};
+
+/* Empties one allocation's directory path of what the sweep may remove. */
+static int clear_alloc(void *arg, const char *path, const char *name)
+{
+	struct allocs *a = arg;
+	(void)name;
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	int dfd = fd < 0 ? -1 : dup(fd);
+	DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
+	struct dirent *de;
+	char full[PATH_MAX];
+	int seen = 0;
+	while (d != NULL && (de = readdir(d)) != NULL && seen++ < MAX_SCAN) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (a->socket_dirs && strncmp(de->d_name, "image-", 6) != 0)
+			continue; /* the shims' sockets, and whatever else the pod keeps there */
+		if (snprintf(full, sizeof(full), "%s/%s", path, de->d_name) >= (int)sizeof(full) ||
+		    (a->owned != NULL && a->owned(a->data, full)))
+			continue;
+		/* A socket directory's image-<uid>: also a Restore's copy in flight (no record names it),
+		 * so only one older than any operation's bound is a leftover. In an image directory, only
+		 * what is older than the sweep itself: an Image recorded after its list was read is not
+		 * in it. */
+		struct stat st;
+		long long min_age = a->socket_dirs ? AGENT_IMAGES_PARTIAL_MAX_AGE_S : AGENT_IMAGES_ALLOC_MIN_AGE_S;
+		/* ctime: a pod can set a file's mtime to the future, not its ctime. */
+		if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || a->now - (long long)st.st_ctime < min_age)
+			continue;
+		agent_images_remove_at(fd, de->d_name);
+		a->removed++;
 	}
 	if (d != NULL)
 		closedir(d);
-	else if (fd >= 0)
+	else if (dfd >= 0)
+		close(dfd);
+	if (fd >= 0)
 		close(fd);
-	(void)unlinkat(dfd, name, AT_REMOVEDIR);
+	return 0;
+}
+
+static int is_alloc_id(const char *s)
+{
+	size_t n = strlen(s);
+	if (n == 0 || n > 64)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!isxdigit((unsigned char)s[i]) || isupper((unsigned char)s[i]))
+			return 0;
+	return 1;
+}
+
+int agent_images_sweep_allocs(const char *root, const char *alloc_root, agent_images_owned_fn owned, void *data,
+			      long long now)
+{
+	struct allocs a = { .owned = owned, .data = data, .now = now };
+	char dir[PATH_MAX];
+	if (root != NULL && snprintf(dir, sizeof(dir), "%s/.alloc", root) < (int)sizeof(dir))
+		(void)each_dir(dir, is_alloc_id, clear_alloc, &a);
+	a.socket_dirs = 1;
+	if (alloc_root != NULL)
+		(void)each_dir(alloc_root, is_alloc_id, clear_alloc, &a);
+	return a.removed;
+}
+
+struct partials {
+	agent_images_owned_fn owned;
+	void *data;
+	long long now;
+	int removed;
+};
+
+static int sweep_pod_partials(void *arg, const char *path, const char *name)
+{
+	struct partials *p = arg;
+	(void)name;
+	DIR *d = opendir(path);
+	struct dirent *de;
+	char full[PATH_MAX];
+	struct stat st;
+	int seen = 0;
+	while (d != NULL && (de = readdir(d)) != NULL && seen++ < MAX_SCAN) {
+		if (strstr(de->d_name, GCR_IMAGE_PARTIAL) == NULL ||
+		    snprintf(full, sizeof(full), "%s/%s", path, de->d_name) >= (int)sizeof(full) ||
+		    lstat(full, &st) < 0 || !S_ISDIR(st.st_mode))
+			continue;
+		if (p->now - (long long)st.st_ctime < AGENT_IMAGES_PARTIAL_MAX_AGE_S ||
+		    (p->owned != NULL && p->owned(p->data, full)))
+			continue;
+		gcr_image_remove(full);
+		p->removed++;
+	}
+	if (d != NULL)
+		closedir(d);
+	return 0;
+}
+
+static int sweep_ns_partials(void *arg, const char *path, const char *name)
+{
+	(void)name;
+	each_dir(path, agent_crobj_is_subdomain, sweep_pod_partials, arg);
+	return 0;
+}
+
+int agent_images_sweep_partials(const char *root, agent_images_owned_fn owned, void *data, long long now)
+{
+	struct partials p = { .owned = owned, .data = data, .now = now };
+	(void)each_dir(root, is_ns, sweep_ns_partials, &p);
+	return p.removed;
 }

@@ -40,6 +40,10 @@ int agent_images_move(const char *from, const char *to, struct gcr_err *err) __a
  * -errno when pod_dir cannot be read. */
 int agent_images_prune(const char *pod_dir, int keep, const char *owner, struct gcr_err *err);
 
+/* Whether path (a full path: <dir>/<name>) is what an Image in flight owns (its work directory
+ * or partial image), so the sweep keeps it. */
+typedef int (*agent_images_owned_fn)(void *data, const char *path);
+
 /* Whether Checkpoint ns/name exists: 1 yes, 0 no, < 0 unknown (nothing is removed). */
 typedef int (*agent_images_exists_fn)(void *data, const char *ns, const char *name);
 
@@ -48,6 +52,11 @@ typedef int (*agent_images_exists_fn)(void *data, const char *ns, const char *na
  * (>= 0); a root that does not exist is 0. */
 int agent_images_sweep(const char *root, const char *owner, agent_images_exists_fn exists, void *data,
 		       struct gcr_err *err);
+/* The same sweep also removes, in every pod directory, partial images (names holding
+ * ".partial.") that owned (may be NULL) does not keep and that are older than
+ * AGENT_IMAGES_PARTIAL_MAX_AGE_S (now - their last change): what an agent killed mid-image left.
+ * Returns images and partials removed. */
+int agent_images_sweep_partials(const char *root, agent_images_owned_fn owned, void *data, long long now);
 
 /* ---- a pod's side of an image whose CPU side is the kubelet's (docs/images.md) ----
  * The shim writes and reads GPU data in its own mount namespace, so the agent works in a
@@ -60,6 +69,14 @@ int agent_images_sweep(const char *root, const char *owner, agent_images_exists_
  * as pid sees it. -EEXIST when it exists. */
 int agent_images_pod_dir(pid_t pid, const char *uid, int *dfd, char *inside, size_t len, struct gcr_err *err)
 	__attribute__((warn_unused_result));
+/* The same path, made by nothing (what agent_images_pod_dir would create). */
+int agent_images_pod_path(pid_t pid, const char *uid, char *inside, size_t len, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+/* A descriptor of the existing directory dir (as pid sees it, opened inside its root, no
+ * symbolic link followed at its last step), or -errno. */
+int agent_images_pod_open(pid_t pid, const char *dir, struct gcr_err *err);
+/* Removes dir (as pid sees it) and everything under it, inside pid's root. Best effort. */
+void agent_images_pod_remove(pid_t pid, const char *dir);
 
 /* Copies the regular files of directory sub of src_dfd into a new directory sub of dst_dfd
  * (mode 0700, files 0600, fsynced), refusing any entry that is not a regular file. Returns
@@ -93,8 +110,27 @@ long long agent_images_copy_gpu(int src_dfd, int dst_dfd, unsigned long long max
 long long agent_images_copy_file(const char *src, const char *dst, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
-/* Removes the entries of directory name in dfd, one level down (files, and the files of its
- * subdirectories), then name itself. Best effort. */
+/* Removes directory name in dfd and everything under it, never following a symbolic link (a
+ * link is removed as a link), at most AGENT_IMAGES_MAX_DEPTH levels down (deeper entries, and
+ * their parents, stay). Best effort. */
+#define AGENT_IMAGES_MAX_DEPTH 16
 void agent_images_remove_at(int dfd, const char *name);
+
+/* ---- leftovers in directories a pod can write (docs/images.md, "Leftovers") ---- */
+
+/* Empties every allocation's image directory (<root>/.alloc/<id>: the pod writes there, the
+ * agent reads) of what no Image in flight owns, once AGENT_IMAGES_ALLOC_MIN_AGE_S old: nothing
+ * the pod puts there lives long, outside every limit of the pod's. And every allocation's socket directory
+ * (<alloc_root>/<id>, NULL: none) of its "image-*" directories no Image owns and older than
+ * AGENT_IMAGES_PARTIAL_MAX_AGE_S (now - their ctime, which the pod cannot set back or ahead: a
+ * Restore's copy in flight has no record). Returns the entries removed. */
+int agent_images_sweep_allocs(const char *root, const char *alloc_root, agent_images_owned_fn owned, void *data,
+			      long long now);
+
+/* A partial image (a name holding ".partial.") no Image in flight of this node owns and older
+ * than this (s): every image's run is bounded by its timeout (<= 1 h), so it is a leftover. */
+#define AGENT_IMAGES_PARTIAL_MAX_AGE_S 7200
+/* What a pod put in its image directory is removed once this old (s, since its last change). */
+#define AGENT_IMAGES_ALLOC_MIN_AGE_S 15
 
 #endif

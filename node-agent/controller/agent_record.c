@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gcr_log.h"
@@ -17,11 +18,28 @@
 #define PID_MAX 4194304
 
 static const char *const state_names[AGENT_REC_NSTATES] = { "suspending", "suspended", "failed", "resuming",
-							     "resumed" };
+							     "resumed",    "imaging",   "imaged" };
+static const char *const step_names[AGENT_REC_NSTEPS] = { "start", "suspend", "dump", "seal", "back", "move" };
+/* The marker of when this store began to record every Checkpoint the agent ends. */
+#define SINCE_FILE ".since"
 
 const char *agent_record_state_name(enum agent_record_state s)
 {
 	return (unsigned)s < AGENT_REC_NSTATES ? state_names[s] : "unknown";
+}
+
+const char *agent_record_step_name(enum agent_record_step s)
+{
+	return (unsigned)s < AGENT_REC_NSTEPS ? step_names[s] : "unknown";
+}
+
+static json_t *image_encode(const struct agent_record_image *m)
+{
+	return json_pack("{s:s, s:b, s:b, s:s, s:i, s:I, s:b, s:s, s:s, s:s, s:s, s:s}", "route",
+			 m->kubelet ? "kubelet" : "agent", "fromSuspended", m->from_suspended, "converted", m->converted,
+			 "step", agent_record_step_name(m->step), "attempt", m->attempt, "dumpAt", (json_int_t)m->dump_at,
+			 "kept", m->kept, "path", m->path, "work", m->work, "partial", m->partial, "archive", m->archive,
+			 "container", m->container);
 }
 
 /* A uid (agent_crobj_is_token); "" too when empty_ok. */
@@ -36,11 +54,17 @@ json_t *agent_record_encode(const struct agent_record *r)
 	for (int i = 0; i < r->n; i++)
 		json_array_append_new(procs, json_pack("{s:i, s:I, s:s}", "pid", (int)r->p[i].pid, "start",
 						       (json_int_t)r->p[i].start, "container", r->p[i].container));
-	return json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:b, s:s, s:o, s:s, s:s, s:O?, s:O?}", "version", 1, "uid",
-			 r->uid, "namespace", r->ns, "name", r->name, "pod", r->pod, "podUID", r->pod_uid,
-			 "keepContext", r->keep_context, "state", agent_record_state_name(r->state), "processes",
-			 procs, "restoreUID", r->rs_uid, "restoreName", r->rs_name, "checkpointStatus", r->ck_status,
-			 "restoreStatus", r->rs_status);
+	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:b, s:s, s:o, s:s, s:s, s:O?, s:O?}", "version", 1,
+			      "uid", r->uid, "namespace", r->ns, "name", r->name, "pod", r->pod, "podUID", r->pod_uid,
+			      "keepContext", r->keep_context, "state", agent_record_state_name(r->state), "processes",
+			      procs, "restoreUID", r->rs_uid, "restoreName", r->rs_name, "checkpointStatus",
+			      r->ck_status, "restoreStatus", r->rs_status);
+	/* Absent in an older agent's records: a Suspend. */
+	if (j != NULL && r->action == AGENT_REC_ACT_IMAGE) {
+		json_object_set_new(j, "action", json_string("image"));
+		json_object_set_new(j, "image", image_encode(&r->img));
+	}
+	return j;
 }
 
 void agent_record_clear(struct agent_record *r)
@@ -96,6 +120,49 @@ static int label_or_empty(const char *s)
 	return s[0] == '\0' || agent_crobj_is_label(s);
 }
 
+/* "", or an absolute path without a ".." component (records are root's, but a damaged one must
+ * never make the agent remove something else). */
+static int path_or_empty(const char *s)
+{
+	if (s[0] == '\0')
+		return 1;
+	if (s[0] != '/' || strstr(s, "/../") != NULL)
+		return 0;
+	size_t n = strlen(s);
+	return !(n >= 3 && strcmp(s + n - 3, "/..") == 0);
+}
+
+static int image_decode(json_t *j, struct agent_record_image *m)
+{
+	const char *route = json_string_value(json_object_get(j, "route"));
+	const char *st = json_string_value(json_object_get(j, "step"));
+	json_t *fs = json_object_get(j, "fromSuspended"), *cv = json_object_get(j, "converted"),
+	       *kept = json_object_get(j, "kept"), *at = json_object_get(j, "attempt"), *da = json_object_get(j, "dumpAt");
+	if (!json_is_object(j) || route == NULL || (strcmp(route, "kubelet") != 0 && strcmp(route, "agent") != 0) ||
+	    st == NULL || !json_is_boolean(fs) || !json_is_boolean(cv) || !json_is_boolean(kept) ||
+	    !json_is_integer(at) || json_integer_value(at) < 1 || json_integer_value(at) > 9 || !json_is_integer(da) ||
+	    json_integer_value(da) < 0)
+		return -1;
+	m->kubelet = strcmp(route, "kubelet") == 0;
+	m->from_suspended = json_is_true(fs);
+	m->converted = json_is_true(cv);
+	m->kept = json_is_true(kept);
+	m->attempt = (int)json_integer_value(at);
+	m->dump_at = (long long)json_integer_value(da);
+	m->step = AGENT_REC_NSTEPS;
+	for (int i = 0; i < AGENT_REC_NSTEPS; i++)
+		if (strcmp(st, step_names[i]) == 0)
+			m->step = (enum agent_record_step)i;
+	if (m->step == AGENT_REC_NSTEPS ||
+	    copy_str(m->path, sizeof(m->path), json_object_get(j, "path"), path_or_empty) < 0 ||
+	    copy_str(m->work, sizeof(m->work), json_object_get(j, "work"), path_or_empty) < 0 ||
+	    copy_str(m->partial, sizeof(m->partial), json_object_get(j, "partial"), path_or_empty) < 0 ||
+	    copy_str(m->archive, sizeof(m->archive), json_object_get(j, "archive"), path_or_empty) < 0 ||
+	    copy_str(m->container, sizeof(m->container), json_object_get(j, "container"), label_or_empty) < 0)
+		return -1;
+	return 0;
+}
+
 int agent_record_decode(json_t *j, struct agent_record *r, struct gcr_err *err)
 {
 	memset(r, 0, sizeof(*r));
@@ -137,6 +204,15 @@ int agent_record_decode(json_t *j, struct agent_record *r, struct gcr_err *err)
 		r->p[i].start = (unsigned long long)json_integer_value(start);
 	}
 	r->n = (int)json_array_size(procs);
+	const char *act = json_string_value(json_object_get(j, "action"));
+	if (json_object_get(j, "action") != NULL &&
+	    (act == NULL || (strcmp(act, "suspend") != 0 && strcmp(act, "image") != 0)))
+		return gcr_err_set(err, -EINVAL, "record with an unknown action");
+	r->action = act != NULL && strcmp(act, "image") == 0 ? AGENT_REC_ACT_IMAGE : AGENT_REC_ACT_SUSPEND;
+	if (r->action == AGENT_REC_ACT_IMAGE && image_decode(json_object_get(j, "image"), &r->img) < 0)
+		return gcr_err_set(err, -EINVAL, "record of an Image with a missing or malformed \"image\"");
+	if ((r->state == AGENT_REC_IMAGING || r->state == AGENT_REC_IMAGED) && r->action != AGENT_REC_ACT_IMAGE)
+		return gcr_err_set(err, -EINVAL, "record in state %s that is not an Image's", st);
 	json_t *cs = json_object_get(j, "checkpointStatus"), *rs = json_object_get(j, "restoreStatus");
 	if (!status_ok(cs) || !status_ok(rs))
 		return gcr_err_set(err, -EINVAL, "record with a status that is not final");
@@ -149,6 +225,7 @@ int agent_record_decode(json_t *j, struct agent_record *r, struct gcr_err *err)
 
 struct agent_record_store {
 	char *dir;
+	long long since;
 	pthread_mutex_t lock; /* guards recs */
 	json_t *recs;         /* uid -> encoded record */
 };
@@ -184,6 +261,35 @@ static void load_one(struct agent_record_store *s, const char *fname)
 		return;
 	}
 	json_object_set_new(s->recs, r.uid, j);
+}
+
+/* The store's SINCE_FILE, made now when missing (an older agent's directory: from now on). */
+static long long since_read(const char *dir)
+{
+	char path[1100], buf[32];
+	snprintf(path, sizeof(path), "%s/" SINCE_FILE, dir);
+	long long t = (long long)time(NULL), v = 0;
+	FILE *f = fopen(path, "re");
+	if (f != NULL) {
+		if (fgets(buf, sizeof(buf), f) != NULL && sscanf(buf, "%lld", &v) == 1 && v > 0 && v <= t)
+			t = v;
+		fclose(f);
+		if (v > 0)
+			return t;
+	}
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd >= 0) {
+		int n = snprintf(buf, sizeof(buf), "%lld\n", t);
+		if (write(fd, buf, (size_t)n) != n || fsync(fd) < 0)
+			GCR_LOG(GCR_LOG_WARN, "record", "%s: %s", path, strerror(errno));
+		close(fd);
+	}
+	return t;
+}
+
+long long agent_record_store_since(struct agent_record_store *s)
+{
+	return s->since;
 }
 
 int agent_record_store_new(const char *dir, struct agent_record_store **out, struct gcr_err *err)
@@ -231,6 +337,7 @@ int agent_record_store_new(const char *dir, struct agent_record_store **out, str
 			load_one(s, de->d_name);
 	}
 	closedir(d);
+	s->since = since_read(dir);
 	GCR_LOG(GCR_LOG_INFO, "record", "%zu record(s) in %s", json_object_size(s->recs), dir);
 	*out = s;
 	return 0;

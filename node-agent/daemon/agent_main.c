@@ -70,7 +70,7 @@ struct cfg {
 	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
 		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
 		*record_dir, *restore_grace_s, *images_dir, *images_keep, *images_shared, *overcommit, *overcommit_margin_mib, *overcommit_return_ms, *overcommit_idle_ms,
-		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url,
+		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url, *kubelet_checkpoints,
 		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s, *restore_certs_dir,
 		*restore_cri_endpoint, *images_key_dir,
 		*share_pods, *share_registry, *share_holds, *share_room, *share_workers, *room_from, *unused_backoff_ms;
@@ -151,6 +151,9 @@ static const struct opt_row opts_table[] = {
 	{ "kubelet-url", "kubeletURL", SLOT(kubelet_url), NULL,
 	  "https://HOST:PORT of this node's kubelet, whose checkpoint API writes the CPU side of an Image with "
 	  "spec.cpuCheckpoint Kubelet (default: none, such Images fail)" },
+	{ "kubelet-checkpoints-dir", "kubeletCheckpointsDir", SLOT(kubelet_checkpoints), "/var/lib/kubelet/checkpoints",
+	  "where the kubelet writes its checkpoint archives (its root dir + /checkpoints, mounted at the same path): "
+	  "an Image cut short by an agent restart during the kubelet's checkpoint has its archive removed there" },
 	{ "eviction", "eviction", SLOT(eviction), "false",
 	  "true: a pod labelled gpucr.dev/evict: image whose preStop hook runs gcr-hold is imaged (a Checkpoint "
 	  "evict-<pod>-<uid>, needs --kubelet-url) when it is deleted for preemption or drain; false: gcr-hold is "
@@ -790,6 +793,20 @@ static int shares_new(const struct cfg *c, int max_parallel, struct shares *out,
 	return 0;
 }
 
+/* The controller's view of the overcommit policy's holds (a Checkpoint takes one over). data:
+ * the room's pointer, set before the controller starts and cleared after it stops. */
+static int oc_held(void *data, pid_t pid, unsigned long long start, int *data_only)
+{
+	struct agent_room *room = *(struct agent_room **)data;
+	return room != NULL ? agent_room_holds(room, pid, start, data_only) : 0;
+}
+
+static int oc_release(void *data, pid_t pid, unsigned long long start, int *data_only, int timeout_ms)
+{
+	struct agent_room *room = *(struct agent_room **)data;
+	return room != NULL ? agent_room_release(room, pid, start, data_only, timeout_ms) : -ENOENT;
+}
+
 static int gate_synced(void *data)
 {
 	return agent_gate_synced(data);
@@ -871,6 +888,10 @@ int main(int argc, char **argv)
 		.images_dir = cfg.images_dir,
 		.images_shared = strcmp(cfg.images_shared, "true") == 0,
 		.kubelet_url = cfg.kubelet_url,
+		.kubelet_checkpoints = cfg.kubelet_checkpoints,
+		.alloc_root = cfg.dp.enabled ? cfg.dp.socket_root : NULL,
+		.proc_root = cfg.proc_root,
+		.adopt = { .held = oc_held, .release = oc_release, .data = &room },
 		.registry_port = atoi(cfg.restore_port),
 		.images_key_dir = cfg.images_key_dir,
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
@@ -927,8 +948,9 @@ int main(int argc, char **argv)
 			cfg.agent_selector ? cfg.agent_selector : "no --agent-selector: creates no node heartbeat Lease");
 	}
 	if (node) {
-		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0 ||
-		    agent_controller_start(ctl, &err) < 0)
+		/* The controller's workers ask the overcommit policy (agent_room) about its holds, and the
+		 * policy asks the controller's pod watch about pods: both made before either starts. */
+		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0)
 			goto out;
 		agent_shares_set_teller(shares.ss, share_event, ctl);
 		if (agent_shares_start(shares.ss, &err) < 0)
@@ -977,7 +999,7 @@ int main(int argc, char **argv)
 		ocfg.policy = room_policy;
 		struct agent_room_hooks hooks = { .pod = oc_pod, .event = oc_event, .data = ctl };
 		if (agent_room_new(reg, activity, metrics, &ocfg, &hooks, &room, &err) < 0 ||
-		    agent_room_start(room, &err) < 0)
+		    agent_room_start(room, &err) < 0 || agent_controller_start(ctl, &err) < 0)
 			goto out;
 		/* Eviction imaging: gcr-hold's socket beside the registry's, which every shim container sees. */
 		char hold_sock[600];
@@ -1026,7 +1048,10 @@ out:
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
 	agent_shares_stop(shares.ss); /* no more Events through the controller */
 	agent_evict_free(evict);    /* holds in flight are answered; before the controller they use */
+	if (ctl != NULL)
+		agent_controller_stop(ctl); /* its workers ask the overcommit policy about its holds */
 	agent_room_free(room);      /* held processes stay held, with their records, for the next agent */
+	room = NULL;
 	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
 	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */

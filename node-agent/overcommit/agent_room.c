@@ -62,6 +62,8 @@ struct hold {
 	int idle;          /* suspended for idling, for its victims (for_pid 0); resumed only when woken */
 	double woken;      /* monotonic ms its first caller reached the gate (a wake); 0: not woken */
 	int woken_said;    /* "stays suspended" of the wake logged */
+	int recovered;     /* read back from an earlier agent's record: a wake it was sent may be lost, so
+			    * its shim's status is asked until it says (monitor) */
 };
 
 struct request {
@@ -137,6 +139,14 @@ struct agent_room {
 		char key[KEY_LEN];
 		double at;
 	} told[TOLD_MAX];
+	/* A hold given up to a Checkpoint (agent_room_release), done by the worker under lock. */
+	pthread_mutex_t rel_lock; /* one release at a time */
+	pthread_cond_t rel_cv;
+	struct {
+		int pending, done, found, data_only;
+		pid_t pid;
+		unsigned long long start;
+	} rel;
 };
 
 static double now_s(void)
@@ -358,10 +368,12 @@ static void records_load(struct agent_room *r)
 			unlink(path);
 			continue;
 		}
+		h.recovered = 1;
 		r->held[r->nheld++] = h;
 		if (h.idle)
 			GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) suspended for idling since an earlier "
-				"agent: resumed on its next call", (int)h.pid, h.priority);
+				"agent: resumed on its next call (its shim is asked whether one came while no agent "
+				"listened)", (int)h.pid, h.priority);
 		else
 			GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) held since an earlier agent for pid %d: "
 				"resumed once that one is gone", (int)h.pid, h.priority, (int)h.for_pid);
@@ -1050,6 +1062,41 @@ static int room_returned(struct agent_room *r, struct hold *h, char *why, size_t
 	return 1;
 }
 
+/* An idle hold read back from an earlier agent's record: its process may have called while no
+ * agent listened (its wake went to the agent that died, or nowhere), and it sends a wake once per
+ * suspend. Its shim's status says so ("wake": "called"): then it is woken as if the line had come.
+ * Asked until it answers; "armed" means its wake is still to come, to this agent. */
+static void lost_wakes(struct agent_room *r)
+{
+	for (int i = 0; i < r->nheld; i++) {
+		struct hold *h = &r->held[i];
+		if (!h->recovered || !h->idle || h->woken > 0)
+			continue;
+		struct gcr_client c;
+		struct gcr_err err;
+		json_t *st = NULL;
+		int called = 0;
+		long long waited = 0;
+		if (gcr_client_open(&c, r->socket_dir, h->pid, &err) < 0)
+			continue;
+		int rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, STATUS_MS, &st, &err);
+		gcr_client_close(&c);
+		if (rc == 0)
+			rc = gcr_shimreply_wake(st, &called, &waited, &err);
+		json_decref(st);
+		if (rc < 0 && rc != -ENOENT)
+			continue; /* asked again next pass */
+		h->recovered = 0;
+		if (!called)
+			continue;
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d) called while no agent listened (its first call "
+			"has waited %lld ms; the wake it sent was lost): woken now", (int)h->pid, h->priority, waited);
+		h->woken = gcr_time_mono_ms() - (double)waited;
+		wake_try(r, hold_of(r, h->pid));
+		i = -1; /* wake_try may have changed the holds */
+	}
+}
+
 static void monitor(struct agent_room *r)
 {
 	for (int i = r->nheld - 1; i >= 0; i--)
@@ -1058,6 +1105,7 @@ static void monitor(struct agent_room *r)
 			drop_hold(r, i);
 		}
 	grants_check(r, -1);
+	lost_wakes(r);
 	idle_check(r);
 	pthread_mutex_lock(&r->hlock);
 	qsort(r->held, (size_t)r->nheld, sizeof(*r->held), resume_order);
@@ -1140,18 +1188,74 @@ static void pop_front(void *a, int *n, size_t sz, void *out)
 	(*n)--;
 }
 
+/* A Checkpoint takes hold rel.pid over: the policy forgets it (its record too) and never
+ * resumes it; the Checkpoint's record holds it from then on. Caller (the worker) holds lock. */
+static void release_locked(struct agent_room *r)
+{
+	int i = hold_of(r, r->rel.pid);
+	r->rel.found = i >= 0 && (r->held[i].start == 0 || r->rel.start == 0 || r->held[i].start == r->rel.start);
+	if (r->rel.found) {
+		r->rel.data_only = r->held[i].data_only;
+		GCR_LOG(GCR_LOG_INFO, "overcommit", "pid %d (priority %d, suspended %s) taken over by a Checkpoint: no "
+			"longer resumed by the policy", (int)r->held[i].pid, r->held[i].priority,
+			r->held[i].idle ? "for idling" : "for another pod");
+		drop_hold(r, i);
+	}
+	r->rel.done = 1;
+	pthread_cond_broadcast(&r->rel_cv);
+}
+
+int agent_room_holds(struct agent_room *r, pid_t pid, unsigned long long start, int *data_only)
+{
+	int found = 0;
+	pthread_mutex_lock(&r->hlock);
+	for (int i = 0; i < r->nheld && !found; i++)
+		if (r->held[i].pid == pid && (r->held[i].start == 0 || start == 0 || r->held[i].start == start)) {
+			found = 1;
+			*data_only = r->held[i].data_only;
+		}
+	pthread_mutex_unlock(&r->hlock);
+	return found;
+}
+
+int agent_room_release(struct agent_room *r, pid_t pid, unsigned long long start, int *data_only, int timeout_ms)
+{
+	struct timespec dl;
+	int rc = 0;
+	pthread_mutex_lock(&r->rel_lock);
+	pthread_mutex_lock(&r->lock);
+	r->rel.pending = 1;
+	r->rel.done = r->rel.found = r->rel.data_only = 0;
+	r->rel.pid = pid;
+	r->rel.start = start;
+	pthread_cond_signal(&r->cv);
+	gcr_time_deadline(&dl, timeout_ms > 0 ? timeout_ms : AGENT_ROOM_TIMEOUT_MS);
+	while (!r->rel.done && !r->stop && rc == 0)
+		rc = pthread_cond_timedwait(&r->rel_cv, &r->lock, &dl);
+	rc = r->rel.done ? (r->rel.found ? 0 : -ENOENT) : -ETIMEDOUT;
+	*data_only = r->rel.data_only;
+	r->rel.pending = 0; /* not taken by the worker in time: never done later */
+	pthread_mutex_unlock(&r->lock);
+	pthread_mutex_unlock(&r->rel_lock);
+	return rc;
+}
+
 static void *worker(void *data)
 {
 	struct agent_room *r = data;
 	pthread_mutex_lock(&r->lock);
 	while (!r->stop) {
-		if (r->nq == 0 && r->nw == 0 && !r->nudge) {
+		if (r->nq == 0 && r->nw == 0 && !r->nudge && !(r->rel.pending && !r->rel.done)) {
 			struct timespec dl;
 			gcr_time_deadline(&dl, r->cfg.check_ms);
 			pthread_cond_timedwait(&r->cv, &r->lock, &dl);
 		}
 		if (r->stop)
 			break;
+		if (r->rel.pending && !r->rel.done) {
+			release_locked(r);
+			continue;
+		}
 		if (r->nq > 0) {
 			struct request q;
 			pop_front(r->q, &r->nq, sizeof(q), &q);
@@ -1284,7 +1388,9 @@ int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struc
 		r->hooks = *hooks;
 	pthread_mutex_init(&r->lock, NULL);
 	pthread_mutex_init(&r->hlock, NULL);
+	pthread_mutex_init(&r->rel_lock, NULL);
 	pthread_cond_init(&r->cv, NULL);
+	pthread_cond_init(&r->rel_cv, NULL);
 	r->socket_dir = strdup(cfg->socket_dir);
 	r->proc_root = cfg->proc_root != NULL ? strdup(cfg->proc_root) : NULL;
 	r->held = calloc(MAX_HELD, sizeof(*r->held));
@@ -1354,6 +1460,8 @@ void agent_room_free(struct agent_room *r)
 	pthread_cond_destroy(&r->cv);
 	pthread_mutex_destroy(&r->lock);
 	pthread_mutex_destroy(&r->hlock);
+	pthread_mutex_destroy(&r->rel_lock);
+	pthread_cond_destroy(&r->rel_cv);
 	free(r->held);
 	free(r->wq);
 	free(r->watch);

@@ -119,4 +119,14 @@ void agent_room_free(struct agent_room *r);
 /* Processes suspended for another and not resumed yet. */
 int agent_room_held(struct agent_room *r);
 
+/* Whether pid (start: its start time, 0 unknown) is held suspended by the policy: 1 with
+ * *data_only the mode it was suspended in, else 0. */
+int agent_room_holds(struct agent_room *r, pid_t pid, unsigned long long start, int *data_only);
+
+/* Gives pid's hold up to its owner's Checkpoint (docs/preemption.md, "Taken over by a
+ * Checkpoint"): the policy forgets it (record included) and never resumes it; it stays
+ * suspended. 0 (with *data_only), -ENOENT when not held, -ETIMEDOUT when the policy's worker,
+ * busy with a suspend or resume, did not take it within timeout_ms (nothing changed then). */
+int agent_room_release(struct agent_room *r, pid_t pid, unsigned long long start, int *data_only, int timeout_ms);
+
 #endif

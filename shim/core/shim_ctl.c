@@ -100,6 +100,8 @@ static json_t *pool_json(void)
 			 (json_int_t)ps.reuses_done, "waited", (json_int_t)ps.reuses_waited);
 }
 
+static json_t *wake_json(void);
+
 static json_t *status_json(void)
 {
 	struct shim_alloc_stats st;
@@ -144,6 +146,12 @@ static json_t *status_json(void)
 				json_object_set_new(j, "nccl", json_pack("{s:i}", "held", held));
 		}
 		free(c);
+		if (shim_cr_state() == SHIM_CR_SUSPENDED) {
+			json_object_set_new(j, "data", json_string(shim_imagefile_where()));
+			json_t *w = wake_json();
+			if (w != NULL)
+				json_object_set_new(j, "wake", w);
+		}
 	}
 	return j;
 }
@@ -258,8 +266,12 @@ static bool peer_gone(int fd)
 }
 
 /* ---- the overcommit wake: a suspend the agent made with "wake" arms it; the first thread
- * that then reaches the closed gate tells the agent (shim_agent_wake), once per suspend ---- */
+ * that then reaches the closed gate tells the agent (shim_agent_wake), once per suspend. The
+ * status says it until the resume ("wake": "called"), so an agent that restarted and never got
+ * the line finds it (docs/preemption.md, "Wake on call"). ---- */
 static atomic_int wake_armed;
+static atomic_int wake_called; /* a wake suspend is in effect and a thread has called since */
+static _Atomic double wake_since; /* monotonic ms of that first call */
 
 static void wake_send(void)
 {
@@ -267,7 +279,20 @@ static void wake_send(void)
 	if (!atomic_exchange(&wake_armed, 0))
 		return;
 	int n = shim_gate_waiting(&since);
+	atomic_store(&wake_since, n > 0 ? since : gcr_time_mono_ms());
+	atomic_store(&wake_called, 1);
 	(void)shim_agent_wake(n > 0 ? (long long)(gcr_time_mono_ms() - since) : 0);
+}
+
+/* The status's "wake" (NULL: no wake suspend in effect). */
+static json_t *wake_json(void)
+{
+	if (atomic_load(&wake_called))
+		return json_pack("{s:s, s:I}", "state", "called",
+				 "waited_ms", (json_int_t)(gcr_time_mono_ms() - atomic_load(&wake_since)));
+	if (atomic_load(&wake_armed))
+		return json_pack("{s:s, s:I}", "state", "armed", "waited_ms", (json_int_t)0);
+	return NULL;
 }
 
 /* The gate's wait hook: a thread about to wait. */
@@ -279,6 +304,7 @@ static void wake_on_wait(void)
 /* on: after a suspend that asked for it; off: before a resume or an undone suspend. */
 static void wake_arm(int on)
 {
+	atomic_store(&wake_called, 0);
 	if (!on) {
 		atomic_store(&wake_armed, 0);
 		return;
@@ -531,6 +557,7 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 		rc = shim_cr_resume(&rep, &err);
 		if (rc == 0) {
 			shim_imagefile_resumed();
+			atomic_store(&wake_called, 0);
 			result = report_json(&rep);
 		} else if (armed) {
 			wake_arm(1); /* still suspended: still the agent's */
@@ -857,6 +884,7 @@ static void reset_after_fork(void)
 	start_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	sock_path[0] = '\0';
 	atomic_store(&wake_armed, 0); /* the parent's suspend, not the child's */
+	atomic_store(&wake_called, 0);
 	shim_agent_after_fork();
 }
 

@@ -41,6 +41,12 @@ int shim_imagefile_dropped(void)
 	return atomic_load(&where) == DROPPED;
 }
 
+const char *shim_imagefile_where(void)
+{
+	int w = atomic_load(&where);
+	return w == DROPPED ? "written" : w == FILES ? "files" : "host";
+}
+
 void shim_imagefile_resumed(void)
 {
 	atomic_store(&where, IN_STAGING);

@@ -28,6 +28,9 @@ int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_repor
 void shim_imagefile_drop(void);
 /* 1 while the data is in files only (dropped, and no image-read since). */
 int shim_imagefile_dropped(void);
+/* Where a suspended process's data is, as status says it (protocol.h "data"): "host",
+ * "written" (files only, dropped) or "files" (attached by image-read). */
+const char *shim_imagefile_where(void);
 /* While suspended with the data in files (after drop): checks that dir/gpu/allocs.json matches
  * this process's allocations and that every data file has its size, and makes the files the
  * source of the next resume (shim_staging_transfer reads each chunk into a pinned slot and

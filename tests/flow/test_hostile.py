@@ -3,6 +3,7 @@
 """Needs a build dir (top_builddir), as test_flow.py. Each case prints PASS/FAIL; the last line is
 'N passed, N failed'. Waits are on protocol replies, log lines of the shim or bounded polls of state."""
 
+import json
 import os
 import re
 import resource
@@ -286,6 +287,31 @@ def case_abandoned_suspend(f):
     f.finish(p)  # the program's own check: every buffer bit-exact
 
 
+def case_stopped_process(f):
+    """A process that stops itself (SIGSTOP) after its shim started cannot answer: gcrctl's status
+    and suspend give up on it within a few seconds, not at their bounds (10 s and 10 min), with an
+    error that names the state; once continued it is untouched, runs and checks bit-exact."""
+    p = f.start(["--mib", "32", "--iters", "5", "--wait"])
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: open("/proc/%d/stat" % p.pid).read().rsplit(")", 1)[1].split()[0] == "T", 10,
+                 "the process to stop")
+        for op in ("status", "suspend"):
+            t0 = time.monotonic()
+            r = f.ctl(op, p.pid)
+            took = time.monotonic() - t0
+            check(not r.ok, "%s of a stopped process succeeded: %s" % (op, r.describe()))
+            said = (r.error or "") + json.dumps(r.data or {})
+            check("stopped (state T" in said, "%s: the error does not name the state: %s" % (op, r.describe()))
+            check(took < 8, "%s of a stopped process took %.1f s" % (op, took))
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    st = f.ctl("status", p.pid)
+    check(st.ok and H.dig(st.data, "shim", "state") == "running", "after SIGCONT: %s" % st.describe())
+    p.send("go")
+    f.finish(p)
+
+
 def start_stopped(f, name, pre=""):
     """gcr-testprog started through sh, which stops itself before exec (same pid, same start
     time): the test sees the process's socket name before the shim makes it."""
@@ -431,6 +457,7 @@ CASES = [
     ("same-pid-two-namespaces", case_same_pid_two_namespaces),
     ("stale-cleanup", case_stale_cleanup),
     ("umask", case_umask),
+    ("stopped-process", case_stopped_process),
 ]
 
 

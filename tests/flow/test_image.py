@@ -14,6 +14,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -526,9 +527,63 @@ def case_suspend_to_files(c):
     check(m.group(1) == "ok", "RESULT %s" % m.group(1))
 
 
+def shim_request(c, pid, op, args=None):
+    """One request on pid's control socket; its reply (a dict)."""
+    sock_dir = c.env["GCR_SOCKET_DIR"]
+    with open("/proc/%d/stat" % pid) as fh:
+        start = fh.read().rsplit(")", 1)[1].split()[19]
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(120)
+    s.connect(os.path.join(sock_dir, "gcr-%d-%s.sock" % (pid, start)))
+    s.sendall((json.dumps({"v": 1, "id": 1, "op": op, "args": args or {}}) + "\n").encode())
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        check(chunk, "%s: connection closed before a reply" % op)
+        buf += chunk
+    s.close()
+    return json.loads(buf)
+
+
+def case_image_of_suspended(c):
+    """A process suspended already (a drained pod's, by a Checkpoint or a GPUResidency at 0) is
+    imaged from there, never resumed first: image-write takes its data from host memory to
+    DIR/gpu (status "data": "written"), image-read makes those files what its next resume reads
+    ("files"); it stays suspended all along (0 GPU bytes), and the resume brings it back bit-exact."""
+    p = c.start(["--chunks", "--buffers", "3", "--mib", "24", "--iters", "3", "--wait"])
+    p.send("go")
+    p.expect(r"^DONE$", 120)
+    before = verify(p)
+    rc, rep, err = c.ctl("--unchecked", "suspend", str(p.pid))
+    check(rc == 0 and rep.get("ok"), "suspend: rc %d %s %s" % (rc, rep, err))
+    st = shim_request(c, p.pid, "status")["result"]
+    check(st.get("state") == "suspended" and st.get("data") == "host", "after the suspend: %s" % st)
+    d = os.path.join(c.d, "pod-side")
+    os.mkdir(d)
+    r = shim_request(c, p.pid, "image-write", {"dir": d})
+    check(r.get("ok") and r["result"]["bytes"] > 0, "image-write: %s" % r)
+    st = shim_request(c, p.pid, "status")["result"]
+    check(st.get("state") == "suspended" and st.get("data") == "written", "after image-write: %s" % st)
+    check(c.gpu_bytes(p.pid) == 0, "GPU bytes held while imaged suspended")
+    rc, _, err = c.ctl("resume", str(p.pid))
+    check(rc != 0, "a resume with the data in files only was not refused")
+    r = shim_request(c, p.pid, "image-read", {"dir": d})
+    check(r.get("ok"), "image-read: %s" % r)
+    st = shim_request(c, p.pid, "status")["result"]
+    check(st.get("state") == "suspended" and st.get("data") == "files", "after image-read: %s" % st)
+    rc, rep, err = c.ctl("--unchecked", "resume", str(p.pid))
+    check(rc == 0 and rep.get("ok"), "resume: rc %d %s %s" % (rc, rep, err))
+    check("data" not in shim_request(c, p.pid, "status")["result"], "a running process still says where data is")
+    after = verify(p)
+    check(after == before, "after the image of the suspended process %s, before %s" % (after, before))
+    p.send("check")
+    m = p.expect(r"RESULT (.*)", 120)
+    check(m.group(1) == "ok", "RESULT %s" % m.group(1))
+
+
 CASES = [case_roundtrip, case_zero_buffers, case_leave_running, case_corruptions, case_killed_mid_write,
          case_changed_after_verify, case_write_fails, case_gpu_pair_unknown, case_writers_and_pieces,
-         case_suspend_to_files]
+         case_suspend_to_files, case_image_of_suspended]
 
 
 def run_cases(cases, criu, why, only=()):

@@ -649,6 +649,43 @@ def case_idle_restart(n):
     n.finish(low)
 
 
+def case_wake_lost(n):
+    """The idle requester calls while no agent listens (issue 33: an agent killed within ~150 ms of
+    that call): its shim sends its one wake to the agent, which is stopped and then killed with it
+    unread. The next agent reads the hold's record, asks the shim (its status says "wake":
+    "called") and wakes it: the victim is suspended again, the requester's call goes through,
+    both bit-exact. Without that, the requester stays suspended for good."""
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    low = n.start("low", 192, prio=1)
+    n.ready(low)
+    mark = n.agent_mark()
+    high = n.start("high", 384, prio=10)
+    n.ready(high)
+    n.agent_line(r"suspended idle pid %d " % high.pid, mark, timeout=IDLE_MS / 1000 + 15)
+    n.agent_line(r"resumed pid %d " % low.pid, mark)
+    # The agent stops reading; the call's wake goes into its socket and dies with it.
+    n.agent.p.send_signal(signal.SIGSTOP)
+    try:
+        high.send("go")
+        poll(lambda: any("wake sent" in l for l in list(high.err_tail)), "high's shim to send its wake")
+        st = H.gcrctl(n.cfg, n.sock, "status", high.pid)
+        check(H.dig(st.data, "shim", "wake", "state") == "called", "high's status after its call: %s"
+              % H.dig(st.data, "shim"))
+    finally:
+        n.agent.p.send_signal(signal.SIGKILL)
+        n.agent.p.wait(WAIT_S)
+    n.start_agent("--overcommit-idle-ms", IDLE_FLAG)
+    mark = 0
+    high.expect(r"^DONE", WAIT_S, what="DONE of high (woken by the new agent from its status)")
+    n.agent_line(r"pid %d \(priority 10\) called while no agent listened" % high.pid, mark)
+    n.agent_line(r"resumed pid %d .*it called the GPU" % high.pid, mark)
+    check(held(n, low), "low not suspended again for the woken high: %s" % n.state(low))
+    n.checked(high)
+    check(high.p.wait(WAIT_S) == 0, "high exit status")
+    n.agent_line(r"resumed pid %d .*is gone" % low.pid, mark)
+    n.finish(low)
+
+
 def case_victim_called(n):
     """A victim's thread calls while it is held (data mode: the call reaches the shim's gate): its
     shim tells the agent, which keeps it suspended since the process it was held for runs at a
@@ -723,7 +760,7 @@ def case_room_unused(n):
 CASES = [(case_two, 512), (case_just_enough, 512), (case_order, 512), (case_never, 512), (case_policy_off, 512), (case_opt_in, 512), (case_env_untrusted, 512),
          (case_not_enough, 512), (case_bound, 512), (case_restart, 512), (case_data_only, 512),
          (case_room_returned, 512), (case_outside_pods, 512), (case_idle_wake, 512), (case_idle_faults, 512), (case_idle_host_full, 512),
-         (case_idle_restart, 512), (case_victim_called, 512),
+         (case_idle_restart, 512), (case_wake_lost, 512), (case_victim_called, 512),
          (case_gcrctl_not_woken, 512), (case_room_unused, 512)]
 
 

@@ -75,6 +75,20 @@ static void check_all(json_t *j)
 			abort();
 	}
 
+	enum gcr_shimreply_data data = GCR_SHIMREPLY_DATA_FILES;
+	rc = gcr_shimreply_data(j, &data, &err);
+	check_rc(rc, &err);
+	if ((rc < 0 && data != GCR_SHIMREPLY_DATA_HOST) || (unsigned)data > GCR_SHIMREPLY_DATA_FILES)
+		abort();
+
+	int called = -1;
+	long long waited = -1;
+	rc = gcr_shimreply_wake(j, &called, &waited, &err);
+	check_rc(rc, &err);
+	if ((rc < 0 && (called != 0 || waited != 0)) || (called != 0 && called != 1) || waited < 0 ||
+	    waited >= GCR_SHIMREPLY_BYTES_MAX || (!called && waited != 0))
+		abort();
+
 	long long sum = -1;
 	rc = gcr_shimreply_calls(j, &sum, &err);
 	check_rc(rc, &err);

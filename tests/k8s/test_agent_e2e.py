@@ -931,6 +931,35 @@ def main():
         check(E.shim(fx["pid"]).get("state") == "running", "the shim is not running after the image")
         return c
 
+    def image_killed(step, want, name):
+        """The agent SIGKILLed at one step of an Image (the agent's CRIU on a host process; the
+        test hook pauses it after the step is recorded, before it runs): the next agent finishes it
+        from its record (docs/images.md, "Records, and an agent killed mid-image"): the process
+        running, never left held at its gate; the image whole, or Failed Interrupted and nothing
+        of it left (no partial image)."""
+        def run():
+            check(find_criu(), "no CRIU >= 4 ($GCR_CRIU, ~/.cache/gcr-criu/4.1.1/criu, PATH): run scripts/install-criu.sh")
+            E.stop_agent()
+            E.start_agent({"GCR_AGENT_TEST_PAUSE": "image-" + step, "GCR_AGENT_TEST_PAUSE_S": "120"})
+            E.apply(checkpoint(name, "gpu-pod", action="Image"))
+            E.wait("the agent paused at image-%s" % step, lambda: "pausing 120 s at image-%s" % step in
+                   open(E.agent_log).read(), timeout=120)
+            E.stop_agent(signal.SIGKILL)
+            E.start_agent()
+            c = E.wait_phase("checkpoint", name, ("Succeeded", "Failed"), timeout=180)["status"]
+            reason = (c.get("conditions") or [{}])[0].get("reason")
+            check((c["phase"], reason) == want, "killed at image-%s: %s %s, want %s: %s" % (
+                step, c["phase"], reason, want, c.get("message")))
+            E.wait("the process running", lambda: E.shim(fx["pid"]).get("state") == "running")
+            untouched(fx["pid"])
+            pod_dir = os.path.dirname(image_dir(name))
+            check(not [n for n in os.listdir(pod_dir) if ".partial." in n], "a partial image is left: %s"
+                  % os.listdir(pod_dir))
+            check(os.path.exists(os.path.join(image_dir(name), "manifest.json")) == (want[0] == "Succeeded"),
+                  "the image at %s after %s" % (image_dir(name), c["phase"]))
+            log("  killed at image-%s: %s (%s) %s" % (step, c["phase"], reason, c.get("message", "")[:200]))
+        return run
+
     def image_and_retention():
         """Three Checkpoints with action Image of one pod, one after another: each a whole image
         under <images>/<ns>/<pod>/<name>, the process running on; with imagesKeep 2 the first is
@@ -1021,6 +1050,10 @@ def main():
             case("SIGTERM mid-Checkpoint: it finishes, agent exits 0", sigterm)
             case("kube-apiserver restarted mid-watch: agent recovers; the expired watch (410) is relisted",
                  apiserver_restart)
+            for step, want in (("suspend", ("Succeeded", "ImageWritten")), ("dump", ("Failed", "Interrupted")),
+                               ("seal", ("Failed", "Interrupted")), ("back", ("Succeeded", "ImageWritten"))):
+                case("action Image, agent SIGKILLed at step %s: finished from its record, %s, the process "
+                     "running, nothing left" % (step, want[0]), image_killed(step, want, "ck-imgk-" + step))
             case("action Image: three images of one pod, the process running on; imagesKeep 2 removes the "
                  "oldest; a deleted Checkpoint's image removed", image_and_retention)
             case("action Image refused: a directory already there -> Failed + Warning Event, nothing overwritten, "

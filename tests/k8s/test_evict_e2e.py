@@ -296,6 +296,62 @@ def case_drain_images():
         cleanup(ns)
 
 
+def case_drain_suspended():
+    """Pods suspended already (a Checkpoint, as a GPUResidency at 0 makes; one Full, one KeepContext:
+    its context still on the GPU) are drained: each eviction Checkpoint images the pod from its
+    suspended state, never resuming it first (issue 33: the eviction failed "already suspended" and
+    the pod went with its GPU state): Succeeded, its message saying the process stayed suspended,
+    the GPU memory still 0 until the end; both images restore into new pods, RESULT ok."""
+    ns = "ev-susp"
+    N.namespace(ns)
+    try:
+        pods = {}
+        for name, kc in (("full", False), ("kc", True)):
+            pod, pid, nbytes = deployment(ns, name)
+            ck = {"podName": pod}
+            if kc:
+                ck["keepContext"] = True
+            apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": f"own-{name}",
+                   "namespace": ns}, "spec": ck})
+            N.wait_phase("checkpoint", ns, f"own-{name}")
+            uid = kjson("get", "pod", "-n", ns, pod)["metadata"]["uid"]
+            pods[name] = (pod, pid, nbytes, ck_name(pod, uid), N.host_pid(ns, pod))
+            check(N.smi(ns, pod, "mem", pid) == "0" or kc, f"{name}: GPU memory held while suspended")
+        watches = {name: Watch(v[4], ns, v[3], v[0]) for name, v in pods.items()}
+        t0 = time.time()
+        drained("app in (full,kc)")
+        for name, (pod, pid, nbytes, ck, hpid) in pods.items():
+            w = watches[name]
+            wait_until(f"{name}'s process gone", lambda: w.gone, 60)
+            w.stop = True
+            s = kjson("get", "checkpoint", "-n", ns, ck).get("status", {})
+            check(s.get("phase") == "Succeeded", f"{name}: eviction Checkpoint {ck}: {s.get('phase')}: {s.get('message')}")
+            check("stays suspended" in s.get("message", ""), f"{name}: {s.get('message')}")
+            check(s["image"].get("gpuBytes", 0) >= 48 << 20, f"{name}: status.image {s.get('image')}")
+            imaged_before_end(ns, pod, w.gone)
+            log(f"drain of suspended pod {name}: {ck} Succeeded {rel(w.succeeded, t0)} after the drain began; "
+                f"{s.get('message')}")
+        for name in ("full", "kc"):
+            kubectl("delete", "deployment", "-n", ns, name, "--wait=true", timeout=90)
+        for name, (pod, pid, nbytes, ck, _) in pods.items():
+            img = f"{IMAGES}/{ns}/{pod}/{ck}"
+            ref = f"localhost/gcr-restore/{ns}-{ck}:1"
+            N.checkpoint_oci_image(os.path.join(img, "criu", "kubelet-checkpoint.tar"), ref, "main")
+            N.restored_pod(ns, f"dst-{name}", ref)
+            apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore",
+                   "metadata": {"name": f"back-{name}", "namespace": ns},
+                   "spec": {"checkpointName": ck, "podName": f"dst-{name}"}})
+            N.wait_phase("restore", ns, f"back-{name}", timeout=120)
+            logs = kubectl("logs", "-n", ns, f"dst-{name}").stdout
+            rpid = int(logs.split("READY pid=")[1].split()[0])
+            check(int(N.smi(ns, f"dst-{name}", "mem", rpid)) >= nbytes, f"{name}: restored without its GPU memory")
+            N.finish(ns, f"dst-{name}")
+            log(f"the drained suspended pod {name}'s image restored into a new pod: RESULT ok")
+    finally:
+        uncordon()
+        cleanup(ns)
+
+
 def case_plain_delete():
     """kubectl delete pod of an opted-in pod (no DisruptionTarget, no annotation): no Checkpoint,
     the hold answered at once: the pod is gone long before its 60 s grace period."""
@@ -483,7 +539,7 @@ def case_preempted():
         node_token(None)
 
 
-CASES = [case_install, case_drain_images, case_plain_delete, case_no_time, case_preempted,
+CASES = [case_install, case_drain_images, case_drain_suspended, case_plain_delete, case_no_time, case_preempted,
          case_agent_restart_during_hold, case_policy_off]
 
 if __name__ == "__main__":

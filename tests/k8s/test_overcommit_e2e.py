@@ -15,7 +15,9 @@ installs the chart so, to see it fail). Ends with "N passed, N failed".
 import json
 import os
 import re
+import signal
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_node_e2e as N  # noqa: E402
@@ -385,6 +387,87 @@ def case_agent_restart(ns):
     log(f"agent {old['metadata']['name']} deleted while {ns}/low was held; {new['metadata']['name']} resumed it")
 
 
+def agent_host_pid(a):
+    """The host pid of gcr-agent in agent pod a (its cgroup names the pod's uid)."""
+    marks = (a["metadata"]["uid"], a["metadata"]["uid"].replace("-", "_"))
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and open(f"/proc/{d}/comm").read().strip() == "gcr-agent" and any(
+                    m in open(f"/proc/{d}/cgroup").read() for m in marks):
+                return int(d)
+        except OSError:
+            continue
+    raise AssertionError(f"no gcr-agent process of {a['metadata']['name']}")
+
+
+@in_namespace("oc-wake")
+def case_wake_lost(ns):
+    """Issue 33 (QA on the real node, 2 of 2): the high pod, suspended for idling, calls while the
+    agent cannot read (stopped), so its one wake sits in the dying agent's socket; the agent is then
+    SIGKILLed and its pod deleted. The DaemonSet's next agent finds the wake in the shim's status
+    ("wake": "called") and wakes it: the low pod suspended again, the high one's call goes through,
+    both bit-exact. Before, the high pod stayed suspended for good."""
+    lpid, lbytes = ready(ns, "low", 2071, 192, "gcr-oc-low", hold_after=True)
+    hpid, hbytes = ready(ns, "high", 2072, 384, "gcr-oc-high")
+    held(ns, "low", lpid)
+    wait_until(f"OvercommitIdleSuspended Event on {ns}/high", lambda: events(ns, "high", "OvercommitIdleSuspended"),
+               IDLE_S + 30)
+    wait_resumed(ns, "low", lpid, lbytes)
+    old = agent()
+    apid = agent_host_pid(old)
+    os.kill(apid, signal.SIGSTOP)
+    try:
+        N.ctl(ns, "high", "go")
+        line(ns, "high", r"wake sent", 30)  # the shim's own line: the agent's socket took it
+    finally:
+        os.kill(apid, signal.SIGKILL)
+    kubectl("delete", "pod", "-n", N.SYSTEM_NS, old["metadata"]["name"], "--grace-period=0", "--force",
+            "--wait=false", check=False)
+    new = wait_until("a new agent Ready", lambda: (p := N.agent_ready()) and p["metadata"]["uid"] !=
+                     old["metadata"]["uid"] and p, 180)
+    line(ns, "high", r"^DONE$", 60)
+    log("the new agent: " + next((x for x in agent_log(new) if "called while no agent listened" in x), "(no line)"))
+    held(ns, "low", lpid)
+    running(ns, "high", hpid, hbytes)
+    N.ctl(ns, "high", "check")
+    check(line(ns, "high", r"^RESULT ", 60) == "RESULT ok", "high: its own check failed")
+    check(line(ns, "high", r"^EXIT ", 30) == "EXIT 0", "high: exit status not 0")
+    wait_resumed(ns, "low", lpid, lbytes)
+    N.finish(ns, "low")  # bit-exact after its two suspends; it keeps its memory (--hold-after)
+    N.ctl(ns, "low", "exit")
+    check(line(ns, "low", r"^EXIT ", 30) == "EXIT 0", "low: exit status not 0")
+
+
+@in_namespace("oc-own")
+def case_taken_over(ns):
+    """The low pod is held for the high one; its owner's own Checkpoint takes the hold over
+    (issue 33: it failed "already suspended", with no Kubernetes way back): Succeeded, the policy
+    no longer resumes it (still suspended after the high pod ended), and the owner's Restore
+    resumes it, data bit-exact."""
+    lpid, lbytes = ready(ns, "low", 2061, 192, "gcr-oc-low")
+    ready(ns, "high", 2062, 384, "gcr-oc-high")
+    held(ns, "low", lpid)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "own", "namespace": ns},
+           "spec": {"podName": "low"}})
+    N.wait_phase("checkpoint", ns, "own")
+    st = kjson("get", "checkpoint", "-n", ns, "own")["status"]
+    check("already suspended by the overcommit policy" in st.get("message", ""), f"Checkpoint own: {st.get('message')}")
+    # The agent names the host pid; lpid is the pod's own: the low pod is the only one held here.
+    wait_until("the agent's take-over line", lambda: any(re.search(
+        r"pid \d+ \(priority 10, suspended for another pod\) taken over by a Checkpoint", x) for x in agent_log()), 30)
+    finish(ns, "high")
+    # The policy's monitor looks every 0.5 s: ten of its turns after the high pod ended, still held.
+    line(ns, "high", r"^EXIT ", 30)
+    for _ in range(10):
+        held(ns, "low", lpid)
+        time.sleep(0.5)
+    apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "own", "namespace": ns},
+           "spec": {"checkpointName": "own"}})
+    N.wait_phase("restore", ns, "own")
+    running(ns, "low", lpid, lbytes)
+    finish(ns, "low")
+
+
 @in_namespace("oc-off")
 def case_policy_off(ns):
     """helm upgrade --set overcommit.enabled=false: the same two pods as case_two, the high one's
@@ -408,7 +491,7 @@ def case_policy_off(ns):
 
 
 CASES = [case_install, case_two, case_idle, case_three_just_enough, case_three_order, case_never_preemptible,
-         case_agent_restart, case_readiness, case_policy_off]
+         case_agent_restart, case_wake_lost, case_taken_over, case_readiness, case_policy_off]
 
 if __name__ == "__main__":
     only = os.environ.get("GCR_OC_E2E_CASES")  # a comma list of names: those cases only, after the install

@@ -365,6 +365,13 @@ def tenant_cases(E, case):
         agent_alive("after t-fake-rs")
         check(final(A, "checkpoint", "t-fake")["phase"] in FINAL, "t-fake")
         failed(s, "t-fake-rs", "UnknownCheckpoint")
+        # The forged final phase, which the CRD keeps final, is marked as not the agent's (issue 33).
+        fk = E.wait("t-fake marked forged", lambda: (o := get(A, "checkpoint", "t-fake")) and any(
+            c.get("type") == "SetByAgent" and c.get("status") == "False" and c.get("reason") == "Forged"
+            for c in o.get("status", {}).get("conditions", [])) and o)
+        check(fk["status"]["phase"] == "Succeeded" and fk["status"]["message"].startswith("FORGED"),
+              "t-fake after the mark: %s" % json.dumps(fk["status"])[:400])
+        wait_event(A, "t-fake", "Warning", "StatusForged")
 
     def resume_attempt(objs):
         """B's owner suspends the victim; tenant-a's objs(ck name) forged while the agent is stopped (names of

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent_crobj.h"
@@ -497,6 +498,96 @@ static void test_copy_gpu(void)
 	CHECK(system(p) == 0);
 }
 
+static int owned_by_list(void *data, const char *path)
+{
+	for (const char *const *p = data; *p != NULL; p++)
+		if (strcmp(*p, path) == 0)
+			return 1;
+	return 0;
+}
+
+/* What a pod writes in its image directory goes (once a minute old) unless an Image in flight
+ * owns it, links never followed; a socket directory's image-* only once older than any
+ * operation; a partial image only once older than any image's run and unowned. */
+static void test_leftovers(void)
+{
+	char alloc[PATH_MAX], sock[PATH_MAX], p[PATH_MAX + 64], q[PATH_MAX + 128], keep[PATH_MAX + 64], victim[PATH_MAX];
+	snprintf(alloc, sizeof(alloc), "%s/.alloc/00ab", root);
+	snprintf(sock, sizeof(sock), "%s/sockroot/00ab", root);
+	snprintf(p, sizeof(p), "%s/.alloc", root);
+	CHECK(mkdir(p, 0711) == 0 && mkdir(alloc, 01733) == 0);
+	snprintf(p, sizeof(p), "%s/sockroot", root);
+	CHECK(mkdir(p, 0700) == 0 && mkdir(sock, 01733) == 0);
+	/* Outside, what a link must never lead the sweep to. */
+	snprintf(victim, sizeof(victim), "%.200s/victim", root);
+	CHECK(mkdir(victim, 0700) == 0);
+	snprintf(p, sizeof(p), "%s/precious", victim);
+	write_file(p, "x");
+	/* The pod's junk: a deep tree, a big file, a link to the victim; an Image's work directory. */
+	snprintf(p, sizeof(p), "%s/junk", alloc);
+	CHECK(mkdir(p, 0700) == 0);
+	for (int d = 0; d < 5; d++) {
+		strncat(p, "/d", sizeof(p) - strlen(p) - 1);
+		CHECK(mkdir(p, 0700) == 0);
+	}
+	strncat(p, "/f", sizeof(p) - strlen(p) - 1);
+	write_file(p, "junk");
+	snprintf(p, sizeof(p), "%s/big.bin", alloc);
+	write_file(p, "0123456789");
+	snprintf(p, sizeof(p), "%s/link", alloc);
+	CHECK(symlink(victim, p) == 0);
+	snprintf(keep, sizeof(keep), "%s/0b6c5a1e-uid", alloc);
+	CHECK(mkdir(keep, 0700) == 0);
+	const char *owned[] = { keep, NULL };
+	/* A socket directory: a shim's socket stays; image-* only once older than any operation. */
+	snprintf(p, sizeof(p), "%s/gcr-1-2.sock", sock);
+	write_file(p, "");
+	snprintf(p, sizeof(p), "%s/image-old", sock);
+	CHECK(mkdir(p, 0700) == 0);
+	snprintf(q, sizeof(q), "%s/gpu.bin", p);
+	write_file(q, "g");
+	snprintf(p, sizeof(p), "%s/sockroot", root);
+	long long now = (long long)time(NULL);
+	/* Just made (the sweep may have read its list before an Image recorded them): kept. */
+	CHECK(agent_images_sweep_allocs(root, p, owned_by_list, owned, now) == 0);
+	/* Later: the pod's junk goes, the owned work and the socket dir's entries stay. */
+	CHECK(agent_images_sweep_allocs(root, p, owned_by_list, owned, now + AGENT_IMAGES_ALLOC_MIN_AGE_S + 1) == 3);
+	snprintf(q, sizeof(q), "%s/junk", alloc);
+	CHECK(!exists_path(q));
+	snprintf(q, sizeof(q), "%s/big.bin", alloc);
+	CHECK(!exists_path(q));
+	snprintf(q, sizeof(q), "%s/link", alloc);
+	struct stat st;
+	CHECK(lstat(q, &st) < 0);
+	snprintf(q, sizeof(q), "%s/precious", victim);
+	CHECK(exists_path(q));
+	CHECK(exists_path(keep));
+	snprintf(q, sizeof(q), "%s/image-old", sock);
+	CHECK(exists_path(q));
+	/* Past any operation's bound: the socket dir's image-* goes, its socket stays. */
+	CHECK(agent_images_sweep_allocs(root, p, owned_by_list, owned, now + AGENT_IMAGES_PARTIAL_MAX_AGE_S + 1) == 1);
+	CHECK(!exists_path(q));
+	snprintf(q, sizeof(q), "%s/gcr-1-2.sock", sock);
+	CHECK(exists_path(q));
+	CHECK(exists_path(keep));
+
+	/* Partial images: an old one nobody owns goes; an owned one, a young one and an image stay. */
+	char img[PATH_MAX], part[PATH_MAX], part2[PATH_MAX];
+	path_of("team-p", "pod", "ck", img);
+	make_image(img, 5);
+	struct gcr_err err = { 0, "" };
+	CHECK(gcr_image_partial_name(img, 11, part, sizeof(part), &err) == 0);
+	CHECK(gcr_image_partial_name(img, 12, part2, sizeof(part2), &err) == 0);
+	CHECK(mkdir(part, 0700) == 0 && mkdir(part2, 0700) == 0);
+	const char *owned2[] = { part2, NULL };
+	CHECK(agent_images_sweep_partials(root, owned_by_list, owned2, (long long)time(NULL)) == 0);
+	/* (test_sweep's partials are among them) */
+	CHECK(agent_images_sweep_partials(root, owned_by_list, owned2,
+					  (long long)time(NULL) + AGENT_IMAGES_PARTIAL_MAX_AGE_S + 1) >= 1);
+	CHECK(!exists_path(part) && exists_path(part2) && exists_path(img));
+	gcr_image_remove(part2);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/test-agent-images-XXXXXX");
@@ -512,6 +603,7 @@ int main(void)
 	test_copy_checked();
 	test_copy();
 	test_copy_gpu();
+	test_leftovers();
 	gcr_image_remove(root);
 	return test_summary("test_agent_images");
 }

@@ -130,9 +130,87 @@ static void test_forged_status(void)
 	json_decref(o);
 }
 
+/* An Image's record: every field round trips, the marker of when the store began to record
+ * every Checkpoint stays, and a damaged image part sets the record aside. */
+static void test_image_record(void)
+{
+	char base[] = "/tmp/gcr-record-img-XXXXXX";
+	CHECK(mkdtemp(base) != NULL);
+	char dir[300];
+	snprintf(dir, sizeof(dir), "%s/records", base);
+	struct agent_record_store *s = NULL;
+	struct gcr_err err;
+	CHECK(agent_record_store_new(dir, &s, &err) == 0);
+	long long since = agent_record_store_since(s);
+	CHECK(since > 0 && exists(dir, ".since"));
+	struct agent_record r = { .state = AGENT_REC_IMAGING, .action = AGENT_REC_ACT_IMAGE, .n = 1 };
+	snprintf(r.uid, sizeof(r.uid), UID);
+	snprintf(r.ns, sizeof(r.ns), "team-a");
+	snprintf(r.name, sizeof(r.name), "img-1");
+	snprintf(r.pod, sizeof(r.pod), "llm-0");
+	snprintf(r.pod_uid, sizeof(r.pod_uid), "5e8d2c4a-1b3f-4a6e-9c7d-0f2e4a6c8b1d");
+	r.p[0] = (struct agent_record_proc){ .pid = 77, .start = 42, .container = "model" };
+	r.img = (struct agent_record_image){ .kubelet = 1, .from_suspended = 1, .converted = 1,
+					     .step = AGENT_REC_STEP_DUMP, .attempt = 2, .dump_at = 1800000000,
+					     .kept = 1 };
+	snprintf(r.img.path, sizeof(r.img.path), "/var/lib/gcr/images/team-a/llm-0/img-1");
+	snprintf(r.img.work, sizeof(r.img.work), "/run/gcr/image-" UID);
+	snprintf(r.img.partial, sizeof(r.img.partial), "/var/lib/gcr/images/team-a/llm-0/img-1.partial.9");
+	snprintf(r.img.archive, sizeof(r.img.archive), "/var/lib/kubelet/checkpoints/checkpoint-llm-0_team-a-model-x.tar");
+	snprintf(r.img.container, sizeof(r.img.container), "model");
+	CHECK(agent_record_put(s, &r, &err) == 0);
+	agent_record_store_free(s);
+
+	CHECK(agent_record_store_new(dir, &s, &err) == 0);
+	CHECK(agent_record_store_since(s) == since); /* kept, not renewed */
+	struct agent_record g;
+	CHECK(agent_record_get(s, UID, &g) == 0);
+	CHECK(g.action == AGENT_REC_ACT_IMAGE && g.state == AGENT_REC_IMAGING);
+	CHECK(g.img.kubelet == 1 && g.img.from_suspended == 1 && g.img.converted == 1 && g.img.kept == 1);
+	CHECK(g.img.step == AGENT_REC_STEP_DUMP && g.img.attempt == 2 && g.img.dump_at == 1800000000);
+	CHECK_STR(g.img.path, r.img.path);
+	CHECK_STR(g.img.work, r.img.work);
+	CHECK_STR(g.img.partial, r.img.partial);
+	CHECK_STR(g.img.archive, r.img.archive);
+	CHECK_STR(g.img.container, "model");
+	CHECK_STR(agent_record_step_name(g.img.step), "dump");
+	agent_record_clear(&g);
+	agent_record_store_free(s);
+
+	/* A record names paths the agent removes: one that climbs out, or a state of an Image on a
+	 * Suspend's record, is set aside. */
+	json_t *j = agent_record_encode(&r);
+	json_object_set_new(json_object_get(j, "image"), "partial", json_string("/var/lib/gcr/../../etc"));
+	CHECK(agent_record_decode(j, &g, &err) == -EINVAL);
+	json_object_set_new(json_object_get(j, "image"), "partial", json_string("relative/path"));
+	CHECK(agent_record_decode(j, &g, &err) == -EINVAL);
+	json_object_set_new(json_object_get(j, "image"), "partial", json_string(""));
+	json_object_set_new(json_object_get(j, "image"), "step", json_string("teleport"));
+	CHECK(agent_record_decode(j, &g, &err) == -EINVAL);
+	json_object_set_new(json_object_get(j, "image"), "step", json_string("seal"));
+	CHECK(agent_record_decode(j, &g, &err) == 0 && g.img.step == AGENT_REC_STEP_SEAL);
+	agent_record_clear(&g);
+	json_object_del(j, "action");
+	json_object_del(j, "image");
+	CHECK(agent_record_decode(j, &g, &err) == -EINVAL && strstr(err.msg, "imaging") != NULL);
+	json_decref(j);
+	/* An older agent's Suspend record (no "action") is a Suspend. */
+	r.action = AGENT_REC_ACT_SUSPEND;
+	r.state = AGENT_REC_SUSPENDED;
+	j = agent_record_encode(&r);
+	CHECK(json_object_get(j, "action") == NULL && json_object_get(j, "image") == NULL);
+	CHECK(agent_record_decode(j, &g, &err) == 0 && g.action == AGENT_REC_ACT_SUSPEND);
+	agent_record_clear(&g);
+	json_decref(j);
+	char cmd[400];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base);
+	CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
 	test_store();
 	test_forged_status();
+	test_image_record();
 	return test_summary("test_agent_record");
 }

@@ -180,6 +180,54 @@ static void test_commit(void)
 	CHECK(gcr_image_commit(a, b, &err) == -ENOENT); /* nothing to commit */
 }
 
+/* The manifest's optional "container" (a Restore into a new pod restores that container). */
+static void test_container(void)
+{
+#define BASE                                                                                                     \
+	"{\"format\":2,\"gcr_version\":\"x\",\"shim_version\":\"x\",\"created\":1,\"pid\":2,\"socket\":\"\","           \
+	"\"gpu\":{\"vendor\":\"nvidia\",\"model\":\"m\",\"driver\":\"d\"},\"files\":[],\"allocs\":[]%s}"
+	char buf[1024];
+	struct gcr_image_manifest m;
+	struct gcr_err err;
+	snprintf(buf, sizeof(buf), BASE, ",\"container\":\"model-server\"");
+	CHECK(gcr_image_manifest_parse(buf, strlen(buf), &m, &err) == 0);
+	CHECK(strcmp(m.container, "model-server") == 0);
+	gcr_image_manifest_clear(&m);
+	snprintf(buf, sizeof(buf), BASE, "");
+	CHECK(gcr_image_manifest_parse(buf, strlen(buf), &m, &err) == 0 && m.container[0] == '\0');
+	gcr_image_manifest_clear(&m);
+	snprintf(buf, sizeof(buf), BASE, ",\"container\":\"\"");
+	CHECK(gcr_image_manifest_parse(buf, strlen(buf), &m, &err) == -EBADMSG);
+	snprintf(buf, sizeof(buf), BASE, ",\"container\":7");
+	CHECK(gcr_image_manifest_parse(buf, strlen(buf), &m, &err) == -EBADMSG);
+	char long_name[200];
+	memset(long_name, 'a', sizeof(long_name) - 1);
+	long_name[sizeof(long_name) - 1] = '\0';
+	char field[300];
+	snprintf(field, sizeof(field), ",\"container\":\"%s\"", long_name);
+	snprintf(buf, sizeof(buf), BASE, field);
+	CHECK(gcr_image_manifest_parse(buf, strlen(buf), &m, &err) == -EBADMSG);
+	/* Written and read back. */
+	char dir[PATH_MAX], sub[PATH_MAX + 16];
+	snprintf(dir, sizeof(dir), "%s/ctr", root);
+	CHECK(mkdir(dir, 0700) == 0);
+	snprintf(sub, sizeof(sub), "%s/criu", dir);
+	CHECK(mkdir(sub, 0700) == 0);
+	snprintf(sub, sizeof(sub), "%s/gpu", dir);
+	CHECK(mkdir(sub, 0700) == 0);
+	struct gcr_image_manifest w = { .format = GCR_IMAGE_FORMAT, .created = 1, .pid = 3 };
+	snprintf(w.container, sizeof(w.container), "main");
+	CHECK(gcr_image_manifest_write(dir, &w, &err) == 0);
+	char *text = NULL;
+	size_t len = 0;
+	snprintf(sub, sizeof(sub), "%s/manifest.json", dir);
+	CHECK(gcr_image_read_file(sub, 1 << 20, &text, &len, &err) == 0);
+	CHECK(gcr_image_manifest_parse(text, len, &m, &err) == 0 && strcmp(m.container, "main") == 0);
+	gcr_image_manifest_clear(&m);
+	free(text);
+#undef BASE
+}
+
 static void test_verify(void)
 {
 	char img[512], p[PATH_MAX], q[PATH_MAX];
@@ -443,6 +491,7 @@ int main(void)
 	}
 	test_names();
 	test_commit();
+	test_container();
 	test_verify();
 	test_short_table();
 	test_hmac();

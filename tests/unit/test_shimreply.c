@@ -165,8 +165,40 @@ static void test_calls(void)
 	json_decref(calls);
 }
 
+/* A status's "data" and "wake" (protocol.h): what an agent's recovery acts on. */
+static void test_data_wake(void)
+{
+	struct gcr_err err;
+	enum gcr_shimreply_data d = GCR_SHIMREPLY_DATA_FILES;
+	int called = -1;
+	long long ms = -1;
+	json_t *j = parse("{\"data\": \"written\", \"wake\": {\"state\": \"called\", \"waited_ms\": 1500}}");
+	CHECK(gcr_shimreply_data(j, &d, &err) == 0 && d == GCR_SHIMREPLY_DATA_WRITTEN);
+	CHECK(gcr_shimreply_wake(j, &called, &ms, &err) == 0 && called == 1 && ms == 1500);
+	json_decref(j);
+	j = parse("{\"data\": \"files\", \"wake\": {\"state\": \"armed\", \"waited_ms\": 0}}");
+	CHECK(gcr_shimreply_data(j, &d, &err) == 0 && d == GCR_SHIMREPLY_DATA_FILES);
+	CHECK(gcr_shimreply_wake(j, &called, &ms, &err) == 0 && called == 0 && ms == 0);
+	json_decref(j);
+	j = parse("{}");
+	CHECK(gcr_shimreply_data(j, &d, &err) == -ENOENT && d == GCR_SHIMREPLY_DATA_HOST);
+	CHECK(gcr_shimreply_wake(j, &called, &ms, &err) == -ENOENT && called == 0 && ms == 0);
+	json_decref(j);
+	static const char *const bad[] = { "{\"data\": 1, \"wake\": []}", "{\"data\": \"disk\", \"wake\": {}}",
+					   "{\"data\": \"\", \"wake\": {\"state\": \"called\"}}",
+					   "{\"data\": null, \"wake\": {\"state\": \"soon\", \"waited_ms\": 1}}",
+					   "{\"data\": [], \"wake\": {\"state\": \"called\", \"waited_ms\": -3}}" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		j = parse(bad[i]);
+		CHECK(gcr_shimreply_data(j, &d, &err) == -EPROTO && d == GCR_SHIMREPLY_DATA_HOST);
+		CHECK(gcr_shimreply_wake(j, &called, &ms, &err) == -EPROTO && called == 0 && ms == 0);
+		json_decref(j);
+	}
+}
+
 int main(void)
 {
+	test_data_wake();
 	test_state();
 	test_is_hip();
 	test_bytes();
