@@ -6,7 +6,7 @@
 #   GCR_NODE_PACK_IMAGES=DIR: take pause.tar and gcr.tar from DIR (a build.sh output) instead
 #
 # Into .gpunode/ (ignored by git): stage/ (the payload as files), part1..partN (one tar of stage/,
-# xz-compressed, cut into pieces of at most GCR_NODE_PART_MIB, default 40 MiB), manifest (their
+# xz-compressed, cut into pieces of at most GCR_NODE_PART_MIB, default 38 MiB), manifest (their
 # sha256), sizes.txt (every file, raw and alone compressed). Then prints the device calls that
 # carry and use them. The payload, in the order the parts carry it (run.sh unpack extracts every
 # file the parts so far hold whole, so the toolkit and runc can be probed from part 1 on):
@@ -29,7 +29,7 @@ TOOLS=$HERE/tools
 BUILD=$(cd "${1:-$TOP/build}" && pwd)
 OUTD=$TOP/.gpunode
 STAGE=$OUTD/stage
-PART_MIB=${GCR_NODE_PART_MIB:-40}
+PART_MIB=${GCR_NODE_PART_MIB:-38} # a call carries at most 64 MiB: the tree (~20) and one part
 export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=readonly
 
 log() { printf 'pack: %s\n' "$*" >&2; }
@@ -152,6 +152,10 @@ cat "$OUTD/sizes.txt" >&2
 log "done in $((SECONDS - start)) s: $n part(s) in $OUTD"
 
 # ---- the device calls ----
+tree=$(cd "$TOP" && git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+biggest=$(stat -c %s "$OUTD/part1")
+log "a call carries the tree ($((tree >> 20)) MiB, tracked and untracked files git does not ignore) and one part (at most $((biggest >> 20)) MiB): $(((tree + biggest) >> 20)) MiB of 64"
+(((tree + biggest) < (62 << 20))) || log "WARNING: that is near the 64 MiB a call may carry: pack again with a smaller GCR_NODE_PART_MIB"
 b=tests/gpu/node/run.sh
 echo
 echo "Device calls (each right after the last: the machine keeps files only while warm):"
