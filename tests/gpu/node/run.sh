@@ -290,25 +290,40 @@ cmd_probe() {
 
 cdi_devices() { python3 -c 'import json,sys; print("\n".join(d["name"] for d in json.load(open(sys.argv[1]))["devices"]))' "$1"; }
 
-# cdi_spec DIR: the CDI spec of the node's GPUs in DIR/nvidia.json. On the GPU machine, what the
-# GPU operator's toolkit does: nvidia-ctk cdi generate against the driver root (the machine's
-# driver lives in /usr/local/nvidia, its device nodes in /dev). On the stand-in: written here.
+# cdi_spec DIR: the CDI spec of the node's GPUs in DIR/nvidia.json, as the GPU operator's toolkit
+# writes it: nvidia-ctk cdi generate against the driver's root. The GPU machine's driver lives in
+# /usr/local/nvidia, its device nodes in /dev; the stand-in's in a fake driver root of the same
+# layout, whose NVML (tests/fakecuda) answers what nvidia-ctk asks, and to that spec the stand-in
+# adds what its containers need besides (its pool and size: environment and one mount).
 cdi_spec() {
-	local d=$1
+	local d=$1 root=$DRIVER_ROOT dev=/
 	mkdir -p "$d"
 	if [[ $STANDIN == 1 ]]; then
-		standin_driver && standin_cdi "$d/nvidia.json"
-		return
+		standin_driver || return 1
+		dev=$DRIVER_ROOT
 	fi
 	# One device per GPU (by index and by UUID, the default name strategies) and "all"; the
 	# spec's hooks call the nvidia-cdi-hook we carry, and the host's ldconfig.
-	bounded 120 "$BIN/nvidia-ctk" --debug cdi generate --driver-root="$DRIVER_ROOT" --dev-root=/ \
+	bounded 120 "$BIN/nvidia-ctk" --debug cdi generate --driver-root="$root" --dev-root="$dev" \
 		--nvidia-cdi-hook-path="$BIN/nvidia-cdi-hook" --ldconfig-path=/sbin/ldconfig \
 		--format=json --output="$d/nvidia.json" >"$d/cdi-generate.log" 2>&1
 	local rc=$?
-	tail -n 30 "$d/cdi-generate.log"
+	grep -v 'level=debug' "$d/cdi-generate.log" | tail -n 15
 	((rc == 0)) && [[ -s $d/nvidia.json ]] || return 1
-	python3 -m json.tool "$d/nvidia.json" >"$d/nvidia.pretty.json" 2>/dev/null
+	if [[ $STANDIN == 1 ]]; then
+		python3 - "$d/nvidia.json" "$STATE/fakegpu" "$STANDIN_GPU_MIB" <<-'EOF'
+		import json, sys
+		path, gpu, mib = sys.argv[1:4]
+		spec = json.load(open(path))
+		edits = spec.setdefault("containerEdits", {})
+		edits.setdefault("env", []).extend(["FAKECUDA_POOL=/run/fakecuda-gpu/pool", "FAKECUDA_MEM_MIB=" + mib])
+		edits.setdefault("mounts", []).append({"hostPath": gpu, "containerPath": "/run/fakecuda-gpu",
+		                                       "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"]})
+		json.dump(spec, open(path, "w"))
+		EOF
+	fi
+	# Readable, beside it (a second *.json in a spec directory would define every device twice).
+	python3 -m json.tool "$d/nvidia.json" >"$d/nvidia-spec.txt" 2>/dev/null
 	return 0
 }
 
@@ -341,7 +356,7 @@ probe_runc() {
 	import json, sys
 	path, standin = sys.argv[1], sys.argv[2] == "1"
 	cmd = ("ls -la /dev/nvidia* /lib64 /bin/nvidia-smi 2>&1; cat /etc/ld.so.conf.d/*; "
-	       + ("ldconfig -p | grep -E 'libcuda|libnvidia-ml'; fakesmi mem 1" if standin else "ldconfig -p | grep -E 'libcuda|libnvidia-ml'; nvidia-smi -L"))
+	       + ("ldconfig -p | grep -E 'libcuda|libnvidia-ml'; nvidia-smi mem 1" if standin else "ldconfig -p | grep -E 'libcuda|libnvidia-ml'; nvidia-smi -L"))
 	spec = {
 	  "ociVersion": "1.2.0",
 	  "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": ["/bin/sh", "-c", cmd],
@@ -422,12 +437,21 @@ nvidia_config() {
 # ---- the stand-in driver (rehearsal only) ----
 standin_driver() {
 	[[ -n $BUILD && -f $BUILD/tests/fakecuda/libcuda.so.1 ]] || { bad "no stand-in driver in GCR_NODE_BUILD (${BUILD:-unset})/tests/fakecuda"; return 1; }
-	local slots devs
+	local slots devs v=580.159.04 n
+	# The GPU machine's driver root's layout: versioned libraries with their soname links in
+	# lib64, tools in bin (fakesmi as nvidia-smi), and device nodes of the real driver's numbers
+	# (nothing opens them: the stand-in works in memory).
 	mkdir -p "$DRIVER_ROOT/lib64" "$DRIVER_ROOT/bin" "$DRIVER_ROOT/dev" "$STATE/fakegpu"
-	[[ -c $DRIVER_ROOT/dev/nvidia0 ]] || mknod -m 666 "$DRIVER_ROOT/dev/nvidia0" c 195 0 || { bad "mknod $DRIVER_ROOT/dev/nvidia0"; return 1; }
-	cp "$BUILD/tests/fakecuda/libcuda.so.1" "$DRIVER_ROOT/lib64/libcuda.so.1"
-	cp "$BUILD/tests/fakecuda/libnvidia-ml.so.1" "$DRIVER_ROOT/lib64/libnvidia-ml.so.1"
-	cp "$BUILD/tests/fakecuda/fakesmi" "$DRIVER_ROOT/bin/fakesmi"
+	cp "$BUILD/tests/fakecuda/libcuda.so.1" "$DRIVER_ROOT/lib64/libcuda.so.$v"
+	cp "$BUILD/tests/fakecuda/libnvidia-ml.so.1" "$DRIVER_ROOT/lib64/libnvidia-ml.so.$v"
+	ln -sf "libcuda.so.$v" "$DRIVER_ROOT/lib64/libcuda.so.1"
+	ln -sf "libnvidia-ml.so.$v" "$DRIVER_ROOT/lib64/libnvidia-ml.so.1"
+	cp "$BUILD/tests/fakecuda/fakesmi" "$DRIVER_ROOT/bin/nvidia-smi"
+	for n in nvidia0:195:0 nvidiactl:195:255 nvidia-uvm:238:0 nvidia-uvm-tools:238:1; do
+		IFS=: read -r name major minor <<<"$n"
+		[[ -c $DRIVER_ROOT/dev/$name ]] || mknod -m 666 "$DRIVER_ROOT/dev/$name" c "$major" "$minor" ||
+			{ bad "mknod $DRIVER_ROOT/dev/$name"; return 1; }
+	done
 	# The node's one stand-in GPU: a pool file every GPU container shares, at its full size
 	# (tests/k8s/testbed.sh says why: CRIU restores only a file of the size it dumped).
 	chmod 1777 "$STATE/fakegpu"
@@ -443,38 +467,6 @@ standin_driver() {
 	# stand-in runtime does; on the GPU machine runc is called directly.
 	printf 'file-locks\n' >"$STATE/criu-runc.conf"
 	return 0
-}
-
-# The stand-in's CDI spec, by hand (nvidia-ctk generate needs the real NVML): the shape
-# nvidia-ctk gives the GPU machine's (driver files under the driver root's lib64 and bin,
-# mounted at those paths; ldconfig run by the update-ldcache hook; the stand-in's pool and
-# size as environment). Devices: "0", its UUID and "all".
-standin_cdi() {
-	python3 - "$1" "$DRIVER_ROOT" "$STATE/fakegpu" "$STANDIN_GPU_MIB" "$BIN/nvidia-cdi-hook" <<-'EOF'
-	import json, sys
-	out, root, gpu, mib, hook = sys.argv[1:6]
-	ro = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
-	edits = {
-	    "env": ["FAKECUDA_POOL=/run/fakecuda-gpu/pool", "FAKECUDA_MEM_MIB=" + mib],
-	    "mounts": [
-	        {"hostPath": root + "/lib64/libcuda.so.1", "containerPath": "/lib64/libcuda.so.1", "options": ro},
-	        {"hostPath": root + "/lib64/libnvidia-ml.so.1", "containerPath": "/lib64/libnvidia-ml.so.1", "options": ro},
-	        {"hostPath": root + "/bin/fakesmi", "containerPath": "/bin/fakesmi", "options": ro},
-	        {"hostPath": gpu, "containerPath": "/run/fakecuda-gpu", "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"]},
-	    ],
-	    "hooks": [{"hookName": "createContainer", "path": hook,
-	               "args": ["nvidia-cdi-hook", "update-ldcache", "--ldconfig-path", "/sbin/ldconfig", "--folder", "/lib64"],
-	               "env": ["NVIDIA_CTK_DEBUG=false"]}],
-	}
-	uuid = "GPU-00000000-0000-0000-0000-00000000fa4e"
-	# Each device its node, as nvidia-ctk's spec has /dev/nvidia0 (a character device of the
-	# real driver's numbers in the fake root; nothing opens it: the stand-in works in memory).
-	gpu0 = {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": root + "/dev/nvidia0"}]}
-	spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-	        "devices": [{"name": n, "containerEdits": gpu0} for n in ("0", uuid, "all")],
-	        "containerEdits": edits}
-	json.dump(spec, open(out, "w"), indent=1)
-	EOF
 }
 
 # ---- the workload image: tiny, the host's userland by hostPath ----

@@ -226,11 +226,12 @@ def agent_exec(*cmd, timeout=120):
 def gpu_mib(pid, ns=None, pod=None):
     """The GPU memory (MiB) of the server process as the driver reports it. On the GPU: nvidia-smi
     in the agent's pod (the host's pid namespace, the driver from NVIDIA's runtime), by host pid.
-    On the stand-in: its fakesmi in the server's own pod (CDI mounts it there too), by the pid the
-    server has there (1: the pod's command is the server)."""
+    On the stand-in: its fakesmi (the fake driver root's nvidia-smi, which CDI mounts in every GPU
+    container) in the server's own pod, by the pid the server has there (1: the pod's command is
+    the server)."""
     if STANDIN:
-        r = kubectl("exec", "-n", ns, pod, "--", "fakesmi", "mem", "1", check=False)
-        check(r.returncode == 0, f"fakesmi in {ns}/{pod}: {r.stderr.strip()}")
+        r = kubectl("exec", "-n", ns, pod, "--", "nvidia-smi", "mem", "1", check=False)
+        check(r.returncode == 0, f"the stand-in's nvidia-smi in {ns}/{pod}: {r.stderr.strip()}")
         return int(r.stdout.strip()) / (1 << 20)
     r = agent_exec("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
     check(r.returncode == 0, f"nvidia-smi in the agent's pod: {r.stderr.strip()} {r.stdout.strip()}")
