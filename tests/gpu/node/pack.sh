@@ -6,7 +6,7 @@
 #   GCR_NODE_PACK_IMAGES=DIR: take pause.tar and gcr.tar from DIR (a build.sh output) instead
 #
 # Into .gpunode/ (ignored by git): stage/ (the payload as files), part1..partN (one tar of stage/,
-# xz-compressed, cut into pieces of at most GCR_NODE_PART_MIB, default 38 MiB), manifest (their
+# xz-compressed, cut into pieces of at most GCR_NODE_PART_MIB, default 40 MiB), manifest (their
 # sha256), sizes.txt (every file, raw and alone compressed). Then prints the device calls that
 # carry and use them. The payload, in the order the parts carry it (run.sh unpack extracts every
 # file the parts so far hold whole, so the toolkit and runc can be probed from part 1 on):
@@ -15,7 +15,7 @@
 #   bin/runc                    static, with libseccomp
 #   cni/bridge, cni/host-local, cni/loopback
 #   criu/criu, criu/lib/*       CRIU 4.1.1 (scripts/install-criu.sh) and its libraries
-#   bin/gcr-ctrd                containerd, its runc shim, ctr (tools/ctrd)
+#   bin/containerd-shim-runc-v2, bin/gcr-ctrd (containerd, ctr)   tools/ctrd
 #   bin/gcr-node                kube-apiserver, controller-manager, scheduler, kubelet, kubectl,
 #                               etcd, helm (Helm's library), the test device plugin, net, pki
 #   images/pause.tar, images/gcr.tar   OCI archives (tests/k8s/images/build.sh), layers stored
@@ -29,7 +29,7 @@ TOOLS=$HERE/tools
 BUILD=$(cd "${1:-$TOP/build}" && pwd)
 OUTD=$TOP/.gpunode
 STAGE=$OUTD/stage
-PART_MIB=${GCR_NODE_PART_MIB:-38} # a call carries at most 64 MiB: the tree (~20) and one part
+PART_MIB=${GCR_NODE_PART_MIB:-40} # a call carries at most 64 MiB: the tree (~20) and one part
 export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=readonly
 
 log() { printf 'pack: %s\n' "$*" >&2; }
@@ -58,9 +58,12 @@ log "gcr-node (Kubernetes $kver, etcd, helm, test device plugin, net, pki)"
 (cd "$TOOLS/kube" && CGO_ENABLED=0 go build -trimpath -ldflags "$kld" -o "$STAGE/bin/gcr-node" ./gcr-node)
 cver=$(modver "$TOOLS/ctrd/go.mod" github.com/containerd/containerd/v2)
 [[ $cver == v2.* ]] || die "cannot tell the containerd version from $TOOLS/ctrd/go.mod"
-log "gcr-ctrd (containerd $cver, its runc shim, ctr)"
-(cd "$TOOLS/ctrd" && CGO_ENABLED=0 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
-	-ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$cver" -o "$STAGE/bin/gcr-ctrd" ./gcr-ctrd)
+log "gcr-ctrd (containerd $cver, ctr) and its runc shim"
+cld="-s -w -X github.com/containerd/containerd/v2/version.Version=$cver"
+(cd "$TOOLS/ctrd" && CGO_ENABLED=0 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" -ldflags "$cld" \
+	-o "$STAGE/bin/gcr-ctrd" ./gcr-ctrd &&
+	CGO_ENABLED=0 go build -trimpath -ldflags "$cld" -o "$STAGE/bin/containerd-shim-runc-v2" \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2)
 tver=$(modver "$TOOLS/nvidia/go.mod" github.com/NVIDIA/nvidia-container-toolkit)
 [[ $tver == v1.* ]] || die "cannot tell the toolkit version from $TOOLS/nvidia/go.mod"
 log "NVIDIA container toolkit $tver (cgo: go-nvml opens libnvidia-ml at run time)"
@@ -120,7 +123,7 @@ done
 order=(versions.txt bin/nvidia-ctk bin/nvidia-container-runtime bin/nvidia-cdi-hook bin/runc cni/bridge cni/host-local
 	cni/loopback criu/criu)
 for f in "$STAGE"/criu/lib/*; do order+=("criu/lib/$(basename "$f")"); done
-order+=(bin/gcr-ctrd bin/gcr-node images/pause.tar images/gcr.tar)
+order+=(bin/containerd-shim-runc-v2 bin/gcr-ctrd bin/gcr-node images/pause.tar images/gcr.tar)
 (cd "$STAGE" && for f in "${order[@]}"; do printf '%s %s %s\n' "$f" "$(stat -c %s "$f")" "$(sha256sum "$f" | cut -d' ' -f1)"; done) >"$STAGE/INDEX"
 [[ $(find "$STAGE" -type f | wc -l) == $((${#order[@]} + 1)) ]] || die "stage holds files the INDEX does not list"
 

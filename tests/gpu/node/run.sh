@@ -161,7 +161,10 @@ cmd_unpack() {
 		if [[ -f $STATE/parts/part$i ]]; then
 			want=$(awk -v p="part$i" '$1 == p {print $2}' "$manifest")
 			have=$(sha256sum "$STATE/parts/part$i" | cut -d' ' -f1)
-			[[ $have == "$want" ]] || { bad "part$i on the machine is not this pack's (sha256 $have): start again from part 1"; return 1; }
+			if [[ $have != "$want" ]]; then
+				log "part$i on the machine is another pack's: removed (carry this pack's part$i)"
+				rm -f "$STATE/parts/part$i"
+			fi
 		fi
 	done
 	extract "$total"
@@ -215,10 +218,10 @@ links() {
 		gcr-test-nvidia-dp gcr-node-net gcr-node-pki; do
 		[[ -x $ROOT/bin/gcr-node ]] && ln -s "$ROOT/bin/gcr-node" "$BIN/$c"
 	done
-	for c in containerd containerd-shim-runc-v2 ctr; do
+	for c in containerd ctr; do
 		[[ -x $ROOT/bin/gcr-ctrd ]] && ln -s "$ROOT/bin/gcr-ctrd" "$BIN/$c"
 	done
-	for c in runc nvidia-ctk nvidia-container-runtime nvidia-cdi-hook; do
+	for c in runc nvidia-ctk nvidia-container-runtime nvidia-cdi-hook containerd-shim-runc-v2; do
 		[[ -x $ROOT/bin/$c ]] && ln -s "$ROOT/bin/$c" "$BIN/$c"
 	done
 	if [[ -x $ROOT/criu/criu ]]; then
