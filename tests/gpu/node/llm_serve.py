@@ -185,8 +185,11 @@ def standin_make(args):
 
 
 class StandinModel:
+    KV = 64 << 10  # below the shim's 2 MiB: left to the driver, as a real process's small buffers
+
     def __init__(self, args):
         self.s = Standin()
+        self.kv = self.s.alloc(self.KV)
         path = os.path.join(args.dir, "weights.bin")
         self.n = os.path.getsize(path)
         self.dptr = self.s.alloc(self.n)
@@ -201,11 +204,17 @@ class StandinModel:
         return int(h.hexdigest()[:15], 16)
 
     def generate(self, prompt_ids, tokens):
+        """Each token hashes the previous one, 64 weight bytes it points at and the iteration's
+        "KV cache" so far (a small device buffer, cleared per iteration, one 64-byte slot written
+        per token): weights and cache must both come back exact from a suspend mid-iteration."""
         prev = hashlib.sha256(struct.pack(f"<{len(prompt_ids)}I", *prompt_ids)).digest()
+        self.s.put(self.kv, bytes(self.KV))
         got, t_first = [], None
-        for _ in range(tokens):
+        for k in range(tokens):
             off = int.from_bytes(prev[:8], "little") % (self.n - 64)
-            prev = hashlib.sha256(prev + self.s.get(self.dptr + off, 64)).digest()
+            slot = (k * 64) % self.KV
+            prev = hashlib.sha256(prev + self.s.get(self.dptr + off, 64) + self.s.get(self.kv, slot + 64)).digest()
+            self.s.put(self.kv + slot, prev + prev)
             got.append(int.from_bytes(prev[:4], "little") % STANDIN_VOCAB)
             if t_first is None:
                 t_first = time.time()

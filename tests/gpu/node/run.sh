@@ -72,7 +72,7 @@ GCR_IMAGE_TAG=dev
 WORKLOAD_IMAGE=docker.io/gcr-test/gpu-workload:dev
 RELEASE=gcr
 SYSTEM_NS=gcr-system
-DP_REPLICAS=${GCR_NODE_DP_REPLICAS:-4} # nvidia.com/gpu time-slicing: pods sharing the GPU
+DP_REPLICAS=${GCR_NODE_DP_REPLICAS:-6} # nvidia.com/gpu time-slicing: pods sharing the GPU
 DP_STRATEGY=${GCR_NODE_DP_STRATEGY:-cdi-cri}
 STANDIN_GPU_MIB=${GCR_NODE_STANDIN_GPU_MIB:-1024}
 

@@ -99,10 +99,11 @@ def pod_spec(args, uid=1000, shim=True, gpu=True, memory=None, priority=None, ga
         limits["gpucr.dev/shim"] = "1"
     if memory:
         limits["memory"] = memory
-    c = {"name": "main", "image": IMAGE, "imagePullPolicy": pull, "command": [PY, SERVER] + args,
-         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1"},
-                 {"name": "TRANSFORMERS_OFFLINE", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"},
-                 {"name": "GCR_LOG_LEVEL", "value": "info"}],
+    env = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1"},
+           {"name": "TRANSFORMERS_OFFLINE", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if shim:
+        env.append({"name": "GCR_LOG_LEVEL", "value": "info"})  # the shim's lines in the pod's log
+    c = {"name": "main", "image": IMAGE, "imagePullPolicy": pull, "command": [PY, SERVER] + args, "env": env,
          "resources": {"limits": limits} | ({"requests": {"memory": memory}} if memory else {}),
          "volumeMounts": mounts,
          "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
@@ -654,7 +655,8 @@ def case_evict(fig):
         N.namespace(ns)
         # uid 0: CRIU restores a process of another uid only with CAP_SYS_RESOURCE, which root
         # lacks on these machines (tests/k8s/test_evict_e2e.py).
-        spec = pod_spec(serve_args("8b"), uid=0, grace=300, prestop=E.HOLD, sched_gate=gate, pull="IfNotPresent")
+        spec = pod_spec(serve_args("8b"), uid=0, grace=300, prestop=E.HOLD, sched_gate=gate, pull="IfNotPresent",
+                        restart="Always")
         t0 = now()
         apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "namespace": ns},
                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": app}},
@@ -703,6 +705,20 @@ def case_evict(fig):
     finally:
         E.uncordon()
         helm("upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS, "--reset-values", *chart_values(), "--wait", "--timeout", "240s")
+
+
+# The namespaces each scenario makes: removed after it, passed or failed, with their pods gone before
+# the next one starts (they hold the GPU's nvidia.com/gpu slots and memory).
+NAMESPACES = {"reference": ["gcrn-ref"], "cr": ["gcrn-cr"], "scale": ["gcrn-scale"], "nonroot": ["gcrn-nonroot"],
+              "optout": ["gcrn-optout"], "overcommit": ["gcrn-oc"], "hostmem": ["gcrn-mem"], "evict": ["gcrn-evict"]}
+
+
+def cleanup(name):
+    for ns in NAMESPACES[name]:
+        if kubectl("get", "namespace", ns, check=False).returncode != 0:
+            continue
+        kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False, timeout=60)
+        kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout=150)
 
 
 CASES = {"reference": case_reference, "cr": case_cr, "scale": case_scale, "nonroot": case_nonroot,
@@ -768,6 +784,7 @@ def main(argv):
                      "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2500:]}"}
                 log(f"FAIL {name} ({r['seconds']} s): {e}")
                 traceback.print_exc()
+            cleanup(name)
         r["mode"] = "standin" if STANDIN else "gpu"
         results.append(r)
         with open(path, "a") as f:
