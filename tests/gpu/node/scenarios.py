@@ -592,7 +592,7 @@ def case_hostmem(fig):
     memory limit cannot hold what the suspend moves."""
     ns = "gcrn-mem"
     N.namespace(ns)
-    big, small = ("2Gi", "320Mi") if STANDIN else ("48Gi", "12Gi")
+    big, small = ("2Gi", "400Mi") if STANDIN else ("48Gi", "12Gi")
     server_pod(ns, "mem", memory=big)
     wait_iters(ns, "mem", 3)
     fig["limit"] = big
@@ -647,6 +647,7 @@ def case_evict(fig):
     # Eviction without loss is off by default: these values are what docs/preemption.md has a
     # user set (images of the CPU side through the kubelet, the checkpoint at deletion, the
     # replacement's restore).
+    save_logs("before-evict")
     helm("upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS, *chart_values(
         "--set", "images.kubelet.enabled=true", "--set", f"images.kubelet.port={ENV['GCR_NODE_KUBELET_PORT']}",
         "--set", "eviction.enabled=true", "--set", "eviction.restore.enabled=true"), "--wait", "--timeout", "240s")
@@ -704,6 +705,7 @@ def case_evict(fig):
         kubectl("delete", "namespace", ns, "--wait=false")
     finally:
         E.uncordon()
+        save_logs("evict", ["gcrn-evict"])
         helm("upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS, "--reset-values", *chart_values(), "--wait", "--timeout", "240s")
 
 
@@ -713,7 +715,37 @@ NAMESPACES = {"reference": ["gcrn-ref"], "cr": ["gcrn-cr"], "scale": ["gcrn-scal
               "optout": ["gcrn-optout"], "overcommit": ["gcrn-oc"], "hostmem": ["gcrn-mem"], "evict": ["gcrn-evict"]}
 
 
+LOGDIR = os.path.join(ENV.get("GCR_TESTBED_DIR", STATE), "logs", "scenarios")
+
+
+def save_logs(name, namespaces=()):
+    """What each pod printed and what happened, kept in the node's logs (run.sh packs them into
+    logs.tar.gz): the kubelet removes a deleted pod's logs with it."""
+    d = os.path.join(LOGDIR, name)
+    os.makedirs(d, exist_ok=True)
+    for ns in list(namespaces) + [N.SYSTEM_NS]:
+        pods = kjson("get", "pods", "-n", ns).get("items", []) if kubectl(
+            "get", "namespace", ns, check=False).returncode == 0 else []
+        for p in pods:
+            pn = p["metadata"]["name"]
+            for c in p["spec"].get("initContainers", []) + p["spec"]["containers"]:
+                for prev in (False, True):
+                    r = kubectl("logs", "-n", ns, pn, "-c", c["name"], *(["--previous"] if prev else []),
+                                check=False, timeout=60)
+                    if r.stdout:
+                        with open(os.path.join(d, f"{ns}_{pn}_{c['name']}{'.previous' if prev else ''}.log"), "w") as f:
+                            f.write(r.stdout)
+        with open(os.path.join(d, f"{ns}.describe.txt"), "w") as f:
+            f.write(kubectl("describe", "pods", "-n", ns, check=False, timeout=60).stdout)
+            f.write(kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", "-o", "wide", check=False).stdout)
+            f.write(kubectl("get", "checkpoints,restores,gpuresidencies", "-n", ns, "-o", "yaml", check=False).stdout)
+
+
 def cleanup(name):
+    try:
+        save_logs(name, NAMESPACES[name])
+    except Exception as e:  # noqa: BLE001 (logs are a help, not a result)
+        log(f"saving the logs of {name}: {e}")
     for ns in NAMESPACES[name]:
         if kubectl("get", "namespace", ns, check=False).returncode != 0:
             continue
