@@ -94,6 +94,9 @@ tier sanitizers build_check_san
 tier valgrind tests/valgrind.sh build
 tier fuzz tests/fuzz/run.sh
 tier deviceplugin tests/dp/test_deviceplugin.sh
+# The GPU node's tooling (tests/gpu/node): scripts parse, Go sources gofmt-clean, its workload's
+# protocol bit-exact under the shim on the stand-in across a gcrctl suspend and resume (~10 s).
+tier gpu-node-tools tests/gpu/node/check.sh build
 # The same against the ASan/UBSan build of the plugin (LeakSanitizer on): its gRPC state machine.
 tier dp-sanitizers env GCR_BUILD_DIR=build-san tests/dp/test_deviceplugin.sh
 tier testbed-build testbed_built

@@ -124,40 +124,35 @@ static int slab_make(uint64_t size, struct slab *out, struct gcr_err *err)
 	return 0;
 }
 
-/* A number from a cgroup file ("max" and anything unparsable: none, UINT64_MAX). */
-static uint64_t cgroup_value(const char *path)
-{
-	FILE *f = fopen(path, "re");
-	if (f == NULL)
-		return UINT64_MAX;
-	unsigned long long v;
-	int ok = fscanf(f, "%llu", &v) == 1;
-	fclose(f);
-	return ok ? (uint64_t)v : UINT64_MAX;
-}
+/* What the pool may still fault in, and what bounds it: host memory available less a reserve
+ * (1/16 of the machine, at least 2 GiB), and the container's memory limit (cgroup v2 or v1, as
+ * the container sees its own) less what it uses (page cache left out: the kernel reclaims it
+ * first) and 1/16 of the limit. Pre-faulting is a bet that a suspend comes, and the suspend
+ * itself is refused rather than grown past this (shim_staging_prepare): neither may get the
+ * process killed by the kernel's or the cgroup's OOM killer (a process taking most of a GPU on a
+ * host not much bigger than the GPU did; a pod whose limit is below its GPU bytes would). */
+struct host_room {
+	uint64_t room;
+	int by_cgroup; /* the cgroup's limit, not the host, is the bound */
+	struct gcr_memcg cg;
+	uint64_t avail, reserve;
+};
 
-/* How much more the pool may fault in now: host memory available less a reserve (1/16 of the
- * machine, at least 2 GiB), and within the container's memory limit (cgroup v2 or v1, as the
- * container sees its own) less 1/16 of it. Pre-faulting is a bet that a suspend comes; it must
- * never get the process killed by the kernel's or the cgroup's OOM killer (a process taking
- * most of a GPU on a host not much bigger than the GPU did). */
-static uint64_t host_room(void)
+static struct host_room host_room(void)
 {
-	uint64_t total = gcr_meminfo_bytes(NULL, "MemTotal"), avail = gcr_meminfo_bytes(NULL, "MemAvailable");
-	uint64_t reserve = total / 16 > (2ull << 30) ? total / 16 : 2ull << 30;
-	uint64_t room = total == 0 ? UINT64_MAX : avail > reserve ? avail - reserve : 0;
-	static const char *const lim[2][2] = { { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current" },
-					       { "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-						 "/sys/fs/cgroup/memory/memory.usage_in_bytes" } };
-	for (int i = 0; i < 2; i++) {
-		uint64_t limit = cgroup_value(lim[i][0]), used = cgroup_value(lim[i][1]);
-		if (limit == UINT64_MAX || used == UINT64_MAX || limit >= (1ull << 60))
-			continue;
-		uint64_t keep = used + limit / 16, cg = limit > keep ? limit - keep : 0;
-		room = cg < room ? cg : room;
-		break;
+	struct host_room r = { 0 };
+	uint64_t total = gcr_meminfo_bytes(NULL, "MemTotal");
+	r.avail = gcr_meminfo_bytes(NULL, "MemAvailable");
+	r.reserve = total / 16 > (2ull << 30) ? total / 16 : 2ull << 30;
+	r.room = total == 0 ? UINT64_MAX : r.avail > r.reserve ? r.avail - r.reserve : 0;
+	if (gcr_meminfo_cgroup(NULL, &r.cg) == 0) {
+		uint64_t keep = r.cg.used + r.cg.limit / 16, cg = r.cg.limit > keep ? r.cg.limit - keep : 0;
+		if (cg < r.room) {
+			r.room = cg;
+			r.by_cgroup = 1;
+		}
 	}
-	return room;
+	return r;
 }
 
 /* Grows the pool by size bytes; called and returns with pool_lock held, drops it
@@ -626,7 +621,7 @@ static void *grow_thread(void *arg)
 		}
 		uint64_t need = target - capacity;
 		need = need < SLAB_MIN ? SLAB_MIN : need > SLAB_MAX ? SLAB_MAX : need;
-		uint64_t room = host_room();
+		uint64_t room = host_room().room;
 		if (need > room)
 			need = room / SLAB_MIN * SLAB_MIN;
 		struct gcr_err err;
@@ -670,6 +665,29 @@ void shim_staging_note_bytes(uint64_t bytes, const struct shim_gpu_ops *g, void 
 	pthread_mutex_unlock(&pool_lock);
 }
 
+#define MIB(b) ((unsigned long long)((b) >> 20))
+
+/* Whether more bytes may be faulted in for a suspend moving need bytes: 0, or -ENOMEM with a
+ * message naming the bound, so the suspend is refused before anything left the GPU. */
+static int room_for(uint64_t more, uint64_t need, struct gcr_err *err)
+{
+	struct host_room r = host_room();
+	if (more <= r.room)
+		return 0;
+	if (r.by_cgroup)
+		return gcr_err_set(err, -ENOMEM,
+				   "the container's memory limit (%llu MiB, cgroup v%d) cannot hold the suspend's %llu MiB "
+				   "of GPU data: it uses %llu MiB, %llu MiB more may be faulted in (1/16 of the limit kept "
+				   "free), %llu MiB more needed; process left running: raise its memory limit by at least "
+				   "%llu MiB (docs/install.md)",
+				   MIB(r.cg.limit), r.cg.version, MIB(need), MIB(r.cg.used), MIB(r.room), MIB(more),
+				   MIB(more - r.room) + 1);
+	return gcr_err_set(err, -ENOMEM,
+			   "host memory cannot hold the suspend's %llu MiB of GPU data: %llu MiB available, %llu MiB "
+			   "of it kept in reserve, %llu MiB more needed; process left running",
+			   MIB(need), MIB(r.avail), MIB(r.reserve), MIB(more));
+}
+
 int shim_staging_prepare(const struct shim_gpu_ops *g, uint64_t need, struct gcr_err *err)
 {
 	int rc = 0;
@@ -695,6 +713,8 @@ int shim_staging_prepare(const struct shim_gpu_ops *g, uint64_t need, struct gcr
 		GCR_LOG(GCR_LOG_INFO, "shim", "staging: starting copy workers on the critical path");
 		rc = workers_grow(workers_wanted(need), err);
 	}
+	if (rc == 0 && capacity < cursor + need)
+		rc = room_for(cursor + need - capacity, need, err);
 	while (rc == 0 && capacity < cursor + need) {
 		uint64_t more = cursor + need - capacity;
 		more = more > SLAB_MAX ? SLAB_MAX : more;

@@ -1,5 +1,6 @@
 /* fakenvml: the stand-in libnvidia-ml.so.1 for the stand-in driver: devices, their memory and
- * the processes on them, read from the pool file the fake driver keeps ($FAKECUDA_DIR). */
+ * the processes on them, read from the pool file the fake driver keeps ($FAKECUDA_DIR); and the
+ * devices' identity NVIDIA's nvidia-ctk reads to write a CDI spec (tests/gpu/node). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -253,4 +254,171 @@ FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetComputeRunningProcesses_v3(gcr_nvm
 									 struct gcr_nvml_process_info *infos)
 {
 	return fake_nvml_procs(dev, count, infos);
+}
+
+/* ---- what NVIDIA's nvidia-ctk asks when it writes a CDI spec (tests/gpu/node's rehearsal) ----
+ * Each device as a Hopper GPU of driver 580.159.04 (the GPU machine's), no MIG, minor number its
+ * index, its PCI bus 00:0<index+6>.0. Layouts from NVML's documented C ABI (nvml.h). */
+#define FAKE_NVML_ERROR_NOT_SUPPORTED 3
+#define FAKE_NVML_DRIVER "580.159.04"
+
+struct fake_nvml_pci_info { /* nvmlPciInfo_t */
+	char bus_id_legacy[16];
+	unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
+	char bus_id[32];
+};
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlInitWithFlags(unsigned int flags);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlSystemGetDriverVersion(char *version, unsigned int len);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlSystemGetCudaDriverVersion(int *version);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlSystemGetCudaDriverVersion_v2(int *version);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetHandleByUUID(const char *uuid, gcr_nvml_device *dev);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetName(gcr_nvml_device dev, char *name, unsigned int len);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetIndex(gcr_nvml_device dev, unsigned int *index);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetMinorNumber(gcr_nvml_device dev, unsigned int *minor);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetPciInfo_v3(gcr_nvml_device dev, struct fake_nvml_pci_info *pci);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetMigMode(gcr_nvml_device dev, unsigned int *current, unsigned int *pending);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceIsMigDeviceHandle(gcr_nvml_device dev, unsigned int *is_mig);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetMaxMigDeviceCount(gcr_nvml_device dev, unsigned int *count);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetCudaComputeCapability(gcr_nvml_device dev, int *major, int *minor);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetArchitecture(gcr_nvml_device dev, unsigned int *arch);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetBrand(gcr_nvml_device dev, int *brand);
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetAddressingMode(gcr_nvml_device dev, void *mode);
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlInitWithFlags(unsigned int flags)
+{
+	(void)flags;
+	return GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlSystemGetDriverVersion(char *version, unsigned int len)
+{
+	if (version == NULL)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	return snprintf(version, len, "%s", FAKE_NVML_DRIVER) >= (int)len ? GCR_NVML_ERROR_INSUFFICIENT_SIZE
+									    : GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlSystemGetCudaDriverVersion(int *version)
+{
+	if (version == NULL)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	*version = 13000;
+	return GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlSystemGetCudaDriverVersion_v2(int *version)
+{
+	return nvmlSystemGetCudaDriverVersion(version);
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetHandleByUUID(const char *uuid, gcr_nvml_device *dev)
+{
+	char want[GCR_NVML_UUID_LEN];
+	unsigned int i, n = fake_nvml_count();
+
+	if (uuid == NULL || dev == NULL)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	for (i = 0; i < n; i++) {
+		*dev = fake_nvml_handle(i);
+		if (nvmlDeviceGetUUID(*dev, want, sizeof(want)) == GCR_NVML_SUCCESS && strcmp(want, uuid) == 0)
+			return GCR_NVML_SUCCESS;
+	}
+	return GCR_NVML_ERROR_NOT_FOUND;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetName(gcr_nvml_device dev, char *name, unsigned int len)
+{
+	unsigned int i;
+
+	if (name == NULL || fake_nvml_index(dev, &i) != 0)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	return snprintf(name, len, "Stand-in GPU") >= (int)len ? GCR_NVML_ERROR_INSUFFICIENT_SIZE : GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetIndex(gcr_nvml_device dev, unsigned int *index)
+{
+	return index == NULL || fake_nvml_index(dev, index) != 0 ? FAKE_NVML_ERROR_INVALID_ARGUMENT : GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetMinorNumber(gcr_nvml_device dev, unsigned int *minor)
+{
+	return nvmlDeviceGetIndex(dev, minor);
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetPciInfo_v3(gcr_nvml_device dev, struct fake_nvml_pci_info *pci)
+{
+	unsigned int i;
+
+	if (pci == NULL || fake_nvml_index(dev, &i) != 0)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	memset(pci, 0, sizeof(*pci));
+	pci->device = i + 6;
+	pci->pci_device_id = 0x233510de; /* H200's device id, NVIDIA's vendor id */
+	snprintf(pci->bus_id, sizeof(pci->bus_id), "00000000:00:%02x.0", pci->device);
+	snprintf(pci->bus_id_legacy, sizeof(pci->bus_id_legacy), "0000:00:%02x.0", pci->device);
+	return GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetMigMode(gcr_nvml_device dev, unsigned int *current, unsigned int *pending)
+{
+	unsigned int i;
+
+	if (current == NULL || pending == NULL || fake_nvml_index(dev, &i) != 0)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	*current = *pending = 0;
+	return GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceIsMigDeviceHandle(gcr_nvml_device dev, unsigned int *is_mig)
+{
+	unsigned int i;
+
+	if (is_mig == NULL || fake_nvml_index(dev, &i) != 0)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	*is_mig = 0;
+	return GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetMaxMigDeviceCount(gcr_nvml_device dev, unsigned int *count)
+{
+	return nvmlDeviceIsMigDeviceHandle(dev, count);
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetCudaComputeCapability(gcr_nvml_device dev, int *major, int *minor)
+{
+	unsigned int i;
+
+	if (major == NULL || minor == NULL || fake_nvml_index(dev, &i) != 0)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	*major = 9;
+	*minor = 0;
+	return GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetArchitecture(gcr_nvml_device dev, unsigned int *arch)
+{
+	unsigned int i;
+
+	if (arch == NULL || fake_nvml_index(dev, &i) != 0)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	*arch = 9; /* NVML_DEVICE_ARCH_HOPPER */
+	return GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetBrand(gcr_nvml_device dev, int *brand)
+{
+	unsigned int i;
+
+	if (brand == NULL || fake_nvml_index(dev, &i) != 0)
+		return FAKE_NVML_ERROR_INVALID_ARGUMENT;
+	*brand = 14; /* NVML_BRAND_NVIDIA */
+	return GCR_NVML_SUCCESS;
+}
+
+FAKE_NVML_EXPORT gcr_nvml_return nvmlDeviceGetAddressingMode(gcr_nvml_device dev, void *mode)
+{
+	(void)dev;
+	(void)mode;
+	return FAKE_NVML_ERROR_NOT_SUPPORTED;
 }

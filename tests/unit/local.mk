@@ -97,6 +97,13 @@ tests_unit_test_gcr_crc32c_SOURCES = tests/unit/test_gcr_crc32c.c
 tests_unit_test_gcr_crc32c_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
 tests_unit_test_gcr_crc32c_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
 
+# Host memory and the memory cgroup (lib/gcr_meminfo): v2 and v1 layouts, no limit, page cache.
+check_PROGRAMS += tests/unit/test_gcr_meminfo
+TESTS += tests/unit/test_gcr_meminfo
+tests_unit_test_gcr_meminfo_SOURCES = tests/unit/test_gcr_meminfo.c
+tests_unit_test_gcr_meminfo_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit
+tests_unit_test_gcr_meminfo_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
+
 # The image directory (lib/gcr_image): partial names, commit, verify's refusals.
 check_PROGRAMS += tests/unit/test_gcr_image
 TESTS += tests/unit/test_gcr_image

@@ -14,6 +14,10 @@
 #   oci.py derive IN OUT --name NAME [--entrypoint JSON] [--cmd JSON] [--env K=V]... [--user U]
 #       The image of archive IN, same layers, under another name with those settings changed
 #       (check.sh: a shell entrypoint, a non-root user; ctr 1.6 run has no --entrypoint/--user).
+#   oci.py plain IN OUT
+#       The same image with its gzip layers stored uncompressed (media type ...layer.v1.tar; the
+#       config and its diff_ids unchanged), for a transfer that compresses the whole archive better
+#       than gzip did layer by layer (tests/gpu/node/pack.sh). Prints its full name.
 #
 # The name: containerd 1.6's importer (client/import.go, imageName) stores an index entry under
 # its io.containerd.image.name annotation verbatim, else under org.opencontainers.image.ref.name;
@@ -35,6 +39,7 @@ MT_INDEX = "application/vnd.oci.image.index.v1+json"
 MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MT_CONFIG = "application/vnd.oci.image.config.v1+json"
 MT_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+MT_LAYER_PLAIN = "application/vnd.oci.image.layer.v1.tar"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -254,6 +259,48 @@ def cmd_derive(a):
     print(full)
 
 
+def cmd_plain(a):
+    """The image in archive IN with every gzip layer stored uncompressed, under the same name."""
+    work = a.out + ".layers"
+    os.makedirs(work, exist_ok=True)
+    try:
+        with tarfile.open(a.src) as inp:
+            def blob(digest):
+                return inp.extractfile("blobs/sha256/" + digest.split(":", 1)[1])
+
+            index = json.load(inp.extractfile("index.json"))
+            if len(index["manifests"]) != 1:
+                sys.exit(f"oci: {a.src}: expected one image, found {len(index['manifests'])}")
+            entry = index["manifests"][0]
+            manifest = json.load(blob(entry["digest"]))
+            config = blob(manifest["config"]["digest"]).read()
+            diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+            layers = []
+            for d, diff_id in zip(manifest["layers"], diff_ids):
+                if d["mediaType"] != MT_LAYER:
+                    sys.exit(f"oci: {a.src}: layer {d['digest']} is {d['mediaType']}, not gzip")
+                path = os.path.join(work, diff_id.split(":", 1)[1])
+                with gzip.GzipFile(fileobj=blob(d["digest"])) as gz, open(path, "wb") as out:
+                    w = HashWriter(out)
+                    while True:
+                        b = gz.read(1 << 20)
+                        if not b:
+                            break
+                        w.write(b)
+                if "sha256:" + w.sha.hexdigest() != diff_id:
+                    sys.exit(f"oci: {a.src}: layer {d['digest']} does not unpack to its diff_id {diff_id}")
+                layers.append(({"mediaType": MT_LAYER_PLAIN, "digest": diff_id, "size": w.size},
+                               lambda path=path: open(path, "rb")))
+            full = entry["annotations"]["io.containerd.image.name"]
+            when = int(time.mktime(time.strptime(json.loads(config)["created"][:19], "%Y-%m-%dT%H:%M:%S")))
+            write_archive(a.out, full, config, layers, when)
+    finally:
+        for f in os.listdir(work):
+            os.unlink(os.path.join(work, f))
+        os.rmdir(work)
+    print(full)
+
+
 def main():
     p = argparse.ArgumentParser(description="OCI layers and image-layout archives")
     sub = p.add_subparsers(dest="action", required=True)
@@ -271,6 +318,9 @@ def main():
     pd.add_argument("src")
     pd.add_argument("out")
     pd.add_argument("--name", required=True)
+    pp = sub.add_parser("plain")
+    pp.add_argument("src")
+    pp.add_argument("out")
     for pp in (pi, pd):
         pp.add_argument("--entrypoint")
         pp.add_argument("--cmd")
@@ -279,7 +329,7 @@ def main():
         pp.add_argument("--workdir")
         pp.add_argument("--label", action="append", default=[])
     a = p.parse_args()
-    {"layer": cmd_layer, "image": cmd_image, "derive": cmd_derive}[a.action](a)
+    {"layer": cmd_layer, "image": cmd_image, "derive": cmd_derive, "plain": cmd_plain}[a.action](a)
 
 
 if __name__ == "__main__":
