@@ -726,13 +726,14 @@ static void *rebuild_run(void *arg)
 					"NCCL will register it at its next use");
 	}
 	shim_nccl_busy_add(-1);
+	/* Free for the next rebuild before the waiter hears this one ended: it may ask at once. */
+	atomic_store(&rebuild_running, 0);
 	pthread_mutex_lock(&j->lock);
 	j->rc = rc;
 	j->done = 1;
 	int gone = j->abandoned;
 	pthread_cond_signal(&j->cond);
 	pthread_mutex_unlock(&j->lock);
-	atomic_store(&rebuild_running, 0);
 	if (gone) {
 		if (rc < 0)
 			GCR_LOG(GCR_LOG_ERROR, "shim", "NCCL rebuild ended after its deadline: %s", j->err.msg);
