@@ -104,8 +104,10 @@ collect() {
 	local tmp
 	tmp=$(mktemp -d /tmp/gcr-node-logs.XXXXXX)
 	mkdir -p "$tmp/node" "$tmp/pods"
-	[[ -d $LOGS ]] && cp -a "$LOGS/." "$tmp/node/" 2>/dev/null
-	for f in "$S"/*.yaml "$S"/*.toml "$S"/*.conflist "$S"/cdi/* "$STATE"/probe/* "$ROOT"/versions.txt "$STATE"/unpack.log; do
+	local s=$S # after down, the node's state (its logs, the scenarios' pod logs) is $S.old
+	[[ -d $s ]] || s=$S.old
+	[[ -d $s/logs ]] && cp -a "$s/logs/." "$tmp/node/" 2>/dev/null
+	for f in "$s"/*.yaml "$s"/*.toml "$s"/*.conflist "$s"/cdi/* "$STATE"/probe/* "$ROOT"/versions.txt "$STATE"/unpack.log; do
 		[[ -f $f ]] && cp "$f" "$tmp/node/" 2>/dev/null
 	done
 	[[ -d /var/log/pods ]] && cp -a /var/log/pods/. "$tmp/pods/" 2>/dev/null
@@ -638,6 +640,10 @@ cmd_up() {
 	  snapshotter = "overlayfs"
 	  [plugins."io.containerd.cri.v1.images".pinned_images]
 	    sandbox = "$PAUSE_IMAGE"
+	  # Registry host configurations (hosts.toml) where a node keeps them: the chart's agent writes
+	  # the one for its checkpoint-image registry here (eviction.restore.certsDir, TLS).
+	  [plugins."io.containerd.cri.v1.images".registry]
+	    config_path = "/etc/containerd/certs.d"
 	[plugins."io.containerd.cri.v1.runtime"]
 	  enable_selinux = false
 	  disable_apparmor = true
@@ -665,6 +671,17 @@ cmd_up() {
 	EOF
 	start_daemon containerd "$BIN/containerd" --config "$S/containerd.toml"
 	wait_for "containerd" containerd 60 "$BIN/ctr" --address "$S/containerd/containerd.sock" version || return 1
+	# The CRI socket where a node has it (the chart's eviction.restore.criSocket default): the agent
+	# removes checkpoint images from the node's store through it.
+	mkdir -p /run/containerd /etc/containerd/certs.d
+	ln -sfn "$S/containerd/containerd.sock" /run/containerd/containerd.sock
+	# runc's CRIU configuration (read at every checkpoint): the GPU machine has no iptables-restore,
+	# with which CRIU locks the network during a dump by default ("Locking network failed"), so the
+	# lock is skipped as on any node without iptables. (CRIU 4.1.1 then segfaulted in the dump of
+	# the 16 GB server on the H100: docs/results/2026-11-27-h100-gpu-node-run58.)
+	if [[ $STANDIN != 1 && ! -e /etc/criu/runc.conf ]]; then
+		mkdir -p /etc/criu && printf 'network-lock skip\n' >/etc/criu/runc.conf && touch "$S/criu-runc-conf-made"
+	fi
 	workload_image && ok "workload image" || { bad "workload image"; return 1; }
 	local img
 	for img in "$ROOT/images/pause.tar" "$ROOT/images/gcr.tar" "$S/workload/workload.tar"; do
@@ -853,6 +870,9 @@ cmd_down() {
 	# What the chart's hostPath volumes made (sockets, the agent's records, the shim, images): a
 	# later node must not find this one's records.
 	rm -rf /var/log/pods /var/log/containers /var/lib/gcr/images /run/gcr /opt/gcr "$S.old"
+	[[ $(readlink /run/containerd/containerd.sock 2>/dev/null) == "$S/"* ]] && rm -f /run/containerd/containerd.sock
+	[[ -f $S/criu-runc-conf-made ]] && rm -f /etc/criu/runc.conf
+	rm -rf /etc/containerd/certs.d/127.0.0.1_*_
 	# The node's state is kept one round (its logs were collected into $OUT already).
 	[[ -d $S ]] && mv "$S" "$S.old"
 	rm -f "$S.old/up"

@@ -40,6 +40,8 @@ time are listed, and counted in neither).
 import hashlib
 import json
 import os
+import shutil
+import glob
 import re
 import subprocess
 import sys
@@ -493,7 +495,9 @@ def case_optout(fig):
     check("no process running under the GCR shim" in (st.get("message") or ""),
           f"the failed Checkpoint's message: {st.get('message')}")
     after = gpu_mib(pid, ns, "plain")
-    check(after == before, f"the pod's GPU memory changed: {before} -> {after} MiB")
+    # Untouched: nothing released (a suspend would take it to 0). PyTorch's caching allocator only
+    # grows while the server generates, so the same or more, never less.
+    check(after >= before, f"the pod's GPU memory fell: {before} -> {after} MiB")
     wait_iters(ns, "plain", 2, after=now())
     fig["iters_checked"], _ = verify(ns, "plain", size="tiny")
     fig["gpu_mib"] = after
@@ -532,11 +536,14 @@ def case_overcommit(fig):
           f"the high pod: {done['status']['phase']}: {logs(ns, 'high')[-1500:]}")
     # The high pod's end: its RESULT line's time (it exits right after printing it).
     t_high_end = float(next(l for l in logs(ns, "high").splitlines() if l.startswith("RESULT")).split("t=")[1])
-    end = max(it[4] for it in parse(logs(ns, "victim"))[1] if it[4] < t_high_end)  # its last before it gave way
     p = wait_iters(ns, "victim", 1, after=t_high_end, timeout=120)
-    back = min(it[3] for it in p[1] if it[4] > t_high_end)
+    # The victim is suspended between two tokens, inside an iteration (its threads wait at the
+    # gate): its pause is the longest time between two iterations' ends, and it is back when the
+    # first iteration after the high pod's end completes.
+    ends = sorted(it[4] for it in p[1])
+    back = min(t for t in ends if t > t_high_end)
     fig["victim_back_after_high_end_s"] = round(back - t_high_end, 2)
-    fig["victim_paused_s"] = round(back - end, 2)
+    fig["victim_paused_s"] = round(max(b - a for a, b in zip(ends, ends[1:])), 2)
     fig["victim_gpu_mib_after"] = gpu_mib(pid, ns, "victim")
     check(fig["victim_gpu_mib_after"] > 0, "the victim has no GPU memory after coming back")
     fig["events"] = [f"{e.get('reason')}: {e.get('note')}" for e in N.events_for(ns, "victim")][-5:]
@@ -735,6 +742,11 @@ def save_logs(name, namespaces=()):
                     if r.stdout:
                         with open(os.path.join(d, f"{ns}_{pn}_{c['name']}{'.previous' if prev else ''}.log"), "w") as f:
                             f.write(r.stdout)
+        # CRIU's logs of a container checkpoint (runc's work directory in containerd's state): gone
+        # with the container.
+        for crl in glob.glob(os.path.join(ENV.get("GCR_TESTBED_DIR", STATE), "containerd", "state", "*", "*", "*",
+                                          "criu-*.log")):
+            shutil.copy(crl, os.path.join(d, crl.split(os.sep)[-2][:12] + "-" + os.path.basename(crl)))
         with open(os.path.join(d, f"{ns}.describe.txt"), "w") as f:
             f.write(kubectl("describe", "pods", "-n", ns, check=False, timeout=60).stdout)
             f.write(kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", "-o", "wide", check=False).stdout)
