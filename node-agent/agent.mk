@@ -1,7 +1,7 @@
 # node-agent/agent.mk: libgcragent, the gcr-agent's pure modules (input parsers
 # for /proc/<pid>/cgroup, the agent's config file, kubeconfig, the watch stream, the
-# scaler's selectors and activity notes, Checkpoint/Restore objects, the agent's own
-# records), linked by the agent and its tests.
+# scaler's selectors and activity notes, Checkpoint/Restore objects and their phases, the
+# agent's own records), linked by the agent and its tests.
 noinst_LTLIBRARIES += node-agent/libgcragent.la
 node_agent_libgcragent_la_SOURCES = \
 	node-agent/daemon/agent_cgroup.c node-agent/daemon/agent_cgroup.h \
@@ -11,6 +11,7 @@ node_agent_libgcragent_la_SOURCES = \
 	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \
 	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
 	node-agent/kube/agent_quantity.c node-agent/kube/agent_quantity.h \
+	node-agent/kube/agent_phase.c node-agent/kube/agent_phase.h \
 	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \
 	node-agent/controller/agent_crobj.c node-agent/controller/agent_crobj.h \
 	node-agent/controller/agent_record.c node-agent/controller/agent_record.h \

@@ -32,6 +32,7 @@
 #include "agent_lease.h"
 #include "agent_ociimg.h"
 #include "agent_ocireg.h"
+#include "agent_phase.h"
 #include "agent_quantity.h"
 #include "agent_record.h"
 #include "gcr_cr.h"
@@ -370,15 +371,15 @@ static void op_path(struct op *o, const char *ns, const char *name)
 
 /* A status: phase, message, the Complete condition, nodeName and the timestamps; extra
  * (stolen, may be NULL) adds fields. A new reference. */
-static json_t *build_status(struct agent_controller *c, struct op *o, const char *phase, const char *reason,
+static json_t *build_status(struct agent_controller *c, struct op *o, enum agent_phase phase, const char *reason,
 			    const char *message, json_t *extra)
 {
 	char now[40];
 	agent_kube_time(now, sizeof(now), 0);
-	int final = strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0;
-	const char *cs = strcmp(phase, "Succeeded") == 0 ? "True" : strcmp(phase, "Failed") == 0 ? "False" : "Unknown";
+	int final = phase == AGENT_PHASE_SUCCEEDED || phase == AGENT_PHASE_FAILED;
+	const char *cs = phase == AGENT_PHASE_SUCCEEDED ? "True" : phase == AGENT_PHASE_FAILED ? "False" : "Unknown";
 	json_t *st = extra != NULL ? extra : json_object();
-	json_object_set_new(st, "phase", json_string(phase));
+	json_object_set_new(st, "phase", json_string(agent_phase_name(phase)));
 	json_object_set_new(st, "nodeName", json_string(c->node));
 	json_object_set_new(st, "message", json_string(message));
 	json_t *gen = json_object_get(json_object_get(o->obj, "metadata"), "generation");
@@ -440,14 +441,14 @@ static int write_status(struct agent_controller *c, struct op *o, json_t *st)
 	return rc;
 }
 
-static int set_status(struct agent_controller *c, struct op *o, const char *phase, const char *reason,
+static int set_status(struct agent_controller *c, struct op *o, enum agent_phase phase, const char *reason,
 		      const char *message, json_t *extra)
 {
 	json_t *st = build_status(c, o, phase, reason, message, extra);
 	int rc = write_status(c, o, st);
 	if (rc == 0)
-		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s/%s: %s (%s) %s", action_of(o), o->d.ns, o->d.name, phase,
-			reason, message);
+		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s/%s: %s (%s) %s", action_of(o), o->d.ns, o->d.name,
+			agent_phase_name(phase), reason, message);
 	json_decref(st);
 	return rc;
 }
@@ -471,7 +472,7 @@ static void fail(struct agent_controller *c, struct op *o, const char *reason, c
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	set_status(c, o, "Failed", reason, msg, NULL);
+	set_status(c, o, AGENT_PHASE_FAILED, reason, msg, NULL);
 	event(c, o->obj, action_of(o), "Warning", reason, msg);
 	agent_metrics_op(c->metrics, o->kind == K_CK ? "checkpoint" : "restore", 0, 0, 0);
 	mark_done(c, o->d.uid);
@@ -781,7 +782,7 @@ static void finish_checkpoint(struct agent_controller *c, struct op *o, struct a
 			      const char *reason, const char *note, json_t *extra, double ms_total,
 			      long long bytes)
 {
-	json_t *st = build_status(c, o, ok ? "Succeeded" : "Failed", reason, note, extra);
+	json_t *st = build_status(c, o, ok ? AGENT_PHASE_SUCCEEDED : AGENT_PHASE_FAILED, reason, note, extra);
 	agent_record_set_status(&r->ck_status, st);
 	r->state = ok ? AGENT_REC_SUSPENDED : AGENT_REC_FAILED;
 	save(c, r);
@@ -912,7 +913,7 @@ static void start_checkpoint(struct agent_controller *c, struct op *o, struct ag
 	enum gcr_cr_mode mode = mode_of(r->keep_context);
 	snprintf(msg, sizeof(msg), "suspending %d process(es)%s", n,
 		 mode == GCR_CR_DATA_ONLY ? ", keeping the CUDA context" : "");
-	rc = set_status(c, o, "Running", "InProgress", msg,
+	rc = set_status(c, o, AGENT_PHASE_RUNNING, "InProgress", msg,
 			json_pack("{s:o, s:s}", "processes", procs_json(p, n, "Running"), "mode", mode_api_name(mode)));
 	if (rc == -ECANCELED)
 		return; /* stopping: the record brings it back after the restart */
@@ -1053,7 +1054,7 @@ static void run_image(struct agent_controller *c, struct op *o, struct agent_rec
 		/* Said once: a write of the same again would bring its own event, and a try, back at once. */
 		const char *said = status_str(o->obj, "message");
 		if (o->obj != NULL && (said == NULL || strcmp(said, out.msg) != 0))
-			set_status(c, o, "Running", "InProgress", out.msg,
+			set_status(c, o, AGENT_PHASE_RUNNING, "InProgress", out.msg,
 				   json_pack("{s:o}", "processes", procs_json(&p, 1, out.state)));
 		retry_later(c, o->key, 0);
 		agent_ckimage_out_clear(&out);
@@ -1076,7 +1077,7 @@ static void run_image(struct agent_controller *c, struct op *o, struct agent_rec
 		}
 	}
 	json_object_set_new(extra, "processes", procs_json(&p, 1, out.state));
-	json_t *st = build_status(c, o, out.ok ? "Succeeded" : "Failed", out.reason, msg, extra);
+	json_t *st = build_status(c, o, out.ok ? AGENT_PHASE_SUCCEEDED : AGENT_PHASE_FAILED, out.reason, msg, extra);
 	agent_record_set_status(&r->ck_status, st);
 	r->state = out.ok ? AGENT_REC_IMAGED : AGENT_REC_FAILED;
 	save(c, r);
@@ -1144,7 +1145,8 @@ static void new_image(struct agent_controller *c, struct op *o, json_t *pod, con
 		 d->cpu_kubelet ? " (CPU side by the kubelet)" : "");
 	struct proc p = { .pid = rp[0].pid };
 	snprintf(p.container, sizeof(p.container), "%s", r.p[0].container);
-	int rc = set_status(c, o, "Running", "InProgress", msg, json_pack("{s:o}", "processes", procs_json(&p, 1, "Running")));
+	int rc = set_status(c, o, AGENT_PHASE_RUNNING, "InProgress", msg,
+			    json_pack("{s:o}", "processes", procs_json(&p, 1, "Running")));
 	if (rc == -ECANCELED) {
 		agent_record_clear(&r);
 		return; /* stopping: recorded at step start, run after the restart */
@@ -1453,7 +1455,7 @@ static void mark_forged(struct agent_controller *c, struct op *o, const char *wh
 	char now[40], msg[800];
 	agent_kube_time(now, sizeof(now), 0);
 	snprintf(msg, sizeof(msg), "FORGED: phase %s was not written by the GCR agent (%s); do not trust this status",
-		 agent_crobj_phase_name(o->d.phase), why);
+		 agent_phase_name(o->d.phase), why);
 	json_t *patch = json_pack("{s:{s:s, s:[{s:s, s:s, s:s, s:s, s:s}, {s:s, s:s, s:s, s:s, s:s}]}}", "status",
 				  "message", msg, "conditions", "type", "Complete", "status", "Unknown",
 				  "lastTransitionTime", now, "reason", FORGED_REASON, "message", msg, "type", FORGED_TYPE,
@@ -1463,7 +1465,7 @@ static void mark_forged(struct agent_controller *c, struct op *o, const char *wh
 	json_decref(patch);
 	if (rc < 0) {
 		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: forged phase %s not marked: %s", o->d.ns, o->d.name,
-			agent_crobj_phase_name(o->d.phase), rc == -ENOMEM ? "out of memory" : err.msg);
+			agent_phase_name(o->d.phase), rc == -ENOMEM ? "out of memory" : err.msg);
 		if (rc != -ENOENT)
 			retry_later(c, o->key, 0);
 		return;
@@ -1500,10 +1502,12 @@ static void sync_checkpoint(struct agent_controller *c, struct op *o, struct age
 		retry_later(c, o->key, 0);
 		return;
 	}
+	/* The record's phase is Succeeded or Failed whenever it has a status (agent_record checks). */
 	const char *ph = json_string_value(json_object_get(r->ck_status, "phase"));
-	if (ph != NULL && strcmp(ph, agent_crobj_phase_name(o->d.phase)) != 0) {
+	enum agent_phase rph = agent_phase_of(ph);
+	if (rph != AGENT_PHASE_NONE && rph != o->d.phase) {
 		GCR_LOG(GCR_LOG_INFO, "controller", "Checkpoint %s/%s: status says %s, its record %s: written again",
-			r->ns, r->name, o->d.phase == AGENT_PHASE_NONE ? "nothing" : agent_crobj_phase_name(o->d.phase), ph);
+			r->ns, r->name, o->d.phase == AGENT_PHASE_NONE ? "nothing" : agent_phase_name(o->d.phase), ph);
 		if (write_status(c, o, r->ck_status) == -EINVAL && !forged_marked(o)) {
 			/* A final phase someone else wrote is final for the API server too: marked. */
 			char why[300];
@@ -1582,7 +1586,7 @@ static int wait_for_room(struct agent_controller *c, struct op *o, const struct 
 	int delay = ROOM_RETRY_FIRST_MS, tries = 1, rc = -ENOSPC;
 	char msg[1024];
 	snprintf(msg, sizeof(msg), "waiting for GPU memory (retrying for up to %.0f s): %s", bound / 1000, err->msg);
-	if (set_status(c, o, "Running", "WaitingForGPUMemory", msg, NULL) == -ECANCELED)
+	if (set_status(c, o, AGENT_PHASE_RUNNING, "WaitingForGPUMemory", msg, NULL) == -ECANCELED)
 		return gcr_err_set(err, -ECANCELED, "agent stopping while waiting for GPU memory");
 	event(c, o->obj, "Restore", "Warning", "WaitingForGPUMemory", msg);
 	while (rc == -ENOSPC) {
@@ -1640,7 +1644,7 @@ static void run_restore(struct agent_controller *c, struct op *o, struct agent_r
 		}
 		char msg[256];
 		snprintf(msg, sizeof(msg), "resuming %d process(es)", n);
-		int rc = set_status(c, o, "Running", "InProgress", msg,
+		int rc = set_status(c, o, AGENT_PHASE_RUNNING, "InProgress", msg,
 				    json_pack("{s:s, s:s, s:o}", "podName", r->pod, "mode", mode_api_name(mode),
 					      "processes", procs_json(p, n, "Checkpointed")));
 		if (rc == -ENOENT || rc == -EINVAL) { /* the Restore went away before anything was touched */
@@ -1679,7 +1683,7 @@ static void run_restore(struct agent_controller *c, struct op *o, struct agent_r
 				  "vmm", (json_int_t)sum.bytes_moved, "total", (json_int_t)sum.bytes_moved, "durations",
 				  "data", (json_int_t)sum.ms_data, "restore", (json_int_t)sum.ms_restore, "unlock",
 				  (json_int_t)sum.ms_unlock, "total", (json_int_t)ms);
-	json_t *st = build_status(c, o, "Succeeded", "Restored", note, extra);
+	json_t *st = build_status(c, o, AGENT_PHASE_SUCCEEDED, "Restored", note, extra);
 	r->state = AGENT_REC_RESUMED;
 	agent_record_set_status(&r->rs_status, st);
 	save(c, r);
@@ -1709,7 +1713,8 @@ static void checkpoint_missing(struct agent_controller *c, struct op *o)
 	double left = c->grace_ms - (now - first);
 	if (left > 0) {
 		if (o->d.phase == AGENT_PHASE_NONE)
-			set_status(c, o, "Pending", "WaitingForCheckpoint", "waiting for the Checkpoint to be created", NULL);
+			set_status(c, o, AGENT_PHASE_PENDING, "WaitingForCheckpoint",
+				   "waiting for the Checkpoint to be created", NULL);
 		retry_later(c, o->key, (int)left + 1); /* its creation queues this Restore sooner */
 		return;
 	}
@@ -1731,7 +1736,8 @@ static void restore_unrecorded(struct agent_controller *c, struct op *o, json_t 
 	if (ckd->phase != AGENT_PHASE_SUCCEEDED) {
 		/* Waits for the Checkpoint; its change queues this Restore again. */
 		if (here && o->d.phase == AGENT_PHASE_NONE)
-			set_status(c, o, "Pending", "WaitingForCheckpoint", "waiting for the Checkpoint to finish", NULL);
+			set_status(c, o, AGENT_PHASE_PENDING, "WaitingForCheckpoint",
+				   "waiting for the Checkpoint to finish", NULL);
 		return;
 	}
 	if (!here) {
@@ -1866,7 +1872,8 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 		if (ckd->phase == AGENT_PHASE_FAILED)
 			fail(c, o, "CheckpointFailed", "Checkpoint %s/%s failed; there is no image to restore", d->ns, ckd->name);
 		else if (d->phase == AGENT_PHASE_NONE)
-			set_status(c, o, "Pending", "WaitingForCheckpoint", "waiting for the Checkpoint to finish", NULL);
+			set_status(c, o, AGENT_PHASE_PENDING, "WaitingForCheckpoint",
+				   "waiting for the Checkpoint to finish", NULL);
 		return;
 	}
 	enum pod_where where;
@@ -1935,7 +1942,7 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 		int bound = d->timeout_s > 0 ? d->timeout_s * 1000 : c->grace_ms;
 		if (now - first < bound) {
 			if (d->phase == AGENT_PHASE_NONE)
-				set_status(c, o, "Pending", "WaitingForPod",
+				set_status(c, o, AGENT_PHASE_PENDING, "WaitingForPod",
 					   "waiting for the pod's restored process (held at its shim's gate)", NULL);
 			retry_later(c, o->key, 500);
 			return;
@@ -1950,7 +1957,7 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 	double t0 = gcr_time_mono_ms();
 	snprintf(msg, sizeof(msg), "restoring the GPU data of Checkpoint %s into pid %d of pod %s", ckd->name, (int)pid,
 		 d->pod);
-	if (set_status(c, o, "Running", "InProgress", msg, json_pack("{s:s}", "podName", d->pod)) < 0)
+	if (set_status(c, o, AGENT_PHASE_RUNNING, "InProgress", msg, json_pack("{s:s}", "podName", d->pod)) < 0)
 		return;
 	int rc = agent_images_path(c->images_dir, d->ns, ckd->target, ckd->name, path, sizeof(path), &err);
 	struct gcr_image_manifest m = { 0 };
@@ -2002,7 +2009,7 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 		end_container(pids, n);
 		snprintf(msg, sizeof(msg), "restore of Checkpoint %s into pod %s failed: %s; the restored container was "
 			 "ended (nothing left running)", ckd->name, d->pod, err.msg);
-		set_status(c, o, "Failed", "RestoreFailed", msg, json_pack("{s:s}", "podName", d->pod));
+		set_status(c, o, AGENT_PHASE_FAILED, "RestoreFailed", msg, json_pack("{s:s}", "podName", d->pod));
 		event(c, o->obj, "Restore", "Warning", "RestoreFailed", msg);
 		agent_metrics_op(c->metrics, "restore", 0, total, 0);
 		mark_done(c, d->uid);
@@ -2014,7 +2021,7 @@ static void restore_image(struct agent_controller *c, struct op *o, const struct
 				  "Full", "bytes", "vmm", (json_int_t)rr.bytes, "total", (json_int_t)rr.bytes,
 				  "durations", "verify", (json_int_t)t_verify, "data", (json_int_t)rr.ms_read,
 				  "restore", (json_int_t)rr.ms_resume, "total", (json_int_t)total);
-	set_status(c, o, "Succeeded", "Restored", msg, extra);
+	set_status(c, o, AGENT_PHASE_SUCCEEDED, "Restored", msg, extra);
 	event(c, o->obj, "Restore", "Normal", "Restored", msg);
 	agent_metrics_op(c->metrics, "restore", 1, total, rr.bytes);
 	mark_done(c, d->uid);

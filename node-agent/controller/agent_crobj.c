@@ -7,13 +7,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const phase_names[] = { "", "Pending", "Running", "Succeeded", "Failed", "" };
-
-const char *agent_crobj_phase_name(enum agent_crobj_phase p)
-{
-	return (unsigned)p <= AGENT_PHASE_UNKNOWN ? phase_names[p] : "";
-}
-
 static int label_chars(const char *s, size_t n)
 {
 	if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
@@ -89,14 +82,7 @@ int agent_crobj_decode(json_t *obj, enum agent_crobj_kind kind, struct agent_cro
 	}
 
 	/* status: anything malformed reads as absent */
-	const char *ph = str(st, "phase");
-	o->phase = AGENT_PHASE_NONE;
-	if (ph != NULL) {
-		o->phase = AGENT_PHASE_UNKNOWN;
-		for (int p = AGENT_PHASE_PENDING; p < AGENT_PHASE_UNKNOWN; p++)
-			if (strcmp(ph, phase_names[p]) == 0)
-				o->phase = (enum agent_crobj_phase)p;
-	}
+	o->phase = agent_phase_of(str(st, "phase"));
 	const char *node = str(st, "nodeName");
 	if (agent_crobj_is_subdomain(node))
 		snprintf(o->node, sizeof(o->node), "%s", node);

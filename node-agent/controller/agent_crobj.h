@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 
+#include "agent_phase.h"
 #include "gcr_driver.h"
 #include "gcr_error.h"
 
@@ -27,15 +28,6 @@ enum agent_crobj_kind { AGENT_CROBJ_CHECKPOINT, AGENT_CROBJ_RESTORE };
 /* Checkpoint spec.action: Suspend (the default) keeps the processes alive with their GPU data in
  * host memory; Image writes an image of them on the node and leaves them running. */
 enum agent_crobj_action { AGENT_ACTION_SUSPEND, AGENT_ACTION_IMAGE };
-
-enum agent_crobj_phase {
-	AGENT_PHASE_NONE, /* no status.phase */
-	AGENT_PHASE_PENDING,
-	AGENT_PHASE_RUNNING,
-	AGENT_PHASE_SUCCEEDED,
-	AGENT_PHASE_FAILED,
-	AGENT_PHASE_UNKNOWN, /* a string the CRD would refuse: treated as none */
-};
 
 struct agent_crobj {
 	enum agent_crobj_kind kind;
@@ -62,7 +54,7 @@ struct agent_crobj {
 	size_t npairs;
 	int timeout_s;                      /* spec.timeoutSeconds, 0 when absent */
 	/* status: hints only */
-	enum agent_crobj_phase phase;
+	enum agent_phase phase; /* AGENT_PHASE_UNKNOWN (a string the CRD would refuse): treated as none */
 	char node[AGENT_CROBJ_NAME_LEN]; /* status.nodeName, "" when absent or malformed */
 };
 
@@ -79,7 +71,5 @@ int agent_crobj_is_subdomain(const char *s);
 
 /* Whether s is a uid or resourceVersion: 1..63 of [A-Za-z0-9-] (also safe as a file name). */
 int agent_crobj_is_token(const char *s);
-
-const char *agent_crobj_phase_name(enum agent_crobj_phase p);
 
 #endif

@@ -87,8 +87,8 @@ static int status_ok(json_t *st)
 {
 	if (st == NULL || json_is_null(st))
 		return 1;
-	const char *ph = json_string_value(json_object_get(st, "phase"));
-	return json_is_object(st) && ph != NULL && (strcmp(ph, "Succeeded") == 0 || strcmp(ph, "Failed") == 0);
+	enum agent_phase ph = agent_phase_of(json_string_value(json_object_get(st, "phase")));
+	return json_is_object(st) && (ph == AGENT_PHASE_SUCCEEDED || ph == AGENT_PHASE_FAILED);
 }
 
 static int copy_str(char *dst, size_t len, json_t *j, int (*ok)(const char *))

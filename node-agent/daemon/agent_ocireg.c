@@ -26,6 +26,7 @@
 #include "agent_criimg.h"
 #include "agent_ociimg.h"
 #include "agent_ocisrv.h"
+#include "agent_phase.h"
 #include "agent_regtls.h"
 #include "gcr_image.h"
 #include "gcr_imagemac.h"
@@ -130,7 +131,8 @@ static int issued(struct agent_ocireg *r, const char *ns, const char *name, stru
 	const char *cname = str_at(ck, "spec", "containerName");
 	if (cname == NULL || cname[0] == '\0')
 		cname = json_string_value(json_object_get(json_object_get(md, "annotations"), AGENT_OCIREG_ANN_CONTAINER));
-	const char *phase = str_at(ck, "status", "phase"), *node = str_at(ck, "status", "nodeName");
+	enum agent_phase phase = agent_phase_of(str_at(ck, "status", "phase"));
+	const char *node = str_at(ck, "status", "nodeName");
 	const char *img = json_string_value(json_object_get(json_object_get(json_object_get(ck, "status"), "image"), "path"));
 	const char *u = json_string_value(json_object_get(md, "uid"));
 	int eviction = ev != NULL && strcmp(ev, "true") == 0;
@@ -149,7 +151,7 @@ static int issued(struct agent_ocireg *r, const char *ns, const char *name, stru
 		rc = gcr_err_set(err, -ENOENT, "a Checkpoint without a uid, or with a container name too long");
 		goto out;
 	}
-	if (phase == NULL || strcmp(phase, "Succeeded") != 0 || node == NULL ||
+	if (phase != AGENT_PHASE_SUCCEEDED || node == NULL ||
 	    (!r->cfg.shared && strcmp(node, r->cfg.node) != 0) || img == NULL) {
 		rc = gcr_err_set(err, -ENOENT, "not a Succeeded image%s%s", r->cfg.shared ? "" : " of node ",
 				 r->cfg.shared ? "" : r->cfg.node);

@@ -16,6 +16,7 @@
 
 #include "agent_cgroup.h"
 #include "agent_evictmsg.h"
+#include "agent_phase.h"
 #include "gcr_log.h"
 #include "gcr_nvml.h"
 #include "gcr_sock.h"
@@ -217,12 +218,11 @@ static int wait_checkpoint(struct agent_evict *e, const char *ns, const char *na
 		struct gcr_err err;
 		if (agent_kube_request(e->kube, "GET", path, NULL, NULL, &st, &ck, &err) == 0 && st == 200) {
 			json_t *s = json_object_get(ck, "status");
-			const char *ph = json_string_value(json_object_get(s, "phase"));
+			enum agent_phase ph = agent_phase_of(json_string_value(json_object_get(s, "phase")));
 			const char *m = json_string_value(json_object_get(s, "message"));
 			const char *ip = json_string_value(json_object_get(json_object_get(s, "image"), "path"));
-			int final = ph != NULL && (strcmp(ph, "Succeeded") == 0 || strcmp(ph, "Failed") == 0);
-			if (final) {
-				int ok = strcmp(ph, "Succeeded") == 0;
+			if (ph == AGENT_PHASE_SUCCEEDED || ph == AGENT_PHASE_FAILED) {
+				int ok = ph == AGENT_PHASE_SUCCEEDED;
 				if (ok)
 					snprintf(msg, len, "%s", ip != NULL ? ip : "");
 				else

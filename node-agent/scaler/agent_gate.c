@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "agent_objmap.h"
+#include "agent_phase.h"
 #include "agent_room.h"
 #include "agent_scalemsg.h"
 #include "gcr_log.h"
@@ -118,11 +119,12 @@ static json_t *map_locked(struct agent_gate *g, enum gkind k)
 	return agent_objmap_map_locked(g->objs, k);
 }
 
-/* What the gate keeps of obj, NULL for a pod without the gate (not kept at all). */
+/* What the gate keeps of obj, NULL for a pod without the gate (not kept at all). A Checkpoint's
+ * or Restore's phase is kept decoded (enum agent_phase), so the passes compare no strings. */
 static json_t *slim(int k, json_t *obj, void *data)
 {
 	(void)data;
-	const char *ns = at(obj, "metadata", "namespace"), *ph = at(obj, "status", "phase");
+	const char *ns = at(obj, "metadata", "namespace");
 	if (k == G_POD) {
 		if (!agent_gate_declared(obj))
 			return NULL;
@@ -132,10 +134,17 @@ static json_t *slim(int k, json_t *obj, void *data)
 				 json_string_value(json_object_get(c, "reason")), "uid",
 				 agent_room_opted_in(obj) ? at(obj, "metadata", "uid") : NULL);
 	}
+	int ph = (int)agent_phase_of(at(obj, "status", "phase"));
 	if (k == G_CK)
-		return json_pack("{s:s?, s:s?, s:s?}", "ns", ns, "pod", at(obj, "spec", "podName"), "phase", ph);
-	return json_pack("{s:s?, s:s?, s:s?, s:f}", "ns", ns, "ck", at(obj, "spec", "checkpointName"), "phase", ph,
+		return json_pack("{s:s?, s:s?, s:i}", "ns", ns, "pod", at(obj, "spec", "podName"), "phase", ph);
+	return json_pack("{s:s?, s:s?, s:i, s:f}", "ns", ns, "ck", at(obj, "spec", "checkpointName"), "phase", ph,
 			 "done", parse_time(at(obj, "status", "completionTime")));
+}
+
+/* The phase an entry of the Checkpoint or Restore map keeps (slim). */
+static enum agent_phase phase_of(json_t *e)
+{
+	return (enum agent_phase)json_integer_value(json_object_get(e, "phase"));
 }
 
 /* The pod an entry of map k concerns (a Restore's through its Checkpoint), marked dirty. */
@@ -183,14 +192,14 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 	json_object_foreach(map_locked(g, G_CK), ck, c)
 	{
 		const char *cns = json_string_value(json_object_get(c, "ns")),
-			   *cpod = json_string_value(json_object_get(c, "pod")),
-			   *ph = json_string_value(json_object_get(c, "phase"));
+			   *cpod = json_string_value(json_object_get(c, "pod"));
+		enum agent_phase ph = phase_of(c);
 		if (cns == NULL || cpod == NULL || strcmp(cns, ns) != 0 || strcmp(cpod, pod) != 0)
 			continue;
 		named = 1;
-		if (ph == NULL || strcmp(ph, "Pending") == 0 || strcmp(ph, "Running") == 0)
+		if (ph == AGENT_PHASE_NONE || ph == AGENT_PHASE_PENDING || ph == AGENT_PHASE_RUNNING)
 			return S_SUSPENDING;
-		if (strcmp(ph, "Succeeded") != 0)
+		if (ph != AGENT_PHASE_SUCCEEDED)
 			continue;
 		const char *name = strchr(ck, '/') + 1, *rk;
 		json_t *r;
@@ -198,10 +207,9 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 		json_object_foreach(map_locked(g, G_RS), rk, r)
 		{
 			const char *rns = json_string_value(json_object_get(r, "ns")),
-				   *rck = json_string_value(json_object_get(r, "ck")),
-				   *rph = json_string_value(json_object_get(r, "phase"));
-			int it = rns && rck && rph && strcmp(rns, ns) == 0 && strcmp(rck, name) == 0 &&
-				 strcmp(rph, "Succeeded") == 0;
+				   *rck = json_string_value(json_object_get(r, "ck"));
+			int it = rns && rck && strcmp(rns, ns) == 0 && strcmp(rck, name) == 0 &&
+				 phase_of(r) == AGENT_PHASE_SUCCEEDED;
 			double done = json_real_value(json_object_get(r, "done"));
 			restored |= it;
 			if (it && done > restored_at)

@@ -21,6 +21,7 @@
 #include "agent_ociimg.h"
 #include "agent_objmap.h"
 #include "agent_ocireg.h"
+#include "agent_phase.h"
 #include "gcr_log.h"
 #include "gcr_time.h"
 
@@ -55,6 +56,13 @@ struct agent_replace {
 static const char *sget(json_t *o, const char *k)
 {
 	return json_string_value(json_object_get(o, k));
+}
+
+/* The phase a Checkpoint's or Restore's entry keeps, decoded by slim_ck and slim_rs; NONE for
+ * no entry. */
+static enum agent_phase phase_of(json_t *e)
+{
+	return (enum agent_phase)json_integer_value(json_object_get(e, "phase"));
 }
 
 static const char *at(json_t *o, const char *a, const char *b)
@@ -145,20 +153,21 @@ static json_t *slim_pod(json_t *p)
 static json_t *slim_ck(json_t *c)
 {
 	json_t *md = json_object_get(c, "metadata"), *st = json_object_get(c, "status");
-	return json_pack("{s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:f, s:s?}", "ns",
+	return json_pack("{s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:s?, s:i, s:s?, s:s?, s:s?, s:f, s:s?}", "ns",
 			 sget(md, "namespace"), "name", sget(md, "name"), "rv", sget(md, "resourceVersion"), "owner",
 			 label(c, AGENT_REPLACE_LABEL_OWNER), "into", label(c, AGENT_OCIREG_LABEL_RESTORED_INTO), "token",
 			 annotation(c, AGENT_OCIREG_ANN_TOKEN), "container", at(c, "spec", "containerName"), "phase",
-			 sget(st, "phase"), "node", sget(st, "nodeName"), "path", at(st, "image", "path"), "msg",
-			 sget(st, "message"), "created", epoch(sget(md, "creationTimestamp")), "pod", at(c, "spec", "podName"));
+			 (int)agent_phase_of(sget(st, "phase")), "node", sget(st, "nodeName"), "path",
+			 at(st, "image", "path"), "msg", sget(st, "message"), "created",
+			 epoch(sget(md, "creationTimestamp")), "pod", at(c, "spec", "podName"));
 }
 
 static json_t *slim_rs(json_t *o)
 {
 	json_t *st = json_object_get(o, "status");
-	return json_pack("{s:s?, s:s?, s:s?, s:s?, s:f}", "ck", at(o, "spec", "checkpointName"), "pod",
-			 at(o, "spec", "podName"), "phase", sget(st, "phase"), "msg", sget(st, "message"), "done",
-			 epoch(sget(st, "completionTime")));
+	return json_pack("{s:s?, s:s?, s:i, s:s?, s:f}", "ck", at(o, "spec", "checkpointName"), "pod",
+			 at(o, "spec", "podName"), "phase", (int)agent_phase_of(sget(st, "phase")), "msg",
+			 sget(st, "message"), "done", epoch(sget(st, "completionTime")));
 }
 
 static json_t *slim(int k, json_t *o, void *data)
@@ -377,19 +386,20 @@ static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rs
 	double now = (double)time(NULL);
 	json_object_foreach(cks, k, c)
 	{
-		const char *cns = sget(c, "ns"), *cown = sget(c, "owner"), *ph = sget(c, "phase"), *in = sget(c, "into");
+		const char *cns = sget(c, "ns"), *cown = sget(c, "owner"), *in = sget(c, "into");
+		enum agent_phase ph = phase_of(c);
 		if (cns == NULL || cown == NULL || strcmp(cns, ns) != 0 || strcmp(cown, owner) != 0)
 			continue;
 		if (in != NULL) { /* consumed; by this pod when a restart of this pass left it half done */
-			if (strcmp(in, into) == 0 && sget(c, "token") != NULL && ph && strcmp(ph, "Succeeded") == 0)
+			if (strcmp(in, into) == 0 && sget(c, "token") != NULL && ph == AGENT_PHASE_SUCCEEDED)
 				best = c;
 			continue;
 		}
-		if (ph == NULL || strcmp(ph, "Pending") == 0 || strcmp(ph, "Running") == 0)
+		if (ph == AGENT_PHASE_NONE || ph == AGENT_PHASE_PENDING || ph == AGENT_PHASE_RUNNING)
 			pending = c;
-		else if (strcmp(ph, "Failed") == 0 && now - json_real_value(json_object_get(c, "created")) < RECENT_FAILED_S)
+		else if (ph == AGENT_PHASE_FAILED && now - json_real_value(json_object_get(c, "created")) < RECENT_FAILED_S)
 			failed = c;
-		else if (strcmp(ph, "Succeeded") == 0 && sget(c, "path") != NULL && sget(c, "node") != NULL &&
+		else if (ph == AGENT_PHASE_SUCCEEDED && sget(c, "path") != NULL && sget(c, "node") != NULL &&
 			 (best == NULL || (sget(best, "into") == NULL && json_real_value(json_object_get(c, "created")) >
 									 json_real_value(json_object_get(best, "created")))))
 			best = c;
@@ -434,7 +444,7 @@ static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rs
 		char rk[600];
 		snprintf(rk, sizeof(rk), "%s/%s", ns, from ? from : "");
 		json_t *rs = from ? json_object_get(rss, rk) : NULL;
-		if (from != NULL && (rs == NULL || sget(rs, "phase") == NULL || strcmp(sget(rs, "phase"), "Succeeded") != 0))
+		if (from != NULL && phase_of(rs) != AGENT_PHASE_SUCCEEDED)
 			continue;
 		if (c != p && json_is_true(json_object_get(c, "deleting")) && json_is_true(json_object_get(c, "evict")) &&
 		    o != NULL && strcmp(o, owner) == 0 && sget(c, "ns") && strcmp(sget(c, "ns"), ns) == 0) {
@@ -512,13 +522,13 @@ static void restoring(struct agent_replace *r, json_t *cks, json_t *rss, json_t 
  * the image no more; it also marks this done), and after a failure the pod deleted. */
 static void finished(struct agent_replace *r, json_t *pods, json_t *ck, json_t *rs)
 {
-	const char *ns = sget(ck, "ns"), *ckname = sget(ck, "name"), *pod = sget(rs, "pod"), *ph = sget(rs, "phase");
+	const char *ns = sget(ck, "ns"), *ckname = sget(ck, "name"), *pod = sget(rs, "pod");
 	char key[600], note[1200], pp[700];
 	snprintf(key, sizeof(key), "%s/%s", ns, pod ? pod : "");
 	json_t *p = json_object_get(pods, key);
 	json_t *dummy = p ? json_incref(p) : json_pack("{s:s, s:s?}", "ns", ns, "name", pod);
 	struct gcr_err err;
-	if (strcmp(ph, "Succeeded") == 0) {
+	if (phase_of(rs) == AGENT_PHASE_SUCCEEDED) {
 		double created = p ? json_real_value(json_object_get(p, "created")) : 0, ran = 0;
 		const char *k;
 		json_t *v;
@@ -580,8 +590,8 @@ static void pass(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rss
 	json_object_foreach(cks, k, p)
 	{
 		json_t *rs = json_object_get(rss, k);
-		const char *ph = rs ? sget(rs, "phase") : NULL;
-		if (sget(p, "token") != NULL && ph != NULL && (strcmp(ph, "Succeeded") == 0 || strcmp(ph, "Failed") == 0))
+		enum agent_phase ph = phase_of(rs);
+		if (sget(p, "token") != NULL && (ph == AGENT_PHASE_SUCCEEDED || ph == AGENT_PHASE_FAILED))
 			finished(r, pods, p, rs);
 	}
 }

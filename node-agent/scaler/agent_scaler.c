@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "agent_lease.h"
+#include "agent_phase.h"
 #include "agent_scalemsg.h"
 #include "gcr_log.h"
 #include "gcr_time.h"
@@ -170,7 +171,8 @@ struct opr {
 	enum okind kind;
 	long seq;
 	int on_delete; /* a Restore made by the finalizer */
-	const char *name, *pod_uid, *pod_name, *phase, *reason, *message;
+	const char *name, *pod_uid, *pod_name, *reason, *message;
+	enum agent_phase phase;
 	double completed; /* completionTime, 0 if none */
 };
 
@@ -183,7 +185,7 @@ struct podr {
 	int external;                  /* its node says suspended (or in flight) by something not ours */
 	int gone;                      /* deleted: its operations are removed */
 	int given_up;                  /* deleting: left suspended, its operations kept */
-	const char *phase;             /* the pod's phase, once read (borrowed) */
+	enum agent_phase phase;        /* the pod's phase, once read (same names as an operation's) */
 	enum gcr_scale_state state;
 	int pinned;
 	double last_active;
@@ -199,7 +201,7 @@ struct pass {
 	json_t *res; /* the GPUResidency (owned copy) */
 	const char *ns, *name, *uid;
 	json_t *pods_list, *ck_list, *rs_list, *nodes; /* owned */
-	json_t *keep;                                  /* pods read one by one (owned): r->node, r->phase */
+	json_t *keep;                                  /* pods read one by one (owned): r->node */
 	int deleting;                                  /* deletionTimestamp set: the finalizer's pass */
 	struct opr *ops;
 	size_t nops;
@@ -215,12 +217,7 @@ struct pass {
 
 static int is_final(const struct opr *o)
 {
-	return o->phase != NULL && (strcmp(o->phase, "Succeeded") == 0 || strcmp(o->phase, "Failed") == 0);
-}
-
-static int phase_is(const struct opr *o, const char *ph)
-{
-	return o->phase != NULL && strcmp(o->phase, ph) == 0;
+	return o->phase == AGENT_PHASE_SUCCEEDED || o->phase == AGENT_PHASE_FAILED;
 }
 
 static void event(struct pass *p, const char *type, const char *reason, const char *fmt, ...)
@@ -269,7 +266,7 @@ static void add_ops(struct pass *p, json_t *items, enum okind kind)
 			continue; /* not one of ours after all */
 		struct opr *o = &p->ops[p->nops++];
 		*o = (struct opr){ .obj = it, .kind = kind, .seq = strtol(seq, NULL, 10), .name = str_at(md, "name", NULL),
-				   .pod_uid = uid, .pod_name = pod, .phase = str_at(it, "status", "phase"),
+				   .pod_uid = uid, .pod_name = pod, .phase = agent_phase_of(str_at(it, "status", "phase")),
 				   .message = str_at(it, "status", "message") };
 		json_t *conds = json_object_get(json_object_get(it, "status"), "conditions");
 		o->reason = str_at(json_array_get(conds, 0), "reason", NULL);
@@ -474,9 +471,9 @@ static void state_from_op(struct podr *r, const struct opr *o, double now)
 	snprintf(r->op, sizeof(r->op), "%s/%s", o->kind == O_CK ? "Checkpoint" : "Restore", o->name);
 	int cool = o->completed > 0 && now - o->completed < COOLDOWN_S;
 	if (o->kind == O_CK) {
-		if (phase_is(o, "Succeeded")) {
+		if (o->phase == AGENT_PHASE_SUCCEEDED) {
 			r->state = GCR_SCALE_SUSPENDED;
-		} else if (phase_is(o, "Failed")) {
+		} else if (o->phase == AGENT_PHASE_FAILED) {
 			r->state = GCR_SCALE_RESIDENT; /* a failed suspend leaves the process running */
 			r->pinned = cool;
 			snprintf(r->msg, sizeof(r->msg), "suspend failed: %.250s", o->message ? o->message : "");
@@ -485,9 +482,9 @@ static void state_from_op(struct podr *r, const struct opr *o, double now)
 		}
 		return;
 	}
-	if (phase_is(o, "Succeeded")) {
+	if (o->phase == AGENT_PHASE_SUCCEEDED) {
 		r->state = GCR_SCALE_RESIDENT;
-	} else if (phase_is(o, "Failed")) {
+	} else if (o->phase == AGENT_PHASE_FAILED) {
 		/* The process is not (or no longer) suspended: running, or gone and replaced. */
 		static const char *const not_suspended[] = { "NotSuspended", "ProcessGone", "NoProcesses",
 							     "CheckpointNotFound", "CheckpointFailed" };
@@ -508,7 +505,7 @@ static const struct opr *last_checkpoint(struct pass *p, const char *uid)
 	const struct opr *best = NULL;
 	for (size_t i = 0; i < p->nops; i++) {
 		const struct opr *o = &p->ops[i];
-		if (o->kind == O_CK && strcmp(o->pod_uid, uid) == 0 && phase_is(o, "Succeeded") &&
+		if (o->kind == O_CK && strcmp(o->pod_uid, uid) == 0 && o->phase == AGENT_PHASE_SUCCEEDED &&
 		    (best == NULL || o->seq > best->seq))
 			best = o;
 	}
@@ -581,7 +578,7 @@ static void delete_op(struct pass *p, const struct opr *o)
 static void prune(struct pass *p, const struct podr *r)
 {
 	/* A Restore in flight or failed still needs its Checkpoint; a Succeeded one does not. */
-	const char *keep_ck = r->latest && r->latest->kind == O_RS && !phase_is(r->latest, "Succeeded")
+	const char *keep_ck = r->latest && r->latest->kind == O_RS && r->latest->phase != AGENT_PHASE_SUCCEEDED
 				      ? str_at(r->latest->obj, "spec", "checkpointName")
 				      : NULL;
 	for (size_t i = 0; i < p->nops; i++) {
@@ -618,7 +615,7 @@ static void not_selected(struct pass *p, struct podr *r, int resume)
 	if (!r->gone && json_array_append(p->keep, pod) == 0) {
 		if (r->node == NULL)
 			r->node = str_at(pod, "spec", "nodeName");
-		r->phase = str_at(pod, "status", "phase");
+		r->phase = agent_phase_of(str_at(pod, "status", "phase"));
 	}
 	json_decref(pod);
 	if (r->gone) {
@@ -891,7 +888,7 @@ static int delete_attempts(const struct pass *p, const struct podr *r)
 	int n = 0;
 	for (size_t i = 0; i < p->nops; i++) {
 		const struct opr *o = &p->ops[i];
-		n += o->kind == O_RS && o->on_delete && phase_is(o, "Failed") && strcmp(o->pod_uid, r->uid) == 0;
+		n += o->kind == O_RS && o->on_delete && o->phase == AGENT_PHASE_FAILED && strcmp(o->pod_uid, r->uid) == 0;
 	}
 	return n;
 }
@@ -916,9 +913,9 @@ static int finalize(struct pass *p, double now)
 		not_selected(p, r, 0);
 		if (r->gone || p->errors > 0)
 			continue; /* gone: its operations removed; an API error: next pass */
-		if (r->latest != NULL && r->latest->on_delete && phase_is(r->latest, "Succeeded"))
+		if (r->latest != NULL && r->latest->on_delete && r->latest->phase == AGENT_PHASE_SUCCEEDED)
 			resumed++;
-		if (r->state == GCR_SCALE_RESIDENT || r->phase == NULL || strcmp(r->phase, "Running") != 0)
+		if (r->state == GCR_SCALE_RESIDENT || r->phase != AGENT_PHASE_RUNNING)
 			continue; /* nothing to resume, or no process to resume */
 		const char *note = NULL;
 		int attempts = delete_attempts(p, r);
@@ -1054,7 +1051,7 @@ static int reconcile(struct agent_scaler *s, json_t *res, json_t *all)
 				    .labels = json_object_get(json_object_get(it, "metadata"), "labels"),
 				    .state = GCR_SCALE_RESIDENT };
 		const char *phase = str_at(it, "status", "phase");
-		if (phase == NULL || strcmp(phase, "Running") != 0) {
+		if (agent_phase_of(phase) != AGENT_PHASE_RUNNING) {
 			r->state = GCR_SCALE_UNMANAGED;
 			snprintf(r->msg, sizeof(r->msg), "pod is %s, not Running", phase ? phase : "without a phase");
 		}

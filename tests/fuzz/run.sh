@@ -24,7 +24,7 @@ fuzz_criu|lib/gcr_criu.c|
 fuzz_ctrdump|lib/gcr_ctrdump.c lib/gcr_criu.c|
 fuzz_linebuf|lib/gcr_sock.c|
 fuzz_shimreply|lib/gcr_shimreply.c lib/gcr_groupmsg.c|jansson
-fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_record.c lib/gcr_uuid.c|jansson
+fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_record.c node-agent/kube/agent_phase.c lib/gcr_uuid.c|jansson
 fuzz_agentconfig|node-agent/daemon/agent_config.c|yaml-0.1
 fuzz_manifest|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
 fuzz_roommsg|node-agent/overcommit/agent_roommsg.c lib/gcr_proto.c|jansson

@@ -15,7 +15,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_ociimg \
 	tests/unit/test_agent_share \
 	tests/unit/test_agent_roompolicy \
-	tests/unit/test_agent_quantity
+	tests/unit/test_agent_quantity \
+	tests/unit/test_agent_phase
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -90,6 +91,11 @@ tests_unit_test_agent_quantity_SOURCES = tests/unit/test_agent_quantity.c
 tests_unit_test_agent_quantity_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_quantity_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_quantity_LDADD = $(AGENT_TEST_LDADD)
+
+tests_unit_test_agent_phase_SOURCES = tests/unit/test_agent_phase.c
+tests_unit_test_agent_phase_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_phase_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_phase_LDADD = $(AGENT_TEST_LDADD)
 
 # The agent's daemon modules, compiled into their tests from source.
 tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c

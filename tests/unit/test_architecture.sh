@@ -4,7 +4,8 @@
 #  2. no folder includes a header from a layer above it (lib <- shim, lib <- node-agent;
 #     shim/core never includes a vendor backend's header except through shim_gpu.h's ops, nor
 #     NCCL's except through shim_comm.h's);
-#  3. a process-state string is compared in one place only (lib/gcr_cr.c, gcr_cr_state);
+#  3. a process-state string is compared in one place only (lib/gcr_cr.c, gcr_cr_state), and
+#     so is a Checkpoint's or Restore's phase (node-agent/kube/agent_phase.c, agent_phase_of);
 #  4. vendor-neutral code never asks which backend it runs on (no "== &shim_cuda_ops").
 set -euo pipefail
 top=${top_srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -83,6 +84,14 @@ for p in sources('lib', 'shim', 'node-agent'):
     for i, line in enumerate(open(p, errors='replace'), 1):
         if 'strcmp' in line and state_word.search(line) and rp != 'lib/gcr_cr.c':
             fail.append('%s:%d compares a process state outside gcr_cr_state: %s' % (rp, i, line.strip()))
+
+# One place compares phases (a pod's too: the same names).
+phase_word = re.compile(r'"(Pending|Running|Succeeded|Failed)"')
+for p in sources('node-agent'):
+    rp = os.path.relpath(p, top)
+    for i, line in enumerate(open(p, errors='replace'), 1):
+        if 'strcmp' in line and phase_word.search(line) and rp != 'node-agent/kube/agent_phase.c':
+            fail.append('%s:%d compares a phase outside agent_phase_of: %s' % (rp, i, line.strip()))
 
 for p in sources('shim'):
     rp = os.path.relpath(p, top)
