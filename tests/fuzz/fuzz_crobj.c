@@ -4,6 +4,7 @@
  * its documented bounds or a record does not survive encode + decode unchanged. */
 #include "agent_crobj.h"
 #include "agent_record.h"
+#include "gcr_uuid.h"
 
 #include <errno.h>
 #include <stdint.h>
