@@ -206,7 +206,7 @@ fi
 # --- printer columns, short names, category ---------------------------------
 
 if OUT=$(columns k get checkpoints) &&
-	[[ ${OUT%%$'\n'*} == "NAME PHASE POD NODE AGE DURATION(MS)" ]]; then
+	[[ ${OUT%%$'\n'*} == "NAME PHASE POD NODE SETBYAGENT AGE DURATION(MS)" ]]; then
 	pass "Checkpoint printer columns"
 else
 	fail "Checkpoint printer columns" "$OUT"
