@@ -1097,8 +1097,30 @@ static void lost_wakes(struct agent_room *r)
 	}
 }
 
+/* A requester's state, read once per pass of monitor: every hold made for it sees the same, so
+ * a requester that ends between two of its holds cannot let a lower one resume before a higher. */
+struct req_seen {
+	pid_t pid;
+	unsigned long long start;
+	int resident, alive;
+};
+
+static const struct req_seen *requester(struct agent_room *r, struct req_seen *seen, int *n, pid_t pid,
+					unsigned long long start)
+{
+	for (int k = 0; k < *n; k++)
+		if (seen[k].pid == pid && seen[k].start == start)
+			return &seen[k];
+	struct req_seen *s = &seen[*n < MAX_HELD ? (*n)++ : MAX_HELD - 1];
+	*s = (struct req_seen){ .pid = pid, .start = start, .alive = alive(r, pid, start) };
+	s->resident = s->alive && !is_held(r, pid);
+	return s;
+}
+
 static void monitor(struct agent_room *r)
 {
+	static struct req_seen seen[MAX_HELD]; /* the worker's alone: monitor runs on it only */
+	int nseen = 0;
 	for (int i = r->nheld - 1; i >= 0; i--)
 		if (!alive(r, r->held[i].pid, r->held[i].start)) {
 			GCR_LOG(GCR_LOG_INFO, "overcommit", "held pid %d is gone", (int)r->held[i].pid);
@@ -1134,9 +1156,10 @@ static void monitor(struct agent_room *r)
 		}
 		char fkey[KEY_LEN];
 		key_of(h->for_pod, h->for_pid, fkey);
-		if (resident(r, h->for_pid, h->for_start) && penalty_left(r, fkey) > 0) {
+		const struct req_seen *q = requester(r, seen, &nseen, h->for_pid, h->for_start);
+		if (q->resident && penalty_left(r, fkey) > 0) {
 			snprintf(why, sizeof(why), "pid %d it was held for did not use the room it was given", (int)h->for_pid);
-		} else if (resident(r, h->for_pid, h->for_start)) {
+		} else if (q->resident) {
 			if (!room_returned(r, h, why, sizeof(why))) {
 				i++;
 				continue;
@@ -1146,7 +1169,7 @@ static void monitor(struct agent_room *r)
 			if (penalty_left(r, fkey) > 0)
 				snprintf(why, sizeof(why), "pid %d it was held for did not use the room it was given",
 					 (int)h->for_pid);
-		} else if (alive(r, h->for_pid, h->for_start)) {
+		} else if (q->alive) {
 			snprintf(why, sizeof(why), "pid %d it was held for is suspended for idling", (int)h->for_pid);
 		} else {
 			snprintf(why, sizeof(why), "pid %d it was held for is gone", (int)h->for_pid);
