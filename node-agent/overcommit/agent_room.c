@@ -101,6 +101,14 @@ struct watch {
 	double since; /* monotonic ms the count last changed (or watching began) */
 };
 
+/* A requester's state, read once per pass of monitor: every hold made for it sees the same, so
+ * a requester that ends between two of its holds cannot let a lower one resume before a higher. */
+struct req_seen {
+	pid_t pid;
+	unsigned long long start;
+	int resident, alive;
+};
+
 struct agent_room {
 	struct agent_registry *reg;
 	struct agent_activity *act;
@@ -139,6 +147,7 @@ struct agent_room {
 		char key[KEY_LEN];
 		double at;
 	} told[TOLD_MAX];
+	struct req_seen seen[MAX_HELD]; /* monitor's memo of requesters, one pass long */
 	/* A hold given up to a Checkpoint (agent_room_release), done by the worker under lock. */
 	pthread_mutex_t rel_lock; /* one release at a time */
 	pthread_cond_t rel_cv;
@@ -1097,17 +1106,9 @@ static void lost_wakes(struct agent_room *r)
 	}
 }
 
-/* A requester's state, read once per pass of monitor: every hold made for it sees the same, so
- * a requester that ends between two of its holds cannot let a lower one resume before a higher. */
-struct req_seen {
-	pid_t pid;
-	unsigned long long start;
-	int resident, alive;
-};
-
-static const struct req_seen *requester(struct agent_room *r, struct req_seen *seen, int *n, pid_t pid,
-					unsigned long long start)
+static const struct req_seen *requester(struct agent_room *r, int *n, pid_t pid, unsigned long long start)
 {
+	struct req_seen *seen = r->seen;
 	for (int k = 0; k < *n; k++)
 		if (seen[k].pid == pid && seen[k].start == start)
 			return &seen[k];
@@ -1119,7 +1120,6 @@ static const struct req_seen *requester(struct agent_room *r, struct req_seen *s
 
 static void monitor(struct agent_room *r)
 {
-	static struct req_seen seen[MAX_HELD]; /* the worker's alone: monitor runs on it only */
 	int nseen = 0;
 	for (int i = r->nheld - 1; i >= 0; i--)
 		if (!alive(r, r->held[i].pid, r->held[i].start)) {
@@ -1156,7 +1156,7 @@ static void monitor(struct agent_room *r)
 		}
 		char fkey[KEY_LEN];
 		key_of(h->for_pod, h->for_pid, fkey);
-		const struct req_seen *q = requester(r, seen, &nseen, h->for_pid, h->for_start);
+		const struct req_seen *q = requester(r, &nseen, h->for_pid, h->for_start);
 		if (q->resident && penalty_left(r, fkey) > 0) {
 			snprintf(why, sizeof(why), "pid %d it was held for did not use the room it was given", (int)h->for_pid);
 		} else if (q->resident) {
