@@ -324,12 +324,21 @@ class PhaseWatch:
 
     def __init__(self, kind, ns, name):
         self.seen = {}
+        self.watching = threading.Event()
+        # -v=6 logs each request's answer: the watch's (watch=true) says it is established.
         self.p = subprocess.Popen(
-            [os.path.join(ENV["GCR_TESTBED_BIN"], "kubectl"), "get", kind, "-n", ns, "--watch",
+            [os.path.join(ENV["GCR_TESTBED_BIN"], "kubectl"), "-v=6", "get", kind, "-n", ns, "--watch",
              "--field-selector", f"metadata.name={name}", "-o", "jsonpath={.status.phase}{\"\\n\"}"],
-            env=N.ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            env=N.ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         threading.Thread(target=self.read, daemon=True).start()
-        time.sleep(0.3)  # the watch established before the object is created
+        threading.Thread(target=self.established, daemon=True).start()
+        if not self.watching.wait(10):
+            log(f"kubectl's watch on {kind} {ns}/{name} not seen established in 10 s; timing from now")
+
+    def established(self):
+        for line in self.p.stderr:
+            if "watch=true" in line:
+                self.watching.set()
 
     def read(self):
         for line in self.p.stdout:
