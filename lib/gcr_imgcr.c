@@ -174,7 +174,10 @@ int gcr_imgcr_seal(const char *partial, const char *dir, const struct gcr_imgcr_
 		snprintf(m.env.gpu_vendor, sizeof(m.env.gpu_vendor), "%s", s->vendor);
 	if (s->shim_version != NULL)
 		snprintf(m.env.shim_version, sizeof(m.env.shim_version), "%s", s->shim_version);
-	if (!s->no_table) {
+	if (!s->no_table && s->table != NULL) {
+		m.table = *s->table;
+		memset(s->table, 0, sizeof(*s->table));
+	} else if (!s->no_table) {
 		snprintf(table, sizeof(table), "%s/%s", partial, GCR_IMAGE_TABLE);
 		rc = gcr_image_read_file(table, GCR_IMAGE_MAX_TABLE, &buf, &len, err);
 		if (rc == 0) /* written by the process: within its bounds (gcr_jsonbudget) */

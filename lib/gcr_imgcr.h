@@ -76,6 +76,9 @@ struct gcr_imgcr_seal {
 	const char *node, *container; /* NULL: none */
 	int no_table;             /* the driver mode: no gpu/, no table */
 	const struct gcr_imagemac_key *sign; /* sign the manifest (gcr_imagemac); NULL: unsigned */
+	/* The table of partial's gpu/ as the caller parsed it already (moved into the manifest, *table
+	 * left empty); NULL: read from partial. */
+	struct gcr_image_table *table;
 };
 
 /* The end of every image, whatever wrote its files: partial (DIR.partial.<pid>, holding criu/

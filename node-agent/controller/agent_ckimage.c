@@ -426,6 +426,7 @@ static void seal_kubelet(struct agent_ckimage *m, struct agent_record *r, double
 		rc = pfd;
 	char why[160] = "";
 	unsigned long long bound = 0;
+	struct gcr_image_table t = { 0 }; /* the table as copied: the manifest's */
 	if (rc == 0) {
 		bound = m->cfg.copy_bound != NULL
 				? m->cfg.copy_bound(m->cfg.copy_bound_data, r, r->img.from_suspended, why, sizeof(why), &err)
@@ -434,10 +435,8 @@ static void seal_kubelet(struct agent_ckimage *m, struct agent_record *r, double
 			rc = err.code < 0 ? err.code : -EIO;
 	}
 	if (rc == 0) { /* only the files its table names, within what the pod may make us write */
-		struct gcr_image_table t;
 		long long n = agent_images_copy_gpu(pfd, idfd, bound, &t, &err);
 		rc = n < 0 ? (int)n : 0;
-		gcr_image_table_clear(&t);
 		if (n == -EFBIG)
 			GCR_LOG(GCR_LOG_INFO, "ckimage", "Checkpoint %s/%s: pid %d's files bounded by %s", r->ns, r->name,
 				(int)r->p[0].pid, why);
@@ -455,13 +454,14 @@ static void seal_kubelet(struct agent_ckimage *m, struct agent_record *r, double
 		rc = an < 0 ? (int)an : 0;
 	}
 	struct gcr_imgcr_seal seal = { .mode = GCR_IMAGE_MODE_RUNTIME, .pid = r->p[0].pid, .node = m->node,
-				       .container = r->img.container };
+				       .container = r->img.container, .table = &t };
 	struct gcr_imagemac_keys keys;
 	if (rc == 0 && (rc = load_keys(m, &keys, &err)) == 0) {
 		seal.sign = keys.n > 0 ? &keys.key[0] : NULL;
 		rc = gcr_imgcr_seal(partial, r->img.path, &seal, &gpu_bytes, &err);
 		gcr_imagemac_clear(&keys);
 	}
+	gcr_image_table_clear(&t); /* not moved into a manifest when a step failed */
 	double t_seal = gcr_time_mono_ms() - t1;
 	if (rc < 0) {
 		cleanup(m, r);
