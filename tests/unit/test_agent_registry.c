@@ -43,13 +43,20 @@ static pid_t child_of(const char *proc, const char *uid_, const char *sock, int 
 		snprintf(a.sun_path, sizeof(a.sun_path), "%.107s", sock);
 		char state = 'X';
 		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
-			/* Closed by the registry ('C'), or still open when the parent asks ('O', its byte). */
+			/* Closed by the registry ('C'), or still open when the parent asks ('O', its byte);
+			 * what the registry says on a kept connection is read and passed over. */
 			struct pollfd p[2] = { { .fd = fd, .events = POLLIN }, { .fd = en[0], .events = POLLIN } };
-			if (poll(p, 2, 30000) > 0 && (p[0].revents & (POLLIN | POLLHUP)) &&
-			    recv(fd, &c, 1, MSG_DONTWAIT) == 0)
-				state = 'C';
-			else if (p[1].revents & POLLIN)
-				state = read(en[0], &c, 1) == 1 ? 'O' : 'X';
+			char buf[512];
+			while (state == 'X' && poll(p, 2, 30000) > 0) {
+				int on_fd = (p[0].revents & (POLLIN | POLLHUP)) != 0;
+				ssize_t got = on_fd ? recv(fd, buf, sizeof(buf), MSG_DONTWAIT) : -1;
+				if (got == 0 || (p[0].revents & POLLERR) || (on_fd && got < 0 && errno != EAGAIN))
+					state = 'C'; /* closed: at its end, or reset */
+				else if (p[1].revents & POLLIN)
+					state = read(en[0], &c, 1) == 1 ? 'O' : 'X';
+				else if (!on_fd)
+					break; /* neither: nothing more to learn */
+			}
 		}
 		(void)!write(rd[1], &state, 1);
 		(void)!read(en[0], &c, 1);
