@@ -139,7 +139,7 @@ def event(ns, pod, reason):
 
 
 def cleanup(ns):
-    kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout=150)
+    N.drop_namespace(ns)
 
 
 class Watch:

@@ -67,9 +67,9 @@ class Ctx:
         return name
 
     def cleanup(self):
-        for ns in reversed(self._namespaces):
-            kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout=150)
-        self._namespaces = []
+        names, self._namespaces = self._namespaces, []
+        for ns in reversed(names):
+            N.drop_namespace(ns)
 
     def agent(self, timeout=120):
         """The Ready agent pod of the node."""

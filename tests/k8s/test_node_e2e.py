@@ -160,6 +160,16 @@ def namespace(ns):
     apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
 
 
+def drop_namespace(ns, timeout=150):
+    """Deletes namespace ns and waits until none of its pods is left: they hold what the next
+    case needs (the node's slots, GPU memory, registry entries). The namespace object itself
+    goes in the background (its controller takes 5 to 15 s more), so its name is not reused."""
+    t0 = time.monotonic()
+    kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    wait_until(f"the pods of namespace {ns} gone", lambda: not kjson("get", "pods", "-n", ns)["items"], timeout)
+    log(f"namespace {ns}: its pods gone {time.monotonic() - t0:.1f} s after its deletion")
+
+
 def agent_pod():
     """The node agents' pods (the DaemonSet's, by its selector)."""
     sel = kjson("get", "daemonsets", "-n", SYSTEM_NS)["items"][0]["spec"]["selector"]["matchLabels"]

@@ -188,7 +188,7 @@ def in_namespace(ns):
                 log("agent lines:\n  " + "\n  ".join(lines[-100:]))
                 raise
             finally:
-                kubectl("delete", "namespace", ns, "--wait=true", check=False, timeout=150)
+                N.drop_namespace(ns)
         case.__name__ = fn.__name__
         case.__doc__ = fn.__doc__
         return case

@@ -4,7 +4,9 @@
 #include "util.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,10 +26,12 @@
 #define U2 "2a1d6c1f-0e8b-4d3c-9f70-4b5c6d7e8f90"
 #define U2_ "2a1d6c1f_0e8b_4d3c_9f70_4b5c6d7e8f90"
 
-/* A child whose fake <proc>/<pid>/cgroup names pod uid_ (underscores): it connects the socket fd
- * its parent made (so the parent holds the same connection), says on ready whether the agent
- * closed it within 2 s ('C') or not ('O'), then waits for its end. */
-static pid_t child_of(const char *proc, const char *uid_, const char *sock, int fd, int *ready, int *end)
+/* A child whose fake <proc>/<pid>/cgroup names pod uid_ (underscores): once a byte comes on *go,
+ * it connects the socket fd its parent made (so the parent holds the same connection), says on
+ * ready whether the agent closed it ('C') or not ('O', once asked on end), then waits for its end.
+ * The caller starts the children only once all are forked: this process is the registry too, and
+ * a child forked after a connection was accepted would hold the registry's end of it open. */
+static pid_t child_of(const char *proc, const char *uid_, const char *sock, int fd, int *go_w, int *ready, int *end)
 {
 	int go[2], rd[2], en[2];
 	if (pipe(go) < 0 || pipe(rd) < 0 || pipe(en) < 0)
@@ -47,7 +51,8 @@ static pid_t child_of(const char *proc, const char *uid_, const char *sock, int 
 			 * what the registry says on a kept connection is read and passed over. */
 			struct pollfd p[2] = { { .fd = fd, .events = POLLIN }, { .fd = en[0], .events = POLLIN } };
 			char buf[512];
-			while (state == 'X' && poll(p, 2, 30000) > 0) {
+			int pr = 0;
+			while (state == 'X' && (pr = poll(p, 2, 30000)) > 0) {
 				int on_fd = (p[0].revents & (POLLIN | POLLHUP)) != 0;
 				ssize_t got = on_fd ? recv(fd, buf, sizeof(buf), MSG_DONTWAIT) : -1;
 				if (got == 0 || (p[0].revents & POLLERR) || (on_fd && got < 0 && errno != EAGAIN))
@@ -57,6 +62,11 @@ static pid_t child_of(const char *proc, const char *uid_, const char *sock, int 
 				else if (!on_fd)
 					break; /* neither: nothing more to learn */
 			}
+			if (state == 'X')
+				fprintf(stderr, "child %d: neither closed nor kept: poll %d, revents %#x %#x, errno %d\n",
+					(int)getpid(), pr, p[0].revents, p[1].revents, errno);
+		} else {
+			fprintf(stderr, "child %d: connect: %s\n", (int)getpid(), strerror(errno));
 		}
 		(void)!write(rd[1], &state, 1);
 		(void)!read(en[0], &c, 1);
@@ -71,8 +81,7 @@ static pid_t child_of(const char *proc, const char *uid_, const char *sock, int 
 	close(go[0]);
 	close(rd[1]);
 	close(en[0]);
-	(void)!write(go[1], "g", 1);
-	close(go[1]);
+	*go_w = go[1];
 	*ready = rd[0];
 	*end = en[1];
 	return pid;
@@ -154,13 +163,17 @@ int main(void)
 						  &err);
 	CHECK(sh != NULL);
 	agent_registry_set_share(r, sh);
-	int kfd[6], ready[6], end[6];
+	int kfd[6], go[6], ready[6], end[6];
 	pid_t kid[6];
 	char closed = 0, open_n = 0;
-	for (int i = 0; i < 6; i++) { /* at once */
+	for (int i = 0; i < 6; i++) {
 		kfd[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		kid[i] = child_of(path, i < 5 ? U_ : U2_, sock, kfd[i], &ready[i], &end[i]);
+		kid[i] = child_of(path, i < 5 ? U_ : U2_, sock, kfd[i], &go[i], &ready[i], &end[i]);
 		CHECK(kid[i] > 0);
+	}
+	for (int i = 0; i < 6; i++) { /* at once */
+		(void)!write(go[i], "g", 1);
+		close(go[i]);
 	}
 	/* The two refused are closed (the registry's answer, however long it takes: 30 s bound); then
 	 * the others are asked whether theirs is still open. */
@@ -189,6 +202,9 @@ int main(void)
 			CHECK(st[i] == 'O'); /* the other pod is not affected */
 		}
 	}
+	if (!(open_n == 3 && closed == 2))
+		for (int i = 0; i < 6; i++)
+			fprintf(stderr, "child %d (pid %d): %c\n", i, (int)kid[i], st[i]);
 	CHECK(open_n == 3 && closed == 2);
 	CHECK(wait_count(r, 4));
 	CHECK(agent_share_used(sh, U) == 3 && agent_share_used(sh, U2) == 1);
