@@ -4,22 +4,23 @@
 # agent's own records), linked by the agent and its tests.
 noinst_LTLIBRARIES += node-agent/libgcragent.la
 node_agent_libgcragent_la_SOURCES = \
-	node-agent/daemon/agent_cgroup.c node-agent/daemon/agent_cgroup.h \
+	node-agent/node/agent_cgroup.c node-agent/node/agent_cgroup.h \
 	node-agent/daemon/agent_config.c node-agent/daemon/agent_config.h \
-	node-agent/daemon/agent_ociimg.c node-agent/daemon/agent_ociimg.h \
-	node-agent/daemon/agent_share.c node-agent/daemon/agent_share.h \
+	node-agent/node/agent_ociimg.c node-agent/node/agent_ociimg.h \
+	node-agent/node/agent_share.c node-agent/node/agent_share.h \
 	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \
 	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
 	node-agent/kube/agent_quantity.c node-agent/kube/agent_quantity.h \
 	node-agent/kube/agent_phase.c node-agent/kube/agent_phase.h \
-	node-agent/scaler/agent_scalemsg.c node-agent/scaler/agent_scalemsg.h \
+	node-agent/kube/agent_podspec.c node-agent/kube/agent_podspec.h \
+	node-agent/msg/agent_scalemsg.c node-agent/msg/agent_scalemsg.h \
 	node-agent/controller/agent_crobj.c node-agent/controller/agent_crobj.h \
 	node-agent/controller/agent_record.c node-agent/controller/agent_record.h \
 	node-agent/controller/agent_images.c node-agent/controller/agent_images.h \
-	node-agent/overcommit/agent_roommsg.c node-agent/overcommit/agent_roommsg.h \
+	node-agent/msg/agent_roommsg.c node-agent/msg/agent_roommsg.h \
 	node-agent/overcommit/agent_roompolicy.c node-agent/overcommit/agent_roompolicy.h \
 	node-agent/overcommit/agent_victims.c node-agent/overcommit/agent_victims.h \
-	node-agent/evict/agent_evictmsg.c node-agent/evict/agent_evictmsg.h
+	node-agent/msg/agent_evictmsg.c node-agent/msg/agent_evictmsg.h
 node_agent_libgcragent_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcragent_la_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 node_agent_libgcragent_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) $(YAML_LIBS)
@@ -30,7 +31,7 @@ bin_PROGRAMS += node-agent/gcr-agent
 node_agent_gcr_agent_SOURCES = \
 	node-agent/daemon/agent_main.c \
 	node-agent/kube/agent_kube.c node-agent/kube/agent_kube.h \
-	node-agent/daemon/agent_registry.c node-agent/daemon/agent_registry.h \
+	node-agent/node/agent_registry.c node-agent/node/agent_registry.h \
 	node-agent/controller/agent_controller.c node-agent/controller/agent_controller.h \
 	node-agent/controller/agent_ckimage.c node-agent/controller/agent_ckimage.h \
 	node-agent/kube/agent_lease.c node-agent/kube/agent_lease.h \
@@ -39,9 +40,9 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/scaler/agent_scaler.c node-agent/scaler/agent_scaler.h \
 	node-agent/scaler/agent_gate.c node-agent/scaler/agent_gate.h \
 	node-agent/scaler/agent_replace.c node-agent/scaler/agent_replace.h \
-	node-agent/daemon/agent_activity.c node-agent/daemon/agent_activity.h \
-	node-agent/daemon/agent_metrics.c node-agent/daemon/agent_metrics.h \
-	node-agent/daemon/agent_ocireg.c node-agent/daemon/agent_ocireg.h \
+	node-agent/node/agent_activity.c node-agent/node/agent_activity.h \
+	node-agent/node/agent_metrics.c node-agent/node/agent_metrics.h \
+	node-agent/node/agent_ocireg.c node-agent/node/agent_ocireg.h \
 	node-agent/overcommit/agent_room.c node-agent/overcommit/agent_room.h \
 	node-agent/evict/agent_evict.c node-agent/evict/agent_evict.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
@@ -56,15 +57,15 @@ node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrreg.la n
 # them without the kube client.
 noinst_LTLIBRARIES += node-agent/libgcrreg.la
 node_agent_libgcrreg_la_SOURCES = \
-	node-agent/daemon/agent_regtls.c node-agent/daemon/agent_regtls.h \
-	node-agent/daemon/agent_ocisrv.c node-agent/daemon/agent_ocisrv.h \
-	node-agent/daemon/agent_criimg.c node-agent/daemon/agent_criimg.h \
-	node-agent/daemon/cri.pb-c.c node-agent/daemon/cri.pb-c.h
+	node-agent/node/agent_regtls.c node-agent/node/agent_regtls.h \
+	node-agent/node/agent_ocisrv.c node-agent/node/agent_ocisrv.h \
+	node-agent/node/agent_criimg.c node-agent/node/agent_criimg.h \
+	node-agent/node/cri.pb-c.c node-agent/node/cri.pb-c.h
 node_agent_libgcrreg_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcrreg_la_CFLAGS = $(AM_CFLAGS) $(GNUTLS_CFLAGS) $(GRPC_CFLAGS) $(PROTOBUF_C_CFLAGS)
 node_agent_libgcrreg_la_LIBADD = node-agent/libgcragent.la lib/libgcrcommon.la $(GNUTLS_LIBS) $(GRPC_LIBS) \
 	$(PROTOBUF_C_LIBS)
-EXTRA_DIST += node-agent/daemon/cri.proto scripts/gen-cri-proto.sh
+EXTRA_DIST += node-agent/node/cri.proto scripts/gen-cri-proto.sh
 # gcr-hold: a pod's preStop hook (eviction imaging), shipped beside the shim in /opt/gcr/lib
 # (scripts/image-stage.sh). Static and libc-only, so it runs in any container image; hence
 # no sanitizers either (they cannot link statically).

@@ -27,12 +27,12 @@
 
 #include "agent_ckimage.h"
 #include "agent_crobj.h"
-#include "agent_gate.h"
 #include "agent_images.h"
 #include "agent_lease.h"
 #include "agent_ociimg.h"
 #include "agent_ocireg.h"
 #include "agent_phase.h"
+#include "agent_podspec.h"
 #include "agent_quantity.h"
 #include "agent_record.h"
 #include "gcr_cr.h"
@@ -760,9 +760,9 @@ static void wait_gate(struct agent_controller *c, const char *ns, const char *na
 	gcr_time_deadline(&dl, wait_ms);
 	pthread_mutex_lock(&c->lock);
 	json_t *pod = json_object_get(c->cache[K_POD], key);
-	int declared = agent_gate_declared(pod), rc = 0;
+	int declared = agent_podspec_gate_declared(pod), rc = 0;
 	while (declared && rc == 0 && !atomic_load(&c->stop)) {
-		const char *st = agent_gate_status(json_object_get(c->cache[K_POD], key));
+		const char *st = agent_podspec_gate_status(json_object_get(c->cache[K_POD], key));
 		if (st != NULL && strcmp(st, "False") == 0)
 			break;
 		rc = pthread_cond_timedwait(&c->pod_changed, &c->lock, &dl);
@@ -771,7 +771,7 @@ static void wait_gate(struct agent_controller *c, const char *ns, const char *na
 	if (declared && rc != 0)
 		GCR_LOG(GCR_LOG_WARN, "controller",
 			"pod %s: %s still not False after %d ms (is the scaler running?); suspending anyway", key,
-			AGENT_GATE_TYPE, wait_ms);
+			AGENT_PODSPEC_GATE_TYPE, wait_ms);
 }
 
 /* ---- Checkpoint ---- */

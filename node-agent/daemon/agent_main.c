@@ -27,6 +27,7 @@
 #include "agent_registry.h"
 #include "agent_replace.h"
 #include "agent_room.h"
+#include "agent_podspec.h"
 #include "agent_roompolicy.h"
 #include "agent_share.h"
 #include "agent_evict.h"
@@ -718,6 +719,18 @@ static void leader_identity(const struct cfg *c, char *out, size_t len)
 	snprintf(out, len, "%.240s-%08x", who && who[0] ? who : "gcr-scaler", rnd);
 }
 
+/* ---- eviction (agent_evict): pods and their Events from the controller's watch ---- */
+static json_t *evict_pod(void *data, const char *uid)
+{
+	return agent_controller_pod_by_uid(data, uid);
+}
+
+static void evict_event(void *data, const char *uid, const char *type, const char *reason, const char *action,
+			const char *note)
+{
+	agent_controller_pod_event(data, uid, type, reason, action, note);
+}
+
 /* ---- overcommit (agent_room) in Kubernetes: pods from the controller's watch ---- */
 static int oc_pod(void *data, const char *uid, struct agent_room_pod *out)
 {
@@ -729,7 +742,7 @@ static int oc_pod(void *data, const char *uid, struct agent_room_pod *out)
 	const char *never = json_string_value(json_object_get(json_object_get(md, "annotations"), AGENT_ROOM_NEVER_KEY));
 	json_t *prio = json_object_get(json_object_get(pod, "spec"), "priority");
 	*out = (struct agent_room_pod){ 0 };
-	out->overcommit = agent_room_opted_in(pod);
+	out->overcommit = agent_podspec_overcommit(pod);
 	out->never = never != NULL && strcmp(never, "false") == 0;
 	if (json_is_integer(prio) && json_integer_value(prio) >= INT_MIN && json_integer_value(prio) <= INT_MAX) {
 		out->has_priority = 1;
@@ -1014,7 +1027,8 @@ int main(int argc, char **argv)
 						.node_name = cfg.node_name, .resource_name = cfg.dp.resource_name,
 						.enabled = strcmp(cfg.eviction, "true") == 0, .rate_mib_s = ev_rate,
 						.fixed_s = ev_fixed, .share = shares.holds };
-		if (agent_evict_new(kube, ctl, reg, metrics, &ecfg, &evict, &err) < 0 ||
+		const struct agent_evict_pods epods = { .by_uid = evict_pod, .event = evict_event, .data = ctl };
+		if (agent_evict_new(kube, &epods, reg, metrics, &ecfg, &evict, &err) < 0 ||
 		    agent_evict_start(evict, &err) < 0)
 			goto out;
 		GCR_LOG(GCR_LOG_INFO, "agent", "eviction imaging: %s (gcr-hold's socket %s)",

@@ -43,7 +43,7 @@ struct job {
 
 struct agent_evict {
 	struct agent_kube *kube;
-	struct agent_controller *ctl;
+	struct agent_evict_pods pods;
 	struct agent_registry *reg;
 	struct agent_metrics *m;
 	struct agent_evict_cfg cfg;
@@ -99,7 +99,7 @@ static void metric(struct agent_evict *e, enum agent_evictmsg_outcome o, double 
 static json_t *fresh_pod(struct agent_evict *e, const char *uid, struct gcr_err *err)
 {
 	char ns[64] = "", name[254] = "", path[800];
-	json_t *pod = agent_controller_pod_by_uid(e->ctl, uid), *list = NULL;
+	json_t *pod = e->pods.by_uid(e->pods.data, uid), *list = NULL;
 	long st = 0;
 	if (pod == NULL) {
 		snprintf(path, sizeof(path), "/api/v1/pods?fieldSelector=spec.nodeName%%3D%s", e->node);
@@ -260,12 +260,12 @@ static int await_image(struct agent_evict *e, const struct agent_evictmsg_pod *p
 	if (rc == 1) {
 		snprintf(msg, len, "Checkpoint %s wrote the image of %.63s/%.100s (container %s) in %.1f s: %.400s", name,
 			 p->ns, p->name, p->container, took, res);
-		agent_controller_pod_event(e->ctl, uid, "Normal", "EvictionImageWritten", "Evict", msg);
+		e->pods.event(e->pods.data, uid, "Normal", "EvictionImageWritten", "Evict", msg);
 		return AGENT_EVICTMSG_WRITTEN;
 	}
 	snprintf(msg, len, "Checkpoint %s: no image of %.63s/%.100s after %.1f s: %.400s", name, p->ns, p->name, took,
 		 res);
-	agent_controller_pod_event(e->ctl, uid, "Warning", "EvictionImageFailed", "Evict", msg);
+	e->pods.event(e->pods.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
 	return AGENT_EVICTMSG_FAILED;
 }
 
@@ -303,7 +303,7 @@ static int hold(struct agent_evict *e, const char *uid, const char *cid, char *m
 	rc = checkpoint_exists(e, p.ns, name, &err);
 	if (rc < 0) {
 		snprintf(msg, len, "no image: %s; the pod ends as without GCR", err.msg);
-		agent_controller_pod_event(e->ctl, uid, "Warning", "EvictionImageFailed", "Evict", msg);
+		e->pods.event(e->pods.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
 		return AGENT_EVICTMSG_FAILED;
 	}
 	if (rc == 1) {
@@ -319,7 +319,7 @@ static int hold(struct agent_evict *e, const char *uid, const char *cid, char *m
 		snprintf(msg, len, "no image: deleted for %s, an image of %llu MiB of GPU data needs about %.0f s, the grace "
 			 "period leaves %.0f s (raise terminationGracePeriodSeconds); the pod ends as without GCR",
 			 agent_evictmsg_cause_name(p.cause), bytes >> 20, needed, left > 0 ? left : 0);
-		agent_controller_pod_event(e->ctl, uid, "Warning", "EvictionNotImaged", "Evict", msg);
+		e->pods.event(e->pods.data, uid, "Warning", "EvictionNotImaged", "Evict", msg);
 		return AGENT_EVICTMSG_NO_TIME;
 	}
 	GCR_LOG(GCR_LOG_INFO, "evict", "pod %s/%s deleted for %s: imaging container %s as Checkpoint %s (%llu MiB of GPU "
@@ -327,7 +327,7 @@ static int hold(struct agent_evict *e, const char *uid, const char *cid, char *m
 		name, bytes >> 20, needed, left);
 	if (create_checkpoint(e, &p, name, &err) < 0) {
 		snprintf(msg, len, "no image: %s; the pod ends as without GCR", err.msg);
-		agent_controller_pod_event(e->ctl, uid, "Warning", "EvictionImageFailed", "Evict", msg);
+		e->pods.event(e->pods.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
 		return AGENT_EVICTMSG_FAILED;
 	}
 	return await_image(e, &p, uid, name, t0, msg, len);
@@ -516,7 +516,7 @@ static void *accept_main(void *data)
 	return NULL;
 }
 
-int agent_evict_new(struct agent_kube *kube, struct agent_controller *ctl, struct agent_registry *reg,
+int agent_evict_new(struct agent_kube *kube, const struct agent_evict_pods *pods, struct agent_registry *reg,
 		    struct agent_metrics *m, const struct agent_evict_cfg *cfg, struct agent_evict **out,
 		    struct gcr_err *err)
 {
@@ -525,7 +525,7 @@ int agent_evict_new(struct agent_kube *kube, struct agent_controller *ctl, struc
 	if (e == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	e->kube = kube;
-	e->ctl = ctl;
+	e->pods = *pods;
 	e->reg = reg;
 	e->m = m;
 	e->cfg = *cfg;

@@ -4,7 +4,6 @@
 #ifndef AGENT_EVICT_H
 #define AGENT_EVICT_H
 
-#include "agent_controller.h"
 #include "agent_kube.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
@@ -30,12 +29,23 @@ struct agent_evict_cfg {
 	struct agent_share *share;
 };
 
+/* This node's pods as another role knows them (the controller's pods watch, wired by the daemon):
+ * eviction reads them and tells their owners through them, and so depends on no other role. */
+struct agent_evict_pods {
+	/* A copy of this node's pod with metadata.uid uid (caller decrefs), NULL when not seen. */
+	json_t *(*by_uid)(void *data, const char *uid);
+	/* An Event on that pod (best effort). */
+	void (*event)(void *data, const char *uid, const char *type, const char *reason, const char *action,
+		      const char *note);
+	void *data;
+};
+
 struct agent_evict;
 
-/* Borrows kube, ctl (pods by uid, Events), reg (the pod's processes) and m (may be NULL); they
- * must outlive it. Listens on cfg->socket_path (open to every local user: a caller is only
- * ever about its own pod, named by its peer credentials). */
-int agent_evict_new(struct agent_kube *kube, struct agent_controller *ctl, struct agent_registry *reg,
+/* Borrows kube, pods (copied; its data must outlive it), reg (the pod's processes) and m (may be
+ * NULL); they must outlive it. Listens on cfg->socket_path (open to every local user: a caller is
+ * only ever about its own pod, named by its peer credentials). */
+int agent_evict_new(struct agent_kube *kube, const struct agent_evict_pods *pods, struct agent_registry *reg,
 		    struct agent_metrics *m, const struct agent_evict_cfg *cfg, struct agent_evict **out,
 		    struct gcr_err *err) __attribute__((warn_unused_result));
 

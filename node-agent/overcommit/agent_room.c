@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent_podspec.h"
 #include "agent_victims.h"
 #include "gcr_client.h"
 #include "gcr_cr.h"
@@ -716,7 +717,7 @@ static void handle(struct agent_room *r, struct request *q)
 	}
 	if (!opted) {
 		snprintf(reason, sizeof(reason), "pid %d has not opted in (pod %s: %s, or %s=1 outside Kubernetes)",
-			 (int)p->pid, AGENT_ROOM_OPT_IN_KEY, AGENT_ROOM_OPT_IN_VALUE, GCR_OVERCOMMIT_ENV);
+			 (int)p->pid, AGENT_PODSPEC_OVERCOMMIT_KEY, AGENT_PODSPEC_OVERCOMMIT_VALUE, GCR_OVERCOMMIT_ENV);
 		goto deny;
 	}
 	double left = penalty_left(r, key);
@@ -1373,15 +1374,6 @@ static void on_gone(void *data, const struct agent_registry_proc *p)
 	r->nudge = 1; /* a requester may have gone: look at the holds now */
 	pthread_cond_signal(&r->cv);
 	pthread_mutex_unlock(&r->lock);
-}
-
-int agent_room_opted_in(json_t *pod)
-{
-	json_t *md = json_object_get(pod, "metadata");
-	const char *lab = json_string_value(json_object_get(json_object_get(md, "labels"), AGENT_ROOM_OPT_IN_KEY));
-	const char *ann = json_string_value(json_object_get(json_object_get(md, "annotations"), AGENT_ROOM_OPT_IN_KEY));
-	return (lab != NULL && strcmp(lab, AGENT_ROOM_OPT_IN_VALUE) == 0) ||
-	       (ann != NULL && strcmp(ann, AGENT_ROOM_OPT_IN_VALUE) == 0);
 }
 
 int agent_room_new(struct agent_registry *reg, struct agent_activity *act, struct agent_metrics *m,

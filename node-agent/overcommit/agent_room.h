@@ -73,10 +73,7 @@ struct agent_room_cfg {
 	struct agent_share *share;
 };
 
-/* What Kubernetes says of a pod. A pod Kubernetes knows opts in by its label or annotation
- * gpucr.dev/overcommit: suspend, whatever its processes' environment says. */
-#define AGENT_ROOM_OPT_IN_KEY "gpucr.dev/overcommit"
-#define AGENT_ROOM_OPT_IN_VALUE "suspend"
+/* What Kubernetes says of a pod (its opt-in: agent_podspec_overcommit). */
 #define AGENT_ROOM_NEVER_KEY "gpucr.dev/preemptible"
 struct agent_room_pod {
 	int overcommit; /* label or annotation gpucr.dev/overcommit: suspend */
@@ -86,9 +83,6 @@ struct agent_room_pod {
 	char name[320]; /* "namespace/name" */
 	char ns[64];    /* its namespace (the room policy's) */
 };
-
-/* Whether pod (a Kubernetes Pod object) opted in: label or annotation gpucr.dev/overcommit: suspend. */
-int agent_room_opted_in(json_t *pod);
 
 struct agent_room_hooks {
 	/* The pod of uid: 0 and *out filled, or -ENOENT (not known: the process's environ rules). */

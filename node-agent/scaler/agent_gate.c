@@ -15,7 +15,7 @@
 
 #include "agent_objmap.h"
 #include "agent_phase.h"
-#include "agent_room.h"
+#include "agent_podspec.h"
 #include "agent_scalemsg.h"
 #include "gcr_log.h"
 #include "gcr_time.h"
@@ -65,37 +65,6 @@ static const char *at(json_t *o, const char *a, const char *b)
 	return json_string_value(json_object_get(json_object_get(o, a), b));
 }
 
-int agent_gate_declared(json_t *pod)
-{
-	size_t i;
-	json_t *g;
-	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "readinessGates"), i, g)
-	{
-		const char *t = json_string_value(json_object_get(g, "conditionType"));
-		if (t != NULL && strcmp(t, AGENT_GATE_TYPE) == 0)
-			return 1;
-	}
-	return 0;
-}
-
-static json_t *condition(json_t *pod)
-{
-	size_t i;
-	json_t *cnd;
-	json_array_foreach(json_object_get(json_object_get(pod, "status"), "conditions"), i, cnd)
-	{
-		const char *t = json_string_value(json_object_get(cnd, "type"));
-		if (t != NULL && strcmp(t, AGENT_GATE_TYPE) == 0)
-			return cnd;
-	}
-	return NULL;
-}
-
-const char *agent_gate_status(json_t *pod)
-{
-	return json_string_value(json_object_get(condition(pod), "status"));
-}
-
 static void mark_locked(struct agent_gate *g, const char *ns, const char *pod)
 {
 	char key[600];
@@ -126,13 +95,13 @@ static json_t *slim(int k, json_t *obj, void *data)
 	(void)data;
 	const char *ns = at(obj, "metadata", "namespace");
 	if (k == G_POD) {
-		if (!agent_gate_declared(obj))
+		if (!agent_podspec_gate_declared(obj))
 			return NULL;
-		json_t *c = condition(obj);
+		json_t *c = agent_podspec_gate_condition(obj);
 		/* Only pods that opted in to overcommit are ever held without a Checkpoint. */
 		return json_pack("{s:s?, s:s?, s:s?}", "status", json_string_value(json_object_get(c, "status")), "reason",
 				 json_string_value(json_object_get(c, "reason")), "uid",
-				 agent_room_opted_in(obj) ? at(obj, "metadata", "uid") : NULL);
+				 agent_podspec_overcommit(obj) ? at(obj, "metadata", "uid") : NULL);
 	}
 	int ph = (int)agent_phase_of(at(obj, "status", "phase"));
 	if (k == G_CK)
@@ -268,7 +237,7 @@ static json_t *read_notes(struct agent_gate *g, int *said)
 	if ((out == NULL) != (*said == 1)) {
 		if (out == NULL)
 			GCR_LOG(GCR_LOG_WARN, "gate", "heartbeat notes in %s not read (%s): pods suspended without a "
-				"Checkpoint stay %s=True", g->lease_ns, rc < 0 ? err.msg : "out of memory", AGENT_GATE_TYPE);
+				"Checkpoint stay %s=True", g->lease_ns, rc < 0 ? err.msg : "out of memory", AGENT_PODSPEC_GATE_TYPE);
 		*said = out == NULL;
 	}
 	json_decref(list);
@@ -286,7 +255,7 @@ static int write_gate(struct agent_gate *g, const char *key, enum gstate s)
 	agent_kube_time(now, sizeof(now), 0);
 	snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s/status", ns, slash + 1);
 	json_t *patch = json_pack("{s:{s:[{s:s, s:s, s:s, s:s, s:s}]}}", "status", "conditions", "type",
-				  AGENT_GATE_TYPE, "status", states[s].status, "reason", states[s].reason, "message",
+				  AGENT_PODSPEC_GATE_TYPE, "status", states[s].status, "reason", states[s].reason, "message",
 				  states[s].msg, "lastTransitionTime", now);
 	char *body = patch ? json_dumps(patch, JSON_COMPACT) : NULL;
 	json_decref(patch);
@@ -300,9 +269,9 @@ static int write_gate(struct agent_gate *g, const char *key, enum gstate s)
 		rc = gcr_err_set(&err, st == 404 ? -ENOENT : -EIO, "HTTP %ld", st);
 	if (rc < 0)
 		GCR_LOG(GCR_LOG_WARN, "gate", "pod %s: %s=%s not written (%s); compared again in %d ms", key,
-			AGENT_GATE_TYPE, states[s].status, err.msg, RESYNC_MS);
+			AGENT_PODSPEC_GATE_TYPE, states[s].status, err.msg, RESYNC_MS);
 	else
-		GCR_LOG(GCR_LOG_INFO, "gate", "pod %s: %s=%s (%s)", key, AGENT_GATE_TYPE, states[s].status,
+		GCR_LOG(GCR_LOG_INFO, "gate", "pod %s: %s=%s (%s)", key, AGENT_PODSPEC_GATE_TYPE, states[s].status,
 			states[s].reason);
 	return rc;
 }

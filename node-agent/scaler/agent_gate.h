@@ -9,16 +9,6 @@
 #include "agent_leader.h"
 #include "gcr_error.h"
 
-/* The condition type a pod lists in spec.readinessGates to have its readiness follow
- * its GPU state (docs/scale-to-zero.md, "Traffic follows state"). */
-#define AGENT_GATE_TYPE "gpucr.dev/resident"
-
-/* 1 when pod lists AGENT_GATE_TYPE in spec.readinessGates. */
-int agent_gate_declared(json_t *pod);
-
-/* The gate condition's status on pod ("True", "False"), NULL when it has none. Borrowed. */
-const char *agent_gate_status(json_t *pod);
-
 struct agent_gate;
 
 /* Borrows kube and leader (only the leader writes; NULL: always write). */

@@ -14,12 +14,12 @@ set -u
 # The target's own file is tests/fuzz/<name>.c and its seeds are under
 # tests/fuzz/corpus/<name>/; a dictionary tests/fuzz/dict/<name>.dict is optional.
 TARGETS='
-fuzz_cgroup|node-agent/daemon/agent_cgroup.c|
+fuzz_cgroup|node-agent/node/agent_cgroup.c|
 fuzz_proto|lib/gcr_proto.c|jansson
 fuzz_kubeconfig|node-agent/kube/agent_kubeconfig.c|yaml-0.1
 fuzz_watch|node-agent/kube/agent_watch.c|jansson
 fuzz_dpmsg|node-agent/deviceplugin/agent_dpmsg.c node-agent/deviceplugin/api.pb-c.c|libprotobuf-c
-fuzz_scalemsg|node-agent/scaler/agent_scalemsg.c lib/gcr_shimreply.c lib/gcr_groupmsg.c|jansson
+fuzz_scalemsg|node-agent/msg/agent_scalemsg.c lib/gcr_shimreply.c lib/gcr_groupmsg.c|jansson
 fuzz_criu|lib/gcr_criu.c|
 fuzz_ctrdump|lib/gcr_ctrdump.c lib/gcr_criu.c|
 fuzz_linebuf|lib/gcr_sock.c|
@@ -27,13 +27,13 @@ fuzz_shimreply|lib/gcr_shimreply.c lib/gcr_groupmsg.c|jansson
 fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_record.c node-agent/kube/agent_phase.c lib/gcr_uuid.c|jansson
 fuzz_agentconfig|node-agent/daemon/agent_config.c|yaml-0.1
 fuzz_manifest|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
-fuzz_roommsg|node-agent/overcommit/agent_roommsg.c lib/gcr_proto.c|jansson
+fuzz_roommsg|node-agent/msg/agent_roommsg.c lib/gcr_proto.c|jansson
 fuzz_roompolicy|node-agent/overcommit/agent_roompolicy.c|
 fuzz_quantity|node-agent/kube/agent_quantity.c|
-fuzz_evictmsg|node-agent/evict/agent_evictmsg.c|jansson
-fuzz_ocipath|node-agent/daemon/agent_ociimg.c lib/gcr_sha256.c|jansson
+fuzz_evictmsg|node-agent/msg/agent_evictmsg.c|jansson
+fuzz_ocipath|node-agent/node/agent_ociimg.c lib/gcr_sha256.c|jansson
 fuzz_groupmsg|lib/gcr_groupmsg.c lib/gcr_shimreply.c|jansson
-fuzz_ocihead|node-agent/daemon/agent_ociimg.c lib/gcr_sha256.c|jansson
+fuzz_ocihead|node-agent/node/agent_ociimg.c lib/gcr_sha256.c|jansson
 fuzz_imagemac|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
 '
 # Linked into every target.
@@ -43,7 +43,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-12}
 CLANG=${CLANG:-clang-14}
 FUZZ_WORKDIR=${FUZZ_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/gcr-fuzz.XXXXXX")}
 CFLAGS_FUZZ="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
-	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit -Inode-agent/evict"
+	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/node -Inode-agent/msg -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit -Inode-agent/evict"
 
 if [ ! -f tests/fuzz/run.sh ]; then
 	echo "run.sh: run me from the repository root" >&2

@@ -16,7 +16,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_share \
 	tests/unit/test_agent_roompolicy \
 	tests/unit/test_agent_quantity \
-	tests/unit/test_agent_phase
+	tests/unit/test_agent_phase \
+	tests/unit/test_agent_podspec
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -98,18 +99,18 @@ tests_unit_test_agent_phase_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_phase_LDADD = $(AGENT_TEST_LDADD)
 
 # The agent's daemon modules, compiled into their tests from source.
-tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/daemon/agent_registry.c
+tests_unit_test_agent_registry_SOURCES = tests/unit/test_agent_registry.c node-agent/node/agent_registry.c
 tests_unit_test_agent_registry_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_registry_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_registry_LDADD = $(AGENT_TEST_LDADD) lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl
 
-tests_unit_test_agent_activity_SOURCES = tests/unit/test_agent_activity.c node-agent/daemon/agent_activity.c \
-	node-agent/daemon/agent_registry.c
+tests_unit_test_agent_activity_SOURCES = tests/unit/test_agent_activity.c node-agent/node/agent_activity.c \
+	node-agent/node/agent_registry.c
 tests_unit_test_agent_activity_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_activity_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_activity_LDADD = $(AGENT_TEST_LDADD) lib/libgcrcontrol.la $(JANSSON_LIBS) -ldl -lm
 
-tests_unit_test_agent_metrics_SOURCES = tests/unit/test_agent_metrics.c node-agent/daemon/agent_metrics.c
+tests_unit_test_agent_metrics_SOURCES = tests/unit/test_agent_metrics.c node-agent/node/agent_metrics.c
 tests_unit_test_agent_metrics_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_metrics_CFLAGS = $(AGENT_TEST_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS)
 tests_unit_test_agent_metrics_LDADD = $(AGENT_TEST_LDADD) $(CURL_LIBS) $(MHD_LIBS)
@@ -153,3 +154,8 @@ tests_unit_test_agent_evictmsg_SOURCES = tests/unit/test_agent_evictmsg.c
 tests_unit_test_agent_evictmsg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_evictmsg_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_evictmsg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
+tests_unit_test_agent_podspec_SOURCES = tests/unit/test_agent_podspec.c
+tests_unit_test_agent_podspec_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_podspec_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_podspec_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)

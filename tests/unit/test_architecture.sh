@@ -6,7 +6,10 @@
 #     NCCL's except through shim_comm.h's);
 #  3. a process-state string is compared in one place only (lib/gcr_cr.c, gcr_cr_state), and
 #     so is a Checkpoint's or Restore's phase (node-agent/kube/agent_phase.c, agent_phase_of);
-#  4. vendor-neutral code never asks which backend it runs on (no "== &shim_cuda_ops").
+#  4. vendor-neutral code never asks which backend it runs on (no "== &shim_cuda_ops");
+#  5. node-agent/'s folders point one way: msg/ (wire formats) < kube/ (the API, pods) < node/
+#     (the node's services) < the roles (controller/, scaler/, overcommit/, evict/,
+#     deviceplugin/), which never include each other < daemon/ (the entry and its wiring).
 set -euo pipefail
 top=${top_srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 exec python3 - "$top" <<'EOF'
@@ -98,6 +101,28 @@ for p in sources('shim'):
     for i, line in enumerate(open(p, errors='replace'), 1):
         if re.search(r'[=!]=\s*&shim_(cuda|hip)_ops|&shim_(cuda|hip)_ops\s*[=!]=', line):
             fail.append('%s:%d asks which backend it runs on: %s' % (rp, i, line.strip()))
+
+# node-agent/: each folder includes only from folders of a lower rank (roles share rank 3, so a
+# role never reads another role's header: what two roles share goes down a layer, or the daemon
+# wires it as a callback). A new folder must be given its rank here.
+rank = {'msg': 0, 'kube': 1, 'node': 2, 'controller': 3, 'scaler': 3, 'overcommit': 3, 'evict': 3,
+        'deviceplugin': 3, 'daemon': 4, 'cli': 4}
+for p in sources('node-agent'):
+    rp = os.path.relpath(p, top)
+    src = rp.split('/')[1] if rp.count('/') >= 2 else None
+    if src is None:
+        continue
+    if src not in rank:
+        fail.append('%s: folder node-agent/%s/ has no rank in test_architecture.sh' % (rp, src))
+        continue
+    for h in inc.findall(open(p, errors='replace').read()):
+        for q in where.get(os.path.basename(h), []):
+            rq = os.path.relpath(q, top)
+            if not rq.startswith('node-agent/') or rq.count('/') < 2:
+                continue
+            dst = rq.split('/')[1]
+            if dst != src and rank.get(dst, 99) >= rank[src]:
+                fail.append('%s includes %s (node-agent/%s/ may not depend on %s/)' % (rp, rq, src, dst))
 
 for f in fail:
     print('FAIL', f)
