@@ -13,6 +13,7 @@ node_agent_libgcragent_la_SOURCES = \
 	node-agent/kube/agent_quantity.c node-agent/kube/agent_quantity.h \
 	node-agent/kube/agent_phase.c node-agent/kube/agent_phase.h \
 	node-agent/kube/agent_podspec.c node-agent/kube/agent_podspec.h \
+	node-agent/kube/agent_workq.c node-agent/kube/agent_workq.h \
 	node-agent/msg/agent_scalemsg.c node-agent/msg/agent_scalemsg.h \
 	node-agent/controller/agent_crobj.c node-agent/controller/agent_crobj.h \
 	node-agent/controller/agent_record.c node-agent/controller/agent_record.h \

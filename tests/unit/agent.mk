@@ -17,7 +17,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_roompolicy \
 	tests/unit/test_agent_quantity \
 	tests/unit/test_agent_phase \
-	tests/unit/test_agent_podspec
+	tests/unit/test_agent_podspec \
+	tests/unit/test_agent_workq
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -159,3 +160,8 @@ tests_unit_test_agent_podspec_SOURCES = tests/unit/test_agent_podspec.c
 tests_unit_test_agent_podspec_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_podspec_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_podspec_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+
+tests_unit_test_agent_workq_SOURCES = tests/unit/test_agent_workq.c
+tests_unit_test_agent_workq_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_workq_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_workq_LDADD = $(AGENT_TEST_LDADD) -lpthread
