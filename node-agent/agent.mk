@@ -34,6 +34,9 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/kube/agent_kube.c node-agent/kube/agent_kube.h \
 	node-agent/node/agent_registry.c node-agent/node/agent_registry.h \
 	node-agent/controller/agent_controller.c node-agent/controller/agent_controller.h \
+	node-agent/controller/agent_ctl.h node-agent/controller/agent_ctl_suspend.c \
+	node-agent/controller/agent_ctl_image.c node-agent/controller/agent_ctl_restore.c \
+	node-agent/controller/agent_ctl_podrestore.c \
 	node-agent/controller/agent_ckimage.c node-agent/controller/agent_ckimage.h \
 	node-agent/kube/agent_lease.c node-agent/kube/agent_lease.h \
 	node-agent/kube/agent_leader.c node-agent/kube/agent_leader.h \
