@@ -46,19 +46,18 @@
 #define DEFAULT_IMAGES_DIR "/var/lib/gcr/images"
 #define DEFAULT_IMAGES_KEEP 2
 
-/* The queue's key of the images sweep (agent_images_sweep), one at a time. */
-#define IMAGES_SWEEP_KEY "i:images"
+/* The queue's key of the sweep, every SWEEP_MS and after each list: records whose Checkpoint is
+ * gone (queued as "o:<uid>"), images whose Checkpoint is gone (agent_images_sweep). */
+#define SWEEP_KEY "s:sweep"
 static const char *const watch_paths[NK] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
 
 /* ---- queue and caches ---- */
 
-static void enqueue_locked(struct agent_controller *c, const char *key)
+/* Queues key (agent_workq de-duplicates it, and holds one being processed for its done). */
+static void enqueue(struct agent_controller *c, const char *key)
 {
-	if (json_object_get(c->queued, key) != NULL)
-		return;
-	json_object_set_new(c->queued, key, json_true());
-	json_array_append_new(c->queue, json_string(key));
-	pthread_cond_signal(&c->cond); /* one idle worker takes it */
+	if (agent_workq_add(c->q, key) < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "%.100s: not queued (out of memory, or too long a name)", key);
 }
 
 const char *agent_ctl_md_str(json_t *obj, const char *field)
@@ -89,7 +88,7 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 		return;
 	}
 	snprintf(key, sizeof(key), "%c:%s/%s", k == K_CK ? 'c' : 'r', ns, name);
-	enqueue_locked(c, key);
+	enqueue(c, key);
 	if (k == K_CK) { /* Restores waiting on this Checkpoint */
 		const char *rk;
 		json_t *r;
@@ -98,7 +97,7 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 			const char *rns = agent_ctl_md_str(r, "namespace"), *ck = spec_str(r, "checkpointName");
 			if (rns && ck && strcmp(rns, ns) == 0 && strcmp(ck, name) == 0) {
 				snprintf(key, sizeof(key), "r:%s", rk);
-				enqueue_locked(c, key);
+				enqueue(c, key);
 			}
 		}
 	}
@@ -150,9 +149,11 @@ static void on_list(json_t *items, void *data)
 	c->cache[w->kind] = m;
 	c->listed[w->kind] = 1;
 	json_array_foreach(items, i, it) touch_locked(c, w->kind, it);
-	c->last_sweep = 0; /* look for records whose Checkpoint is gone against the new list */
 	int all = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
-	pthread_cond_signal(&c->cond);
+	if (all) { /* the workers start; records whose Checkpoint is gone are looked for in the new list */
+		enqueue(c, SWEEP_KEY);
+		pthread_cond_broadcast(&c->cond);
+	}
 	pthread_mutex_unlock(&c->lock);
 	if (all)
 		agent_metrics_set_ready(c->metrics);
@@ -228,21 +229,19 @@ int agent_ctl_is_done(struct agent_controller *c, const char *uid)
 /* Queues key again after a delay: ms, or (ms 0) RETRY_MS doubling per key up to RETRY_MAX_MS. */
 void agent_ctl_retry_later(struct agent_controller *c, const char *key, int ms)
 {
-	pthread_mutex_lock(&c->lock);
-	if (ms == 0) {
-		json_int_t last = json_integer_value(json_object_get(c->backoff, key));
-		ms = last == 0 ? RETRY_MS : last * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : (int)last * 2;
-		json_object_set_new(c->backoff, key, json_integer(ms));
-	}
-	json_object_set_new(c->retry, key, json_integer((json_int_t)(gcr_time_mono_ms() + ms)));
-	pthread_mutex_unlock(&c->lock);
+	int rc = ms == 0 ? agent_workq_backoff(c->q, key) : agent_workq_add_after(c->q, key, ms);
+	if (rc < 0)
+		GCR_LOG(GCR_LOG_WARN, "controller", "%.100s: no retry queued (out of memory, or too long a name)", key);
 }
 
 void agent_ctl_retry_reset(struct agent_controller *c, const char *key)
 {
-	pthread_mutex_lock(&c->lock);
-	json_object_del(c->backoff, key);
-	pthread_mutex_unlock(&c->lock);
+	agent_workq_forget(c->q, key);
+}
+
+int agent_ctl_retrying(struct agent_controller *c, const char *key)
+{
+	return agent_workq_backoff_ms(c->q, key) != 0;
 }
 
 /* Waits ms unless the agent is stopping; 1 if it is. */
@@ -656,8 +655,8 @@ static void sweep_locked(struct agent_controller *c)
 		const char *uid = json_string_value(json_object_get(e, "uid"));
 		const char *u = agent_ctl_md_str(json_object_get(c->cache[K_CK], ckkey), "uid");
 		snprintf(key, sizeof(key), "o:%s", uid);
-		if ((u == NULL || strcmp(u, uid) != 0) && json_object_get(c->retry, key) == NULL)
-			enqueue_locked(c, key);
+		if ((u == NULL || strcmp(u, uid) != 0) && !agent_workq_waiting(c->q, key))
+			enqueue(c, key);
 	}
 	json_decref(list);
 }
@@ -705,6 +704,12 @@ static void ns_of_pod_key(const char *pod, char *out, size_t len)
 	snprintf(out, len, "%.*s", slash != NULL ? (int)(slash - pod) : (int)strlen(pod), pod);
 }
 
+/* Where a key waits for its namespace's share of the workers (agent_workq_park). */
+static void share_place(const char *ns, char *out, size_t len)
+{
+	snprintf(out, len, "ns:%s", ns);
+}
+
 /* Takes pod for this worker, and a worker of its namespace's share: 1 taken; 0 when another
  * worker has the pod, or the namespace holds its whole share of the workers: key is then
  * deferred and queued again once that worker is done with the pod, or the namespace with one
@@ -712,48 +717,42 @@ static void ns_of_pod_key(const char *pod, char *out, size_t len)
  * the object, once a minute at most); msg (len bytes) says so. */
 static int claim(struct agent_controller *c, const char *pod, const char *key, int *told, char *msg, size_t len)
 {
-	char ns[300];
+	char ns[300], place[310];
 	struct gcr_err err;
 	*told = 0;
 	ns_of_pod_key(pod, ns, sizeof(ns));
+	share_place(ns, place, sizeof(place));
+	/* Under the lock: a release (which unparks) cannot slip between a refusal and the park. */
 	pthread_mutex_lock(&c->lock);
-	json_t *waiting = json_object_get(c->busy, pod);
-	int got = waiting == NULL;
-	if (got && c->workers_share != NULL && agent_share_take(c->workers_share, ns, key, told, &err) < 0) {
-		json_t *nw = json_object_get(c->ns_waiting, ns);
-		if (nw == NULL) {
-			nw = json_object();
-			json_object_set_new(c->ns_waiting, ns, nw);
-		}
-		json_object_set_new(nw, key, json_true());
+	int got = agent_workq_claim(c->q, pod, key);
+	if (got == 1 && c->workers_share != NULL && agent_share_take(c->workers_share, ns, key, told, &err) < 0) {
+		agent_workq_release(c->q, pod); /* those parked on the pod try again, and park on the share */
+		got = agent_workq_park(c->q, place, key);
 		snprintf(msg, len, "waits for a worker: namespace %.63s runs %d operations at once on node %.100s, its share of the "
 			 "node's %d (the other namespaces' operations go on); it runs when one of them ends", ns,
 			 agent_share_limit(c->workers_share), c->node, agent_share_capacity(c->workers_share));
 		GCR_LOG(GCR_LOG_INFO, "controller", "%s %s", key, msg);
-		got = 0;
-	} else if (got) {
-		json_object_set_new(c->busy, pod, json_object());
-	} else {
-		json_object_set_new(waiting, key, json_true());
+	} else if (got == 0) {
 		GCR_LOG(GCR_LOG_INFO, "controller", "%s waits: pod %s has an operation in flight", key, pod);
 	}
 	pthread_mutex_unlock(&c->lock);
-	return got;
+	if (got < 0) { /* out of memory, or too long a name: tried again later rather than lost */
+		GCR_LOG(GCR_LOG_WARN, "controller", "%s: pod %s not claimed; retrying", key, pod);
+		agent_ctl_retry_later(c, key, 0);
+	}
+	return got == 1;
 }
 
 static void release(struct agent_controller *c, const char *pod)
 {
-	char ns[300];
+	char ns[300], place[310];
 	ns_of_pod_key(pod, ns, sizeof(ns));
+	share_place(ns, place, sizeof(place));
 	pthread_mutex_lock(&c->lock);
-	const char *k;
-	json_t *v;
-	json_object_foreach(json_object_get(c->busy, pod), k, v) enqueue_locked(c, k);
-	json_object_del(c->busy, pod);
+	agent_workq_release(c->q, pod);
 	if (c->workers_share != NULL) {
 		agent_share_give(c->workers_share, ns);
-		json_object_foreach(json_object_get(c->ns_waiting, ns), k, v) enqueue_locked(c, k);
-		json_object_del(c->ns_waiting, ns);
+		agent_workq_unpark(c->q, place);
 	}
 	pthread_mutex_unlock(&c->lock);
 }
@@ -763,8 +762,12 @@ static void release(struct agent_controller *c, const char *pod)
 static void process(struct agent_controller *c, const char *key)
 {
 	char pod[700];
-	if (strcmp(key, IMAGES_SWEEP_KEY) == 0) {
+	if (strcmp(key, SWEEP_KEY) == 0) {
+		pthread_mutex_lock(&c->lock);
+		sweep_locked(c);
+		pthread_mutex_unlock(&c->lock);
 		agent_ctl_sweep_images(c);
+		agent_workq_add_after(c->q, SWEEP_KEY, SWEEP_MS);
 		return;
 	}
 	if (key[0] != 'o' && strchr(key + 2, '/') == NULL)
@@ -815,43 +818,20 @@ static void process(struct agent_controller *c, const char *key)
 	release(c, pod);
 }
 
+/* Once the three caches are listed (an object's work needs the others'), takes keys until the
+ * queue is shut down; each key is with this worker alone until its done. */
 static void *worker_main(void *data)
 {
 	struct agent_controller *c = data;
 	pthread_mutex_lock(&c->lock);
-	while (!atomic_load(&c->stop)) {
-		int ready = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
-		double now = gcr_time_mono_ms();
-		const char *k;
-		void *tmp;
-		json_t *v;
-		json_object_foreach_safe(c->retry, tmp, k, v)
-		{
-			if ((double)json_integer_value(v) <= now) {
-				enqueue_locked(c, k);
-				json_object_del(c->retry, k);
-			}
-		}
-		if (ready && now - c->last_sweep >= SWEEP_MS) {
-			c->last_sweep = now;
-			sweep_locked(c);
-			enqueue_locked(c, IMAGES_SWEEP_KEY);
-		}
-		if (!ready || json_array_size(c->queue) == 0) {
-			struct timespec dl;
-			gcr_time_deadline(&dl, 200);
-			pthread_cond_timedwait(&c->cond, &c->lock, &dl);
-			continue;
-		}
-		char key[700];
-		snprintf(key, sizeof(key), "%s", json_string_value(json_array_get(c->queue, 0)));
-		json_array_remove(c->queue, 0);
-		json_object_del(c->queued, key);
-		pthread_mutex_unlock(&c->lock);
-		process(c, key);
-		pthread_mutex_lock(&c->lock);
-	}
+	while (!atomic_load(&c->stop) && !(c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS]))
+		pthread_cond_wait(&c->cond, &c->lock);
 	pthread_mutex_unlock(&c->lock);
+	char key[AGENT_WORKQ_KEY_MAX];
+	while (!atomic_load(&c->stop) && agent_workq_get(c->q, key, sizeof(key)) == 1) {
+		process(c, key);
+		agent_workq_done(c->q, key);
+	}
 	return NULL;
 }
 
@@ -890,22 +870,15 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	c->instance = malloc(qn);
 	for (int k = 0; k < NK; k++)
 		c->cache[k] = json_object();
-	c->queue = json_array();
-	c->queued = json_object();
-	c->retry = json_object();
-	c->backoff = json_object();
+	c->q = agent_workq_new(RETRY_MS, RETRY_MAX_MS);
 	c->done = json_object();
 	c->first_seen = json_object();
-	c->busy = json_object();
-	c->ns_waiting = json_object();
 	c->workers_share = cfg->workers;
 	c->nworkers = cfg->max_parallel > 0 ? cfg->max_parallel : DEFAULT_PARALLEL;
 	if (c->nworkers > MAX_PARALLEL)
 		c->nworkers = MAX_PARALLEL;
-	if (c->node == NULL || c->busy == NULL || c->ns_waiting == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->images_dir == NULL ||
-	    c->pod_query == NULL ||
-	    c->instance == NULL || c->queue == NULL || c->queued == NULL || c->retry == NULL || c->backoff == NULL ||
-	    c->done == NULL || c->first_seen == NULL || (cfg->test_pause && c->pause == NULL) ||
+	if (c->node == NULL || c->q == NULL || c->lease_ns == NULL || c->socket_dir == NULL || c->images_dir == NULL ||
+	    c->pod_query == NULL || c->instance == NULL || c->done == NULL || c->first_seen == NULL || (cfg->test_pause && c->pause == NULL) ||
 	    (cfg->alloc_root && c->alloc_root == NULL)) {
 		agent_controller_free(c);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
@@ -958,6 +931,8 @@ void agent_controller_stop(struct agent_controller *c)
 	pthread_cond_broadcast(&c->cond);
 	pthread_cond_broadcast(&c->pod_changed);
 	pthread_mutex_unlock(&c->lock);
+	if (c->q != NULL)
+		agent_workq_shutdown(c->q); /* a worker waiting for a key returns; one busy finishes first */
 	for (int i = 0; i < c->workers_started; i++) /* each finishes its operation in flight */
 		pthread_join(c->workers[i], NULL);
 	c->workers_started = 0;
@@ -976,14 +951,9 @@ void agent_controller_free(struct agent_controller *c)
 	agent_controller_stop(c);
 	for (int k = 0; k < NK; k++)
 		json_decref(c->cache[k]);
-	json_decref(c->queue);
-	json_decref(c->queued);
-	json_decref(c->retry);
-	json_decref(c->backoff);
 	json_decref(c->done);
 	json_decref(c->first_seen);
-	json_decref(c->busy);
-	json_decref(c->ns_waiting);
+	agent_workq_free(c->q);
 	agent_ckimage_free(c->img);
 	agent_record_store_free(c->rec);
 	pthread_mutex_destroy(&c->lock);

@@ -16,6 +16,7 @@
 #include "agent_crobj.h"
 #include "agent_phase.h"
 #include "agent_record.h"
+#include "agent_workq.h"
 #include "gcr_cr.h"
 #include "gcr_error.h"
 #include "gcr_imagemac.h"
@@ -69,19 +70,15 @@ struct agent_controller {
 	 * far as needed to recognise them (slim). */
 	json_t *cache[NK];
 	int listed[NK];
-	json_t *queue;      /* array of "c:ns/name", "r:ns/name", "o:<record uid>", IMAGES_SWEEP_KEY */
-	json_t *queued;     /* the same keys as a set */
-	json_t *retry;      /* key -> when to queue it again (CLOCK_MONOTONIC ms) */
-	json_t *backoff;    /* key -> its last retry delay (ms) */
+	/* Keys "c:ns/name", "r:ns/name", "o:<record uid>", SWEEP_KEY (agent_workq: its own lock,
+	 * taken inside this one). Each pod ("ns/pod") is claimed by one key at a time, so that
+	 * operations on one pod never overlap (its processes' state machine is one); a key that
+	 * found its namespace's share of the workers used is parked on "ns:<namespace>". */
+	struct agent_workq *q;
 	json_t *done;       /* metadata.uid of objects finished by this process (no record) */
 	json_t *first_seen; /* Restore uid -> when it was first seen without its Checkpoint (ms) */
-	double last_sweep;
-	/* "ns/pod" of each pod a worker is acting on -> keys deferred until it is done, so
-	 * that operations on one pod never overlap (its processes' state machine is one). */
-	json_t *busy;
-	/* Each namespace's share of the workers (cfg.workers); namespace -> keys waiting for it. */
+	/* Each namespace's share of the workers (cfg.workers). */
 	struct agent_share *workers_share;
-	json_t *ns_waiting;
 	struct watch w[NK];
 	int nworkers;
 	pthread_t workers[MAX_PARALLEL];
@@ -112,6 +109,8 @@ void agent_ctl_mark_done(struct agent_controller *c, const char *uid);
 int agent_ctl_is_done(struct agent_controller *c, const char *uid);
 void agent_ctl_retry_later(struct agent_controller *c, const char *key, int ms);
 void agent_ctl_retry_reset(struct agent_controller *c, const char *key);
+/* 1 while key is being retried with backoff (retry_later with 0, not reset since). */
+int agent_ctl_retrying(struct agent_controller *c, const char *key);
 int agent_ctl_nap(struct agent_controller *c, int ms);
 json_t *agent_ctl_build_status(struct agent_controller *c, struct op *o, enum agent_phase phase, const char *reason,
 			       const char *message, json_t *extra);

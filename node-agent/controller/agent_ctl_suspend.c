@@ -372,9 +372,7 @@ static void delete_checkpoint(struct agent_controller *c, struct op *o, struct a
 		return;
 	}
 	if (r->state != AGENT_REC_FAILED && r->state != AGENT_REC_RESUMED) {
-		pthread_mutex_lock(&c->lock);
-		int first = json_object_get(c->backoff, o->key) == NULL;
-		pthread_mutex_unlock(&c->lock);
+		int first = !agent_ctl_retrying(c, o->key);
 		if (release_processes(c, r, note, sizeof(note)) < 0) {
 			GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s deleted: %s", r->ns, r->name, note);
 			if (first)

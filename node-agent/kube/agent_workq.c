@@ -231,6 +231,15 @@ void agent_workq_forget(struct agent_workq *q, const char *key)
 	pthread_mutex_unlock(&q->lock);
 }
 
+int agent_workq_backoff_ms(struct agent_workq *q, const char *key)
+{
+	pthread_mutex_lock(&q->lock);
+	struct item *it = find(q, key);
+	int ms = it != NULL ? it->backoff_ms : 0;
+	pthread_mutex_unlock(&q->lock);
+	return ms;
+}
+
 int agent_workq_waiting(struct agent_workq *q, const char *key)
 {
 	pthread_mutex_lock(&q->lock);

@@ -35,6 +35,9 @@ int agent_workq_backoff(struct agent_workq *q, const char *key);
 /* Forgets key's backoff: its next backoff waits first_ms again. */
 void agent_workq_forget(struct agent_workq *q, const char *key);
 
+/* key's last backoff delay (ms), 0 when it has none (never backed off, or forgotten). */
+int agent_workq_backoff_ms(struct agent_workq *q, const char *key);
+
 /* 1 when key waits on a timer (add_after or backoff not yet due), else 0. */
 int agent_workq_waiting(struct agent_workq *q, const char *key);
 

@@ -127,8 +127,9 @@ int main(void)
 	int want[] = { 20, 40, 80, 160, 160 };
 	for (int i = 0; i < 5; i++)
 		CHECK(agent_workq_backoff(q, "r") == want[i]);
-	CHECK(agent_workq_waiting(q, "r") == 1);
+	CHECK(agent_workq_waiting(q, "r") == 1 && agent_workq_backoff_ms(q, "r") == 160);
 	agent_workq_forget(q, "r");
+	CHECK(agent_workq_backoff_ms(q, "r") == 0 && agent_workq_backoff_ms(q, "never") == 0);
 	CHECK(agent_workq_backoff(q, "r") == 20);
 	CHECK(agent_workq_get(q, key, sizeof(key)) == 1 && strcmp(key, "r") == 0);
 	agent_workq_done(q, "r");
