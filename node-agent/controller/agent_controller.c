@@ -1,6 +1,7 @@
 /* agent_controller: reconciles Checkpoint and Restore objects for pods on this node: caches
- * from three watches, workers that run C/R through gcr_cr (different pods in parallel, one
- * operation per pod at a time). This file is the dispatch (caches, queue, claims, workers) and
+ * from three watches (kube/agent_objmap), workers that take keys from kube/agent_workq and run
+ * C/R through gcr_cr (different pods in parallel, one operation per pod at a time). This file is
+ * the dispatch (what a cache change queues, claims, workers) and
  * what every action shares (status, Events, processes, pods); each action has its agent_ctl_*.c.
  *
  * Users write these objects, status included, so status is only an output. What a suspend,
@@ -49,7 +50,6 @@
 /* The queue's key of the sweep, every SWEEP_MS and after each list: records whose Checkpoint is
  * gone (queued as "o:<uid>"), images whose Checkpoint is gone (agent_images_sweep). */
 #define SWEEP_KEY "s:sweep"
-static const char *const watch_paths[NK] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
 
 /* ---- queue and caches ---- */
 
@@ -92,7 +92,7 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 	if (k == K_CK) { /* Restores waiting on this Checkpoint */
 		const char *rk;
 		json_t *r;
-		json_object_foreach(c->cache[K_RS], rk, r)
+		json_object_foreach(agent_ctl_cache_locked(c, K_RS), rk, r)
 		{
 			const char *rns = agent_ctl_md_str(r, "namespace"), *ck = spec_str(r, "checkpointName");
 			if (rns && ck && strcmp(rns, ns) == 0 && strcmp(ck, name) == 0) {
@@ -134,58 +134,46 @@ static json_t *slim(struct agent_controller *c, enum kind k, json_t *obj)
 	return s;
 }
 
-static void on_list(json_t *items, void *data)
+/* The mirror's slim (agent_objmap): a copy of obj, reduced for another node's objects. */
+static json_t *om_slim(int kind, json_t *obj, void *data)
 {
-	struct watch *w = data;
-	struct agent_controller *c = w->c;
-	json_t *m = agent_kube_index(items);
-	size_t i;
-	json_t *it;
-	const char *k;
-	json_t *v;
-	json_object_foreach(m, k, v) json_object_set_new(m, k, slim(c, w->kind, json_incref(v)));
-	pthread_mutex_lock(&c->lock);
-	json_decref(c->cache[w->kind]);
-	c->cache[w->kind] = m;
-	c->listed[w->kind] = 1;
-	json_array_foreach(items, i, it) touch_locked(c, w->kind, it);
-	int all = c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS];
-	if (all) { /* the workers start; records whose Checkpoint is gone are looked for in the new list */
-		enqueue(c, SWEEP_KEY);
-		pthread_cond_broadcast(&c->cond);
-	}
-	pthread_mutex_unlock(&c->lock);
-	if (all)
-		agent_metrics_set_ready(c->metrics);
+	json_t *copy = json_deep_copy(obj);
+	return copy != NULL ? slim(data, (enum kind)kind, copy) : NULL;
 }
 
-static void on_event(const struct agent_watch_event *ev, void *data)
+/* Under the lock, a cache changed (agent_objmap): the work it calls for is queued; a deleted
+ * object's uid is forgotten; once all three are listed the workers start, and after each list
+ * the records whose Checkpoint is gone are looked for in it. */
+static void om_changed(int kind, const char *key, json_t *old, json_t *cur, void *data)
 {
-	struct watch *w = data;
-	struct agent_controller *c = w->c;
-	char key[600];
-	if (agent_kube_obj_key(ev->object, key, sizeof(key)) < 0)
+	struct agent_controller *c = data;
+	enum kind k = (enum kind)kind;
+	if (key == NULL) {
+		const char *kk;
+		json_t *v;
+		json_object_foreach(agent_ctl_cache_locked(c, k), kk, v) touch_locked(c, k, v);
+		if (agent_ctl_synced_locked(c)) {
+			enqueue(c, SWEEP_KEY);
+			pthread_cond_broadcast(&c->cond);
+			agent_metrics_set_ready(c->metrics);
+		}
 		return;
-	pthread_mutex_lock(&c->lock);
-	if (ev->type == AGENT_WATCH_DELETED && agent_ctl_md_str(ev->object, "uid") != NULL) {
-		json_object_del(c->done, agent_ctl_md_str(ev->object, "uid")); /* a uid is never reused */
-		json_object_del(c->first_seen, agent_ctl_md_str(ev->object, "uid"));
 	}
-	if (ev->type == AGENT_WATCH_DELETED)
-		json_object_del(c->cache[w->kind], key);
-	else
-		json_object_set_new(c->cache[w->kind], key, slim(c, w->kind, json_deep_copy(ev->object)));
-	touch_locked(c, w->kind, ev->object);
-	pthread_mutex_unlock(&c->lock);
+	if (cur == NULL && agent_ctl_md_str(old, "uid") != NULL) {
+		json_object_del(c->done, agent_ctl_md_str(old, "uid")); /* a uid is never reused */
+		json_object_del(c->first_seen, agent_ctl_md_str(old, "uid"));
+	}
+	touch_locked(c, k, cur != NULL ? cur : old);
 }
 
-static void *watch_main(void *data)
+json_t *agent_ctl_cache_locked(struct agent_controller *c, enum kind k)
 {
-	struct watch *w = data;
-	struct agent_kube_watch_ops ops = { .on_list = on_list, .on_event = on_event, .data = w };
-	agent_kube_watch_loop(w->c->kube, watch_paths[w->kind], w->kind == K_POD ? w->c->pod_query : NULL,
-			      &ops, &w->c->stop);
-	return NULL;
+	return agent_objmap_map_locked(c->om, (int)k);
+}
+
+int agent_ctl_synced_locked(struct agent_controller *c)
+{
+	return agent_objmap_synced_locked(c->om);
 }
 
 /* A deep copy of a cached object, or NULL. */
@@ -194,7 +182,7 @@ json_t *agent_ctl_cache_get(struct agent_controller *c, enum kind k, const char 
 	char key[600];
 	snprintf(key, sizeof(key), "%s/%s", ns, name);
 	pthread_mutex_lock(&c->lock);
-	json_t *o = json_deep_copy(json_object_get(c->cache[k], key));
+	json_t *o = json_deep_copy(json_object_get(agent_ctl_cache_locked(c, k), key));
 	pthread_mutex_unlock(&c->lock);
 	return o;
 }
@@ -205,7 +193,7 @@ int agent_ctl_cache_has_uid(struct agent_controller *c, enum kind k, const char 
 	char key[600];
 	snprintf(key, sizeof(key), "%s/%s", ns, name);
 	pthread_mutex_lock(&c->lock);
-	const char *u = agent_ctl_md_str(json_object_get(c->cache[k], key), "uid");
+	const char *u = agent_ctl_md_str(json_object_get(agent_ctl_cache_locked(c, k), key), "uid");
 	int has = u != NULL && strcmp(u, uid) == 0;
 	pthread_mutex_unlock(&c->lock);
 	return has;
@@ -653,7 +641,7 @@ static void sweep_locked(struct agent_controller *c)
 		snprintf(ckkey, sizeof(ckkey), "%s/%s", json_string_value(json_object_get(e, "ns")),
 			 json_string_value(json_object_get(e, "name")));
 		const char *uid = json_string_value(json_object_get(e, "uid"));
-		const char *u = agent_ctl_md_str(json_object_get(c->cache[K_CK], ckkey), "uid");
+		const char *u = agent_ctl_md_str(json_object_get(agent_ctl_cache_locked(c, K_CK), ckkey), "uid");
 		snprintf(key, sizeof(key), "o:%s", uid);
 		if ((u == NULL || strcmp(u, uid) != 0) && !agent_workq_waiting(c->q, key))
 			enqueue(c, key);
@@ -824,7 +812,7 @@ static void *worker_main(void *data)
 {
 	struct agent_controller *c = data;
 	pthread_mutex_lock(&c->lock);
-	while (!atomic_load(&c->stop) && !(c->listed[K_POD] && c->listed[K_CK] && c->listed[K_RS]))
+	while (!atomic_load(&c->stop) && !agent_ctl_synced_locked(c))
 		pthread_cond_wait(&c->cond, &c->lock);
 	pthread_mutex_unlock(&c->lock);
 	char key[AGENT_WORKQ_KEY_MAX];
@@ -868,8 +856,6 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	size_t qn = strlen(cfg->node_name) + 64;
 	c->pod_query = malloc(qn);
 	c->instance = malloc(qn);
-	for (int k = 0; k < NK; k++)
-		c->cache[k] = json_object();
 	c->q = agent_workq_new(RETRY_MS, RETRY_MAX_MS);
 	c->done = json_object();
 	c->first_seen = json_object();
@@ -900,21 +886,27 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	}
 	snprintf(c->pod_query, qn, "fieldSelector=spec.nodeName%%3D%s", cfg->node_name);
 	snprintf(c->instance, qn, "gcr-agent-%s", cfg->node_name);
+	/* This node's pods; every Checkpoint and Restore (a Restore's Checkpoint may be any node's). */
+	const struct agent_objmap_kind kinds[NK] = { [K_POD] = { "/api/v1/pods", c->pod_query },
+						     [K_CK] = { API "/checkpoints", NULL },
+						     [K_RS] = { API "/restores", NULL } };
+	const struct agent_objmap_ops ops = { .slim = om_slim, .changed = om_changed, .data = c };
+	rc = agent_objmap_new(kube, &c->lock, kinds, NK, &ops, &c->om, err);
+	if (rc < 0) {
+		agent_controller_free(c);
+		return rc;
+	}
 	*out = c;
 	return 0;
 }
 
 int agent_controller_start(struct agent_controller *c, struct gcr_err *err)
 {
-	for (int k = 0; k < NK; k++) {
-		c->w[k] = (struct watch){ .c = c, .kind = (enum kind)k };
-		int rc = pthread_create(&c->w[k].th, NULL, watch_main, &c->w[k]);
-		if (rc != 0)
-			return gcr_err_set(err, -rc, "cannot start a watch thread: %s", strerror(rc));
-		c->w[k].started = 1;
-	}
+	int rc = agent_objmap_start(c->om, err);
+	if (rc < 0)
+		return rc;
 	for (int i = 0; i < c->nworkers; i++) {
-		int rc = pthread_create(&c->workers[i], NULL, worker_main, c);
+		rc = pthread_create(&c->workers[i], NULL, worker_main, c);
 		if (rc != 0)
 			return gcr_err_set(err, -rc, "cannot start a worker: %s", strerror(rc));
 		c->workers_started++;
@@ -936,12 +928,7 @@ void agent_controller_stop(struct agent_controller *c)
 	for (int i = 0; i < c->workers_started; i++) /* each finishes its operation in flight */
 		pthread_join(c->workers[i], NULL);
 	c->workers_started = 0;
-	for (int k = 0; k < NK; k++) {
-		if (c->w[k].started) {
-			pthread_join(c->w[k].th, NULL);
-			c->w[k].started = 0;
-		}
-	}
+	agent_objmap_stop(c->om); /* the caches stay, unchanged from now on */
 }
 
 void agent_controller_free(struct agent_controller *c)
@@ -949,8 +936,7 @@ void agent_controller_free(struct agent_controller *c)
 	if (c == NULL)
 		return;
 	agent_controller_stop(c);
-	for (int k = 0; k < NK; k++)
-		json_decref(c->cache[k]);
+	agent_objmap_free(c->om);
 	json_decref(c->done);
 	json_decref(c->first_seen);
 	agent_workq_free(c->q);
@@ -977,7 +963,7 @@ json_t *agent_controller_pod_by_uid(struct agent_controller *c, const char *uid)
 	json_t *found = NULL, *pod;
 	const char *key;
 	pthread_mutex_lock(&c->lock);
-	json_object_foreach(c->cache[K_POD], key, pod)
+	json_object_foreach(agent_ctl_cache_locked(c, K_POD), key, pod)
 	{
 		const char *u = agent_ctl_md_str(pod, "uid");
 		if (u != NULL && strcmp(u, uid) == 0) {

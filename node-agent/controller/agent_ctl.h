@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "agent_crobj.h"
+#include "agent_objmap.h"
 #include "agent_phase.h"
 #include "agent_record.h"
 #include "agent_workq.h"
@@ -43,13 +44,6 @@ enum kind { K_POD, K_CK, K_RS, NK };
 
 struct agent_controller;
 
-struct watch {
-	struct agent_controller *c;
-	enum kind kind;
-	pthread_t th;
-	int started;
-};
-
 struct agent_controller {
 	struct agent_kube *kube;
 	struct agent_registry *reg;
@@ -67,9 +61,9 @@ struct agent_controller {
 	pthread_cond_t pod_changed; /* a pod event arrived (wait_gate) */
 	/* "ns/name" -> object: this node's pods (field selector); the Checkpoints and Restores
 	 * not yet taken by a node, or taken by this one, whole; those another node took only as
-	 * far as needed to recognise them (slim). */
-	json_t *cache[NK];
-	int listed[NK];
+	 * far as needed to recognise them (slim). A mirror per kind (agent_objmap, under this
+	 * lock): agent_ctl_cache_locked. */
+	struct agent_objmap *om;
 	/* Keys "c:ns/name", "r:ns/name", "o:<record uid>", SWEEP_KEY (agent_workq: its own lock,
 	 * taken inside this one). Each pod ("ns/pod") is claimed by one key at a time, so that
 	 * operations on one pod never overlap (its processes' state machine is one); a key that
@@ -79,7 +73,6 @@ struct agent_controller {
 	json_t *first_seen; /* Restore uid -> when it was first seen without its Checkpoint (ms) */
 	/* Each namespace's share of the workers (cfg.workers). */
 	struct agent_share *workers_share;
-	struct watch w[NK];
 	int nworkers;
 	pthread_t workers[MAX_PARALLEL];
 	int workers_started;
@@ -103,6 +96,10 @@ enum pod_where { POD_HERE, POD_MISSING, POD_OTHER_NODE, POD_UNSCHEDULED, POD_UNK
 /* agent_controller.c: the caches, retries, status and Events, processes and pods that every action uses. */
 const char *agent_ctl_md_str(json_t *obj, const char *field);
 const char *agent_ctl_status_str(json_t *obj, const char *field);
+/* The cache of kind k ("ns/name" -> object; borrowed, under c->lock), and whether all three were
+ * listed (an empty cache before its list would say "no such object"). */
+json_t *agent_ctl_cache_locked(struct agent_controller *c, enum kind k);
+int agent_ctl_synced_locked(struct agent_controller *c);
 json_t *agent_ctl_cache_get(struct agent_controller *c, enum kind k, const char *ns, const char *name);
 int agent_ctl_cache_has_uid(struct agent_controller *c, enum kind k, const char *ns, const char *name, const char *uid);
 void agent_ctl_mark_done(struct agent_controller *c, const char *uid);

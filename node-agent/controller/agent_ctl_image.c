@@ -295,7 +295,7 @@ static int ck_exists(void *data, const char *ns, const char *name)
 	char key[600];
 	snprintf(key, sizeof(key), "%s/%s", ns, name);
 	pthread_mutex_lock(&c->lock);
-	int have = !c->listed[K_CK] ? -1 : json_object_get(c->cache[K_CK], key) != NULL;
+	int have = !agent_ctl_synced_locked(c) ? -1 : json_object_get(agent_ctl_cache_locked(c, K_CK), key) != NULL;
 	pthread_mutex_unlock(&c->lock);
 	return have;
 }

@@ -40,10 +40,10 @@ static void wait_gate(struct agent_controller *c, const char *ns, const char *na
 	int wait_ms = bound_ms > 0 && bound_ms < GATE_WAIT_MS ? bound_ms : GATE_WAIT_MS;
 	gcr_time_deadline(&dl, wait_ms);
 	pthread_mutex_lock(&c->lock);
-	json_t *pod = json_object_get(c->cache[K_POD], key);
+	json_t *pod = json_object_get(agent_ctl_cache_locked(c, K_POD), key);
 	int declared = agent_podspec_gate_declared(pod), rc = 0;
 	while (declared && rc == 0 && !atomic_load(&c->stop)) {
-		const char *st = agent_podspec_gate_status(json_object_get(c->cache[K_POD], key));
+		const char *st = agent_podspec_gate_status(json_object_get(agent_ctl_cache_locked(c, K_POD), key));
 		if (st != NULL && strcmp(st, "False") == 0)
 			break;
 		rc = pthread_cond_timedwait(&c->pod_changed, &c->lock, &dl);

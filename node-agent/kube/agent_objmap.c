@@ -1,5 +1,5 @@
 /* agent_objmap: the list-and-watch threads behind a mirror of objects (agent_objmap.h), as the
- * readiness gate and the replacement pod's scaler both keep them. */
+ * controller, the readiness gate and the replacement pod's scaler keep them. */
 #include "agent_objmap.h"
 
 #include <errno.h>
@@ -135,7 +135,7 @@ int agent_objmap_synced_locked(const struct agent_objmap *m)
 	return 1;
 }
 
-void agent_objmap_free(struct agent_objmap *m)
+void agent_objmap_stop(struct agent_objmap *m)
 {
 	if (m == NULL)
 		return;
@@ -143,7 +143,16 @@ void agent_objmap_free(struct agent_objmap *m)
 	for (int k = 0; k < m->n; k++) {
 		if (m->w[k].started)
 			pthread_join(m->w[k].th, NULL);
-		json_decref(m->map[k]);
+		m->w[k].started = 0;
 	}
+}
+
+void agent_objmap_free(struct agent_objmap *m)
+{
+	if (m == NULL)
+		return;
+	agent_objmap_stop(m);
+	for (int k = 0; k < m->n; k++)
+		json_decref(m->map[k]);
 	free(m);
 }

@@ -46,8 +46,11 @@ json_t *agent_objmap_map_locked(struct agent_objmap *m, int kind);
 /* 1 once every kind was listed (a map before its list would look empty), else 0; under the lock. */
 int agent_objmap_synced_locked(const struct agent_objmap *m);
 
-/* Stops and joins the threads (each within its watch request's bound), frees the maps. The
- * caller must not hold the lock. NULL-safe. */
+/* Stops and joins the threads (each within its watch request's bound); the maps stay, no longer
+ * changed. The caller must not hold the lock. NULL-safe, idempotent. */
+void agent_objmap_stop(struct agent_objmap *m);
+
+/* Stops (agent_objmap_stop), then frees the maps. NULL-safe. */
 void agent_objmap_free(struct agent_objmap *m);
 
 #endif
