@@ -89,6 +89,8 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 	}
 	snprintf(key, sizeof(key), "%c:%s/%s", k == K_CK ? 'c' : 'r', ns, name);
 	enqueue(c, key);
+	if (k == K_CK)
+		pthread_cond_broadcast(&c->ck_changed);
 	if (k == K_CK) { /* Restores waiting on this Checkpoint */
 		const char *rk;
 		json_t *r;
@@ -836,6 +838,7 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	pthread_cond_init(&c->pod_changed, NULL);
+	pthread_cond_init(&c->ck_changed, NULL);
 	c->kube = kube;
 	c->reg = reg;
 	c->metrics = m;
@@ -922,6 +925,7 @@ void agent_controller_stop(struct agent_controller *c)
 	pthread_mutex_lock(&c->lock);
 	pthread_cond_broadcast(&c->cond);
 	pthread_cond_broadcast(&c->pod_changed);
+	pthread_cond_broadcast(&c->ck_changed);
 	pthread_mutex_unlock(&c->lock);
 	if (c->q != NULL)
 		agent_workq_shutdown(c->q); /* a worker waiting for a key returns; one busy finishes first */
@@ -945,6 +949,7 @@ void agent_controller_free(struct agent_controller *c)
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
 	pthread_cond_destroy(&c->pod_changed);
+	pthread_cond_destroy(&c->ck_changed);
 	free(c->node);
 	free(c->lease_ns);
 	free(c->socket_dir);
@@ -990,4 +995,54 @@ void agent_controller_pod_event(struct agent_controller *c, const char *uid, con
 	if (agent_kube_event(c->kube, pod, type, reason, action, note, c->instance, &err) < 0)
 		GCR_LOG(GCR_LOG_WARN, "controller", "event %s on pod %s not posted: %s", reason, uid, err.msg);
 	json_decref(pod);
+}
+
+/* Seconds since the epoch, with fraction: the deadlines callers give are wall-clock ones. */
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int agent_controller_checkpoint_wait(struct agent_controller *c, const char *ns, const char *name, double until_s,
+				     atomic_int *stop, char *msg, size_t len)
+{
+	char key[600];
+	snprintf(key, sizeof(key), "%s/%s", ns, name);
+	int seen = 0, rc = 0;
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		json_t *ck = json_object_get(agent_ctl_cache_locked(c, K_CK), key);
+		json_t *s = json_object_get(ck, "status");
+		enum agent_phase ph = agent_phase_of(json_string_value(json_object_get(s, "phase")));
+		if (ph == AGENT_PHASE_SUCCEEDED || ph == AGENT_PHASE_FAILED) {
+			const char *m = json_string_value(json_object_get(s, "message"));
+			const char *ip = json_string_value(json_object_get(json_object_get(s, "image"), "path"));
+			rc = ph == AGENT_PHASE_SUCCEEDED;
+			snprintf(msg, len, "%s", rc ? (ip != NULL ? ip : "") : (m != NULL ? m : "Failed, no message"));
+			break;
+		}
+		/* Absent before it was first seen: its creation has not reached the cache yet. */
+		if (ck == NULL && seen && agent_ctl_synced_locked(c)) {
+			snprintf(msg, len, "the Checkpoint was deleted before it ended");
+			break;
+		}
+		seen |= ck != NULL;
+		if ((stop != NULL && atomic_load(stop)) || atomic_load(&c->stop)) {
+			rc = -ECANCELED;
+			break;
+		}
+		double left_ms = (until_s - wall_s()) * 1000;
+		if (left_ms <= 0) {
+			snprintf(msg, len, "not final when the grace period ended");
+			break;
+		}
+		/* Woken by each Checkpoint change; at least once a second to notice *stop. */
+		struct timespec dl;
+		gcr_time_deadline(&dl, left_ms < 1000 ? (long)left_ms + 1 : 1000);
+		pthread_cond_timedwait(&c->ck_changed, &c->lock, &dl);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return rc;
 }

@@ -4,6 +4,8 @@
 #ifndef AGENT_CONTROLLER_H
 #define AGENT_CONTROLLER_H
 
+#include <stdatomic.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "agent_kube.h"
@@ -93,6 +95,13 @@ void agent_controller_stop(struct agent_controller *c);
 /* A deep copy of this node's pod with metadata.uid uid from the pods watch (caller decrefs),
  * or NULL when not seen. */
 json_t *agent_controller_pod_by_uid(struct agent_controller *c, const char *uid);
+
+/* Waits, on the Checkpoints watch (no API request), until Checkpoint ns/name is final or the wall
+ * clock passes until_s: 1 Succeeded (msg: its image's path), 0 Failed, deleted before it ended or
+ * not final in time (msg says which), -ECANCELED once *stop (may be NULL) or the controller
+ * stops. A Checkpoint not yet in the cache (just created) is waited for. */
+int agent_controller_checkpoint_wait(struct agent_controller *c, const char *ns, const char *name, double until_s,
+				     atomic_int *stop, char *msg, size_t len);
 
 /* An Event on this node's pod with uid (best effort: logged when it cannot be posted). */
 void agent_controller_pod_event(struct agent_controller *c, const char *uid, const char *type, const char *reason,

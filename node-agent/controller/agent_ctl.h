@@ -59,6 +59,7 @@ struct agent_controller {
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;
 	pthread_cond_t pod_changed; /* a pod event arrived (wait_gate) */
+	pthread_cond_t ck_changed;  /* a Checkpoint event arrived (agent_controller_checkpoint_wait) */
 	/* "ns/name" -> object: this node's pods (field selector); the Checkpoints and Restores
 	 * not yet taken by a node, or taken by this one, whole; those another node took only as
 	 * far as needed to recognise them (slim). A mirror per kind (agent_objmap, under this

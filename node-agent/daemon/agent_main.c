@@ -719,7 +719,7 @@ static void leader_identity(const struct cfg *c, char *out, size_t len)
 	snprintf(out, len, "%.240s-%08x", who && who[0] ? who : "gcr-scaler", rnd);
 }
 
-/* ---- eviction (agent_evict): pods and their Events from the controller's watch ---- */
+/* ---- eviction (agent_evict): pods, their Events and Checkpoints from the controller's watches ---- */
 static json_t *evict_pod(void *data, const char *uid)
 {
 	return agent_controller_pod_by_uid(data, uid);
@@ -729,6 +729,12 @@ static void evict_event(void *data, const char *uid, const char *type, const cha
 			const char *note)
 {
 	agent_controller_pod_event(data, uid, type, reason, action, note);
+}
+
+static int evict_ck_wait(void *data, const char *ns, const char *name, double until_s, atomic_int *stop, char *msg,
+			 size_t len)
+{
+	return agent_controller_checkpoint_wait(data, ns, name, until_s, stop, msg, len);
 }
 
 /* ---- overcommit (agent_room) in Kubernetes: pods from the controller's watch ---- */
@@ -1027,8 +1033,9 @@ int main(int argc, char **argv)
 						.node_name = cfg.node_name, .resource_name = cfg.dp.resource_name,
 						.enabled = strcmp(cfg.eviction, "true") == 0, .rate_mib_s = ev_rate,
 						.fixed_s = ev_fixed, .share = shares.holds };
-		const struct agent_evict_pods epods = { .by_uid = evict_pod, .event = evict_event, .data = ctl };
-		if (agent_evict_new(kube, &epods, reg, metrics, &ecfg, &evict, &err) < 0 ||
+		const struct agent_evict_hooks ehooks = { .by_uid = evict_pod, .event = evict_event,
+							  .ck_wait = evict_ck_wait, .data = ctl };
+		if (agent_evict_new(kube, &ehooks, reg, metrics, &ecfg, &evict, &err) < 0 ||
 		    agent_evict_start(evict, &err) < 0)
 			goto out;
 		GCR_LOG(GCR_LOG_INFO, "agent", "eviction imaging: %s (gcr-hold's socket %s)",

@@ -16,7 +16,6 @@
 
 #include "agent_cgroup.h"
 #include "agent_evictmsg.h"
-#include "agent_phase.h"
 #include "gcr_log.h"
 #include "gcr_nvml.h"
 #include "gcr_sock.h"
@@ -28,8 +27,6 @@
 #define LINE_MS 2000
 /* How long a reply may take to leave (ms). */
 #define REPLY_MS 1000
-/* The Checkpoint's phase is read this often while the hold waits (ms). */
-#define WATCH_MS 250
 /* Processes of one pod looked at for their GPU bytes. */
 #define MAX_PROCS 16
 
@@ -43,7 +40,7 @@ struct job {
 
 struct agent_evict {
 	struct agent_kube *kube;
-	struct agent_evict_pods pods;
+	struct agent_evict_hooks hooks;
 	struct agent_registry *reg;
 	struct agent_metrics *m;
 	struct agent_evict_cfg cfg;
@@ -99,7 +96,7 @@ static void metric(struct agent_evict *e, enum agent_evictmsg_outcome o, double 
 static json_t *fresh_pod(struct agent_evict *e, const char *uid, struct gcr_err *err)
 {
 	char ns[64] = "", name[254] = "", path[800];
-	json_t *pod = e->pods.by_uid(e->pods.data, uid), *list = NULL;
+	json_t *pod = e->hooks.by_uid(e->hooks.data, uid), *list = NULL;
 	long st = 0;
 	if (pod == NULL) {
 		snprintf(path, sizeof(path), "/api/v1/pods?fieldSelector=spec.nodeName%%3D%s", e->node);
@@ -205,67 +202,25 @@ static int create_checkpoint(struct agent_evict *e, const struct agent_evictmsg_
 	return rc;
 }
 
-/* Waits (polling) until Checkpoint ns/name is final or the wall clock passes until_s: 1
- * Succeeded, 0 Failed or not final in time (msg says which), -ECANCELED when stopping. */
-static int wait_checkpoint(struct agent_evict *e, const char *ns, const char *name, double until_s, char *msg,
-			   size_t len)
-{
-	char path[400];
-	snprintf(path, sizeof(path), "/apis/%s/namespaces/%s/checkpoints/%s", e->api_version, ns, name);
-	for (;;) {
-		long st = 0;
-		json_t *ck = NULL;
-		struct gcr_err err;
-		if (agent_kube_request(e->kube, "GET", path, NULL, NULL, &st, &ck, &err) == 0 && st == 200) {
-			json_t *s = json_object_get(ck, "status");
-			enum agent_phase ph = agent_phase_of(json_string_value(json_object_get(s, "phase")));
-			const char *m = json_string_value(json_object_get(s, "message"));
-			const char *ip = json_string_value(json_object_get(json_object_get(s, "image"), "path"));
-			if (ph == AGENT_PHASE_SUCCEEDED || ph == AGENT_PHASE_FAILED) {
-				int ok = ph == AGENT_PHASE_SUCCEEDED;
-				if (ok)
-					snprintf(msg, len, "%s", ip != NULL ? ip : "");
-				else
-					snprintf(msg, len, "%s", m != NULL ? m : "Failed, no message");
-				json_decref(ck);
-				return ok;
-			}
-		} else if (st == 404) {
-			snprintf(msg, len, "the Checkpoint was deleted before it ended");
-			json_decref(ck);
-			return 0;
-		}
-		json_decref(ck);
-		if (atomic_load(&e->stop))
-			return -ECANCELED;
-		if (wall_s() >= until_s) {
-			snprintf(msg, len, "not final when the grace period ended");
-			return 0;
-		}
-		struct timespec ts = { 0, WATCH_MS * 1000000L };
-		nanosleep(&ts, NULL);
-	}
-}
-
 /* Waits for the pod's eviction Checkpoint name to be final (until its deletion deadline), posts
  * the Event and says the outcome; -ECANCELED (no Event) when the agent stops first. */
 static int await_image(struct agent_evict *e, const struct agent_evictmsg_pod *p, const char *uid, const char *name,
 		       double t0, char *msg, size_t len)
 {
 	char res[640];
-	int rc = wait_checkpoint(e, p->ns, name, (double)p->deletion, res, sizeof(res));
+	int rc = e->hooks.ck_wait(e->hooks.data, p->ns, name, (double)p->deletion, &e->stop, res, sizeof(res));
 	double took = wall_s() - t0;
 	if (rc == -ECANCELED)
 		return rc;
 	if (rc == 1) {
 		snprintf(msg, len, "Checkpoint %s wrote the image of %.63s/%.100s (container %s) in %.1f s: %.400s", name,
 			 p->ns, p->name, p->container, took, res);
-		e->pods.event(e->pods.data, uid, "Normal", "EvictionImageWritten", "Evict", msg);
+		e->hooks.event(e->hooks.data, uid, "Normal", "EvictionImageWritten", "Evict", msg);
 		return AGENT_EVICTMSG_WRITTEN;
 	}
 	snprintf(msg, len, "Checkpoint %s: no image of %.63s/%.100s after %.1f s: %.400s", name, p->ns, p->name, took,
 		 res);
-	e->pods.event(e->pods.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
+	e->hooks.event(e->hooks.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
 	return AGENT_EVICTMSG_FAILED;
 }
 
@@ -303,7 +258,7 @@ static int hold(struct agent_evict *e, const char *uid, const char *cid, char *m
 	rc = checkpoint_exists(e, p.ns, name, &err);
 	if (rc < 0) {
 		snprintf(msg, len, "no image: %s; the pod ends as without GCR", err.msg);
-		e->pods.event(e->pods.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
+		e->hooks.event(e->hooks.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
 		return AGENT_EVICTMSG_FAILED;
 	}
 	if (rc == 1) {
@@ -319,7 +274,7 @@ static int hold(struct agent_evict *e, const char *uid, const char *cid, char *m
 		snprintf(msg, len, "no image: deleted for %s, an image of %llu MiB of GPU data needs about %.0f s, the grace "
 			 "period leaves %.0f s (raise terminationGracePeriodSeconds); the pod ends as without GCR",
 			 agent_evictmsg_cause_name(p.cause), bytes >> 20, needed, left > 0 ? left : 0);
-		e->pods.event(e->pods.data, uid, "Warning", "EvictionNotImaged", "Evict", msg);
+		e->hooks.event(e->hooks.data, uid, "Warning", "EvictionNotImaged", "Evict", msg);
 		return AGENT_EVICTMSG_NO_TIME;
 	}
 	GCR_LOG(GCR_LOG_INFO, "evict", "pod %s/%s deleted for %s: imaging container %s as Checkpoint %s (%llu MiB of GPU "
@@ -327,7 +282,7 @@ static int hold(struct agent_evict *e, const char *uid, const char *cid, char *m
 		name, bytes >> 20, needed, left);
 	if (create_checkpoint(e, &p, name, &err) < 0) {
 		snprintf(msg, len, "no image: %s; the pod ends as without GCR", err.msg);
-		e->pods.event(e->pods.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
+		e->hooks.event(e->hooks.data, uid, "Warning", "EvictionImageFailed", "Evict", msg);
 		return AGENT_EVICTMSG_FAILED;
 	}
 	return await_image(e, &p, uid, name, t0, msg, len);
@@ -516,7 +471,7 @@ static void *accept_main(void *data)
 	return NULL;
 }
 
-int agent_evict_new(struct agent_kube *kube, const struct agent_evict_pods *pods, struct agent_registry *reg,
+int agent_evict_new(struct agent_kube *kube, const struct agent_evict_hooks *hooks, struct agent_registry *reg,
 		    struct agent_metrics *m, const struct agent_evict_cfg *cfg, struct agent_evict **out,
 		    struct gcr_err *err)
 {
@@ -525,7 +480,7 @@ int agent_evict_new(struct agent_kube *kube, const struct agent_evict_pods *pods
 	if (e == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	e->kube = kube;
-	e->pods = *pods;
+	e->hooks = *hooks;
 	e->reg = reg;
 	e->m = m;
 	e->cfg = *cfg;
@@ -572,7 +527,8 @@ void agent_evict_free(struct agent_evict *e)
 	atomic_store(&e->stop, 1);
 	if (e->started)
 		pthread_join(e->th, NULL);
-	/* Holds in flight see stop within WATCH_MS, or their request's own bound. */
+	/* Holds in flight see stop within a second (the Checkpoint wait wakes that often), or their
+	 * request's own bound. */
 	pthread_mutex_lock(&e->lock);
 	while (e->active > 0)
 		pthread_cond_wait(&e->cv, &e->lock);

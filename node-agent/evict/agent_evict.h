@@ -4,6 +4,9 @@
 #ifndef AGENT_EVICT_H
 #define AGENT_EVICT_H
 
+#include <stdatomic.h>
+#include <stddef.h>
+
 #include "agent_kube.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
@@ -29,23 +32,28 @@ struct agent_evict_cfg {
 	struct agent_share *share;
 };
 
-/* This node's pods as another role knows them (the controller's pods watch, wired by the daemon):
- * eviction reads them and tells their owners through them, and so depends on no other role. */
-struct agent_evict_pods {
+/* This node's pods and Checkpoints as another role watches them (the controller, wired by the
+ * daemon): eviction reads them, tells pods' owners through them and waits on them, and so
+ * depends on no other role and polls nothing. */
+struct agent_evict_hooks {
 	/* A copy of this node's pod with metadata.uid uid (caller decrefs), NULL when not seen. */
 	json_t *(*by_uid)(void *data, const char *uid);
 	/* An Event on that pod (best effort). */
 	void (*event)(void *data, const char *uid, const char *type, const char *reason, const char *action,
 		      const char *note);
+	/* Until Checkpoint ns/name is final or the wall clock passes until_s: 1 Succeeded (msg: the
+	 * image's path), 0 Failed, deleted or late (msg says which), -ECANCELED once *stop. */
+	int (*ck_wait)(void *data, const char *ns, const char *name, double until_s, atomic_int *stop, char *msg,
+		       size_t len);
 	void *data;
 };
 
 struct agent_evict;
 
-/* Borrows kube, pods (copied; its data must outlive it), reg (the pod's processes) and m (may be
+/* Borrows kube, hooks (copied; its data must outlive it), reg (the pod's processes) and m (may be
  * NULL); they must outlive it. Listens on cfg->socket_path (open to every local user: a caller is
  * only ever about its own pod, named by its peer credentials). */
-int agent_evict_new(struct agent_kube *kube, const struct agent_evict_pods *pods, struct agent_registry *reg,
+int agent_evict_new(struct agent_kube *kube, const struct agent_evict_hooks *hooks, struct agent_registry *reg,
 		    struct agent_metrics *m, const struct agent_evict_cfg *cfg, struct agent_evict **out,
 		    struct gcr_err *err) __attribute__((warn_unused_result));
 
