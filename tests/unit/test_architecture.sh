@@ -9,7 +9,8 @@
 #  4. vendor-neutral code never asks which backend it runs on (no "== &shim_cuda_ops");
 #  5. node-agent/'s folders point one way: msg/ (wire formats) < kube/ (the API, pods) < node/
 #     (the node's services) < the roles (controller/, scaler/, overcommit/, evict/,
-#     deviceplugin/), which never include each other < daemon/ (the entry and its wiring).
+#     deviceplugin/), which never include each other < daemon/ (the entry and its wiring);
+#  6. docs/architecture.md's module table links every .c file of shim/, lib/ and node-agent/.
 set -euo pipefail
 top=${top_srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 exec python3 - "$top" <<'EOF'
@@ -123,6 +124,13 @@ for p in sources('node-agent'):
             dst = rq.split('/')[1]
             if dst != src and rank.get(dst, 99) >= rank[src]:
                 fail.append('%s includes %s (node-agent/%s/ may not depend on %s/)' % (rp, rq, src, dst))
+
+# A newcomer finds every module in docs/architecture.md: each .c file has its row, linked.
+doc = open(os.path.join(top, 'docs', 'architecture.md'), errors='replace').read()
+for p in sources('shim', 'lib', 'node-agent'):
+    rp = os.path.relpath(p, top)
+    if rp.endswith('.c') and '(../%s)' % rp not in doc:
+        fail.append('%s has no row in docs/architecture.md ("[`...`](../%s) | what it owns |")' % (rp, rp))
 
 for f in fail:
     print('FAIL', f)
