@@ -42,12 +42,15 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/kube/agent_leader.c node-agent/kube/agent_leader.h \
 	node-agent/kube/agent_objmap.c node-agent/kube/agent_objmap.h \
 	node-agent/scaler/agent_scaler.c node-agent/scaler/agent_scaler.h \
+	node-agent/scaler/agent_scaler_int.h node-agent/scaler/agent_scaler_status.c \
 	node-agent/scaler/agent_gate.c node-agent/scaler/agent_gate.h \
 	node-agent/scaler/agent_replace.c node-agent/scaler/agent_replace.h \
 	node-agent/node/agent_activity.c node-agent/node/agent_activity.h \
 	node-agent/node/agent_metrics.c node-agent/node/agent_metrics.h \
 	node-agent/node/agent_ocireg.c node-agent/node/agent_ocireg.h \
 	node-agent/overcommit/agent_room.c node-agent/overcommit/agent_room.h \
+	node-agent/overcommit/agent_room_int.h node-agent/overcommit/agent_room_request.c \
+	node-agent/overcommit/agent_room_hold.c \
 	node-agent/evict/agent_evict.c node-agent/evict/agent_evict.h
 node_agent_gcr_agent_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_gcr_agent_CFLAGS = $(AM_CFLAGS) $(JANSSON_CFLAGS) $(YAML_CFLAGS) $(CURL_CFLAGS) $(MHD_CFLAGS) \

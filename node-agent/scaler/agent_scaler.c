@@ -1,8 +1,10 @@
 /* agent_scaler: the cluster-level GPUResidency controller. Every agent watches the
  * GPUResidency objects; only the elected leader acts: it turns spec.replicas into
  * Checkpoint and Restore objects for chosen pods (which nodes' agents then run) and
- * writes status. All it knows it reads back from the API, so a new leader resumes. */
+ * writes status. All it knows it reads back from the API, so a new leader resumes. The status
+ * a pass writes is agent_scaler_status.c's; what the two share, agent_scaler_int.h. */
 #include "agent_scaler.h"
+#include "agent_scaler_int.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -20,13 +22,10 @@
 #include "gcr_time.h"
 #include "gcr_scale.h"
 
-#define API "/apis/gpucr.dev/v1alpha1"
 /* While anything is in flight, passes run this often (ms): Checkpoints and Restores
  * end in well under a second, and the status should say so soon after. */
 #define BUSY_MS 250
 #define RESYNC_MS_DEFAULT 2000
-/* A pod whose last operation failed is left alone this long (s) before a retry. */
-#define COOLDOWN_S 10
 /* Selected pods handled per GPUResidency at most (the CRD's status.pods maxItems). */
 #define MAX_PODS 10000
 /* Deleting a GPUResidency: Restores made per pod at most (failures counted from the API),
@@ -44,25 +43,9 @@
  * Lease: a new node's agent waits at most this (plus one heartbeat) to be seen as live. */
 #define KEEP_LEASES_S 5
 
-struct agent_scaler {
-	struct agent_kube *kube;
-	struct agent_leader *leader;
-	char *lease_ns;
-	char *agent_selq; /* the node agents' pods' label selector, query-escaped; NULL: none */
-	double leases_kept; /* when keep_leases last ran (s since the epoch) */
-	int resync_ms;
-	atomic_int stop;
-	pthread_mutex_t lock; /* guards cache and kick */
-	pthread_cond_t cond;
-	json_t *cache; /* "ns/name" -> GPUResidency */
-	int kick;      /* a change arrived since the last pass */
-	pthread_t watch, worker;
-	int watch_started, worker_started;
-};
-
 /* ---- small helpers ---- */
 
-static const char *str_at(json_t *o, const char *a, const char *b)
+const char *agent_scaler_str_at(json_t *o, const char *a, const char *b)
 {
 	json_t *x = json_object_get(o, a);
 	return json_string_value(b ? json_object_get(x, b) : x);
@@ -76,7 +59,7 @@ static double now_s(void)
 }
 
 /* Seconds since the epoch of an RFC 3339 UTC time with optional fraction; -1 when malformed. */
-static double parse_time(const char *s)
+double agent_scaler_parse_time(const char *s)
 {
 	struct tm tm = { 0 };
 	const char *end = s ? strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
@@ -89,16 +72,6 @@ static double parse_time(const char *s)
 			frac += (*end - '0') * scale;
 	}
 	return (double)timegm(&tm) + frac;
-}
-
-static void fmt_time(char *buf, size_t len, double t)
-{
-	time_t sec = (time_t)t;
-	struct tm tm;
-	gmtime_r(&sec, &tm);
-	char base[32];
-	strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(buf, len, "%s.%06ldZ", base, (long)((t - (double)sec) * 1e6));
 }
 
 /* A request with a JSON body (stolen, may be NULL); the leader check comes first so
@@ -164,65 +137,12 @@ static void *watch_main(void *data)
 
 /* ---- one GPUResidency ---- */
 
-enum okind { O_CK, O_RS };
-
-struct opr {
-	json_t *obj; /* borrowed from the pass's lists */
-	enum okind kind;
-	long seq;
-	int on_delete; /* a Restore made by the finalizer */
-	const char *name, *pod_uid, *pod_name, *reason, *message;
-	enum agent_phase phase;
-	double completed; /* completionTime, 0 if none */
-};
-
-struct podr {
-	const char *name, *uid, *node; /* borrowed */
-	json_t *labels;                /* the pod's labels (borrowed), for other GPUResidencies' selectors */
-	int selected;                  /* picked by the selector (else: leaving, or gone) */
-	int contested;                 /* also picked by an older GPUResidency, which acts on it: left alone */
-	const char *winner;            /* that one's name (borrowed from the pass's cache copy) */
-	int external;                  /* its node says suspended (or in flight) by something not ours */
-	int gone;                      /* deleted: its operations are removed */
-	int given_up;                  /* deleting: left suspended, its operations kept */
-	enum agent_phase phase;        /* the pod's phase, once read (same names as an operation's) */
-	enum gcr_scale_state state;
-	int pinned;
-	double last_active;
-	long long calls;
-	struct opr *latest;
-	long max_seq;
-	char op[160];        /* Kind/name of the operation deciding its state */
-	char msg[300];
-};
-
-struct pass {
-	struct agent_scaler *s;
-	json_t *res; /* the GPUResidency (owned copy) */
-	const char *ns, *name, *uid;
-	json_t *pods_list, *ck_list, *rs_list, *nodes; /* owned */
-	json_t *keep;                                  /* pods read one by one (owned): r->node */
-	int deleting;                                  /* deletionTimestamp set: the finalizer's pass */
-	struct opr *ops;
-	size_t nops;
-	struct podr *pods;
-	size_t npods;
-	int created, deleted, errors;
-	char selector[AGENT_SCALEMSG_SELECTOR_MAX];
-	/* SelectorConflict: checked (else the old condition is kept), pods lost to older
-	 * objects, and the condition's message (empty: no conflict). */
-	int conflict_checked, lost;
-	char conflict[1800];
-};
-
 static int is_final(const struct opr *o)
 {
 	return o->phase == AGENT_PHASE_SUCCEEDED || o->phase == AGENT_PHASE_FAILED;
 }
 
-static void event(struct pass *p, const char *type, const char *reason, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static void event(struct pass *p, const char *type, const char *reason, const char *fmt, ...)
+void agent_scaler_event(struct pass *p, const char *type, const char *reason, const char *fmt, ...)
 {
 	char note[1024];
 	va_list ap;
@@ -259,20 +179,22 @@ static void add_ops(struct pass *p, json_t *items, enum okind kind)
 	json_array_foreach(items, i, it)
 	{
 		json_t *md = json_object_get(it, "metadata");
-		const char *seq = str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_SEQ, NULL);
-		const char *uid = str_at(json_object_get(md, "labels"), AGENT_SCALER_LABEL_POD, NULL);
-		const char *pod = str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_POD, NULL);
-		if (seq == NULL || uid == NULL || pod == NULL || str_at(md, "name", NULL) == NULL)
+		const char *seq = agent_scaler_str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_SEQ, NULL);
+		const char *uid = agent_scaler_str_at(json_object_get(md, "labels"), AGENT_SCALER_LABEL_POD, NULL);
+		const char *pod = agent_scaler_str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_POD, NULL);
+		if (seq == NULL || uid == NULL || pod == NULL || agent_scaler_str_at(md, "name", NULL) == NULL)
 			continue; /* not one of ours after all */
 		struct opr *o = &p->ops[p->nops++];
-		*o = (struct opr){ .obj = it, .kind = kind, .seq = strtol(seq, NULL, 10), .name = str_at(md, "name", NULL),
-				   .pod_uid = uid, .pod_name = pod, .phase = agent_phase_of(str_at(it, "status", "phase")),
-				   .message = str_at(it, "status", "message") };
+		*o = (struct opr){ .obj = it, .kind = kind, .seq = strtol(seq, NULL, 10),
+				   .name = agent_scaler_str_at(md, "name", NULL), .pod_uid = uid, .pod_name = pod,
+				   .phase = agent_phase_of(agent_scaler_str_at(it, "status", "phase")),
+				   .message = agent_scaler_str_at(it, "status", "message") };
 		json_t *conds = json_object_get(json_object_get(it, "status"), "conditions");
-		o->reason = str_at(json_array_get(conds, 0), "reason", NULL);
-		const char *ct = str_at(it, "status", "completionTime");
-		o->completed = ct ? parse_time(ct) : 0;
-		o->on_delete = str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_ON_DELETE, NULL) != NULL;
+		o->reason = agent_scaler_str_at(json_array_get(conds, 0), "reason", NULL);
+		const char *ct = agent_scaler_str_at(it, "status", "completionTime");
+		o->completed = ct ? agent_scaler_parse_time(ct) : 0;
+		o->on_delete =
+			agent_scaler_str_at(json_object_get(md, "annotations"), AGENT_SCALER_ANN_ON_DELETE, NULL) != NULL;
 	}
 }
 
@@ -298,7 +220,7 @@ static int node_info(struct pass *p, const char *node, const char **note)
 		free(text);
 		json_object_set_new(p->nodes, node, e);
 	}
-	*note = str_at(e, "note", NULL);
+	*note = agent_scaler_str_at(e, "note", NULL);
 	return (int)json_integer_value(json_object_get(e, "live"));
 }
 
@@ -405,11 +327,11 @@ static void check_managed(struct pass *p, struct podr *r)
  * whole seconds). Every leader computes the same answer from the objects alone. */
 static int older(json_t *a, json_t *b)
 {
-	double ta = parse_time(str_at(a, "metadata", "creationTimestamp"));
-	double tb = parse_time(str_at(b, "metadata", "creationTimestamp"));
+	double ta = agent_scaler_parse_time(agent_scaler_str_at(a, "metadata", "creationTimestamp"));
+	double tb = agent_scaler_parse_time(agent_scaler_str_at(b, "metadata", "creationTimestamp"));
 	if (ta != tb)
 		return ta < tb;
-	return strcmp(str_at(a, "metadata", "name"), str_at(b, "metadata", "name")) < 0;
+	return strcmp(agent_scaler_str_at(a, "metadata", "name"), agent_scaler_str_at(b, "metadata", "name")) < 0;
 }
 
 /* Another GPUResidency of p's namespace that may act on pods: a valid spec (an invalid one
@@ -417,9 +339,9 @@ static int older(json_t *a, json_t *b)
  * suspended, and a shared pod is left to it until it is gone. */
 static int rival(const struct pass *p, json_t *o)
 {
-	const char *ns = str_at(o, "metadata", "namespace"), *uid = str_at(o, "metadata", "uid");
+	const char *ns = agent_scaler_str_at(o, "metadata", "namespace"), *uid = agent_scaler_str_at(o, "metadata", "uid");
 	json_t *rj = json_object_get(json_object_get(o, "spec"), "replicas");
-	return ns != NULL && uid != NULL && str_at(o, "metadata", "name") != NULL && strcmp(ns, p->ns) == 0 &&
+	return ns != NULL && uid != NULL && agent_scaler_str_at(o, "metadata", "name") != NULL && strcmp(ns, p->ns) == 0 &&
 	       strcmp(uid, p->uid) != 0 && json_is_integer(rj) && json_integer_value(rj) >= 0;
 }
 
@@ -448,7 +370,7 @@ static void find_conflicts(struct pass *p, json_t *all)
 				continue;
 			if (wins && !r->contested) {
 				r->contested = 1;
-				r->winner = str_at(o, "metadata", "name");
+				r->winner = agent_scaler_str_at(o, "metadata", "name");
 				p->lost++;
 			}
 			if (shared++ < CONFLICT_NAMES && nl < sizeof(names))
@@ -458,7 +380,8 @@ static void find_conflicts(struct pass *p, json_t *all)
 			continue;
 		len += (size_t)snprintf(p->conflict + len, sizeof(p->conflict) - len,
 					"%sGPUResidency %s selects %d of the same pods (%s%s): %s", len ? "; " : "",
-					str_at(o, "metadata", "name"), shared, names, shared > CONFLICT_NAMES ? ", ..." : "",
+					agent_scaler_str_at(o, "metadata", "name"), shared, names,
+					shared > CONFLICT_NAMES ? ", ..." : "",
 					wins ? "it is older and acts on them, this one leaves them alone"
 					     : "this one is older and acts on them, it leaves them alone");
 	}
@@ -579,7 +502,7 @@ static void prune(struct pass *p, const struct podr *r)
 {
 	/* A Restore in flight or failed still needs its Checkpoint; a Succeeded one does not. */
 	const char *keep_ck = r->latest && r->latest->kind == O_RS && r->latest->phase != AGENT_PHASE_SUCCEEDED
-				      ? str_at(r->latest->obj, "spec", "checkpointName")
+				      ? agent_scaler_str_at(r->latest->obj, "spec", "checkpointName")
 				      : NULL;
 	for (size_t i = 0; i < p->nops; i++) {
 		const struct opr *o = &p->ops[i];
@@ -609,13 +532,13 @@ static void not_selected(struct pass *p, struct podr *r, int resume)
 		json_decref(pod);
 		return;
 	}
-	const char *uid = str_at(pod, "metadata", "uid");
+	const char *uid = agent_scaler_str_at(pod, "metadata", "uid");
 	r->gone = st == 404 || uid == NULL || strcmp(uid, r->uid) != 0 ||
 		  json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp") != NULL;
 	if (!r->gone && json_array_append(p->keep, pod) == 0) {
 		if (r->node == NULL)
-			r->node = str_at(pod, "spec", "nodeName");
-		r->phase = agent_phase_of(str_at(pod, "status", "phase"));
+			r->node = agent_scaler_str_at(pod, "spec", "nodeName");
+		r->phase = agent_phase_of(agent_scaler_str_at(pod, "status", "phase"));
 	}
 	json_decref(pod);
 	if (r->gone) {
@@ -624,10 +547,10 @@ static void not_selected(struct pass *p, struct podr *r, int resume)
 		for (size_t i = 0; i < p->nops; i++)
 			if (strcmp(p->ops[i].pod_uid, r->uid) == 0)
 				delete_op(p, &p->ops[i]);
-		event(p, "Normal", "PodGone",
-		      "pod %s (uid %s) was deleted%s; its Checkpoint and Restore objects were removed, its "
-		      "host staging memory went with its process",
-		      r->name, r->uid, was_suspended ? " while suspended" : "");
+		agent_scaler_event(p, "Normal", "PodGone",
+				   "pod %s (uid %s) was deleted%s; its Checkpoint and Restore objects were removed, its "
+				   "host staging memory went with its process",
+				   r->name, r->uid, was_suspended ? " while suspended" : "");
 		return;
 	}
 	if (!resume)
@@ -642,211 +565,6 @@ static void not_selected(struct pass *p, struct podr *r, int resume)
 		r->latest = NULL; /* let go: every finished operation is removed */
 		prune(p, r);
 	}
-}
-
-/* The condition of that type in a status, or NULL. */
-static json_t *old_cond(json_t *old_status, const char *type)
-{
-	size_t i;
-	json_t *c, *found = NULL;
-	json_array_foreach(json_object_get(old_status, "conditions"), i, c)
-	{
-		if (str_at(c, "type", NULL) && strcmp(str_at(c, "type", NULL), type) == 0)
-			found = c;
-	}
-	return found;
-}
-
-static json_t *cond_one(const char *type, const char *status, const char *reason, const char *msg,
-			json_t *old_status, json_int_t gen)
-{
-	char now[40];
-	agent_kube_time(now, sizeof(now), 0);
-	json_t *old = old_cond(old_status, type);
-	const char *since = now;
-	if (old != NULL && str_at(old, "status", NULL) && strcmp(str_at(old, "status", NULL), status) == 0 &&
-	    str_at(old, "lastTransitionTime", NULL))
-		since = str_at(old, "lastTransitionTime", NULL);
-	return json_pack("{s:s, s:s, s:s, s:s, s:s, s:I}", "type", type, "status", status, "reason", reason, "message",
-			 msg, "lastTransitionTime", since, "observedGeneration", gen);
-}
-
-/* The conditions: Ready first (write_ready compares its message), then SelectorConflict:
- * from this pass when it looked for conflicts, else as it was. */
-static json_t *cond_json(const struct pass *p, const char *status, const char *reason, const char *msg,
-			 json_t *old_status, json_int_t gen)
-{
-	json_t *conds = json_pack("[o]", cond_one("Ready", status, reason, msg, old_status, gen));
-	json_t *sc = NULL;
-	if (p->conflict_checked && p->conflict[0] != '\0')
-		sc = cond_one("SelectorConflict", "True", "SelectorConflict", p->conflict, old_status, gen);
-	else if (p->conflict_checked)
-		sc = cond_one("SelectorConflict", "False", "NoConflict",
-			      "no other GPUResidency of the namespace selects any of its pods", old_status, gen);
-	else if (old_cond(old_status, "SelectorConflict") != NULL)
-		sc = json_deep_copy(old_cond(old_status, "SelectorConflict"));
-	if (sc != NULL)
-		json_array_append_new(conds, sc);
-	return conds;
-}
-
-/* Warning Event when a conflict begins or changes, Normal when it ends: once per change,
- * told by the stored condition (an Event lost with a failed status write comes next pass). */
-static void conflict_events(struct pass *p)
-{
-	json_t *old = old_cond(json_object_get(p->res, "status"), "SelectorConflict");
-	const char *was = str_at(old, "status", NULL), *oldmsg = str_at(old, "message", NULL);
-	int was_true = was != NULL && strcmp(was, "True") == 0;
-	if (!p->conflict_checked)
-		return;
-	if (p->conflict[0] != '\0' && (!was_true || oldmsg == NULL || strcmp(oldmsg, p->conflict) != 0))
-		event(p, "Warning", "SelectorConflict", "%s", p->conflict);
-	else if (p->conflict[0] == '\0' && was_true)
-		event(p, "Normal", "SelectorConflictResolved", "no other GPUResidency of the namespace selects any of its "
-		      "pods any more");
-}
-
-/* The status patch: counts, per-pod states, Ready, lastScale. Written only when it
- * differs from what is stored. */
-static void write_status(struct pass *p, int replicas, const struct gcr_scale_plan *plan, int busy)
-{
-	json_t *old = json_object_get(p->res, "status");
-	json_int_t gen = json_integer_value(json_object_get(json_object_get(p->res, "metadata"), "generation"));
-	int n[5] = { 0 }, selected = 0, external = 0;
-	json_t *pods = json_array();
-	for (size_t i = 0; i < p->npods; i++) {
-		struct podr *r = &p->pods[i];
-		if (r->gone)
-			continue;
-		if (r->selected) {
-			n[r->state]++;
-			selected++;
-			external += r->external && !r->contested;
-		}
-		json_t *e = json_pack("{s:s, s:s, s:s}", "name", r->name, "uid", r->uid, "state",
-				      gcr_scale_state_name(r->state));
-		if (r->node)
-			json_object_set_new(e, "node", json_string(r->node));
-		if (r->op[0])
-			json_object_set_new(e, "operation", json_string(r->op));
-		if (r->last_active > 0) {
-			char t[40];
-			fmt_time(t, sizeof(t), r->last_active);
-			json_object_set_new(e, "lastActivity", json_string(t));
-		}
-		if (r->msg[0])
-			json_object_set_new(e, "message", json_string(r->msg));
-		json_array_append_new(pods, e);
-	}
-	char msg[600];
-	const char *status = "False", *reason;
-	int resident = n[GCR_SCALE_RESIDENT];
-	if (selected == 0) {
-		reason = "NoPodsSelected";
-		snprintf(msg, sizeof(msg), "selector %.400s matches no pod in namespace %.120s", p->selector, p->ns);
-	} else if (p->lost > 0) {
-		/* Whatever the counts, this object does not control those pods: never Ready. */
-		reason = "SelectorConflict";
-		snprintf(msg, sizeof(msg), "%d of its %d pods are also selected by an older GPUResidency, which acts on "
-			 "them (condition SelectorConflict); %d resident of %d wanted", p->lost, selected, resident,
-			 replicas);
-	} else if (busy) {
-		reason = "Scaling";
-		snprintf(msg, sizeof(msg), "%d resident of %d wanted: %d suspending, %d resuming%s", resident, replicas,
-			 n[GCR_SCALE_SUSPENDING], n[GCR_SCALE_RESUMING],
-			 plan->waiting ? ", more once those end" : "");
-	} else if (resident < replicas && external > 0) {
-		reason = "SuspendedElsewhere";
-		snprintf(msg, sizeof(msg), "%d resident of %d wanted: %d pod(s) suspended by other means (a Checkpoint "
-			 "or gcrctl not of this GPUResidency) are left alone; see pods[]", resident, replicas, external);
-	} else if (resident < replicas && n[GCR_SCALE_SUSPENDED] == 0) {
-		reason = "NotEnoughPods";
-		snprintf(msg, sizeof(msg), "%d resident of %d wanted: no suspended pod left to resume (%d selected, %d "
-			 "of them unmanaged)", resident, replicas, selected, n[GCR_SCALE_UNMANAGED]);
-	} else if (resident != replicas) {
-		reason = "Retrying";
-		snprintf(msg, sizeof(msg), "%d resident of %d wanted: the last operation failed; retried after %d s",
-			 resident, replicas, COOLDOWN_S);
-	} else {
-		status = "True";
-		reason = "Scaled";
-		snprintf(msg, sizeof(msg), "%d resident, %d suspended%s", resident, n[GCR_SCALE_SUSPENDED],
-			 n[GCR_SCALE_UNMANAGED] ? " (and unmanaged pods: see pods[])" : "");
-	}
-	json_t *st = json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:I, s:s, s:o, s:o}", "replicas", resident, "selector",
-			       p->selector, "suspended", n[GCR_SCALE_SUSPENDED], "suspending", n[GCR_SCALE_SUSPENDING],
-			       "resuming", n[GCR_SCALE_RESUMING], "unmanaged", n[GCR_SCALE_UNMANAGED],
-			       "observedGeneration", gen, "leader", agent_leader_identity(p->s->leader), "pods", pods,
-			       "conditions", cond_json(p, status, reason, msg, old, gen));
-	/* lastScale: from the first pass that sees a new target to the one that finds it reached. */
-	json_t *ls = json_deep_copy(json_object_get(old, "lastScale"));
-	char now[40];
-	agent_kube_time(now, sizeof(now), 1);
-	int done_event = 0;
-	json_int_t took_ms = 0;
-	if (ls == NULL || json_integer_value(json_object_get(ls, "to")) != replicas ||
-	    json_object_get(ls, "to") == NULL) {
-		json_int_t from = json_is_integer(json_object_get(old, "replicas"))
-					  ? json_integer_value(json_object_get(old, "replicas"))
-					  : resident;
-		json_decref(ls);
-		ls = json_pack("{s:I, s:i, s:s, s:n, s:n}", "from", from, "to", replicas, "startTime", now,
-			       "completionTime", "durationMs");
-	}
-	if (strcmp(status, "True") == 0 && json_object_get(ls, "completionTime") == NULL) {
-		double t0 = parse_time(str_at(ls, "startTime", NULL)), t1 = parse_time(now);
-		json_object_set_new(ls, "completionTime", json_string(now));
-		took_ms = t0 > 0 && t1 >= t0 ? (json_int_t)((t1 - t0) * 1000) : 0;
-		json_object_set_new(ls, "durationMs", json_integer(took_ms));
-		done_event = 1;
-	}
-	/* Nulls (merge-patch deletions) are not stored: compare without them. */
-	json_t *ls_cmp = json_deep_copy(ls);
-	if (json_is_null(json_object_get(ls_cmp, "completionTime")))
-		json_object_del(ls_cmp, "completionTime");
-	if (json_is_null(json_object_get(ls_cmp, "durationMs")))
-		json_object_del(ls_cmp, "durationMs");
-	json_object_set_new(st, "lastScale", ls);
-	json_t *cmp = json_deep_copy(st);
-	json_object_set_new(cmp, "lastScale", ls_cmp);
-	if (old != NULL && json_equal(cmp, old)) {
-		json_decref(cmp);
-		json_decref(st);
-		return;
-	}
-	json_decref(cmp);
-	char path[700];
-	snprintf(path, sizeof(path), API "/namespaces/%s/gpuresidencies/%s", p->ns, p->name);
-	json_t *patch = json_pack("{s:o}", "status", st);
-	struct gcr_err err;
-	int rc = agent_leader_is_leader(p->s->leader) ? agent_kube_patch_status(p->s->kube, path, patch, &err)
-						      : gcr_err_set(&err, -EPERM, "no longer the leader");
-	json_decref(patch);
-	if (rc < 0) {
-		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: status: %s", p->ns, p->name, err.msg);
-		return;
-	}
-	if (done_event)
-		event(p, "Normal", "Scaled", "%d resident, %d suspended (target %d reached in %lld ms)", resident,
-		      n[GCR_SCALE_SUSPENDED], replicas, (long long)took_ms);
-}
-
-/* Writes only the Ready condition when nothing else can be known (or while deleting). */
-static void write_ready(struct pass *p, const char *status, const char *reason, const char *msg)
-{
-	char path[700];
-	json_int_t gen = json_integer_value(json_object_get(json_object_get(p->res, "metadata"), "generation"));
-	json_t *old = json_object_get(p->res, "status");
-	const char *oldmsg = str_at(json_array_get(json_object_get(old, "conditions"), 0), "message", NULL);
-	if (oldmsg != NULL && strcmp(oldmsg, msg) == 0)
-		return;
-	snprintf(path, sizeof(path), API "/namespaces/%s/gpuresidencies/%s", p->ns, p->name);
-	json_t *patch = json_pack("{s:{s:I, s:o}}", "status", "observedGeneration", gen, "conditions",
-				  cond_json(p, status, reason, msg, old, gen));
-	struct gcr_err err;
-	if (agent_leader_is_leader(p->s->leader) && agent_kube_patch_status(p->s->kube, path, patch, &err) < 0)
-		GCR_LOG(GCR_LOG_WARN, "scaler", "%s/%s: status: %s", p->ns, p->name, err.msg);
-	json_decref(patch);
 }
 
 /* ---- deletion: the finalizer ---- */
@@ -904,7 +622,8 @@ static int finalize(struct pass *p, double now)
 {
 	int pending = 0, given_up = 0, resumed = 0;
 	char names[600] = "";
-	double since = parse_time(str_at(json_object_get(p->res, "metadata"), "deletionTimestamp", NULL));
+	double since =
+		agent_scaler_parse_time(agent_scaler_str_at(json_object_get(p->res, "metadata"), "deletionTimestamp", NULL));
 	int overdue = since > 0 && now - since > DELETE_BOUND_S;
 	for (size_t i = 0; i < p->npods; i++) {
 		struct podr *r = &p->pods[i];
@@ -955,12 +674,12 @@ static int finalize(struct pass *p, double now)
 	char msg[800];
 	if (pending > 0 || p->errors > 0) {
 		snprintf(msg, sizeof(msg), "being deleted: resuming the pods it suspended (%d in flight)", pending);
-		write_ready(p, "False", "Deleting", msg);
+		agent_scaler_write_ready(p, "False", "Deleting", msg);
 		return 1;
 	}
 	if (given_up > 0) {
 		snprintf(msg, sizeof(msg), "being deleted: %d pod(s) left suspended: %.600s", given_up, names);
-		write_ready(p, "False", "ResumeOnDeleteFailed", msg);
+		agent_scaler_write_ready(p, "False", "ResumeOnDeleteFailed", msg);
 	}
 	for (size_t i = 0; i < p->nops; i++) {
 		const struct podr *r = pod_of(p, p->ops[i].pod_uid);
@@ -970,20 +689,22 @@ static int finalize(struct pass *p, double now)
 	if (p->errors > 0 || set_finalizer(p, 0) < 0)
 		return 1;
 	if (given_up > 0)
-		event(p, "Warning", "ResumeOnDeleteFailed",
-		      "deleted with %d pod(s) left suspended: %s; their Checkpoints are kept (create a Restore of "
-		      "one to resume its pod)", given_up, names);
+		agent_scaler_event(p, "Warning", "ResumeOnDeleteFailed",
+				   "deleted with %d pod(s) left suspended: %s; their Checkpoints are kept (create a "
+				   "Restore of one to resume its pod)", given_up, names);
 	else
-		event(p, "Normal", "ResumedOnDelete",
-		      "deleted: %d pod(s) resumed first; the Checkpoints and Restores it made were removed", resumed);
+		agent_scaler_event(p, "Normal", "ResumedOnDelete",
+				   "deleted: %d pod(s) resumed first; the Checkpoints and Restores it made were removed",
+				   resumed);
 	return 0;
 }
 
 /* One pass over one GPUResidency. Returns 1 when work is in flight (come back soon). */
 static int reconcile(struct agent_scaler *s, json_t *res, json_t *all)
 {
-	struct pass p = { .s = s, .res = res, .ns = str_at(res, "metadata", "namespace"),
-			  .name = str_at(res, "metadata", "name"), .uid = str_at(res, "metadata", "uid") };
+	struct pass p = { .s = s, .res = res, .ns = agent_scaler_str_at(res, "metadata", "namespace"),
+			  .name = agent_scaler_str_at(res, "metadata", "name"),
+			  .uid = agent_scaler_str_at(res, "metadata", "uid") };
 	int busy = 0;
 	if (p.ns == NULL || p.name == NULL || p.uid == NULL)
 		return 0;
@@ -1001,11 +722,11 @@ static int reconcile(struct agent_scaler *s, json_t *res, json_t *all)
 	if (!p.deleting) { /* deleting: only the pods of its operations matter, whatever the spec */
 		if (agent_scalemsg_selector(json_object_get(spec, "selector"), p.selector, sizeof(p.selector),
 					    &err) < 0) {
-			write_ready(&p, "False", "InvalidSelector", err.msg);
+			agent_scaler_write_ready(&p, "False", "InvalidSelector", err.msg);
 			return 0;
 		}
 		if (replicas < 0) {
-			write_ready(&p, "False", "InvalidSpec", "spec.replicas is missing or negative");
+			agent_scaler_write_ready(&p, "False", "InvalidSpec", "spec.replicas is missing or negative");
 			return 0;
 		}
 		if (agent_scalemsg_query_escape(p.selector, q, sizeof(q)) < 0)
@@ -1042,15 +763,17 @@ static int reconcile(struct agent_scaler *s, json_t *res, json_t *all)
 	json_t *it;
 	json_array_foreach(pitems, i, it)
 	{
-		const char *uid = str_at(it, "metadata", "uid"), *name = str_at(it, "metadata", "name");
+		const char *uid = agent_scaler_str_at(it, "metadata", "uid"),
+			   *name = agent_scaler_str_at(it, "metadata", "name");
 		if (p.npods >= npods || uid == NULL || name == NULL ||
 		    json_object_get(json_object_get(it, "metadata"), "deletionTimestamp") != NULL)
 			continue; /* going away: handled below, as not selected */
 		struct podr *r = &p.pods[p.npods++];
-		*r = (struct podr){ .name = name, .uid = uid, .node = str_at(it, "spec", "nodeName"), .selected = 1,
+		*r = (struct podr){ .name = name, .uid = uid, .node = agent_scaler_str_at(it, "spec", "nodeName"),
+				    .selected = 1,
 				    .labels = json_object_get(json_object_get(it, "metadata"), "labels"),
 				    .state = GCR_SCALE_RESIDENT };
-		const char *phase = str_at(it, "status", "phase");
+		const char *phase = agent_scaler_str_at(it, "status", "phase");
 		if (agent_phase_of(phase) != AGENT_PHASE_RUNNING) {
 			r->state = GCR_SCALE_UNMANAGED;
 			snprintf(r->msg, sizeof(r->msg), "pod is %s, not Running", phase ? phase : "without a phase");
@@ -1136,8 +859,8 @@ static int reconcile(struct agent_scaler *s, json_t *res, json_t *all)
 			busy = 1;
 	}
 	busy |= plan.waiting > 0 || p.created > 0;
-	conflict_events(&p);
-	write_status(&p, replicas, &plan, busy);
+	agent_scaler_conflict_events(&p);
+	agent_scaler_write_status(&p, replicas, &plan, busy);
 	busy |= p.errors > 0;
 out:
 	free(p.ops);
@@ -1182,13 +905,13 @@ static void keep_leases(struct agent_scaler *s)
 	json_t *it;
 	json_array_foreach(json_object_get(leases, "items"), i, it)
 	{
-		const char *n = str_at(json_object_get(it, "metadata"), "name", NULL);
+		const char *n = agent_scaler_str_at(json_object_get(it, "metadata"), "name", NULL);
 		if (n != NULL)
 			json_object_set_new(have, n, json_true());
 	}
 	json_array_foreach(json_object_get(pods, "items"), i, it)
 	{
-		const char *node = str_at(json_object_get(it, "spec"), "nodeName", NULL);
+		const char *node = agent_scaler_str_at(json_object_get(it, "spec"), "nodeName", NULL);
 		char name[300];
 		if (node == NULL || node[0] == '\0')
 			continue; /* not scheduled yet */
@@ -1202,7 +925,7 @@ static void keep_leases(struct agent_scaler *s)
 			GCR_LOG(GCR_LOG_WARN, "scaler", "%s; retrying in %d s", err.msg, KEEP_LEASES_S);
 		else if (rc == 1)
 			GCR_LOG(GCR_LOG_INFO, "scaler", "created heartbeat lease %s/%s for agent pod %s", s->lease_ns,
-				name, str_at(it, "metadata", "name"));
+				name, agent_scaler_str_at(it, "metadata", "name"));
 		json_object_set_new(have, name, json_true()); /* one attempt per node per round */
 	}
 out:
