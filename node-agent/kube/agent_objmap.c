@@ -1,5 +1,5 @@
 /* agent_objmap: the list-and-watch threads behind a mirror of objects (agent_objmap.h), as the
- * controller, the readiness gate and the replacement pod's scaler keep them. */
+ * controller, the GPUResidency scaler, the readiness gate and the replacement pod's scaler keep them. */
 #include "agent_objmap.h"
 
 #include <errno.h>

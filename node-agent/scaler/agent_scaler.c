@@ -99,40 +99,24 @@ static int api(struct agent_scaler *s, const char *method, const char *path, con
 
 /* ---- watch of GPUResidency objects (every agent; cheap: few objects) ---- */
 
-static void on_list(json_t *items, void *data)
+/* The mirror keeps each object whole (agent_objmap). */
+static json_t *om_slim(int kind, json_t *obj, void *data)
 {
-	struct agent_scaler *s = data;
-	json_t *m = agent_kube_index(items);
-	pthread_mutex_lock(&s->lock);
-	json_decref(s->cache);
-	s->cache = m;
-	s->kick = 1;
-	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
+	(void)kind;
+	(void)data;
+	return json_deep_copy(obj);
 }
 
-static void on_event(const struct agent_watch_event *ev, void *data)
+/* Under the lock: any change (or a list) asks for a pass. */
+static void om_changed(int kind, const char *key, json_t *old, json_t *cur, void *data)
 {
 	struct agent_scaler *s = data;
-	char key[600];
-	if (agent_kube_obj_key(ev->object, key, sizeof(key)) < 0)
-		return;
-	pthread_mutex_lock(&s->lock);
-	if (ev->type == AGENT_WATCH_DELETED)
-		json_object_del(s->cache, key);
-	else
-		json_object_set_new(s->cache, key, json_deep_copy(ev->object));
+	(void)kind;
+	(void)key;
+	(void)old;
+	(void)cur;
 	s->kick = 1;
 	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
-}
-
-static void *watch_main(void *data)
-{
-	struct agent_scaler *s = data;
-	struct agent_kube_watch_ops ops = { .on_list = on_list, .on_event = on_event, .data = s };
-	agent_kube_watch_loop(s->kube, API "/gpuresidencies", NULL, &ops, &s->stop);
-	return NULL;
 }
 
 /* ---- one GPUResidency ---- */
@@ -950,7 +934,7 @@ static void *worker_main(void *data)
 				break;
 		}
 		s->kick = 0;
-		json_t *all = json_deep_copy(s->cache);
+		json_t *all = json_deep_copy(agent_objmap_map_locked(s->om, 0));
 		pthread_mutex_unlock(&s->lock);
 		busy = 0;
 		if (s->agent_selq != NULL && agent_leader_is_leader(s->leader) &&
@@ -988,12 +972,19 @@ int agent_scaler_new(struct agent_kube *kube, struct agent_leader *leader, const
 	s->leader = leader;
 	s->resync_ms = cfg->resync_ms > 0 ? cfg->resync_ms : RESYNC_MS_DEFAULT;
 	s->lease_ns = strdup(cfg->lease_namespace ? cfg->lease_namespace : "gcr-system");
-	s->cache = json_object();
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
-	if (s->lease_ns == NULL || s->cache == NULL) {
+	if (s->lease_ns == NULL) {
 		agent_scaler_free(s);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
+	}
+	/* Every agent watches them (cheap: few objects); the leader acts on them. */
+	const struct agent_objmap_kind kind = { API "/gpuresidencies", NULL };
+	const struct agent_objmap_ops ops = { .slim = om_slim, .changed = om_changed, .data = s };
+	int rc = agent_objmap_new(kube, &s->lock, &kind, 1, &ops, &s->om, err);
+	if (rc < 0) {
+		agent_scaler_free(s);
+		return rc;
 	}
 	if (cfg->agent_selector != NULL && cfg->agent_selector[0] != '\0') {
 		char q[AGENT_SCALEMSG_SELECTOR_MAX];
@@ -1009,10 +1000,9 @@ int agent_scaler_new(struct agent_kube *kube, struct agent_leader *leader, const
 
 int agent_scaler_start(struct agent_scaler *s, struct gcr_err *err)
 {
-	int rc = pthread_create(&s->watch, NULL, watch_main, s);
-	if (rc != 0)
-		return gcr_err_set(err, -rc, "cannot start the scaler's watch: %s", strerror(rc));
-	s->watch_started = 1;
+	int rc = agent_objmap_start(s->om, err);
+	if (rc < 0)
+		return rc;
 	rc = pthread_create(&s->worker, NULL, worker_main, s);
 	if (rc != 0)
 		return gcr_err_set(err, -rc, "cannot start the scaler: %s", strerror(rc));
@@ -1030,9 +1020,7 @@ void agent_scaler_free(struct agent_scaler *s)
 	pthread_mutex_unlock(&s->lock);
 	if (s->worker_started)
 		pthread_join(s->worker, NULL);
-	if (s->watch_started)
-		pthread_join(s->watch, NULL);
-	json_decref(s->cache);
+	agent_objmap_free(s->om);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);
 	free(s->lease_ns);

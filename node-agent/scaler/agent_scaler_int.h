@@ -13,6 +13,7 @@
 
 #include "agent_kube.h"
 #include "agent_leader.h"
+#include "agent_objmap.h"
 #include "agent_phase.h"
 #include "agent_scalemsg.h"
 #include "gcr_scale.h"
@@ -29,12 +30,12 @@ struct agent_scaler {
 	double leases_kept; /* when keep_leases last ran (s since the epoch) */
 	int resync_ms;
 	atomic_int stop;
-	pthread_mutex_t lock; /* guards cache and kick */
+	pthread_mutex_t lock; /* guards the mirror's map and kick */
 	pthread_cond_t cond;
-	json_t *cache; /* "ns/name" -> GPUResidency */
-	int kick;      /* a change arrived since the last pass */
-	pthread_t watch, worker;
-	int watch_started, worker_started;
+	struct agent_objmap *om; /* GPUResidency objects, "ns/name" -> object (agent_objmap) */
+	int kick;                /* a change arrived since the last pass */
+	pthread_t worker;
+	int worker_started;
 };
 
 enum okind { O_CK, O_RS };
