@@ -6,6 +6,7 @@ noinst_LTLIBRARIES += node-agent/libgcragent.la
 node_agent_libgcragent_la_SOURCES = \
 	node-agent/node/agent_cgroup.c node-agent/node/agent_cgroup.h \
 	node-agent/daemon/agent_config.c node-agent/daemon/agent_config.h \
+	node-agent/daemon/agent_opts.c node-agent/daemon/agent_opts.h \
 	node-agent/node/agent_ociimg.c node-agent/node/agent_ociimg.h \
 	node-agent/node/agent_share.c node-agent/node/agent_share.h \
 	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \

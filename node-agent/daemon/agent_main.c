@@ -20,6 +20,7 @@
 #include "agent_kubeconfig.h"
 #include "agent_lease.h"
 #include "agent_leader.h"
+#include "agent_opts.h"
 #include "agent_scaler.h"
 #include "agent_activity.h"
 #include "agent_metrics.h"
@@ -42,6 +43,8 @@
 #define TEST_PAUSE_S_DEFAULT 60
 /* Most operations one agent runs at once (agent_controller's bound). */
 #define MAX_PARALLEL_MAX 64
+/* Most images kept per pod (images-keep). */
+#define IMAGES_KEEP_MAX 100
 
 /* Where the registry socket and the device plugin's per-container socket dirs go when not
  * given, under socketDir: changing only --socket-dir moves them all. The registry gets a
@@ -67,136 +70,140 @@ struct dp_cfg {
 	size_t n_env;                         /* pairs */
 };
 
+/* The options, typed (agent_opts: each row below parses and checks its slot). */
+enum role { ROLE_NODE, ROLE_SCALER, ROLE_ALL };
+enum oc_mode { OC_MODE_FULL, OC_MODE_DATA };
 struct cfg {
-	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root,
-		*context, *lease_namespace, *heartbeat_s, *leader_lease_s, *max_parallel, *role, *agent_selector,
-		*record_dir, *restore_grace_s, *images_dir, *images_keep, *images_shared, *overcommit, *overcommit_margin_mib, *overcommit_return_ms, *overcommit_idle_ms,
-		*outside_pods, *overcommit_mode, *overcommit_env, *kubelet_url, *kubelet_checkpoints,
-		*eviction, *eviction_rate, *eviction_fixed_s, *restore_port, *restore_wait_s, *restore_certs_dir,
-		*restore_cri_endpoint, *images_key_dir,
-		*share_pods, *share_registry, *share_holds, *share_room, *share_workers, *room_from, *unused_backoff_ms;
+	char *kubeconfig, *node_name, *socket_dir, *registry_socket, *metrics_address, *proc_root, *context,
+		*lease_namespace, *agent_selector, *record_dir, *images_dir, *room_from, *kubelet_url,
+		*kubelet_checkpoints, *restore_certs_dir, *restore_cri_endpoint, *images_key_dir;
+	bool images_shared, overcommit, overcommit_env, outside_pods, eviction;
+	long heartbeat_s, leader_lease_s, max_parallel, restore_grace_s, images_keep, overcommit_margin_mib,
+		overcommit_return_ms, overcommit_idle_ms, unused_backoff_ms, share_pods, share_registry, share_holds,
+		share_room, share_workers, eviction_rate, eviction_fixed_s, restore_port, restore_wait_s;
+	int role;           /* enum role */
+	int overcommit_mode; /* enum oc_mode */
 	struct dp_cfg dp;
 };
 
-/* One row per option: the YAML key (the flag's name) and its slot. */
-struct opt_row {
-	const char *name;  /* flag, and key in the file */
-	const char *camel; /* the same key as the Helm chart's config.yaml spells it */
-	size_t off;
-	const char *def;
-	const char *help;
-};
-
+static const char *const role_names[] = { "node", "scaler", "all", NULL };
+static const char *const oc_mode_names[] = { "full", "data", NULL };
 #define SLOT(f) offsetof(struct cfg, f)
-static const struct opt_row opts_table[] = {
-	{ "kubeconfig", "kubeconfig", SLOT(kubeconfig), NULL, "kubeconfig file (default: in-cluster service account)" },
-	{ "context", "context", SLOT(context), NULL, "kubeconfig context (default: current-context)" },
-	{ "node-name", "nodeName", SLOT(node_name), NULL, "this node's name (default: $NODE_NAME)" },
-	{ "socket-dir", "socketDir", SLOT(socket_dir), GCR_DEFAULT_SOCKET_DIR, "directory of the shims' control sockets" },
-	{ "registry-socket", "registrySocket", SLOT(registry_socket), NULL,
-	  "Unix socket the shims register on, in a directory of its own (default: <socket-dir>" REGISTRY_IN_SOCKET_DIR ")" },
-	{ "metrics-address", "metricsAddress", SLOT(metrics_address), "127.0.0.1:9464",
-	  "HOST:PORT of /metrics, /healthz, /readyz" },
-	{ "proc-root", "procRoot", SLOT(proc_root), "/proc", "where <pid>/cgroup and <pid>/stat files are read" },
-	{ "record-dir", "recordDir", SLOT(record_dir), NULL,
-	  "the agent's own record of each Checkpoint, root only (default: <socket-dir>" RECORDS_IN_SOCKET_DIR ")" },
-	{ "restore-grace-seconds", "restoreGraceSeconds", SLOT(restore_grace_s), "30",
-	  "a Restore whose Checkpoint does not exist waits this long (Pending) before it fails (1..3600)" },
-	{ "images-dir", "imagesDir", SLOT(images_dir), "/var/lib/gcr/images",
-	  "root of the images Checkpoints with action Image write, as <root>/<namespace>/<pod>/<name>" },
-	{ "images-keep", "imagesKeep", SLOT(images_keep), "2",
-	  "images kept per pod: the oldest past this many are removed when a new one commits (1..100)" },
-	{ "images-shared", "imagesShared", SLOT(images_shared), "false",
-	  "true: images-dir is one filesystem every node shares (the operator's promise): a Restore takes an image "
+static const struct agent_opt opts_table[] = {
+	{ "kubeconfig", "kubeconfig", AGENT_OPT_STR, SLOT(kubeconfig), NULL,
+	  .help = "kubeconfig file (default: in-cluster service account)" },
+	{ "context", "context", AGENT_OPT_STR, SLOT(context), NULL,
+	  .help = "kubeconfig context (default: current-context)" },
+	{ "node-name", "nodeName", AGENT_OPT_STR, SLOT(node_name), NULL,
+	  .help = "this node's name (default: $NODE_NAME)" },
+	{ "socket-dir", "socketDir", AGENT_OPT_STR, SLOT(socket_dir), GCR_DEFAULT_SOCKET_DIR,
+	  .help = "directory of the shims' control sockets" },
+	{ "registry-socket", "registrySocket", AGENT_OPT_STR, SLOT(registry_socket), NULL,
+	  .help = "Unix socket the shims register on, in a directory of its own (default: <socket-dir>" REGISTRY_IN_SOCKET_DIR ")" },
+	{ "metrics-address", "metricsAddress", AGENT_OPT_STR, SLOT(metrics_address), "127.0.0.1:9464",
+	  .help = "HOST:PORT of /metrics, /healthz, /readyz" },
+	{ "proc-root", "procRoot", AGENT_OPT_STR, SLOT(proc_root), "/proc",
+	  .help = "where <pid>/cgroup and <pid>/stat files are read" },
+	{ "record-dir", "recordDir", AGENT_OPT_STR, SLOT(record_dir), NULL,
+	  .help = "the agent's own record of each Checkpoint, root only (default: <socket-dir>" RECORDS_IN_SOCKET_DIR ")" },
+	{ "restore-grace-seconds", "restoreGraceSeconds", AGENT_OPT_INT, SLOT(restore_grace_s), "30", .lo = 1, .hi = 3600,
+	  .help = "a Restore whose Checkpoint does not exist waits this long (Pending) before it fails (1..3600)" },
+	{ "images-dir", "imagesDir", AGENT_OPT_STR, SLOT(images_dir), "/var/lib/gcr/images",
+	  .help = "root of the images Checkpoints with action Image write, as <root>/<namespace>/<pod>/<name>" },
+	{ "images-keep", "imagesKeep", AGENT_OPT_INT, SLOT(images_keep), "2", .lo = 1, .hi = IMAGES_KEEP_MAX,
+	  .help = "images kept per pod: the oldest past this many are removed when a new one commits (1..100)" },
+	{ "images-shared", "imagesShared", AGENT_OPT_BOOL, SLOT(images_shared), "false",
+	  .help = "true: images-dir is one filesystem every node shares (the operator's promise): a Restore takes an image "
 	  "another node wrote, and retention removes only the images this node wrote; false: images are node-local "
 	  "(another node's image is refused, ImageElsewhere)" },
-	{ "overcommit", "overcommit", SLOT(overcommit), "true",
-	  "true: a pod that opted in (gpucr.dev/overcommit: suspend; GCR_OVERCOMMIT=1 outside Kubernetes) and runs out "
+	{ "overcommit", "overcommit", AGENT_OPT_BOOL, SLOT(overcommit), "true",
+	  .help = "true: a pod that opted in (gpucr.dev/overcommit: suspend; GCR_OVERCOMMIT=1 outside Kubernetes) and runs out "
 	  "of GPU memory gets room by the suspend of lower-priority ones (docs/preemption.md); false: never" },
-	{ "overcommit-margin-mib", "overcommitMarginMiB", SLOT(overcommit_margin_mib), "0",
-	  "MiB made free beyond an allocation that asks for room (0..65536)" },
-	{ "overcommit-return-ms", "overcommitReturnMs", SLOT(overcommit_return_ms), "2000",
-	  "a suspended pod is resumed once its GPU has had room for it this long (ms, 1..600000) while the pod it "
+	{ "overcommit-margin-mib", "overcommitMarginMiB", AGENT_OPT_INT, SLOT(overcommit_margin_mib), "0", .lo = 0, .hi = 65536,
+	  .help = "MiB made free beyond an allocation that asks for room (0..65536)" },
+	{ "overcommit-return-ms", "overcommitReturnMs", AGENT_OPT_INT, SLOT(overcommit_return_ms), "2000", .lo = 1, .hi = 600000, .never = 1,
+	  .help = "a suspended pod is resumed once its GPU has had room for it this long (ms, 1..600000) while the pod it "
 	  "made room for still runs (that pod freed memory); -1: only when that pod ends" },
-	{ "overcommit-idle-ms", "overcommitIdleMs", SLOT(overcommit_idle_ms), "30000",
-	  "a pod that others were suspended for and that has made no GPU call this long (ms, 0..86400000; 0: never) "
+	{ "overcommit-idle-ms", "overcommitIdleMs", AGENT_OPT_INT, SLOT(overcommit_idle_ms), "30000", .lo = 0, .hi = 86400000,
+	  .help = "a pod that others were suspended for and that has made no GPU call this long (ms, 0..86400000; 0: never) "
 	  "is suspended itself so that they resume; its next call wakes it (suspending them again)" },
-	{ "overcommit-mode", "overcommitMode", SLOT(overcommit_mode), "full",
-	  "full: a victim leaves the GPU whole (data, then the driver's checkpoint); data: only its buffers "
+	{ "overcommit-mode", "overcommitMode", AGENT_OPT_ENUM, SLOT(overcommit_mode), "full", .names = oc_mode_names,
+	  .help = "full: a victim leaves the GPU whole (data, then the driver's checkpoint); data: only its buffers "
 	  "leave, its context stays (faster suspend and resume, a few hundred MiB left per victim)" },
-	{ "overcommit-env", "overcommitEnv", SLOT(overcommit_env), "true",
-	  "true: a process whose pod Kubernetes does not show is opted in and ranked by its environment "
+	{ "overcommit-env", "overcommitEnv", AGENT_OPT_BOOL, SLOT(overcommit_env), "true",
+	  .help = "true: a process whose pod Kubernetes does not show is opted in and ranked by its environment "
 	  "(GCR_OVERCOMMIT, GCR_PRIORITY, GCR_PREEMPTIBLE); false: only pods labelled gpucr.dev/overcommit take part "
 	  "(the chart: its device plugin sets GCR_OVERCOMMIT for every container)" },
-	{ "overcommit-room-from", "overcommitRoomFrom", SLOT(room_from), "",
-	  "which namespaces may suspend pods of which for room: 'REQUESTER=VICTIM,...;...', names or * (the chart's "
+	{ "overcommit-room-from", "overcommitRoomFrom", AGENT_OPT_STR, SLOT(room_from), "",
+	  .help = "which namespaces may suspend pods of which for room: 'REQUESTER=VICTIM,...;...', names or * (the chart's "
 	  "overcommit.roomFrom); a namespace always may from itself; empty: from itself only (docs/preemption.md)" },
-	{ "overcommit-unused-backoff-ms", "overcommitUnusedBackoffMs", SLOT(unused_backoff_ms), "60000",
-	  "a pod given room by suspends that does not use it within 3 s loses its priority this long (ms, "
+	{ "overcommit-unused-backoff-ms", "overcommitUnusedBackoffMs", AGENT_OPT_INT, SLOT(unused_backoff_ms), "60000", .lo = 1, .hi = 86400000, .never = 1,
+	  .help = "a pod given room by suspends that does not use it within 3 s loses its priority this long (ms, "
 	  "1..86400000; -1: never): its requests are refused and the pods held for it resume" },
-	{ "share-pods", "sharePods", SLOT(share_pods), "0",
-	  "pods a node's tables are shared among: each pod gets max(1, capacity / this) of each (0: devicePlugin.slots "
+	{ "share-pods", "sharePods", AGENT_OPT_INT, SLOT(share_pods), "0", .lo = 0, .hi = 1024,
+	  .help = "pods a node's tables are shared among: each pod gets max(1, capacity / this) of each (0: devicePlugin.slots "
 	  "with the device plugin on, else 32; docs/install.md, \"Shares per pod\")" },
-	{ "share-registry-per-pod", "shareRegistryPerPod", SLOT(share_registry), "0",
-	  "registered processes one pod may have at once (of 1024; 0: the fair share)" },
-	{ "share-holds-per-pod", "shareHoldsPerPod", SLOT(share_holds), "0",
-	  "gcr-hold connections one pod may have at once (of 64; 0: the fair share)" },
-	{ "share-room-per-pod", "shareRoomPerPod", SLOT(share_room), "0",
-	  "room requests one pod may have waiting at once (of 64; 0: the fair share)" },
-	{ "workers-per-namespace", "workersPerNamespace", SLOT(share_workers), "0",
-	  "Checkpoints and Restores of one namespace run at once on this node (of --max-parallel; 0: half of it, at "
+	{ "share-registry-per-pod", "shareRegistryPerPod", AGENT_OPT_INT, SLOT(share_registry), "0", .lo = 0, .hi = AGENT_REGISTRY_MAX,
+	  .help = "registered processes one pod may have at once (of 1024; 0: the fair share)" },
+	{ "share-holds-per-pod", "shareHoldsPerPod", AGENT_OPT_INT, SLOT(share_holds), "0", .lo = 0, .hi = AGENT_EVICT_MAX_HOLDS,
+	  .help = "gcr-hold connections one pod may have at once (of 64; 0: the fair share)" },
+	{ "share-room-per-pod", "shareRoomPerPod", AGENT_OPT_INT, SLOT(share_room), "0", .lo = 0, .hi = AGENT_ROOM_QUEUE,
+	  .help = "room requests one pod may have waiting at once (of 64; 0: the fair share)" },
+	{ "workers-per-namespace", "workersPerNamespace", AGENT_OPT_INT, SLOT(share_workers), "0", .lo = 0, .hi = MAX_PARALLEL_MAX,
+	  .help = "Checkpoints and Restores of one namespace run at once on this node (of --max-parallel; 0: half of it, at "
 	  "least 1)" },
-	{ "processes-outside-pods", "processesOutsidePods", SLOT(outside_pods), "false",
-	  "true: shims of processes outside pods register too (a machine without Kubernetes: gcrctl and "
+	{ "processes-outside-pods", "processesOutsidePods", AGENT_OPT_BOOL, SLOT(outside_pods), "false",
+	  .help = "true: shims of processes outside pods register too (a machine without Kubernetes: gcrctl and "
 	  "overcommit work on them; Checkpoint objects cannot name them)" },
-	{ "kubelet-url", "kubeletURL", SLOT(kubelet_url), NULL,
-	  "https://HOST:PORT of this node's kubelet, whose checkpoint API writes the CPU side of an Image with "
+	{ "kubelet-url", "kubeletURL", AGENT_OPT_STR, SLOT(kubelet_url), NULL,
+	  .help = "https://HOST:PORT of this node's kubelet, whose checkpoint API writes the CPU side of an Image with "
 	  "spec.cpuCheckpoint Kubelet (default: none, such Images fail)" },
-	{ "kubelet-checkpoints-dir", "kubeletCheckpointsDir", SLOT(kubelet_checkpoints), "/var/lib/kubelet/checkpoints",
-	  "where the kubelet writes its checkpoint archives (its root dir + /checkpoints, mounted at the same path): "
+	{ "kubelet-checkpoints-dir", "kubeletCheckpointsDir", AGENT_OPT_STR, SLOT(kubelet_checkpoints), "/var/lib/kubelet/checkpoints",
+	  .help = "where the kubelet writes its checkpoint archives (its root dir + /checkpoints, mounted at the same path): "
 	  "an Image cut short by an agent restart during the kubelet's checkpoint has its archive removed there" },
-	{ "eviction", "eviction", SLOT(eviction), "false",
-	  "true: a pod labelled gpucr.dev/evict: image whose preStop hook runs gcr-hold is imaged (a Checkpoint "
+	{ "eviction", "eviction", AGENT_OPT_BOOL, SLOT(eviction), "false",
+	  .help = "true: a pod labelled gpucr.dev/evict: image whose preStop hook runs gcr-hold is imaged (a Checkpoint "
 	  "evict-<pod>-<uid>, needs --kubelet-url) when it is deleted for preemption or drain; false: gcr-hold is "
 	  "answered at once" },
-	{ "eviction-rate-mib-s", "evictionRateMiBs", SLOT(eviction_rate), "200",
-	  "GPU data an eviction image writes per second, conservatively (MiB/s, 1..100000): with "
+	{ "eviction-rate-mib-s", "evictionRateMiBs", AGENT_OPT_INT, SLOT(eviction_rate), "200", .lo = 1, .hi = 100000,
+	  .help = "GPU data an eviction image writes per second, conservatively (MiB/s, 1..100000): with "
 	  "--eviction-fixed-seconds, the estimate weighed against the grace period left" },
-	{ "eviction-fixed-seconds", "evictionFixedSeconds", SLOT(eviction_fixed_s), "15",
-	  "seconds an eviction image needs besides its GPU data (the container's CRIU dump, the archive; 1..3600)" },
-	{ "restore-registry-port", "restoreRegistryPort", SLOT(restore_port), "0",
-	  "eviction images restored into replacement pods (docs/preemption.md, \"The replacement pod\"): role node "
+	{ "eviction-fixed-seconds", "evictionFixedSeconds", AGENT_OPT_INT, SLOT(eviction_fixed_s), "15", .lo = 1, .hi = 3600,
+	  .help = "seconds an eviction image needs besides its GPU data (the container's CRIU dump, the archive; 1..3600)" },
+	{ "restore-registry-port", "restoreRegistryPort", AGENT_OPT_INT, SLOT(restore_port), "0", .lo = 0, .hi = 65535,
+	  .help = "eviction images restored into replacement pods (docs/preemption.md, \"The replacement pod\"): role node "
 	  "serves them on 127.0.0.1:PORT of its network namespace (the host's), role scaler points gated pods there; "
 	  "0: off (0..65535)" },
-	{ "restore-registry-certs-dir", "restoreRegistryCertsDir", SLOT(restore_certs_dir), "/etc/containerd/certs.d",
-	  "containerd's registry configuration root (its CRI config_path): the agent writes hosts.toml, a CA and a "
+	{ "restore-registry-certs-dir", "restoreRegistryCertsDir", AGENT_OPT_STR, SLOT(restore_certs_dir), "/etc/containerd/certs.d",
+	  .help = "containerd's registry configuration root (its CRI config_path): the agent writes hosts.toml, a CA and a "
 	  "client certificate for https://127.0.0.1:PORT into <dir>/127.0.0.1_PORT_ at every start, so that containerd "
 	  "pulls checkpoint images from this agent only (docs/install.md, \"The image registry\")" },
-	{ "restore-cri-endpoint", "restoreCriEndpoint", SLOT(restore_cri_endpoint), NULL,
-	  "the container runtime's CRI socket (the kubelet's): checkpoint images are removed from the node's image "
+	{ "restore-cri-endpoint", "restoreCriEndpoint", AGENT_OPT_STR, SLOT(restore_cri_endpoint), NULL,
+	  .help = "the container runtime's CRI socket (the kubelet's): checkpoint images are removed from the node's image "
 	  "store once a container was started from them or their token is withdrawn (default: none, they stay)" },
-	{ "images-key-dir", "imagesKeyDir", SLOT(images_key_dir), NULL,
-	  "directory of the shared images' key (\"key\", and \"previous\" while rotating): every image is signed, "
+	{ "images-key-dir", "imagesKeyDir", AGENT_OPT_STR, SLOT(images_key_dir), NULL,
+	  .help = "directory of the shared images' key (\"key\", and \"previous\" while rotating): every image is signed, "
 	  "every restore refuses one not signed with it; required with --images-shared (docs/images.md)" },
-	{ "restore-wait-seconds", "restoreWaitSeconds", SLOT(restore_wait_s), "90",
-	  "a pod gated gpucr.dev/restore waits this long for its owner's eviction Checkpoint in progress, and a "
+	{ "restore-wait-seconds", "restoreWaitSeconds", AGENT_OPT_INT, SLOT(restore_wait_s), "90", .lo = 1, .hi = 3600,
+	  .help = "a pod gated gpucr.dev/restore waits this long for its owner's eviction Checkpoint in progress, and a "
 	  "restored pod for its container, before it starts cold (1..3600)" },
-	{ "lease-namespace", "leaseNamespace", SLOT(lease_namespace), NULL,
-	  "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
+	{ "lease-namespace", "leaseNamespace", AGENT_OPT_STR, SLOT(lease_namespace), NULL,
+	  .help = "namespace of the node heartbeat Leases and the scaler's leader Lease (default: $POD_NAMESPACE, else "
 	  LEASE_NS_DEFAULT ")" },
-	{ "heartbeat-seconds", "heartbeatSeconds", SLOT(heartbeat_s), "10",
-	  "node heartbeat period; pods' activity is sampled at the same pace (1..39)" },
-	{ "leader-lease-seconds", "leaderLeaseSeconds", SLOT(leader_lease_s), "15",
-	  "term of the scaler's leader Lease: another agent takes over this long after the leader stops (1..300)" },
-	{ "max-parallel", "maxParallel", SLOT(max_parallel), "4",
-	  "Checkpoints and Restores run at once on this node, each on a different pod (1..64)" },
-	{ "agent-selector", "agentSelector", SLOT(agent_selector), NULL,
-	  "label selector of the node agents' pods in the lease namespace: the scaler creates the heartbeat "
+	{ "heartbeat-seconds", "heartbeatSeconds", AGENT_OPT_INT, SLOT(heartbeat_s), "10", .lo = 1, .hi = AGENT_LEASE_DURATION_S - 1,
+	  .help = "node heartbeat period; pods' activity is sampled at the same pace (1..39)" },
+	{ "leader-lease-seconds", "leaderLeaseSeconds", AGENT_OPT_INT, SLOT(leader_lease_s), "15", .lo = 1, .hi = 300,
+	  .help = "term of the scaler's leader Lease: another agent takes over this long after the leader stops (1..300)" },
+	{ "max-parallel", "maxParallel", AGENT_OPT_INT, SLOT(max_parallel), "4", .lo = 1, .hi = MAX_PARALLEL_MAX,
+	  .help = "Checkpoints and Restores run at once on this node, each on a different pod (1..64)" },
+	{ "agent-selector", "agentSelector", AGENT_OPT_STR, SLOT(agent_selector), NULL,
+	  .help = "label selector of the node agents' pods in the lease namespace: the scaler creates the heartbeat "
 	  "Lease of each node they run on (role node cannot create Leases)" },
-	{ "role", "role", SLOT(role), "all",
-	  "node (controller, device plugin, registry, heartbeat), scaler (leader election, GPUResidency scaler, "
+	{ "role", "role", AGENT_OPT_ENUM, SLOT(role), "all", .names = role_names,
+	  .help = "node (controller, device plugin, registry, heartbeat), scaler (leader election, GPUResidency scaler, "
 	  "readiness gates) or all (both: one machine)" },
 };
+
 
 /* The devicePlugin section: strings; enabled, slots and pollMs are parsed in dp_opt. */
 #define DP_SLOT(f) offsetof(struct dp_cfg, f)
@@ -220,28 +227,11 @@ static const struct {
 /* Most device-plugin slots, and the longest kubelet poll period (ms). */
 #define DP_SLOTS_MAX 1024
 #define DP_POLL_MS_MAX 60000
-/* Most images kept per pod (images-keep). */
-#define IMAGES_KEEP_MAX 100
 #define NOPTS (sizeof(opts_table) / sizeof(opts_table[0]))
-
-static char **slot(struct cfg *c, const struct opt_row *r)
-{
-	return (char **)(void *)((char *)c + r->off);
-}
 
 static int set_opt(struct cfg *c, const char *name, const char *value, struct gcr_err *err)
 {
-	for (size_t i = 0; i < NOPTS; i++) {
-		if (strcmp(opts_table[i].name, name) == 0 || strcmp(opts_table[i].camel, name) == 0) {
-			char *v = strdup(value);
-			if (v == NULL)
-				return gcr_err_set(err, -ENOMEM, "out of memory");
-			free(*slot(c, &opts_table[i]));
-			*slot(c, &opts_table[i]) = v;
-			return 0;
-		}
-	}
-	return gcr_err_set(err, -EINVAL, "unknown option '%s'", name);
+	return agent_opts_set(opts_table, NOPTS, c, name, value, err);
 }
 
 static char **dp_slot(struct dp_cfg *d, size_t off)
@@ -388,10 +378,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: gcr-agent [--config FILE] [--OPTION VALUE]...\n"
 		   "The GCR node agent: runs Checkpoint and Restore objects for this node's pods.\n");
-	for (size_t i = 0; i < NOPTS; i++)
-		fprintf(f, "  --%-18s %s%s%s%s\n", opts_table[i].name, opts_table[i].help,
-			opts_table[i].def ? " [" : "", opts_table[i].def ? opts_table[i].def : "",
-			opts_table[i].def ? "]" : "");
+	agent_opts_usage(f, opts_table, NOPTS);
 	fprintf(f, "  --%-18s YAML file with the options above as keys (flags win), and a devicePlugin\n"
 		   "  %-20s section: enabled [false], resourceName, slots, kubeletDir, endpoint, shimHostDir,\n"
 		   "  %-20s shimContainerDir, socketRoot [<socket-dir>" SOCKET_ROOT_IN_SOCKET_DIR "], socketContainerDir,\n"
@@ -404,10 +391,7 @@ static void usage(FILE *f)
 
 static void cfg_free(struct cfg *c)
 {
-	for (size_t i = 0; i < NOPTS; i++) {
-		free(*slot(c, &opts_table[i]));
-		*slot(c, &opts_table[i]) = NULL;
-	}
+	agent_opts_free(opts_table, NOPTS, c);
 	for (size_t i = 0; i < NDP_STRINGS; i++) {
 		free(*dp_slot(&c->dp, dp_strings[i].off));
 		*dp_slot(&c->dp, dp_strings[i].off) = NULL;
@@ -419,17 +403,6 @@ static void cfg_free(struct cfg *c)
 	c->dp.n_env = 0;
 }
 
-/* An option holding whole seconds in 1..max; *out (may be NULL) gets it. */
-static int seconds_opt(const char *name, const char *v, int max, int *out, struct gcr_err *err)
-{
-	char *end = NULL;
-	long n = v ? strtol(v, &end, 10) : 0;
-	if (v == NULL || end == v || *end != '\0' || n < 1 || n > max)
-		return gcr_err_set(err, -EINVAL, "--%s: '%s' is not an integer in 1..%d", name, v ? v : "", max);
-	if (out != NULL)
-		*out = (int)n;
-	return 0;
-}
 
 /* registrySocket and devicePlugin.socketRoot from socketDir when not given; then refuses a
  * socketRoot inside the registry socket's directory (every opted-in pod would see the other
@@ -484,6 +457,9 @@ static int derive_paths(struct cfg *c, struct gcr_err *err)
 static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 {
 	const char *config = NULL;
+	int rc = agent_opts_defaults(opts_table, NOPTS, c, err);
+	if (rc < 0)
+		return rc;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			usage(stdout);
@@ -494,11 +470,8 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 		else if (strncmp(argv[i], "--config=", 9) == 0)
 			config = argv[i] + 9;
 	}
-	if (config != NULL) {
-		int rc = load_config(c, config, err);
-		if (rc < 0)
-			return rc;
-	}
+	if (config != NULL && (rc = load_config(c, config, err)) < 0)
+		return rc;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = NULL;
 		char name[64];
@@ -516,8 +489,7 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 		}
 		if (strcmp(name, "config") == 0)
 			continue;
-		int rc = set_opt(c, name, v, err);
-		if (rc < 0)
+		if ((rc = set_opt(c, name, v, err)) < 0)
 			return rc;
 	}
 	if (c->node_name == NULL && getenv("NODE_NAME") != NULL && set_opt(c, "node-name", getenv("NODE_NAME"), err) < 0)
@@ -526,107 +498,25 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 	if (c->lease_namespace == NULL &&
 	    set_opt(c, "lease-namespace", pod_ns && pod_ns[0] ? pod_ns : LEASE_NS_DEFAULT, err) < 0)
 		return -ENOMEM;
-	for (size_t i = 0; i < NOPTS; i++)
-		if (*slot(c, &opts_table[i]) == NULL && opts_table[i].def != NULL &&
-		    set_opt(c, opts_table[i].name, opts_table[i].def, err) < 0)
-			return -ENOMEM;
 	if (derive_paths(c, err) < 0)
 		return err->code;
-	if (strcmp(c->role, "node") != 0 && strcmp(c->role, "scaler") != 0 && strcmp(c->role, "all") != 0)
-		return gcr_err_set(err, -EINVAL, "--role: '%s' is not node, scaler or all", c->role);
-	if (strcmp(c->role, "scaler") != 0 && (c->node_name == NULL || c->node_name[0] == '\0'))
+	/* Each value was checked as it was set (agent_opts); what is left are the rules between them. */
+	if (c->role != ROLE_SCALER && (c->node_name == NULL || c->node_name[0] == '\0'))
 		return gcr_err_set(err, -EINVAL, "no node name: pass --node-name or set NODE_NAME");
-	if (seconds_opt("heartbeat-seconds", c->heartbeat_s, AGENT_LEASE_DURATION_S - 1, NULL, err) < 0 ||
-	    seconds_opt("leader-lease-seconds", c->leader_lease_s, 300, NULL, err) < 0 ||
-	    seconds_opt("max-parallel", c->max_parallel, MAX_PARALLEL_MAX, NULL, err) < 0 ||
-	    seconds_opt("images-keep", c->images_keep, IMAGES_KEEP_MAX, NULL, err) < 0)
-		return -EINVAL;
-	if (strcmp(c->overcommit_env, "true") != 0 && strcmp(c->overcommit_env, "false") != 0)
-		return gcr_err_set(err, -EINVAL, "--overcommit-env: '%s' is not true or false", c->overcommit_env);
-	if (strcmp(c->overcommit_mode, "full") != 0 && strcmp(c->overcommit_mode, "data") != 0)
-		return gcr_err_set(err, -EINVAL, "--overcommit-mode: '%s' is not full or data", c->overcommit_mode);
-	if (strcmp(c->outside_pods, "true") != 0 && strcmp(c->outside_pods, "false") != 0)
-		return gcr_err_set(err, -EINVAL, "--processes-outside-pods: '%s' is not true or false", c->outside_pods);
-	if (strcmp(c->eviction, "true") != 0 && strcmp(c->eviction, "false") != 0)
-		return gcr_err_set(err, -EINVAL, "--eviction: '%s' is not true or false", c->eviction);
-	if (strcmp(c->images_shared, "true") != 0 && strcmp(c->images_shared, "false") != 0)
-		return gcr_err_set(err, -EINVAL, "--images-shared: '%s' is not true or false", c->images_shared);
-	if (seconds_opt("eviction-rate-mib-s", c->eviction_rate, 100000, NULL, err) < 0 ||
-	    seconds_opt("eviction-fixed-seconds", c->eviction_fixed_s, 3600, NULL, err) < 0)
-		return -EINVAL;
 	/* The scaler reads the same file and images nothing. */
-	if (strcmp(c->eviction, "true") == 0 && strcmp(c->role, "scaler") != 0 &&
-	    (c->kubelet_url == NULL || c->kubelet_url[0] == '\0'))
+	if (c->eviction && c->role != ROLE_SCALER && (c->kubelet_url == NULL || c->kubelet_url[0] == '\0'))
 		return gcr_err_set(err, -EINVAL, "--eviction true needs --kubelet-url: an eviction image's CPU side is the "
 				   "kubelet's checkpoint (the chart's images.kubelet.enabled)");
-	if (strcmp(c->overcommit, "true") != 0 && strcmp(c->overcommit, "false") != 0)
-		return gcr_err_set(err, -EINVAL, "--overcommit: '%s' is not true or false", c->overcommit);
-	{
-		char *end = NULL;
-		long v = strtol(c->overcommit_margin_mib, &end, 10);
-		if (end == c->overcommit_margin_mib || *end != '\0' || v < 0 || v > 65536)
-			return gcr_err_set(err, -EINVAL, "--overcommit-margin-mib: '%s' is not an integer in 0..65536",
-					   c->overcommit_margin_mib);
-	}
-	{
-		char *end = NULL;
-		long v = strtol(c->overcommit_return_ms, &end, 10);
-		if (end == c->overcommit_return_ms || *end != '\0' || v < -1 || v == 0 || v > 600000)
-			return gcr_err_set(err, -EINVAL, "--overcommit-return-ms: '%s' is not -1 or an integer in 1..600000",
-					   c->overcommit_return_ms);
-	}
-	{
-		char *end = NULL;
-		long v = strtol(c->overcommit_idle_ms, &end, 10);
-		if (end == c->overcommit_idle_ms || *end != '\0' || v < 0 || v > 86400000)
-			return gcr_err_set(err, -EINVAL, "--overcommit-idle-ms: '%s' is not an integer in 0..86400000",
-					   c->overcommit_idle_ms);
-	}
-	{
-		char *end = NULL;
-		long v = strtol(c->unused_backoff_ms, &end, 10);
-		if (end == c->unused_backoff_ms || *end != '\0' || v < -1 || v == 0 || v > 86400000)
-			return gcr_err_set(err, -EINVAL, "--overcommit-unused-backoff-ms: '%s' is not -1 or an integer in "
-					   "1..86400000", c->unused_backoff_ms);
-	}
-	{
-		static const struct {
-			const char *name;
-			size_t off;
-			long max;
-		} counts[] = { { "share-pods", SLOT(share_pods), 1024 },
-			       { "share-registry-per-pod", SLOT(share_registry), AGENT_REGISTRY_MAX },
-			       { "share-holds-per-pod", SLOT(share_holds), AGENT_EVICT_MAX_HOLDS },
-			       { "share-room-per-pod", SLOT(share_room), AGENT_ROOM_QUEUE },
-			       { "workers-per-namespace", SLOT(share_workers), MAX_PARALLEL_MAX } };
-		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
-			const char *v = *(char **)(void *)((char *)c + counts[i].off);
-			char *end = NULL;
-			long n = strtol(v, &end, 10);
-			if (end == v || *end != '\0' || n < 0 || n > counts[i].max)
-				return gcr_err_set(err, -EINVAL, "--%s: '%s' is not an integer in 0..%ld", counts[i].name, v,
-						   counts[i].max);
-		}
-		struct agent_roompolicy *pol = malloc(sizeof(*pol));
-		int prc = pol != NULL ? agent_roompolicy_parse(c->room_from, strlen(c->room_from), pol, err)
-				      : gcr_err_set(err, -ENOMEM, "out of memory");
-		free(pol);
-		if (prc < 0)
-			return gcr_err_wrap(err, "--overcommit-room-from");
-	}
-	{
-		char *end = NULL;
-		long v = strtol(c->restore_port, &end, 10);
-		if (end == c->restore_port || *end != '\0' || v < 0 || v > 65535)
-			return gcr_err_set(err, -EINVAL, "--restore-registry-port: '%s' is not an integer in 0..65535",
-					   c->restore_port);
-	}
-	if (seconds_opt("restore-wait-seconds", c->restore_wait_s, 3600, NULL, err) < 0)
-		return -EINVAL;
+	struct agent_roompolicy *pol = malloc(sizeof(*pol));
+	int prc = pol != NULL ? agent_roompolicy_parse(c->room_from, strlen(c->room_from), pol, err)
+			      : gcr_err_set(err, -ENOMEM, "out of memory");
+	free(pol);
+	if (prc < 0)
+		return gcr_err_wrap(err, "--overcommit-room-from");
 	if (c->images_dir[0] != '/')
 		return gcr_err_set(err, -EINVAL, "--images-dir: '%s' is not an absolute path", c->images_dir);
 	/* On storage other machines write to, CRC-32C is no defence: images are signed there. */
-	if (strcmp(c->images_shared, "true") == 0 && (c->images_key_dir == NULL || c->images_key_dir[0] != '/'))
+	if (c->images_shared && (c->images_key_dir == NULL || c->images_key_dir[0] != '/'))
 		return gcr_err_set(err, -EINVAL, "--images-shared needs --images-key-dir (an absolute path): images "
 				   "on shared storage are signed with a key the agents hold (docs/images.md, \"Shared storage\")");
 	if (c->restore_certs_dir[0] != '/')
@@ -784,20 +674,20 @@ struct shares {
 
 static int shares_new(const struct cfg *c, int max_parallel, struct shares *out, struct gcr_err *err)
 {
-	int pods = atoi(c->share_pods);
+	int pods = (int)c->share_pods;
 	if (pods == 0)
 		pods = c->dp.enabled ? (c->dp.slots ? (int)c->dp.slots : 16) : AGENT_SHARE_OWNERS_DEFAULT;
-	int per_ns = atoi(c->share_workers) > 0 ? atoi(c->share_workers) : (max_parallel / 2 > 1 ? max_parallel / 2 : 1);
+	int per_ns = c->share_workers > 0 ? (int)c->share_workers : (max_parallel / 2 > 1 ? max_parallel / 2 : 1);
 	*out = (struct shares){ .ss = agent_shares_new() };
 	if (out->ss == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	const struct agent_share_cfg t[] = {
 		{ .name = "registry", .what = "registered processes", .owner = "pod", .capacity = AGENT_REGISTRY_MAX,
-		  .per_owner = atoi(c->share_registry), .owners = pods, .tell = 1 },
+		  .per_owner = (int)c->share_registry, .owners = pods, .tell = 1 },
 		{ .name = "holds", .what = "eviction holds (gcr-hold)", .owner = "pod", .capacity = AGENT_EVICT_MAX_HOLDS,
-		  .per_owner = atoi(c->share_holds), .owners = pods, .tell = 1 },
+		  .per_owner = (int)c->share_holds, .owners = pods, .tell = 1 },
 		{ .name = "room", .what = "waiting room requests", .owner = "pod", .capacity = AGENT_ROOM_QUEUE,
-		  .per_owner = atoi(c->share_room), .owners = pods, .tell = 1 },
+		  .per_owner = (int)c->share_room, .owners = pods, .tell = 1 },
 		{ .name = "workers", .what = "Checkpoint and Restore workers", .owner = "namespace",
 		  .capacity = max_parallel, .per_owner = per_ns },
 	};
@@ -865,7 +755,7 @@ int main(int argc, char **argv)
 	}
 	/* Role node: what needs the node (host pids, sockets, kubelet) and only its RBAC; role
 	 * scaler: the cluster-level writers (Checkpoints, Restores, readiness gates); all: both. */
-	const bool node = strcmp(cfg.role, "scaler") != 0, scale = strcmp(cfg.role, "node") != 0;
+	const bool node = cfg.role != ROLE_SCALER, scale = cfg.role != ROLE_NODE;
 	/* SIGTERM/SIGINT are taken by sigwait below, in this thread only. */
 	sigset_t sigs;
 	sigemptyset(&sigs);
@@ -885,7 +775,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (node && (agent_registry_new(cfg.registry_socket, cfg.socket_dir, cfg.dp.enabled ? cfg.dp.socket_root : NULL,
-				       cfg.proc_root, strcmp(cfg.outside_pods, "true") == 0 ? AGENT_REGISTRY_OUTSIDE_PODS : 0,
+				       cfg.proc_root, cfg.outside_pods ? AGENT_REGISTRY_OUTSIDE_PODS : 0,
 				       &reg, &err) < 0 ||
 		     agent_registry_start(reg, &err) < 0))
 		goto out;
@@ -905,23 +795,21 @@ int main(int argc, char **argv)
 		.socket_dir = cfg.socket_dir,
 		.record_dir = cfg.record_dir,
 		.images_dir = cfg.images_dir,
-		.images_shared = strcmp(cfg.images_shared, "true") == 0,
+		.images_shared = cfg.images_shared,
 		.kubelet_url = cfg.kubelet_url,
 		.kubelet_checkpoints = cfg.kubelet_checkpoints,
 		.alloc_root = cfg.dp.enabled ? cfg.dp.socket_root : NULL,
 		.proc_root = cfg.proc_root,
 		.adopt = { .held = oc_held, .release = oc_release, .data = &room },
-		.registry_port = atoi(cfg.restore_port),
+		.registry_port = (int)cfg.restore_port,
+		.max_parallel = (int)cfg.max_parallel,
+		.restore_grace_s = (int)cfg.restore_grace_s,
+		.images_keep = (int)cfg.images_keep,
 		.images_key_dir = cfg.images_key_dir,
 		.test_pause = getenv("GCR_AGENT_TEST_PAUSE"),
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};
-	int heartbeat_s = 10, leader_lease_s = AGENT_LEADER_LEASE_S;
-	seconds_opt("max-parallel", cfg.max_parallel, MAX_PARALLEL_MAX, &ccfg.max_parallel, &err);
-	seconds_opt("restore-grace-seconds", cfg.restore_grace_s, 3600, &ccfg.restore_grace_s, &err);
-	seconds_opt("images-keep", cfg.images_keep, IMAGES_KEEP_MAX, &ccfg.images_keep, &err);
-	seconds_opt("heartbeat-seconds", cfg.heartbeat_s, AGENT_LEASE_DURATION_S - 1, &heartbeat_s, &err);
-	seconds_opt("leader-lease-seconds", cfg.leader_lease_s, 300, &leader_lease_s, &err);
+	const int heartbeat_s = (int)cfg.heartbeat_s, leader_lease_s = (int)cfg.leader_lease_s;
 	if (node) {
 		if (shares_new(&cfg, ccfg.max_parallel, &shares, &err) < 0)
 			goto out;
@@ -929,9 +817,8 @@ int main(int argc, char **argv)
 		agent_metrics_set_shares(metrics, shares.ss);
 		ccfg.workers = shares.workers;
 	}
-	struct agent_replace_cfg rcfg = { .registry_port = atoi(cfg.restore_port),
-					 .images_shared = strcmp(cfg.images_shared, "true") == 0 };
-	seconds_opt("restore-wait-seconds", cfg.restore_wait_s, 3600, &rcfg.wait_s, &err);
+	struct agent_replace_cfg rcfg = { .registry_port = (int)cfg.restore_port, .images_shared = cfg.images_shared,
+					  .wait_s = (int)cfg.restore_wait_s };
 	if (node) {
 		/* The heartbeat carries this node's pods' activity, read from the shims' counters. */
 		activity = agent_activity_new(reg, cfg.socket_dir);
@@ -983,7 +870,7 @@ int main(int argc, char **argv)
 			}
 			struct agent_ocireg_cfg ocfg = {
 				.node = cfg.node_name, .images_dir = cfg.images_dir,
-				.shared = strcmp(cfg.images_shared, "true") == 0, .port = rcfg.registry_port,
+				.shared = cfg.images_shared, .port = rcfg.registry_port,
 				.hosts_dir = hosts, .proc_root = cfg.proc_root, .cri_endpoint = cfg.restore_cri_endpoint,
 				.images_key_dir = cfg.images_key_dir, .pod_ns = getenv("POD_NAMESPACE"),
 				.pod_name = getenv("POD_NAME") };
@@ -1000,13 +887,13 @@ int main(int argc, char **argv)
 		 * controller's pod watch. */
 		struct agent_room_cfg ocfg = { .socket_dir = cfg.socket_dir, .record_dir = cfg.record_dir,
 					       .proc_root = cfg.proc_root,
-					       .enabled = strcmp(cfg.overcommit, "true") == 0,
-					       .margin = strtoull(cfg.overcommit_margin_mib, NULL, 10) << 20,
-					       .return_ms = (int)strtol(cfg.overcommit_return_ms, NULL, 10),
-					       .idle_ms = (int)strtol(cfg.overcommit_idle_ms, NULL, 10),
-					       .data_only = strcmp(cfg.overcommit_mode, "data") == 0,
-					       .trust_env = strcmp(cfg.overcommit_env, "true") == 0,
-					       .unused_backoff_ms = (int)strtol(cfg.unused_backoff_ms, NULL, 10),
+					       .enabled = cfg.overcommit,
+					       .margin = (unsigned long long)cfg.overcommit_margin_mib << 20,
+					       .return_ms = (int)cfg.overcommit_return_ms,
+					       .idle_ms = (int)cfg.overcommit_idle_ms,
+					       .data_only = cfg.overcommit_mode == OC_MODE_DATA,
+					       .trust_env = cfg.overcommit_env,
+					       .unused_backoff_ms = (int)cfg.unused_backoff_ms,
 					       .share = shares.room };
 		room_policy = calloc(1, sizeof(*room_policy));
 		if (room_policy == NULL ||
@@ -1026,13 +913,10 @@ int main(int argc, char **argv)
 		char *hs = strrchr(hold_sock, '/');
 		snprintf(hs != NULL ? hs + 1 : hold_sock, sizeof(hold_sock) - (size_t)(hs != NULL ? hs + 1 - hold_sock : 0),
 			 "%s", AGENT_EVICTMSG_SOCKET_NAME);
-		int ev_rate = 0, ev_fixed = 0;
-		seconds_opt("eviction-rate-mib-s", cfg.eviction_rate, 100000, &ev_rate, &err);
-		seconds_opt("eviction-fixed-seconds", cfg.eviction_fixed_s, 3600, &ev_fixed, &err);
 		struct agent_evict_cfg ecfg = { .socket_path = hold_sock, .proc_root = cfg.proc_root,
 						.node_name = cfg.node_name, .resource_name = cfg.dp.resource_name,
-						.enabled = strcmp(cfg.eviction, "true") == 0, .rate_mib_s = ev_rate,
-						.fixed_s = ev_fixed, .share = shares.holds };
+						.enabled = cfg.eviction, .rate_mib_s = (double)cfg.eviction_rate,
+						.fixed_s = (double)cfg.eviction_fixed_s, .share = shares.holds };
 		const struct agent_evict_hooks ehooks = { .by_uid = evict_pod, .event = evict_event,
 							  .ck_wait = evict_ck_wait, .data = ctl };
 		if (agent_evict_new(kube, &ehooks, reg, metrics, &ecfg, &evict, &err) < 0 ||

@@ -18,7 +18,8 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_quantity \
 	tests/unit/test_agent_phase \
 	tests/unit/test_agent_podspec \
-	tests/unit/test_agent_workq
+	tests/unit/test_agent_workq \
+	tests/unit/test_agent_opts
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
 
@@ -165,3 +166,8 @@ tests_unit_test_agent_workq_SOURCES = tests/unit/test_agent_workq.c
 tests_unit_test_agent_workq_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_workq_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_workq_LDADD = $(AGENT_TEST_LDADD) -lpthread
+
+tests_unit_test_agent_opts_SOURCES = tests/unit/test_agent_opts.c
+tests_unit_test_agent_opts_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_opts_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_opts_LDADD = $(AGENT_TEST_LDADD)
