@@ -12,6 +12,13 @@ void gcr_time_deadline(struct timespec *dl, long ms)
 	}
 }
 
+double gcr_time_wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 double gcr_time_mono_ms(void)
 {
 	struct timespec ts;

@@ -14,4 +14,8 @@ void gcr_time_deadline(struct timespec *dl, long ms);
  * is arbitrary, so only differences mean anything. */
 double gcr_time_mono_ms(void);
 
+/* Seconds since the epoch on CLOCK_REALTIME, with the fraction: for deadlines and times that
+ * others set on the wall clock (a pod's deletionTimestamp, a Lease's renewTime). */
+double gcr_time_wall_s(void);
+
 #endif

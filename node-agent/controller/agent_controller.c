@@ -997,14 +997,6 @@ void agent_controller_pod_event(struct agent_controller *c, const char *uid, con
 	json_decref(pod);
 }
 
-/* Seconds since the epoch, with fraction: the deadlines callers give are wall-clock ones. */
-static double wall_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 int agent_controller_checkpoint_wait(struct agent_controller *c, const char *ns, const char *name, double until_s,
 				     atomic_int *stop, char *msg, size_t len)
 {
@@ -1033,7 +1025,7 @@ int agent_controller_checkpoint_wait(struct agent_controller *c, const char *ns,
 			rc = -ECANCELED;
 			break;
 		}
-		double left_ms = (until_s - wall_s()) * 1000;
+		double left_ms = (until_s - gcr_time_wall_s()) * 1000; /* a wall-clock deadline */
 		if (left_ms <= 0) {
 			snprintf(msg, len, "not final when the grace period ended");
 			break;

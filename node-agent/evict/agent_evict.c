@@ -64,13 +64,6 @@ struct conn {
 	struct agent_cgroup_pod pod;
 };
 
-static double wall_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void reply(int fd, enum agent_evictmsg_outcome o, const char *msg)
 {
 	char *line = agent_evictmsg_reply(o, msg);
@@ -209,7 +202,7 @@ static int await_image(struct agent_evict *e, const struct agent_evictmsg_pod *p
 {
 	char res[640];
 	int rc = e->hooks.ck_wait(e->hooks.data, p->ns, name, (double)p->deletion, &e->stop, res, sizeof(res));
-	double took = wall_s() - t0;
+	double took = gcr_time_wall_s() - t0;
 	if (rc == -ECANCELED)
 		return rc;
 	if (rc == 1) {
@@ -229,7 +222,7 @@ static int await_image(struct agent_evict *e, const struct agent_evictmsg_pod *p
 static int hold(struct agent_evict *e, const char *uid, const char *cid, char *msg, size_t len)
 {
 	struct gcr_err err;
-	double t0 = wall_s();
+	double t0 = gcr_time_wall_s();
 	if (!e->cfg.enabled) {
 		snprintf(msg, len, "eviction imaging is off on node %s (the chart's eviction.enabled)", e->node);
 		return AGENT_EVICTMSG_NOTHING;
@@ -341,13 +334,13 @@ static void serve_conn(struct agent_evict *e, int fd, pid_t pid, const struct ag
 	int o; /* an outcome, or -ECANCELED: left unanswered */
 	char msg[sizeof(j->msg)];
 	if (first) {
-		double t0 = wall_s();
+		double t0 = gcr_time_wall_s();
 		o = hold(e, pod.pod_uid, pod.container_id, msg, sizeof(msg));
 		if (o == -ECANCELED) {
 			GCR_LOG(GCR_LOG_INFO, "evict", "hold of pod %s left unanswered: the agent is stopping (gcr-hold asks "
 				"the next agent, which waits for the same Checkpoint)", pod.pod_uid);
 		} else {
-			metric(e, o, wall_s() - t0);
+			metric(e, o, gcr_time_wall_s() - t0);
 			GCR_LOG(o == AGENT_EVICTMSG_FAILED || o == AGENT_EVICTMSG_NO_TIME ? GCR_LOG_WARN : GCR_LOG_INFO,
 				"evict", "hold of pod %s answered %s: %s", pod.pod_uid, agent_evictmsg_outcome_name(o), msg);
 		}

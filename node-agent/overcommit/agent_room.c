@@ -26,13 +26,6 @@
 
 /* ---- what both sides use ---- */
 
-double agent_room_now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 int agent_room_alive(struct agent_room *r, pid_t pid, unsigned long long start)
 {
 	if (pid <= 0 || (kill(pid, 0) < 0 && errno != EPERM))

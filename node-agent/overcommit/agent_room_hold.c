@@ -172,7 +172,7 @@ int agent_room_resume_one(struct agent_room *r, int i, const char *why, struct g
 	double t0 = gcr_time_mono_ms();
 	int rc = gcr_cr_resume(h->pid, &o, &res, err);
 	if (rc == 0) {
-		double held = agent_room_now_s() - h->since;
+		double held = gcr_time_wall_s() - h->since;
 		char label[320], note[512];
 		agent_room_pod_label(r, h->pod, h->pid, label, sizeof(label));
 		agent_metrics_overcommit(r->m, label, 1, held, res.bytes_moved); /* counted before it is said */
@@ -367,7 +367,7 @@ static void idle_suspend(struct agent_room *r, struct watch *wt, double idle_ms)
 		gcr_cr_result_clear(&res);
 		return;
 	}
-	struct hold h = { .pid = p.pid, .start = p.start, .priority = prio, .bytes = bytes, .since = agent_room_now_s(),
+	struct hold h = { .pid = p.pid, .start = p.start, .priority = prio, .bytes = bytes, .since = gcr_time_wall_s(),
 			  .data_only = 1, .idle = 1 };
 	snprintf(h.pod, sizeof(h.pod), "%s", p.pod_uid);
 	snprintf(h.uuid, sizeof(h.uuid), "%s", uuid);

@@ -143,7 +143,6 @@ struct agent_room {
 };
 
 /* agent_room.c: what both sides use. */
-double agent_room_now_s(void);
 int agent_room_alive(struct agent_room *r, pid_t pid, unsigned long long start);
 void agent_room_pod_label(struct agent_room *r, const char *uid, pid_t pid, char *out, size_t len);
 void agent_room_event(struct agent_room *r, const char *uid, const char *type, const char *reason, const char *note);

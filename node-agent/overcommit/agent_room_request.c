@@ -201,7 +201,7 @@ int agent_room_suspend_victims(struct agent_room *r, const struct agent_registry
 			continue;
 		}
 		struct hold h = { .pid = p->pid, .start = p->start, .priority = v[pick[j]].priority,
-				  .bytes = v[pick[j]].bytes, .since = agent_room_now_s(), .for_pid = req->pid,
+				  .bytes = v[pick[j]].bytes, .since = gcr_time_wall_s(), .for_pid = req->pid,
 				  .for_start = req->start, .data_only = r->cfg.data_only };
 		snprintf(h.pod, sizeof(h.pod), "%s", p->pod_uid);
 		snprintf(h.for_pod, sizeof(h.for_pod), "%s", req->pod_uid);
@@ -394,7 +394,7 @@ void agent_room_handle(struct agent_room *r, struct request *q)
 		}
 		goto deny;
 	}
-	double t_suspend = agent_room_now_s();
+	double t_suspend = gcr_time_wall_s();
 	int done = agent_room_suspend_victims(r, p, prio, cand, v, pick, k, uuid, &freed);
 	fr = agent_room_free_on(uuid, NULL);
 	if (fr >= q->req.bytes) {

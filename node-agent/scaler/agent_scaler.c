@@ -51,13 +51,6 @@ const char *agent_scaler_str_at(json_t *o, const char *a, const char *b)
 	return json_string_value(b ? json_object_get(x, b) : x);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Seconds since the epoch of an RFC 3339 UTC time with optional fraction; -1 when malformed. */
 double agent_scaler_parse_time(const char *s)
 {
@@ -742,7 +735,7 @@ static int reconcile(struct agent_scaler *s, json_t *res, json_t *all)
 		goto out;
 	add_ops(&p, citems, O_CK);
 	add_ops(&p, ritems, O_RS);
-	double now = now_s();
+	double now = gcr_time_wall_s();
 	size_t i;
 	json_t *it;
 	json_array_foreach(pitems, i, it)
@@ -938,8 +931,8 @@ static void *worker_main(void *data)
 		pthread_mutex_unlock(&s->lock);
 		busy = 0;
 		if (s->agent_selq != NULL && agent_leader_is_leader(s->leader) &&
-		    now_s() - s->leases_kept >= KEEP_LEASES_S) {
-			s->leases_kept = now_s();
+		    gcr_time_wall_s() - s->leases_kept >= KEEP_LEASES_S) {
+			s->leases_kept = gcr_time_wall_s();
 			keep_leases(s);
 		}
 		if (agent_leader_is_leader(s->leader)) {
