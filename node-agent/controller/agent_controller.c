@@ -89,9 +89,8 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 	}
 	snprintf(key, sizeof(key), "%c:%s/%s", k == K_CK ? 'c' : 'r', ns, name);
 	enqueue(c, key);
-	if (k == K_CK)
+	if (k == K_CK) { /* checkpoint_wait's waiters, and the Restores waiting on this Checkpoint */
 		pthread_cond_broadcast(&c->ck_changed);
-	if (k == K_CK) { /* Restores waiting on this Checkpoint */
 		const char *rk;
 		json_t *r;
 		json_object_foreach(agent_ctl_cache_locked(c, K_RS), rk, r)
