@@ -20,6 +20,7 @@
 #include "agent_crobj.h"
 #include "agent_images.h"
 #include "agent_phase.h"
+#include "agent_podspec.h"
 #include "gcr_cr.h"
 #include "gcr_image.h"
 #include "gcr_imgcr.h"
@@ -96,20 +97,6 @@ static void image_container(const char *path, char *out, size_t len)
 	free(buf);
 }
 
-/* Whether pod's spec declares a container named name. */
-static int pod_declares(json_t *pod, const char *name)
-{
-	size_t i;
-	json_t *ct;
-	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "containers"), i, ct)
-	{
-		const char *n = json_string_value(json_object_get(ct, "name"));
-		if (n != NULL && strcmp(n, name) == 0)
-			return 1;
-	}
-	return 0;
-}
-
 /* "a, b" of pod's containers, for a message. */
 static void pod_containers(json_t *pod, char *out, size_t len)
 {
@@ -178,7 +165,7 @@ void agent_ctl_restore_image(struct agent_controller *c, struct op *o, const str
 	snprintf(uid, sizeof(uid), "%s", pu ? pu : "");
 	if (agent_images_path(c->images_dir, d->ns, ckd->target, ckd->name, path, sizeof(path), &err) == 0)
 		image_container(path, cname, sizeof(cname));
-	if (cname[0] != '\0' && !pod_declares(pod, cname)) {
+	if (cname[0] != '\0' && agent_podspec_container(pod, cname) == NULL) {
 		char names[300];
 		pod_containers(pod, names, sizeof(names));
 		json_decref(pod);

@@ -3,30 +3,34 @@
 
 #include <string.h>
 
-int agent_podspec_gate_declared(json_t *pod)
+/* The element of pod.<section>.<list> whose string field is value (borrowed), NULL when none:
+ * every question below is one such lookup. */
+static json_t *find(json_t *pod, const char *section, const char *list, const char *field, const char *value)
 {
 	size_t i;
-	json_t *g;
-	json_array_foreach(json_object_get(json_object_get(pod, "spec"), "readinessGates"), i, g)
+	json_t *e;
+	json_array_foreach(json_object_get(json_object_get(pod, section), list), i, e)
 	{
-		const char *t = json_string_value(json_object_get(g, "conditionType"));
-		if (t != NULL && strcmp(t, AGENT_PODSPEC_GATE_TYPE) == 0)
-			return 1;
+		const char *s = json_string_value(json_object_get(e, field));
+		if (s != NULL && strcmp(s, value) == 0)
+			return e;
 	}
-	return 0;
+	return NULL;
+}
+
+int agent_podspec_gate_declared(json_t *pod)
+{
+	return find(pod, "spec", "readinessGates", "conditionType", AGENT_PODSPEC_GATE_TYPE) != NULL;
 }
 
 json_t *agent_podspec_gate_condition(json_t *pod)
 {
-	size_t i;
-	json_t *cnd;
-	json_array_foreach(json_object_get(json_object_get(pod, "status"), "conditions"), i, cnd)
-	{
-		const char *t = json_string_value(json_object_get(cnd, "type"));
-		if (t != NULL && strcmp(t, AGENT_PODSPEC_GATE_TYPE) == 0)
-			return cnd;
-	}
-	return NULL;
+	return find(pod, "status", "conditions", "type", AGENT_PODSPEC_GATE_TYPE);
+}
+
+json_t *agent_podspec_container(json_t *pod, const char *name)
+{
+	return find(pod, "spec", "containers", "name", name);
 }
 
 const char *agent_podspec_gate_status(json_t *pod)

@@ -1,6 +1,7 @@
 /* agent_podspec: what a pod's spec, metadata and status say to GCR, read by every role that meets
- * a pod: the readiness gate it lists and that gate's condition, and its opt-in to GPU memory
- * overcommit by suspend. Kept here, below the roles, so that no role reads another's header. */
+ * a pod: the readiness gate it lists and that gate's condition, its containers by name, and its opt-in
+ * to GPU memory overcommit by suspend. Kept here, below the roles, so that no role reads another's
+ * header. */
 #ifndef AGENT_PODSPEC_H
 #define AGENT_PODSPEC_H
 
@@ -14,6 +15,9 @@
 json_t *agent_podspec_gate_condition(json_t *pod);
 /* That condition's status ("True", "False"), NULL when it has none (borrowed). */
 const char *agent_podspec_gate_status(json_t *pod);
+
+/* The container named name in pod's spec (borrowed), NULL when it declares none so named. */
+json_t *agent_podspec_container(json_t *pod, const char *name);
 
 /* A pod Kubernetes knows opts in to overcommit by its label or annotation
  * gpucr.dev/overcommit: suspend, whatever its processes' environment says (docs/preemption.md). */

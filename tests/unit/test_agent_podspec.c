@@ -48,6 +48,13 @@ int main(void)
 	json_decref(p);
 	CHECK(agent_podspec_gate_status(NULL) == NULL);
 
+	/* A container by its name, exactly. */
+	p = pod("{\"spec\":{\"containers\":[{\"name\":\"side\"},{\"name\":\"main\",\"image\":\"x\"}]}}");
+	CHECK(agent_podspec_container(p, "main") == json_array_get(json_object_get(json_object_get(p, "spec"),
+										 "containers"), 1));
+	CHECK(agent_podspec_container(p, "mai") == NULL && agent_podspec_container(p, "") == NULL);
+	json_decref(p);
+
 	CHECK(overcommit("{\"metadata\":{\"labels\":{\"gpucr.dev/overcommit\":\"suspend\"}}}"));
 	CHECK(overcommit("{\"metadata\":{\"annotations\":{\"gpucr.dev/overcommit\":\"suspend\"}}}"));
 	CHECK(overcommit("{\"metadata\":{\"labels\":{\"gpucr.dev/overcommit\":\"no\"},"
