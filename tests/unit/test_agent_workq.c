@@ -163,10 +163,10 @@ int main(void)
 	CHECK(get_now(q, key, sizeof(key)) == 1 && strcmp(key, "c:ns/b") == 0);
 	agent_workq_done(q, key);
 
-	/* Shutdown ends a blocked get, and every later one. */
+	/* Shutdown ends a get waiting on an empty queue (whether it reached its wait before the
+	 * shutdown or after: it returns 0, never blocks on), and every later one. */
 	g = (struct getter){ .q = q, .rc = -1 };
 	CHECK(pthread_create(&th, NULL, getter_main, &g) == 0);
-	usleep(50 * 1000);
 	agent_workq_shutdown(q);
 	pthread_join(th, NULL);
 	CHECK(g.rc == 0);
