@@ -3,7 +3,7 @@
 # the same amount on one GPU (this machine's per-link baseline); two one-GPU processes suspended
 # at once (what a group's members do, without NCCL).
 """Usage: python3 bench/bench_multigpu.py [--gib 8] [--reps 3] [--cases two-gpu,one-gpu,two-procs]
-        [--log FILE]
+        [--log FILE] [--drvpar BIN [--drvpar-gpus N]]
 Paths as tests/gpu/harness.py (GCRCTL, GCR_SHIM). Each case: the program fills its tensors with a
 seeded pattern and steps (an in-place update every step); gcrctl suspend/resume REPS times (medians,
 gcrctl's own "ms.total"), 0 MiB per GPU checked while suspended; then the same program without the
@@ -143,6 +143,45 @@ def case(cfg, name, gib, groups, reps):
     return out
 
 
+def drvpar_case(cfg, gib, ngpu, reps, tool):
+    """The driver's own part of a suspend on one process per GPU at once: the data out first
+    (--no-driver), then bench/drvpar's lock+checkpoint and restore+unlock of all of them from one
+    caller in sequence, from threads of one caller (what gcr_group and scale do), and from one
+    caller process each. Tells whether the driver's steps serialise, and where."""
+    procs = [Proc(cfg, gib, [d], True) for d in range(ngpu)]
+    pids = [str(p.p.pid) for p in procs]
+    runs = []
+    for p in procs:
+        r = ctl(cfg, "suspend", "--no-driver", str(p.p.pid))
+        if not r.ok:
+            raise RuntimeError("drvpar: data out: %s" % r.describe())
+    for i in range(reps):
+        for mode in ("seq", "threads", "fork"):
+            for op in ("out", "in"):
+                out = subprocess.run([tool, mode, op] + pids, capture_output=True, text=True, timeout=120)
+                try:
+                    rec = json.loads(out.stdout)
+                except ValueError:
+                    raise RuntimeError("drvpar %s %s: %s %s" % (mode, op, out.stdout, out.stderr))
+                rec["rep"] = i
+                log(rec)
+                runs.append(rec)
+                if any(p["rc"] != 0 for p in rec["procs"]):
+                    raise RuntimeError("drvpar %s %s failed: %s" % (mode, op, rec))
+    for p in procs:
+        r = ctl(cfg, "resume", "--no-driver", str(p.p.pid))
+        if not r.ok:
+            raise RuntimeError("drvpar: data back: %s" % r.describe())
+    exact = all(p.end() for p in procs)
+    summ = {"kind": "drvpar-summary", "processes": ngpu, "gib": gib, "bit_exact": exact}
+    for mode in ("seq", "threads", "fork"):
+        for op in ("out", "in"):
+            w = [r["wall_ms"] for r in runs if r["mode"] == mode and r["op"] == op]
+            summ["%s_%s_wall_median_ms" % (mode, op)] = statistics.median(w)
+    log(summ)
+    return summ
+
+
 def main():
     global SOCK, LOG
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,13 +189,15 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cases", default="two-gpu,one-gpu,two-procs")
     ap.add_argument("--log", default=os.environ.get("GCR_BENCH_LOG"))
+    ap.add_argument("--drvpar", help="bench/drvpar's binary: run the drvpar case (one process per GPU) too")
+    ap.add_argument("--drvpar-gpus", type=int, default=2)
     a = ap.parse_args()
     LOG = a.log
     cfg = H.Config()
     SOCK = tempfile.mkdtemp(prefix="gcr-sock-")
     cases = {"two-gpu": [[0, 1]], "one-gpu": [[0]], "two-procs": [[0], [1]]}
     failed = 0
-    for name in a.cases.split(","):
+    for name in filter(None, a.cases.split(",")):
         try:
             s = case(cfg, name, a.gib, cases[name], a.reps)
             print("%s: suspend %.0f ms, resume %.0f ms (medians of %d); driver alone %s / %s ms; 0 MiB: %s; "
@@ -167,6 +208,14 @@ def main():
         except Exception as e:  # noqa: BLE001 - reported; the next case runs
             failed += 1
             print("%s: FAILED: %s" % (name, e), flush=True)
+    if a.drvpar:
+        try:
+            s = drvpar_case(cfg, 1.0, a.drvpar_gpus, a.reps, a.drvpar)
+            print("drvpar: %s" % json.dumps(s), flush=True)
+            failed += not s["bit_exact"]
+        except Exception as e:  # noqa: BLE001 - reported
+            failed += 1
+            print("drvpar: FAILED: %s" % e, flush=True)
     return 1 if failed else 0
 
 

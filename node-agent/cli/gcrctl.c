@@ -204,6 +204,8 @@ static int do_group(const char *op, const pid_t *pids, size_t n, const struct gc
 				      (json_int_t)m->cr.bytes_moved, "total", (json_int_t)m->cr.bytes_total);
 		if (m->rc < 0)
 			json_object_set_new(j, "error", json_sprintf("%s: %s", m->step ? m->step : "?", m->err.msg));
+		if (m->cr.shim != NULL) /* the shim's own breakdown (copy, digest, release...), as a single suspend gives */
+			json_object_set(j, "shim", m->cr.shim);
 		json_array_append_new(members, j);
 	}
 	json_t *pj = json_array();

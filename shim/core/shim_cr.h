@@ -28,6 +28,7 @@ enum shim_cr_state {
 struct shim_cr_report {
 	double ms_gate, ms_sync, ms_digest, ms_copy_prep, ms_copy, ms_release;
 	double ms_map, ms_ctx, ms_total;
+	double ms_comm; /* a group member's suspend: its communicators torn down (ncclCommAbort) */
 	uint64_t bytes;     /* bytes of the allocations staged */
 	uint64_t copied;    /* of which moved over PCIe */
 	uint64_t zero;      /* of which all zero: recorded, not copied */

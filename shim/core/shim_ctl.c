@@ -188,9 +188,9 @@ static json_t *stats_json(void)
 
 static json_t *report_json(const struct shim_cr_report *r)
 {
-	return json_pack("{s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+	return json_pack("{s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
 			 " s:I, s:s}",
-			 "ms", "gate", r->ms_gate, "sync", r->ms_sync, "digest", r->ms_digest, "plan",
+			 "ms", "comm", r->ms_comm, "gate", r->ms_gate, "sync", r->ms_sync, "digest", r->ms_digest, "plan",
 			 r->ms_copy_prep, "copy", r->ms_copy, "release", r->ms_release, "map", r->ms_map,
 			 "ctx", r->ms_ctx, "total", r->ms_total, "ctx_freed", (json_int_t)r->ctx_freed, "bytes",
 			 (json_int_t)r->bytes, "copied", (json_int_t)r->copied,
