@@ -65,7 +65,7 @@ struct dp_cfg {
 	bool enabled; /* off unless the file says true: the chart turns it on */
 	char *resource_name, *kubelet_dir, *endpoint, *shim_host_dir, *shim_container_dir, *socket_root,
 		*socket_container_dir, *agent_container_dir, *cdi_device, *image_root;
-	unsigned slots, poll_ms;
+	long slots, poll_ms;
 	char *env[2 * AGENT_DP_SHIM_ENV_MAX]; /* shimEnv: name, value, ... */
 	size_t n_env;                         /* pairs */
 };
@@ -205,52 +205,33 @@ static const struct agent_opt opts_table[] = {
 };
 
 
-/* The devicePlugin section: strings; enabled, slots and pollMs are parsed in dp_opt. */
+/* The devicePlugin section, typed as the options are (agent_opts); the defaults are the device
+ * plugin's own (agent_deviceplugin.h). Paths and names may not be empty; an empty cdiDevice (the
+ * chart's default) means none. shimEnv, a mapping, is walked by agent_config (dp_env_add). */
 #define DP_SLOT(f) offsetof(struct dp_cfg, f)
-static const struct {
-	const char *key;
-	size_t off;
-} dp_strings[] = {
-	{ "resourceName", DP_SLOT(resource_name) },
-	{ "kubeletDir", DP_SLOT(kubelet_dir) },
-	{ "endpoint", DP_SLOT(endpoint) },
-	{ "shimHostDir", DP_SLOT(shim_host_dir) },
-	{ "shimContainerDir", DP_SLOT(shim_container_dir) },
-	{ "socketRoot", DP_SLOT(socket_root) },
-	{ "socketContainerDir", DP_SLOT(socket_container_dir) },
-	{ "agentContainerDir", DP_SLOT(agent_container_dir) },
-	{ "cdiDevice", DP_SLOT(cdi_device) },
-	{ "imageRoot", DP_SLOT(image_root) },
+#define DP_STR(key, f) { key, key, AGENT_OPT_STR, DP_SLOT(f), NULL, .nonempty = 1, .help = "" }
+static const struct agent_opt dp_rows[] = {
+	{ "enabled", "enabled", AGENT_OPT_BOOL, DP_SLOT(enabled), "false", .help = "" },
+	{ "slots", "slots", AGENT_OPT_INT, DP_SLOT(slots), "16", 1, 1024, .help = "" },
+	{ "pollMs", "pollMs", AGENT_OPT_INT, DP_SLOT(poll_ms), "100", 1, 60000, .help = "" },
+	DP_STR("resourceName", resource_name),
+	DP_STR("kubeletDir", kubelet_dir),
+	DP_STR("endpoint", endpoint),
+	DP_STR("shimHostDir", shim_host_dir),
+	DP_STR("shimContainerDir", shim_container_dir),
+	DP_STR("socketRoot", socket_root),
+	DP_STR("socketContainerDir", socket_container_dir),
+	DP_STR("agentContainerDir", agent_container_dir),
+	{ "cdiDevice", "cdiDevice", AGENT_OPT_STR, DP_SLOT(cdi_device), NULL, .empty_none = 1, .help = "" },
+	DP_STR("imageRoot", image_root),
 };
-#define NDP_STRINGS (sizeof(dp_strings) / sizeof(dp_strings[0]))
+#define NDP_ROWS (sizeof(dp_rows) / sizeof(dp_rows[0]))
 #define DP_SECTION AGENT_CONFIG_SECTION
-/* Most device-plugin slots, and the longest kubelet poll period (ms). */
-#define DP_SLOTS_MAX 1024
-#define DP_POLL_MS_MAX 60000
 #define NOPTS (sizeof(opts_table) / sizeof(opts_table[0]))
 
 static int set_opt(struct cfg *c, const char *name, const char *value, struct gcr_err *err)
 {
 	return agent_opts_set(opts_table, NOPTS, c, name, value, err);
-}
-
-static char **dp_slot(struct dp_cfg *d, size_t off)
-{
-	return (char **)(void *)((char *)d + off);
-}
-
-/* A decimal integer in [lo, hi], nothing else. */
-static int parse_uint(const char *key, const char *value, unsigned lo, unsigned hi, unsigned *out,
-		      struct gcr_err *err)
-{
-	char *end = NULL;
-	errno = 0;
-	unsigned long v = strtoul(value, &end, 10);
-	if (value[0] < '0' || value[0] > '9' || *end != '\0' || errno != 0 || v < lo || v > hi)
-		return gcr_err_set(err, -EINVAL, "%s.%s: '%s' is not an integer in %u..%u", DP_SECTION, key,
-				   value, lo, hi);
-	*out = (unsigned)v;
-	return 0;
 }
 
 /* One shimEnv entry, checked as the device plugin will (so a bad one fails at start even
@@ -286,32 +267,9 @@ static int dp_opt(struct dp_cfg *d, const char *key, const char *value, struct g
 			return gcr_err_set(err, -EINVAL, "%s.shimEnv must be a mapping", DP_SECTION);
 		return 0;
 	}
-	if (strcmp(key, "enabled") == 0) {
-		if (strcmp(value, "true") == 0 || strcmp(value, "True") == 0 || strcmp(value, "TRUE") == 0)
-			d->enabled = true;
-		else if (strcmp(value, "false") == 0 || strcmp(value, "False") == 0 || strcmp(value, "FALSE") == 0)
-			d->enabled = false;
-		else
-			return gcr_err_set(err, -EINVAL, "%s.enabled: '%s' is not true or false", DP_SECTION, value);
-		return 0;
-	}
-	if (strcmp(key, "slots") == 0)
-		return parse_uint(key, value, 1, DP_SLOTS_MAX, &d->slots, err);
-	if (strcmp(key, "pollMs") == 0)
-		return parse_uint(key, value, 1, DP_POLL_MS_MAX, &d->poll_ms, err);
-	for (size_t i = 0; i < NDP_STRINGS; i++) {
-		if (strcmp(dp_strings[i].key, key) != 0)
-			continue;
-		char *v = NULL;
-		/* An empty cdiDevice (the chart's default) means none; an empty path or name is a mistake. */
-		if (value[0] == '\0' && strcmp(key, "cdiDevice") != 0)
-			return gcr_err_set(err, -EINVAL, "%s.%s is empty", DP_SECTION, key);
-		if (value[0] != '\0' && (v = strdup(value)) == NULL)
-			return gcr_err_set(err, -ENOMEM, "out of memory");
-		free(*dp_slot(d, dp_strings[i].off));
-		*dp_slot(d, dp_strings[i].off) = v;
-		return 0;
-	}
+	int rc = agent_opts_set_in(dp_rows, NDP_ROWS, d, DP_SECTION, key, value, err);
+	if (rc != -ENOENT)
+		return rc;
 	GCR_LOG(GCR_LOG_DEBUG, "agent", "config: %s.%s ignored (not used by this agent)", DP_SECTION, key);
 	return 0;
 }
@@ -321,11 +279,8 @@ static int dp_opt(struct dp_cfg *d, const char *key, const char *value, struct g
  * walked by agent_config). */
 static int dp_nested(const char *key, struct gcr_err *err)
 {
-	if (strcmp(key, "enabled") == 0 || strcmp(key, "slots") == 0 || strcmp(key, "pollMs") == 0)
+	if (agent_opts_find(dp_rows, NDP_ROWS, key) != NULL)
 		return gcr_err_set(err, -EINVAL, "%s.%s must be a scalar", DP_SECTION, key);
-	for (size_t i = 0; i < NDP_STRINGS; i++)
-		if (strcmp(dp_strings[i].key, key) == 0)
-			return gcr_err_set(err, -EINVAL, "%s.%s must be a scalar", DP_SECTION, key);
 	GCR_LOG(GCR_LOG_DEBUG, "agent", "config: %s.%s ignored (not used by this agent)", DP_SECTION, key);
 	return 0;
 }
@@ -392,10 +347,7 @@ static void usage(FILE *f)
 static void cfg_free(struct cfg *c)
 {
 	agent_opts_free(opts_table, NOPTS, c);
-	for (size_t i = 0; i < NDP_STRINGS; i++) {
-		free(*dp_slot(&c->dp, dp_strings[i].off));
-		*dp_slot(&c->dp, dp_strings[i].off) = NULL;
-	}
+	agent_opts_free(dp_rows, NDP_ROWS, &c->dp);
 	for (size_t i = 0; i < 2 * c->dp.n_env; i++) {
 		free(c->dp.env[i]);
 		c->dp.env[i] = NULL;
@@ -458,6 +410,8 @@ static int parse_args(struct cfg *c, int argc, char **argv, struct gcr_err *err)
 {
 	const char *config = NULL;
 	int rc = agent_opts_defaults(opts_table, NOPTS, c, err);
+	if (rc == 0)
+		rc = agent_opts_defaults(dp_rows, NDP_ROWS, &c->dp, err);
 	if (rc < 0)
 		return rc;
 	for (int i = 1; i < argc; i++) {
@@ -560,7 +514,7 @@ static int dp_start(const struct cfg *c, struct agent_dp **out, struct gcr_err *
 	const struct dp_cfg *d = &c->dp;
 	struct agent_dp_config dc = {
 		.resource_name = d->resource_name,
-		.slots = d->slots,
+		.slots = (unsigned)d->slots,
 		.kubelet_dir = d->kubelet_dir,
 		.endpoint = d->endpoint,
 		.shim_host_dir = d->shim_host_dir,
@@ -571,7 +525,7 @@ static int dp_start(const struct cfg *c, struct agent_dp **out, struct gcr_err *
 		.agent_container_dir = d->agent_container_dir,
 		.cdi_device = d->cdi_device,
 		.image_root = d->image_root,
-		.poll_ms = d->poll_ms,
+		.poll_ms = (unsigned)d->poll_ms,
 	};
 	struct agent_dp_env env[AGENT_DP_SHIM_ENV_MAX];
 	for (size_t i = 0; i < d->n_env; i++)
@@ -676,7 +630,7 @@ static int shares_new(const struct cfg *c, int max_parallel, struct shares *out,
 {
 	int pods = (int)c->share_pods;
 	if (pods == 0)
-		pods = c->dp.enabled ? (c->dp.slots ? (int)c->dp.slots : 16) : AGENT_SHARE_OWNERS_DEFAULT;
+		pods = c->dp.enabled ? (int)c->dp.slots : AGENT_SHARE_OWNERS_DEFAULT;
 	int per_ns = c->share_workers > 0 ? (int)c->share_workers : (max_parallel / 2 > 1 ? max_parallel / 2 : 1);
 	*out = (struct shares){ .ss = agent_shares_new() };
 	if (out->ss == NULL)

@@ -28,6 +28,8 @@ struct agent_opt {
 	int never;                /* AGENT_OPT_INT: -1 is taken too (it means "never") */
 	const char *const *names; /* AGENT_OPT_ENUM: NULL-terminated */
 	const char *help;
+	int nonempty;   /* AGENT_OPT_STR: "" is refused */
+	int empty_none; /* AGENT_OPT_STR: "" means not given (NULL) */
 };
 
 /* Sets every row of rows (n) in base to its default: 0, or -EINVAL naming a row whose default
@@ -38,6 +40,15 @@ int agent_opts_defaults(const struct agent_opt *rows, size_t n, void *base, stru
  * ("unknown option 'key'", or "--name: 'value' is not ..."); -ENOMEM. */
 int agent_opts_set(const struct agent_opt *rows, size_t n, void *base, const char *key, const char *value,
 		   struct gcr_err *err);
+
+/* The same for a section of the file (the chart's devicePlugin: the rows' camel keys): errors
+ * name the key as "section.key", and a key no row has is -ENOENT (err says so; the caller may
+ * ignore it: a newer chart still starts an older agent). */
+int agent_opts_set_in(const struct agent_opt *rows, size_t n, void *base, const char *section, const char *key,
+		      const char *value, struct gcr_err *err);
+
+/* The row named key (flag or file key), or NULL. */
+const struct agent_opt *agent_opts_find(const struct agent_opt *rows, size_t n, const char *key);
 
 /* Frees the strings of base (every AGENT_OPT_STR slot, then NULL). */
 void agent_opts_free(const struct agent_opt *rows, size_t n, void *base);

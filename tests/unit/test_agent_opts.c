@@ -1,6 +1,8 @@
 /* test_agent_opts: typed option rows: defaults, each type parsed and checked at set time (bounds,
- * -1 where it means never, true/false only, an enum's names), flag names and file keys alike,
- * a bad value leaving the slot as it was, unknown options, a table whose default is no value. */
+ * -1 where it means never, true/false in YAML's three spellings only, an enum's names), flag names
+ * and file keys alike, a bad value leaving the slot as it was, unknown options, a table whose
+ * default is no value; a section's rows (errors as "section.key", unknown keys -ENOENT, strings
+ * that may not be empty or whose empty means none). */
 #include "agent_opts.h"
 #include "util.h"
 
@@ -48,8 +50,11 @@ int main(void)
 	CHECK(agent_opts_set(rows, N, &t, "path", "", &err) == 0);
 	CHECK_STR(t.path, "");
 
+	CHECK(agent_opts_set(rows, N, &t, "on", "FALSE", &err) == 0 && !t.on);
+	CHECK(agent_opts_set(rows, N, &t, "on", "True", &err) == 0 && t.on);
+
 	/* Refused, naming the option and what it takes; the slot keeps its value. */
-	const char *bad_bool[] = { "True", "TRUE", "1", "yes", "", "false " };
+	const char *bad_bool[] = { "tRUE", "1", "yes", "", "false " };
 	for (size_t i = 0; i < sizeof(bad_bool) / sizeof(bad_bool[0]); i++) {
 		CHECK(agent_opts_set(rows, N, &t, "on", bad_bool[i], &err) == -EINVAL);
 		CHECK(strstr(err.msg, "--on: '") != NULL && strstr(err.msg, "is not true or false") != NULL);
@@ -82,5 +87,30 @@ int main(void)
 		{ "on", "on", AGENT_OPT_BOOL, O(on), NULL, .help = "" },
 	};
 	CHECK(agent_opts_defaults(nodef, 1, &t, &err) == -EINVAL);
+
+	/* A section of the file (the devicePlugin one): its keys, its names in errors. */
+	const struct agent_opt sect[] = {
+		{ "path", "path", AGENT_OPT_STR, O(path), NULL, .nonempty = 1, .help = "" },
+		{ "none", "noneKey", AGENT_OPT_STR, O(none), NULL, .empty_none = 1, .help = "" },
+		{ "n", "slots", AGENT_OPT_INT, O(n), "16", .lo = 1, .hi = 1024, .help = "" },
+	};
+	struct t u = { 0 };
+	CHECK(agent_opts_defaults(sect, 3, &u, &err) == 0 && u.n == 16 && u.path == NULL);
+	CHECK(agent_opts_set_in(sect, 3, &u, "devicePlugin", "slots", "2000", &err) == -EINVAL);
+	CHECK(strstr(err.msg, "devicePlugin.slots: '2000' is not an integer in 1..1024") != NULL && u.n == 16);
+	CHECK(agent_opts_set_in(sect, 3, &u, "devicePlugin", "slots", "32", &err) == 0 && u.n == 32);
+	CHECK(agent_opts_set_in(sect, 3, &u, "devicePlugin", "path", "", &err) == -EINVAL);
+	CHECK(strstr(err.msg, "devicePlugin.path is empty") != NULL && u.path == NULL);
+	CHECK(agent_opts_set_in(sect, 3, &u, "devicePlugin", "path", "/p", &err) == 0);
+	CHECK_STR(u.path, "/p");
+	CHECK(agent_opts_set_in(sect, 3, &u, "devicePlugin", "noneKey", "x", &err) == 0);
+	CHECK_STR(u.none, "x");
+	CHECK(agent_opts_set_in(sect, 3, &u, "devicePlugin", "noneKey", "", &err) == 0 && u.none == NULL);
+	CHECK(agent_opts_set_in(sect, 3, &u, "devicePlugin", "future", "1", &err) == -ENOENT);
+	CHECK(strstr(err.msg, "devicePlugin.future") != NULL);
+	CHECK(agent_opts_find(sect, 3, "slots") == &sect[2] && agent_opts_find(sect, 3, "n") == &sect[2]);
+	CHECK(agent_opts_find(sect, 3, "future") == NULL);
+	agent_opts_free(sect, 3, &u);
+	CHECK(u.path == NULL && u.none == NULL);
 	return test_summary("test_agent_opts");
 }
