@@ -25,13 +25,18 @@ import harness as H  # noqa: E402
 PROG = r'''
 import sys, torch
 gib, devs = float(sys.argv[1]), [int(d) for d in sys.argv[2].split(",")]
+# First: the process gets contexts on its own GPUs only (torch.cuda.synchronize() on the default
+# device would make one on GPU 0 too, which the driver then checkpoints as well: run 59's
+# processes on GPU 1 took twice as long in the driver).
+torch.cuda.set_device(devs[0])
 n = int(gib * (1 << 30)) // 4
 ts = []
 for d in devs:
     g = torch.Generator(device="cuda:%d" % d); g.manual_seed(1234 + d)
     t = torch.randint(0, 1 << 30, (n,), device="cuda:%d" % d, dtype=torch.int32, generator=g)
     ts.append(t)
-torch.cuda.synchronize()
+for d in devs:
+    torch.cuda.synchronize(d)
 print("READY", flush=True)
 steps = 0
 for line in sys.stdin:
@@ -39,7 +44,9 @@ for line in sys.stdin:
     if cmd == "step":
         for t in ts:
             t[: 1 << 20].add_(1)
-        torch.cuda.synchronize(); steps += 1
+        for d in devs:
+            torch.cuda.synchronize(d)
+        steps += 1
         print("STEPPED", flush=True)
     elif cmd == "check":
         ok = True
@@ -97,10 +104,18 @@ def used(cfg, pids):
     return sum(H.gpu_mem_mib(cfg, p) or 0 for p in pids)
 
 
+def log_contexts(cfg, name, pids):
+    """Which GPUs each process has a context on (the driver checkpoints every one of them)."""
+    apps = subprocess.run([cfg.nvidia_smi, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=60).stdout
+    log({"kind": "contexts", "case": name, "pids": pids, "compute_apps": apps.splitlines()})
+
+
 def case(cfg, name, gib, groups, reps):
     """groups: the device list of each process; all suspended at once (gcrctl scale)."""
     procs = [Proc(cfg, gib, devs, True) for devs in groups]
     pids = [str(p.p.pid) for p in procs]
+    log_contexts(cfg, name, pids)
     sus, res, held = [], [], []
     for i in range(reps):
         for p in procs:
@@ -151,6 +166,8 @@ def drvpar_case(cfg, gib, ngpu, reps, tool):
     procs = [Proc(cfg, gib, [d], True) for d in range(ngpu)]
     pids = [str(p.p.pid) for p in procs]
     runs = []
+    # Which GPUs each process has a context on (the driver checkpoints every one of them).
+    log_contexts(cfg, "drvpar", pids)
     for p in procs:
         r = ctl(cfg, "suspend", "--no-driver", str(p.p.pid))
         if not r.ok:
