@@ -350,6 +350,10 @@ def run_bench(T, g, world):
     cycles (median), then the driver's checkpoint alone on the same group, bounded."""
     for pid in g.pids:
         H.wait_staging_ready(T.S, pid, timeout=T.timeout(180))
+    # Which GPUs each rank has a context on: the driver checkpoints every one of them.
+    apps = subprocess.run([T.cfg.nvidia_smi, "--query-compute-apps=pid,gpu_uuid,used_memory",
+                           "--format=csv,noheader"], capture_output=True, text=True, timeout=60).stdout
+    T.log(event="contexts", pids=g.pids, compute_apps=apps.splitlines())
     sus, res = [], []
     for i in range(BENCH_REPS):
         r, r2 = group_cycle(T, g, "bench rep %d" % i)
