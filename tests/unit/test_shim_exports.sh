@@ -1,7 +1,8 @@
 #!/bin/bash
 # test_shim_exports: libgcr.so exports exactly the interposed driver, HIP runtime and NCCL entry
 # points (every name in shim_hooks.def, shim_hip_hooks.def and shim_nccl_hooks.def, with its
-# per-thread twin, C++ mangled name or NCCL profiling name) plus dlsym and dlvsym.
+# per-thread twin, C++ mangled name or NCCL profiling name) plus dlsym, dlvsym and poll
+# (shim_nccl_poll.c).
 set -u
 so="$top_builddir/shim/.libs/libgcr.so"
 def="$top_srcdir/shim/cuda/shim_hooks.def"
@@ -14,7 +15,7 @@ pass=0 fail=0
 check() { if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $*"; fi; }
 
 actual=$(nm -D --defined-only "$so" | awk '{print $3}' | sed 's/@.*//' | sort -u)
-expected=$( { echo dlsym; echo dlvsym;
+expected=$( { echo dlsym; echo dlvsym; echo poll;
   sed -n 's/^SHIM_\(GATE\|CUSTOM\)(\([A-Za-z0-9_]*\), \([A-Z]*\).*/\2 \3/p' "$def" |
   while read -r sym var; do
     echo "$sym"
