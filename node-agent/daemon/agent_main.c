@@ -855,7 +855,7 @@ int main(int argc, char **argv)
 		    agent_gate_read_notes(gate, cfg.lease_namespace, &err) < 0 || agent_gate_start(gate, &err) < 0)
 			goto out;
 		if (rcfg.registry_port > 0 &&
-		    (agent_replace_new(kube, leader, &rcfg, &replace, &err) < 0 || agent_replace_start(replace, &err) < 0))
+		    (agent_replace_new(kube, informers, leader, &rcfg, &replace, &err) < 0 || agent_replace_start(replace, &err) < 0))
 			goto out;
 		if (agent_informers_start(informers, &err) < 0)
 			goto out;
