@@ -850,7 +850,7 @@ int main(int argc, char **argv)
 		}
 		if (agent_leader_new(kube, cfg.lease_namespace, "gcr-scaler-leader", identity, leader_lease_s,
 				     &leader, &err) < 0 ||
-		    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, leader, &scfg, &scaler, &err) < 0 ||
+		    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, informers, leader, &scfg, &scaler, &err) < 0 ||
 		    agent_scaler_start(scaler, &err) < 0 || agent_gate_new(kube, informers, leader, &gate, &err) < 0 ||
 		    agent_gate_read_notes(gate, cfg.lease_namespace, &err) < 0 || agent_gate_start(gate, &err) < 0)
 			goto out;
