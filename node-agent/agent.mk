@@ -42,6 +42,7 @@ node_agent_gcr_agent_SOURCES = \
 	node-agent/kube/agent_lease.c node-agent/kube/agent_lease.h \
 	node-agent/kube/agent_leader.c node-agent/kube/agent_leader.h \
 	node-agent/kube/agent_objmap.c node-agent/kube/agent_objmap.h \
+	node-agent/kube/agent_informer.c node-agent/kube/agent_informer.h \
 	node-agent/scaler/agent_scaler.c node-agent/scaler/agent_scaler.h \
 	node-agent/scaler/agent_scaler_int.h node-agent/scaler/agent_scaler_status.c \
 	node-agent/scaler/agent_gate.c node-agent/scaler/agent_gate.h \

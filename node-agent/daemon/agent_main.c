@@ -16,6 +16,7 @@
 #include "agent_controller.h"
 #include "agent_deviceplugin.h"
 #include "agent_gate.h"
+#include "agent_informer.h"
 #include "agent_kube.h"
 #include "agent_kubeconfig.h"
 #include "agent_lease.h"
@@ -688,6 +689,7 @@ int main(int argc, char **argv)
 	struct agent_leader *leader = NULL;
 	struct agent_scaler *scaler = NULL;
 	struct agent_gate *gate = NULL;
+	struct agent_informers *informers = NULL;
 	struct agent_replace *replace = NULL;
 	struct agent_ocireg *ocireg = NULL;
 	struct agent_activity *activity = NULL;
@@ -794,14 +796,22 @@ int main(int argc, char **argv)
 		leader_identity(&cfg, identity, sizeof(identity));
 		struct agent_scaler_cfg scfg = { .lease_namespace = cfg.lease_namespace,
 						 .agent_selector = cfg.agent_selector };
+		/* The scaler's roles share one mirror per resource (pods are watched once), started
+		 * once every role has subscribed. */
+		if ((informers = agent_informers_new(kube)) == NULL) {
+			gcr_err_set(&err, -ENOMEM, "out of memory");
+			goto out;
+		}
 		if (agent_leader_new(kube, cfg.lease_namespace, "gcr-scaler-leader", identity, leader_lease_s,
 				     &leader, &err) < 0 ||
-		    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, leader, &scfg, &scaler, &err) < 0 ||
-		    agent_scaler_start(scaler, &err) < 0 || agent_gate_new(kube, leader, &gate, &err) < 0 ||
+		    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, informers, leader, &scfg, &scaler, &err) < 0 ||
+		    agent_scaler_start(scaler, &err) < 0 || agent_gate_new(kube, informers, leader, &gate, &err) < 0 ||
 		    agent_gate_read_notes(gate, cfg.lease_namespace, &err) < 0 || agent_gate_start(gate, &err) < 0)
 			goto out;
 		if (rcfg.registry_port > 0 &&
-		    (agent_replace_new(kube, leader, &rcfg, &replace, &err) < 0 || agent_replace_start(replace, &err) < 0))
+		    (agent_replace_new(kube, informers, leader, &rcfg, &replace, &err) < 0 || agent_replace_start(replace, &err) < 0))
+			goto out;
+		if (agent_informers_start(informers, &err) < 0)
 			goto out;
 		GCR_LOG(GCR_LOG_INFO, "agent", "scaler: candidate %s for lease %s/gcr-scaler-leader; %s%s", identity,
 			cfg.lease_namespace, cfg.agent_selector ? "creates the heartbeat Leases of nodes with pods " : "",
@@ -901,9 +911,11 @@ out:
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
 	if (metrics != NULL)
 		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp, gate go: /readyz stops asking */
+	agent_informers_stop(informers); /* no more changes queued into the roles below */
 	agent_scaler_free(scaler);  /* stops creating work for the nodes */
 	agent_replace_free(replace);
 	agent_gate_free(gate);
+	agent_informers_free(informers); /* after the roles that read it */
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
 	agent_shares_stop(shares.ss); /* no more Events through the controller */
 	agent_evict_free(evict);    /* holds in flight are answered; before the controller they use */

@@ -77,6 +77,18 @@ static void on_event(const struct agent_watch_event *ev, void *data)
 	json_decref(cur);
 }
 
+void agent_objmap_feed_list(struct agent_objmap *m, int kind, json_t *items)
+{
+	if (kind >= 0 && kind < m->n)
+		on_list(items, &m->w[kind]);
+}
+
+void agent_objmap_feed_event(struct agent_objmap *m, int kind, const struct agent_watch_event *ev)
+{
+	if (kind >= 0 && kind < m->n)
+		on_event(ev, &m->w[kind]);
+}
+
 static void *watch_main(void *data)
 {
 	struct watcher *w = data;
@@ -113,6 +125,8 @@ int agent_objmap_new(struct agent_kube *kube, pthread_mutex_t *lock, const struc
 
 int agent_objmap_start(struct agent_objmap *m, struct gcr_err *err)
 {
+	if (m->kube == NULL)
+		return 0; /* fed by the caller */
 	for (int k = 0; k < m->n; k++) {
 		int rc = pthread_create(&m->w[k].th, NULL, watch_main, &m->w[k]);
 		if (rc != 0)

@@ -32,13 +32,19 @@ struct agent_objmap_ops {
 struct agent_objmap;
 
 /* Borrows kube, lock (the owner's: it guards the maps) and the strings of kinds (n of them, at
- * most AGENT_OBJMAP_MAX_KINDS), which must outlive the mirror. */
+ * most AGENT_OBJMAP_MAX_KINDS), which must outlive the mirror. kube NULL: no watch threads, the
+ * caller feeds the mirror (agent_objmap_feed_*: a fake watch feed for unit tests). */
 int agent_objmap_new(struct agent_kube *kube, pthread_mutex_t *lock, const struct agent_objmap_kind *kinds, int n,
 		     const struct agent_objmap_ops *ops, struct agent_objmap **out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
 /* Starts the threads; on failure those started run until agent_objmap_free. */
 int agent_objmap_start(struct agent_objmap *m, struct gcr_err *err) __attribute__((warn_unused_result));
+
+/* What kind's watch thread does with a list's items (borrowed) and with one event; for a mirror
+ * made with kube NULL. Take the lock themselves: the caller must not hold it. */
+void agent_objmap_feed_list(struct agent_objmap *m, int kind, json_t *items);
+void agent_objmap_feed_event(struct agent_objmap *m, int kind, const struct agent_watch_event *ev);
 
 /* The map of kind (borrowed; the caller holds the lock and may change entries in place). */
 json_t *agent_objmap_map_locked(struct agent_objmap *m, int kind);

@@ -2,49 +2,50 @@
  * RBAC has no pods/status), so the scaler's process derives each gated pod's condition from
  * the Checkpoints and Restores naming it, and from the node agents' heartbeat notes (a pod
  * suspended with no Checkpoint: for another pod's room), and writes it; node agents wait for it
- * (controller). */
+ * (controller). The objects come from the process's shared mirrors (kube/agent_informer); each
+ * change queues its pod's key "g:ns/pod" on a work queue (kube/agent_workq), whose one worker
+ * compares and writes. */
 #include "agent_gate.h"
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "agent_objmap.h"
+#include "agent_workq.h"
 #include "agent_phase.h"
 #include "agent_podspec.h"
 #include "agent_scalemsg.h"
 #include "gcr_log.h"
-#include "gcr_time.h"
 
 #define API "/apis/gpucr.dev/v1alpha1"
-/* Every gated pod is compared again this often, in ms: covers a newly elected leader and a
- * write that failed, without a retry queue of its own. */
+/* Every gated pod is compared again this often, in ms (the key RESYNC_KEY): the heartbeat notes
+ * are read then (they are polled, not watched), and a newly elected leader writes within it. */
 #define RESYNC_MS 2000
+#define RESYNC_KEY "g-resync"
+/* A write that failed is tried again after this, doubling per pod up to RESYNC_MS (ms). */
+#define RETRY_MS 500
 
 enum gkind { G_POD, G_CK, G_RS, GN };
-static const struct agent_objmap_kind kinds[GN] = {
-	{ "/api/v1/pods", NULL }, { API "/checkpoints", NULL }, { API "/restores", NULL } };
+static const char *const paths[GN] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
 
 struct agent_gate {
 	struct agent_kube *kube;
 	struct agent_leader *leader;
-	atomic_int stop;
-	pthread_mutex_t lock; /* guards everything below */
-	pthread_cond_t cond;
-	/* Only what the gate needs, not the objects: pods declaring the gate ("ns/name" ->
-	 * {status, reason} of its condition), Checkpoints ({ns, pod, phase}), Restores
-	 * ({ns, ck, phase}). */
-	struct agent_objmap *objs;
-	json_t *dirty; /* "ns/pod" whose condition is to be compared */
-	int all_dirty;
-	pthread_t writer;
-	int writer_started;
+	/* The shared mirrors (borrowed; their lock guards the views). Only what the gate needs is
+	 * kept, not the objects: pods declaring the gate ("ns/name" -> {status, reason} of its
+	 * condition), Checkpoints ({ns, pod, phase}), Restores ({ns, ck, phase, done}). */
+	struct agent_informers *inf;
+	struct agent_informer_sub *sub[GN];
+	struct agent_workq *q; /* "g:ns/pod": its condition to compare; RESYNC_KEY */
+	pthread_t worker;
+	int worker_started;
+	/* The worker's alone: */
 	char *lease_ns; /* where the heartbeat Leases are; NULL: notes not read */
 	json_t *notes;  /* their activity notes' texts, listed at each resync */
+	int said;       /* the notes' failure was logged */
 };
 
 /* The gate's values: a requested or running suspend, a finished one not restored, none, and a
@@ -65,14 +66,33 @@ static const char *at(json_t *o, const char *a, const char *b)
 	return json_string_value(json_object_get(json_object_get(o, a), b));
 }
 
-static void mark_locked(struct agent_gate *g, const char *ns, const char *pod)
+/* Queues the comparison of pod key ("ns/name"). */
+static void mark(struct agent_gate *g, const char *key)
+{
+	char qk[AGENT_WORKQ_KEY_MAX];
+	snprintf(qk, sizeof(qk), "g:%s", key);
+	if (agent_workq_add(g->q, qk) < 0)
+		GCR_LOG(GCR_LOG_WARN, "gate", "pod %.300s: not queued (out of memory, or too long a name); compared at the "
+			"next resync", key);
+}
+
+static void mark_pod(struct agent_gate *g, const char *ns, const char *pod)
 {
 	char key[600];
 	if (ns == NULL || pod == NULL)
 		return;
 	snprintf(key, sizeof(key), "%s/%s", ns, pod);
-	json_object_set_new(g->dirty, key, json_true());
-	pthread_cond_signal(&g->cond);
+	mark(g, key);
+}
+
+/* Every gated pod queued (under the mirrors' lock): after a list, and at each resync. */
+static void mark_all_locked(struct agent_gate *g)
+{
+	const char *k;
+	json_t *v;
+	for (void *it = agent_informer_next_locked(g->sub[G_POD], NULL, &k, &v); it != NULL;
+	     it = agent_informer_next_locked(g->sub[G_POD], it, &k, &v))
+		mark(g, k);
 }
 
 /* Seconds since the epoch of an RFC 3339 UTC time (fraction ignored); 0 when absent or malformed. */
@@ -82,31 +102,39 @@ static double parse_time(const char *s)
 	return s != NULL && strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) != NULL ? (double)timegm(&tm) : 0;
 }
 
-/* The mirror's map of kind k (under the lock). */
-static json_t *map_locked(struct agent_gate *g, enum gkind k)
+/* A view's entry (under the lock). */
+static json_t *get_locked(struct agent_gate *g, enum gkind k, const char *key)
 {
-	return agent_objmap_map_locked(g->objs, k);
+	return agent_informer_get_locked(g->sub[k], key);
 }
 
-/* What the gate keeps of obj, NULL for a pod without the gate (not kept at all). A Checkpoint's
- * or Restore's phase is kept decoded (enum agent_phase), so the passes compare no strings. */
-static json_t *slim(int k, json_t *obj, void *data)
+/* What the gate keeps of a pod: NULL for one without the gate (not kept at all). */
+static json_t *slim_pod(json_t *obj, void *data)
 {
 	(void)data;
-	const char *ns = at(obj, "metadata", "namespace");
-	if (k == G_POD) {
-		if (!agent_podspec_gate_declared(obj))
-			return NULL;
-		json_t *c = agent_podspec_gate_condition(obj);
-		/* Only pods that opted in to overcommit are ever held without a Checkpoint. */
-		return json_pack("{s:s?, s:s?, s:s?}", "status", json_string_value(json_object_get(c, "status")), "reason",
-				 json_string_value(json_object_get(c, "reason")), "uid",
-				 agent_podspec_overcommit(obj) ? at(obj, "metadata", "uid") : NULL);
-	}
-	int ph = (int)agent_phase_of(at(obj, "status", "phase"));
-	if (k == G_CK)
-		return json_pack("{s:s?, s:s?, s:i}", "ns", ns, "pod", at(obj, "spec", "podName"), "phase", ph);
-	return json_pack("{s:s?, s:s?, s:i, s:f}", "ns", ns, "ck", at(obj, "spec", "checkpointName"), "phase", ph,
+	if (!agent_podspec_gate_declared(obj))
+		return NULL;
+	json_t *c = agent_podspec_gate_condition(obj);
+	/* Only pods that opted in to overcommit are ever held without a Checkpoint. */
+	return json_pack("{s:s?, s:s?, s:s?}", "status", json_string_value(json_object_get(c, "status")), "reason",
+			 json_string_value(json_object_get(c, "reason")), "uid",
+			 agent_podspec_overcommit(obj) ? at(obj, "metadata", "uid") : NULL);
+}
+
+/* A Checkpoint's or Restore's phase is kept decoded (enum agent_phase), so the comparisons
+ * test no strings. */
+static json_t *slim_ck(json_t *obj, void *data)
+{
+	(void)data;
+	return json_pack("{s:s?, s:s?, s:i}", "ns", at(obj, "metadata", "namespace"), "pod", at(obj, "spec", "podName"),
+			 "phase", (int)agent_phase_of(at(obj, "status", "phase")));
+}
+
+static json_t *slim_rs(json_t *obj, void *data)
+{
+	(void)data;
+	return json_pack("{s:s?, s:s?, s:i, s:f}", "ns", at(obj, "metadata", "namespace"), "ck",
+			 at(obj, "spec", "checkpointName"), "phase", (int)agent_phase_of(at(obj, "status", "phase")),
 			 "done", parse_time(at(obj, "status", "completionTime")));
 }
 
@@ -116,36 +144,50 @@ static enum agent_phase phase_of(json_t *e)
 	return (enum agent_phase)json_integer_value(json_object_get(e, "phase"));
 }
 
-/* The pod an entry of map k concerns (a Restore's through its Checkpoint), marked dirty. */
-static void touch_locked(struct agent_gate *g, enum gkind k, const char *key, json_t *e)
+/* The mirrors' hooks, under their lock. A list makes every pod's condition to be compared; an
+ * object's change (its entry before, a deleted Checkpoint or Restore changing its pod's state
+ * too, and after) that of its pod, a Restore's through its Checkpoint. */
+static void changed_pod(const char *key, json_t *old, json_t *cur, void *data)
 {
-	if (k == G_POD) {
-		json_object_set_new(g->dirty, key, json_true());
-		pthread_cond_signal(&g->cond);
-	} else if (k == G_CK) {
-		mark_locked(g, json_string_value(json_object_get(e, "ns")), json_string_value(json_object_get(e, "pod")));
-	} else {
-		const char *ns = json_string_value(json_object_get(e, "ns")), *ck = json_string_value(json_object_get(e, "ck"));
-		char ckey[600];
-		snprintf(ckey, sizeof(ckey), "%s/%s", ns ? ns : "", ck ? ck : "");
-		mark_locked(g, ns, json_string_value(json_object_get(json_object_get(map_locked(g, G_CK), ckey), "pod")));
-	}
+	struct agent_gate *g = data;
+	(void)old, (void)cur;
+	if (key == NULL)
+		mark_all_locked(g);
+	else
+		mark(g, key);
 }
 
-/* A relist makes every pod's condition to be compared; an object's change (its entry before, a
- * deleted Checkpoint or Restore changing its pod's state too, and after) that of its pod. */
-static void changed(int kind, const char *key, json_t *old, json_t *cur, void *data)
+static void changed_ck(const char *key, json_t *old, json_t *cur, void *data)
 {
 	struct agent_gate *g = data;
 	if (key == NULL) {
-		g->all_dirty = 1;
-		pthread_cond_signal(&g->cond);
+		mark_all_locked(g);
 		return;
 	}
-	if (old != NULL)
-		touch_locked(g, (enum gkind)kind, key, old);
-	if (cur != NULL)
-		touch_locked(g, (enum gkind)kind, key, cur);
+	json_t *e[2] = { old, cur };
+	for (int i = 0; i < 2; i++)
+		if (e[i] != NULL)
+			mark_pod(g, json_string_value(json_object_get(e[i], "ns")),
+				 json_string_value(json_object_get(e[i], "pod")));
+}
+
+static void changed_rs(const char *key, json_t *old, json_t *cur, void *data)
+{
+	struct agent_gate *g = data;
+	if (key == NULL) {
+		mark_all_locked(g);
+		return;
+	}
+	json_t *e[2] = { old, cur };
+	for (int i = 0; i < 2; i++) {
+		if (e[i] == NULL)
+			continue;
+		const char *ns = json_string_value(json_object_get(e[i], "ns")),
+			   *ck = json_string_value(json_object_get(e[i], "ck"));
+		char ckey[600];
+		snprintf(ckey, sizeof(ckey), "%s/%s", ns ? ns : "", ck ? ck : "");
+		mark_pod(g, ns, json_string_value(json_object_get(get_locked(g, G_CK, ckey), "pod")));
+	}
 }
 
 /* The pod's state from the objects naming it: a Checkpoint not yet final (requested or
@@ -158,8 +200,8 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 	int named = 0;          /* some Checkpoint names the pod */
 	const char *ck;
 	json_t *c;
-	json_object_foreach(map_locked(g, G_CK), ck, c)
-	{
+	for (void *ci = agent_informer_next_locked(g->sub[G_CK], NULL, &ck, &c); ci != NULL;
+	     ci = agent_informer_next_locked(g->sub[G_CK], ci, &ck, &c)) {
 		const char *cns = json_string_value(json_object_get(c, "ns")),
 			   *cpod = json_string_value(json_object_get(c, "pod"));
 		enum agent_phase ph = phase_of(c);
@@ -173,8 +215,8 @@ static enum gstate want_locked(struct agent_gate *g, const char *ns, const char 
 		const char *name = strchr(ck, '/') + 1, *rk;
 		json_t *r;
 		int restored = 0;
-		json_object_foreach(map_locked(g, G_RS), rk, r)
-		{
+		for (void *ri = agent_informer_next_locked(g->sub[G_RS], NULL, &rk, &r); ri != NULL;
+		     ri = agent_informer_next_locked(g->sub[G_RS], ri, &rk, &r)) {
 			const char *rns = json_string_value(json_object_get(r, "ns")),
 				   *rck = json_string_value(json_object_get(r, "ck"));
 			int it = rns && rck && strcmp(rns, ns) == 0 && strcmp(rck, name) == 0 &&
@@ -244,8 +286,9 @@ static json_t *read_notes(struct agent_gate *g, int *said)
 	return out;
 }
 
-/* Strategic merge of the one condition (merged by type): nothing else of the pod is written. */
-static int write_gate(struct agent_gate *g, const char *key, enum gstate s)
+/* Strategic merge of the one condition (merged by type): nothing else of the pod is written.
+ * qkey: the pod's queue key, backed off after a failure. */
+static int write_gate(struct agent_gate *g, const char *key, const char *qkey, enum gstate s)
 {
 	char now[40], path[700], ns[300];
 	const char *slash = strchr(key, '/');
@@ -267,114 +310,111 @@ static int write_gate(struct agent_gate *g, const char *key, enum gstate s)
 	free(body);
 	if (rc == 0 && st >= 300)
 		rc = gcr_err_set(&err, st == 404 ? -ENOENT : -EIO, "HTTP %ld", st);
-	if (rc < 0)
+	if (rc < 0) {
+		int ms = rc == -ENOENT ? 0 : agent_workq_backoff(g->q, qkey); /* a pod gone is not retried */
 		GCR_LOG(GCR_LOG_WARN, "gate", "pod %s: %s=%s not written (%s); compared again in %d ms", key,
-			AGENT_PODSPEC_GATE_TYPE, states[s].status, err.msg, RESYNC_MS);
-	else
-		GCR_LOG(GCR_LOG_INFO, "gate", "pod %s: %s=%s (%s)", key, AGENT_PODSPEC_GATE_TYPE, states[s].status,
+			AGENT_PODSPEC_GATE_TYPE, states[s].status, err.msg, ms > 0 ? ms : RESYNC_MS);
+		return rc;
+	}
+	agent_workq_forget(g->q, qkey);
+	GCR_LOG(GCR_LOG_INFO, "gate", "pod %s: %s=%s (%s)", key, AGENT_PODSPEC_GATE_TYPE, states[s].status,
 			states[s].reason);
 	return rc;
 }
 
-static void *writer_main(void *data)
+/* The resync: the notes read again (a request: without the lock), every gated pod queued, and
+ * the next resync in RESYNC_MS. */
+static void resync(struct agent_gate *g)
+{
+	if (g->lease_ns != NULL) {
+		json_t *notes = read_notes(g, &g->said);
+		if (notes != NULL) {
+			json_decref(g->notes);
+			g->notes = notes;
+		}
+	}
+	agent_informers_lock(g->inf);
+	mark_all_locked(g);
+	agent_informers_unlock(g->inf);
+	if (agent_workq_add_after(g->q, RESYNC_KEY, RESYNC_MS) < 0)
+		GCR_LOG(GCR_LOG_ERROR, "gate", "out of memory: no further resync");
+}
+
+/* Compares one pod's condition with what its objects say, and writes it when they differ. */
+static void compare(struct agent_gate *g, const char *qkey)
+{
+	const char *key = qkey + 2, *slash = strchr(key, '/');
+	enum gstate s = S_RESIDENT;
+	int write = 0;
+	agent_informers_lock(g->inf);
+	/* Before the three lists, a pod would look resident while its Checkpoint is unseen; the
+	 * last list to come queues every pod again. */
+	int synced = 1;
+	for (int k = 0; k < GN; k++)
+		synced &= agent_informer_synced_locked(g->sub[k]);
+	json_t *p = synced && slash != NULL ? get_locked(g, G_POD, key) : NULL; /* NULL: no gate (any more) */
+	if (p != NULL) {
+		char ns[300];
+		snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key), key);
+		s = want_locked(g, ns, slash + 1, json_string_value(json_object_get(p, "uid")));
+		const char *cs = json_string_value(json_object_get(p, "status")),
+			   *cr = json_string_value(json_object_get(p, "reason"));
+		write = cs == NULL || strcmp(cs, states[s].status) != 0 ||
+			(s != S_RESIDENT && (cr == NULL || strcmp(cr, states[s].reason) != 0));
+	}
+	agent_informers_unlock(g->inf);
+	/* Only the leader writes, so two scaler replicas never alternate a condition; a new one
+	 * compares every pod at its first resync. */
+	if (!write || (g->leader != NULL && !agent_leader_is_leader(g->leader)) || write_gate(g, key, qkey, s) < 0)
+		return;
+	agent_informers_lock(g->inf); /* as written, until the pod's own event says so */
+	p = get_locked(g, G_POD, key);
+	if (p != NULL) {
+		json_object_set_new(p, "status", json_string(states[s].status));
+		json_object_set_new(p, "reason", json_string(states[s].reason));
+	}
+	agent_informers_unlock(g->inf);
+}
+
+static void *worker_main(void *data)
 {
 	struct agent_gate *g = data;
-	double last = gcr_time_mono_ms();
-	int said = 0;
-	pthread_mutex_lock(&g->lock);
-	while (!atomic_load(&g->stop)) {
-		double now = gcr_time_mono_ms();
-		if (now - last >= RESYNC_MS) {
-			g->all_dirty = 1;
-			last = now;
-			if (g->lease_ns != NULL) { /* a request: not under the lock */
-				pthread_mutex_unlock(&g->lock);
-				json_t *notes = read_notes(g, &said);
-				pthread_mutex_lock(&g->lock);
-				if (notes != NULL) {
-					json_decref(g->notes);
-					g->notes = notes;
-				}
-			}
-		}
-		int synced = agent_objmap_synced_locked(g->objs);
-		if (!synced || (!g->all_dirty && json_object_size(g->dirty) == 0)) {
-			struct timespec dl;
-			gcr_time_deadline(&dl, 200);
-			pthread_cond_timedwait(&g->cond, &g->lock, &dl);
-			continue;
-		}
-		/* Before the lists, a pod would look resident while its Checkpoint is unseen. */
-		json_t *todo = g->all_dirty ? json_object() : g->dirty;
-		const char *k;
-		json_t *v;
-		if (g->all_dirty) {
-			json_object_foreach(map_locked(g, G_POD), k, v) json_object_set_new(todo, k, json_true());
-			json_object_clear(g->dirty);
-			g->all_dirty = 0;
-		} else {
-			g->dirty = json_object();
-		}
-		json_t *writes = json_object(); /* "ns/pod" -> state to write */
-		json_object_foreach(todo, k, v)
-		{
-			json_t *p = json_object_get(map_locked(g, G_POD), k);
-			const char *slash = strchr(k, '/');
-			if (p == NULL || slash == NULL)
-				continue; /* not (or no longer) a pod declaring the gate */
-			char ns[300];
-			snprintf(ns, sizeof(ns), "%.*s", (int)(slash - k), k);
-			enum gstate s = want_locked(g, ns, slash + 1, json_string_value(json_object_get(p, "uid")));
-			const char *cs = json_string_value(json_object_get(p, "status")),
-				   *cr = json_string_value(json_object_get(p, "reason"));
-			if (cs == NULL || strcmp(cs, states[s].status) != 0 ||
-			    (s != S_RESIDENT && (cr == NULL || strcmp(cr, states[s].reason) != 0)))
-				json_object_set_new(writes, k, json_integer(s));
-		}
-		json_decref(todo);
-		pthread_mutex_unlock(&g->lock);
-		/* Only the leader writes, so two scaler replicas never alternate a condition. */
-		int lead = g->leader == NULL || agent_leader_is_leader(g->leader);
-		json_object_foreach(writes, k, v)
-		{
-			enum gstate s = (enum gstate)json_integer_value(v);
-			if (!lead || atomic_load(&g->stop) || write_gate(g, k, s) < 0)
-				continue;
-			pthread_mutex_lock(&g->lock); /* as written, until the pod's own event says so */
-			json_t *p = json_object_get(map_locked(g, G_POD), k);
-			if (p != NULL) {
-				json_object_set_new(p, "status", json_string(states[s].status));
-				json_object_set_new(p, "reason", json_string(states[s].reason));
-			}
-			pthread_mutex_unlock(&g->lock);
-		}
-		json_decref(writes);
-		pthread_mutex_lock(&g->lock);
+	char key[AGENT_WORKQ_KEY_MAX];
+	while (agent_workq_get(g->q, key, sizeof(key)) == 1) {
+		if (strcmp(key, RESYNC_KEY) == 0)
+			resync(g);
+		else
+			compare(g, key);
+		agent_workq_done(g->q, key);
 	}
-	pthread_mutex_unlock(&g->lock);
 	return NULL;
 }
 
-int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct agent_gate **out,
-		   struct gcr_err *err)
+int agent_gate_new(struct agent_kube *kube, struct agent_informers *inf, struct agent_leader *leader,
+		   struct agent_gate **out, struct gcr_err *err)
 {
 	*out = NULL;
 	struct agent_gate *g = calloc(1, sizeof(*g));
 	if (g == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	g->kube = kube;
+	g->inf = inf;
 	g->leader = leader;
-	pthread_mutex_init(&g->lock, NULL);
-	pthread_cond_init(&g->cond, NULL);
-	if ((g->dirty = json_object()) == NULL || (g->notes = json_array()) == NULL) {
+	if ((g->q = agent_workq_new(RETRY_MS, RESYNC_MS)) == NULL || (g->notes = json_array()) == NULL) {
 		agent_gate_free(g);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	}
-	struct agent_objmap_ops ops = { .slim = slim, .changed = changed, .data = g };
-	int rc = agent_objmap_new(kube, &g->lock, kinds, GN, &ops, &g->objs, err);
-	if (rc < 0) {
-		agent_gate_free(g);
-		return rc;
+	const struct agent_informer_handler hs[GN] = {
+		{ .slim = slim_pod, .changed = changed_pod, .data = g },
+		{ .slim = slim_ck, .changed = changed_ck, .data = g },
+		{ .slim = slim_rs, .changed = changed_rs, .data = g },
+	};
+	for (int k = 0; k < GN; k++) {
+		int rc = agent_informers_subscribe(inf, paths[k], NULL, &hs[k], &g->sub[k], err);
+		if (rc < 0) {
+			agent_gate_free(g);
+			return rc;
+		}
 	}
 	*out = g;
 	return 0;
@@ -389,21 +429,22 @@ int agent_gate_read_notes(struct agent_gate *g, const char *lease_ns, struct gcr
 
 int agent_gate_start(struct agent_gate *g, struct gcr_err *err)
 {
-	int rc = agent_objmap_start(g->objs, err);
-	if (rc < 0)
-		return rc;
-	rc = pthread_create(&g->writer, NULL, writer_main, g);
+	if (agent_workq_add_after(g->q, RESYNC_KEY, RESYNC_MS) < 0)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	int rc = pthread_create(&g->worker, NULL, worker_main, g);
 	if (rc != 0)
-		return gcr_err_set(err, -rc, "cannot start the gate writer: %s", strerror(rc));
-	g->writer_started = 1;
+		return gcr_err_set(err, -rc, "cannot start the gate's worker: %s", strerror(rc));
+	g->worker_started = 1;
 	return 0;
 }
 
 int agent_gate_synced(struct agent_gate *g)
 {
-	pthread_mutex_lock(&g->lock);
-	int s = agent_objmap_synced_locked(g->objs);
-	pthread_mutex_unlock(&g->lock);
+	int s = 1;
+	agent_informers_lock(g->inf);
+	for (int k = 0; k < GN; k++)
+		s &= agent_informer_synced_locked(g->sub[k]);
+	agent_informers_unlock(g->inf);
 	return s;
 }
 
@@ -411,17 +452,12 @@ void agent_gate_free(struct agent_gate *g)
 {
 	if (g == NULL)
 		return;
-	atomic_store(&g->stop, 1);
-	pthread_mutex_lock(&g->lock);
-	pthread_cond_broadcast(&g->cond);
-	pthread_mutex_unlock(&g->lock);
-	if (g->writer_started)
-		pthread_join(g->writer, NULL);
-	agent_objmap_free(g->objs);
-	json_decref(g->dirty);
+	if (g->q != NULL)
+		agent_workq_shutdown(g->q); /* the worker ends after the pod in hand */
+	if (g->worker_started)
+		pthread_join(g->worker, NULL);
+	agent_workq_free(g->q);
 	json_decref(g->notes);
 	free(g->lease_ns);
-	pthread_mutex_destroy(&g->lock);
-	pthread_cond_destroy(&g->cond);
 	free(g);
 }

@@ -5,15 +5,18 @@
 
 #include <jansson.h>
 
+#include "agent_informer.h"
 #include "agent_kube.h"
 #include "agent_leader.h"
 #include "gcr_error.h"
 
 struct agent_gate;
 
-/* Borrows kube and leader (only the leader writes; NULL: always write). */
-int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct agent_gate **out,
-		   struct gcr_err *err) __attribute__((warn_unused_result));
+/* Borrows kube, inf (the process's mirrors, not yet started: the gate subscribes to pods,
+ * Checkpoints and Restores; stopped before the gate is freed) and leader (only the leader
+ * writes; NULL: always write). */
+int agent_gate_new(struct agent_kube *kube, struct agent_informers *inf, struct agent_leader *leader,
+		   struct agent_gate **out, struct gcr_err *err) __attribute__((warn_unused_result));
 
 /* Before start: also read the node agents' heartbeat notes on the Leases in lease_ns (listed
  * every resync), so that a pod the node reports suspended without a Checkpoint (for another
@@ -21,13 +24,13 @@ int agent_gate_new(struct agent_kube *kube, struct agent_leader *leader, struct 
 int agent_gate_read_notes(struct agent_gate *g, const char *lease_ns, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
-/* Starts the watches (pods, checkpoints, restores) and the writer. */
+/* Starts the worker (the mirrors are started by their owner). */
 int agent_gate_start(struct agent_gate *g, struct gcr_err *err) __attribute__((warn_unused_result));
 
-/* 1 once all three watches have listed. */
+/* 1 once all three mirrors have listed. */
 int agent_gate_synced(struct agent_gate *g);
 
-/* NULL-safe; stops and joins. */
+/* NULL-safe; stops and joins the worker. */
 void agent_gate_free(struct agent_gate *g);
 
 #endif

@@ -7,50 +7,62 @@
  * bounded; none removes it at once. Once the restored container runs, a Restore gives it its
  * GPU data; its end is told by an Event on the pod, and a failure deletes the pod so that its
  * owner makes a new one, started cold.
- * Everything is read back from watches, so a new leader carries on where the old one was. */
+ * Everything is read back from watches, so a new leader carries on where the old one was: the
+ * process's shared mirrors (kube/agent_informer), each change queuing its owner's key on a work
+ * queue (kube/agent_workq) whose worker looks at that owner's pods and Checkpoints alone. */
 #include "agent_replace.h"
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "agent_ociimg.h"
-#include "agent_objmap.h"
+#include "agent_informer.h"
 #include "agent_ocireg.h"
 #include "agent_phase.h"
 #include "gcr_log.h"
+#include "agent_workq.h"
 #include "gcr_time.h"
 
 #define API "/apis/gpucr.dev/v1alpha1"
-#define PASS_MS 500 /* every pass compares all it keeps; a watch event wakes it sooner */
+/* Leadership is looked at this often (ms, the key TICK_KEY; no request): a new term queues every
+ * owner. A failed write is tried again after RETRY_MS, doubling per owner to RETRY_MAX_MS. */
+#define TICK_MS 500
+#define TICK_KEY "r-tick"
+#define RETRY_MS 500
+#define RETRY_MAX_MS 8000
 /* A Failed eviction Checkpoint younger than this, in seconds, is named in a cold start's Event. */
 #define RECENT_FAILED_S 600
 
 enum rkind { R_POD, R_CK, R_RS, RN };
-/* Only the eviction's objects: the Restores are the ones this module labels so. */
-static const struct agent_objmap_kind kinds[RN] = {
-	{ "/api/v1/pods", NULL },
-	{ API "/checkpoints", "labelSelector=gpucr.dev%2Feviction%3Dtrue" },
-	{ API "/restores", "labelSelector=gpucr.dev%2Feviction%3Dtrue" },
-};
+/* The mirrors the gate follows too (one watch each in the process); of Checkpoints and Restores
+ * only the eviction's are kept (the Restores are the ones this module labels so). */
+static const char *const paths[RN] = { "/api/v1/pods", API "/checkpoints", API "/restores" };
 
 struct agent_replace {
 	struct agent_kube *kube;
 	struct agent_leader *leader;
 	struct agent_replace_cfg cfg;
-	atomic_int stop;
-	pthread_mutex_t lock; /* guards the mirror's maps and kick */
-	pthread_cond_t cond;
-	struct agent_objmap *objs; /* "ns/name" -> what a pass needs of each object (slim_*), per rkind */
-	int kick;
+	/* The shared mirrors (borrowed): "ns/name" -> what the worker needs of each object
+	 * (slim_*), per rkind, under the mirrors' lock. */
+	struct agent_informers *inf;
+	struct agent_informer_sub *sub[RN];
+	/* "o:ns/<owner uid>": that owner's pods and eviction Checkpoints; "p:ns/<pod>": a pod with
+	 * no controller owner; TICK_KEY. */
+	struct agent_workq *q;
 	pthread_t worker;
 	int worker_started;
-	/* Worker only: pod uid -> monotonic ms first seen waiting (logged once) or restoring. */
+	/* The worker's alone: pod uid -> monotonic ms first seen waiting (logged once) or restoring;
+	 * the leadership last seen; what the key in hand asks for after it (a write to try again,
+	 * a look again in next_ms, < 0 none). */
 	json_t *since;
+	int was_leader;
+	unsigned terms;
+	int retry;
+	double next_ms;
 };
 
 static const char *sget(json_t *o, const char *k)
@@ -150,6 +162,13 @@ static json_t *slim_pod(json_t *p)
 			 sget(sel, "kubernetes.io/hostname"), "has_ann", json_is_object(json_object_get(md, "annotations")));
 }
 
+/* An eviction's object (agent_evict labels its Checkpoints, this module its Restores). */
+static int eviction(json_t *o)
+{
+	const char *v = label(o, AGENT_OCIREG_LABEL_EVICTION);
+	return v != NULL && strcmp(v, "true") == 0;
+}
+
 static json_t *slim_ck(json_t *c)
 {
 	json_t *md = json_object_get(c, "metadata"), *st = json_object_get(c, "status");
@@ -170,19 +189,100 @@ static json_t *slim_rs(json_t *o)
 			 sget(st, "message"), "done", epoch(sget(st, "completionTime")));
 }
 
-static json_t *slim(int k, json_t *o, void *data)
+static json_t *slim_p(json_t *o, void *data)
 {
 	(void)data;
-	return k == R_POD ? slim_pod(o) : k == R_CK ? slim_ck(o) : slim_rs(o);
+	return slim_pod(o);
 }
 
-/* Any change wakes the worker for a pass (it compares all it keeps). */
-static void changed(int kind, const char *key, json_t *old, json_t *cur, void *data)
+static json_t *slim_c(json_t *o, void *data)
+{
+	(void)data;
+	return eviction(o) ? slim_ck(o) : NULL;
+}
+
+static json_t *slim_r(json_t *o, void *data)
+{
+	(void)data;
+	return eviction(o) ? slim_rs(o) : NULL;
+}
+
+/* ---- keys ---- */
+
+static void enqueue(struct agent_replace *r, const char *key)
+{
+	if (agent_workq_add(r->q, key) < 0)
+		GCR_LOG(GCR_LOG_WARN, "replace", "%.300s: not queued (out of memory, or too long a name)", key);
+}
+
+/* The key of a pod's view (its owner's, or its own without one) into out; 0, or -EINVAL. */
+static int pod_key(json_t *p, char *out, size_t len)
+{
+	const char *ns = sget(p, "ns"), *owner = sget(p, "owner"), *name = sget(p, "name");
+	if (ns == NULL || (owner == NULL && name == NULL))
+		return -EINVAL;
+	snprintf(out, len, "%c:%s/%s", owner ? 'o' : 'p', ns, owner ? owner : name);
+	return 0;
+}
+
+/* The owner key of an eviction Checkpoint's view; -EINVAL without an owner label (no pod of
+ * any owner can take it). */
+static int ck_key(json_t *c, char *out, size_t len)
+{
+	const char *ns = sget(c, "ns"), *owner = sget(c, "owner");
+	if (ns == NULL || owner == NULL)
+		return -EINVAL;
+	snprintf(out, len, "o:%s/%s", ns, owner);
+	return 0;
+}
+
+/* Every owner queued (under the mirrors' lock): after a list, and for a new term. */
+static void enqueue_all_locked(struct agent_replace *r)
+{
+	const char *k;
+	json_t *v;
+	char key[AGENT_WORKQ_KEY_MAX];
+	for (void *it = agent_informer_next_locked(r->sub[R_POD], NULL, &k, &v); it != NULL;
+	     it = agent_informer_next_locked(r->sub[R_POD], it, &k, &v))
+		if (pod_key(v, key, sizeof(key)) == 0)
+			enqueue(r, key);
+	for (void *it = agent_informer_next_locked(r->sub[R_CK], NULL, &k, &v); it != NULL;
+	     it = agent_informer_next_locked(r->sub[R_CK], it, &k, &v))
+		if (ck_key(v, key, sizeof(key)) == 0)
+			enqueue(r, key);
+}
+
+/* The mirrors' hooks, under their lock: a change queues its owner (a Restore's through its
+ * Checkpoint, which has its name). */
+static void changed_pod(const char *key, json_t *old, json_t *cur, void *data)
 {
 	struct agent_replace *r = data;
-	(void)kind, (void)key, (void)old, (void)cur;
-	r->kick = 1;
-	pthread_cond_signal(&r->cond);
+	char qk[AGENT_WORKQ_KEY_MAX];
+	if (key == NULL)
+		enqueue_all_locked(r);
+	else if (pod_key(cur != NULL ? cur : old, qk, sizeof(qk)) == 0)
+		enqueue(r, qk);
+}
+
+static void changed_ck(const char *key, json_t *old, json_t *cur, void *data)
+{
+	struct agent_replace *r = data;
+	char qk[AGENT_WORKQ_KEY_MAX];
+	if (key == NULL)
+		enqueue_all_locked(r);
+	else if (ck_key(cur != NULL ? cur : old, qk, sizeof(qk)) == 0)
+		enqueue(r, qk);
+}
+
+static void changed_rs(const char *key, json_t *old, json_t *cur, void *data)
+{
+	struct agent_replace *r = data;
+	char qk[AGENT_WORKQ_KEY_MAX];
+	(void)old, (void)cur;
+	if (key == NULL)
+		enqueue_all_locked(r);
+	else if (ck_key(agent_informer_get_locked(r->sub[R_CK], key), qk, sizeof(qk)) == 0)
+		enqueue(r, qk);
 }
 
 /* ---- writes (the leader's) ---- */
@@ -250,7 +350,8 @@ static void start_cold(struct agent_replace *r, json_t *p, const char *type, con
 	struct gcr_err err;
 	if (patch_pod(r, p, json_pack("[o]", remove_gate_op(p)), &err) < 0) {
 		GCR_LOG(err.code == -EAGAIN ? GCR_LOG_DEBUG : GCR_LOG_WARN, "replace",
-			"pod %s/%s: gate not removed (%s); again in %d ms", sget(p, "ns"), sget(p, "name"), err.msg, PASS_MS);
+			"pod %s/%s: gate not removed (%s); tried again", sget(p, "ns"), sget(p, "name"), err.msg);
+		r->retry = 1;
 		return;
 	}
 	char note[1024];
@@ -312,7 +413,8 @@ static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 	label_value(name, into);
 	if (sget(ck, "into") == NULL) {
 		if (agent_ociimg_token(token, &err) < 0) {
-			GCR_LOG(GCR_LOG_WARN, "replace", "pod %s/%s: no token (%s); again in %d ms", ns, name, err.msg, PASS_MS);
+			GCR_LOG(GCR_LOG_WARN, "replace", "pod %s/%s: no token (%s); tried again", ns, name, err.msg);
+			r->retry = 1;
 			return;
 		}
 		json_t *md = json_pack("{s:s?, s:{s:s}, s:{s:s, s:s}}", "resourceVersion", sget(ck, "rv"), "labels",
@@ -321,6 +423,7 @@ static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 		if (patch_ck(r, ns, ckname, md, &err) < 0) {
 			GCR_LOG(GCR_LOG_INFO, "replace", "pod %s/%s: Checkpoint %s not taken (%s); compared again", ns, name,
 				ckname, err.msg);
+			r->retry = 1;
 			return;
 		}
 		GCR_LOG(GCR_LOG_INFO, "replace", "pod %s/%s: Checkpoint %s taken (consumed)", ns, name, ckname);
@@ -349,12 +452,19 @@ static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 						     "value", AGENT_REPLACE_ANN_FROM, ckname));
 	if (patch_pod(r, p, ops, &err) < 0) {
 		GCR_LOG(err.code == -EAGAIN ? GCR_LOG_INFO : GCR_LOG_WARN, "replace",
-			"pod %s/%s: not pointed at Checkpoint %s's image (%s); again in %d ms", ns, name, ckname, err.msg,
-			PASS_MS);
+			"pod %s/%s: not pointed at Checkpoint %s's image (%s); tried again", ns, name, ckname, err.msg);
+		r->retry = 1;
 		return;
 	}
 	GCR_LOG(GCR_LOG_INFO, "replace", "pod %s/%s: gate removed, container %s from Checkpoint %s's image on node %s",
 		ns, name, container, ckname, node);
+}
+
+/* A pod held until a change of its objects, or ms at most: its key is looked at again then. */
+static void hold(struct agent_replace *r, double ms)
+{
+	if (r->next_ms < 0 || ms < r->next_ms)
+		r->next_ms = ms;
 }
 
 /* Milliseconds since the worker first saw pod uid in state what (kept per uid and state). */
@@ -412,8 +522,10 @@ static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rs
 		char ok[600];
 		snprintf(ok, sizeof(ok), "%s/%s", ns, sget(best, "pod") ? sget(best, "pod") : "");
 		json_t *old = json_object_get(pods, ok);
+		double w;
 		if (old != NULL && old != p && json_is_true(json_object_get(old, "deleting")) &&
-		    waited_ms(r, sget(p, "uid"), "evicted", &first) < r->cfg.wait_s * 1000.0) {
+		    (w = waited_ms(r, sget(p, "uid"), "evicted", &first)) < r->cfg.wait_s * 1000.0) {
+			hold(r, r->cfg.wait_s * 1000.0 - w);
 			if (first)
 				GCR_LOG(GCR_LOG_INFO, "replace", "pod %s/%s: held until the evicted pod %s has ended (up to %d s)",
 					ns, name, sget(best, "pod"), r->cfg.wait_s);
@@ -425,6 +537,7 @@ static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rs
 	if (pending != NULL) {
 		double age = now - json_real_value(json_object_get(pending, "created"));
 		if (age < r->cfg.wait_s) {
+			hold(r, (r->cfg.wait_s - age) * 1000.0);
 			waited_ms(r, sget(p, "uid"), "pending", &first);
 			if (first)
 				GCR_LOG(GCR_LOG_INFO, "replace", "pod %s/%s: held for Checkpoint %s in progress (up to %d s)", ns,
@@ -450,6 +563,7 @@ static void gated(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rs
 		    o != NULL && strcmp(o, owner) == 0 && sget(c, "ns") && strcmp(sget(c, "ns"), ns) == 0) {
 			double w = waited_ms(r, sget(p, "uid"), "sibling", &first);
 			if (w < r->cfg.wait_s * 1000.0) {
+				hold(r, r->cfg.wait_s * 1000.0 - w);
 				if (first)
 					GCR_LOG(GCR_LOG_INFO, "replace", "pod %s/%s: held while pod %s of its owner is deleted "
 						"(its eviction image may come; up to %d s)", ns, name, sget(c, "name"), r->cfg.wait_s);
@@ -489,18 +603,21 @@ static void restoring(struct agent_replace *r, json_t *cks, json_t *rss, json_t 
 		long st = 0;
 		struct gcr_err err;
 		int rc = api(r, "POST", path, "application/json", rs, &st, &err);
-		if (rc < 0 && err.code != -EAGAIN) /* 409: made already, its event not seen yet */
-			GCR_LOG(GCR_LOG_WARN, "replace", "pod %s/%s: Restore %s not created (%s); again in %d ms", ns, name,
-				from, err.msg, PASS_MS);
-		else if (rc == 0)
+		if (rc < 0 && err.code != -EAGAIN) { /* 409: made already, its event not seen yet */
+			GCR_LOG(GCR_LOG_WARN, "replace", "pod %s/%s: Restore %s not created (%s); tried again", ns, name,
+				from, err.msg);
+			r->retry = 1;
+		} else if (rc == 0)
 			GCR_LOG(GCR_LOG_INFO, "replace", "pod %s/%s: restored container %s runs: Restore %s created", ns, name,
 				container, from);
 		return;
 	}
 	double w = waited_ms(r, sget(p, "uid"), "restoring", &first);
 	const char *wr = container ? sget(json_object_get(p, "waiting"), container) : "no such container";
-	if (w < r->cfg.wait_s * 1000.0)
+	if (w < r->cfg.wait_s * 1000.0) {
+		hold(r, r->cfg.wait_s * 1000.0 - w);
 		return;
+	}
 	/* Never ran from the image (pull refused, restore failed): a new pod of the owner starts cold. */
 	char why[900], pp[700];
 	snprintf(why, sizeof(why), "its container did not run from Checkpoint %s's image within %d s (%s): the pod is "
@@ -510,6 +627,7 @@ static void restoring(struct agent_replace *r, json_t *cks, json_t *rss, json_t 
 	struct gcr_err err;
 	if (api(r, "DELETE", pp, NULL, NULL, &st, &err) < 0 && err.code != -ENOENT) {
 		GCR_LOG(GCR_LOG_WARN, "replace", "pod %s/%s: not deleted (%s)", ns, name, err.msg);
+		r->retry = 1;
 		return;
 	}
 	pod_event(r, p, "Warning", "NotRestoredFromEviction", why);
@@ -546,6 +664,7 @@ static void finished(struct agent_replace *r, json_t *pods, json_t *ck, json_t *
 		if (drc < 0 && err.code != -ENOENT) {
 			GCR_LOG(GCR_LOG_WARN, "replace", "pod %s: not deleted after its failed Restore (%s)", key, err.msg);
 			json_decref(dummy);
+			r->retry = 1;
 			return;
 		}
 		snprintf(note, sizeof(note), "not restored from eviction Checkpoint %s: Restore %s failed: %.700s; the pod "
@@ -554,33 +673,78 @@ static void finished(struct agent_replace *r, json_t *pods, json_t *ck, json_t *
 		pod_event(r, dummy, "Warning", "NotRestoredFromEviction", note);
 	}
 	json_decref(dummy);
-	if (patch_ck(r, ns, ckname, json_pack("{s:{s:n}}", "annotations", AGENT_OCIREG_ANN_TOKEN), &err) < 0)
-		GCR_LOG(GCR_LOG_WARN, "replace", "Checkpoint %s/%s: token not withdrawn (%s); again in %d ms", ns, ckname,
-			err.msg, PASS_MS);
+	if (patch_ck(r, ns, ckname, json_pack("{s:{s:n}}", "annotations", AGENT_OCIREG_ANN_TOKEN), &err) < 0) {
+		GCR_LOG(GCR_LOG_WARN, "replace", "Checkpoint %s/%s: token not withdrawn (%s); tried again", ns, ckname,
+			err.msg);
+		r->retry = 1;
+	}
 }
 
-static void pass(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rss)
+/* What one owner's key looks at, copied under the lock (the views shared, never changed): the
+ * pods of key (an owner's, or the one pod without one), the eviction Checkpoints of that owner
+ * and those the pods were pointed at, and their Restores. Waits of pods gone are forgotten. */
+static int gather(struct agent_replace *r, const char *key, json_t *pods, json_t *cks, json_t *rss)
 {
 	const char *k;
-	json_t *p;
+	json_t *v;
+	char vk[AGENT_WORKQ_KEY_MAX], ck[600];
 	void *tmp;
-	/* Waits of pods gone or done are forgotten. */
-	json_object_foreach_safe(r->since, tmp, k, p)
+	agent_informers_lock(r->inf);
+	int synced = 1;
+	for (int i = 0; i < RN; i++)
+		synced &= agent_informer_synced_locked(r->sub[i]);
+	if (!synced) { /* the last list to come queues every owner */
+		agent_informers_unlock(r->inf);
+		return 0;
+	}
+	json_object_foreach_safe(r->since, tmp, k, v)
 	{
 		int live = 0;
 		const char *pk;
 		json_t *pv;
-		json_object_foreach(pods, pk, pv)
-		{
+		for (void *it = agent_informer_next_locked(r->sub[R_POD], NULL, &pk, &pv); it != NULL && !live;
+		     it = agent_informer_next_locked(r->sub[R_POD], it, &pk, &pv)) {
 			const char *u = sget(pv, "uid");
-			live |= u != NULL && strncmp(k, u, strlen(u)) == 0 && k[strlen(u)] == '/';
+			live = u != NULL && strncmp(k, u, strlen(u)) == 0 && k[strlen(u)] == '/';
 		}
 		if (!live)
 			json_object_del(r->since, k);
 	}
+	for (void *it = agent_informer_next_locked(r->sub[R_POD], NULL, &k, &v); it != NULL;
+	     it = agent_informer_next_locked(r->sub[R_POD], it, &k, &v)) {
+		if (pod_key(v, vk, sizeof(vk)) < 0 || strcmp(vk, key) != 0)
+			continue;
+		json_object_set(pods, k, v);
+		if (sget(v, "from") != NULL) {
+			snprintf(ck, sizeof(ck), "%s/%s", sget(v, "ns"), sget(v, "from"));
+			json_t *c = agent_informer_get_locked(r->sub[R_CK], ck);
+			if (c != NULL)
+				json_object_set(cks, ck, c);
+		}
+	}
+	for (void *it = agent_informer_next_locked(r->sub[R_CK], NULL, &k, &v); it != NULL;
+	     it = agent_informer_next_locked(r->sub[R_CK], it, &k, &v))
+		if (ck_key(v, vk, sizeof(vk)) == 0 && strcmp(vk, key) == 0)
+			json_object_set(cks, k, v);
+	json_object_foreach(cks, k, v)
+	{
+		json_t *rs = agent_informer_get_locked(r->sub[R_RS], k); /* a Restore is named as its Checkpoint */
+		if (rs != NULL)
+			json_object_set(rss, k, rs);
+	}
+	agent_informers_unlock(r->inf);
+	return 1;
+}
+
+/* One owner: its gated pods given an image (or started cold), its restored pods their Restore,
+ * its finished Restores told. */
+static void reconcile(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rss)
+{
+	const char *k;
+	json_t *p;
 	json_object_foreach(pods, k, p)
 	{
-		if (atomic_load(&r->stop) || json_is_true(json_object_get(p, "deleting")))
+		if (json_is_true(json_object_get(p, "deleting")))
 			continue;
 		if (json_integer_value(json_object_get(p, "gate")) >= 0)
 			gated(r, pods, cks, rss, p);
@@ -596,36 +760,66 @@ static void pass(struct agent_replace *r, json_t *pods, json_t *cks, json_t *rss
 	}
 }
 
+/* The leadership tick: a term won (or leadership back) queues every owner, for what happened
+ * while another replica led; keys taken while not leading were dropped. */
+static void tick(struct agent_replace *r)
+{
+	int lead = agent_leader_is_leader(r->leader);
+	unsigned terms = agent_leader_terms(r->leader);
+	if (lead && (!r->was_leader || terms != r->terms)) {
+		agent_informers_lock(r->inf);
+		enqueue_all_locked(r);
+		agent_informers_unlock(r->inf);
+	}
+	r->was_leader = lead;
+	r->terms = terms;
+	if (agent_workq_add_after(r->q, TICK_KEY, TICK_MS) < 0)
+		GCR_LOG(GCR_LOG_ERROR, "replace", "out of memory: leadership no longer followed");
+}
+
+static void process(struct agent_replace *r, const char *key)
+{
+	if (strcmp(key, TICK_KEY) == 0) {
+		tick(r);
+		return;
+	}
+	if (!agent_leader_is_leader(r->leader))
+		return;
+	json_t *pods = json_object(), *cks = json_object(), *rss = json_object();
+	r->retry = 0;
+	r->next_ms = -1;
+	if (pods != NULL && cks != NULL && rss != NULL && gather(r, key, pods, cks, rss))
+		reconcile(r, pods, cks, rss);
+	else if (pods == NULL || cks == NULL || rss == NULL)
+		r->retry = 1; /* out of memory */
+	json_decref(pods);
+	json_decref(cks);
+	json_decref(rss);
+	if (r->retry) {
+		if (agent_workq_backoff(r->q, key) < 0)
+			GCR_LOG(GCR_LOG_WARN, "replace", "%.300s: no retry queued (out of memory)", key);
+		return;
+	}
+	agent_workq_forget(r->q, key);
+	/* Held for a bound (a Checkpoint in progress, a pod ending, a container to run): looked at
+	 * again then, or sooner at a change of its objects. 50 ms past it: times have whole seconds. */
+	if (r->next_ms >= 0 && agent_workq_add_after(r->q, key, (int)r->next_ms + 50) < 0)
+		GCR_LOG(GCR_LOG_WARN, "replace", "%.300s: no look again queued (out of memory)", key);
+}
+
 static void *worker_main(void *data)
 {
 	struct agent_replace *r = data;
-	pthread_mutex_lock(&r->lock);
-	while (!atomic_load(&r->stop)) {
-		struct timespec dl;
-		gcr_time_deadline(&dl, PASS_MS);
-		while (!r->kick && !atomic_load(&r->stop) && pthread_cond_timedwait(&r->cond, &r->lock, &dl) == 0)
-			;
-		r->kick = 0;
-		if (!agent_objmap_synced_locked(r->objs) || !agent_leader_is_leader(r->leader))
-			continue;
-		/* A pass works on copies: requests are made without the lock. */
-		json_t *pods = json_deep_copy(agent_objmap_map_locked(r->objs, R_POD)),
-		       *cks = json_deep_copy(agent_objmap_map_locked(r->objs, R_CK)),
-		       *rss = json_deep_copy(agent_objmap_map_locked(r->objs, R_RS));
-		pthread_mutex_unlock(&r->lock);
-		if (pods && cks && rss)
-			pass(r, pods, cks, rss);
-		json_decref(pods);
-		json_decref(cks);
-		json_decref(rss);
-		pthread_mutex_lock(&r->lock);
+	char key[AGENT_WORKQ_KEY_MAX];
+	while (agent_workq_get(r->q, key, sizeof(key)) == 1) {
+		process(r, key);
+		agent_workq_done(r->q, key);
 	}
-	pthread_mutex_unlock(&r->lock);
 	return NULL;
 }
 
-int agent_replace_new(struct agent_kube *kube, struct agent_leader *leader, const struct agent_replace_cfg *cfg,
-		      struct agent_replace **out, struct gcr_err *err)
+int agent_replace_new(struct agent_kube *kube, struct agent_informers *inf, struct agent_leader *leader,
+		      const struct agent_replace_cfg *cfg, struct agent_replace **out, struct gcr_err *err)
 {
 	*out = NULL;
 	if (cfg->registry_port <= 0 || cfg->registry_port > 65535 || cfg->wait_s <= 0)
@@ -635,19 +829,24 @@ int agent_replace_new(struct agent_kube *kube, struct agent_leader *leader, cons
 	if (r == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	r->kube = kube;
+	r->inf = inf;
 	r->leader = leader;
 	r->cfg = *cfg;
-	pthread_mutex_init(&r->lock, NULL);
-	pthread_cond_init(&r->cond, NULL);
-	if ((r->since = json_object()) == NULL) {
+	if ((r->since = json_object()) == NULL || (r->q = agent_workq_new(RETRY_MS, RETRY_MAX_MS)) == NULL) {
 		agent_replace_free(r);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	}
-	struct agent_objmap_ops ops = { .slim = slim, .changed = changed, .data = r };
-	int rc = agent_objmap_new(kube, &r->lock, kinds, RN, &ops, &r->objs, err);
-	if (rc < 0) {
-		agent_replace_free(r);
-		return rc;
+	const struct agent_informer_handler hs[RN] = {
+		{ .slim = slim_p, .changed = changed_pod, .data = r },
+		{ .slim = slim_c, .changed = changed_ck, .data = r },
+		{ .slim = slim_r, .changed = changed_rs, .data = r },
+	};
+	for (int k = 0; k < RN; k++) {
+		int rc = agent_informers_subscribe(inf, paths[k], NULL, &hs[k], &r->sub[k], err);
+		if (rc < 0) {
+			agent_replace_free(r);
+			return rc;
+		}
 	}
 	*out = r;
 	return 0;
@@ -655,10 +854,9 @@ int agent_replace_new(struct agent_kube *kube, struct agent_leader *leader, cons
 
 int agent_replace_start(struct agent_replace *r, struct gcr_err *err)
 {
-	int rc = agent_objmap_start(r->objs, err);
-	if (rc < 0)
-		return rc;
-	rc = pthread_create(&r->worker, NULL, worker_main, r);
+	if (agent_workq_add(r->q, TICK_KEY) < 0)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	int rc = pthread_create(&r->worker, NULL, worker_main, r);
 	if (rc != 0)
 		return gcr_err_set(err, -rc, "cannot start the replacement worker: %s", strerror(rc));
 	r->worker_started = 1;
@@ -672,15 +870,11 @@ void agent_replace_free(struct agent_replace *r)
 {
 	if (r == NULL)
 		return;
-	atomic_store(&r->stop, 1);
-	pthread_mutex_lock(&r->lock);
-	pthread_cond_broadcast(&r->cond);
-	pthread_mutex_unlock(&r->lock);
+	if (r->q != NULL)
+		agent_workq_shutdown(r->q); /* the worker ends after the owner in hand */
 	if (r->worker_started)
 		pthread_join(r->worker, NULL);
-	agent_objmap_free(r->objs);
+	agent_workq_free(r->q);
 	json_decref(r->since);
-	pthread_mutex_destroy(&r->lock);
-	pthread_cond_destroy(&r->cond);
 	free(r);
 }

@@ -6,6 +6,7 @@
 #ifndef AGENT_REPLACE_H
 #define AGENT_REPLACE_H
 
+#include "agent_informer.h"
 #include "agent_kube.h"
 #include "agent_leader.h"
 #include "gcr_error.h"
@@ -30,11 +31,14 @@ struct agent_replace_cfg {
 
 struct agent_replace;
 
-/* Borrows kube and leader (only the leader writes). */
-int agent_replace_new(struct agent_kube *kube, struct agent_leader *leader, const struct agent_replace_cfg *cfg,
-		      struct agent_replace **out, struct gcr_err *err) __attribute__((warn_unused_result));
+/* Borrows kube, inf (the process's mirrors, not yet started: it subscribes to pods, Checkpoints
+ * and Restores; stopped before this is freed) and leader (only the leader writes). */
+int agent_replace_new(struct agent_kube *kube, struct agent_informers *inf, struct agent_leader *leader,
+		      const struct agent_replace_cfg *cfg, struct agent_replace **out, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+/* Starts the worker (the mirrors are started by their owner). */
 int agent_replace_start(struct agent_replace *r, struct gcr_err *err) __attribute__((warn_unused_result));
-/* NULL-safe; stops and joins. */
+/* NULL-safe; stops and joins the worker. */
 void agent_replace_free(struct agent_replace *r);
 
 #endif

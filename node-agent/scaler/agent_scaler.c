@@ -2,7 +2,10 @@
  * GPUResidency objects; only the elected leader acts: it turns spec.replicas into
  * Checkpoint and Restore objects for chosen pods (which nodes' agents then run) and
  * writes status. All it knows it reads back from the API, so a new leader resumes. The status
- * a pass writes is agent_scaler_status.c's; what the two share, agent_scaler_int.h. */
+ * a pass writes is agent_scaler_status.c's; what the two share, agent_scaler_int.h. The objects
+ * come from the process's shared mirror (kube/agent_informer); each is a key "s:ns/name" on a
+ * work queue (kube/agent_workq), looked at again after BUSY_MS or the resync period, since its
+ * pods and their nodes' notes are read, not watched. */
 #include "agent_scaler.h"
 #include "agent_scaler_int.h"
 
@@ -40,8 +43,10 @@
 /* Names listed in one SelectorConflict message at most (the rest are counted). */
 #define CONFLICT_NAMES 8
 /* How often (s) the leader makes sure every node running an agent pod has its heartbeat
- * Lease: a new node's agent waits at most this (plus one heartbeat) to be seen as live. */
+ * Lease (the key LEASES_KEY): a new node's agent waits at most this (plus one heartbeat) to be
+ * seen as live. */
 #define KEEP_LEASES_S 5
+#define LEASES_KEY "s-leases"
 
 /* ---- small helpers ---- */
 
@@ -90,26 +95,31 @@ static int api(struct agent_scaler *s, const char *method, const char *path, con
 	return rc;
 }
 
-/* ---- watch of GPUResidency objects (every agent; cheap: few objects) ---- */
+/* ---- the GPUResidency objects (every agent follows them; cheap: few objects) ---- */
 
-/* The mirror keeps each object whole (agent_objmap). */
-static json_t *om_slim(int kind, json_t *obj, void *data)
+static void enqueue(struct agent_scaler *s, const char *key)
 {
-	(void)kind;
-	(void)data;
-	return json_deep_copy(obj);
+	char qk[AGENT_WORKQ_KEY_MAX];
+	snprintf(qk, sizeof(qk), "s:%s", key);
+	if (agent_workq_add(s->q, qk) < 0)
+		GCR_LOG(GCR_LOG_WARN, "scaler", "%.300s: not queued (out of memory, or too long a name)", key);
 }
 
-/* Under the lock: any change (or a list) asks for a pass. */
-static void om_changed(int kind, const char *key, json_t *old, json_t *cur, void *data)
+/* The mirror's hook, under its lock: a change queues its object, a list every object. The view
+ * is the watch's object itself (shared, so only read). */
+static void res_changed(const char *key, json_t *old, json_t *cur, void *data)
 {
 	struct agent_scaler *s = data;
-	(void)kind;
-	(void)key;
-	(void)old;
-	(void)cur;
-	s->kick = 1;
-	pthread_cond_signal(&s->cond);
+	const char *k;
+	json_t *v;
+	(void)old, (void)cur;
+	if (key != NULL) {
+		enqueue(s, key);
+		return;
+	}
+	for (void *it = agent_informer_next_locked(s->sub, NULL, &k, &v); it != NULL;
+	     it = agent_informer_next_locked(s->sub, it, &k, &v))
+		enqueue(s, k);
 }
 
 /* ---- one GPUResidency ---- */
@@ -913,68 +923,77 @@ out:
 
 /* ---- worker ---- */
 
+/* One GPUResidency (key "s:ns/name"), by the leader: reconciled, then looked at again after
+ * BUSY_MS while work is in flight, else after the resync period. A follower only keeps its key
+ * coming, so that it acts within a period of winning a term. Gone: dropped. */
+static void process_res(struct agent_scaler *s, const char *key)
+{
+	json_t *res = NULL, *all = json_object();
+	const char *k;
+	json_t *v;
+	int lead = agent_leader_is_leader(s->leader);
+	agent_informers_lock(s->inf);
+	json_t *cur = agent_informer_get_locked(s->sub, key + 2);
+	if (cur != NULL && lead) {
+		res = json_deep_copy(cur); /* the pass writes on it (an Event's kind) */
+		for (void *it = agent_informer_next_locked(s->sub, NULL, &k, &v); it != NULL && all != NULL;
+		     it = agent_informer_next_locked(s->sub, it, &k, &v))
+			json_object_set(all, k, v); /* shared, only read: the other objects' selectors */
+	}
+	agent_informers_unlock(s->inf);
+	int busy = 0;
+	if (res != NULL && all != NULL)
+		busy = reconcile(s, res, all);
+	else if (cur != NULL && lead)
+		busy = 1; /* out of memory: soon again */
+	json_decref(res);
+	json_decref(all);
+	if (cur != NULL && agent_workq_add_after(s->q, key, busy ? BUSY_MS : s->resync_ms) < 0)
+		GCR_LOG(GCR_LOG_WARN, "scaler", "%.300s: not queued again (out of memory)", key);
+}
+
 static void *worker_main(void *data)
 {
 	struct agent_scaler *s = data;
-	int busy = 0;
-	pthread_mutex_lock(&s->lock);
-	while (!atomic_load(&s->stop)) {
-		if (!s->kick) {
-			struct timespec dl;
-			gcr_time_deadline(&dl, busy ? BUSY_MS : s->resync_ms);
-			pthread_cond_timedwait(&s->cond, &s->lock, &dl);
-			if (atomic_load(&s->stop))
-				break;
+	char key[AGENT_WORKQ_KEY_MAX];
+	while (agent_workq_get(s->q, key, sizeof(key)) == 1) {
+		if (strcmp(key, LEASES_KEY) == 0) {
+			int lead = agent_leader_is_leader(s->leader);
+			if (s->agent_selq != NULL && lead)
+				keep_leases(s);
+			/* A follower looks again as often as at its objects, to begin soon after a win. */
+			if (agent_workq_add_after(s->q, LEASES_KEY, lead ? KEEP_LEASES_S * 1000 : s->resync_ms) < 0)
+				GCR_LOG(GCR_LOG_ERROR, "scaler", "out of memory: heartbeat Leases no longer made");
+		} else {
+			process_res(s, key);
 		}
-		s->kick = 0;
-		json_t *all = json_deep_copy(agent_objmap_map_locked(s->om, 0));
-		pthread_mutex_unlock(&s->lock);
-		busy = 0;
-		if (s->agent_selq != NULL && agent_leader_is_leader(s->leader) &&
-		    gcr_time_wall_s() - s->leases_kept >= KEEP_LEASES_S) {
-			s->leases_kept = gcr_time_wall_s();
-			keep_leases(s);
-		}
-		if (agent_leader_is_leader(s->leader)) {
-			const char *k;
-			json_t *res;
-			json_object_foreach(all, k, res)
-			{
-				if (atomic_load(&s->stop) || !agent_leader_is_leader(s->leader))
-					break;
-				busy |= reconcile(s, res, all);
-			}
-		}
-		json_decref(all);
-		pthread_mutex_lock(&s->lock);
+		agent_workq_done(s->q, key);
 	}
-	pthread_mutex_unlock(&s->lock);
 	return NULL;
 }
 
 /* ---- life cycle ---- */
 
-int agent_scaler_new(struct agent_kube *kube, struct agent_leader *leader, const struct agent_scaler_cfg *cfg,
-		     struct agent_scaler **out, struct gcr_err *err)
+int agent_scaler_new(struct agent_kube *kube, struct agent_informers *inf, struct agent_leader *leader,
+		     const struct agent_scaler_cfg *cfg, struct agent_scaler **out, struct gcr_err *err)
 {
 	*out = NULL;
 	struct agent_scaler *s = calloc(1, sizeof(*s));
 	if (s == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	s->kube = kube;
+	s->inf = inf;
 	s->leader = leader;
 	s->resync_ms = cfg->resync_ms > 0 ? cfg->resync_ms : RESYNC_MS_DEFAULT;
 	s->lease_ns = strdup(cfg->lease_namespace ? cfg->lease_namespace : "gcr-system");
-	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->cond, NULL);
-	if (s->lease_ns == NULL) {
+	s->q = agent_workq_new(BUSY_MS, s->resync_ms);
+	if (s->lease_ns == NULL || s->q == NULL) {
 		agent_scaler_free(s);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	}
-	/* Every agent watches them (cheap: few objects); the leader acts on them. */
-	const struct agent_objmap_kind kind = { API "/gpuresidencies", NULL };
-	const struct agent_objmap_ops ops = { .slim = om_slim, .changed = om_changed, .data = s };
-	int rc = agent_objmap_new(kube, &s->lock, &kind, 1, &ops, &s->om, err);
+	/* Every agent follows them (cheap: few objects); the leader acts on them. */
+	const struct agent_informer_handler h = { .changed = res_changed, .data = s };
+	int rc = agent_informers_subscribe(inf, API "/gpuresidencies", NULL, &h, &s->sub, err);
 	if (rc < 0) {
 		agent_scaler_free(s);
 		return rc;
@@ -993,10 +1012,9 @@ int agent_scaler_new(struct agent_kube *kube, struct agent_leader *leader, const
 
 int agent_scaler_start(struct agent_scaler *s, struct gcr_err *err)
 {
-	int rc = agent_objmap_start(s->om, err);
-	if (rc < 0)
-		return rc;
-	rc = pthread_create(&s->worker, NULL, worker_main, s);
+	if (agent_workq_add(s->q, LEASES_KEY) < 0)
+		return gcr_err_set(err, -ENOMEM, "out of memory");
+	int rc = pthread_create(&s->worker, NULL, worker_main, s);
 	if (rc != 0)
 		return gcr_err_set(err, -rc, "cannot start the scaler: %s", strerror(rc));
 	s->worker_started = 1;
@@ -1007,15 +1025,12 @@ void agent_scaler_free(struct agent_scaler *s)
 {
 	if (s == NULL)
 		return;
-	atomic_store(&s->stop, 1);
-	pthread_mutex_lock(&s->lock);
-	pthread_cond_broadcast(&s->cond);
-	pthread_mutex_unlock(&s->lock);
+	atomic_store(&s->stop, 1); /* a keep_leases in flight ends early */
+	if (s->q != NULL)
+		agent_workq_shutdown(s->q); /* the worker ends after the object in hand */
 	if (s->worker_started)
 		pthread_join(s->worker, NULL);
-	agent_objmap_free(s->om);
-	pthread_mutex_destroy(&s->lock);
-	pthread_cond_destroy(&s->cond);
+	agent_workq_free(s->q);
 	free(s->lease_ns);
 	free(s->agent_selq);
 	free(s);

@@ -5,6 +5,7 @@
 #ifndef AGENT_SCALER_H
 #define AGENT_SCALER_H
 
+#include "agent_informer.h"
 #include "agent_kube.h"
 #include "agent_leader.h"
 #include "gcr_error.h"
@@ -27,16 +28,18 @@ struct agent_scaler_cfg {
 	/* Label selector of the node agents' pods in lease_namespace: the leader creates the
 	 * heartbeat Lease of each node they run on (the node identity cannot). NULL: none. */
 	const char *agent_selector;
-	int resync_ms;               /* full pass this often when idle (default 2000) */
+	int resync_ms;               /* each object looked at again this often when idle (default 2000) */
 };
 
 struct agent_scaler;
 
-/* Borrows kube and leader. */
-int agent_scaler_new(struct agent_kube *kube, struct agent_leader *leader, const struct agent_scaler_cfg *cfg,
-		     struct agent_scaler **out, struct gcr_err *err) __attribute__((warn_unused_result));
+/* Borrows kube, inf (the process's mirrors, not yet started: it subscribes to the GPUResidency
+ * objects; stopped before this is freed) and leader. */
+int agent_scaler_new(struct agent_kube *kube, struct agent_informers *inf, struct agent_leader *leader,
+		     const struct agent_scaler_cfg *cfg, struct agent_scaler **out, struct gcr_err *err)
+	__attribute__((warn_unused_result));
 
-/* Starts the watch and the worker. */
+/* Starts the worker (the mirrors are started by their owner). */
 int agent_scaler_start(struct agent_scaler *s, struct gcr_err *err) __attribute__((warn_unused_result));
 
 /* NULL-safe; stops and joins (a pass in flight finishes its current request). */

@@ -13,9 +13,10 @@
 
 #include "agent_kube.h"
 #include "agent_leader.h"
-#include "agent_objmap.h"
+#include "agent_informer.h"
 #include "agent_phase.h"
 #include "agent_scalemsg.h"
+#include "agent_workq.h"
 #include "gcr_scale.h"
 
 #define API "/apis/gpucr.dev/v1alpha1"
@@ -27,13 +28,11 @@ struct agent_scaler {
 	struct agent_leader *leader;
 	char *lease_ns;
 	char *agent_selq; /* the node agents' pods' label selector, query-escaped; NULL: none */
-	double leases_kept; /* when keep_leases last ran (s since the epoch) */
 	int resync_ms;
 	atomic_int stop;
-	pthread_mutex_t lock; /* guards the mirror's map and kick */
-	pthread_cond_t cond;
-	struct agent_objmap *om; /* GPUResidency objects, "ns/name" -> object (agent_objmap) */
-	int kick;                /* a change arrived since the last pass */
+	struct agent_informers *inf;  /* the process's mirrors (borrowed) */
+	struct agent_informer_sub *sub; /* GPUResidency objects, "ns/name" -> object (shared) */
+	struct agent_workq *q;        /* "s:ns/name" per object; LEASES_KEY */
 	pthread_t worker;
 	int worker_started;
 };

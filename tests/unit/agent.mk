@@ -19,6 +19,7 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_phase \
 	tests/unit/test_agent_podspec \
 	tests/unit/test_agent_workq \
+	tests/unit/test_agent_informer \
 	tests/unit/test_agent_opts
 check_PROGRAMS += $(AGENT_UNIT_TESTS)
 TESTS += $(AGENT_UNIT_TESTS)
@@ -166,6 +167,14 @@ tests_unit_test_agent_workq_SOURCES = tests/unit/test_agent_workq.c
 tests_unit_test_agent_workq_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_workq_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_workq_LDADD = $(AGENT_TEST_LDADD) -lpthread
+
+# The shared mirrors with the objmap and kube client beneath them (gcr-agent's, not the library's),
+# fed by the test: no watch thread runs.
+tests_unit_test_agent_informer_SOURCES = tests/unit/test_agent_informer.c \
+	node-agent/kube/agent_informer.c node-agent/kube/agent_objmap.c node-agent/kube/agent_kube.c
+tests_unit_test_agent_informer_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_informer_CFLAGS = $(AGENT_TEST_CFLAGS) $(CURL_CFLAGS)
+tests_unit_test_agent_informer_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS) $(CURL_LIBS) -lpthread
 
 tests_unit_test_agent_opts_SOURCES = tests/unit/test_agent_opts.c
 tests_unit_test_agent_opts_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
