@@ -16,6 +16,7 @@
 #include "gcr_time.h"
 #include "shim_comm.h"
 #include "shim_nccl.h"
+#include "shim_cuda_real.h"
 #include "shim_real.h"
 
 /* Registrations are made again after a rebuild (shim_nccl.c owns the list). */
