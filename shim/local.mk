@@ -8,9 +8,10 @@ shim_libgcr_la_SOURCES = $(SHIM_SOURCES)
 # into an ordinary program without taking over its dlsym.
 SHIM_SOURCES = $(SHIM_CORE_SOURCES) shim/core/shim_dlsym.c
 SHIM_CORE_SOURCES = \
-	shim/core/shim_main.c \
+	shim/core/shim_main.c shim/core/shim_main.h \
 	shim/core/shim_config.c shim/core/shim_config.h \
 	shim/core/shim_real.c shim/core/shim_real.h shim/core/shim_hooktab.h \
+	shim/cuda/shim_cuda_real.c shim/cuda/shim_cuda_real.h \
 	shim/cuda/shim_hook.c shim/cuda/shim_hook.h shim/cuda/shim_hooks.def \
 	shim/hip/shim_hip_hook.c shim/hip/shim_hip_hook.h shim/hip/shim_hip_hooks.def \
 	shim/hip/shim_hip_alloc.c shim/hip/shim_hip_alloc.h \

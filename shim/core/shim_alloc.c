@@ -18,7 +18,7 @@ static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 #define HANDLE_TAG 0x6763720000000000ULL /* "gcr" */
 #define HANDLE_TAG_MASK 0xffffff0000000000ULL
 
-/* A vector of pointers to structs whose first member is their CUdeviceptr key,
+/* A vector of pointers to structs whose first member is their shim_gpu_va key,
  * kept sorted so lookups by address are binary searches. */
 struct ptrvec {
 	void **v;
@@ -26,7 +26,7 @@ struct ptrvec {
 };
 
 struct shim_buf {
-	CUdeviceptr va; /* first: sorted-vector key */
+	shim_gpu_va va; /* first: sorted-vector key */
 	size_t req;     /* bytes the application asked for */
 	size_t size;    /* reserved and mapped (granularity multiple) */
 	struct shim_phys *phys;
@@ -35,7 +35,7 @@ struct shim_buf {
 };
 
 struct shim_drv {
-	CUdeviceptr va;
+	shim_gpu_va va; /* first: sorted-vector key */
 	size_t size;
 	enum { DRV_PLAIN, DRV_ASYNC, DRV_MANAGED } kind;
 };
@@ -45,7 +45,7 @@ struct dev_info {
 	const struct shim_gpu_ops *gpu; /* the vendor gran and access were read from */
 	size_t gran;
 	int naccess;
-	CUmemAccessDesc access[SHIM_MAX_ACCESS];
+	struct shim_gpu_access access[SHIM_MAX_ACCESS];
 };
 
 static struct shim_phys **phys_slots;
@@ -54,13 +54,13 @@ static struct ptrvec maps, bufs, drvs;
 static struct dev_info devs[SHIM_MAX_DEVICES];
 static struct shim_alloc_stats stats;
 
-static CUdeviceptr key_of(const void *p)
+static shim_gpu_va key_of(const void *p)
 {
-	return *(const CUdeviceptr *)p;
+	return *(const shim_gpu_va *)p;
 }
 
 /* Index of the first element with key >= va. */
-static size_t vec_lower(const struct ptrvec *pv, CUdeviceptr va)
+static size_t vec_lower(const struct ptrvec *pv, shim_gpu_va va)
 {
 	size_t lo = 0, hi = pv->n;
 	while (lo < hi) {
@@ -90,7 +90,7 @@ static int vec_insert(struct ptrvec *pv, void *item)
 	return 0;
 }
 
-static void *vec_find(const struct ptrvec *pv, CUdeviceptr va)
+static void *vec_find(const struct ptrvec *pv, shim_gpu_va va)
 {
 	size_t i = vec_lower(pv, va);
 	return i < pv->n && key_of(pv->v[i]) == va ? pv->v[i] : NULL;
@@ -109,8 +109,10 @@ static void vec_remove(struct ptrvec *pv, const void *item)
 
 /* ---- physical allocations ---- */
 
-static struct shim_phys *phys_new(const struct shim_gpu_ops *gpu, CUmemGenericAllocationHandle real,
-				  size_t size, const CUmemAllocationProp *prop, int shim_owned)
+/* prop: the vendor's properties to keep (used only where it has SHIM_GPU_CAP_CREATE_PROP), or
+ * NULL: pinned memory on device. */
+static struct shim_phys *phys_new(const struct shim_gpu_ops *gpu, shim_gpu_handle real, size_t size,
+				  int device, const void *prop, int shim_owned)
 {
 	size_t slot = 0;
 	while (slot < phys_cap && phys_slots[slot] != NULL)
@@ -133,8 +135,11 @@ static struct shim_phys *phys_new(const struct shim_gpu_ops *gpu, CUmemGenericAl
 	p->gpu = gpu;
 	p->real = real;
 	p->size = size;
-	p->prop = *prop;
-	p->prop.win32HandleMetaData = NULL;
+	p->device = device >= 0 ? device : 0;
+	if ((gpu->caps & SHIM_GPU_CAP_CREATE_PROP) && prop != NULL) {
+		memcpy(&p->prop, prop, gpu->prop_size < sizeof(p->prop) ? gpu->prop_size : sizeof(p->prop));
+		p->has_prop = 1;
+	}
 	p->shim_owned = shim_owned;
 	p->app_refs = shim_owned ? 0 : 1;
 	p->slot = (uint32_t)slot;
@@ -189,16 +194,15 @@ static struct dev_info *current_dev(const struct shim_gpu_ops *gpu, int *device_
 		if (gpu->granularity(dev, &d->gran, &err) < 0 || d->gran == 0)
 			return NULL;
 		d->gpu = gpu;
-		d->access[0] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, dev },
-						  CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+		d->access[0] = (struct shim_gpu_access){ SHIM_GPU_LOC_DEVICE, dev, SHIM_GPU_PROT_READWRITE };
 		d->naccess = 1;
 		int count = 0;
 		(void)gpu->device_count(&count, &err);
 		for (int peer = 0; peer < count && d->naccess < SHIM_MAX_ACCESS; peer++) {
 			int can = 0;
 			if (peer != dev && gpu->can_access_peer(dev, peer, &can, &err) == 0 && can)
-				d->access[d->naccess++] = (CUmemAccessDesc){
-					{ CU_MEM_LOCATION_TYPE_DEVICE, peer }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+				d->access[d->naccess++] =
+					(struct shim_gpu_access){ SHIM_GPU_LOC_DEVICE, peer, SHIM_GPU_PROT_READWRITE };
 		}
 		d->known = 1;
 	}
@@ -208,22 +212,14 @@ static struct dev_info *current_dev(const struct shim_gpu_ops *gpu, int *device_
 
 /* ---- converted buffers ---- */
 
-/* The recorded access list as the operations table takes it (same layout: shim_cuda.c). */
-static const struct shim_gpu_access *access_of(const CUmemAccessDesc *d)
-{
-	return (const struct shim_gpu_access *)(const void *)d;
-}
-
 /* Returns the vendor's status code: the failing call's, SHIM_GPU_NOT_SUPPORTED when there is
  * no device to put the buffer on (the caller falls back), SHIM_GPU_OUT_OF_MEMORY for the shim's
  * own memory. */
-static int vmm_alloc_on(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t bytes, int dev,
+static int vmm_alloc_on(const struct shim_gpu_ops *gpu, shim_gpu_va *dptr, size_t bytes, int dev,
 			struct dev_info *d, void *dctx, const struct shim_gpu_access *acc, size_t nacc,
 			int pool_seg)
 {
 	size_t size = (bytes + d->gran - 1) / d->gran * d->gran;
-	CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-				     .location = { CU_MEM_LOCATION_TYPE_DEVICE, dev } };
 	shim_gpu_va va = 0;
 	shim_gpu_handle h = 0;
 	struct gcr_err err;
@@ -234,29 +230,29 @@ static int vmm_alloc_on(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_
 	if (b == NULL || m == NULL)
 		goto fail;
 	if (gpu->reserve(&va, size, 0, &err) < 0) {
-		r = shim_gpu_last_code();
+		r = gpu->last_code();
 		goto fail;
 	}
-	/* A vendor that takes the properties is given those the table recreates with. */
-	if (gpu->create(&h, size, dev, (gpu->caps & SHIM_GPU_CAP_CREATE_PROP) ? &prop : NULL, &err) < 0) {
-		r = shim_gpu_last_code();
+	/* Pinned memory on dev, as the table recreates it (no properties recorded). */
+	if (gpu->create(&h, size, dev, NULL, &err) < 0) {
+		r = gpu->last_code();
 		goto fail_va;
 	}
 	if (gpu->map(va, size, 0, h, &err) < 0) {
-		r = shim_gpu_last_code();
+		r = gpu->last_code();
 		goto fail_h;
 	}
 	if (acc == NULL || nacc == 0) {
-		acc = access_of(d->access);
+		acc = d->access;
 		nacc = (size_t)d->naccess;
 	}
 	if (nacc > SHIM_MAX_ACCESS)
 		nacc = SHIM_MAX_ACCESS;
 	if (gpu->set_access(va, size, acc, nacc, &err) < 0) {
-		r = shim_gpu_last_code();
+		r = gpu->last_code();
 		goto fail_map;
 	}
-	p = phys_new(gpu, h, size, &prop, 1);
+	p = phys_new(gpu, h, size, dev, NULL, 1);
 	r = SHIM_GPU_OUT_OF_MEMORY;
 	if (p == NULL)
 		goto fail_map;
@@ -295,7 +291,7 @@ fail:
 	return r;
 }
 
-static int vmm_alloc(const struct shim_gpu_ops *gpu, CUdeviceptr *dptr, size_t bytes)
+static int vmm_alloc(const struct shim_gpu_ops *gpu, shim_gpu_va *dptr, size_t bytes)
 {
 	int dev = 0;
 	void *dctx = NULL;
@@ -329,7 +325,7 @@ static void vmm_free(struct shim_buf *b)
 	free(b);
 }
 
-static void drv_track(const struct shim_gpu_ops *gpu, CUdeviceptr va, size_t size, int kind)
+static void drv_track(const struct shim_gpu_ops *gpu, shim_gpu_va va, size_t size, int kind)
 {
 	struct shim_drv *d = calloc(1, sizeof(*d));
 	if (d == NULL)
@@ -388,14 +384,12 @@ static void access_locked(uint64_t va, size_t size, const struct shim_gpu_access
 		struct shim_map *m = maps.v[i];
 		for (size_t k = 0; k < n; k++) {
 			int j = 0;
-			while (j < m->ndesc && ((int)m->desc[j].location.type != acc[k].type ||
-						m->desc[j].location.id != acc[k].id))
+			while (j < m->ndesc && (m->desc[j].type != acc[k].type || m->desc[j].id != acc[k].id))
 				j++;
 			if (j == m->ndesc && m->ndesc < SHIM_MAX_ACCESS)
 				m->ndesc++;
 			if (j < m->ndesc)
-				m->desc[j] = (CUmemAccessDesc){ { (CUmemLocationType)acc[k].type, acc[k].id },
-								(CUmemAccess_flags)acc[k].flags };
+				m->desc[j] = acc[k];
 		}
 	}
 }
@@ -421,7 +415,7 @@ void shim_alloc_stats(struct shim_alloc_stats *st)
 
 int shim_alloc_buf_new(const struct shim_gpu_ops *gpu, uint64_t *va, size_t bytes)
 {
-	CUdeviceptr p = 0;
+	shim_gpu_va p = 0;
 	pthread_mutex_lock(&table_lock);
 	int r = vmm_alloc(gpu, &p, bytes);
 	if (r == SHIM_GPU_NOT_SUPPORTED)
@@ -443,7 +437,7 @@ int shim_alloc_buf_free(const struct shim_gpu_ops *gpu, uint64_t va, int *ours)
 	if (b != NULL) {
 		/* The runtime's free synchronises before releasing; kept for converted memory. */
 		struct gcr_err err;
-		(void)gpu->device_sync(b->phys->prop.location.id, &err);
+		(void)gpu->device_sync(b->phys->device, &err);
 		vmm_free(b);
 	}
 	pthread_mutex_unlock(&table_lock);
@@ -485,12 +479,11 @@ int shim_alloc_seg_new(const struct shim_gpu_ops *gpu, int device, size_t size,
 		}
 		if (!d->known && gpu->granularity(device, &d->gran, &err) == 0 && d->gran != 0) {
 			d->gpu = gpu;
-			d->access[0] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, device },
-							  CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+			d->access[0] = (struct shim_gpu_access){ SHIM_GPU_LOC_DEVICE, device, SHIM_GPU_PROT_READWRITE };
 			d->naccess = 1;
 			d->known = 1;
 		}
-		CUdeviceptr p = 0;
+		shim_gpu_va p = 0;
 		r = d->known ? vmm_alloc_on(gpu, &p, size, device, d, ctx, acc, n, 1) : SHIM_GPU_NOT_SUPPORTED;
 		if (r == 0)
 			*va = p;
@@ -533,23 +526,12 @@ void shim_alloc_forget(uint64_t va)
 	pthread_mutex_unlock(&table_lock);
 }
 
-/* The properties a record keeps: the vendor's own when it takes them back at create, else
- * pinned memory on device (the same values in HIP's terms). */
-static CUmemAllocationProp prop_of(const struct shim_gpu_ops *gpu, int device, const void *prop)
-{
-	if ((gpu->caps & SHIM_GPU_CAP_CREATE_PROP) && prop != NULL)
-		return *(const CUmemAllocationProp *)prop;
-	return (CUmemAllocationProp){ .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-				      .location = { CU_MEM_LOCATION_TYPE_DEVICE, device } };
-}
-
 int shim_alloc_handle_new(const struct shim_gpu_ops *gpu, uint64_t real, size_t size, int device,
 			  const void *prop, uint64_t *app_handle)
 {
-	CUmemAllocationProp rec = prop_of(gpu, device, prop);
 	int r = 0;
 	pthread_mutex_lock(&table_lock);
-	struct shim_phys *p = phys_new(gpu, real, size, &rec, 0);
+	struct shim_phys *p = phys_new(gpu, real, size, device, prop, 0);
 	if (p == NULL) {
 		r = SHIM_GPU_OUT_OF_MEMORY;
 	} else {
@@ -565,13 +547,12 @@ int shim_alloc_handle_new(const struct shim_gpu_ops *gpu, uint64_t real, size_t 
 	return r;
 }
 
-int shim_alloc_handle_import(const struct shim_gpu_ops *gpu, uint64_t real, const void *prop,
+int shim_alloc_handle_import(const struct shim_gpu_ops *gpu, uint64_t real, int device, const void *prop,
 			     uint64_t *app_handle)
 {
-	CUmemAllocationProp rec = prop_of(gpu, 0, prop);
 	int r = 0;
 	pthread_mutex_lock(&table_lock);
-	struct shim_phys *p = phys_new(gpu, real, 0, &rec, 0);
+	struct shim_phys *p = phys_new(gpu, real, 0, device, prop, 0);
 	if (p == NULL) {
 		r = SHIM_GPU_OUT_OF_MEMORY;
 	} else {
@@ -594,11 +575,11 @@ int shim_alloc_handle_release(const struct shim_gpu_ops *gpu, uint64_t h, int *o
 	*ours = p != NULL;
 	if (p == NULL) {
 	} else if (p->app_refs <= 0) {
-		r = CUDA_ERROR_INVALID_VALUE; /* hipErrorInvalidValue has the same value */
+		r = SHIM_GPU_INVALID_VALUE;
 	} else if (--p->app_refs == 0) {
 		struct gcr_err err;
 		if (p->real != 0 && gpu->release(p->real, &err) < 0)
-			r = shim_gpu_last_code();
+			r = gpu->last_code();
 		if (r == 0) {
 			p->real = 0;
 			phys_maybe_drop(p);
@@ -619,14 +600,14 @@ int shim_alloc_handle_map(const struct shim_gpu_ops *gpu, uint64_t va, size_t si
 	*ours = p != NULL;
 	if (p == NULL) {
 	} else if (p->real == 0 || p->app_refs == 0) {
-		r = CUDA_ERROR_INVALID_VALUE; /* mapping a released handle is invalid */
+		r = SHIM_GPU_INVALID_VALUE; /* mapping a released handle is invalid */
 	} else {
 		struct gcr_err err;
 		struct shim_map *m = calloc(1, sizeof(*m));
 		if (m == NULL)
 			r = SHIM_GPU_OUT_OF_MEMORY;
 		else if (gpu->map(va, size, offset, p->real, &err) < 0)
-			r = shim_gpu_last_code();
+			r = gpu->last_code();
 		if (r == 0) {
 			*m = (struct shim_map){ .va = va, .size = size, .offset = offset, .phys = p };
 			if (vec_insert(&maps, m) < 0) {
@@ -662,12 +643,12 @@ int shim_alloc_handle_retain(uint64_t va, uint64_t *h)
 	return hit;
 }
 
-int shim_alloc_handle_prop(uint64_t h, CUmemAllocationProp *prop)
+int shim_alloc_handle_prop(uint64_t h, void *prop, size_t size)
 {
 	pthread_mutex_lock(&table_lock);
 	struct shim_phys *p = phys_lookup(h);
 	if (p != NULL && prop != NULL)
-		*prop = p->prop;
+		memcpy(prop, &p->prop, size < sizeof(p->prop) ? size : sizeof(p->prop));
 	pthread_mutex_unlock(&table_lock);
 	return p != NULL;
 }
@@ -697,7 +678,7 @@ int shim_alloc_unmap(const struct shim_gpu_ops *gpu, uint64_t va, size_t size)
 {
 	struct gcr_err err;
 	pthread_mutex_lock(&table_lock);
-	int r = gpu->unmap(va, size, &err) < 0 ? shim_gpu_last_code() : 0;
+	int r = gpu->unmap(va, size, &err) < 0 ? gpu->last_code() : 0;
 	if (r == 0)
 		unmapped_locked(va, size);
 	pthread_mutex_unlock(&table_lock);
@@ -709,7 +690,7 @@ int shim_alloc_set_access(const struct shim_gpu_ops *gpu, uint64_t va, size_t si
 {
 	struct gcr_err err;
 	pthread_mutex_lock(&table_lock);
-	int r = gpu->set_access(va, size, acc, n, &err) < 0 ? shim_gpu_last_code() : 0;
+	int r = gpu->set_access(va, size, acc, n, &err) < 0 ? gpu->last_code() : 0;
 	if (r == 0)
 		access_locked(va, size, acc, n);
 	pthread_mutex_unlock(&table_lock);
@@ -759,7 +740,7 @@ int shim_alloc_check_movable(const struct shim_gpu_ops *gpu, struct gcr_err *err
 }
 
 /* A device address where the whole of p is mapped and accessible, or 0. Lock held. */
-static CUdeviceptr covering_va(const struct shim_phys *p)
+static shim_gpu_va covering_va(const struct shim_phys *p)
 {
 	for (size_t i = 0; i < maps.n; i++) {
 		struct shim_map *m = maps.v[i];
@@ -837,11 +818,6 @@ int shim_alloc_release(struct shim_phys *p, struct gcr_err *err)
 	return r;
 }
 
-static int phys_device(const struct shim_phys *p)
-{
-	return p->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->prop.location.id : 0;
-}
-
 static void recreate_undo_locked(void)
 {
 	struct gcr_err e2;
@@ -873,14 +849,13 @@ int shim_alloc_recreate(struct gcr_err *err)
 		if (p == NULL || !p->staged || p->real != 0)
 			continue;
 		shim_gpu_handle h = 0;
-		const void *prop = (p->gpu->caps & SHIM_GPU_CAP_CREATE_PROP) ? &p->prop : NULL;
-		int r = p->gpu->create(&h, p->size, phys_device(p), prop, err);
+		int r = p->gpu->create(&h, p->size, p->device, p->has_prop ? &p->prop : NULL, err);
 		if (r == -ENOMEM) {
 			size_t free_b = 0, total_b = 0;
 			struct gcr_err e2;
-			(void)p->gpu->mem_info(phys_device(p), &free_b, &total_b, &e2);
+			(void)p->gpu->mem_info(p->device, &free_b, &total_b, &e2);
 			rc = gcr_err_set(err, -ENOMEM, "not enough GPU memory on GPU %d: need %zu more bytes, %zu free",
-					 phys_device(p), p->size, free_b);
+					 p->device, p->size, free_b);
 		} else if (r < 0) {
 			rc = err->code = -EIO;
 		}
@@ -897,7 +872,7 @@ int shim_alloc_recreate(struct gcr_err *err)
 			m->remapped = 1;
 			m->unmapped = 0;
 			if (m->ndesc > 0)
-				r = g->set_access(m->va, m->size, access_of(m->desc), (size_t)m->ndesc, err);
+				r = g->set_access(m->va, m->size, m->desc, (size_t)m->ndesc, err);
 		}
 		if (r < 0) {
 			rc = err->code = -EIO;

@@ -3,12 +3,12 @@
  * handles are virtualised; the rest is counted. The vendors' entry points (shim_cuda_alloc.c,
  * shim_hip_alloc.c) and suspend/resume (shim_cr) reach the records only through the functions
  * below, each of which takes the table's lock itself. Vendor calls go through struct
- * shim_gpu_ops. Records use CUDA's layouts (CUmemAllocationProp, CUmemAccessDesc); HIP's values
- * are recorded in them (checked in shim_cuda.c and shim_hip.c). */
+ * shim_gpu_ops. Records use neutral types: addresses and handles widened to 64 bits, access as
+ * struct shim_gpu_access (both vendors' layout and values, checked in shim_cuda.c and
+ * shim_hip.c), the vendor's allocation properties as opaque bytes (struct shim_gpu_prop). */
 #ifndef SHIM_ALLOC_H
 #define SHIM_ALLOC_H
 
-#include <cuda.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,9 +23,11 @@
 struct shim_phys {
 	const struct shim_gpu_ops *gpu;    /* the vendor it belongs to */
 	uint64_t app_handle;               /* handle value the application holds; 0 if shim-owned */
-	CUmemGenericAllocationHandle real; /* the vendor's handle; 0 while released (suspended) */
+	shim_gpu_handle real;     /* the vendor's handle; 0 while released (suspended) */
 	size_t size;
-	CUmemAllocationProp prop; /* CUDA: as created; HIP: type and location only (same values) */
+	int device;               /* the GPU its memory is on (0 when its properties name none) */
+	int has_prop;             /* prop holds the vendor's properties (SHIM_GPU_CAP_CREATE_PROP) */
+	struct shim_gpu_prop prop; /* as created; else create makes pinned memory on device */
 	int app_refs;      /* application references; at 0 the app has released it */
 	int nmaps;         /* mappings referencing it */
 	int shim_owned;    /* backs a converted cuMemAlloc buffer */
@@ -38,13 +40,13 @@ struct shim_phys {
 
 /* One mapping of (part of) a physical allocation at a virtual address. */
 struct shim_map {
-	CUdeviceptr va; /* first: sorted-vector key */
+	shim_gpu_va va; /* first: sorted-vector key */
 	size_t size, offset;
 	struct shim_phys *phys;
 	int unmapped; /* by a suspend, to be mapped again by resume or its unwind */
 	int remapped; /* mapped again by the last shim_alloc_recreate */
 	int ndesc;
-	CUmemAccessDesc desc[SHIM_MAX_ACCESS]; /* HIP's are recorded with the same layout and values */
+	struct shim_gpu_access desc[SHIM_MAX_ACCESS]; /* as the vendor's own descriptors were given */
 };
 
 /* Byte and object counts by path, for status and statistics. */
@@ -77,7 +79,7 @@ int shim_alloc_buf_range(uint64_t va, uint64_t *base, size_t *req);
 /* A segment for the stream-ordered arena (shim_pool): size bytes (a granularity multiple) on
  * device with access acc[n] (n 0: the device and its peers, as converted buffers), moved by
  * suspend like a converted buffer but never answered for by shim_alloc_buf_free/_range. Returns
- * 0 or -errno (-ENOMEM: the GPU is full); the vendor's code is kept (shim_gpu_last_code). */
+ * 0 or -errno (-ENOMEM: the GPU is full); the vendor's code is kept (gpu->last_code). */
 int shim_alloc_seg_new(const struct shim_gpu_ops *gpu, int device, size_t size,
 		       const struct shim_gpu_access *acc, size_t n, uint64_t *va);
 /* Unmaps and releases a segment (no synchronisation: the arena knows it is idle). */
@@ -89,14 +91,15 @@ void shim_alloc_shared_pool(int delta);
 void shim_alloc_note(const struct shim_gpu_ops *gpu, uint64_t va, size_t size, enum shim_alloc_kind kind);
 void shim_alloc_forget(uint64_t va);
 /* The application's own physical allocations: real (the runtime's handle, size bytes on
- * device) becomes *app_handle; on failure the caller releases real. prop: the vendor's
- * properties as created where it has SHIM_GPU_CAP_CREATE_PROP (a CUmemAllocationProp), else
- * NULL (pinned memory on device). */
+ * device, -1 when its properties name no device) becomes *app_handle; on failure the caller
+ * releases real. prop: the vendor's properties as created (gpu->prop_size bytes, recorded as
+ * they are: the caller clears what must not be kept, such as pointers) where it has
+ * SHIM_GPU_CAP_CREATE_PROP, else NULL (pinned memory on device). */
 int shim_alloc_handle_new(const struct shim_gpu_ops *gpu, uint64_t real, size_t size, int device,
 			  const void *prop, uint64_t *app_handle);
-/* A handle imported from another process (shared: suspend refuses while it exists); prop as
- * for shim_alloc_handle_new. On failure the caller releases real. */
-int shim_alloc_handle_import(const struct shim_gpu_ops *gpu, uint64_t real, const void *prop,
+/* A handle imported from another process (shared: suspend refuses while it exists); device and
+ * prop as for shim_alloc_handle_new. On failure the caller releases real. */
+int shim_alloc_handle_import(const struct shim_gpu_ops *gpu, uint64_t real, int device, const void *prop,
 			     uint64_t *app_handle);
 /* Release and map of an application handle; *ours 0: not a handle of the table (the caller
  * passes the call to the runtime). */
@@ -106,8 +109,9 @@ int shim_alloc_handle_map(const struct shim_gpu_ops *gpu, uint64_t va, size_t si
 /* A new application reference to the handle mapped at va (the runtime's
  * cuMemRetainAllocationHandle); 0 when the table does not answer for va. */
 int shim_alloc_handle_retain(uint64_t va, uint64_t *h);
-/* The recorded properties of handle h (as created); 0 when h is not the table's. */
-int shim_alloc_handle_prop(uint64_t h, CUmemAllocationProp *prop);
+/* The recorded properties of handle h (as created: the first size bytes, zero where none were
+ * recorded) into prop; 0 when h is not the table's. */
+int shim_alloc_handle_prop(uint64_t h, void *prop, size_t size);
 /* Export of an application handle: 0 when h is not the table's; else 1 with *real the runtime's
  * handle to export (0: released, the export is invalid). After the runtime exported it,
  * shim_alloc_handle_shared marks it (suspend then refuses). */

@@ -156,14 +156,14 @@ static int choose_backend(const struct shim_gpu_ops **out, struct gcr_err *err)
 
 static int phys_device(const struct shim_phys *p)
 {
-	return p->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->prop.location.id : 0;
+	return p->device;
 }
 
 /* One staged allocation during an operation: where its bytes can be read or
  * written, and whether that is a temporary mapping the shim made. */
 struct staged {
 	struct shim_phys *p;
-	CUdeviceptr va;
+	shim_gpu_va va;
 	int scratch;
 	size_t first; /* its first chunk in the operation's digest array */
 };

@@ -6,7 +6,6 @@
 #ifndef SHIM_DIGEST_H
 #define SHIM_DIGEST_H
 
-#include <cuda.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,7 +24,7 @@ void shim_digest_preload(const struct shim_gpu_ops *gpu, void *ctx);
 /* One buffer to digest: size bytes at va on GPU device; its chunks' digests go
  * to out[first ...]. */
 struct shim_digest_req {
-	CUdeviceptr va;
+	shim_gpu_va va;
 	uint64_t size;
 	int device;
 	size_t first;

@@ -39,18 +39,40 @@ struct shim_gpu_access {
 #define SHIM_GPU_PROT_READ 1
 #define SHIM_GPU_PROT_READWRITE 3
 
+/* A vendor's allocation properties as the application gave them (CUDA: a CUmemAllocationProp),
+ * opaque here: the table keeps them for a vendor with SHIM_GPU_CAP_CREATE_PROP (prop_size bytes)
+ * and gives them back to create at resume. The backend checks its type fits (shim_cuda.c). */
+#define SHIM_GPU_PROP_BYTES 64
+struct shim_gpu_prop {
+	uint64_t words[SHIM_GPU_PROP_BYTES / 8]; /* 8-byte aligned, as the vendors' structs */
+};
+
 /* The status codes both vendors share (CUresult / hipError_t): the allocation table returns
- * the vendor's own code to the application, and decides on these two. */
+ * the vendor's own code to the application, and decides on or answers with these. */
+#define SHIM_GPU_INVALID_VALUE 1
 #define SHIM_GPU_OUT_OF_MEMORY 2
 #define SHIM_GPU_NOT_SUPPORTED 801
 
 /* Every operation returns 0 or -errno with err naming the call and the vendor's error
  * (-ENOMEM for the vendor's out-of-memory, so resume can report what is missing); the vendor's
- * own code of the failure is kept for the thread (shim_gpu_last_code). They call the real
- * runtime, never the shim's wrappers, and do not pass the gate. */
+ * own code of the failure is kept for the thread (last_code). They call the real runtime, never
+ * the shim's wrappers, and do not pass the gate. */
 struct shim_gpu_ops {
 	const char *name; /* "cuda", "hip": what status reports */
 	unsigned caps;    /* SHIM_GPU_CAP_* */
+	size_t prop_size; /* with SHIM_GPU_CAP_CREATE_PROP: bytes of the vendor's allocation properties */
+
+	/* Called once by shim_real when it opened the runtime (handle, from path), after the hook
+	 * table is filled: the backend takes the other functions its own work calls. 1 if the shim
+	 * can serve on this runtime; 0: the application runs on it through the wrappers, but the
+	 * shim converts no allocation and never serves. NULL: the backend binds when first used. */
+	int (*bind)(void *handle, const char *path);
+	/* For the calling shim thread once the runtime is loaded: its calls must not invalidate an
+	 * application's stream capture in global mode (CUDA: relaxed capture mode). NULL: no capture. */
+	void (*relax_capture)(void);
+	/* The vendor's own status code (CUresult, hipError_t) of this thread's last failed operation:
+	 * what the allocation table returns to the application for its call. */
+	int (*last_code)(void);
 
 	/* Whether the process has opened (initialised) this runtime: the one a suspend uses. */
 	int (*present)(void);
@@ -69,8 +91,8 @@ struct shim_gpu_ops {
 	int (*reserve)(shim_gpu_va *va, size_t size, size_t align, struct gcr_err *err);
 	int (*free_va)(shim_gpu_va va, size_t size, struct gcr_err *err);
 	/* Physical device memory on device; size a granularity multiple. prop: the vendor's own
-	 * allocation properties to create with (CUDA: the CUmemAllocationProp recorded), or NULL
-	 * for pinned memory on device. */
+	 * allocation properties to create with (CUDA: the CUmemAllocationProp recorded, struct
+	 * shim_gpu_prop), or NULL for pinned memory on device. */
 	int (*create)(shim_gpu_handle *h, size_t size, int device, const void *prop, struct gcr_err *err);
 	int (*release)(shim_gpu_handle h, struct gcr_err *err);
 	int (*map)(shim_gpu_va va, size_t size, size_t offset, shim_gpu_handle h, struct gcr_err *err);
@@ -134,15 +156,9 @@ struct shim_gpu_ops {
 	const char *(*error_string)(int code);
 };
 
+/* The backends. With the hook tables (shim_hooktab.h), the only symbols of shim/cuda and
+ * shim/hip the core names (tests/unit/test_architecture.sh). */
 extern const struct shim_gpu_ops shim_cuda_ops; /* shim_cuda.c */
 extern const struct shim_gpu_ops shim_hip_ops;  /* shim_hip.c */
-
-/* The vendor's own status code (CUresult, hipError_t) of this thread's last failed operation. */
-int shim_gpu_last_code(void);
-void shim_gpu_set_last_code(int code);
-
-/* The device a HIP application's hipMemAllocationProp names (in the running runtime's layout),
- * or -1 when it is not device memory. */
-int shim_hip_prop_device(const void *prop);
 
 #endif

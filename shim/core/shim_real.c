@@ -11,10 +11,9 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "gcr_log.h"
-#include "shim_config.h"
+#include "shim_gpu.h"
 
 /* Sanitizer runtimes resolve their own interceptors through dlsym before they are
  * initialised: the code on that path must not be instrumented, and must not call
@@ -165,34 +164,8 @@ SHIM_EARLY void *shim_real_dlvsym_ptr(void)
 	return (void *)real_dlvsym;
 }
 
-struct shim_cu shim_cu;
 struct shim_lookups shim_lookups;
 atomic_int shim_real_ready[SHIM_VENDORS];
-
-/* Stand-ins for driver functions the driver lacks: an error, never a NULL call. */
-#define X(f, params) \
-	static CUresult missing_##f params { return CUDA_ERROR_NOT_FOUND; }
-SHIM_CU_INTERNAL_LIST SHIM_CU_OPTIONAL_LIST
-#undef X
-
-/* Fills shim_cu from the driver h; returns the first required function it lacks, or NULL. */
-static const char *bind_cu(void *h)
-{
-	const char *lacks = NULL;
-#define X(f, params)                                                          \
-	shim_cu.f = (__typeof__(&f))shim_real_dlsym(h, #f);                   \
-	if (shim_cu.f == NULL) {                                              \
-		shim_cu.f = missing_##f;                                      \
-		if (lacks == NULL && required)                                \
-			lacks = #f;                                           \
-	}
-	int required = 1;
-	SHIM_CU_INTERNAL_LIST
-	required = 0;
-	SHIM_CU_OPTIONAL_LIST
-#undef X
-	return lacks;
-}
 
 /* The object holding addr, unless it is the shim itself (the application looked a wrapper up). */
 static const char *object_of(const void *addr)
@@ -247,20 +220,6 @@ static void *open_hip(const void *hint, const char **path)
 	return h;
 }
 
-/* A loaded CUDA driver that lacks a function the shim's own work needs: the application runs
- * on it through the wrappers, but the shim converts no allocation and never serves. */
-static int cuda_check(void *h, const char *path)
-{
-	const char *lacks = bind_cu(h);
-	if (lacks == NULL)
-		return 1;
-	shim_config_load(); /* first, so reading the settings later cannot undo this */
-	shim_cfg.vmm = 0;
-	gcr_log_problem("shim", "pid %d: the CUDA driver %s lacks %s; the process runs without GCR and "
-			"cannot be suspended", (int)getpid(), path, lacks);
-	return 0;
-}
-
 struct runtime {
 	const char *what;
 	struct shim_hook *hooks;
@@ -268,8 +227,7 @@ struct runtime {
 	void *(*open)(const void *hint, const char **path);
 	/* Whether a lookup's answer may name the runtime to load (NULL: any may). */
 	const char *(*owns)(const void *fn);
-	/* After the hook table is filled: 1 if the shim can serve on this runtime. */
-	int (*check)(void *h, const char *path);
+	const struct shim_gpu_ops *gpu; /* its backend: bind, relax_capture */
 	int serve_on_use; /* the first call through a hook serves (no init call all programs make) */
 	pthread_mutex_t lock;
 	void *handle;	  /* written once under lock, then read lock-free */
@@ -278,9 +236,9 @@ struct runtime {
 
 static struct runtime runtimes[SHIM_VENDORS] = {
 	[SHIM_CUDA] = { .what = "CUDA driver", .hooks = shim_hooks, .count = SHIM_HOOK_COUNT,
-			.open = open_cuda, .check = cuda_check, .lock = PTHREAD_MUTEX_INITIALIZER },
+			.open = open_cuda, .gpu = &shim_cuda_ops, .lock = PTHREAD_MUTEX_INITIALIZER },
 	[SHIM_HIP] = { .what = "HIP runtime", .hooks = shim_hip_hooks, .count = SHIM_HIP_HOOK_COUNT,
-		       .open = open_hip, .owns = hip_runtime_of, .serve_on_use = 1,
+		       .open = open_hip, .owns = hip_runtime_of, .serve_on_use = 1, .gpu = &shim_hip_ops,
 		       .lock = PTHREAD_MUTEX_INITIALIZER },
 };
 
@@ -303,7 +261,7 @@ int shim_real_load(enum shim_vendor vendor, const void *hint)
 		for (int v = 0; v < 2; v++)
 			if (rt->hooks[i].name[v] != NULL)
 				rt->hooks[i].real[v] = shim_real_dlsym(h, rt->hooks[i].name[v]);
-	rt->serves = rt->check == NULL || rt->check(h, path);
+	rt->serves = rt->gpu->bind == NULL || rt->gpu->bind(h, path);
 	__atomic_store_n(&rt->handle, h, __ATOMIC_RELEASE);
 	GCR_LOG(GCR_LOG_DEBUG, "shim", "%s loaded from %s", rt->what, path);
 out:
@@ -385,7 +343,7 @@ struct shim_hook *shim_real_hooks(enum shim_vendor vendor, unsigned *count)
 
 void shim_real_relax_capture(void)
 {
-	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-	if (shim_real_handle(SHIM_CUDA) != NULL)
-		shim_cu.cuThreadExchangeStreamCaptureMode(&mode);
+	for (int v = 0; v < SHIM_VENDORS; v++)
+		if (runtimes[v].gpu->relax_capture != NULL && shim_real_handle((enum shim_vendor)v) != NULL)
+			runtimes[v].gpu->relax_capture();
 }

@@ -1,67 +1,21 @@
 /* shim_real: where the shim finds the real entry points: the real dlsym/dlvsym (found in
  * libc's own symbol table, never through the dlsym the shim interposes), and the GPU runtimes
- * (libcuda, libamdhip64): both handles, the loading that fills every vendor's hook table, the
- * driver functions the shim calls for its own work (shim_cu), and whether the shim serves. */
+ * (libcuda, libamdhip64): both handles, the loading that fills every vendor's hook table (and
+ * hands the runtime to its backend, shim_gpu_ops.bind), and whether the shim serves. No vendor
+ * header: the typed access to a runtime's functions is its backend's (shim_cuda_real.h,
+ * shim_hip_hook.h). */
 #ifndef SHIM_REAL_H
 #define SHIM_REAL_H
 
-#include <cuda.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
 #include "shim_hooktab.h"
 
-/* Driver functions the shim calls for its own work but does not interpose, with cuda.h's
- * parameter lists (each stub below is checked against the header's prototype). The driver
- * must have every one of SHIM_CU_INTERNAL_LIST, or the shim does not serve in the process;
- * SHIM_CU_OPTIONAL_LIST may be missing (older drivers, the stand-in). Either way, once the
- * driver is loaded no member of shim_cu is NULL: a missing one is a stub answering
- * CUDA_ERROR_NOT_FOUND, so callers need no NULL checks. */
-#define SHIM_CU_INTERNAL_LIST \
-	X(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) \
-	X(cuMemAddressFree, (CUdeviceptr ptr, size_t size)) \
-	X(cuCtxGetCurrent, (CUcontext *pctx)) \
-	X(cuCtxSetCurrent, (CUcontext ctx)) \
-	X(cuCtxGetDevice, (CUdevice *device)) \
-	X(cuCtxSynchronize, (void)) \
-	X(cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option)) \
-	X(cuDeviceGetCount, (int *count)) \
-	X(cuDeviceGet, (CUdevice *device, int ordinal)) \
-	X(cuStreamCreate, (CUstream *phStream, unsigned int Flags)) \
-	X(cuStreamSynchronize, (CUstream hStream)) \
-	X(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags)) \
-	X(cuMemHostUnregister, (void *p)) \
-	X(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev)) \
-	X(cuGetErrorName, (CUresult error, const char **pStr)) \
-	X(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes)) \
-	X(cuEventCreate, (CUevent *phEvent, unsigned int Flags)) \
-	X(cuEventSynchronize, (CUevent hEvent)) \
-	X(cuEventDestroy_v2, (CUevent hEvent)) \
-	X(cuModuleLoadData, (CUmodule *module, const void *image)) \
-	X(cuModuleGetFunction, (CUfunction *hfunc, CUmodule hmod, const char *name)) \
-	X(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags)) \
-	X(cuMemFreeHost, (void *p)) \
-	X(cuStreamDestroy_v2, (CUstream hStream)) \
-	X(cuCtxGetLimit, (size_t *pvalue, CUlimit limit)) \
-	X(cuCtxSetLimit, (CUlimit limit, size_t value))
-/* The relaxed capture mode is only needed where capture exists; a single-device process
- * never asks about peers. */
-#define SHIM_CU_OPTIONAL_LIST \
-	X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode)) \
-	X(cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *captureStatus)) \
-	X(cuDeviceCanAccessPeer, (int *canAccessPeer, CUdevice dev, CUdevice peerDev))
-
-struct shim_cu {
-#define X(f, params) __typeof__(&f) f;
-	SHIM_CU_INTERNAL_LIST SHIM_CU_OPTIONAL_LIST
-#undef X
-};
-/* Filled when the CUDA driver is loaded (shim_real_load). */
-extern struct shim_cu shim_cu;
-
-/* For the shim's own threads: relaxed stream-capture mode, so their driver calls
- * (pinning, synchronising) never invalidate an application's graph capture that
- * runs in global mode (PyTorch's default) on another thread. */
+/* For the shim's own threads: relaxed stream-capture mode in every loaded runtime that has
+ * one (shim_gpu_ops.relax_capture), so their driver calls (pinning, synchronising) never
+ * invalidate an application's graph capture that runs in global mode (PyTorch's default) on
+ * another thread. */
 void shim_real_relax_capture(void);
 
 /* Finds libc's dlsym and dlvsym; called from the constructor. 0 or -errno. */
@@ -76,7 +30,7 @@ void *shim_real_dlvsym_ptr(void);
 /* Newest first: ROCm 7, 6, then Debian bookworm's 5.2. */
 #define SHIM_HIP_SONAMES { "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5" }
 
-/* Opens a vendor's runtime once and fills its hook table (and, for CUDA, shim_cu).
+/* Opens a vendor's runtime once, fills its hook table and binds its backend (shim_gpu_ops.bind).
  * CUDA: the object holding hint (the very library the application opened), else
  * "libcuda.so.1". HIP: the object holding hint if it is libamdhip64, else the first of
  * SHIM_HIP_SONAMES already loaded, else the first that loads. Nothing of a vendor is
@@ -100,14 +54,6 @@ static inline void *shim_real_hook(enum shim_vendor vendor, unsigned id, int var
 		return shim_real_hook_slow(vendor, id, variant);
 	return (vendor == SHIM_HIP ? shim_hip_hooks : shim_hooks)[id].real[variant];
 }
-
-/* The real function behind a hook, typed as the vendor's header declares it (HIP's only in
- * files that include hip_runtime_api.h); NULL when the runtime cannot be loaded or lacks the
- * symbol. Variant 0 is the plain symbol, 1 its twin (struct shim_hook). */
-#define SHIM_REAL(sym, variant) \
-	((__typeof__(&sym))shim_real_hook(SHIM_CUDA, SHIM_HOOK_##sym, (variant)))
-#define SHIM_HIP_REAL(sym, variant) \
-	((__typeof__(&sym))shim_real_hook(SHIM_HIP, SHIM_HIP_HOOK_##sym, (variant)))
 
 /* Given a real runtime function pointer, the shim's wrapper for it, or NULL (not a hook).
  * Loads the runtime first if needed: CUDA from the object holding real_fn, HIP only when

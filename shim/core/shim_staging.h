@@ -4,7 +4,6 @@
 #ifndef SHIM_STAGING_H
 #define SHIM_STAGING_H
 
-#include <cuda.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,7 +43,7 @@ int shim_staging_alloc(uint64_t size, uint64_t *off);
  * GPU instead of copying. */
 struct shim_xfer {
 	uint64_t off; /* pool offset, or with file: the offset in that file */
-	CUdeviceptr dev;
+	shim_gpu_va dev;
 	uint32_t size;
 	int16_t device;
 	int16_t zero;

@@ -1,6 +1,6 @@
 /* shim_cuda: struct shim_gpu_ops on the CUDA driver: exactly the driver calls the data path made
  * before the operations table existed (SHIM_REAL for interposed entry points, shim_cu for the
- * rest), with the same arguments, so the CUDA path behaves as it did. */
+ * rest: shim_cuda_real.h), with the same arguments, so the CUDA path behaves as it did. */
 #include "shim_gpu.h"
 
 #include <cuda.h>
@@ -8,8 +8,8 @@
 #include <stddef.h>
 
 #include "shim_cuda_digest.h"
+#include "shim_cuda_real.h"
 #include "shim_hook.h"
-#include "shim_real.h"
 
 /* The table records CUmemAccessDesc as struct shim_gpu_access and passes it back as is. */
 _Static_assert(sizeof(struct shim_gpu_access) == sizeof(CUmemAccessDesc), "access layout");
@@ -19,20 +19,12 @@ _Static_assert(offsetof(CUmemAccessDesc, flags) == offsetof(struct shim_gpu_acce
 _Static_assert(CU_MEM_LOCATION_TYPE_DEVICE == SHIM_GPU_LOC_DEVICE, "device location");
 _Static_assert(CU_MEM_ACCESS_FLAGS_PROT_READ == SHIM_GPU_PROT_READ, "read");
 _Static_assert(CU_MEM_ACCESS_FLAGS_PROT_READWRITE == SHIM_GPU_PROT_READWRITE, "read-write");
+_Static_assert(CUDA_ERROR_INVALID_VALUE == SHIM_GPU_INVALID_VALUE, "invalid value");
 _Static_assert(CUDA_ERROR_OUT_OF_MEMORY == SHIM_GPU_OUT_OF_MEMORY, "out of memory");
 _Static_assert(CUDA_ERROR_NOT_SUPPORTED == SHIM_GPU_NOT_SUPPORTED, "not supported");
-
-static __thread int last_code __attribute__((tls_model("initial-exec")));
-
-int shim_gpu_last_code(void)
-{
-	return last_code;
-}
-
-void shim_gpu_set_last_code(int code)
-{
-	last_code = code;
-}
+/* The table keeps a CUmemAllocationProp as struct shim_gpu_prop and gives it back to create. */
+_Static_assert(sizeof(CUmemAllocationProp) <= sizeof(struct shim_gpu_prop), "properties fit");
+_Static_assert(_Alignof(CUmemAllocationProp) <= _Alignof(struct shim_gpu_prop), "properties aligned");
 
 static const char *cuda_error_string(int code)
 {
@@ -47,7 +39,7 @@ static int cu_rc(CUresult r, const char *what, struct gcr_err *err)
 {
 	if (r == CUDA_SUCCESS)
 		return 0;
-	last_code = (int)r;
+	shim_cuda_set_last_code((int)r);
 	int code = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : r == CUDA_ERROR_NOT_SUPPORTED ? -ENOTSUP : -EIO;
 	return gcr_err_set(err, code, "%s failed: %s (%d)", what, cuda_error_string((int)r), (int)r);
 }
@@ -56,7 +48,7 @@ static int cu_rc(CUresult r, const char *what, struct gcr_err *err)
 #define CU_NEED(fn, name)                                                                  \
 	do {                                                                               \
 		if ((fn) == NULL) {                                                        \
-			last_code = CUDA_ERROR_NOT_FOUND;                                  \
+			shim_cuda_set_last_code(CUDA_ERROR_NOT_FOUND);                     \
 			return gcr_err_set(err, -ENOSYS, "the driver lacks %s", name);     \
 		}                                                                          \
 	} while (0)
@@ -404,6 +396,10 @@ static int cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, st
 const struct shim_gpu_ops shim_cuda_ops = {
 	.name = "cuda",
 	.caps = SHIM_GPU_CAP_CREATE_PROP,
+	.prop_size = sizeof(CUmemAllocationProp),
+	.bind = shim_cuda_real_bind,
+	.relax_capture = shim_cuda_real_relax_capture,
+	.last_code = shim_cuda_last_code,
 	.present = cuda_present,
 	.load = cuda_load,
 	.device_count = cuda_device_count,

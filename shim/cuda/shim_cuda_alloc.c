@@ -180,6 +180,12 @@ SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
 
 /* ---- the application's own virtual-memory allocations ---- */
 
+/* The device prop's memory is on, -1 when it names none (the table records 0 then). */
+static int prop_device(const CUmemAllocationProp *prop)
+{
+	return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
+}
+
 static CUresult mem_create_once(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
 				unsigned long long flags)
 {
@@ -192,12 +198,10 @@ static CUresult mem_create_once(CUmemGenericAllocationHandle *handle, size_t siz
 	CUmemGenericAllocationHandle h = 0;
 	CUresult r = real(&h, size, prop, flags);
 	if (r == CUDA_SUCCESS) {
-		int device = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
-					     prop->location.id < SHIM_MAX_DEVICES
-				     ? prop->location.id
-				     : -1;
+		CUmemAllocationProp rec = *prop;
+		rec.win32HandleMetaData = NULL; /* the table keeps no pointer of the application's */
 		uint64_t app = 0;
-		r = (CUresult)shim_alloc_handle_new(&shim_cuda_ops, h, size, device, prop, &app);
+		r = (CUresult)shim_alloc_handle_new(&shim_cuda_ops, h, size, prop_device(prop), &rec, &app);
 		if (r == CUDA_SUCCESS)
 			*handle = app;
 		else
@@ -293,7 +297,7 @@ SHIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp 
 	if (real == NULL)
 		return CUDA_ERROR_NOT_FOUND;
 	CUmemAllocationProp rec;
-	if (!shim_alloc_handle_prop(handle, &rec))
+	if (!shim_alloc_handle_prop(handle, &rec, sizeof(rec)))
 		return real(prop, handle);
 	if (prop == NULL)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -333,8 +337,9 @@ SHIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
 		return r;
 	CUmemAllocationProp prop = { 0 };
 	SHIM_REAL(cuMemGetAllocationPropertiesFromHandle, 0)(&prop, h);
+	prop.win32HandleMetaData = NULL;
 	uint64_t app = 0;
-	r = (CUresult)shim_alloc_handle_import(&shim_cuda_ops, h, &prop, &app);
+	r = (CUresult)shim_alloc_handle_import(&shim_cuda_ops, h, prop_device(&prop), &prop, &app);
 	if (r == CUDA_SUCCESS)
 		*handle = app;
 	else

@@ -157,7 +157,7 @@ static int cp_mark(const struct shim_pool_stream *k, void **out)
 	if (r != CUDA_SUCCESS) {
 		if (e != NULL)
 			cev_put(e);
-		shim_gpu_set_last_code((int)r);
+		shim_cuda_set_last_code((int)r);
 		return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EINVAL;
 	}
 	*out = e;
@@ -337,7 +337,7 @@ static CUresult code_of(int rc)
 	if (rc == -ENOMEM)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (rc == -EINVAL)
-		return shim_gpu_last_code() ? (CUresult)shim_gpu_last_code() : CUDA_ERROR_INVALID_VALUE;
+		return shim_cuda_last_code() ? (CUresult)shim_cuda_last_code() : CUDA_ERROR_INVALID_VALUE;
 	return CUDA_ERROR_UNKNOWN;
 }
 
@@ -630,7 +630,7 @@ SHIM_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc
 	if (r == CUDA_SUCCESS && map != NULL && count > 0 &&
 	    shim_pool_set_access((uint64_t)(uintptr_t)pool, (const struct shim_gpu_access *)(const void *)map,
 				 count) == -EIO)
-		r = shim_gpu_last_code() ? (CUresult)shim_gpu_last_code() : CUDA_ERROR_UNKNOWN;
+		r = shim_cuda_last_code() ? (CUresult)shim_cuda_last_code() : CUDA_ERROR_UNKNOWN;
 	return r;
 }
 

@@ -1,8 +1,10 @@
-/* shim_hook: the generated CUDA wrappers for work submission, and the rows of the CUDA hook
- * table that maps driver symbols and real function pointers to the shim's wrappers. */
+/* shim_hook: the generated CUDA wrappers for work submission, cuInit (where the shim starts
+ * serving a CUDA process), and the rows of the CUDA hook table that maps driver symbols and real
+ * function pointers to the shim's wrappers. */
 #include "shim_hook.h"
 
 #include "shim_gate.h"
+#include "shim_main.h"
 #include "shim_real.h"
 
 #define SHIM_GATE_BODY(sym, v, args) \
@@ -19,6 +21,21 @@
 SHIM_GATE_LIST
 #undef SHIM_GATE
 #undef SHIM_CUSTOM
+
+/* The shim serves (the control socket) once the application's cuInit succeeded. */
+SHIM_EXPORT CUresult cuInit(unsigned int Flags)
+{
+	__typeof__(&cuInit) real = SHIM_REAL(cuInit, 0);
+	if (real == NULL)
+		return CUDA_ERROR_NO_DEVICE;
+	shim_count(shim_thread_self(), SHIM_HOOK_ROW(SHIM_CUDA, SHIM_HOOK_cuInit), 0);
+	CUresult r = real(Flags);
+	if (r == CUDA_SUCCESS) {
+		shim_main_setup();
+		shim_real_serve(SHIM_CUDA);
+	}
+	return r;
+}
 
 #define SHIM_NAME_NONE(sym) NULL
 #define SHIM_NAME_PTDS(sym) #sym "_ptds"

@@ -1,11 +1,12 @@
 /* shim_hook: the CUDA driver's hook table (rows from shim_hooks.def, layout and loading in
  * shim_hooktab.h and shim_real): the declarations its wrappers need. SHIM_REAL, typed access
- * to the real driver functions, is in shim_real.h. */
+ * to the real driver functions, is in shim_cuda_real.h. */
 #ifndef SHIM_HOOK_H
 #define SHIM_HOOK_H
 
 #include <cuda.h>
 
+#include "shim_cuda_real.h"
 #include "shim_hooktab.h"
 #include "shim_real.h"
 

@@ -63,8 +63,17 @@ static void rt_init(void)
 _Static_assert(hipMemLocationTypeDevice == SHIM_GPU_LOC_DEVICE, "device location");
 _Static_assert(hipMemAccessFlagsProtRead == SHIM_GPU_PROT_READ, "read");
 _Static_assert(hipMemAccessFlagsProtReadWrite == SHIM_GPU_PROT_READWRITE, "read-write");
+_Static_assert(hipErrorInvalidValue == SHIM_GPU_INVALID_VALUE, "invalid value");
 _Static_assert(hipErrorOutOfMemory == SHIM_GPU_OUT_OF_MEMORY, "out of memory");
 _Static_assert(hipErrorNotSupported == SHIM_GPU_NOT_SUPPORTED, "not supported");
+
+/* The runtime's code of this thread's last failed call (shim_hip_ops.last_code). */
+static __thread int last_code __attribute__((tls_model("initial-exec")));
+
+static int hip_last_code(void)
+{
+	return last_code;
+}
 
 static const char *hip_error_string(int code)
 {
@@ -77,7 +86,7 @@ static int hip_rc(hipError_t r, const char *what, struct gcr_err *err)
 {
 	if (r == hipSuccess)
 		return 0;
-	shim_gpu_set_last_code((int)r);
+	last_code = (int)r;
 	int code = r == hipErrorOutOfMemory ? -ENOMEM : r == hipErrorNotSupported ? -ENOTSUP : -EIO;
 	return gcr_err_set(err, code, "%s failed: %s (%d)", what, hip_error_string(r), (int)r);
 }
@@ -97,7 +106,7 @@ static int hip_load(struct gcr_err *err)
 		if (need_rc_ < 0)                                                         \
 			return need_rc_;                                                  \
 		if ((fn) == NULL) {                                                       \
-			shim_gpu_set_last_code(hipErrorNotFound);                         \
+			last_code = hipErrorNotFound;                                     \
 			return gcr_err_set(err, -ENOTSUP, "the HIP runtime lacks %s", what); \
 		}                                                                         \
 	} while (0)
@@ -400,6 +409,7 @@ static int hip_present(void)
 const struct shim_gpu_ops shim_hip_ops = {
 	.name = "hip",
 	.caps = 0, /* the runtime builds its own properties; no digest kernel (it is PTX) */
+	.last_code = hip_last_code, /* bind: NULL, the backend binds on first use (hip_load) */
 	.present = hip_present,
 	.load = hip_load,
 	.device_count = hip_device_count,

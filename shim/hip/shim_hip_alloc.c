@@ -13,7 +13,6 @@
 #include "shim_gate.h"
 #include "shim_gpu.h"
 #include "shim_hip_hook.h"
-#include "shim_hook.h"
 
 static atomic_int used;
 

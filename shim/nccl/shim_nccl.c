@@ -19,6 +19,7 @@
 #include "gcr_time.h"
 #include "shim_config.h"
 #include "shim_cuda_pool.h"
+#include "shim_cuda_real.h"
 #include "shim_real.h"
 
 #define SHIM_NCCL_MAGIC 0x4e43434cu /* "NCCL" */

@@ -11,6 +11,7 @@
 #include "gcr_log.h"
 #include "shim_hooktab.h"
 #include "shim_nccl.h"
+#include "shim_cuda_real.h"
 #include "shim_real.h"
 
 /* The profiling twins are declared with the plain prototype, so their wrappers are checked too. */

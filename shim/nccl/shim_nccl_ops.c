@@ -16,6 +16,7 @@
 #include "gcr_log.h"
 #include "gcr_time.h"
 #include "shim_comm.h"
+#include "shim_cuda_real.h"
 #include "shim_nccl.h"
 #include "shim_nccl_poll.h"
 #include "shim_real.h"

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "shim_config.h"
+#include "shim_cuda_real.h"
 #include "shim_gpu.h"
 #include "shim_real.h"
 

@@ -10,7 +10,11 @@
 #  5. node-agent/'s folders point one way: msg/ (wire formats) < kube/ (the API, pods) < node/
 #     (the node's services) < the roles (controller/, scaler/, overcommit/, evict/,
 #     deviceplugin/), which never include each other < daemon/ (the entry and its wiring);
-#  6. docs/architecture.md's module table links every .c file of shim/, lib/ and node-agent/.
+#  6. docs/architecture.md's module table links every .c file of shim/, lib/ and node-agent/;
+#  7. shim/core includes no vendor header (cuda.h, cudaTypedefs.h, hip/..., nccl.h, ...), directly
+#     or through any header it includes, and names no backend-only symbol: of shim/cuda and
+#     shim/hip it knows only the ops tables (shim_cuda_ops, shim_hip_ops) and the hook tables
+#     (shim_hooks, shim_hip_hooks, laid out in shim_hooktab.h).
 set -euo pipefail
 top=${top_srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 exec python3 - "$top" <<'EOF'
@@ -131,6 +135,51 @@ for p in sources('shim', 'lib', 'node-agent'):
     rp = os.path.relpath(p, top)
     if rp.endswith('.c') and '(../%s)' % rp not in doc:
         fail.append('%s has no row in docs/architecture.md ("[`...`](../%s) | what it owns |")' % (rp, rp))
+
+# shim/core is vendor-neutral: no vendor header reaches it, not even through a header of its
+# own or a backend's .def list; backends are reached only through their tables.
+vendor_inc = re.compile(r'^\s*#\s*include\s*[<"]((?:cuda|cudaTypedefs|cuda_runtime|cuda_runtime_api|cudaGL|'
+                        r'nccl|nvml|rccl)\.h|hip/[^>"]*|rccl/[^>"]*)[>"]', re.M)
+def includes(path):
+    out = []
+    for h in inc.findall(open(path, errors='replace').read()):
+        out.extend(where.get(os.path.basename(h), []))
+    return out
+def vendor_chain(path):
+    """The include chain from path to a file that includes a vendor header, or None."""
+    seen, todo = {path: None}, [path]
+    while todo:
+        q = todo.pop(0)
+        m = vendor_inc.search(open(q, errors='replace').read())
+        if m:
+            chain, r = [], q
+            while r is not None:
+                chain.append(os.path.relpath(r, top))
+                r = seen[r]
+            return list(reversed(chain)) + ['<%s>' % m.group(1)]
+        for r in includes(q):
+            if r not in seen:
+                seen[r] = q
+                todo.append(r)
+    return None
+for p in sources('shim/core'):
+    c = vendor_chain(p)
+    if c:
+        fail.append('%s includes a vendor header: %s (vendor types and calls belong in shim/cuda or '
+                    'shim/hip, behind shim_gpu_ops)' % (os.path.relpath(p, top), ' -> '.join(c)))
+
+def code_only(text):  # comments and string literals blanked (lines kept), so only code is matched
+    return re.sub(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"', lambda m: ' ' + '\n' * m.group(0).count('\n'),
+                  text, flags=re.S)
+backend_sym = re.compile(r'\b(shim_gpu_(?:set_)?last_code|shim_cu|SHIM_REAL|SHIM_HIP_REAL|'
+                         r'shim_(?:cuda|hip)_\w+)\b')
+seam = {'shim_cuda_ops', 'shim_hip_ops', 'shim_hip_hooks', 'shim_hip_hook_id'}
+for p in sources('shim/core'):
+    rp = os.path.relpath(p, top)
+    for i, line in enumerate(code_only(open(p, errors='replace').read()).split('\n'), 1):
+        for name in sorted(set(backend_sym.findall(line))):
+            if name not in seam:
+                fail.append('%s:%d names %s, a backend\'s own symbol (go through shim_gpu_ops)' % (rp, i, name))
 
 for f in fail:
     print('FAIL', f)

@@ -35,9 +35,9 @@ static void arm(const char *fn)
 
 static int fired(int rc, const struct gcr_err *err, const char *fn)
 {
-	int ok = rc < 0 && shim_gpu_last_code() == FAULT && strstr(err->msg, fn) != NULL && fake("disarm") == 0;
+	int ok = rc < 0 && shim_cuda_ops.last_code() == FAULT && strstr(err->msg, fn) != NULL && fake("disarm") == 0;
 	if (!ok)
-		fprintf(stderr, "operation for %s: rc %d, code %d, \"%s\"\n", fn, rc, shim_gpu_last_code(), err->msg);
+		fprintf(stderr, "operation for %s: rc %d, code %d, \"%s\"\n", fn, rc, shim_cuda_ops.last_code(), err->msg);
 	return ok;
 }
 
@@ -136,7 +136,7 @@ int main(void)
 	/* Out of memory is -ENOMEM with the driver's code kept, as resume reports it. */
 	shim_gpu_handle big = 0;
 	CHECK(o->create(&big, (total / gran + 1) * gran, 0, &prop, &err) == -ENOMEM);
-	CHECK(shim_gpu_last_code() == CUDA_ERROR_OUT_OF_MEMORY && strstr(err.msg, "CUDA_ERROR_OUT_OF_MEMORY") != NULL);
+	CHECK(o->last_code() == CUDA_ERROR_OUT_OF_MEMORY && strstr(err.msg, "CUDA_ERROR_OUT_OF_MEMORY") != NULL);
 	CHECK(strcmp(o->error_string(CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY") == 0);
 
 	CHECK(o->unmap(va, size, &err) == 0 && o->release(h, &err) == 0);

@@ -20,6 +20,7 @@
 #include "shim_config.h"
 #include "shim_cr.h"
 #include "shim_pool.h"
+#include "shim_cuda_real.h"
 #include "shim_real.h"
 #include "util.h"
 

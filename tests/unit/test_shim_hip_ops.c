@@ -87,7 +87,7 @@ int main(void)
 	/* Out of memory is -ENOMEM, as resume needs to tell the user. */
 	shim_gpu_handle big = 0;
 	CHECK(o->create(&big, (total / gran + 1) * gran, 0, NULL, &err) == -ENOMEM);
-	CHECK(shim_gpu_last_code() == SHIM_GPU_OUT_OF_MEMORY);
+	CHECK(o->last_code() == SHIM_GPU_OUT_OF_MEMORY);
 	CHECK(strstr(err.msg, "hipErrorOutOfMemory") != NULL);
 	CHECK(strcmp(o->error_string(2), "hipErrorOutOfMemory") == 0);
 

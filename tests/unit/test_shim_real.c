@@ -14,6 +14,7 @@
 #include "hip_util.h"
 #include "shim_config.h"
 #include "shim_ctl.h"
+#include "shim_cuda_real.h"
 #include "shim_real.h"
 #include "util.h"
 
