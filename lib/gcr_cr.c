@@ -225,7 +225,7 @@ static int room_need(pid_t pid, json_t **need, struct gcr_err *err)
 }
 
 /* The shim status's record of what the restore needs, as an error a caller can show. */
-static int need_of(pid_t pid, json_t *status, struct gcr_shimreply_need *need, struct gcr_err *err)
+static int need_of(pid_t pid, json_t *status, struct gcr_need *need, struct gcr_err *err)
 {
 	struct gcr_err e;
 	int rc = gcr_shimreply_restore_need(status, need, &e);
@@ -253,7 +253,7 @@ static const char *dest_of(const struct gcr_gpu_pair *pairs, size_t np, const ch
  * needs: every such GPU named (the driver wants all of them once one is remapped; identity for
  * those o leaves alone), pairs of GPUs it did not use left out, no two onto one GPU, every
  * target on this node and of the checkpointed GPU's model. *np 0: restore where it was. */
-static int plan_pairs(pid_t pid, const struct gcr_shimreply_need *need, const struct gcr_cr_opts *o,
+static int plan_pairs(pid_t pid, const struct gcr_need *need, const struct gcr_cr_opts *o,
 		      struct gcr_gpu_pair *out, size_t *np, struct gcr_err *err)
 {
 	*np = 0;
@@ -325,7 +325,7 @@ static int plan_pairs(pid_t pid, const struct gcr_shimreply_need *need, const st
 
 /* Whether every GPU the restore needs (on the GPU pairs' targets) has its bytes plus the margin
  * free now; -ENOSPC if one has not. */
-static int room_check(pid_t pid, const struct gcr_shimreply_need *need, const struct gcr_gpu_pair *pairs,
+static int room_check(pid_t pid, const struct gcr_need *need, const struct gcr_gpu_pair *pairs,
 		      size_t np, struct gcr_err *err)
 {
 	unsigned long long margin = room_margin();
@@ -623,7 +623,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore room not checked (driver-only: no shim keeps the "
 			"need); an out-of-memory restore would lose the process", (int)pid);
 	} else if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) {
-		struct gcr_shimreply_need need;
+		struct gcr_need need;
 		t = gcr_time_mono_ms();
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, call_ms(o, STATUS_CALL_MS), &status, err);
 		if (rc == 0)
@@ -739,7 +739,7 @@ int gcr_cr_control(pid_t pid, const struct gcr_cr_opts *o, int out, struct gcr_e
 		goto out;
 	}
 	if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) { /* back where it was: no pairs */
-		struct gcr_shimreply_need rn;
+		struct gcr_need rn;
 		rc = need_of(pid, status, &rn, err);
 		if (rc == 0)
 			rc = room_check(pid, &rn, NULL, 0, err);
