@@ -431,7 +431,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 	struct gcr_client c = { .fd = -1 };
 	json_t *status = NULL, *need = NULL;
 	double t0 = gcr_time_mono_ms(), t;
-	int rc = 0, hip = 0;
+	int rc = 0, hip = 0, need_kept = 0;
 	r->control = o->mode == GCR_CR_DATA_ONLY ? GCR_CR_CONTROL_NONE : GCR_CR_CONTROL_DRIVER;
 	if ((rc = stopped(pid, "suspend", err)) < 0)
 		goto out;
@@ -497,11 +497,14 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		}
 		/* Kept by the shim before the driver's checkpoint: if this suspend is cut short after
 		 * it (gcrctl or the agent killed), the resume still finds what it must check. */
-		json_t *res = NULL, *args = json_pack("{s:O, s:b}", "restore_need", need, "trim", 0);
+		json_t *res = NULL;
 		struct gcr_err e2;
-		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
+		if (gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS), &res,
+				    &e2) < 0)
 			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore need not kept before the driver's checkpoint "
-				"(kept after it): %s", (int)pid, e2.msg);
+				"(tried again after it): %s", (int)pid, e2.msg);
+		else
+			need_kept = 1;
 		json_decref(res);
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
@@ -530,11 +533,18 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		/* Off the clock: unused staging goes back only now, because giving memory
 		 * back while the driver checkpoints slows the checkpoint. The shim keeps the
 		 * restore's need for whichever resume comes (gcrctl or the agent). */
-		json_t *res = NULL, *args = need != NULL ? json_pack("{s:O}", "restore_need", need) : NULL;
+		json_t *res = NULL;
 		struct gcr_err e2;
-		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
-			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed, restore need not kept (resume "
-				"will need --unchecked): %s", (int)pid, e2.msg);
+		if (need != NULL && !need_kept &&
+		    gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS), &res,
+				    &e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore need not kept (resume will need --unchecked): "
+				"%s", (int)pid, e2.msg);
+		json_decref(res);
+		res = NULL;
+		if (gcr_client_call(&c, GCR_OP_TRIM_ID, NULL, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed (host memory held until the "
+				"resume): %s", (int)pid, e2.msg);
 		json_decref(res);
 	}
 out:
@@ -725,8 +735,8 @@ int gcr_cr_control(pid_t pid, const struct gcr_cr_opts *o, int out, struct gcr_e
 			goto out;
 		}
 		if (need != NULL)
-			rc = gcr_client_call(&c, GCR_OP_TRIM_ID, json_pack("{s:O, s:b}", "restore_need", need, "trim", 0),
-					     call_ms(o, STATUS_CALL_MS), &res, err);
+			rc = gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS),
+					     &res, err);
 		if (rc == 0)
 			rc = gcr_driver_lock(pid, (unsigned)o->timeout_ms, err);
 		if (rc == 0 && (rc = gcr_driver_checkpoint(pid, err)) < 0) {
