@@ -836,7 +836,7 @@ static void read_state(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_pro
 		ps->hip = is_hip(pid, *status);
 		struct gcr_err de;
 		if (gcr_shimreply_data(*status, &ps->data, &de) < 0)
-			ps->data = GCR_SHIMREPLY_DATA_HOST; /* absent: an older shim, or running */
+			ps->data = GCR_SHIMREPLY_DATA_HOST; /* absent: an older shim, running */
 	}
 	if (!ps->hip && stopped(pid, "reading the driver's state", drv_err) == 0)
 		ps->driver = gcr_driver_state(pid, &ps->driver_st, drv_err) == 0;
