@@ -225,7 +225,7 @@ static int room_need(pid_t pid, json_t **need, struct gcr_err *err)
 }
 
 /* The shim status's record of what the restore needs, as an error a caller can show. */
-static int need_of(pid_t pid, json_t *status, struct gcr_shimreply_need *need, struct gcr_err *err)
+static int need_of(pid_t pid, json_t *status, struct gcr_need *need, struct gcr_err *err)
 {
 	struct gcr_err e;
 	int rc = gcr_shimreply_restore_need(status, need, &e);
@@ -253,7 +253,7 @@ static const char *dest_of(const struct gcr_gpu_pair *pairs, size_t np, const ch
  * needs: every such GPU named (the driver wants all of them once one is remapped; identity for
  * those o leaves alone), pairs of GPUs it did not use left out, no two onto one GPU, every
  * target on this node and of the checkpointed GPU's model. *np 0: restore where it was. */
-static int plan_pairs(pid_t pid, const struct gcr_shimreply_need *need, const struct gcr_cr_opts *o,
+static int plan_pairs(pid_t pid, const struct gcr_need *need, const struct gcr_cr_opts *o,
 		      struct gcr_gpu_pair *out, size_t *np, struct gcr_err *err)
 {
 	*np = 0;
@@ -325,7 +325,7 @@ static int plan_pairs(pid_t pid, const struct gcr_shimreply_need *need, const st
 
 /* Whether every GPU the restore needs (on the GPU pairs' targets) has its bytes plus the margin
  * free now; -ENOSPC if one has not. */
-static int room_check(pid_t pid, const struct gcr_shimreply_need *need, const struct gcr_gpu_pair *pairs,
+static int room_check(pid_t pid, const struct gcr_need *need, const struct gcr_gpu_pair *pairs,
 		      size_t np, struct gcr_err *err)
 {
 	unsigned long long margin = room_margin();
@@ -431,7 +431,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 	struct gcr_client c = { .fd = -1 };
 	json_t *status = NULL, *need = NULL;
 	double t0 = gcr_time_mono_ms(), t;
-	int rc = 0, hip = 0;
+	int rc = 0, hip = 0, need_kept = 0;
 	r->control = o->mode == GCR_CR_DATA_ONLY ? GCR_CR_CONTROL_NONE : GCR_CR_CONTROL_DRIVER;
 	if ((rc = stopped(pid, "suspend", err)) < 0)
 		goto out;
@@ -497,11 +497,14 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		}
 		/* Kept by the shim before the driver's checkpoint: if this suspend is cut short after
 		 * it (gcrctl or the agent killed), the resume still finds what it must check. */
-		json_t *res = NULL, *args = json_pack("{s:O, s:b}", "restore_need", need, "trim", 0);
+		json_t *res = NULL;
 		struct gcr_err e2;
-		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
+		if (gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS), &res,
+				    &e2) < 0)
 			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore need not kept before the driver's checkpoint "
-				"(kept after it): %s", (int)pid, e2.msg);
+				"(tried again after it): %s", (int)pid, e2.msg);
+		else
+			need_kept = 1;
 		json_decref(res);
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
@@ -530,11 +533,18 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		/* Off the clock: unused staging goes back only now, because giving memory
 		 * back while the driver checkpoints slows the checkpoint. The shim keeps the
 		 * restore's need for whichever resume comes (gcrctl or the agent). */
-		json_t *res = NULL, *args = need != NULL ? json_pack("{s:O}", "restore_need", need) : NULL;
+		json_t *res = NULL;
 		struct gcr_err e2;
-		if (gcr_client_call(&c, GCR_OP_TRIM_ID, args, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
-			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed, restore need not kept (resume "
-				"will need --unchecked): %s", (int)pid, e2.msg);
+		if (need != NULL && !need_kept &&
+		    gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS), &res,
+				    &e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore need not kept (resume will need --unchecked): "
+				"%s", (int)pid, e2.msg);
+		json_decref(res);
+		res = NULL;
+		if (gcr_client_call(&c, GCR_OP_TRIM_ID, NULL, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
+			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed (host memory held until the "
+				"resume): %s", (int)pid, e2.msg);
 		json_decref(res);
 	}
 out:
@@ -623,7 +633,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 		GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore room not checked (driver-only: no shim keeps the "
 			"need); an out-of-memory restore would lose the process", (int)pid);
 	} else if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) {
-		struct gcr_shimreply_need need;
+		struct gcr_need need;
 		t = gcr_time_mono_ms();
 		rc = gcr_client_call(&c, GCR_OP_STATUS_ID, NULL, call_ms(o, STATUS_CALL_MS), &status, err);
 		if (rc == 0)
@@ -725,8 +735,8 @@ int gcr_cr_control(pid_t pid, const struct gcr_cr_opts *o, int out, struct gcr_e
 			goto out;
 		}
 		if (need != NULL)
-			rc = gcr_client_call(&c, GCR_OP_TRIM_ID, json_pack("{s:O, s:b}", "restore_need", need, "trim", 0),
-					     call_ms(o, STATUS_CALL_MS), &res, err);
+			rc = gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS),
+					     &res, err);
 		if (rc == 0)
 			rc = gcr_driver_lock(pid, (unsigned)o->timeout_ms, err);
 		if (rc == 0 && (rc = gcr_driver_checkpoint(pid, err)) < 0) {
@@ -739,7 +749,7 @@ int gcr_cr_control(pid_t pid, const struct gcr_cr_opts *o, int out, struct gcr_e
 		goto out;
 	}
 	if (ds == GCR_DRIVER_CHECKPOINTED && !o->unchecked) { /* back where it was: no pairs */
-		struct gcr_shimreply_need rn;
+		struct gcr_need rn;
 		rc = need_of(pid, status, &rn, err);
 		if (rc == 0)
 			rc = room_check(pid, &rn, NULL, 0, err);
@@ -826,7 +836,7 @@ static void read_state(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_pro
 		ps->hip = is_hip(pid, *status);
 		struct gcr_err de;
 		if (gcr_shimreply_data(*status, &ps->data, &de) < 0)
-			ps->data = GCR_SHIMREPLY_DATA_HOST; /* absent: an older shim, or running */
+			ps->data = GCR_SHIMREPLY_DATA_HOST; /* absent: an older shim, running */
 	}
 	if (!ps->hip && stopped(pid, "reading the driver's state", drv_err) == 0)
 		ps->driver = gcr_driver_state(pid, &ps->driver_st, drv_err) == 0;

@@ -141,7 +141,9 @@ struct gcr_cr_proc_state {
 	int driver;                 /* 1: the driver's state was read (0: see the rule above) */
 	enum gcr_driver_state driver_st; /* when driver */
 	int dumped;                 /* CRIU's dump mark is there and no shim answers */
-	enum gcr_shimreply_data data; /* when shim and suspended: where its GPU data is (HOST if unsaid) */
+	/* when shim: where its GPU data is (GPU when not suspended; HOST when unsaid, as older
+	 * shims leave it while running) */
+	enum gcr_shimreply_data data;
 };
 
 /* The verdict from the readings in *in (state ignored), in mode. The one place process

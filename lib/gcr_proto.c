@@ -15,6 +15,7 @@ static const char *const op_names[] = {
 	[GCR_OP_STATS_ID] = GCR_OP_STATS,
 	[GCR_OP_REGISTER_ID] = GCR_OP_REGISTER,
 	[GCR_OP_TRIM_ID] = GCR_OP_TRIM,
+	[GCR_OP_RESTORE_NEED_ID] = GCR_OP_RESTORE_NEED,
 	[GCR_OP_IMAGE_WRITE_ID] = GCR_OP_IMAGE_WRITE,
 	[GCR_OP_IMAGE_READ_ID] = GCR_OP_IMAGE_READ,
 	[GCR_OP_ROOM_ID] = GCR_OP_ROOM,
@@ -159,6 +160,58 @@ void gcr_reply_clear(struct gcr_reply *rep)
 		return;
 	json_decref(rep->result);
 	memset(rep, 0, sizeof(*rep));
+}
+
+/* A UUID as NVML gives it: printable ASCII without spaces, 1 .. GCR_NEED_UUID_MAX - 1 bytes and
+ * no NUL inside, so it may go into log lines and NVML calls as it is. */
+static int uuid_ok(json_t *u)
+{
+	const char *s = json_string_value(u);
+	size_t len = json_string_length(u);
+	if (s == NULL || len == 0 || len >= GCR_NEED_UUID_MAX || strlen(s) != len)
+		return 0;
+	for (size_t i = 0; i < len; i++)
+		if (s[i] <= ' ' || s[i] > '~')
+			return 0;
+	return 1;
+}
+
+int gcr_proto_need_parse(json_t *obj, struct gcr_need *need, struct gcr_err *err)
+{
+	need->n = 0;
+	json_t *devs = json_object_get(obj, "devices"), *d;
+	size_t i, n = json_array_size(devs);
+	if (!json_is_object(obj) || !json_is_array(devs) || n == 0 || n > GCR_NEED_MAX_DEVICES)
+		return gcr_err_set(err, -EBADMSG, "\"devices\" must be an array of 1 .. %d GPUs", GCR_NEED_MAX_DEVICES);
+	json_array_foreach(devs, i, d) {
+		json_t *u = json_object_get(d, "uuid"), *b = json_object_get(d, "bytes");
+		if (!uuid_ok(u))
+			return gcr_err_set(err, -EBADMSG, "device %zu: \"uuid\" must be 1 .. %d printable characters "
+					   "without spaces", i, GCR_NEED_UUID_MAX - 1);
+		if (!json_is_integer(b) || json_integer_value(b) < 0 || json_integer_value(b) >= GCR_NEED_MAX_BYTES)
+			return gcr_err_set(err, -EBADMSG, "device %zu: \"bytes\" must be an integer in 0 .. 2^50 - 1",
+					   i);
+		for (size_t k = 0; k < i; k++)
+			if (strcmp(need->dev[k].uuid, json_string_value(u)) == 0)
+				return gcr_err_set(err, -EBADMSG, "device %zu: GPU %s is listed twice", i,
+						   need->dev[k].uuid);
+		memcpy(need->dev[i].uuid, json_string_value(u), json_string_length(u) + 1);
+		need->dev[i].bytes = (long long)json_integer_value(b);
+	}
+	need->n = n;
+	return 0;
+}
+
+json_t *gcr_proto_need_json(const struct gcr_need *need)
+{
+	json_t *devs = json_array();
+	for (size_t i = 0; devs != NULL && i < need->n; i++)
+		if (json_array_append_new(devs, json_pack("{s:s, s:I}", "uuid", need->dev[i].uuid, "bytes",
+							  (json_int_t)need->dev[i].bytes)) < 0) {
+			json_decref(devs);
+			devs = NULL;
+		}
+	return devs != NULL ? json_pack("{s:o}", "devices", devs) : NULL;
 }
 
 static char *dump_line(json_t *j)

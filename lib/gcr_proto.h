@@ -4,6 +4,7 @@
 #define GCR_PROTO_H
 
 #include <jansson.h>
+#include <stddef.h>
 
 #include "gcr/protocol.h"
 #include "gcr_error.h"
@@ -16,6 +17,7 @@ enum gcr_op {
 	GCR_OP_STATS_ID,
 	GCR_OP_REGISTER_ID,
 	GCR_OP_TRIM_ID,
+	GCR_OP_RESTORE_NEED_ID,
 	/* images (docs/images.md) */
 	GCR_OP_IMAGE_WRITE_ID,
 	GCR_OP_IMAGE_READ_ID,
@@ -51,6 +53,22 @@ int gcr_proto_parse_request(const char *line, struct gcr_req *req, struct gcr_er
 void gcr_req_clear(struct gcr_req *req);
 int gcr_proto_parse_reply(const char *line, struct gcr_reply *rep, struct gcr_err *err);
 void gcr_reply_clear(struct gcr_reply *rep);
+
+/* The GPU memory a process's restore needs (include/gcr/protocol.h, restore_need): what that
+ * op takes, what the shim keeps, and what its status reports. */
+struct gcr_need {
+	size_t n; /* 1 .. GCR_NEED_MAX_DEVICES once parsed */
+	struct {
+		char uuid[GCR_NEED_UUID_MAX]; /* printable ASCII without spaces, not empty */
+		long long bytes;              /* 0 .. GCR_NEED_MAX_BYTES - 1 */
+	} dev[GCR_NEED_MAX_DEVICES];
+};
+/* obj: {"devices": [{"uuid", "bytes"}, ...]} (other members ignored). 0, or -EBADMSG with err
+ * naming what was wrong and need->n 0. */
+int gcr_proto_need_parse(json_t *obj, struct gcr_need *need, struct gcr_err *err)
+	__attribute__((warn_unused_result));
+/* {"devices": [...]}, or NULL when out of memory. */
+json_t *gcr_proto_need_json(const struct gcr_need *need);
 
 /* Each returns a malloc'd line ending in '\n' (caller frees) or NULL when out of
  * memory. The json_t arguments are stolen (may be NULL). */

@@ -85,7 +85,8 @@ int gcr_shimreply_is_hip(json_t *status, int *hip, struct gcr_err *err)
 
 int gcr_shimreply_data(json_t *status, enum gcr_shimreply_data *data, struct gcr_err *err)
 {
-	static const char *const names[] = { "host", "written", "files" };
+	/* In enum order. */
+	static const char *const names[] = { GCR_DATA_HOST, GCR_DATA_WRITTEN, GCR_DATA_FILES, GCR_DATA_GPU };
 	*data = GCR_SHIMREPLY_DATA_HOST;
 	json_t *v = json_object_get(status, "data");
 	if (v == NULL)
@@ -95,7 +96,7 @@ int gcr_shimreply_data(json_t *status, enum gcr_shimreply_data *data, struct gcr
 			*data = (enum gcr_shimreply_data)i;
 			return 0;
 		}
-	return gcr_err_set(err, -EPROTO, "shim status: \"data\" is not \"host\", \"written\" or \"files\"");
+	return gcr_err_set(err, -EPROTO, "shim status: \"data\" is not \"host\", \"written\", \"files\" or \"gpu\"");
 }
 
 int gcr_shimreply_wake(json_t *status, int *called, long long *waited_ms, struct gcr_err *err)
@@ -159,29 +160,15 @@ int gcr_shimreply_sizes(json_t *status, long long *fast, long long *driver, stru
 	return 0;
 }
 
-int gcr_shimreply_restore_need(json_t *status, struct gcr_shimreply_need *need, struct gcr_err *err)
+int gcr_shimreply_restore_need(json_t *status, struct gcr_need *need, struct gcr_err *err)
 {
 	need->n = 0;
 	json_t *rn = json_object_get(status, "restore_need");
 	if (rn == NULL)
 		return gcr_err_set(err, -ENOENT, "shim status has no \"restore_need\"");
-	json_t *devs = json_object_get(rn, "devices"), *d;
-	size_t i, n = json_array_size(devs);
-	if (!json_is_object(rn) || !json_is_array(devs) || n == 0 || n > GCR_SHIMREPLY_MAX_DEVICES)
-		return gcr_err_set(err, -EPROTO, "shim status: \"restore_need\" is not 1 .. %d devices",
-				   GCR_SHIMREPLY_MAX_DEVICES);
-	json_array_foreach(devs, i, d) {
-		json_t *u = json_object_get(d, "uuid");
-		long long bytes;
-		if (!json_is_string(u) || !word_ok(json_string_value(u), json_string_length(u), GCR_SHIMREPLY_UUID_LEN))
-			return gcr_err_set(err, -EPROTO, "shim status: restore_need device %zu names no GPU", i);
-		if (count_of(d, "bytes", GCR_SHIMREPLY_BYTES_MAX, &bytes, err) < 0)
-			return gcr_err_set(err, -EPROTO, "shim status: restore_need device %zu has no byte count "
-					   "in 0 .. 2^50", i);
-		memcpy(need->dev[i].uuid, json_string_value(u), json_string_length(u) + 1);
-		need->dev[i].bytes = bytes;
-	}
-	need->n = n;
+	struct gcr_err e;
+	if (gcr_proto_need_parse(rn, need, &e) < 0)
+		return gcr_err_set(err, -EPROTO, "shim status: \"restore_need\": %s", e.msg);
 	return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "gcr_error.h"
+#include "gcr_proto.h"
 
 /* Any byte count a shim reports is below 2^50 (1 PiB): more than any host's GPUs hold, and
  * a sum of a few thousand of them still fits a long long. */
@@ -15,22 +16,9 @@
 #define GCR_SHIMREPLY_CALLS_MAX (1LL << 50)
 /* The shim's state names ("running", "suspended", ...), with their NUL. */
 #define GCR_SHIMREPLY_STATE_LEN 32
-/* A GPU UUID with its NUL: NVML's buffer size (NVML_DEVICE_UUID_V2_BUFFER_SIZE). */
-#define GCR_SHIMREPLY_UUID_LEN 96
-/* GPUs in one restore record; gcr_nvml lists at most as many (GCR_NVML_MAX_DEVICES). */
-#define GCR_SHIMREPLY_MAX_DEVICES 64
 /* Entries in a stats reply's "calls" map: two per hook (plain and per-thread), a few
  * hundred hooks today; the bound keeps the sum below LLONG_MAX. */
 #define GCR_SHIMREPLY_MAX_CALLS 4096
-
-/* The restore's GPU memory, as gcr_cr recorded it at suspend and the shim kept it. */
-struct gcr_shimreply_need {
-	size_t n; /* 1 .. GCR_SHIMREPLY_MAX_DEVICES when read */
-	struct {
-		char uuid[GCR_SHIMREPLY_UUID_LEN]; /* printable ASCII, no spaces, not empty */
-		long long bytes;                    /* 0 .. GCR_SHIMREPLY_BYTES_MAX - 1 */
-	} dev[GCR_SHIMREPLY_MAX_DEVICES];
-};
 
 /* The shim's process states, one enum for every reader (the names are shim_cr's). UNKNOWN:
  * no answer, or a name this reader does not know. */
@@ -78,8 +66,9 @@ int gcr_shimreply_bytes(json_t *report, long long *total, long long *moved, stru
 int gcr_shimreply_sizes(json_t *status, long long *fast, long long *driver, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
-/* A status's "restore_need": {"devices": [{"uuid": s, "bytes": n}, ...]}, at least one. */
-int gcr_shimreply_restore_need(json_t *status, struct gcr_shimreply_need *need, struct gcr_err *err)
+/* A status's "restore_need": {"devices": [{"uuid": s, "bytes": n}, ...]}, at least one, as the
+ * restore_need op takes it (gcr_proto_need_parse). */
+int gcr_shimreply_restore_need(json_t *status, struct gcr_need *need, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
 /* A status's (or a group op's reply's) "comms": the NCCL communicators of a group member,
@@ -88,11 +77,13 @@ struct gcr_group_comms;
 int gcr_shimreply_comms(json_t *reply, struct gcr_group_comms *out, struct gcr_err *err)
 	__attribute__((warn_unused_result));
 
-/* Where a suspended process's GPU data is (a status's "data", protocol.h). */
+/* Where a process's GPU data is (a status's "data", protocol.h GCR_DATA_*). Older shims say it
+ * only while suspended. */
 enum gcr_shimreply_data {
 	GCR_SHIMREPLY_DATA_HOST = 0, /* host memory: a resume brings it back */
 	GCR_SHIMREPLY_DATA_WRITTEN,  /* image files only: image-read, then resume */
 	GCR_SHIMREPLY_DATA_FILES,    /* image files attached: a resume reads them */
+	GCR_SHIMREPLY_DATA_GPU,      /* on the GPU: not suspended */
 };
 int gcr_shimreply_data(json_t *status, enum gcr_shimreply_data *data, struct gcr_err *err)
 	__attribute__((warn_unused_result));

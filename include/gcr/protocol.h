@@ -31,7 +31,8 @@
  *            processes: the whole group is suspended with the group ops below), nothing touched.
  *   resume:  -EINVAL not suspended; others from the runtime (the process stays suspended,
  *            held at the gate: resume again).
- *   trim:    -EINVAL a "restore_need" that is not an object.
+ *   trim:    -EINVAL a "trim" or "restore_need" argument (both went to restore_need, below).
+ *   restore_need: -EINVAL not suspended (the state named); -EBADMSG malformed "devices".
  *   group ops (below): -EINVAL not in the state the op needs (the error names it); -EBADMSG
  *            malformed args; -EBUSY a communicator is being created, a group stayed open, or a
  *            rebuild still runs; -ENOTSUP a communicator uses what cannot be rebuilt (the error
@@ -57,11 +58,14 @@
  *   "requests" {"suspend","resume"}: requests that reached the shim's C/R code
  *   "backends" {"cuda": bool, "hip": bool}: runtimes loaded; HIP only means the control
  *              step is CRIU's (absent in older shims: CUDA)
- *   "restore_need" (once a trim kept one) the object the last trim's "restore_need" gave
- *   "data"     (while suspended) where its GPU data is: "host" (host memory: resume), "written"
- *              (image files only, after a suspend to an image or image-write: image-read, then
- *              resume) or "files" (image files attached by image-read: the next resume reads them)
- *   "wake"     (while suspended by a suspend with "wake", below) {"state": "armed" (no thread has
+ *   "restore_need" (from a restore_need op, below, until the next suspend or the resume that
+ *              succeeds) {"devices": [{"uuid", "bytes"}, ...]}: what that op kept, re-encoded
+ *   "data"     where the process's GPU data is, GCR_DATA_* below: "gpu" while running (and while
+ *              a suspend is in flight, and in the group states); while suspended "host", "written"
+ *              or "files"; while a resume is in flight, where it is read from (absent in older
+ *              shims while not suspended)
+ *   "wake"     (while suspended by a suspend with "wake", below; absent otherwise: no wake in
+ *              effect) {"state": "armed" (no thread has
  *              called since) or "called" (one has: its wake was sent to the agent, or tried),
  *              "waited_ms": how long the first caller has waited (0 while armed)}: an agent that
  *              restarted finds here a wake it never received (docs/preemption.md, "Wake on call") */
@@ -92,12 +96,22 @@
  *   "status"    the status result above */
 #define GCR_OP_STATS "stats"
 /* After the whole suspend (the driver's checkpoint included): give the staging memory
- * the saved data does not use back to the system, in the background. Args: "restore_need"
- * (an object the shim keeps for whichever tool resumes: the GPU memory the restore needs,
- * {"devices":[{"uuid": GPU UUID, "bytes": n}, ...]}), "trim": false to only keep that record
- * (sent before the driver's checkpoint, so a suspend cut short there still leaves it).
- * Result: {}. */
+ * the saved data does not use back to the system, in the background. No args (older clients
+ * sent "restore_need" and "trim": false here: refused, -EINVAL, pointing at restore_need).
+ * A no-op unless suspended. Result: {}. */
 #define GCR_OP_TRIM "trim"
+/* restore_need: only while suspended (any "data"): keeps the GPU memory the driver's restore of
+ * this process needs, for whichever tool resumes it (gcrctl, the agent after a restart).
+ * gcr_cr measures it with NVML after the data step and sends it before the driver's
+ * checkpoint, so a suspend cut short there still leaves it. Args: "devices": [{"uuid": the
+ * GPU's UUID (1 .. GCR_NEED_UUID_MAX - 1 printable ASCII characters, no spaces), "bytes": 0 ..
+ * 2^50 - 1}, ...], 1 .. GCR_NEED_MAX_DEVICES entries, no UUID twice. Replaces what an earlier
+ * one kept; the status says it ("restore_need") until the next suspend or the resume that
+ * succeeds (a failed resume keeps it). Result: {}. */
+#define GCR_OP_RESTORE_NEED "restore_need"
+#define GCR_NEED_MAX_DEVICES 64 /* gcr_nvml lists at most as many GPUs */
+#define GCR_NEED_UUID_MAX 96    /* with its NUL: NVML's UUID buffer (NVML_DEVICE_UUID_V2_BUFFER_SIZE) */
+#define GCR_NEED_MAX_BYTES (1LL << 50)
 /* ---- images (docs/images.md) ---- */
 /* image-write: only while suspended with the data in staging (HIP; CUDA suspends with
  * "image" instead). Args: "dir" (absolute; an existing directory, the image being written).
@@ -240,7 +254,7 @@
 /* ---- the shim's states (status "state", report "state") ---- */
 #define GCR_STATE_RUNNING "running"
 #define GCR_STATE_SUSPENDING "suspending" /* a suspend in flight */
-#define GCR_STATE_SUSPENDED "suspended"   /* data in host memory, application held at the gate */
+#define GCR_STATE_SUSPENDED "suspended"   /* data off the GPU ("data" says where), application held at the gate */
 #define GCR_STATE_RESUMING "resuming"     /* a resume in flight */
 /* Group members (above): */
 #define GCR_STATE_FROZEN "frozen"         /* NCCL submissions held, counts reported */
@@ -248,6 +262,12 @@
 #define GCR_STATE_DETACHED "detached"     /* communicators torn down, NCCL calls held */
 #define GCR_STATE_REBUILDING "rebuilding" /* communicators being made again */
 #define GCR_STATE_REBUILT "rebuilt"       /* made again, NCCL calls still held until thaw */
+
+/* ---- where the GPU data is (status "data"); shim_cr's state machine moves it ---- */
+#define GCR_DATA_GPU "gpu"         /* on the GPU: running, group states, a suspend in flight */
+#define GCR_DATA_HOST "host"       /* host memory (staging): a resume brings it back */
+#define GCR_DATA_WRITTEN "written" /* image files only (suspend to an image, image-write): image-read, then resume */
+#define GCR_DATA_FILES "files"     /* image files attached by image-read: the next resume reads them */
 
 /* Default directory for the per-process sockets ("<dir>/gcr-<pid>-<start time>.sock",
  * docs/design.md). */

@@ -9,11 +9,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gcr_log.h"
+#include "gcr_proto.h"
 #include "gcr_time.h"
 #include "shim_alloc.h"
 #include "shim_comm.h"
@@ -27,7 +29,10 @@
 #include "shim_staging.h"
 
 static pthread_mutex_t cr_lock = PTHREAD_MUTEX_INITIALIZER; /* one operation at a time */
+/* The machine's state: its state proper, where the GPU data is, the wake and the restore's
+ * need. state and data change only in cr_set (cr_lock held); they are read without it. */
 static _Atomic int state;
+static _Atomic int data;
 static const struct shim_gpu_ops *backend; /* chosen at suspend, kept until resumed; cr_lock */
 /* The communication library a group member's communicators belong to (one today). */
 static const struct shim_comm_ops *const comm_lib = &shim_nccl_ops;
@@ -35,29 +40,68 @@ static const struct shim_comm_ops *const comm_lib = &shim_nccl_ops;
  * not held), hold_ms after each step of its group's operation; cr_lock. */
 static double hold_until;
 static int hold_ms;
+/* The wake: wake_lock serialises the gate's callers (application threads, which must not wait
+ * for cr_lock: a suspend holds it while they queue at the gate); off is stored without it. */
+static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int wake;
+static _Atomic double wake_since; /* monotonic ms of the first caller, once called */
+/* The restore's need; need_lock (taken after cr_lock, never before it) so that the status reads
+ * it without waiting for an operation. */
+static pthread_mutex_t need_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gcr_need restore_need;
+static int need_have;
 
 
-/* The state machine: each state's name and the states it may go to. Suspend: running ->
- * suspending -> suspended, or back to running when it failed and was undone (or stays
- * suspended when undoing failed too: a resume restores it). Resume: suspended -> resuming ->
- * running, or back to suspended when it failed (retryable). A group member: running -> frozen
- * -> drained (or back to running: thawed) -> detached (communicators torn down) -> suspending
- * -> suspended (or back to detached); resuming -> detached -> rebuilding -> rebuilt (or back to
- * detached) -> running. */
+/* The state machine: each state's name, the states it may go to, where the GPU data may be
+ * while in it, and what it keeps and takes of the wake and the restore's need (a state without
+ * a KEEP drops that on entry). Suspend: running -> suspending -> suspended, or back to running
+ * when it failed and was undone (or stays suspended when undoing failed too: a resume restores
+ * it). Resume: suspended -> resuming -> running, or back to suspended when it failed
+ * (retryable). A group member: running -> frozen -> drained (or back to running: thawed) ->
+ * detached (communicators torn down) -> suspending -> suspended (or back to detached);
+ * resuming -> detached -> rebuilding -> rebuilt (or back to detached) -> running. */
 #define EDGE(s) (1u << (s))
+#define AT(d) (1u << (d))
+enum {
+	NEED_KEEP = 1,     /* a restore need outlives entering this state */
+	NEED_TAKE = 2,     /* the restore_need op is accepted here */
+	WAKE_KEEP = 4,     /* a wake outlives entering this state */
+	WAKE_ARM = 8,      /* a wake may be armed here (with the data in host memory) */
+};
+#define OFF_GPU AT(SHIM_CR_DATA_HOST) | AT(SHIM_CR_DATA_WRITTEN) | AT(SHIM_CR_DATA_FILES)
 static const struct {
 	const char *name; /* on the wire: status replies */
 	unsigned to;      /* EDGE() of every state it may go to */
+	unsigned data;    /* AT() of every place the data may be while in it */
+	unsigned keeps;   /* NEED_*, WAKE_* */
 } states[SHIM_CR_NSTATES] = {
-	[SHIM_CR_RUNNING] = { "running", EDGE(SHIM_CR_SUSPENDING) | EDGE(SHIM_CR_FROZEN) },
-	[SHIM_CR_SUSPENDING] = { "suspending", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) | EDGE(SHIM_CR_DETACHED) },
-	[SHIM_CR_SUSPENDED] = { "suspended", EDGE(SHIM_CR_RESUMING) },
-	[SHIM_CR_RESUMING] = { "resuming", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) | EDGE(SHIM_CR_DETACHED) },
-	[SHIM_CR_FROZEN] = { "frozen", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DRAINED) },
-	[SHIM_CR_DRAINED] = { "drained", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DETACHED) | EDGE(SHIM_CR_FROZEN) },
-	[SHIM_CR_DETACHED] = { "detached", EDGE(SHIM_CR_SUSPENDING) | EDGE(SHIM_CR_REBUILDING) },
-	[SHIM_CR_REBUILDING] = { "rebuilding", EDGE(SHIM_CR_REBUILT) | EDGE(SHIM_CR_DETACHED) },
-	[SHIM_CR_REBUILT] = { "rebuilt", EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DETACHED) },
+	[SHIM_CR_RUNNING] = { GCR_STATE_RUNNING, EDGE(SHIM_CR_SUSPENDING) | EDGE(SHIM_CR_FROZEN), AT(SHIM_CR_DATA_GPU), 0 },
+	/* The data counts as on the GPU until the suspend is done. */
+	[SHIM_CR_SUSPENDING] = { GCR_STATE_SUSPENDING, EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) | EDGE(SHIM_CR_DETACHED),
+				 AT(SHIM_CR_DATA_GPU), 0 },
+	[SHIM_CR_SUSPENDED] = { GCR_STATE_SUSPENDED, EDGE(SHIM_CR_RESUMING), OFF_GPU,
+				NEED_KEEP | NEED_TAKE | WAKE_KEEP | WAKE_ARM },
+	/* Read from where it is until the resume is done; a failed resume keeps the need and the wake. */
+	[SHIM_CR_RESUMING] = { GCR_STATE_RESUMING, EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_SUSPENDED) | EDGE(SHIM_CR_DETACHED),
+			       AT(SHIM_CR_DATA_HOST) | AT(SHIM_CR_DATA_FILES), NEED_KEEP | WAKE_KEEP },
+	[SHIM_CR_FROZEN] = { GCR_STATE_FROZEN, EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DRAINED), AT(SHIM_CR_DATA_GPU), 0 },
+	[SHIM_CR_DRAINED] = { GCR_STATE_DRAINED, EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DETACHED) | EDGE(SHIM_CR_FROZEN),
+			      AT(SHIM_CR_DATA_GPU), 0 },
+	[SHIM_CR_DETACHED] = { GCR_STATE_DETACHED, EDGE(SHIM_CR_SUSPENDING) | EDGE(SHIM_CR_REBUILDING), AT(SHIM_CR_DATA_GPU), 0 },
+	[SHIM_CR_REBUILDING] = { GCR_STATE_REBUILDING, EDGE(SHIM_CR_REBUILT) | EDGE(SHIM_CR_DETACHED), AT(SHIM_CR_DATA_GPU), 0 },
+	[SHIM_CR_REBUILT] = { GCR_STATE_REBUILT, EDGE(SHIM_CR_RUNNING) | EDGE(SHIM_CR_DETACHED), AT(SHIM_CR_DATA_GPU), 0 },
+};
+/* Where the data may go from each place: out by a suspend (to files: written; undone from the
+ * files and that failing: files), image-write and drop, image-read (and its failure), back by
+ * a resume. */
+static const struct {
+	const char *name; /* status "data" */
+	unsigned to;      /* AT() of every place it may go to */
+} places[SHIM_CR_NDATA] = {
+	[SHIM_CR_DATA_GPU] = { GCR_DATA_GPU, AT(SHIM_CR_DATA_HOST) | AT(SHIM_CR_DATA_WRITTEN) | AT(SHIM_CR_DATA_FILES) },
+	[SHIM_CR_DATA_HOST] = { GCR_DATA_HOST, AT(SHIM_CR_DATA_GPU) | AT(SHIM_CR_DATA_WRITTEN) },
+	[SHIM_CR_DATA_WRITTEN] = { GCR_DATA_WRITTEN, AT(SHIM_CR_DATA_FILES) },
+	[SHIM_CR_DATA_FILES] = { GCR_DATA_FILES, AT(SHIM_CR_DATA_GPU) | AT(SHIM_CR_DATA_WRITTEN) },
 };
 /* Suspend and resume requests that reached this process, refused ones included: what a test
  * reads to show that a process outside an operation's pod was never touched. */
@@ -79,6 +123,16 @@ const char *shim_cr_state_name(enum shim_cr_state s)
 	return (unsigned)s < SHIM_CR_NSTATES ? states[s].name : "unknown";
 }
 
+enum shim_cr_data shim_cr_data(void)
+{
+	return (enum shim_cr_data)data;
+}
+
+const char *shim_cr_data_name(enum shim_cr_data d)
+{
+	return (unsigned)d < SHIM_CR_NDATA ? places[d].name : "unknown";
+}
+
 int shim_cr_edge_check(enum shim_cr_state from, enum shim_cr_state to, struct gcr_err *err)
 {
 	if ((unsigned)from < SHIM_CR_NSTATES && (unsigned)to < SHIM_CR_NSTATES && (states[from].to & EDGE(to)))
@@ -87,24 +141,137 @@ int shim_cr_edge_check(enum shim_cr_state from, enum shim_cr_state to, struct gc
 			   shim_cr_state_name(to));
 }
 
-/* The one place the state changes (cr_lock held). An edge the table does not have is a bug:
- * it is logged and refused, and the state stays. */
-static int cr_move(enum shim_cr_state to, struct gcr_err *err)
+int shim_cr_data_check(enum shim_cr_state s, enum shim_cr_data from, enum shim_cr_data to, struct gcr_err *err)
 {
-	int rc = shim_cr_edge_check((enum shim_cr_state)state, to, err);
+	if ((unsigned)s >= SHIM_CR_NSTATES || (unsigned)from >= SHIM_CR_NDATA || (unsigned)to >= SHIM_CR_NDATA ||
+	    !(states[s].data & AT(to)))
+		return gcr_err_set(err, -EINVAL, "state machine: no data %s while %s", shim_cr_data_name(to),
+				   shim_cr_state_name(s));
+	if (from != to && !(places[from].to & AT(to)))
+		return gcr_err_set(err, -EINVAL, "state machine: the data cannot go from %s to %s",
+				   shim_cr_data_name(from), shim_cr_data_name(to));
+	return 0;
+}
+
+/* The one place the state and the data change (cr_lock held), together, so a state never
+ * holds data where its row says it cannot be. An edge the table does not have is a bug: it is
+ * logged and refused, and nothing changes. Entering a state drops what it does not keep. */
+static int cr_set(enum shim_cr_state to, enum shim_cr_data at, struct gcr_err *err)
+{
+	enum shim_cr_state from = (enum shim_cr_state)state;
+	int rc = to == from ? 0 : shim_cr_edge_check(from, to, err);
+	if (rc == 0)
+		rc = shim_cr_data_check(to, (enum shim_cr_data)data, at, err);
 	if (rc < 0) {
 		GCR_LOG(GCR_LOG_ERROR, "shim", "%s", err->msg);
 		return rc;
 	}
+	data = (int)at;
 	state = (int)to;
+	if (!(states[to].keeps & WAKE_KEEP))
+		atomic_store(&wake, SHIM_CR_WAKE_OFF);
+	if (!(states[to].keeps & NEED_KEEP)) {
+		pthread_mutex_lock(&need_lock);
+		need_have = 0;
+		pthread_mutex_unlock(&need_lock);
+	}
 	return 0;
 }
 
+/* A change of state that leaves the data where it is. */
+static int cr_move(enum shim_cr_state to, struct gcr_err *err)
+{
+	return cr_set(to, (enum shim_cr_data)data, err);
+}
+
 /* For the unwind paths, whose err already holds the operation's failure. */
-static void cr_move_back(enum shim_cr_state to)
+static void cr_set_back(enum shim_cr_state to, enum shim_cr_data at)
 {
 	struct gcr_err e2;
-	(void)cr_move(to, &e2);
+	(void)cr_set(to, at, &e2);
+}
+
+static void cr_move_back(enum shim_cr_state to)
+{
+	cr_set_back(to, (enum shim_cr_data)data);
+}
+
+int shim_cr_data_move(enum shim_cr_data to, struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = cr_set((enum shim_cr_state)state, to, err);
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+int shim_cr_need_set(const struct gcr_need *n, struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = 0;
+	if (!(states[state].keeps & NEED_TAKE))
+		rc = gcr_err_set(err, -EINVAL, "a restore need is kept only while suspended (state %s)",
+				 shim_cr_state_name(state));
+	if (rc == 0 && (n->n == 0 || n->n > GCR_NEED_MAX_DEVICES))
+		rc = gcr_err_set(err, -EINVAL, "a restore need of %zu GPUs", n->n);
+	if (rc == 0) {
+		pthread_mutex_lock(&need_lock);
+		restore_need = *n;
+		need_have = 1;
+		pthread_mutex_unlock(&need_lock);
+	}
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+int shim_cr_need(struct gcr_need *out)
+{
+	pthread_mutex_lock(&need_lock);
+	int have = need_have;
+	if (have)
+		*out = restore_need;
+	pthread_mutex_unlock(&need_lock);
+	return have;
+}
+
+int shim_cr_wake_arm(struct gcr_err *err)
+{
+	pthread_mutex_lock(&cr_lock);
+	int rc = 0;
+	if (!(states[state].keeps & WAKE_ARM) || data != SHIM_CR_DATA_HOST)
+		rc = gcr_err_set(err, -EINVAL, "a wake is armed only while suspended to host memory (state %s, data %s)",
+				 shim_cr_state_name(state), shim_cr_data_name(data));
+	else if (atomic_load(&wake) == SHIM_CR_WAKE_OFF)
+		atomic_store(&wake, SHIM_CR_WAKE_ARMED);
+	pthread_mutex_unlock(&cr_lock);
+	return rc;
+}
+
+int shim_cr_wake_fire(double since_ms)
+{
+	int fired = 0;
+	pthread_mutex_lock(&wake_lock);
+	/* since first, so a status that sees "called" sees its time; a disarm racing this leaves
+	 * the wake off (the exchange fails) and since unread. */
+	if (atomic_load(&wake) == SHIM_CR_WAKE_ARMED && state == SHIM_CR_SUSPENDED) {
+		int armed = SHIM_CR_WAKE_ARMED;
+		atomic_store(&wake_since, since_ms);
+		fired = atomic_compare_exchange_strong(&wake, &armed, SHIM_CR_WAKE_CALLED);
+	}
+	pthread_mutex_unlock(&wake_lock);
+	return fired;
+}
+
+void shim_cr_wake_disarm(void)
+{
+	atomic_store(&wake, SHIM_CR_WAKE_OFF);
+}
+
+enum shim_cr_wake shim_cr_wake(double *since_ms)
+{
+	enum shim_cr_wake w = (enum shim_cr_wake)atomic_load(&wake);
+	if (since_ms != NULL)
+		*since_ms = w == SHIM_CR_WAKE_CALLED ? atomic_load(&wake_since) : 0;
+	return w;
 }
 
 /* Test hook: with GCR_TEST_ALLOC_WINDOW set, a preloaded test library's
@@ -728,7 +895,9 @@ static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, int gro
 			snprintf(first, sizeof(first), "%s", err->msg);
 			gcr_err_set(err, err->code, "%s; undoing it failed too (%s): process left suspended, a resume restores it",
 				    first, err2.msg);
-			cr_move_back(SHIM_CR_SUSPENDED);
+			/* To files: save_all attached them once anything was released (their data is
+			 * only there). */
+			cr_set_back(SHIM_CR_SUSPENDED, sink != NULL ? SHIM_CR_DATA_FILES : SHIM_CR_DATA_HOST);
 			goto out;
 		}
 		finish_resume();
@@ -755,7 +924,7 @@ static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, int gro
 		shim_staging_stats(&ss);
 		rep->host = ss.used + ss.ring;
 	}
-	rc = cr_move(SHIM_CR_SUSPENDED, err);
+	rc = cr_set(SHIM_CR_SUSPENDED, sink != NULL ? SHIM_CR_DATA_WRITTEN : SHIM_CR_DATA_HOST, err);
 	goto out;
 unwind_gate:
 	shim_staging_resume_background();
@@ -800,32 +969,36 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	n_resume++;
 	pthread_mutex_lock(&cr_lock);
 	alloc_window(1);
-	int rc = 0;
+	int rc = 0, armed = 0;
 	double t_start = gcr_time_mono_ms();
 	if (state != SHIM_CR_SUSPENDED) {
 		rc = gcr_err_set(err, -EINVAL, "not suspended (state %s)", shim_cr_state_name(state));
 		goto out;
 	}
+	if (data == SHIM_CR_DATA_WRITTEN) {
+		rc = gcr_err_set(err, -EINVAL, "the data is in image files only (image-write): image-read first; "
+				 "process still suspended");
+		goto out;
+	}
 	rc = cr_move(SHIM_CR_RESUMING, err);
 	if (rc < 0)
 		goto out;
+	/* No wake is sent for a process being resumed; one that fails is the agent's again. */
+	int exp = SHIM_CR_WAKE_ARMED;
+	armed = atomic_compare_exchange_strong(&wake, &exp, SHIM_CR_WAKE_OFF);
 	shim_real_relax_capture();
 	if (backend != NULL && backend->ctx_unshrink != NULL) {
 		/* First, so a failure leaves everything as suspended and the resume can be retried. */
 		double t0 = gcr_time_mono_ms();
 		rc = backend->ctx_unshrink(err);
 		rep->ms_ctx = gcr_time_mono_ms() - t0;
-		if (rc < 0) {
-			cr_move_back(SHIM_CR_SUSPENDED);
-			goto out;
-		}
+		if (rc < 0)
+			goto back;
 	}
 	shim_staging_quiesce();
 	rc = remap_all(rep, err);
-	if (rc < 0) {
-		cr_move_back(SHIM_CR_SUSPENDED);
-		goto out;
-	}
+	if (rc < 0)
+		goto back;
 	rep->host = host_bytes();
 	rep->mappings = shim_alloc_nmaps();
 	finish_resume();
@@ -834,9 +1007,14 @@ int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err)
 	 * opens) until its group rebuilds them. */
 	int live, down, failed, held;
 	comm_lib->counts(&live, &down, &failed, &held);
-	rc = cr_move(down > 0 ? SHIM_CR_DETACHED : SHIM_CR_RUNNING, err);
+	rc = cr_set(down > 0 ? SHIM_CR_DETACHED : SHIM_CR_RUNNING, SHIM_CR_DATA_GPU, err);
 	shim_gate_open();
 	rep->ms_total = gcr_time_mono_ms() - t_start;
+	goto out;
+back:
+	cr_move_back(SHIM_CR_SUSPENDED);
+	if (armed)
+		atomic_store(&wake, SHIM_CR_WAKE_ARMED);
 out:
 	alloc_window(0);
 	pthread_mutex_unlock(&cr_lock);

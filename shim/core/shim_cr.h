@@ -39,18 +39,65 @@ struct shim_cr_report {
 	uint64_t ctx_freed; /* device bytes of context scratch given back while suspended */
 };
 
+/* Where the process's GPU data is (status "data", protocol.h GCR_DATA_*): part of the machine's
+ * state, moved with it (the table says which places each state allows and which moves there are). */
+enum shim_cr_data {
+	SHIM_CR_DATA_GPU = 0,
+	SHIM_CR_DATA_HOST,    /* the host staging: a resume brings it back */
+	SHIM_CR_DATA_WRITTEN, /* image files only: resume refused until an image-read attaches them */
+	SHIM_CR_DATA_FILES,   /* image files attached: the next resume reads them */
+	SHIM_CR_NDATA
+};
+
+/* The overcommit wake (protocol.h "wake"), also the machine's: armed by a suspend with "wake" to
+ * host memory, called once by the first thread that reaches the closed gate, off at the resume. */
+enum shim_cr_wake {
+	SHIM_CR_WAKE_OFF = 0,
+	SHIM_CR_WAKE_ARMED,
+	SHIM_CR_WAKE_CALLED,
+};
+
 enum shim_cr_state shim_cr_state(void);
 const char *shim_cr_state_name(enum shim_cr_state s); /* "unknown" out of range */
+enum shim_cr_data shim_cr_data(void);
+const char *shim_cr_data_name(enum shim_cr_data d); /* "unknown" out of range */
 /* Whether the machine may go from one state to another: 0, or -EINVAL with err naming both
  * states. Every change of state goes through it. */
 int shim_cr_edge_check(enum shim_cr_state from, enum shim_cr_state to, struct gcr_err *err);
+/* Whether, in state s (the state after the move), the data may go from one place to the other
+ * (from == to: whether s allows it there): 0, or -EINVAL with err naming them. Every move of
+ * the data goes through it. */
+int shim_cr_data_check(enum shim_cr_state s, enum shim_cr_data from, enum shim_cr_data to, struct gcr_err *err);
+/* While suspended, the image files move the data without a change of state (shim_imagefile):
+ * image-write's drop (host -> written), image-read (written or files -> files, and back to
+ * written when it fails), a suspend to files undone (written -> files). 0 or -EINVAL. */
+int shim_cr_data_move(enum shim_cr_data to, struct gcr_err *err);
+
+/* The GPU memory the driver's restore needs (the restore_need op): accepted only while
+ * suspended (-EINVAL otherwise, err naming the state); kept through a resume that fails, gone
+ * at the next suspend or the resume that succeeds. shim_cr_need: 1 with *out filled when one
+ * is kept, else 0. */
+struct gcr_need;
+int shim_cr_need_set(const struct gcr_need *need, struct gcr_err *err);
+int shim_cr_need(struct gcr_need *out);
+
+/* The wake: armed only while suspended with the data in host memory (-EINVAL otherwise: an
+ * image's process is dumped, nothing of it calls). fire is for the gate's wait hook (an
+ * application thread, no cr_lock): 1 when this call took the wake from armed to called (the
+ * caller then sends it), with since_ms (monotonic) the first caller's arrival; 0 otherwise. A
+ * resume takes an armed wake off while it runs and puts it back when it fails. */
+int shim_cr_wake_arm(struct gcr_err *err);
+int shim_cr_wake_fire(double since_ms);
+void shim_cr_wake_disarm(void); /* a suspend being undone, or a forked child: no lock taken */
+enum shim_cr_wake shim_cr_wake(double *since_ms);
 /* Suspend and resume requests received so far (refused ones too). */
 void shim_cr_requests(unsigned long long *suspends, unsigned long long *resumes);
 
 /* Each returns 0 or -errno with err set; on failure the process is left running
  * (suspend) or suspended and resumable (resume). A process holding live NCCL communicators is
  * refused (-EXDEV): its group is suspended with shim_cr_suspend_group. A resume of a process
- * whose communicators were torn down ends DETACHED, waiting for its group's rebuild. */
+ * whose communicators were torn down ends DETACHED, waiting for its group's rebuild. A resume
+ * with the data in image files only (SHIM_CR_DATA_WRITTEN) is refused (-EINVAL). */
 int shim_cr_suspend(int timeout_ms, struct shim_cr_report *rep, struct gcr_err *err);
 int shim_cr_resume(struct shim_cr_report *rep, struct gcr_err *err);
 

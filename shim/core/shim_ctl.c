@@ -8,7 +8,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,21 +71,6 @@ static json_t *backends_json(void)
 			 shim_real_handle(SHIM_HIP) != NULL);
 }
 
-/* The GPU memory the driver's restore of this process needs, as gcr_cr recorded it at the
- * last suspend (sent before the driver's checkpoint, and again with trim): it lives here, in the
- * process, so whichever tool resumes (gcrctl, the agent) finds it. Cleared by each suspend, so
- * a stale record never outlives the checkpoint it was taken for. */
-static pthread_mutex_t need_lock = PTHREAD_MUTEX_INITIALIZER;
-static json_t *restore_need;
-
-static void need_set(json_t *need)
-{
-	pthread_mutex_lock(&need_lock);
-	json_decref(restore_need);
-	restore_need = need != NULL ? json_deep_copy(need) : NULL;
-	pthread_mutex_unlock(&need_lock);
-}
-
 /* The stream-ordered arena (shim_pool): what the application's pools hold on the fast path. */
 static json_t *pool_json(void)
 {
@@ -131,10 +115,16 @@ static json_t *status_json(void)
 		json_object_set_new(j, "pool", pool_json());
 		json_object_set_new(json_object_get(j, "bytes"), "pool", json_integer((json_int_t)st.pool_seg_bytes));
 		json_object_set_new(json_object_get(j, "buffers"), "pool", json_integer((json_int_t)st.pool_segs));
-		pthread_mutex_lock(&need_lock);
-		if (restore_need != NULL)
-			json_object_set_new(j, "restore_need", json_deep_copy(restore_need));
-		pthread_mutex_unlock(&need_lock);
+		/* The machine's state beyond "state" (shim_cr): where the data is, the restore's need
+		 * (kept in the process so that whichever tool resumes it finds it), the wake. */
+		json_object_set_new(j, "data", json_string(shim_cr_data_name(shim_cr_data())));
+		struct gcr_need *need = malloc(sizeof(*need));
+		if (need != NULL && shim_cr_need(need))
+			json_object_set_new(j, "restore_need", gcr_proto_need_json(need));
+		free(need);
+		json_t *w = wake_json();
+		if (w != NULL)
+			json_object_set_new(j, "wake", w);
 		/* A group member's communicators (include/gcr/protocol.h, "groups"). */
 		struct gcr_group_comms *c = malloc(sizeof(*c));
 		int held = 0;
@@ -146,12 +136,6 @@ static json_t *status_json(void)
 				json_object_set_new(j, "nccl", json_pack("{s:i}", "held", held));
 		}
 		free(c);
-		if (shim_cr_state() == SHIM_CR_SUSPENDED) {
-			json_object_set_new(j, "data", json_string(shim_imagefile_where()));
-			json_t *w = wake_json();
-			if (w != NULL)
-				json_object_set_new(j, "wake", w);
-		}
 	}
 	return j;
 }
@@ -229,9 +213,12 @@ static int op_image_write(int fd, json_t *args, json_t **result, struct gcr_err 
 		*result = NULL;
 		return 1;
 	}
+	if (*rc == 0 && (*rc = shim_imagefile_drop(err)) < 0) {
+		json_decref(*result);
+		*result = NULL;
+	}
 	if (*rc == 0) {
 		struct gcr_err e2;
-		shim_imagefile_drop();
 		drop_agent();
 		if (rebind_for_dump(&e2) < 0)
 			GCR_LOG(GCR_LOG_WARN, "shim", "control socket not re-bound for the dump (a restore will not "
@@ -265,34 +252,31 @@ static bool peer_gone(int fd)
 	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-/* ---- the overcommit wake: a suspend the agent made with "wake" arms it; the first thread
- * that then reaches the closed gate tells the agent (shim_agent_wake), once per suspend. The
- * status says it until the resume ("wake": "called"), so an agent that restarted and never got
- * the line finds it (docs/preemption.md, "Wake on call"). ---- */
-static atomic_int wake_armed;
-static atomic_int wake_called; /* a wake suspend is in effect and a thread has called since */
-static _Atomic double wake_since; /* monotonic ms of that first call */
-
+/* ---- the overcommit wake: a suspend the agent made with "wake" arms it (shim_cr keeps it);
+ * the first thread that then reaches the closed gate tells the agent (shim_agent_wake), once
+ * per suspend. The status says it until the resume ("wake": "called"), so an agent that
+ * restarted and never got the line finds it (docs/preemption.md, "Wake on call"). ---- */
 static void wake_send(void)
 {
-	double since;
-	if (!atomic_exchange(&wake_armed, 0))
-		return;
+	if (shim_cr_wake(NULL) != SHIM_CR_WAKE_ARMED)
+		return; /* the common case, without the gate's count */
+	double since, now = gcr_time_mono_ms();
 	int n = shim_gate_waiting(&since);
-	atomic_store(&wake_since, n > 0 ? since : gcr_time_mono_ms());
-	atomic_store(&wake_called, 1);
-	(void)shim_agent_wake(n > 0 ? (long long)(gcr_time_mono_ms() - since) : 0);
+	if (n <= 0)
+		since = now;
+	if (shim_cr_wake_fire(since))
+		(void)shim_agent_wake((long long)(now - since));
 }
 
 /* The status's "wake" (NULL: no wake suspend in effect). */
 static json_t *wake_json(void)
 {
-	if (atomic_load(&wake_called))
-		return json_pack("{s:s, s:I}", "state", "called",
-				 "waited_ms", (json_int_t)(gcr_time_mono_ms() - atomic_load(&wake_since)));
-	if (atomic_load(&wake_armed))
-		return json_pack("{s:s, s:I}", "state", "armed", "waited_ms", (json_int_t)0);
-	return NULL;
+	double since;
+	enum shim_cr_wake w = shim_cr_wake(&since);
+	if (w == SHIM_CR_WAKE_OFF)
+		return NULL;
+	return json_pack("{s:s, s:I}", "state", w == SHIM_CR_WAKE_CALLED ? "called" : "armed", "waited_ms",
+			 (json_int_t)(w == SHIM_CR_WAKE_CALLED ? gcr_time_mono_ms() - since : 0));
 }
 
 /* The gate's wait hook: a thread about to wait. */
@@ -301,20 +285,23 @@ static void wake_on_wait(void)
 	wake_send();
 }
 
-/* on: after a suspend that asked for it; off: before a resume or an undone suspend. */
-static void wake_arm(int on)
+/* A thread that reached the gate while the suspend (or a failed resume) ran has not seen the
+ * arm: sent for it. Either this check sees it waiting or its hook sees the arm; the machine's
+ * exchange sends once. */
+static void wake_catch_up(void)
 {
-	atomic_store(&wake_called, 0);
-	if (!on) {
-		atomic_store(&wake_armed, 0);
-		return;
-	}
-	shim_gate_set_wait_hook(wake_on_wait);
-	atomic_store(&wake_armed, 1);
-	/* A thread that reached the gate while the suspend ran has not seen the arm: send for it.
-	 * Either this check sees it waiting or its hook sees the arm; the exchange sends once. */
 	if (shim_gate_waiting(NULL) > 0)
 		wake_send();
+}
+
+/* After a suspend that asked for it. */
+static void wake_arm(void)
+{
+	struct gcr_err e2;
+	shim_gate_set_wait_hook(wake_on_wait);
+	if (shim_cr_wake_arm(&e2) < 0)
+		GCR_LOG(GCR_LOG_ERROR, "shim", "no wake for this suspend: %s", e2.msg);
+	wake_catch_up();
 }
 
 /* A suspend nobody will hear of would leave the process suspended with nobody to resume
@@ -323,7 +310,7 @@ static void undo_suspend(const char *why)
 {
 	struct shim_cr_report rep;
 	struct gcr_err err;
-	wake_arm(0);
+	shim_cr_wake_disarm();
 	if (shim_cr_resume(&rep, &err) < 0)
 		GCR_LOG(GCR_LOG_ERROR, "shim", "suspend undone because %s: resume failed: %s; process left "
 			"suspended, resume it with gcrctl resume", why, err.msg);
@@ -480,7 +467,6 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 			rc = gcr_err_set(&err, -EINVAL, "\"group\" must be a boolean, and not with \"image\" or \"wake\"");
 			break;
 		}
-		need_set(NULL);
 		json_t *imgres = NULL;
 		rc = dir != NULL	    ? shim_imagefile_suspend(dir, timeout, &rep, &imgres, &err)
 		     : json_is_true(group) ? shim_cr_suspend_group(timeout, &rep, &err)
@@ -501,7 +487,8 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 		}
 		if (rc == 0) {
 			*suspended = true;
-			wake_arm(json_is_true(wake));
+			if (json_is_true(wake))
+				wake_arm();
 			result = report_json(&rep);
 			if (imgres != NULL)
 				json_object_set_new(result, "image", imgres);
@@ -517,17 +504,25 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 		}
 		break;
 	}
-	case GCR_OP_TRIM_ID: {
-		json_t *need = json_object_get(req.args, "restore_need");
-		if (need != NULL && !json_is_object(need)) {
-			rc = gcr_err_set(&err, -EINVAL, "\"restore_need\" must be an object");
+	case GCR_OP_TRIM_ID:
+		/* What older clients sent here: said plainly rather than trimmed without the need kept. */
+		if (json_object_get(req.args, "trim") != NULL || json_object_get(req.args, "restore_need") != NULL) {
+			rc = gcr_err_set(&err, -EINVAL, "trim takes no \"trim\" or \"restore_need\": keep a restore "
+					 "need with the restore_need op (nothing trimmed)");
 			break;
 		}
-		if (need != NULL)
-			need_set(need);
-		if (!json_is_false(json_object_get(req.args, "trim")))
-			shim_cr_trim();
+		shim_cr_trim();
 		result = json_object();
+		break;
+	case GCR_OP_RESTORE_NEED_ID: {
+		struct gcr_need *need = malloc(sizeof(*need));
+		if (need == NULL)
+			rc = gcr_err_set(&err, -ENOMEM, "out of memory");
+		else if ((rc = gcr_proto_need_parse(req.args, need, &err)) < 0)
+			gcr_err_wrap(&err, "restore_need (nothing kept)");
+		else if ((rc = shim_cr_need_set(need, &err)) == 0)
+			result = json_object();
+		free(need);
 		break;
 	}
 	case GCR_OP_IMAGE_WRITE_ID:
@@ -547,23 +542,13 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 	case GCR_OP_REBUILD_ID:
 		rc = op_group(fd, &req, &result, &err);
 		break;
-	case GCR_OP_RESUME_ID: {
-		if (shim_imagefile_dropped()) {
-			rc = gcr_err_set(&err, -EINVAL, "the data is in image files only (image-write): image-read "
-					 "first; process still suspended");
-			break;
-		}
-		int armed = atomic_exchange(&wake_armed, 0); /* no wake while resuming */
+	case GCR_OP_RESUME_ID:
 		rc = shim_cr_resume(&rep, &err);
-		if (rc == 0) {
-			shim_imagefile_resumed();
-			atomic_store(&wake_called, 0);
+		if (rc == 0)
 			result = report_json(&rep);
-		} else if (armed) {
-			wake_arm(1); /* still suspended: still the agent's */
-		}
+		else
+			wake_catch_up(); /* still suspended: still the agent's */
 		break;
-	}
 	default:
 		rc = gcr_err_set(&err, -EOPNOTSUPP, "unsupported op");
 	}
@@ -883,8 +868,7 @@ static void reset_after_fork(void)
 	/* The child has no control thread; it gets its own socket if it initialises CUDA. */
 	start_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	sock_path[0] = '\0';
-	atomic_store(&wake_armed, 0); /* the parent's suspend, not the child's */
-	atomic_store(&wake_called, 0);
+	shim_cr_wake_disarm(); /* the parent's suspend, not the child's */
 	shim_agent_after_fork();
 }
 

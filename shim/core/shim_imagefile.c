@@ -31,27 +31,6 @@
 
 #define MAX_THREADS 8
 
-/* Where a suspended process's data is: staging (0), image files only, after image-write
- * and drop (DROPPED: resume refused), or image files the next resume reads (FILES). */
-enum { IN_STAGING, DROPPED, FILES };
-static atomic_int where;
-
-int shim_imagefile_dropped(void)
-{
-	return atomic_load(&where) == DROPPED;
-}
-
-const char *shim_imagefile_where(void)
-{
-	int w = atomic_load(&where);
-	return w == DROPPED ? "written" : w == FILES ? "files" : "host";
-}
-
-void shim_imagefile_resumed(void)
-{
-	atomic_store(&where, IN_STAGING);
-}
-
 /* The staged allocations, in slot order (allocation calls are gated while suspended, so the
  * records stay), with the address of a whole mapping at offset 0 where there is one. */
 struct one {
@@ -265,7 +244,7 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
 	*result = NULL;
 	double t0 = gcr_time_mono_ms();
 	int rc = check_suspended("image-write", err);
-	if (rc == 0 && atomic_load(&where) != IN_STAGING)
+	if (rc == 0 && shim_cr_data() != SHIM_CR_DATA_HOST)
 		rc = gcr_err_set(err, -EINVAL, "image-write: the data is in image files, not in host memory; resume "
 				 "first (after image-read)");
 	if (rc == 0 && (dir == NULL || dir[0] != '/'))
@@ -455,8 +434,10 @@ int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_repor
 	*result = NULL;
 	double t0 = gcr_time_mono_ms();
 	int rc = 0;
-	if (atomic_load(&where) != IN_STAGING)
-		rc = gcr_err_set(err, -EINVAL, "suspend to an image: the data is already in image files");
+	/* Before the directory is made: a process already suspended is left as it is. */
+	if (shim_cr_state() != SHIM_CR_RUNNING)
+		rc = gcr_err_set(err, -EALREADY, "suspend to an image: already suspended (state %s, data %s)",
+				 shim_cr_state_name(shim_cr_state()), shim_cr_data_name(shim_cr_data()));
 	char gdir[PATH_MAX];
 	if (rc == 0 && (dir == NULL || dir[0] != '/'))
 		rc = gcr_err_set(err, -EINVAL, "suspend to an image: \"image\" must be an absolute path");
@@ -479,8 +460,7 @@ int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_repor
 		struct gcr_err e2;
 		struct shim_cr_report r2;
 		sink_attach(&c);
-		if (shim_cr_resume(&r2, &e2) < 0) {
-			atomic_store(&where, FILES);
+		if (shim_cr_data_move(SHIM_CR_DATA_FILES, &e2) < 0 || shim_cr_resume(&r2, &e2) < 0) {
 			gcr_err_wrap(err, "the process stays suspended, its data in %s (resume reads it): resume failed: %s",
 				     gdir, e2.msg);
 		} else {
@@ -489,10 +469,9 @@ int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_repor
 	}
 	sink_close(&c);
 	if (rc == 0) {
-		/* The data is in the files only: the pool (faulted in ahead for suspends) goes back,
-		 * so CRIU's dump does not carry it. */
+		/* The data is in the files only (shim_cr says "written"): the pool (faulted in ahead
+		 * for suspends) goes back, so CRIU's dump does not carry it. */
 		shim_staging_drop();
-		atomic_store(&where, DROPPED);
 		*result = json_pack("{s:I, s:I, s:I, s:I, s:s, s:{s:f}}", "bytes", (json_int_t)bytes, "written",
 				    (json_int_t)written, "zero", (json_int_t)zero, "allocs", (json_int_t)nallocs, "table",
 				    GCR_IMAGE_TABLE, "ms", "total", gcr_time_mono_ms() - t0);
@@ -502,11 +481,15 @@ int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_repor
 	return rc;
 }
 
-void shim_imagefile_drop(void)
+int shim_imagefile_drop(struct gcr_err *err)
 {
+	/* The machine first: once the staging is gone, nothing may resume from it. */
+	int rc = shim_cr_data_move(SHIM_CR_DATA_WRITTEN, err);
+	if (rc < 0)
+		return gcr_err_wrap(err, "host staging kept");
 	shim_staging_drop();
-	atomic_store(&where, DROPPED);
 	GCR_LOG(GCR_LOG_INFO, "shim", "host staging given back: the GPU data is in image files only");
+	return 0;
 }
 
 int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
@@ -514,10 +497,11 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 	*result = NULL;
 	double t0 = gcr_time_mono_ms();
 	int rc = check_suspended("image-read", err);
-	if (rc == 0 && atomic_load(&where) == IN_STAGING)
+	if (rc == 0 && shim_cr_data() == SHIM_CR_DATA_HOST)
 		rc = gcr_err_set(err, -EINVAL, "image-read: the data is still in host memory: resume instead");
 	if (rc == 0 && (dir == NULL || dir[0] != '/'))
 		rc = gcr_err_set(err, -EINVAL, "image-read: \"dir\" must be an absolute path");
+	int in_files = rc == 0; /* from here a failure leaves the data in the files only */
 	char path[PATH_MAX];
 	char *buf = NULL;
 	size_t len = 0;
@@ -580,8 +564,9 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 		else
 			(void)posix_fadvise(img->src_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	}
+	if (rc == 0)
+		rc = shim_cr_data_move(SHIM_CR_DATA_FILES, err);
 	if (rc == 0) {
-		atomic_store(&where, FILES);
 		*result = json_pack("{s:I, s:I, s:I, s:{s:f}}", "bytes", (json_int_t)bytes, "read", (json_int_t)loaded,
 				    "allocs", (json_int_t)l.n, "ms", "total", gcr_time_mono_ms() - t0);
 	} else {
@@ -589,7 +574,9 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 		 * image-read that succeeds. */
 		for (size_t i = 0; i < l.n; i++)
 			shim_image_clear(l.v[i].p->img);
-		atomic_store(&where, DROPPED);
+		struct gcr_err e2;
+		if (in_files && shim_cr_data_move(SHIM_CR_DATA_WRITTEN, &e2) < 0)
+			GCR_LOG(GCR_LOG_ERROR, "shim", "image-read: %s", e2.msg);
 	}
 	for (size_t i = 0; i < l.n; i++)
 		l.v[i].a = NULL; /* t's */

@@ -23,21 +23,15 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err);
 struct shim_cr_report;
 int shim_imagefile_suspend(const char *dir, int timeout_ms, struct shim_cr_report *rep, json_t **result,
 			   struct gcr_err *err);
-/* Frees the host staging after a write: the data now lives only in the files, and a resume
- * is refused until shim_imagefile_read loads it back. */
-void shim_imagefile_drop(void);
-/* 1 while the data is in files only (dropped, and no image-read since). */
-int shim_imagefile_dropped(void);
-/* Where a suspended process's data is, as status says it (protocol.h "data"): "host",
- * "written" (files only, dropped) or "files" (attached by image-read). */
-const char *shim_imagefile_where(void);
+/* Frees the host staging after a write: the data now lives only in the files (shim_cr's
+ * SHIM_CR_DATA_WRITTEN), and a resume is refused until shim_imagefile_read loads it back. On
+ * failure (not suspended with the data in host memory) the staging is kept. */
+int shim_imagefile_drop(struct gcr_err *err);
 /* While suspended with the data in files (after drop): checks that dir/gpu/allocs.json matches
  * this process's allocations and that every data file has its size, and makes the files the
  * source of the next resume (shim_staging_transfer reads each chunk into a pinned slot and
  * checks its CRC-32C before it goes to the GPU). On failure the process stays suspended with
  * its data in files only. */
 int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err);
-/* After a resume: the data is the GPU's again (and staging's, for the next suspend). */
-void shim_imagefile_resumed(void);
 
 #endif

@@ -804,6 +804,110 @@ def case_bad_requests(f):
     f.finish(p)
 
 
+def shim_call(f, pid, op, args=None):
+    """One request on pid's control socket, as a tool would send it; the reply (a dict)."""
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(120)
+    s.connect(os.path.join(f.dir, H.shim_socket_name(pid)))
+    s.sendall((json.dumps({"v": 1, "id": 1, "op": op, "args": args or {}}) + "\n").encode())
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        check(chunk, "%s: connection closed before a reply" % op)
+        buf += chunk
+    s.close()
+    return json.loads(buf)
+
+
+def shim_status(f, pid):
+    r = shim_call(f, pid, "status")
+    check(r.get("ok"), "status: %s" % r)
+    return r["result"]
+
+
+def refused(r, code, words):
+    return not r.get("ok") and r["error"]["code"] == code and words in r["error"]["message"]
+
+
+EINVAL = 22
+EBADMSG = 74
+
+
+def case_shim_state(f):
+    """The shim's whole state in its status, across suspend, image files and resume: "state",
+    "data" (gpu, host, written, files), "restore_need" (kept by its own op, only while suspended,
+    gone at the resume) and "wake" (armed by a suspend with "wake", gone at the resume); the
+    restore_need op refuses every malformed device list and keeps the last good one; trim refuses
+    the old "trim": false form."""
+    p = f.start(["--mib", "16", "--iters", "5", "--wait"])
+    st = shim_status(f, p.pid)
+    check(st.get("state") == "running" and st.get("data") == "gpu" and "restore_need" not in st
+          and "wake" not in st, "running: %s" % st)
+    good = {"devices": [{"uuid": "GPU-flow", "bytes": 12345}]}
+    r = shim_call(f, p.pid, "restore_need", good)
+    check(refused(r, -EINVAL, "state running"), "restore_need while running: %s" % r)
+    for args in ({"trim": False}, {"restore_need": good}):
+        r = shim_call(f, p.pid, "trim", args)
+        check(refused(r, -EINVAL, "restore_need op"), "trim %s: %s" % (args, r))
+    check(shim_call(f, p.pid, "trim").get("ok"), "trim without args while running")
+    # gcrctl's suspend keeps the need it measured (before the driver's checkpoint).
+    r = f.ctl("suspend", p.pid)
+    check(r.ok, "suspend: %s" % r.describe())
+    st = shim_status(f, p.pid)
+    need = st.get("restore_need")
+    check(st.get("state") == "suspended" and st.get("data") == "host" and "wake" not in st,
+          "suspended: %s" % st)
+    check(need and len(need["devices"]) == 1 and need["devices"][0]["bytes"] > 0, "gcrctl's need: %s" % st)
+    long_uuid = "G" * 96
+    bad = [{}, {"devices": []}, {"devices": {}}, {"devices": [{"uuid": "GPU 1", "bytes": 1}]},
+           {"devices": [{"uuid": "GPU-1", "bytes": -1}]}, {"devices": [{"uuid": "GPU-1", "bytes": 1 << 50}]},
+           {"devices": [{"uuid": "GPU-1", "bytes": "1"}]}, {"devices": [{"uuid": long_uuid, "bytes": 1}]},
+           {"devices": [{"uuid": "GPU-1", "bytes": 1}, {"uuid": "GPU-1", "bytes": 2}]},
+           {"devices": [{"uuid": "GPU-%d" % i, "bytes": 1} for i in range(65)]}, {"restore_need": good}]
+    for args in bad:
+        r = shim_call(f, p.pid, "restore_need", args)
+        check(refused(r, -EBADMSG, "nothing kept"), "restore_need %s: %s" % (str(args)[:80], r))
+    check(shim_status(f, p.pid).get("restore_need") == need, "a refused need changed the kept one")
+    check(shim_call(f, p.pid, "restore_need", good).get("ok"), "restore_need while suspended")
+    check(shim_status(f, p.pid).get("restore_need") == good, "the need kept is not the one sent")
+    check(shim_call(f, p.pid, "restore_need", need).get("ok"), "restore_need back to gcrctl's")
+    # Image files: written (resume refused, the need kept), then attached by image-read.
+    d = os.path.join(f.dir, "image")
+    os.mkdir(d)
+    r = shim_call(f, p.pid, "image-write", {"dir": d})
+    check(r.get("ok"), "image-write: %s" % r)
+    st = shim_status(f, p.pid)
+    check(st.get("data") == "written" and st.get("restore_need") == need, "after image-write: %s" % st)
+    r = shim_call(f, p.pid, "resume")
+    check(refused(r, -EINVAL, "image files only"), "resume with the data in files only: %s" % r)
+    check(shim_status(f, p.pid).get("state") == "suspended", "a refused resume moved the state")
+    r = shim_call(f, p.pid, "image-read", {"dir": d})
+    check(r.get("ok"), "image-read: %s" % r)
+    st = shim_status(f, p.pid)
+    check(st.get("data") == "files" and st.get("restore_need") == need, "after image-read: %s" % st)
+    r = f.ctl("resume", p.pid)
+    check(r.ok, "resume from the files: %s" % r.describe())
+    st = shim_status(f, p.pid)
+    check(st.get("state") == "running" and st.get("data") == "gpu" and "restore_need" not in st,
+          "resumed: %s" % st)
+    r = shim_call(f, p.pid, "restore_need", need)
+    check(refused(r, -EINVAL, "state running"), "restore_need after the resume: %s" % r)
+    # The wake: armed by the agent's kind of suspend, off at the resume; never with an image.
+    r = shim_call(f, p.pid, "suspend", {"wake": True, "image": d})
+    check(refused(r, -EINVAL, "not with"), "wake with an image: %s" % r)
+    r = shim_call(f, p.pid, "suspend", {"wake": True})
+    check(r.get("ok"), "suspend with wake: %s" % r)
+    st = shim_status(f, p.pid)
+    check(st.get("data") == "host" and st.get("wake") == {"state": "armed", "waited_ms": 0}, "wake armed: %s" % st)
+    r = shim_call(f, p.pid, "resume")
+    check(r.get("ok"), "resume: %s" % r)
+    st = shim_status(f, p.pid)
+    check(st.get("state") == "running" and st.get("data") == "gpu" and "wake" not in st, "after the wake: %s" % st)
+    p.send("go")
+    f.finish(p)
+
+
 def scale(f, replicas, pids, *flags):
     """gcrctl --json scale: the one JSON line it prints, and its exit status."""
     argv = [f.S.cfg.gcrctl, "--json", "--socket-dir", f.dir, "scale", "--replicas", str(replicas), *flags,
@@ -899,6 +1003,7 @@ CASES = [
     ("not-incremental", case_not_incremental),
     ("incremental-faults", case_incremental_faults),
     ("bad-requests", case_bad_requests),
+    ("shim-state", case_shim_state),
     ("container", case_container),
     ("container-planted", case_container_planted),
     ("scale", case_scale),

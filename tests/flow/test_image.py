@@ -573,7 +573,7 @@ def case_image_of_suspended(c):
     check(st.get("state") == "suspended" and st.get("data") == "files", "after image-read: %s" % st)
     rc, rep, err = c.ctl("--unchecked", "resume", str(p.pid))
     check(rc == 0 and rep.get("ok"), "resume: rc %d %s %s" % (rc, rep, err))
-    check("data" not in shim_request(c, p.pid, "status")["result"], "a running process still says where data is")
+    check(shim_request(c, p.pid, "status")["result"].get("data") == "gpu", "a running process's data is not on the GPU")
     after = verify(p)
     check(after == before, "after the image of the suspended process %s, before %s" % (after, before))
     p.send("check")

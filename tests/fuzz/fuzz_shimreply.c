@@ -61,16 +61,16 @@ static void check_all(json_t *j)
 	    (rc < 0 && (fast != 0 || drv != 0)))
 		abort();
 
-	struct gcr_shimreply_need need;
+	struct gcr_need need;
 	memset(&need, 0xa5, sizeof(need));
 	rc = gcr_shimreply_restore_need(j, &need, &err);
 	check_rc(rc, &err);
 	if (rc < 0 && need.n != 0)
 		abort();
-	if (rc == 0 && (need.n == 0 || need.n > GCR_SHIMREPLY_MAX_DEVICES))
+	if (rc == 0 && (need.n == 0 || need.n > GCR_NEED_MAX_DEVICES))
 		abort();
 	for (size_t i = 0; rc == 0 && i < need.n; i++) {
-		check_word(need.dev[i].uuid, GCR_SHIMREPLY_UUID_LEN);
+		check_word(need.dev[i].uuid, GCR_NEED_UUID_MAX);
 		if (need.dev[i].bytes < 0 || need.dev[i].bytes >= GCR_SHIMREPLY_BYTES_MAX)
 			abort();
 	}
@@ -78,7 +78,7 @@ static void check_all(json_t *j)
 	enum gcr_shimreply_data data = GCR_SHIMREPLY_DATA_FILES;
 	rc = gcr_shimreply_data(j, &data, &err);
 	check_rc(rc, &err);
-	if ((rc < 0 && data != GCR_SHIMREPLY_DATA_HOST) || (unsigned)data > GCR_SHIMREPLY_DATA_FILES)
+	if ((rc < 0 && data != GCR_SHIMREPLY_DATA_HOST) || (unsigned)data > GCR_SHIMREPLY_DATA_GPU)
 		abort();
 
 	int called = -1;

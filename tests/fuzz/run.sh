@@ -19,11 +19,11 @@ fuzz_proto|lib/gcr_proto.c|jansson
 fuzz_kubeconfig|node-agent/kube/agent_kubeconfig.c|yaml-0.1
 fuzz_watch|node-agent/kube/agent_watch.c|jansson
 fuzz_dpmsg|node-agent/deviceplugin/agent_dpmsg.c node-agent/deviceplugin/api.pb-c.c|libprotobuf-c
-fuzz_scalemsg|node-agent/msg/agent_scalemsg.c lib/gcr_shimreply.c lib/gcr_groupmsg.c|jansson
+fuzz_scalemsg|node-agent/msg/agent_scalemsg.c lib/gcr_shimreply.c lib/gcr_groupmsg.c lib/gcr_proto.c|jansson
 fuzz_criu|lib/gcr_criu.c|
 fuzz_ctrdump|lib/gcr_ctrdump.c lib/gcr_criu.c|
 fuzz_linebuf|lib/gcr_sock.c|
-fuzz_shimreply|lib/gcr_shimreply.c lib/gcr_groupmsg.c|jansson
+fuzz_shimreply|lib/gcr_shimreply.c lib/gcr_groupmsg.c lib/gcr_proto.c|jansson
 fuzz_crobj|node-agent/controller/agent_crobj.c node-agent/controller/agent_record.c node-agent/kube/agent_phase.c lib/gcr_uuid.c|jansson
 fuzz_agentconfig|node-agent/daemon/agent_config.c|yaml-0.1
 fuzz_manifest|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
@@ -32,7 +32,7 @@ fuzz_roompolicy|node-agent/overcommit/agent_roompolicy.c|
 fuzz_quantity|node-agent/kube/agent_quantity.c|
 fuzz_evictmsg|node-agent/msg/agent_evictmsg.c|jansson
 fuzz_ocipath|node-agent/node/agent_ociimg.c lib/gcr_sha256.c|jansson
-fuzz_groupmsg|lib/gcr_groupmsg.c lib/gcr_shimreply.c|jansson
+fuzz_groupmsg|lib/gcr_groupmsg.c lib/gcr_shimreply.c lib/gcr_proto.c|jansson
 fuzz_ocihead|node-agent/node/agent_ociimg.c lib/gcr_sha256.c|jansson
 fuzz_imagemac|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
 '

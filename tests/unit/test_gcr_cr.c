@@ -127,7 +127,7 @@ static struct {
 	const char *state;        /* what status and reports say */
 	int hip;                  /* backends: HIP only */
 	int fail_suspend;         /* answer suspend with this -errno */
-	atomic_int n_status, n_suspend, n_resume, n_trim;
+	atomic_int n_status, n_suspend, n_resume, n_trim, n_need;
 } fake;
 
 static json_t *fake_status(void)
@@ -171,9 +171,22 @@ static char *fake_answer(const char *line)
 		}
 		break;
 	case GCR_OP_TRIM_ID:
+		/* As the shim: the need goes with its own op now. */
 		fake.n_trim++;
-		res = json_object();
+		if (json_object_size(req.args) != 0)
+			code = -EINVAL;
+		else
+			res = json_object();
 		break;
+	case GCR_OP_RESTORE_NEED_ID: {
+		struct gcr_need need;
+		fake.n_need++;
+		if (strcmp(fake.state, GCR_STATE_SUSPENDED) != 0)
+			code = -EINVAL;
+		else if ((code = gcr_proto_need_parse(req.args, &need, &err)) == 0)
+			res = json_object();
+		break;
+	}
 	default: code = -EOPNOTSUPP; break;
 	}
 	long long id = req.id;
@@ -216,7 +229,7 @@ static void reset_fake(const char *state, int hip)
 	fake.state = state;
 	fake.hip = hip;
 	fake.fail_suspend = 0;
-	fake.n_status = fake.n_suspend = fake.n_resume = fake.n_trim = 0;
+	fake.n_status = fake.n_suspend = fake.n_resume = fake.n_trim = fake.n_need = 0;
 }
 
 /* A HIP process in full mode with a stand-in CRIU (tests/unit/fake-criu.sh, which dumps
@@ -315,6 +328,7 @@ static void test_with_shim(const char *dir)
 	struct gcr_cr_result r;
 	CHECK(gcr_cr_suspend(me, &data, &r, &err) == 0);
 	CHECK(fake.n_suspend == 1 && fake.n_trim == 1 && r.bytes_total == 4096 && r.bytes_moved == 1024);
+	CHECK(fake.n_need == 0); /* data only: no driver's restore to measure for */
 	CHECK_STR(r.control, GCR_CR_CONTROL_NONE);
 	gcr_cr_result_clear(&r);
 	CHECK(gcr_cr_state(me, &data, &ps, &err) == 0 && ps.state == GCR_CR_ST_SUSPENDED);

@@ -137,10 +137,31 @@ static void test_utf8(void)
 	CHECK_STR(t, "?? overlong");
 }
 
+/* The restore_need op: its name on the wire, its args as the shim checks them (the bounds
+ * themselves: test_shimreply, which reads the status through the same parser). */
+static void test_restore_need(void)
+{
+	struct gcr_req req;
+	struct gcr_need need;
+	struct gcr_err err = { 0 };
+	CHECK(parse_req("{\"v\":1,\"id\":4,\"op\":\"restore_need\",\"args\":{\"devices\":[{\"uuid\":\"GPU-a\","
+			"\"bytes\":7}]}}", &req) == 0 && req.op == GCR_OP_RESTORE_NEED_ID);
+	CHECK(gcr_proto_need_parse(req.args, &need, &err) == 0 && need.n == 1 && need.dev[0].bytes == 7);
+	CHECK_STR(need.dev[0].uuid, "GPU-a");
+	CHECK_STR(gcr_op_name(GCR_OP_RESTORE_NEED_ID), "restore_need");
+	gcr_req_clear(&req);
+	/* The args are the need itself: the old trim's nesting is not one. */
+	CHECK(parse_req("{\"v\":1,\"op\":\"restore_need\",\"args\":{\"restore_need\":{\"devices\":[]}}}", &req) == 0);
+	CHECK(gcr_proto_need_parse(req.args, &need, &err) == -EBADMSG && need.n == 0 && strstr(err.msg, "devices") != NULL);
+	gcr_req_clear(&req);
+	CHECK(gcr_proto_need_parse(NULL, &need, &err) == -EBADMSG && need.n == 0);
+}
+
 int main(void)
 {
 	test_requests();
 	test_round_trip();
 	test_utf8();
+	test_restore_need();
 	return test_summary("test_proto");
 }

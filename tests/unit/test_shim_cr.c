@@ -1,8 +1,10 @@
 /* test_shim_cr: the shim's suspend/resume state machine (shim_cr). The transition table allows
- * exactly the edges suspend and resume take and refuses every other with both state names; the
- * state names on the wire stay; on the stand-in driver a whole cycle keeps every address and
- * byte (converted buffers, an application handle, an all-zero buffer), gives the GPU memory back
- * while suspended, and refuses a second suspend or a resume while running. */
+ * exactly the edges suspend and resume take and refuses every other with both state names, and
+ * the same for where the GPU data may be and go; the names on the wire stay; on the stand-in
+ * driver a whole cycle keeps every address and byte (converted buffers, an application handle,
+ * an all-zero buffer), gives the GPU memory back while suspended, and refuses a second suspend
+ * or a resume while running; the restore's need and the wake are taken only while suspended and
+ * gone after the resume. */
 #include <cuda.h>
 #include <errno.h>
 #include <stdint.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #include "fakecuda_util.h"
+#include "gcr_proto.h"
 #include "shim_alloc.h"
 #include "shim_config.h"
 #include "shim_cr.h"
@@ -51,6 +54,38 @@ static void check_edges(void)
 	      strstr(err.msg, "from running to unknown") != NULL);
 }
 
+/* Where the data may be in each state, and where it may go from each place. */
+static void check_places(void)
+{
+	enum { G = 1 << SHIM_CR_DATA_GPU, H = 1 << SHIM_CR_DATA_HOST, W = 1 << SHIM_CR_DATA_WRITTEN,
+	       F = 1 << SHIM_CR_DATA_FILES };
+	static const unsigned in[SHIM_CR_NSTATES] = {
+		[SHIM_CR_RUNNING] = G, [SHIM_CR_SUSPENDING] = G, [SHIM_CR_SUSPENDED] = H | W | F,
+		[SHIM_CR_RESUMING] = H | F, [SHIM_CR_FROZEN] = G, [SHIM_CR_DRAINED] = G,
+		[SHIM_CR_DETACHED] = G, [SHIM_CR_REBUILDING] = G, [SHIM_CR_REBUILT] = G,
+	};
+	static const unsigned to[SHIM_CR_NDATA] = {
+		[SHIM_CR_DATA_GPU] = H | W | F, [SHIM_CR_DATA_HOST] = G | W, [SHIM_CR_DATA_WRITTEN] = F,
+		[SHIM_CR_DATA_FILES] = G | W,
+	};
+	for (int st = 0; st < SHIM_CR_NSTATES; st++)
+		for (int a = 0; a < SHIM_CR_NDATA; a++)
+			for (int b = 0; b < SHIM_CR_NDATA; b++) {
+				struct gcr_err err = { 0 };
+				int rc = shim_cr_data_check((enum shim_cr_state)st, (enum shim_cr_data)a,
+							    (enum shim_cr_data)b, &err);
+				int ok = (in[st] & (1u << b)) && (a == b || (to[a] & (1u << b)));
+				CHECK(ok ? rc == 0 : rc == -EINVAL && err.code == -EINVAL && err.msg[0] != '\0');
+			}
+	struct gcr_err err = { 0 };
+	CHECK(shim_cr_data_check(SHIM_CR_SUSPENDED, SHIM_CR_DATA_HOST, SHIM_CR_DATA_GPU, &err) == -EINVAL &&
+	      strstr(err.msg, "no data gpu while suspended") != NULL);
+	CHECK(shim_cr_data_check(SHIM_CR_SUSPENDED, SHIM_CR_DATA_WRITTEN, SHIM_CR_DATA_HOST, &err) == -EINVAL &&
+	      strstr(err.msg, "from written to host") != NULL);
+	CHECK(shim_cr_data_check(SHIM_CR_SUSPENDED, SHIM_CR_DATA_HOST, (enum shim_cr_data)9, &err) == -EINVAL &&
+	      strstr(err.msg, "unknown") != NULL);
+}
+
 static void fill(uint8_t *p, size_t n, unsigned seed)
 {
 	for (size_t i = 0; i < n; i++)
@@ -73,7 +108,14 @@ int main(void)
 	CHECK_STR(shim_cr_state_name(SHIM_CR_REBUILDING), "rebuilding");
 	CHECK_STR(shim_cr_state_name(SHIM_CR_REBUILT), "rebuilt");
 	CHECK_STR(shim_cr_state_name(SHIM_CR_NSTATES), "unknown");
+	CHECK_STR(shim_cr_data_name(SHIM_CR_DATA_GPU), GCR_DATA_GPU);
+	CHECK_STR(shim_cr_data_name(SHIM_CR_DATA_HOST), GCR_DATA_HOST);
+	CHECK_STR(shim_cr_data_name(SHIM_CR_DATA_WRITTEN), GCR_DATA_WRITTEN);
+	CHECK_STR(shim_cr_data_name(SHIM_CR_DATA_FILES), GCR_DATA_FILES);
+	CHECK_STR(shim_cr_data_name(SHIM_CR_NDATA), "unknown");
 	check_edges();
+	check_places();
+	CHECK(shim_cr_data() == SHIM_CR_DATA_GPU && shim_cr_wake(NULL) == SHIM_CR_WAKE_OFF);
 
 	/* Nothing to suspend before a runtime is loaded; the state stays. */
 	CHECK(shim_cr_suspend(1000, &rep, &err) == -ENODEV && shim_cr_state() == SHIM_CR_RUNNING);
@@ -112,11 +154,47 @@ int main(void)
 	CHECK(rep.handles == 3 && rep.bytes == 10 * MIB + 4 * MIB + 2 * MIB); /* b1 rounds up to 10 MiB */
 	CHECK(rep.zero >= n2 && rep.copied + rep.zero + rep.unchanged == rep.bytes);
 	CHECK(fake_free_bytes() >= free0 + 16 * MIB);
+	CHECK(shim_cr_data() == SHIM_CR_DATA_HOST);
+	/* The restore's need: taken now, replaced by the next, refused when empty. */
+	struct gcr_need need = { .n = 1 }, got;
+	snprintf(need.dev[0].uuid, sizeof(need.dev[0].uuid), "GPU-one");
+	need.dev[0].bytes = 5 * MIB;
+	CHECK(shim_cr_need(&got) == 0);
+	CHECK(shim_cr_need_set(&need, &err) == 0);
+	need.dev[0].bytes = 6 * MIB;
+	CHECK(shim_cr_need_set(&need, &err) == 0 && shim_cr_need(&got) == 1 && got.n == 1 && got.dev[0].bytes == 6 * MIB);
+	CHECK_STR(got.dev[0].uuid, "GPU-one");
+	struct gcr_need none = { .n = 0 };
+	CHECK(shim_cr_need_set(&none, &err) == -EINVAL && shim_cr_need(&got) == 1 && got.dev[0].bytes == 6 * MIB);
+	/* A refused second suspend leaves the need of this one. */
 	CHECK(shim_cr_suspend(1000, &rep, &err) == -EALREADY && strstr(err.msg, "state suspended") != NULL);
+	CHECK(shim_cr_need(&got) == 1);
+	/* The wake: armed, then called once, with the first caller's time. */
+	double since = -1;
+	CHECK(shim_cr_wake_fire(1.0) == 0 && shim_cr_wake(NULL) == SHIM_CR_WAKE_OFF);
+	CHECK(shim_cr_wake_arm(&err) == 0 && shim_cr_wake(&since) == SHIM_CR_WAKE_ARMED && since == 0);
+	CHECK(shim_cr_wake_fire(123.0) == 1 && shim_cr_wake_fire(456.0) == 0);
+	CHECK(shim_cr_wake(&since) == SHIM_CR_WAKE_CALLED && since == 123.0);
+	/* The data moves only along the table: image-write's drop, then image-read; a resume is
+	 * refused while the data is in files only, and the need stays. */
+	CHECK(shim_cr_data_move(SHIM_CR_DATA_GPU, &err) == -EINVAL && shim_cr_data() == SHIM_CR_DATA_HOST);
+	CHECK(shim_cr_data_move(SHIM_CR_DATA_FILES, &err) == -EINVAL && shim_cr_data() == SHIM_CR_DATA_HOST);
+	CHECK(shim_cr_data_move(SHIM_CR_DATA_WRITTEN, &err) == 0 && shim_cr_data() == SHIM_CR_DATA_WRITTEN);
+	CHECK(shim_cr_resume(&rep, &err) == -EINVAL && strstr(err.msg, "image files only") != NULL);
+	CHECK(shim_cr_state() == SHIM_CR_SUSPENDED && shim_cr_need(&got) == 1);
+	CHECK(shim_cr_wake_arm(&err) == -EINVAL && strstr(err.msg, "data written") != NULL);
+	CHECK(shim_cr_data_move(SHIM_CR_DATA_HOST, &err) == -EINVAL && shim_cr_data() == SHIM_CR_DATA_WRITTEN);
+	/* No file was attached (src_fd), so the resume still reads the staging: only the label moves. */
+	CHECK(shim_cr_data_move(SHIM_CR_DATA_FILES, &err) == 0 && shim_cr_data() == SHIM_CR_DATA_FILES);
 	shim_cr_trim();
 
 	CHECK(shim_cr_resume(&rep, &err) == 0 && shim_cr_state() == SHIM_CR_RUNNING);
 	CHECK(rep.handles == 3 && rep.mappings == 3);
+	/* Back on the GPU: the need and the wake went with the suspend, and neither is taken now. */
+	CHECK(shim_cr_data() == SHIM_CR_DATA_GPU && shim_cr_need(&got) == 0 && shim_cr_wake(NULL) == SHIM_CR_WAKE_OFF);
+	CHECK(shim_cr_need_set(&need, &err) == -EINVAL && strstr(err.msg, "state running") != NULL);
+	CHECK(shim_cr_wake_arm(&err) == -EINVAL && shim_cr_wake(NULL) == SHIM_CR_WAKE_OFF);
+	CHECK(shim_cr_data_move(SHIM_CR_DATA_HOST, &err) == -EINVAL && shim_cr_data() == SHIM_CR_DATA_GPU);
 	CHECK(fake_free_bytes() == free0);
 	/* The same addresses hold the same bytes. */
 	uint64_t base = 0;
@@ -138,7 +216,7 @@ int main(void)
 	CHECK(cuMemcpyDtoH_v2(back, b1, n1) == CUDA_SUCCESS && memcmp(back, s1, n1) == 0);
 	unsigned long long ns = 0, nr = 0;
 	shim_cr_requests(&ns, &nr);
-	CHECK(ns == 4 && nr == 4);
+	CHECK(ns == 4 && nr == 5); /* the refused ones too */
 
 	CHECK(cuMemUnmap(app_va, n3) == CUDA_SUCCESS && cuMemRelease(h) == CUDA_SUCCESS);
 	CHECK(cuMemFree_v2(b1) == CUDA_SUCCESS && cuMemFree_v2(b2) == CUDA_SUCCESS && cuMemFree_v2(small) == CUDA_SUCCESS);

@@ -97,7 +97,7 @@ static void test_sizes(void)
 static void test_restore_need(void)
 {
 	struct gcr_err err;
-	struct gcr_shimreply_need need;
+	struct gcr_need need;
 	json_t *j = parse("{\"restore_need\": {\"devices\": [{\"uuid\": \"GPU-5b1c0e2a\", \"bytes\": 1612709888},"
 			  " {\"uuid\": \"GPU-0a9e7c55\", \"bytes\": 0}]}}");
 	CHECK(gcr_shimreply_restore_need(j, &need, &err) == 0 && need.n == 2);
@@ -116,19 +116,49 @@ static void test_restore_need(void)
 		"{\"restore_need\": {\"devices\": [{\"uuid\": \"GPU-1\", \"bytes\": -1}]}}",
 		"{\"restore_need\": {\"devices\": [{\"uuid\": \"GPU 1\", \"bytes\": 1}]}}",
 		"{\"restore_need\": {\"devices\": [{\"uuid\": 7, \"bytes\": 1}]}}",
+		"{\"restore_need\": {\"devices\": [{\"uuid\": \"GPU-1\", \"bytes\": 1125899906842624}]}}",
+		"{\"restore_need\": {\"devices\": [{\"uuid\": \"GPU-1\", \"bytes\": 1.5}]}}",
+		"{\"restore_need\": {\"devices\": [{\"uuid\": \"GPU-1\", \"bytes\": 1}, {\"uuid\": \"GPU-1\", \"bytes\": 2}]}}",
+		"{\"restore_need\": {\"devices\": [\"GPU-1\"]}}",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		j = parse(bad[i]);
 		CHECK(gcr_shimreply_restore_need(j, &need, &err) == -EPROTO && need.n == 0);
 		json_decref(j);
 	}
+	/* A NUL inside a UUID (jansson keeps it when told to). */
+	j = json_pack("{s:{s:[{s:o, s:i}]}}", "restore_need", "devices", "uuid", json_stringn("GPU\0-1", 6), "bytes", 1);
+	CHECK(j != NULL && gcr_shimreply_restore_need(j, &need, &err) == -EPROTO && need.n == 0);
+	json_decref(j);
 	/* One more device than the record may hold. */
 	json_t *devs = json_array();
-	for (int i = 0; i <= GCR_SHIMREPLY_MAX_DEVICES; i++)
-		json_array_append_new(devs, json_pack("{s:s, s:i}", "uuid", "GPU-x", "bytes", 1));
-	j = json_pack("{s:{s:o}}", "restore_need", "devices", devs);
+	for (int i = 0; i <= GCR_NEED_MAX_DEVICES; i++) {
+		char u[16];
+		snprintf(u, sizeof(u), "GPU-%d", i);
+		json_array_append_new(devs, json_pack("{s:s, s:i}", "uuid", u, "bytes", 1));
+	}
+	j = json_pack("{s:{s:O}}", "restore_need", "devices", devs);
 	CHECK(gcr_shimreply_restore_need(j, &need, &err) == -EPROTO && need.n == 0);
 	json_decref(j);
+	/* As many as it may hold, the longest UUID: read, and written back the same. */
+	json_array_remove(devs, GCR_NEED_MAX_DEVICES);
+	char longest[GCR_NEED_UUID_MAX];
+	memset(longest, 'u', sizeof(longest) - 1);
+	longest[sizeof(longest) - 1] = '\0';
+	json_array_set_new(devs, 0, json_pack("{s:s, s:I}", "uuid", longest, "bytes", (json_int_t)GCR_NEED_MAX_BYTES - 1));
+	j = json_pack("{s:{s:O}}", "restore_need", "devices", devs);
+	CHECK(gcr_shimreply_restore_need(j, &need, &err) == 0 && need.n == GCR_NEED_MAX_DEVICES);
+	CHECK_STR(need.dev[0].uuid, longest);
+	json_t *back = gcr_proto_need_json(&need);
+	CHECK(back != NULL && json_equal(back, json_object_get(j, "restore_need")));
+	json_decref(back);
+	json_decref(j);
+	/* One GPU twice: which of its numbers would the check believe? */
+	json_array_set_new(devs, 1, json_pack("{s:s, s:i}", "uuid", longest, "bytes", 1));
+	j = json_pack("{s:{s:O}}", "restore_need", "devices", devs);
+	CHECK(gcr_shimreply_restore_need(j, &need, &err) == -EPROTO && strstr(err.msg, "twice") != NULL);
+	json_decref(j);
+	json_decref(devs);
 }
 
 static void test_calls(void)
@@ -179,6 +209,9 @@ static void test_data_wake(void)
 	j = parse("{\"data\": \"files\", \"wake\": {\"state\": \"armed\", \"waited_ms\": 0}}");
 	CHECK(gcr_shimreply_data(j, &d, &err) == 0 && d == GCR_SHIMREPLY_DATA_FILES);
 	CHECK(gcr_shimreply_wake(j, &called, &ms, &err) == 0 && called == 0 && ms == 0);
+	json_decref(j);
+	j = parse("{\"data\": \"gpu\"}");
+	CHECK(gcr_shimreply_data(j, &d, &err) == 0 && d == GCR_SHIMREPLY_DATA_GPU);
 	json_decref(j);
 	j = parse("{}");
 	CHECK(gcr_shimreply_data(j, &d, &err) == -ENOENT && d == GCR_SHIMREPLY_DATA_HOST);
