@@ -425,6 +425,20 @@ out:
 	return rc;
 }
 
+int gcr_cr_keep_need(struct gcr_client *c, json_t *need, int ms, struct gcr_err *err)
+{
+	json_t *res = NULL;
+	int rc = gcr_client_call(c, GCR_OP_RESTORE_NEED_ID, json_incref(need), ms, &res, err);
+	json_decref(res);
+	if (rc != -EOPNOTSUPP)
+		return rc;
+	res = NULL;
+	rc = gcr_client_call(c, GCR_OP_TRIM_ID, json_pack("{s:O, s:b}", "restore_need", need, "trim", 0), ms, &res,
+			     err);
+	json_decref(res);
+	return rc;
+}
+
 int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *r, struct gcr_err *err)
 {
 	memset(r, 0, sizeof(*r));
@@ -497,15 +511,12 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		}
 		/* Kept by the shim before the driver's checkpoint: if this suspend is cut short after
 		 * it (gcrctl or the agent killed), the resume still finds what it must check. */
-		json_t *res = NULL;
 		struct gcr_err e2;
-		if (gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS), &res,
-				    &e2) < 0)
+		if (gcr_cr_keep_need(&c, need, call_ms(o, STATUS_CALL_MS), &e2) < 0)
 			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore need not kept before the driver's checkpoint "
 				"(tried again after it): %s", (int)pid, e2.msg);
 		else
 			need_kept = 1;
-		json_decref(res);
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
 		t = gcr_time_mono_ms();
@@ -535,13 +546,9 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		 * restore's need for whichever resume comes (gcrctl or the agent). */
 		json_t *res = NULL;
 		struct gcr_err e2;
-		if (need != NULL && !need_kept &&
-		    gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS), &res,
-				    &e2) < 0)
+		if (need != NULL && !need_kept && gcr_cr_keep_need(&c, need, call_ms(o, STATUS_CALL_MS), &e2) < 0)
 			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: restore need not kept (resume will need --unchecked): "
 				"%s", (int)pid, e2.msg);
-		json_decref(res);
-		res = NULL;
 		if (gcr_client_call(&c, GCR_OP_TRIM_ID, NULL, call_ms(o, STATUS_CALL_MS), &res, &e2) < 0)
 			GCR_LOG(GCR_LOG_WARN, "gcr_cr", "pid %d: staging not trimmed (host memory held until the "
 				"resume): %s", (int)pid, e2.msg);
@@ -735,8 +742,7 @@ int gcr_cr_control(pid_t pid, const struct gcr_cr_opts *o, int out, struct gcr_e
 			goto out;
 		}
 		if (need != NULL)
-			rc = gcr_client_call(&c, GCR_OP_RESTORE_NEED_ID, json_incref(need), call_ms(o, STATUS_CALL_MS),
-					     &res, err);
+			rc = gcr_cr_keep_need(&c, need, call_ms(o, STATUS_CALL_MS), err);
 		if (rc == 0)
 			rc = gcr_driver_lock(pid, (unsigned)o->timeout_ms, err);
 		if (rc == 0 && (rc = gcr_driver_checkpoint(pid, err)) < 0) {

@@ -99,6 +99,13 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
  * driver's side is as it was (err says so). CUDA only: -ENOTSUP for a HIP process. */
 int gcr_cr_control(pid_t pid, const struct gcr_cr_opts *o, int out, struct gcr_err *err);
 
+/* Gives the shim on c the GPU memory its process's restore will need (need: a gcr_proto_need_json
+ * object, borrowed): the restore_need op. A shim older than that op (a pod still running the
+ * previous chart's shim after an agent upgrade) answers -EOPNOTSUPP; it is sent the form it
+ * knows, a trim that trims nothing carrying the need. 0 or -errno. */
+struct gcr_client;
+int gcr_cr_keep_need(struct gcr_client *c, json_t *need, int ms, struct gcr_err *err);
+
 /* ---- a process's state, one value for every reader (gcrctl, the controller, scaling) ----
  *
  * Combined from three sources: the shim's state (its status reply), the CUDA driver's

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "gcr/protocol.h"
+#include "gcr_client.h"
 #include "gcr_cr.h"
 #include "gcr_log.h"
 #include "gcr_proto.h"
@@ -127,6 +128,8 @@ static struct {
 	const char *state;        /* what status and reports say */
 	int hip;                  /* backends: HIP only */
 	int fail_suspend;         /* answer suspend with this -errno */
+	int old_proto;            /* a shim before the restore_need op: the need rides a trim */
+	atomic_int n_old_need;    /* needs taken that way */
 	atomic_int n_status, n_suspend, n_resume, n_trim, n_need;
 } fake;
 
@@ -173,15 +176,22 @@ static char *fake_answer(const char *line)
 	case GCR_OP_TRIM_ID:
 		/* As the shim: the need goes with its own op now. */
 		fake.n_trim++;
-		if (json_object_size(req.args) != 0)
-			code = -EINVAL;
-		else
+		if (fake.old_proto && json_is_false(json_object_get(req.args, "trim")) &&
+		    json_is_object(json_object_get(req.args, "restore_need"))) {
+			fake.n_old_need++;
 			res = json_object();
+		} else if (json_object_size(req.args) != 0) {
+			code = -EINVAL;
+		} else {
+			res = json_object();
+		}
 		break;
 	case GCR_OP_RESTORE_NEED_ID: {
 		struct gcr_need need;
 		fake.n_need++;
-		if (strcmp(fake.state, GCR_STATE_SUSPENDED) != 0)
+		if (fake.old_proto)
+			code = -EOPNOTSUPP;
+		else if (strcmp(fake.state, GCR_STATE_SUSPENDED) != 0)
 			code = -EINVAL;
 		else if ((code = gcr_proto_need_parse(req.args, &need, &err)) == 0)
 			res = json_object();
@@ -229,7 +239,8 @@ static void reset_fake(const char *state, int hip)
 	fake.state = state;
 	fake.hip = hip;
 	fake.fail_suspend = 0;
-	fake.n_status = fake.n_suspend = fake.n_resume = fake.n_trim = fake.n_need = 0;
+	fake.old_proto = 0;
+	fake.n_status = fake.n_suspend = fake.n_resume = fake.n_trim = fake.n_need = fake.n_old_need = 0;
 }
 
 /* A HIP process in full mode with a stand-in CRIU (tests/unit/fake-criu.sh, which dumps
@@ -322,6 +333,24 @@ static void test_with_shim(const char *dir)
 	CHECK(gcr_cr_status(me, &full, &st, &err) == 0);
 	CHECK_STR(json_string_value(json_object_get(st, "driver")), GCR_CR_DRIVER_NONE);
 	json_decref(st);
+
+	/* The restore's need: its own op; to a shim that predates the op, the trim form it knows. */
+	{
+		struct gcr_client c;
+		struct gcr_need n = { .n = 1 };
+		snprintf(n.dev[0].uuid, sizeof(n.dev[0].uuid), "GPU-test");
+		n.dev[0].bytes = 1 << 20;
+		json_t *nj = gcr_proto_need_json(&n);
+		reset_fake(GCR_STATE_SUSPENDED, 0);
+		CHECK(nj != NULL && gcr_client_open(&c, dir, me, &err) == 0);
+		CHECK(gcr_cr_keep_need(&c, nj, 5000, &err) == 0 && fake.n_need == 1 && fake.n_old_need == 0);
+		fake.old_proto = 1;
+		CHECK(gcr_cr_keep_need(&c, nj, 5000, &err) == 0 && fake.n_need == 2 && fake.n_old_need == 1);
+		reset_fake(GCR_STATE_RUNNING, 0); /* the new shim refuses a need while running: said */
+		CHECK(gcr_cr_keep_need(&c, nj, 5000, &err) == -EINVAL && fake.n_old_need == 0);
+		gcr_client_close(&c);
+		json_decref(nj);
+	}
 
 	/* Suspend and resume, data only: the shim's steps alone, no driver needed. */
 	reset_fake(GCR_STATE_RUNNING, 0);
