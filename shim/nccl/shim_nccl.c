@@ -5,7 +5,6 @@
  * up to the largest count), and that can only be decided before NCCL is entered, holding none of
  * its locks. The fast path is an atomic add and a load of the mode, as the CUDA gate's. */
 #include "shim_nccl.h"
-#include "shim_nccl_poll.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -153,8 +152,6 @@ int shim_nccl_load(const void *hint)
 				shim_nccl_hooks[i].real[v] = shim_real_dlsym(h, shim_nccl_hooks[i].name[v]);
 	shim_nccl_lib.GetUniqueId = (__typeof__(&ncclGetUniqueId))shim_real_dlsym(h, "ncclGetUniqueId");
 	shim_nccl_lib.GetErrorString = (__typeof__(&ncclGetErrorString))shim_real_dlsym(h, "ncclGetErrorString");
-	/* Before any communicator: its threads' polls must be seen from the first. */
-	shim_nccl_poll_setup(shim_nccl_hooks[SHIM_NCCL_HOOK_ncclCommDestroy].real[0]);
 	atomic_store_explicit(&nccl_handle, h, memory_order_release);
 	GCR_LOG(GCR_LOG_DEBUG, "shim", "NCCL found%s%s", path ? " in " : "", path ? path : "");
 out:

@@ -18,7 +18,6 @@
 #include "shim_comm.h"
 #include "shim_cuda_real.h"
 #include "shim_nccl.h"
-#include "shim_nccl_poll.h"
 #include "shim_real.h"
 
 /* Registrations are made again after a rebuild (shim_nccl.c owns the list). */
@@ -444,9 +443,7 @@ static int nccl_teardown(struct gcr_err *err)
 	/* Children first; every one local. Destroy, not abort: both wait for no peer (no
 	 * ncclCommFinalize, whose barrier would), and everything is drained, but abort leaves NCCL's
 	 * proxy service thread to see its flag at its next 500 ms poll (src/proxy.cc), while destroy
-	 * sends it a stop message: the teardown took 0.03-0.96 s a member under abort (run 59). The
-	 * UDS service thread gets no message either way: shim_nccl_poll shortens its wait. */
-	shim_nccl_poll_hurry(1); /* its proxy threads' 500 ms polls would hold each destroy */
+	 * sends it a stop message: the teardown took 0.03-0.96 s a member under abort (run 59). */
 	for (size_t i = n; i-- > 0;) {
 		struct shim_nccl_rec *r = all[i];
 		if (r->state != SHIM_NCCL_LIVE)
@@ -465,7 +462,6 @@ static int nccl_teardown(struct gcr_err *err)
 		r->real = NULL;
 		r->state = SHIM_NCCL_DOWN;
 	}
-	shim_nccl_poll_hurry(0);
 	shim_nccl_lock();
 	for (struct shim_nccl_reg *g = shim_nccl_reg_next(NULL); g != NULL; g = shim_nccl_reg_next(g))
 		g->real = NULL;

@@ -8,9 +8,7 @@
  * checkpoint and the shim's old refusal see memory shared between processes. Like NCCL, the
  * library calls some of its own public names through the PLT (ncclBcast -> ncclBroadcast,
  * ncclCommAbort -> ncclCommGetAsyncError), so an interposer sees those calls with the library's
- * own communicators. Reductions run in rank order: results are the same whatever the timing.
- * Each communicator has a service thread that, like NCCL's proxy, wakes from poll() only at its
- * timeout, so a destroy waits for it unless the shim shortens NCCL's polls. */
+ * own communicators. Reductions run in rank order: results are the same whatever the timing. */
 #include <cuda.h>
 #include <errno.h>
 #include <poll.h>
@@ -86,10 +84,6 @@ struct ncclComm {
 	CUmemGenericAllocationHandle h;
 	pthread_t init_th;
 	int init_on;
-	/* As NCCL's proxy service thread: waits in poll() and sees the abort flag only when that
-	 * returns (FAKENCCL_SERVICE_POLL_MS, default NCCL's 500); destroy joins it. */
-	pthread_t service_th;
-	int service_on, service_ms;
 	/* what an asynchronous init needs */
 	struct fn_id id;
 };
@@ -494,21 +488,6 @@ static struct ncclComm *comm_new(int nranks, int rank, const struct fn_id *id, i
 	return c;
 }
 
-static void *service_run(void *arg)
-{
-	struct ncclComm *c = arg;
-	while (!atomic_load(&c->aborting))
-		(void)poll(NULL, 0, c->service_ms);
-	return NULL;
-}
-
-static void service_start(struct ncclComm *c)
-{
-	const char *v = getenv("FAKENCCL_SERVICE_POLL_MS");
-	c->service_ms = v != NULL && atoi(v) > 0 ? atoi(v) : 500;
-	c->service_on = pthread_create(&c->service_th, NULL, service_run, c) == 0;
-}
-
 /* Meets the other ranks through the root, connects the mesh, shares memory. */
 static ncclResult_t comm_connect(struct ncclComm *c)
 {
@@ -568,15 +547,12 @@ static ncclResult_t comm_connect(struct ncclComm *c)
 		set_err("could not share device memory with the peers");
 		return ncclUnhandledCudaError;
 	}
-	service_start(c);
 	return ncclSuccess;
 }
 
 static void comm_free(struct ncclComm *c)
 {
 	atomic_store(&c->aborting, 1);
-	if (c->service_on)
-		pthread_join(c->service_th, NULL);
 	for (int j = 0; c->peers != NULL && j < c->nranks; j++)
 		if (c->peers[j].fd >= 0)
 			shutdown(c->peers[j].fd, SHUT_RDWR);

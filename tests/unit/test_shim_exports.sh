@@ -1,8 +1,7 @@
 #!/bin/bash
 # test_shim_exports: libgcr.so exports exactly the interposed driver, HIP runtime and NCCL entry
 # points (every name in shim_hooks.def, shim_hip_hooks.def and shim_nccl_hooks.def, with its
-# per-thread twin, C++ mangled name or NCCL profiling name) plus dlsym, dlvsym and poll
-# (shim_nccl_poll.c).
+# per-thread twin, C++ mangled name or NCCL profiling name) plus dlsym and dlvsym.
 set -u
 so="$top_builddir/shim/.libs/libgcr.so"
 def="$top_srcdir/shim/cuda/shim_hooks.def"
@@ -15,7 +14,7 @@ pass=0 fail=0
 check() { if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $*"; fi; }
 
 actual=$(nm -D --defined-only "$so" | awk '{print $3}' | sed 's/@.*//' | sort -u)
-expected=$( { echo dlsym; echo dlvsym; echo poll;
+expected=$( { echo dlsym; echo dlvsym;
   sed -n 's/^SHIM_\(GATE\|CUSTOM\)(\([A-Za-z0-9_]*\), \([A-Z]*\).*/\2 \3/p' "$def" |
   while read -r sym var; do
     echo "$sym"
