@@ -1,7 +1,6 @@
 /* shim_nccl_ops: what a group suspend and resume do to NCCL (struct shim_comm_ops): freeze and
- * drain the submissions, tear the communicators down (ncclCommDestroy without a finalize: local,
- * so no member waits for another, and it frees the memory NCCL exported to and imported from its
- * peers), fresh
+ * drain the submissions, tear the communicators down (ncclCommAbort: local, so no member waits
+ * for another, and it frees the memory NCCL exported to and imported from its peers), fresh
  * unique ids, and the rebuild, in the order the application made its communicators. Every wait
  * here has a deadline; the one NCCL call that cannot be bounded from outside (a blocking
  * ncclCommInitRank whose peer hangs) runs in a thread of its own, so the caller returns at its
@@ -439,23 +438,19 @@ static int nccl_teardown(struct gcr_err *err)
 	size_t n = shim_nccl_recs(all, SHIM_NCCL_MAX_COMMS);
 	shim_nccl_unlock();
 	__typeof__(&ncclCommAbort) abort_fn = SHIM_NCCL_REAL(ncclCommAbort, 0);
-	__typeof__(&ncclCommDestroy) destroy_fn = SHIM_NCCL_REAL(ncclCommDestroy, 0);
-	/* Children first; every one local. Destroy, not abort: both wait for no peer (no
-	 * ncclCommFinalize, whose barrier would), and everything is drained, but abort leaves NCCL's
-	 * proxy service thread to see its flag at its next 500 ms poll (src/proxy.cc), while destroy
-	 * sends it a stop message: the teardown took 0.03-0.96 s a member under abort (run 59). */
+	/* Children first; every one local: ncclCommAbort waits for no peer. */
 	for (size_t i = n; i-- > 0;) {
 		struct shim_nccl_rec *r = all[i];
 		if (r->state != SHIM_NCCL_LIVE)
 			continue;
-		if (r->real != NULL && (destroy_fn != NULL || abort_fn != NULL)) {
+		if (r->real != NULL && abort_fn != NULL) {
 			shim_nccl_busy_add(1);
-			ncclResult_t ar = destroy_fn != NULL ? destroy_fn(r->real) : abort_fn(r->real);
+			ncclResult_t ar = abort_fn(r->real);
 			shim_nccl_busy_add(-1);
 			if (ar != ncclSuccess) {
 				char k[GCR_GROUP_KEY_LEN];
 				key_str(r->key, k);
-				GCR_LOG(GCR_LOG_WARN, "shim", "tearing down communicator %s: %s (its resources are "
+				GCR_LOG(GCR_LOG_WARN, "shim", "ncclCommAbort of communicator %s: %s (its resources are "
 					"NCCL's now)", k, nccl_err(ar));
 			}
 		}
