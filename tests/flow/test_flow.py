@@ -806,18 +806,9 @@ def case_bad_requests(f):
 
 def shim_call(f, pid, op, args=None):
     """One request on pid's control socket, as a tool would send it; the reply (a dict)."""
-    import socket
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(120)
-    s.connect(os.path.join(f.dir, H.shim_socket_name(pid)))
-    s.sendall((json.dumps({"v": 1, "id": 1, "op": op, "args": args or {}}) + "\n").encode())
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = s.recv(65536)
-        check(chunk, "%s: connection closed before a reply" % op)
-        buf += chunk
-    s.close()
-    return json.loads(buf)
+    r = H.shim_request(f.dir, pid, op, args)
+    check(r is not None, "%s: connection closed before a reply" % op)
+    return r
 
 
 def shim_status(f, pid):

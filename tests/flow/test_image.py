@@ -14,7 +14,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ GCRCTL = os.path.join(BUILD, "node-agent", "gcrctl")
 SHIM = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
 PROG = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
 KERNELS = os.path.join(SRC, "tests", "progs", "gcr_kernels.h")
+sys.path.insert(0, os.path.join(SRC, "tests", "gpu"))
+import harness as H  # noqa: E402  (its shim_request: one control-socket request)
 
 
 class Fail(Exception):
@@ -529,20 +530,9 @@ def case_suspend_to_files(c):
 
 def shim_request(c, pid, op, args=None):
     """One request on pid's control socket; its reply (a dict)."""
-    sock_dir = c.env["GCR_SOCKET_DIR"]
-    with open("/proc/%d/stat" % pid) as fh:
-        start = fh.read().rsplit(")", 1)[1].split()[19]
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(120)
-    s.connect(os.path.join(sock_dir, "gcr-%d-%s.sock" % (pid, start)))
-    s.sendall((json.dumps({"v": 1, "id": 1, "op": op, "args": args or {}}) + "\n").encode())
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = s.recv(65536)
-        check(chunk, "%s: connection closed before a reply" % op)
-        buf += chunk
-    s.close()
-    return json.loads(buf)
+    r = H.shim_request(c.env["GCR_SOCKET_DIR"], pid, op, args)
+    check(r is not None, "%s: connection closed before a reply" % op)
+    return r
 
 
 def case_image_of_suspended(c):

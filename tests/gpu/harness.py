@@ -453,6 +453,26 @@ def gpu_used_mib(cfg):
         return None
 
 
+def shim_request(sock_dir, pid, op, args=None, timeout=120):
+    """One request on pid's control socket in sock_dir, as a tool would send it: the reply (a
+    dict), or None when the shim closed the connection before a whole reply line."""
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(timeout)
+    try:
+        s.connect(os.path.join(sock_dir, shim_socket_name(pid)))
+        s.sendall((json.dumps({"v": 1, "id": 1, "op": op, "args": args or {}}) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                return None
+            buf += chunk
+    finally:
+        s.close()
+    return json.loads(buf)
+
+
 def shim_socket_name(pid, name_pid=None):
     """The name a shim gives its control socket (lib/gcr_sock.c gcr_sock_shim_stem):
     gcr-<its pid>-<start time>.sock, the start time (clock ticks since boot, field 22 of
