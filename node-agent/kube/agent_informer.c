@@ -156,6 +156,18 @@ int agent_informers_subscribe(struct agent_informers *set, const char *path, con
 	return 0;
 }
 
+int agent_informers_subscribe_n(struct agent_informers *set, const char *const *paths,
+				const struct agent_informer_handler *hs, int n, struct agent_informer_sub **subs,
+				struct gcr_err *err)
+{
+	for (int i = 0; i < n; i++) {
+		int rc = agent_informers_subscribe(set, paths[i], NULL, &hs[i], &subs[i], err);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
 int agent_informers_start(struct agent_informers *set, struct gcr_err *err)
 {
 	set->started = 1;
@@ -222,16 +234,22 @@ int agent_informer_synced_locked(const struct agent_informer_sub *sub)
 	return agent_objmap_synced_locked(sub->inf->om);
 }
 
+int agent_informer_synced_all_locked(struct agent_informer_sub *const *subs, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (!agent_objmap_synced_locked(subs[i]->inf->om))
+			return 0;
+	return 1;
+}
+
 int agent_informer_wait_synced(struct agent_informers *set, const struct agent_informer_sub *sub, int timeout_ms)
 {
 	struct timespec dl;
 	gcr_time_deadline(&dl, timeout_ms);
 	pthread_mutex_lock(&set->lock);
-	int synced;
-	while (!(synced = agent_objmap_synced_locked(sub->inf->om)) &&
-	       pthread_cond_timedwait(&set->listed, &set->lock, &dl) == 0)
+	while (!agent_objmap_synced_locked(sub->inf->om) && pthread_cond_timedwait(&set->listed, &set->lock, &dl) == 0)
 		;
-	synced = agent_objmap_synced_locked(sub->inf->om); /* a list just as the time ran out */
+	int synced = agent_objmap_synced_locked(sub->inf->om); /* also a list just as the time ran out */
 	pthread_mutex_unlock(&set->lock);
 	return synced;
 }

@@ -39,6 +39,12 @@ int agent_informers_subscribe(struct agent_informers *set, const char *path, con
 			      const struct agent_informer_handler *h, struct agent_informer_sub **out,
 			      struct gcr_err *err) __attribute__((warn_unused_result));
 
+/* agent_informers_subscribe for each of n (path, no query, handler) pairs, subs[i] getting the
+ * i-th: a role that follows several kinds. */
+int agent_informers_subscribe_n(struct agent_informers *set, const char *const *paths,
+				const struct agent_informer_handler *hs, int n, struct agent_informer_sub **subs,
+				struct gcr_err *err) __attribute__((warn_unused_result));
+
 /* Starts every mirror's watch thread; on failure those started run until stop. */
 int agent_informers_start(struct agent_informers *set, struct gcr_err *err) __attribute__((warn_unused_result));
 
@@ -65,6 +71,10 @@ void *agent_informer_next_locked(const struct agent_informer_sub *sub, void *it,
 /* 1 once sub's mirror has had its first list (before, an empty view means nothing), else 0;
  * under the lock. */
 int agent_informer_synced_locked(const struct agent_informer_sub *sub);
+
+/* 1 once every one of subs (n) is synced, else 0; under the lock. A role that compares kinds
+ * with each other must wait for all their lists: before one, its objects would look absent. */
+int agent_informer_synced_all_locked(struct agent_informer_sub *const *subs, int n);
 
 /* Waits at most timeout_ms for sub's mirror to be listed: 1 synced, 0 not yet. Without the lock. */
 int agent_informer_wait_synced(struct agent_informers *set, const struct agent_informer_sub *sub, int timeout_ms);

@@ -349,9 +349,7 @@ static void compare(struct agent_gate *g, const char *qkey)
 	agent_informers_lock(g->inf);
 	/* Before the three lists, a pod would look resident while its Checkpoint is unseen; the
 	 * last list to come queues every pod again. */
-	int synced = 1;
-	for (int k = 0; k < GN; k++)
-		synced &= agent_informer_synced_locked(g->sub[k]);
+	int synced = agent_informer_synced_all_locked(g->sub, GN);
 	json_t *p = synced && slash != NULL ? get_locked(g, G_POD, key) : NULL; /* NULL: no gate (any more) */
 	if (p != NULL) {
 		char ns[300];
@@ -409,12 +407,10 @@ int agent_gate_new(struct agent_kube *kube, struct agent_informers *inf, struct 
 		{ .slim = slim_ck, .changed = changed_ck, .data = g },
 		{ .slim = slim_rs, .changed = changed_rs, .data = g },
 	};
-	for (int k = 0; k < GN; k++) {
-		int rc = agent_informers_subscribe(inf, paths[k], NULL, &hs[k], &g->sub[k], err);
-		if (rc < 0) {
-			agent_gate_free(g);
-			return rc;
-		}
+	int rc = agent_informers_subscribe_n(inf, paths, hs, GN, g->sub, err);
+	if (rc < 0) {
+		agent_gate_free(g);
+		return rc;
 	}
 	*out = g;
 	return 0;
@@ -440,10 +436,8 @@ int agent_gate_start(struct agent_gate *g, struct gcr_err *err)
 
 int agent_gate_synced(struct agent_gate *g)
 {
-	int s = 1;
 	agent_informers_lock(g->inf);
-	for (int k = 0; k < GN; k++)
-		s &= agent_informer_synced_locked(g->sub[k]);
+	int s = agent_informer_synced_all_locked(g->sub, GN);
 	agent_informers_unlock(g->inf);
 	return s;
 }

@@ -690,10 +690,7 @@ static int gather(struct agent_replace *r, const char *key, json_t *pods, json_t
 	char vk[AGENT_WORKQ_KEY_MAX], ck[600];
 	void *tmp;
 	agent_informers_lock(r->inf);
-	int synced = 1;
-	for (int i = 0; i < RN; i++)
-		synced &= agent_informer_synced_locked(r->sub[i]);
-	if (!synced) { /* the last list to come queues every owner */
+	if (!agent_informer_synced_all_locked(r->sub, RN)) { /* the last list to come queues every owner */
 		agent_informers_unlock(r->inf);
 		return 0;
 	}
@@ -841,12 +838,10 @@ int agent_replace_new(struct agent_kube *kube, struct agent_informers *inf, stru
 		{ .slim = slim_c, .changed = changed_ck, .data = r },
 		{ .slim = slim_r, .changed = changed_rs, .data = r },
 	};
-	for (int k = 0; k < RN; k++) {
-		int rc = agent_informers_subscribe(inf, paths[k], NULL, &hs[k], &r->sub[k], err);
-		if (rc < 0) {
-			agent_replace_free(r);
-			return rc;
-		}
+	int rc = agent_informers_subscribe_n(inf, paths, hs, RN, r->sub, err);
+	if (rc < 0) {
+		agent_replace_free(r);
+		return rc;
 	}
 	*out = r;
 	return 0;
