@@ -30,10 +30,11 @@ static int parse(const struct agent_opt *r, const char *label, void *base, const
 {
 	switch (r->type) {
 	case AGENT_OPT_STR: {
+		int none = value[0] == '\0' && r->empty_none;
 		if (value[0] == '\0' && r->nonempty)
 			return gcr_err_set(err, -EINVAL, "%s is empty", label);
-		char *v = value[0] == '\0' && r->empty_none ? NULL : strdup(value);
-		if (v == NULL && !(value[0] == '\0' && r->empty_none))
+		char *v = none ? NULL : strdup(value);
+		if (v == NULL && !none)
 			return gcr_err_set(err, -ENOMEM, "out of memory");
 		char **s = slot(base, r);
 		free(*s);
