@@ -216,12 +216,14 @@ static int room_need(pid_t pid, json_t **need, struct gcr_err *err)
 		return rc;
 	if (n == 0)
 		return gcr_err_set(err, -ENODEV, "NVML lists pid %d on no GPU (another PID namespace?)", (int)pid);
-	json_t *devs = json_array();
-	for (int i = 0; i < n; i++)
-		json_array_append_new(devs, json_pack("{s:s, s:I}", "uuid", use[i].uuid, "bytes",
-						      (json_int_t)use[i].bytes));
-	*need = json_pack("{s:o}", "devices", devs);
-	return 0;
+	struct gcr_need nd = { .n = 0 };
+	for (int i = 0; i < n && nd.n < GCR_NEED_MAX_DEVICES; i++, nd.n++) {
+		char *u = nd.dev[nd.n].uuid;
+		snprintf(u, GCR_NEED_UUID_MAX, "%.*s", GCR_NEED_UUID_MAX - 1, use[i].uuid);
+		nd.dev[nd.n].bytes = (long long)use[i].bytes;
+	}
+	*need = gcr_proto_need_json(&nd);
+	return *need != NULL ? 0 : gcr_err_set(err, -ENOMEM, "out of memory");
 }
 
 /* The shim status's record of what the restore needs, as an error a caller can show. */
