@@ -118,6 +118,13 @@ tier k8s-agent python3 tests/k8s/test_agent_e2e.py build
 # and agent restarts (issue 15). Own test bed; under 5 min on 2 cores when it passes.
 TIER_TIMEOUT_S=${TIER_TIMEOUT_S:-900} tier k8s-storm python3 tests/k8s/test_storm_e2e.py build
 tier k8s-chart tests/k8s/test_chart.sh
+# The real-node tiers' container images, built once from the build tree (about 15 s each time
+# otherwise); if this fails, each tier builds its own and reports the failure.
+if tests/k8s/images/build.sh build "$top/build/node-images" >build-logs/node-images.log 2>&1; then
+	export GCR_NODE_IMAGES="$top/build/node-images"
+else
+	tail -n 20 build-logs/node-images.log
+fi
 # A real node: kubelet, containerd, runc, the chart with its defaults (tests/k8s/node/README.md).
 tier k8s-node python3 tests/k8s/test_node_e2e.py build
 # GPU memory overcommit by suspend on the real node (docs/preemption.md): pods of different

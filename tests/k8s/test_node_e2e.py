@@ -165,6 +165,9 @@ def drop_namespace(ns, timeout=150):
     case needs (the node's slots, GPU memory, registry entries). The namespace object itself
     goes in the background (its controller takes 5 to 15 s more), so its name is not reused."""
     t0 = time.monotonic()
+    # The cases' pods run sh or sleep as PID 1, which ignores SIGTERM: with their own grace
+    # period each would cost 5 s or more here. Cleanup is not under test, so one second.
+    kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=1", "--wait=false", check=False)
     kubectl("delete", "namespace", ns, "--wait=false", check=False)
     wait_until(f"the pods of namespace {ns} gone", lambda: not kjson("get", "pods", "-n", ns)["items"], timeout)
     log(f"namespace {ns}: its pods gone {time.monotonic() - t0:.1f} s after its deletion")
@@ -928,14 +931,19 @@ def main(cases=None, gpu_mib=None, nodes=1):
     cases = cases or CASES
     ENV["GCR_TESTBED_NODES"] = str(nodes)
     t0 = time.monotonic()
-    img_dir = tempfile.mkdtemp(prefix="gcr-node-images.")
-    log("building images")
-    r = run([os.path.join(HERE, "images", "build.sh"), BUILD, img_dir], check=False, timeout=1800)
-    if r.returncode != 0:
-        print(r.stdout[-4000:], r.stderr[-4000:])
-        print("0 passed, 1 failed")
-        return 1
-    log(f"images ready in {time.monotonic() - t0:.0f} s: {', '.join(sorted(os.listdir(img_dir)))}")
+    # tests/run.sh builds the images once for all real-node tiers (GCR_NODE_IMAGES, from the
+    # same build tree); run alone, a tier builds its own.
+    shared_imgs = os.environ.get("GCR_NODE_IMAGES")
+    img_dir = shared_imgs or tempfile.mkdtemp(prefix="gcr-node-images.")
+    if not shared_imgs:
+        log("building images")
+        r = run([os.path.join(HERE, "images", "build.sh"), BUILD, img_dir], check=False, timeout=1800)
+        if r.returncode != 0:
+            print(r.stdout[-4000:], r.stderr[-4000:])
+            print("0 passed, 1 failed")
+            return 1
+    log(f"images ready in {time.monotonic() - t0:.0f} s{' (built once by tests/run.sh)' if shared_imgs else ''}: "
+        f"{', '.join(sorted(os.listdir(img_dir)))}")
     ENV["GCR_TESTBED_IMAGES"] = img_dir
     ENV["GCR_TESTBED_DRIVER_DIR"] = os.path.join(BUILD, "tests", "fakecuda")
     if gpu_mib:
@@ -974,7 +982,8 @@ def main(cases=None, gpu_mib=None, nodes=1):
         if os.environ.get("GCR_E2E_KEEP") == "1":
             down_env["GCR_TESTBED_KEEP"] = "1"
         subprocess.run(["bash", TESTBED, "down", ENV["GCR_TESTBED_DIR"]], env=down_env, timeout=300)
-        subprocess.run(["rm", "-rf", img_dir])
+        if not shared_imgs:
+            subprocess.run(["rm", "-rf", img_dir])
     passed = sum(1 for _, ok in RESULTS if ok)
     not_run = len(cases) - len(RESULTS)
     log(f"total {time.monotonic() - t0:.0f} s")
