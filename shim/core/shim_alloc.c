@@ -275,7 +275,7 @@ static int vmm_alloc_on(const struct shim_gpu_ops *gpu, shim_gpu_va *dptr, size_
 		stats.converted_total++;
 	}
 	*dptr = va;
-	shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes + stats.pool_seg_bytes, gpu, dctx);
+	shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes + stats.pool_seg_bytes, dev, gpu, dctx);
 	return 0;
 fail_phys:
 	phys_free(p);
@@ -540,7 +540,8 @@ int shim_alloc_handle_new(const struct shim_gpu_ops *gpu, uint64_t real, size_t 
 		stats.app_vmm_handles++;
 		if (device >= 0 && device < SHIM_MAX_DEVICES) {
 			void *ctx = gpu->ctx_note != NULL ? gpu->ctx_note(device, NULL) : NULL;
-			shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes + stats.pool_seg_bytes, gpu, ctx);
+			shim_staging_note_bytes(stats.vmm_bytes + stats.app_vmm_bytes + stats.pool_seg_bytes, device, gpu,
+						ctx);
 		}
 	}
 	pthread_mutex_unlock(&table_lock);

@@ -60,6 +60,9 @@ struct job {
 	uint32_t piece; /* the largest piece: above SHIM_STAGING_CHUNK, workers use big slots */
 	int nactive;    /* workers 0..nactive-1 take part; the others only report done */
 	int to_files;   /* out, and some pieces go to image files */
+	/* With pieces on several GPUs: the order workers take them in, the devices in turn, so
+	 * every GPU's link is busy at once (in table order one GPU's pieces would all come first). */
+	size_t *order;
 	atomic_size_t next;
 	atomic_int failed;
 	int rc;
@@ -80,6 +83,7 @@ static double fault_ms;
 static const struct shim_gpu_ops *gpu; /* set once, before any worker starts */
 static void *pin_ctx;                  /* CUDA: the context the pinned slots are made in */
 static int thread_started, growing, paused, digest_loaded, trim_pending;
+static uint64_t devices_noted; /* bit d: an allocation on GPU d was noted */
 
 static struct worker workers[MAX_WORKERS];
 static int nworkers, starting_workers;
@@ -95,10 +99,14 @@ static int step_fail(struct gcr_err *err, const char *what)
 	return gcr_err_wrap(err, "%s", what);
 }
 
+/* GCR_STAGING_THREADS per GPU the process allocated on (run 60: one process with 8 GiB on each
+ * of two H200s moved its data at one GPU's rate with 12 workers for both). */
 static int workers_wanted(uint64_t bytes)
 {
 	uint64_t w = (uint64_t)((double)bytes * RING_SHARE) / (2 * SHIM_STAGING_CHUNK);
-	int max = shim_cfg.staging_threads < MAX_WORKERS ? shim_cfg.staging_threads : MAX_WORKERS;
+	int ndev = __builtin_popcountll(devices_noted);
+	long per = shim_cfg.staging_threads, all = per * (ndev > 1 ? ndev : 1);
+	int max = all < MAX_WORKERS ? (int)all : MAX_WORKERS;
 	if (max < 1)
 		max = 1;
 	return w < 2 ? (max < 2 ? max : 2) : w > (uint64_t)max ? max : (int)w;
@@ -359,6 +367,8 @@ static int run_out(struct worker *w, struct job *j, struct gcr_err *err)
 		crc = &pipe;
 	for (;;) {
 		size_t i = atomic_load(&j->failed) || rc ? j->n : atomic_fetch_add(&j->next, 1);
+		if (i < j->n && j->order != NULL)
+			i = j->order[i];
 		if (i < j->n) {
 			const struct shim_xfer *x = &j->x[i];
 			shim_gpu_stream s = worker_stream(w, x->device, err);
@@ -427,7 +437,7 @@ static int run_in(struct worker *w, struct job *j, struct gcr_err *err)
 		size_t i = atomic_fetch_add(&j->next, 1);
 		if (i >= j->n)
 			break;
-		const struct shim_xfer *x = &j->x[i];
+		const struct shim_xfer *x = &j->x[j->order != NULL ? j->order[i] : i];
 		shim_gpu_stream s = worker_stream(w, x->device, err);
 		if (s == NULL) {
 			rc = err->code;
@@ -643,16 +653,18 @@ static void *grow_thread(void *arg)
 	return NULL;
 }
 
-void shim_staging_note_bytes(uint64_t bytes, const struct shim_gpu_ops *g, void *ctx)
+void shim_staging_note_bytes(uint64_t bytes, int device, const struct shim_gpu_ops *g, void *ctx)
 {
 	if (!shim_cfg.staging_prepare)
 		return;
 	pthread_mutex_lock(&pool_lock);
+	int new_gpu = device >= 0 && device < 64 && !(devices_noted & (1ull << device));
+	devices_noted |= new_gpu ? 1ull << device : 0; /* a new GPU may want more workers */
 	if (gpu == NULL)
 		gpu = g;
 	if (pin_ctx == NULL && g == gpu)
 		pin_ctx = ctx;
-	if (bytes != noted) {
+	if (bytes != noted || new_gpu) {
 		noted = bytes;
 		if (!thread_started) {
 			pthread_t th;
@@ -755,6 +767,36 @@ int shim_staging_alloc(uint64_t size, uint64_t *off)
 	return rc;
 }
 
+int shim_staging_order(const struct shim_xfer *x, size_t n, size_t **order, struct gcr_err *err)
+{
+	size_t per[SHIM_MAX_DEVICES] = { 0 }, ndev = 0;
+	*order = NULL;
+	for (size_t i = 0; i < n; i++) {
+		int d = x[i].device;
+		if (d < 0 || d >= SHIM_MAX_DEVICES)
+			return gcr_err_set(err, -EINVAL, "a piece on GPU %d (at most %d GPUs)", d, SHIM_MAX_DEVICES);
+		ndev += per[d]++ == 0;
+	}
+	if (ndev < 2)
+		return 0;
+	size_t *o = malloc(n * sizeof(*o));
+	if (o == NULL)
+		return gcr_err_set(err, -ENOMEM, "out of host memory for the copy order of %zu pieces", n);
+	size_t next[SHIM_MAX_DEVICES] = { 0 }, k = 0; /* next[d]: GPU d's first piece not placed */
+	while (k < n) {
+		for (int d = 0; d < SHIM_MAX_DEVICES && k < n; d++) {
+			if (per[d] == 0)
+				continue;
+			while (next[d] < n && x[next[d]].device != d)
+				next[d]++;
+			if (next[d] < n)
+				o[k++] = next[d]++;
+		}
+	}
+	*order = o;
+	return 0;
+}
+
 int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const struct shim_staging_groups *g,
 			  struct gcr_err *err)
 {
@@ -780,6 +822,9 @@ int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const st
 	/* Writes to an image: the disk, not PCIe, sets the pace, and it prefers a few streams. */
 	if (j.to_files && shim_cfg.image_writers < nw)
 		j.nactive = shim_cfg.image_writers;
+	int orc = shim_staging_order(x, n, &j.order, err);
+	if (orc < 0)
+		return orc;
 	size_t ng = out && g != NULL ? g->ngroups : 0, reported = 0;
 	int cb_stop = 0;
 	if (ng > 0) {
@@ -819,6 +864,7 @@ int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const st
 	}
 	job = NULL;
 	pthread_mutex_unlock(&job_lock);
+	free(j.order);
 	free(j.left);
 	free(j.doneq);
 	if (j.rc < 0)

@@ -22,10 +22,11 @@
 uint64_t shim_staging_file_piece(void);
 
 /* The allocation path reports the bytes that may need staging; the background
- * thread grows the pool and starts copy workers to match. gpu: the vendor whose calls
+ * thread grows the pool and starts copy workers to match (GCR_STAGING_THREADS per GPU
+ * allocated on: device, or -1 unknown). gpu: the vendor whose calls
  * the staging makes (the first one noted); ctx: CUDA: the context the workers' pinned
  * slots are allocated in (NULL for HIP). */
-void shim_staging_note_bytes(uint64_t bytes, const struct shim_gpu_ops *gpu, void *ctx);
+void shim_staging_note_bytes(uint64_t bytes, int device, const struct shim_gpu_ops *gpu, void *ctx);
 
 /* Before a suspend's copies: makes at least `need` bytes of pool available beyond
  * what is kept (faulting in on the spot if the background thread is behind, which
@@ -75,6 +76,10 @@ struct shim_staging_groups {
  * returns once every copy finished; 0 or -errno (the first failure). */
 int shim_staging_transfer(int out, const struct shim_xfer *x, size_t n, const struct shim_staging_groups *g,
 			  struct gcr_err *err);
+/* The order copy workers take x[0..n) in: with pieces on several GPUs, one of each GPU in turn
+ * (each GPU's in table order), so every GPU's link is busy at once; *order NULL (table order)
+ * when all are on one GPU. The caller frees *order. Returns 0, -EINVAL or -ENOMEM. */
+int shim_staging_order(const struct shim_xfer *x, size_t n, size_t **order, struct gcr_err *err);
 
 /* While suspended: the pool beyond `keep` bytes (the data just saved) is given
  * back to the system by the background thread, off the clock, and later growth

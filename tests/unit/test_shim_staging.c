@@ -2,7 +2,8 @@
  * bytes copied out of device memory into the pool come back bit-exact, to the same or another
  * address; a piece marked zero is set to zero on the GPU; every group's done callback runs
  * exactly once, and a callback that asks to stop is not called again; placement refuses past
- * the pool's capacity and starts over after reset. */
+ * the pool's capacity and starts over after reset; pieces on several GPUs are taken one GPU
+ * after another in turn. */
 #include <cuda.h>
 #include <errno.h>
 #include <stdint.h>
@@ -62,6 +63,17 @@ int main(void)
 	CHECK(ctx != NULL);
 	const struct shim_gpu_ops *o = &shim_cuda_ops;
 
+	/* Pieces on GPUs 0, 0, 0, 2, 2, 5: taken 0, 2, 5 in turn, each GPU's in table order. */
+	struct shim_xfer mix[6] = { { .device = 0 }, { .device = 0 }, { .device = 0 },
+				    { .device = 2 }, { .device = 2 }, { .device = 5 } };
+	size_t *ord = NULL, want[6] = { 0, 3, 5, 1, 4, 2 };
+	CHECK(shim_staging_order(mix, 6, &ord, &err) == 0 && ord != NULL);
+	CHECK(memcmp(ord, want, sizeof(want)) == 0);
+	free(ord);
+	CHECK(shim_staging_order(mix, 3, &ord, &err) == 0 && ord == NULL); /* one GPU: table order */
+	mix[5].device = SHIM_MAX_DEVICES;
+	CHECK(shim_staging_order(mix, 6, &ord, &err) == -EINVAL && ord == NULL);
+
 	/* Three groups: 4 MiB + 1 byte (three pieces, the last 1 byte long), 2 MiB, and none. */
 	const size_t n = 10 * MIB;
 	shim_gpu_handle h1 = 0, h2 = 0;
@@ -73,7 +85,7 @@ int main(void)
 		src[i] = (uint8_t)(i * 131 + (i >> 12) + 1);
 	CHECK(cuMemcpyHtoD_v2(a, src, n) == CUDA_SUCCESS);
 
-	shim_staging_note_bytes(2 * n, o, ctx);
+	shim_staging_note_bytes(2 * n, 0, o, ctx);
 	CHECK(shim_staging_prepare(o, 4 * CH, &err) == 0);
 	struct shim_staging_stats ss;
 	shim_staging_stats(&ss);
