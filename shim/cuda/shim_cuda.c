@@ -4,9 +4,16 @@
 #include "shim_gpu.h"
 
 #include <cuda.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
+#include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "gcr_log.h"
 #include "shim_cuda_digest.h"
 #include "shim_cuda_real.h"
 #include "shim_hook.h"
@@ -176,6 +183,49 @@ static void *cuda_ctx_note(int device, void *ctx_in)
 	return dev_ctx[device];
 }
 
+/* Whether dev's primary context is not made yet: a retain now makes it. */
+static int cuda_primary_new(CUdevice dev)
+{
+	unsigned int flags = 0;
+	int active = 1;
+	return shim_cu.cuDevicePrimaryCtxGetState != NULL &&
+	       shim_cu.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
+}
+
+/* Says which thread made GPU dev's primary context, and from which libraries: the driver's
+ * checkpoint copies every context a process holds (~0.5 GiB each), so one on a GPU the process
+ * does not compute on doubles its driver step (run 60: a tensor-parallel rank held 518 MiB on
+ * GPU 0 besides its own GPU). One line, at info, only when a context is made. */
+static void cuda_primary_made(CUdevice dev, const char *by)
+{
+	char name[32] = "?", where[512] = "";
+	(void)pthread_getname_np(pthread_self(), name, sizeof(name));
+	void *frames[12];
+	int n = backtrace(frames, 12), len = 0;
+	for (int i = 1; i < n && len < (int)sizeof(where) - 64; i++) {
+		Dl_info di;
+		if (dladdr(frames[i], &di) == 0 || di.dli_fname == NULL)
+			continue;
+		const char *base = strrchr(di.dli_fname, '/');
+		len += snprintf(where + len, sizeof(where) - (size_t)len, " %s+0x%lx", base ? base + 1 : di.dli_fname,
+				(unsigned long)((const char *)frames[i] - (const char *)di.dli_fbase));
+	}
+	GCR_LOG(GCR_LOG_INFO, "shim", "GPU %d's primary context made by %s, thread %ld (%s), from:%s", (int)dev, by,
+		(long)gettid(), name, where);
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	__typeof__(&cuDevicePrimaryCtxRetain) real = SHIM_REAL(cuDevicePrimaryCtxRetain, 0);
+	if (real == NULL)
+		return CUDA_ERROR_NOT_FOUND;
+	int made = cuda_primary_new(dev);
+	CUresult r = real(pctx, dev);
+	if (r == CUDA_SUCCESS && made)
+		cuda_primary_made(dev, "the application");
+	return r;
+}
+
 /* device's context: the first the application allocated in there, else the primary one. */
 static CUcontext cuda_device_ctx(int device)
 {
@@ -183,8 +233,11 @@ static CUcontext cuda_device_ctx(int device)
 		return NULL;
 	if (dev_ctx[device] == NULL && shim_cu.cuDevicePrimaryCtxRetain != NULL) {
 		CUdevice d;
-		if (shim_cu.cuDeviceGet(&d, device) == CUDA_SUCCESS)
-			shim_cu.cuDevicePrimaryCtxRetain(&dev_ctx[device], d);
+		if (shim_cu.cuDeviceGet(&d, device) == CUDA_SUCCESS) {
+			int made = cuda_primary_new(d);
+			if (shim_cu.cuDevicePrimaryCtxRetain(&dev_ctx[device], d) == CUDA_SUCCESS && made)
+				cuda_primary_made(d, "the shim");
+		}
 	}
 	return dev_ctx[device];
 }

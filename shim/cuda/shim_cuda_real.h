@@ -43,8 +43,9 @@
 	X(cuCtxGetLimit, (size_t *pvalue, CUlimit limit)) \
 	X(cuCtxSetLimit, (CUlimit limit, size_t value))
 /* The relaxed capture mode is only needed where capture exists; a single-device process
- * never asks about peers. */
+ * never asks about peers; a primary context's state only says who made one (a log line). */
 #define SHIM_CU_OPTIONAL_LIST \
+	X(cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int *flags, int *active)) \
 	X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode)) \
 	X(cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *captureStatus)) \
 	X(cuDeviceCanAccessPeer, (int *canAccessPeer, CUdevice dev, CUdevice peerDev))
