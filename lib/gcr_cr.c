@@ -476,7 +476,9 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		return hip_suspend(pid, o, &c, r, err, status);
 	if (o->mode != GCR_CR_DATA_ONLY) {
 		enum gcr_driver_state ds;
+		double ts = gcr_time_mono_ms();
 		rc = gcr_driver_state(pid, &ds, err);
+		r->ms_state = gcr_time_mono_ms() - ts;
 		if (rc < 0)
 			goto out;
 		if (ds != GCR_DRIVER_RUNNING) {
@@ -617,7 +619,9 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 			goto out;
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
+		t = gcr_time_mono_ms();
 		rc = gcr_driver_state(pid, &ds, err);
+		r->ms_state = gcr_time_mono_ms() - t;
 		if (rc < 0 && o->mode == GCR_CR_FULL) {
 			/* No CUDA driver here: a HIP process's control state was CRIU's (above). */
 			struct gcr_err e2;
