@@ -15,7 +15,7 @@
 #include "agent_ckimage.h"
 #include "agent_crobj.h"
 #include "agent_images.h"
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 #include "agent_ocireg.h"
 #include "agent_phase.h"
 #include "agent_quantity.h"

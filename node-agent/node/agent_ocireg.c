@@ -23,8 +23,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent_criimg.h"
-#include "agent_ociimg.h"
+#include "agent_cristore.h"
+#include "agent_ocidist.h"
 #include "agent_ocisrv.h"
 #include "agent_phase.h"
 #include "agent_regtls.h"

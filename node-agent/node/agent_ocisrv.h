@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 #include "agent_regtls.h"
 #include "gcr_error.h"
 

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 #include "agent_informer.h"
 #include "agent_ocireg.h"
 #include "agent_phase.h"

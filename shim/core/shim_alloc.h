@@ -14,7 +14,7 @@
 
 #include "gcr_error.h"
 #include "shim_gpu.h"
-#include "shim_image.h"
+#include "shim_chunks.h"
 
 #define SHIM_MAX_ACCESS 8
 

@@ -25,7 +25,7 @@
 #include "shim_gpu.h"
 #include "shim_real.h"
 #include "shim_digest.h"
-#include "shim_image.h"
+#include "shim_chunks.h"
 #include "shim_staging.h"
 
 static pthread_mutex_t cr_lock = PTHREAD_MUTEX_INITIALIZER; /* one operation at a time */

@@ -26,7 +26,7 @@
 #include "shim_alloc.h"
 #include "shim_cr.h"
 #include "shim_digest.h"
-#include "shim_image.h"
+#include "shim_chunks.h"
 #include "shim_staging.h"
 
 #define MAX_THREADS 8

@@ -2,7 +2,7 @@
  * node's certificate sends) on arbitrary bytes; checks that an accepted head lies inside the
  * input, ends with its empty line, and that its target is visible ASCII; a refusal has a
  * one-line message; -EAGAIN only while shorter than the size bound. */
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 
 #include <errno.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* fuzz_ocipath: agent_ociimg_parse (the node registry's request paths: anything on the node's
  * loopback may send them) on arbitrary bytes; checks that a success is one of the three shapes
  * with NUL-terminated, well-formed fields, and a failure has a one-line message. */
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * image it serves. Heads and paths are outside input (anything on the node's loopback may
  * connect), so they are parsed to a closed shape: fixed words, DNS names, a token or a digest,
  * nothing else. */
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -1,7 +1,7 @@
 /* agent_criimg: two CRI calls over gRPC core (the device plugin's library), each a unary call
  * on a channel of its own, waited for on a completion queue of its own: the sweep runs every
  * few seconds, so nothing is kept open between calls. */
-#include "agent_criimg.h"
+#include "agent_cristore.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer_reader.h>

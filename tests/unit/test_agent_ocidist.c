@@ -1,7 +1,7 @@
-/* test_agent_ociimg: the node registry's pure half: SHA-256 against known digests, the request
+/* test_agent_ocidist: the node registry's pure half: SHA-256 against known digests, the request
  * paths accepted and refused (every segment), the token, and the image built around a layer
  * (its documents' digests are their own sha256; the annotation containerd restores from). */
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 #include "util.h"
 
 #include <errno.h>
@@ -216,5 +216,5 @@ int main(void)
 	test_token();
 	test_build();
 	test_head();
-	return test_summary("test_agent_ociimg");
+	return test_summary("test_agent_ocidist");
 }

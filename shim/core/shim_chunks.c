@@ -1,5 +1,5 @@
-/* shim_image: per-chunk layout of a staged allocation (see shim_image.h). */
-#include "shim_image.h"
+/* shim_image: per-chunk layout of a staged allocation (see shim_chunks.h). */
+#include "shim_chunks.h"
 
 #include <errno.h>
 #include <stdlib.h>
