@@ -1,4 +1,4 @@
-/* shim_image: per-chunk layout of a staged allocation (see shim_chunks.h). */
+/* shim_chunks: the chunk table of a staged allocation (see shim_chunks.h). */
 #include "shim_chunks.h"
 
 #include <errno.h>
@@ -6,76 +6,76 @@
 #include <string.h>
 #include <unistd.h>
 
-struct shim_image *shim_image_new(uint64_t size)
+struct shim_chunks *shim_chunks_new(uint64_t size)
 {
-	struct shim_image *img = calloc(1, sizeof(*img));
-	if (img == NULL)
+	struct shim_chunks *ck = calloc(1, sizeof(*ck));
+	if (ck == NULL)
 		return NULL;
-	img->src_fd = -1;
-	img->nchunks = shim_digest_nchunks(size);
-	img->off = malloc(img->nchunks * sizeof(*img->off));
-	img->zero = calloc(img->nchunks, 1);
-	img->dig = calloc(img->nchunks, sizeof(*img->dig));
-	if (img->off == NULL || img->zero == NULL || img->dig == NULL) {
-		shim_image_free(img);
+	ck->src_fd = -1;
+	ck->nchunks = shim_digest_nchunks(size);
+	ck->off = malloc(ck->nchunks * sizeof(*ck->off));
+	ck->zero = calloc(ck->nchunks, 1);
+	ck->dig = calloc(ck->nchunks, sizeof(*ck->dig));
+	if (ck->off == NULL || ck->zero == NULL || ck->dig == NULL) {
+		shim_chunks_free(ck);
 		return NULL;
 	}
-	shim_image_clear(img);
-	return img;
+	shim_chunks_clear(ck);
+	return ck;
 }
 
-/* Closes and frees the file source (shim_image_record / src_fd). */
-static void source_drop(struct shim_image *img)
+/* Closes and frees the file source (shim_chunks_record / src_fd). */
+static void source_drop(struct shim_chunks *ck)
 {
-	if (img->src_fd >= 0)
-		close(img->src_fd);
-	img->src_fd = -1;
-	free(img->src_name);
-	free(img->src_off);
-	free(img->src_crc);
-	img->src_name = NULL;
-	img->src_off = NULL;
-	img->src_crc = NULL;
+	if (ck->src_fd >= 0)
+		close(ck->src_fd);
+	ck->src_fd = -1;
+	free(ck->src_name);
+	free(ck->src_off);
+	free(ck->src_crc);
+	ck->src_name = NULL;
+	ck->src_off = NULL;
+	ck->src_crc = NULL;
 }
 
-void shim_image_clear(struct shim_image *img)
+void shim_chunks_clear(struct shim_chunks *ck)
 {
-	for (size_t c = 0; c < img->nchunks; c++)
-		img->off[c] = SHIM_IMAGE_NONE;
-	memset(img->zero, 0, img->nchunks);
-	img->complete = 0;
-	img->have_digests = 0;
-	source_drop(img);
+	for (size_t c = 0; c < ck->nchunks; c++)
+		ck->off[c] = SHIM_CHUNKS_NONE;
+	memset(ck->zero, 0, ck->nchunks);
+	ck->complete = 0;
+	ck->have_digests = 0;
+	source_drop(ck);
 }
 
-int shim_image_record(struct shim_image *img, const char *name)
+int shim_chunks_record(struct shim_chunks *ck, const char *name)
 {
-	shim_image_clear(img);
-	img->src_name = strdup(name);
-	img->src_off = calloc(img->nchunks + 1, sizeof(*img->src_off));
-	img->src_crc = calloc(img->nchunks + 1, sizeof(*img->src_crc));
-	if (img->src_name == NULL || img->src_off == NULL || img->src_crc == NULL) {
-		shim_image_clear(img);
+	shim_chunks_clear(ck);
+	ck->src_name = strdup(name);
+	ck->src_off = calloc(ck->nchunks + 1, sizeof(*ck->src_off));
+	ck->src_crc = calloc(ck->nchunks + 1, sizeof(*ck->src_crc));
+	if (ck->src_name == NULL || ck->src_off == NULL || ck->src_crc == NULL) {
+		shim_chunks_clear(ck);
 		return -ENOMEM;
 	}
 	return 0;
 }
 
-uint64_t shim_image_placed(const struct shim_image *img)
+uint64_t shim_chunks_placed(const struct shim_chunks *ck)
 {
 	uint64_t n = 0;
-	for (size_t c = 0; c < img->nchunks; c++)
-		n += img->off[c] != SHIM_IMAGE_NONE;
+	for (size_t c = 0; c < ck->nchunks; c++)
+		n += ck->off[c] != SHIM_CHUNKS_NONE;
 	return n * GCR_DIGEST_CHUNK;
 }
 
-void shim_image_free(struct shim_image *img)
+void shim_chunks_free(struct shim_chunks *ck)
 {
-	if (img == NULL)
+	if (ck == NULL)
 		return;
-	source_drop(img);
-	free(img->off);
-	free(img->zero);
-	free(img->dig);
-	free(img);
+	source_drop(ck);
+	free(ck->off);
+	free(ck->zero);
+	free(ck->dig);
+	free(ck);
 }
