@@ -7,7 +7,7 @@ node_agent_libgcragent_la_SOURCES = \
 	node-agent/node/agent_cgroup.c node-agent/node/agent_cgroup.h \
 	node-agent/daemon/agent_config.c node-agent/daemon/agent_config.h \
 	node-agent/daemon/agent_opts.c node-agent/daemon/agent_opts.h \
-	node-agent/node/agent_ociimg.c node-agent/node/agent_ociimg.h \
+	node-agent/node/agent_ocidist.c node-agent/node/agent_ocidist.h \
 	node-agent/node/agent_share.c node-agent/node/agent_share.h \
 	node-agent/kube/agent_kubeconfig.c node-agent/kube/agent_kubeconfig.h \
 	node-agent/kube/agent_watch.c node-agent/kube/agent_watch.h \
@@ -68,7 +68,7 @@ noinst_LTLIBRARIES += node-agent/libgcrreg.la
 node_agent_libgcrreg_la_SOURCES = \
 	node-agent/node/agent_regtls.c node-agent/node/agent_regtls.h \
 	node-agent/node/agent_ocisrv.c node-agent/node/agent_ocisrv.h \
-	node-agent/node/agent_criimg.c node-agent/node/agent_criimg.h \
+	node-agent/node/agent_cristore.c node-agent/node/agent_cristore.h \
 	node-agent/node/cri.pb-c.c node-agent/node/cri.pb-c.h
 node_agent_libgcrreg_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcrreg_la_CFLAGS = $(AM_CFLAGS) $(GNUTLS_CFLAGS) $(GRPC_CFLAGS) $(PROTOBUF_C_CFLAGS)

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Regenerates node-agent/node/cri.pb-c.[ch] (committed) from node-agent/node/cri.proto, the
-# subset of the CRI's runtime.v1 messages gcr-agent's image sweep uses (agent_criimg.c).
+# subset of the CRI's runtime.v1 messages gcr-agent's image sweep uses (agent_cristore.c).
 set -eu
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)

@@ -24,7 +24,7 @@ SHIM_CORE_SOURCES = \
 	shim/core/shim_pool.c shim/core/shim_pool.h \
 	shim/core/shim_staging.c shim/core/shim_staging.h \
 	shim/core/shim_digest.c shim/core/shim_digest.h shim/core/shim_digest_math.h shim/cuda/shim_digest_ptx.h \
-	shim/core/shim_image.c shim/core/shim_image.h \
+	shim/core/shim_chunks.c shim/core/shim_chunks.h \
 	shim/core/shim_cr.c shim/core/shim_cr.h \
 	shim/core/shim_imagefile.c shim/core/shim_imagefile.h \
 	shim/core/shim_ctl.c shim/core/shim_ctl.h \

@@ -15,7 +15,7 @@
 #include "agent_ckimage.h"
 #include "agent_crobj.h"
 #include "agent_images.h"
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 #include "agent_ocireg.h"
 #include "agent_phase.h"
 #include "agent_quantity.h"
@@ -120,16 +120,16 @@ static int publish_ref(struct agent_controller *c, const struct op *o, char *ref
 {
 	json_t *labels = json_object_get(json_object_get(o->obj, "metadata"), "labels");
 	const char *ev = json_string_value(json_object_get(labels, AGENT_OCIREG_LABEL_EVICTION));
-	char token[AGENT_OCIIMG_TOKEN_LEN + 1];
+	char token[AGENT_OCIDIST_TOKEN_LEN + 1];
 	struct gcr_err err;
 	if (c->registry_port <= 0 || (ev != NULL && strcmp(ev, "true") == 0))
 		return -ENOENT;
-	if (agent_ociimg_token(token, &err) < 0) {
+	if (agent_ocidist_token(token, &err) < 0) {
 		GCR_LOG(GCR_LOG_WARN, "controller", "Checkpoint %s/%s: no image reference (%s)", o->d.ns, o->d.name,
 			err.msg);
 		return -ENOENT;
 	}
-	return agent_ociimg_ref(c->registry_port, o->d.ns, o->d.name, token, ref, len) < 0 ? -ENOENT : 0;
+	return agent_ocidist_ref(c->registry_port, o->d.ns, o->d.name, token, ref, len) < 0 ? -ENOENT : 0;
 }
 
 /* An Image's every wait on its process: spec.timeoutSeconds, else this (ms): its suspend and

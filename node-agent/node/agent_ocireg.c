@@ -3,13 +3,13 @@
  * it runs in (the host's: the chart gives the agent hostNetwork when eviction.restore is on),
  * over TLS to containerd alone (agent_ocisrv, agent_regtls: containerd's host configuration for
  * the port is written at start). What it serves is built on the fly around the image's
- * criu/kubelet-checkpoint.tar (agent_ociimg), and only for a Checkpoint of this node (of any
+ * criu/kubelet-checkpoint.tar (agent_ocidist), and only for a Checkpoint of this node (of any
  * node when the images directory is shared) that the scaler issued a token for (an eviction's,
  * for its replacement pod), or whose status.image.reference its node agent published (any other
  * Kubelet image, for a user's own new pod): the manifest by that tag, blobs by the digests of an
  * image whose tag was asked; everything else is 404. A sweep keeps the node's image store from
  * holding a checkpoint image once a container was started from it or its token is withdrawn
- * (agent_criimg). Tokens are never logged. */
+ * (agent_cristore). Tokens are never logged. */
 #include "agent_ocireg.h"
 
 #include <errno.h>
@@ -23,8 +23,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent_criimg.h"
-#include "agent_ociimg.h"
+#include "agent_cristore.h"
+#include "agent_ocidist.h"
 #include "agent_ocisrv.h"
 #include "agent_phase.h"
 #include "agent_regtls.h"
@@ -47,7 +47,7 @@ struct entry {
 	long long size;     /* of the archive, with mtime: a changed file is digested again */
 	long long mtime_ns;
 	enum estate state;  /* digesting: one request reads the archive, without the lock */
-	struct agent_ociimg img;
+	struct agent_ocidist_image img;
 	unsigned long long used; /* last use, for replacement */
 };
 
@@ -79,7 +79,7 @@ static const char *str_at(json_t *o, const char *a, const char *b)
 static int same_token(const char *a, const char *b)
 {
 	unsigned char d = 0;
-	for (int i = 0; i < AGENT_OCIIMG_TOKEN_LEN; i++)
+	for (int i = 0; i < AGENT_OCIDIST_TOKEN_LEN; i++)
 		d |= (unsigned char)(a[i] ^ b[i]);
 	return d == 0;
 }
@@ -97,8 +97,8 @@ static int published(struct agent_ocireg *r, const char *ns, const char *name, j
 	const char *colon = ref ? strrchr(ref, ':') : NULL;
 	char want[700];
 	if (colon == NULL || cpu == NULL || strcmp(cpu, "Kubelet") != 0 || cn == NULL || cn[0] == '\0' ||
-	    !agent_ociimg_token_valid(colon + 1) ||
-	    agent_ociimg_ref(r->cfg.port, ns, name, colon + 1, want, sizeof(want)) < 0 || strcmp(want, ref) != 0)
+	    !agent_ocidist_token_valid(colon + 1) ||
+	    agent_ocidist_ref(r->cfg.port, ns, name, colon + 1, want, sizeof(want)) < 0 || strcmp(want, ref) != 0)
 		return -ENOENT;
 	*tok = colon + 1;
 	*cname = cn;
@@ -106,7 +106,7 @@ static int published(struct agent_ocireg *r, const char *ns, const char *name, j
 }
 
 struct issue {
-	char token[AGENT_OCIIMG_TOKEN_LEN + 1];
+	char token[AGENT_OCIDIST_TOKEN_LEN + 1];
 	char archive[PATH_MAX], dir[PATH_MAX], container[256], uid[64];
 };
 
@@ -143,7 +143,7 @@ static int issued(struct agent_ocireg *r, const char *ns, const char *name, stru
 					 "published image");
 			goto out;
 		}
-	} else if (into == NULL || !agent_ociimg_token_valid(tok) || cname == NULL) {
+	} else if (into == NULL || !agent_ocidist_token_valid(tok) || cname == NULL) {
 		rc = gcr_err_set(err, -ENOENT, "not an eviction Checkpoint issued for a restore");
 		goto out;
 	}
@@ -245,7 +245,7 @@ static int digest_fd(int fd, long long size, char hex[GCR_SHA256_HEX], struct gc
  * (documents duplicated), or -errno. Only the entry being built is held while its archive is
  * read: requests for other images go on (one 3 GB archive held every pull for 18 s when the
  * whole cache was locked), and requests for this one wait for it. */
-static int image_of(struct agent_ocireg *r, const char *key, const struct issue *is, struct agent_ociimg *out,
+static int image_of(struct agent_ocireg *r, const char *key, const struct issue *is, struct agent_ocidist_image *out,
 		    struct gcr_err *err)
 {
 	memset(out, 0, sizeof(*out));
@@ -283,7 +283,7 @@ static int image_of(struct agent_ocireg *r, const char *key, const struct issue 
 			return gcr_err_set(err, -EBUSY, "%d images are being digested at once", AGENT_OCIREG_CACHE);
 		}
 		e = lru;
-		agent_ociimg_clear(&e->img);
+		agent_ocidist_clear(&e->img);
 		memset(e, 0, sizeof(*e));
 		snprintf(e->key, sizeof(e->key), "%s", key);
 		snprintf(e->uid, sizeof(e->uid), "%s", is->uid);
@@ -297,9 +297,9 @@ static int image_of(struct agent_ocireg *r, const char *key, const struct issue 
 		int rc = signed_digest(r, is->dir, size, hex, err), hashed = 0;
 		if (rc == -ENOENT && (rc = digest_fd(fd, size, hex, err)) == 0)
 			hashed = 1;
-		struct agent_ociimg img = { 0 };
+		struct agent_ocidist_image img = { 0 };
 		if (rc == 0)
-			rc = agent_ociimg_build(is->container, hex, size, &img, err);
+			rc = agent_ocidist_build(is->container, hex, size, &img, err);
 		pthread_mutex_lock(&r->lock);
 		if (rc < 0) {
 			e->state = E_EMPTY;
@@ -325,14 +325,14 @@ static int image_of(struct agent_ocireg *r, const char *key, const struct issue 
 	out->index = strdup(e->img.index);
 	pthread_mutex_unlock(&r->lock);
 	if (out->config == NULL || out->manifest == NULL || out->index == NULL) {
-		agent_ociimg_clear(out);
+		agent_ocidist_clear(out);
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	}
 	return 0;
 }
 
 /* A cached image (its tag asked before) of the Checkpoint key with uid: a copy, or -ENOENT. */
-static int cached(struct agent_ocireg *r, const char *key, const char *uid, struct agent_ociimg *out)
+static int cached(struct agent_ocireg *r, const char *key, const char *uid, struct agent_ocidist_image *out)
 {
 	memset(out, 0, sizeof(*out));
 	int rc = -ENOENT;
@@ -350,7 +350,7 @@ static int cached(struct agent_ocireg *r, const char *key, const char *uid, stru
 	}
 	pthread_mutex_unlock(&r->lock);
 	if (rc == -ENOMEM)
-		agent_ociimg_clear(out);
+		agent_ocidist_clear(out);
 	return rc;
 }
 
@@ -369,7 +369,7 @@ static void answer(void *data, struct agent_ocisrv_conn *c, const struct agent_o
 	struct agent_ocireg *r = data;
 	struct agent_ocireq q;
 	struct gcr_err err = { 0 };
-	if (agent_ociimg_parse(req->target, req->target_len, &q, &err) < 0) {
+	if (agent_ocidist_parse(req->target, req->target_len, &q, &err) < 0) {
 		not_found(c, NULL, err.msg);
 		return;
 	}
@@ -384,7 +384,7 @@ static void answer(void *data, struct agent_ocisrv_conn *c, const struct agent_o
 	}
 	char key[320];
 	snprintf(key, sizeof(key), "%s/%s", q.ns, q.name);
-	struct agent_ociimg img;
+	struct agent_ocidist_image img;
 	if (q.is_digest) { /* only digests of an image already asked for by its token */
 		if (cached(r, key, is.uid, &img) < 0) {
 			not_found(c, &q, "digest of an image not asked for by its tag");
@@ -409,21 +409,21 @@ static void answer(void *data, struct agent_ocisrv_conn *c, const struct agent_o
 	const char *doc = NULL, *ctype = NULL, *dg = NULL;
 	int layer = 0;
 	if (!q.is_digest || strcmp(q.ref, img.index_digest) == 0)
-		doc = img.index, ctype = AGENT_OCIIMG_MT_INDEX, dg = img.index_digest;
+		doc = img.index, ctype = AGENT_OCIDIST_MT_INDEX, dg = img.index_digest;
 	else if (strcmp(q.ref, img.manifest_digest) == 0)
-		doc = img.manifest, ctype = AGENT_OCIIMG_MT_MANIFEST, dg = img.manifest_digest;
+		doc = img.manifest, ctype = AGENT_OCIDIST_MT_MANIFEST, dg = img.manifest_digest;
 	else if (q.kind == AGENT_OCIREQ_BLOB && strcmp(q.ref, img.config_digest) == 0)
-		doc = img.config, ctype = AGENT_OCIIMG_MT_CONFIG, dg = img.config_digest;
+		doc = img.config, ctype = AGENT_OCIDIST_MT_CONFIG, dg = img.config_digest;
 	else if (q.kind == AGENT_OCIREQ_BLOB && strcmp(q.ref, img.layer_digest) == 0)
 		layer = 1, dg = img.layer_digest;
 	if (dg == NULL) {
-		agent_ociimg_clear(&img);
+		agent_ocidist_clear(&img);
 		not_found(c, &q, "unknown digest");
 		return;
 	}
 	if (!layer) {
 		agent_ocisrv_reply(c, 200, ctype, dg, doc, strlen(doc));
-		agent_ociimg_clear(&img);
+		agent_ocidist_clear(&img);
 		return;
 	}
 	/* The layer as its digest says: a changed archive (size) is not served; a change of bytes
@@ -434,13 +434,13 @@ static void answer(void *data, struct agent_ocisrv_conn *c, const struct agent_o
 	if (fd < 0 || fstat(fd, &sb) < 0 || (long long)sb.st_size != lsize) {
 		if (fd >= 0)
 			close(fd);
-		agent_ociimg_clear(&img);
+		agent_ocidist_clear(&img);
 		not_found(c, &q, "archive changed or gone");
 		return;
 	}
 	char dcopy[72];
 	snprintf(dcopy, sizeof(dcopy), "%s", dg);
-	agent_ociimg_clear(&img);
+	agent_ocidist_clear(&img);
 	int rc = agent_ocisrv_reply_fd(c, 200, "application/octet-stream", dcopy, fd, lsize);
 	GCR_LOG(GCR_LOG_INFO, "ocireg", "%s layer of Checkpoint %s (%lld bytes)%s",
 		req->method == AGENT_OCIMETHOD_HEAD ? "HEAD" : "GET", key, lsize, rc < 0 ? ": the send failed" : "");
@@ -572,16 +572,16 @@ static json_t *started_images(struct agent_ocireg *r)
 static void sweep(struct agent_ocireg *r)
 {
 	char prefix[64];
-	snprintf(prefix, sizeof(prefix), "127.0.0.1:%d/%s/", r->cfg.port, AGENT_OCIIMG_REPO);
-	struct agent_criimg_list l;
+	snprintf(prefix, sizeof(prefix), "127.0.0.1:%d/%s/", r->cfg.port, AGENT_OCIDIST_REPO);
+	struct agent_cristore_list l;
 	struct gcr_err err;
-	if (agent_criimg_images(r->cfg.cri_endpoint, prefix, &l, &err) < 0) {
+	if (agent_cristore_images(r->cfg.cri_endpoint, prefix, &l, &err) < 0) {
 		GCR_LOG(GCR_LOG_DEBUG, "ocireg", "image store: %s", err.msg);
 		return;
 	}
 	json_t *started = l.n > 0 ? started_images(r) : NULL;
 	for (size_t i = 0; i < l.n && !atomic_load(&r->stop); i++) {
-		const struct agent_criimg_image *im = &l.img[i];
+		const struct agent_cristore_image *im = &l.img[i];
 		char ck[320] = "", why[200] = "";
 		int keep = 1, used = 0;
 		for (size_t k = 0; k < im->nnames && started != NULL; k++)
@@ -598,7 +598,7 @@ static void sweep(struct agent_ocireg *r)
 			snprintf(ck, sizeof(ck), "%s/%s", ns, name);
 			struct issue is;
 			struct gcr_err e2;
-			if (!agent_ociimg_token_valid(colon + 1) || issued(r, ns, name, &is, &e2) < 0 ||
+			if (!agent_ocidist_token_valid(colon + 1) || issued(r, ns, name, &is, &e2) < 0 ||
 			    !same_token(colon + 1, is.token)) {
 				keep = 0;
 				snprintf(why, sizeof(why), "its token is no longer issued");
@@ -615,7 +615,7 @@ static void sweep(struct agent_ocireg *r)
 		}
 		if (keep)
 			continue;
-		if (agent_criimg_remove(r->cfg.cri_endpoint, im->id, &err) < 0) {
+		if (agent_cristore_remove(r->cfg.cri_endpoint, im->id, &err) < 0) {
 			GCR_LOG(GCR_LOG_WARN, "ocireg", "checkpoint image of Checkpoint %s (%s) not removed from the node's "
 				"image store: %s", ck[0] ? ck : "?", im->id, err.msg);
 			continue;
@@ -625,7 +625,7 @@ static void sweep(struct agent_ocireg *r)
 			"%s", ck[0] ? ck : "?", im->id, why);
 	}
 	json_decref(started);
-	agent_criimg_list_clear(&l);
+	agent_cristore_list_clear(&l);
 }
 
 static void *sweeper(void *arg)
@@ -674,7 +674,7 @@ int agent_ocireg_new(struct agent_kube *kube, struct agent_metrics *m, const str
 	if (rc == 0)
 		rc = agent_ocisrv_start(&scfg, &r->srv, err);
 	if (rc == 0 && cfg->cri_endpoint != NULL && cfg->cri_endpoint[0] != '\0') {
-		agent_criimg_init();
+		agent_cristore_init();
 		r->grpc = 1;
 		if ((rc = pthread_create(&r->sweeper, NULL, sweeper, r)) != 0)
 			rc = gcr_err_set(err, -rc, "cannot start the image store sweep: %s", strerror(rc));
@@ -689,7 +689,7 @@ int agent_ocireg_new(struct agent_kube *kube, struct agent_metrics *m, const str
 		agent_metrics_add_source(m, metrics, r);
 	GCR_LOG(GCR_LOG_INFO, "ocireg", "serving checkpoint images of %s%s from %s on https://127.0.0.1:%d/v2/%s/ "
 		"(containerd's host configuration in %s; checkpoint images %s)", cfg->shared ? "every node" : "node ",
-		cfg->shared ? "" : cfg->node, r->images_dir, cfg->port, AGENT_OCIIMG_REPO, cfg->hosts_dir,
+		cfg->shared ? "" : cfg->node, r->images_dir, cfg->port, AGENT_OCIDIST_REPO, cfg->hosts_dir,
 		r->sweeper_started ? "leave the node's image store once used or withdrawn"
 				   : "stay in the node's image store (no CRI endpoint)");
 	*out = r;
@@ -709,11 +709,11 @@ void agent_ocireg_free(struct agent_ocireg *r)
 	if (r->sweeper_started)
 		pthread_join(r->sweeper, NULL);
 	if (r->grpc)
-		agent_criimg_shutdown();
+		agent_cristore_shutdown();
 	agent_ocisrv_free(r->srv);
 	agent_regtls_free(r->tls);
 	for (int i = 0; i < AGENT_OCIREG_CACHE; i++)
-		agent_ociimg_clear(&r->cache[i].img);
+		agent_ocidist_clear(&r->cache[i].img);
 	pthread_mutex_destroy(&r->lock);
 	pthread_cond_destroy(&r->ready);
 	pthread_mutex_destroy(&r->slock);

@@ -3,7 +3,7 @@
  * "The replacement pod") or a user's (docs/images.md, "Restore into a new pod"). It serves only
  * a Checkpoint issued for a pending restore or one whose status publishes a reference, only to
  * containerd (TLS with a client certificate: agent_ocisrv, agent_regtls), and keeps the node's
- * image store from holding such an image longer than its token is good (agent_criimg). */
+ * image store from holding such an image longer than its token is good (agent_cristore). */
 #ifndef AGENT_OCIREG_H
 #define AGENT_OCIREG_H
 

@@ -668,14 +668,14 @@ static void *serve(void *arg)
 	struct agent_ocisrv_conn *c = arg;
 	struct agent_ocisrv *s = c->srv;
 	struct agent_ocisrv_req *req = malloc(sizeof(*req));
-	char *buf = malloc(AGENT_OCIIMG_HEAD_MAX);
+	char *buf = malloc(AGENT_OCIDIST_HEAD_MAX);
 	size_t have = 0;
 	while (req != NULL && buf != NULL && !c->broken && !atomic_load(&s->stop)) {
 		struct agent_ocihead h;
 		struct gcr_err err = { 0 };
 		int rc;
-		while ((rc = agent_ociimg_head(buf, have, &h, &err)) == -EAGAIN) {
-			ssize_t n = gnutls_record_recv(c->s, buf + have, AGENT_OCIIMG_HEAD_MAX - have);
+		while ((rc = agent_ocidist_head(buf, have, &h, &err)) == -EAGAIN) {
+			ssize_t n = gnutls_record_recv(c->s, buf + have, AGENT_OCIDIST_HEAD_MAX - have);
 			if (n == GNUTLS_E_INTERRUPTED)
 				continue;
 			if (n <= 0) { /* the end, an error, or idle past the timeout */

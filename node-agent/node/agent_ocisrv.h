@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 #include "agent_regtls.h"
 #include "gcr_error.h"
 
@@ -30,7 +30,7 @@ struct agent_ocisrv_conn;
 
 struct agent_ocisrv_req {
 	enum agent_ocimethod method; /* GET or HEAD (others are answered 405 before the handler) */
-	char target[AGENT_OCIIMG_HEAD_MAX]; /* the request target as sent, NUL-terminated */
+	char target[AGENT_OCIDIST_HEAD_MAX]; /* the request target as sent, NUL-terminated */
 	size_t target_len;
 };
 

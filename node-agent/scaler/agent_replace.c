@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 #include "agent_informer.h"
 #include "agent_ocireg.h"
 #include "agent_phase.h"
@@ -395,7 +395,7 @@ static const char *target_container(json_t *p, json_t *ck, int *index)
 static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 {
 	const char *ns = sget(p, "ns"), *name = sget(p, "name"), *ckname = sget(ck, "name"), *node = sget(ck, "node");
-	char into[64], token[AGENT_OCIIMG_TOKEN_LEN + 1], why[700], ref[700];
+	char into[64], token[AGENT_OCIDIST_TOKEN_LEN + 1], why[700], ref[700];
 	struct gcr_err err;
 	int ci = -1;
 	const char *container = target_container(p, ck, &ci);
@@ -412,7 +412,7 @@ static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 	}
 	label_value(name, into);
 	if (sget(ck, "into") == NULL) {
-		if (agent_ociimg_token(token, &err) < 0) {
+		if (agent_ocidist_token(token, &err) < 0) {
 			GCR_LOG(GCR_LOG_WARN, "replace", "pod %s/%s: no token (%s); tried again", ns, name, err.msg);
 			r->retry = 1;
 			return;
@@ -430,7 +430,7 @@ static void restore_into(struct agent_replace *r, json_t *p, json_t *ck)
 	} else {
 		snprintf(token, sizeof(token), "%s", sget(ck, "token"));
 	}
-	if (agent_ociimg_ref(r->cfg.registry_port, ns, ckname, token, ref, sizeof(ref)) < 0) {
+	if (agent_ocidist_ref(r->cfg.registry_port, ns, ckname, token, ref, sizeof(ref)) < 0) {
 		start_cold(r, p, "Warning", "the image reference is too long");
 		return;
 	}

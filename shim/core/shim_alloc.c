@@ -163,7 +163,7 @@ static struct shim_phys *phys_lookup(uint64_t app_handle)
 static void phys_free(struct shim_phys *p)
 {
 	phys_slots[p->slot] = NULL;
-	shim_image_free(p->img);
+	shim_chunks_free(p->chunks);
 	free(p);
 }
 

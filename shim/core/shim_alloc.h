@@ -13,8 +13,8 @@
 #include <stdint.h>
 
 #include "gcr_error.h"
+#include "shim_chunks.h"
 #include "shim_gpu.h"
-#include "shim_image.h"
 
 #define SHIM_MAX_ACCESS 8
 
@@ -33,7 +33,7 @@ struct shim_phys {
 	int shim_owned;    /* backs a converted cuMemAlloc buffer */
 	int shared;        /* exported to / imported from another process: not movable */
 	int staged;              /* its data is in staging (suspended) */
-	struct shim_image *img;  /* owned: where its data sits in staging (shim_cr makes it) */
+	struct shim_chunks *chunks; /* owned: where its data sits in staging (shim_cr makes it) */
 	uint32_t slot, gen;
 	int remade; /* re-created by the last shim_alloc_recreate (undone by its undo) */
 };

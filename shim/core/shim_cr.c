@@ -1,6 +1,6 @@
 /* shim_cr: suspend and resume of the process's buffers, keeping virtual addresses:
  * gate -> sync -> digest (shim_digest) -> per chunk zero / unchanged / copy
- * (shim_image) -> copy out (shim_staging) -> release; and create -> map -> copy
+ * (shim_chunks) -> copy out (shim_staging) -> release; and create -> map -> copy
  * in. Every failure unwinds to the state the operation started in. The process's one GPU
  * backend (CUDA or HIP) does the vendor calls, through struct shim_gpu_ops; a communication
  * library over it (NCCL) is held, torn down and made again through struct shim_comm_ops. */
@@ -25,7 +25,7 @@
 #include "shim_gpu.h"
 #include "shim_real.h"
 #include "shim_digest.h"
-#include "shim_image.h"
+#include "shim_chunks.h"
 #include "shim_staging.h"
 
 static pthread_mutex_t cr_lock = PTHREAD_MUTEX_INITIALIZER; /* one operation at a time */
@@ -378,7 +378,7 @@ static void scratch_unmap_all(struct staged *st, size_t n)
 }
 
 /* The allocations to stage (live, or released by the app but still mapped), each
- * with an image; with va set where it is wholly mapped. NULL + err on failure. */
+ * with its chunk table; with va set where it is wholly mapped. NULL + err on failure. */
 struct list_walk {
 	struct staged *st;
 	size_t n, cap, nch;
@@ -395,10 +395,10 @@ static int list_one(struct shim_phys *p, uint64_t va, void *arg)
 		return gcr_err_set(w->err, -EBUSY, "GPU memory was shared with another process during the suspend");
 	if (p->real == 0 && va == 0) /* released by the app, alive through partial mappings only */
 		return gcr_err_set(w->err, -ENOTSUP, "a released, partly mapped allocation cannot be staged");
-	if (p->img == NULL && (p->img = shim_image_new(p->size)) == NULL)
-		return gcr_err_set(w->err, -ENOMEM, "out of host memory for the image of a %zu-byte allocation", p->size);
+	if (p->chunks == NULL && (p->chunks = shim_chunks_new(p->size)) == NULL)
+		return gcr_err_set(w->err, -ENOMEM, "out of host memory for the chunk table of a %zu-byte allocation", p->size);
 	w->st[w->n++] = (struct staged){ .p = p, .va = va, .first = w->nch };
-	w->nch += p->img->nchunks;
+	w->nch += p->chunks->nchunks;
 	return 0;
 }
 
@@ -419,30 +419,30 @@ static struct staged *staged_list(size_t *n_out, size_t *nchunks_out, struct gcr
 	return w.st;
 }
 
-/* Every image forgets its placements and the pool starts over (after a failure
+/* Every chunk table forgets its placements and the pool starts over (after a failure
  * that may have left the pool half-written, or when not keeping copies). */
-static int image_clear(struct shim_phys *p, uint64_t va, void *arg)
+static int chunks_clear(struct shim_phys *p, uint64_t va, void *arg)
 {
 	(void)va;
 	(void)arg;
-	if (p->img != NULL)
-		shim_image_clear(p->img);
+	if (p->chunks != NULL)
+		shim_chunks_clear(p->chunks);
 	return 0;
 }
 
-static void images_reset(void)
+static void chunks_reset(void)
 {
-	(void)shim_alloc_each(0, image_clear, NULL);
+	(void)shim_alloc_each(0, chunks_clear, NULL);
 	shim_staging_reset();
 }
 
 /* With incremental copies the pool only grows; start over when more than half
  * of it is placements of allocations that are gone. */
-static int image_placed(struct shim_phys *p, uint64_t va, void *arg)
+static int chunks_placed(struct shim_phys *p, uint64_t va, void *arg)
 {
 	(void)va;
-	if (p->img != NULL)
-		*(uint64_t *)arg += shim_image_placed(p->img);
+	if (p->chunks != NULL)
+		*(uint64_t *)arg += shim_chunks_placed(p->chunks);
 	return 0;
 }
 
@@ -451,9 +451,9 @@ static void pool_compact_if_wasteful(void)
 	struct shim_staging_stats ss;
 	shim_staging_stats(&ss);
 	uint64_t live = 0;
-	(void)shim_alloc_each(0, image_placed, &live);
+	(void)shim_alloc_each(0, chunks_placed, &live);
 	if (ss.used > 2 * live + (64ull << 20))
-		images_reset();
+		chunks_reset();
 }
 
 static uint32_t chunk_size(const struct shim_phys *p, size_t c)
@@ -464,16 +464,16 @@ static uint32_t chunk_size(const struct shim_phys *p, size_t c)
 
 enum chunk_plan { CHUNK_COPY, CHUNK_ZERO, CHUNK_SAME };
 
-/* What a suspend does with chunk c of img, whose digest now is d (NULL: no digests):
+/* What a suspend does with chunk c of ck, whose digest now is d (NULL: no digests):
  * record it as zero, keep the copy already held (incremental), or copy it. */
-static enum chunk_plan plan_chunk(const struct shim_image *img, size_t c, const struct shim_digest *d, int keep)
+static enum chunk_plan plan_chunk(const struct shim_chunks *ck, size_t c, const struct shim_digest *d, int keep)
 {
 	if (d == NULL)
 		return CHUNK_COPY;
 	if (shim_cfg.zero_skip && d->any == 0)
 		return CHUNK_ZERO;
-	if (keep && img->complete && img->have_digests && !img->zero[c] && img->off[c] != SHIM_IMAGE_NONE &&
-	    memcmp(&img->dig[c], d, sizeof(*d)) == 0)
+	if (keep && ck->complete && ck->have_digests && !ck->zero[c] && ck->off[c] != SHIM_CHUNKS_NONE &&
+	    memcmp(&ck->dig[c], d, sizeof(*d)) == 0)
 		return CHUNK_SAME;
 	return CHUNK_COPY;
 }
@@ -510,7 +510,7 @@ static int release_one(size_t k, void *arg)
 
 /* Suspend's data step after the gate closed and the GPU went idle: digests,
  * decides per chunk (zero / unchanged / copy), copies. On failure nothing on the
- * GPU was touched and the images are reset. */
+ * GPU was touched and the chunk tables are reset. */
 static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_cr_sink *sink,
 		    size_t *released, struct shim_cr_report *rep, struct gcr_err *err)
 {
@@ -521,7 +521,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 	double t0 = gcr_time_mono_ms();
 	int keep = shim_cfg.incremental && sink == NULL;
 	if (!keep)
-		images_reset();
+		chunks_reset();
 	else
 		pool_compact_if_wasteful();
 	for (size_t i = 0; i < n && rc == 0; i++)
@@ -553,10 +553,10 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 	/* Decide per chunk; count the pool bytes new placements need. */
 	uint64_t need = 0;
 	for (size_t i = 0; i < n && rc == 0 && sink == NULL; i++) {
-		struct shim_image *img = st[i].p->img;
-		for (size_t c = 0; c < img->nchunks; c++)
-			if (img->off[c] == SHIM_IMAGE_NONE &&
-			    plan_chunk(img, c, have_dig ? &dig[st[i].first + c] : NULL, keep) == CHUNK_COPY)
+		struct shim_chunks *ck = st[i].p->chunks;
+		for (size_t c = 0; c < ck->nchunks; c++)
+			if (ck->off[c] == SHIM_CHUNKS_NONE &&
+			    plan_chunk(ck, c, have_dig ? &dig[st[i].first + c] : NULL, keep) == CHUNK_COPY)
 				need += GCR_DIGEST_CHUNK;
 	}
 	if (rc == 0)
@@ -567,21 +567,21 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 		rc = gcr_err_set(err, -ENOMEM, "out of host memory for the copy list of %zu chunks", nch);
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		struct shim_phys *p = st[i].p;
-		struct shim_image *img = p->img;
+		struct shim_chunks *ck = p->chunks;
 		int fd = -1, dfd = -1;
 		const char *name = NULL;
 		uint64_t foff = 0; /* the file's chunks back to back, in chunk order */
 		if (sink != NULL && ((rc = sink->open(p, &fd, &dfd, &name, sink->ctx, err)) < 0 ||
-				     (rc = shim_image_record(img, name)) < 0)) {
+				     (rc = shim_chunks_record(ck, name)) < 0)) {
 			if (rc == -ENOMEM)
 				gcr_err_set(err, rc, "out of host memory for the chunk table");
 			break;
 		}
-		for (size_t c = 0; c < img->nchunks && rc == 0; c++) {
-			enum chunk_plan what = plan_chunk(img, c, have_dig ? &dig[st[i].first + c] : NULL, keep);
+		for (size_t c = 0; c < ck->nchunks && rc == 0; c++) {
+			enum chunk_plan what = plan_chunk(ck, c, have_dig ? &dig[st[i].first + c] : NULL, keep);
 			rep->bytes += chunk_size(p, c);
 			if (what == CHUNK_ZERO) {
-				img->zero[c] = 1;
+				ck->zero[c] = 1;
 				rep->zero += chunk_size(p, c);
 				continue;
 			}
@@ -589,11 +589,11 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 				rep->unchanged += chunk_size(p, c);
 				continue;
 			}
-			img->zero[c] = 0;
+			ck->zero[c] = 0;
 			if (sink != NULL) {
 				/* Runs of chunks go in one write, up to shim_staging_file_piece(): they lie
 				 * back to back on the GPU and in the file. */
-				img->src_off[c] = foff;
+				ck->src_off[c] = foff;
 				struct shim_xfer *prev = nx > 0 ? &x[nx - 1] : NULL;
 				if (prev != NULL && prev->file && prev->group == (uint32_t)i &&
 				    prev->dev + prev->size == st[i].va + c * GCR_DIGEST_CHUNK &&
@@ -605,16 +605,16 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 								      .size = chunk_size(p, c),
 								      .device = (int16_t)phys_device(p), .group = (uint32_t)i,
 								      .file = 1, .fd = fd, .dfd = dfd,
-								      .crc_out = &img->src_crc[c], .name = img->src_name };
+								      .crc_out = &ck->src_crc[c], .name = ck->src_name };
 				foff += chunk_size(p, c);
 				rep->copied += chunk_size(p, c);
 				continue;
 			}
-			if (img->off[c] == SHIM_IMAGE_NONE && (rc = shim_staging_alloc(GCR_DIGEST_CHUNK, &img->off[c])) < 0) {
+			if (ck->off[c] == SHIM_CHUNKS_NONE && (rc = shim_staging_alloc(GCR_DIGEST_CHUNK, &ck->off[c])) < 0) {
 				gcr_err_set(err, rc, "staging pool too small");
 				break;
 			}
-			x[nx++] = (struct shim_xfer){ .off = img->off[c], .dev = st[i].va + c * GCR_DIGEST_CHUNK,
+			x[nx++] = (struct shim_xfer){ .off = ck->off[c], .dev = st[i].va + c * GCR_DIGEST_CHUNK,
 						      .size = chunk_size(p, c), .device = (int16_t)phys_device(p),
 						      .group = (uint32_t)i };
 			rep->copied += chunk_size(p, c);
@@ -640,17 +640,17 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 	rep->ms_release = rctx.ms;
 	*released = rctx.released;
 	/* Released handles' data is only in the files now (every chunk was written before any
-	 * release): the unwind reads every image back from its file, the data still on the GPU
+	 * release): the unwind reads every allocation back from its file, the data still on the GPU
 	 * overwritten with the same bytes. */
 	if (rc < 0 && sink != NULL && rctx.released > 0)
 		sink->attach(sink->ctx);
 	if (rc == 0) {
 		for (size_t i = 0; i < n; i++) {
-			struct shim_image *img = st[i].p->img;
-			img->complete = 1;
-			img->have_digests = have_dig;
+			struct shim_chunks *ck = st[i].p->chunks;
+			ck->complete = 1;
+			ck->have_digests = have_dig;
 			if (have_dig)
-				memcpy(img->dig, &dig[st[i].first], img->nchunks * sizeof(*dig));
+				memcpy(ck->dig, &dig[st[i].first], ck->nchunks * sizeof(*dig));
 		}
 	} else {
 		scratch_unmap_all(st, n);
@@ -661,7 +661,7 @@ static int save_all(struct staged *st, size_t n, size_t nch, const struct shim_c
 	return rc;
 }
 
-/* Copies every staged handle's image back (zero chunks are set on the GPU). */
+/* Copies every staged handle's data back (zero chunks are set on the GPU). */
 struct load_walk {
 	struct staged *st;
 	size_t n, cap, nch;
@@ -672,7 +672,7 @@ static int load_count(struct shim_phys *p, uint64_t va, void *arg)
 	(void)va;
 	struct load_walk *w = arg;
 	if (p->staged)
-		w->nch += p->img->nchunks;
+		w->nch += p->chunks->nchunks;
 	return 0;
 }
 
@@ -699,15 +699,15 @@ static int load_all(struct shim_cr_report *rep, struct gcr_err *err)
 		struct shim_phys *p = st->p;
 		if (st->va == 0 && (rc = scratch_map(st, err)) < 0)
 			break;
-		struct shim_image *img = p->img;
-		for (size_t c = 0; c < img->nchunks; c++) {
-			int file = img->src_fd >= 0 && !img->zero[c]; /* after image-read: from the file */
-			x[nx++] = (struct shim_xfer){ .off = file ? img->src_off[c] : img->off[c],
+		struct shim_chunks *ck = p->chunks;
+		for (size_t c = 0; c < ck->nchunks; c++) {
+			int file = ck->src_fd >= 0 && !ck->zero[c]; /* after image-read: from the file */
+			x[nx++] = (struct shim_xfer){ .off = file ? ck->src_off[c] : ck->off[c],
 						      .dev = st->va + c * GCR_DIGEST_CHUNK, .size = chunk_size(p, c),
-						      .device = (int16_t)phys_device(p), .zero = img->zero[c],
-						      .file = (int16_t)file, .fd = img->src_fd,
-						      .crc = file ? img->src_crc[c] : 0, .name = img->src_name };
-			if (img->zero[c])
+						      .device = (int16_t)phys_device(p), .zero = ck->zero[c],
+						      .file = (int16_t)file, .fd = ck->src_fd,
+						      .crc = file ? ck->src_crc[c] : 0, .name = ck->src_name };
+			if (ck->zero[c])
 				rep->zero += chunk_size(p, c);
 			else
 				rep->copied += chunk_size(p, c);
@@ -748,23 +748,23 @@ static int remap_all(struct shim_cr_report *rep, struct gcr_err *err)
 }
 
 /* After a resume: handles the app had released go; without incremental copies the
- * images are dropped (the pool stays faulted in for the next suspend). */
-static int image_clear_staged(struct shim_phys *p, uint64_t va, void *arg)
+ * chunk tables are dropped (the pool stays faulted in for the next suspend). */
+static int chunks_clear_staged(struct shim_phys *p, uint64_t va, void *arg)
 {
-	return p->staged ? image_clear(p, va, arg) : 0;
+	return p->staged ? chunks_clear(p, va, arg) : 0;
 }
 
 /* Data that came from an image file is not in staging: no incremental copy can build on it. */
-static int image_clear_file(struct shim_phys *p, uint64_t va, void *arg)
+static int chunks_clear_file(struct shim_phys *p, uint64_t va, void *arg)
 {
-	return p->staged && p->img != NULL && p->img->src_off != NULL ? image_clear(p, va, arg) : 0;
+	return p->staged && p->chunks != NULL && p->chunks->src_off != NULL ? chunks_clear(p, va, arg) : 0;
 }
 
 static void finish_resume(void)
 {
-	(void)shim_alloc_each(0, image_clear_file, NULL);
+	(void)shim_alloc_each(0, chunks_clear_file, NULL);
 	if (!shim_cfg.incremental) {
-		(void)shim_alloc_each(0, image_clear_staged, NULL);
+		(void)shim_alloc_each(0, chunks_clear_staged, NULL);
 		shim_staging_reset();
 	}
 	shim_alloc_resumed();
@@ -879,7 +879,7 @@ static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, int gro
 	if (rc < 0 && sink != NULL && released == 0) {
 		/* To files: nothing was released or unmapped, the data never left the GPU. */
 		shim_alloc_resumed();
-		images_reset();
+		chunks_reset();
 		goto unwind_gate;
 	}
 	if (rc < 0) {
@@ -901,7 +901,7 @@ static int suspend_impl(const struct shim_cr_sink *sink, int timeout_ms, int gro
 			goto out;
 		}
 		finish_resume();
-		images_reset(); /* the pool may be half-written */
+		chunks_reset(); /* the pool may be half-written */
 		goto unwind_gate;
 	}
 	if (shim_cfg.ctx_shrink && backend->ctx_shrink != NULL) {

@@ -134,14 +134,14 @@ double shim_cr_tick(void);
 
 /* Suspend to an image (shim_imagefile): each copied chunk goes from its pinned slot to a file,
  * no staging. open gives each staged allocation's file (fd; dfd the same opened O_DIRECT, or
- * -1) and a name for messages (kept until the suspend returns). On success each image holds,
- * for the table, zero[c] and (shim_image_record) the file offset and CRC-32C of every other
+ * -1) and a name for messages (kept until the suspend returns). On success each chunk table holds,
+ * for the image's table, zero[c] and (shim_chunks_record) the file offset and CRC-32C of every other
  * chunk, back to back in chunk order; the handles are released only once every chunk is
  * written, so on failure nothing left the GPU and the process runs on. */
 struct shim_phys;
 struct shim_cr_sink {
 	int (*open)(struct shim_phys *p, int *fd, int *dfd, const char **name, void *ctx, struct gcr_err *err);
-	/* Makes every image read its file on the next resume (sets src_fd): the unwind of a suspend
+	/* Makes every chunk table read its file on the next resume (sets src_fd): the unwind of a suspend
 	 * that failed after releasing handles, whose data is then only in the files. */
 	void (*attach)(void *ctx);
 	void *ctx;

@@ -26,7 +26,7 @@
 #include "shim_alloc.h"
 #include "shim_cr.h"
 #include "shim_digest.h"
-#include "shim_image.h"
+#include "shim_chunks.h"
 #include "shim_staging.h"
 
 #define MAX_THREADS 8
@@ -50,7 +50,7 @@ static int list_add(struct shim_phys *p, uint64_t va, void *arg)
 {
 	(void)va;
 	struct list *l = arg;
-	if (!p->staged || p->img == NULL)
+	if (!p->staged || p->chunks == NULL)
 		return 0;
 	if (l->n == l->cap)
 		return -ENOMEM;
@@ -124,7 +124,7 @@ static void *run_thread(void *arg)
 		struct one *o = r->jobs[i].o;
 		size_t c = r->jobs[i].c;
 		struct gcr_image_chunk *ch = &o->a->chunks[c];
-		char *host = shim_staging_host(o->p->img->off[c]);
+		char *host = shim_staging_host(o->p->chunks->off[c]);
 		if (host == NULL) {
 			run_fail(r, -EFAULT, "writing", o, c);
 			break;
@@ -222,12 +222,12 @@ static void list_free(struct list *l)
  * filled yet. */
 static int one_table(struct one *o, struct gcr_err *err)
 {
-	const struct shim_image *img = o->p->img;
+	const struct shim_chunks *ck = o->p->chunks;
 	o->a = calloc(1, sizeof(*o->a));
-	if (o->a == NULL || (o->a->chunks = calloc(img->nchunks + 1, sizeof(*o->a->chunks))) == NULL)
+	if (o->a == NULL || (o->a->chunks = calloc(ck->nchunks + 1, sizeof(*o->a->chunks))) == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory for the table");
 	*o->a = (struct gcr_image_alloc){ .address = o->va, .size = o->p->size, .slot = o->p->slot, .gen = o->p->gen,
-					  .nchunks = img->nchunks, .chunks = o->a->chunks };
+					  .nchunks = ck->nchunks, .chunks = o->a->chunks };
 	return 0;
 }
 
@@ -261,7 +261,7 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
 	uint64_t bytes = 0, written = 0, zero = 0;
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		struct one *o = &l.v[i];
-		const struct shim_image *img = o->p->img;
+		const struct shim_chunks *ck = o->p->chunks;
 		if ((rc = one_table(o, err)) < 0)
 			break;
 		snprintf(o->a->file, sizeof(o->a->file), "%s/alloc-%u-%u.bin", GCR_IMAGE_GPU_DIR, o->p->slot, o->p->gen);
@@ -274,16 +274,16 @@ int shim_imagefile_write(const char *dir, json_t **result, struct gcr_err *err)
 		}
 		o->dfd = open(path, O_WRONLY | O_DIRECT | O_CLOEXEC); /* -1 on tmpfs and the like: fine */
 		uint64_t off = 0;
-		for (size_t c = 0; c < img->nchunks; c++) {
+		for (size_t c = 0; c < ck->nchunks; c++) {
 			struct gcr_image_chunk *ch = &o->a->chunks[c];
 			ch->len = chunk_len(o->p, c);
 			bytes += ch->len;
-			if (img->zero[c]) {
+			if (ck->zero[c]) {
 				ch->zero = 1;
 				zero += ch->len;
 				continue;
 			}
-			if (img->off[c] == SHIM_IMAGE_NONE) {
+			if (ck->off[c] == SHIM_CHUNKS_NONE) {
 				rc = gcr_err_set(err, -EIO, "image-write: a chunk of %s is not in staging", o->a->file);
 				break;
 			}
@@ -380,7 +380,7 @@ static void sink_close(struct sink_ctx *c)
 	c->n = 0;
 }
 
-/* After the suspend: the table from what the copies recorded in each image. */
+/* After the suspend: the table from what the copies recorded in each chunk table. */
 static int sink_table(const char *dir, struct sink_ctx *c, uint64_t *bytes, uint64_t *written, uint64_t *zero,
 		      size_t *nallocs, struct gcr_err *err)
 {
@@ -388,20 +388,20 @@ static int sink_table(const char *dir, struct sink_ctx *c, uint64_t *bytes, uint
 	int rc = staged_list(&l, err);
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		struct one *o = &l.v[i];
-		const struct shim_image *img = o->p->img;
+		const struct shim_chunks *ck = o->p->chunks;
 		if ((rc = one_table(o, err)) < 0)
 			break;
-		if (img->src_name == NULL || img->src_off == NULL) {
+		if (ck->src_name == NULL || ck->src_off == NULL) {
 			rc = gcr_err_set(err, -EIO, "image: allocation %u/%u was not written", o->p->slot, o->p->gen);
 			break;
 		}
-		snprintf(o->a->file, sizeof(o->a->file), "%s", img->src_name);
-		for (size_t c2 = 0; c2 < img->nchunks; c2++) {
+		snprintf(o->a->file, sizeof(o->a->file), "%s", ck->src_name);
+		for (size_t c2 = 0; c2 < ck->nchunks; c2++) {
 			struct gcr_image_chunk *ch = &o->a->chunks[c2];
 			ch->len = chunk_len(o->p, c2);
-			ch->zero = img->zero[c2];
-			ch->off = img->src_off[c2];
-			ch->crc = img->src_crc[c2];
+			ch->zero = ck->zero[c2];
+			ch->off = ck->src_off[c2];
+			ch->crc = ck->src_crc[c2];
 			*bytes += ch->len;
 			*(ch->zero ? zero : written) += ch->len;
 		}
@@ -417,14 +417,14 @@ static int sink_table(const char *dir, struct sink_ctx *c, uint64_t *bytes, uint
 	return rc;
 }
 
-/* Every image reads its file on the next resume (the undo of a suspend to files). */
+/* Every chunk table reads its file on the next resume (the undo of a suspend to files). */
 static void sink_attach(void *arg)
 {
 	struct sink_ctx *c = arg;
 	for (size_t i = 0; i < c->n; i++) {
-		struct shim_image *img = c->v[i].p->img;
-		if (img != NULL && img->src_off != NULL && img->src_fd < 0)
-			img->src_fd = dup(c->v[i].fd);
+		struct shim_chunks *ck = c->v[i].p->chunks;
+		if (ck != NULL && ck->src_off != NULL && ck->src_fd < 0)
+			ck->src_fd = dup(c->v[i].fd);
 	}
 }
 
@@ -523,7 +523,7 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 		struct one *o = &l.v[i];
 		for (size_t k = 0; k < t.n && o->a == NULL; k++)
 			if (t.a[k].slot == o->p->slot && t.a[k].gen == o->p->gen && t.a[k].size == o->p->size &&
-			    t.a[k].nchunks == o->p->img->nchunks)
+			    t.a[k].nchunks == o->p->chunks->nchunks)
 				o->a = &t.a[k];
 		if (o->a == NULL)
 			rc = gcr_err_set(err, -EBADMSG, "image-read: no allocation in the image matches record %u/%u (%zu bytes)",
@@ -534,17 +534,17 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 		rc = shim_staging_prepare(l.v[0].p->gpu, 0, err);
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		struct one *o = &l.v[i];
-		struct shim_image *img = o->p->img;
-		if ((rc = shim_image_record(img, o->a->file)) < 0) {
+		struct shim_chunks *ck = o->p->chunks;
+		if ((rc = shim_chunks_record(ck, o->a->file)) < 0) {
 			gcr_err_set(err, rc, "out of memory for the chunk table");
 			break;
 		}
 		uint64_t need = 0;
-		for (size_t c = 0; c < img->nchunks; c++) {
+		for (size_t c = 0; c < ck->nchunks; c++) {
 			const struct gcr_image_chunk *ch = &o->a->chunks[c];
-			img->zero[c] = (uint8_t)ch->zero;
-			img->src_off[c] = ch->off;
-			img->src_crc[c] = ch->crc;
+			ck->zero[c] = (uint8_t)ch->zero;
+			ck->src_off[c] = ch->off;
+			ck->src_crc[c] = ch->crc;
 			bytes += ch->len;
 			if (!ch->zero) {
 				loaded += ch->len;
@@ -555,14 +555,14 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 			continue; /* all zero: no file, the resume zeroes it on the GPU */
 		snprintf(path, sizeof(path), "%s/%s", dir, o->a->file);
 		struct stat st;
-		img->src_fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (img->src_fd < 0)
+		ck->src_fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (ck->src_fd < 0)
 			rc = gcr_err_set(err, -errno, "image-read: cannot open %s: %s", path, strerror(errno));
-		else if (fstat(img->src_fd, &st) < 0 || (uint64_t)st.st_size != need)
+		else if (fstat(ck->src_fd, &st) < 0 || (uint64_t)st.st_size != need)
 			rc = gcr_err_set(err, -EIO, "image-read: %s does not hold %llu bytes (truncated or changed)", path,
 					 (unsigned long long)need);
 		else
-			(void)posix_fadvise(img->src_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+			(void)posix_fadvise(ck->src_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	}
 	if (rc == 0)
 		rc = shim_cr_data_move(SHIM_CR_DATA_FILES, err);
@@ -570,10 +570,10 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 		*result = json_pack("{s:I, s:I, s:I, s:{s:f}}", "bytes", (json_int_t)bytes, "read", (json_int_t)loaded,
 				    "allocs", (json_int_t)l.n, "ms", "total", gcr_time_mono_ms() - t0);
 	} else {
-		/* Nothing half-attached: every image forgets its file, and resume waits for an
+		/* Nothing half-attached: every chunk table forgets its file, and resume waits for an
 		 * image-read that succeeds. */
 		for (size_t i = 0; i < l.n; i++)
-			shim_image_clear(l.v[i].p->img);
+			shim_chunks_clear(l.v[i].p->chunks);
 		struct gcr_err e2;
 		if (in_files && shim_cr_data_move(SHIM_CR_DATA_WRITTEN, &e2) < 0)
 			GCR_LOG(GCR_LOG_ERROR, "shim", "image-read: %s", e2.msg);

@@ -1,8 +1,8 @@
-/* fuzz_ocihead: agent_ociimg_head (the registry's request heads: what a client that showed the
+/* fuzz_ocihead: agent_ocidist_head (the registry's request heads: what a client that showed the
  * node's certificate sends) on arbitrary bytes; checks that an accepted head lies inside the
  * input, ends with its empty line, and that its target is visible ASCII; a refusal has a
  * one-line message; -EAGAIN only while shorter than the size bound. */
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -16,9 +16,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct agent_ocihead h;
 	struct gcr_err err = { 0, "" };
 	const char *b = (const char *)data;
-	int rc = agent_ociimg_head(b, size, &h, &err);
+	int rc = agent_ocidist_head(b, size, &h, &err);
 	if (rc == -EAGAIN) {
-		if (size >= AGENT_OCIIMG_HEAD_MAX)
+		if (size >= AGENT_OCIDIST_HEAD_MAX)
 			abort();
 		return 0;
 	}
@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		return 0;
 	}
-	if (h.len < 4 || h.len > size || h.len > AGENT_OCIIMG_HEAD_MAX || memcmp(b + h.len - 4, "\r\n\r\n", 4) != 0)
+	if (h.len < 4 || h.len > size || h.len > AGENT_OCIDIST_HEAD_MAX || memcmp(b + h.len - 4, "\r\n\r\n", 4) != 0)
 		abort();
 	if (h.target_len == 0 || h.target_off + h.target_len > h.len)
 		abort();
@@ -38,6 +38,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	/* The target goes on to the path parser, as in the registry. */
 	struct agent_ocireq q;
-	(void)agent_ociimg_parse(b + h.target_off, h.target_len, &q, &err);
+	(void)agent_ocidist_parse(b + h.target_off, h.target_len, &q, &err);
 	return 0;
 }

@@ -1,7 +1,7 @@
-/* fuzz_ocipath: agent_ociimg_parse (the node registry's request paths: anything on the node's
+/* fuzz_ocipath: agent_ocidist_parse (the node registry's request paths: anything on the node's
  * loopback may send them) on arbitrary bytes; checks that a success is one of the three shapes
  * with NUL-terminated, well-formed fields, and a failure has a one-line message. */
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,7 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct agent_ocireq q;
 	struct gcr_err err = { 0, "" };
-	int rc = agent_ociimg_parse((const char *)data, size, &q, &err);
+	int rc = agent_ocidist_parse((const char *)data, size, &q, &err);
 	if (rc < 0) {
 		if (err.code != rc || err.msg[0] == '\0' || strchr(err.msg, '\n') != NULL)
 			abort();
@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	    !ok_chars(q.name, "abcdefghijklmnopqrstuvwxyz0123456789-.") || strstr(q.name, "..") != NULL)
 		abort();
 	if (q.is_digest ? (strlen(q.ref) != 71 || strncmp(q.ref, "sha256:", 7) != 0)
-			: (q.kind == AGENT_OCIREQ_BLOB || !agent_ociimg_token_valid(q.ref)))
+			: (q.kind == AGENT_OCIREQ_BLOB || !agent_ocidist_token_valid(q.ref)))
 		abort();
 	return 0;
 }

@@ -31,9 +31,9 @@ fuzz_roommsg|node-agent/msg/agent_roommsg.c lib/gcr_proto.c|jansson
 fuzz_roompolicy|node-agent/overcommit/agent_roompolicy.c|
 fuzz_quantity|node-agent/kube/agent_quantity.c|
 fuzz_evictmsg|node-agent/msg/agent_evictmsg.c|jansson
-fuzz_ocipath|node-agent/node/agent_ociimg.c lib/gcr_sha256.c|jansson
+fuzz_ocipath|node-agent/node/agent_ocidist.c lib/gcr_sha256.c|jansson
 fuzz_groupmsg|lib/gcr_groupmsg.c lib/gcr_shimreply.c lib/gcr_proto.c|jansson
-fuzz_ocihead|node-agent/node/agent_ociimg.c lib/gcr_sha256.c|jansson
+fuzz_ocihead|node-agent/node/agent_ocidist.c lib/gcr_sha256.c|jansson
 fuzz_imagemac|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
 '
 # Linked into every target.

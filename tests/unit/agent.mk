@@ -12,7 +12,7 @@ AGENT_UNIT_TESTS = \
 	tests/unit/test_agent_victims \
 	tests/unit/test_agent_roommsg \
 	tests/unit/test_agent_evictmsg \
-	tests/unit/test_agent_ociimg \
+	tests/unit/test_agent_ocidist \
 	tests/unit/test_agent_share \
 	tests/unit/test_agent_roompolicy \
 	tests/unit/test_agent_quantity \
@@ -68,10 +68,10 @@ tests_unit_test_agent_roommsg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
 tests_unit_test_agent_roommsg_CFLAGS = $(AGENT_TEST_CFLAGS)
 tests_unit_test_agent_roommsg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 
-tests_unit_test_agent_ociimg_SOURCES = tests/unit/test_agent_ociimg.c
-tests_unit_test_agent_ociimg_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
-tests_unit_test_agent_ociimg_CFLAGS = $(AGENT_TEST_CFLAGS)
-tests_unit_test_agent_ociimg_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
+tests_unit_test_agent_ocidist_SOURCES = tests/unit/test_agent_ocidist.c
+tests_unit_test_agent_ocidist_CPPFLAGS = $(AGENT_TEST_CPPFLAGS)
+tests_unit_test_agent_ocidist_CFLAGS = $(AGENT_TEST_CFLAGS)
+tests_unit_test_agent_ocidist_LDADD = $(AGENT_TEST_LDADD) $(JANSSON_LIBS)
 
 # The registry's transport and TLS identity (node-agent/libgcrreg.la), a GnuTLS client playing containerd.
 check_PROGRAMS += tests/unit/test_agent_ocisrv

@@ -38,7 +38,7 @@ static void handler(void *data, struct agent_ocisrv_conn *c, const struct agent_
 	pthread_mutex_lock(&mu);
 	handled++;
 	pthread_mutex_unlock(&mu);
-	char body[AGENT_OCIIMG_HEAD_MAX + 32];
+	char body[AGENT_OCIDIST_HEAD_MAX + 32];
 	int n = snprintf(body, sizeof(body), "target %s\n", req->target);
 	agent_ocisrv_reply(c, 200, "text/plain", "sha256:test", body, (size_t)n);
 }

@@ -1,8 +1,8 @@
-/* agent_ociimg: request heads and paths of the node's checkpoint-image registry, and the OCI
- * image it serves. Heads and paths are outside input (anything on the node's loopback may
+/* agent_ocidist: request heads and paths of the node's checkpoint-image registry, and the OCI
+ * container image it serves. Heads and paths are outside input (anything on the node's loopback may
  * connect), so they are parsed to a closed shape: fixed words, DNS names, a token or a digest,
  * nothing else. */
-#include "agent_ociimg.h"
+#include "agent_ocidist.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -40,9 +40,9 @@ static int dns_name(const char *s, size_t n, size_t max, int dots)
 	return 1;
 }
 
-int agent_ociimg_token_valid(const char *s)
+int agent_ocidist_token_valid(const char *s)
 {
-	return s != NULL && strlen(s) == AGENT_OCIIMG_TOKEN_LEN && lower_hex(s, AGENT_OCIIMG_TOKEN_LEN);
+	return s != NULL && strlen(s) == AGENT_OCIDIST_TOKEN_LEN && lower_hex(s, AGENT_OCIDIST_TOKEN_LEN);
 }
 
 static int is_digest(const char *s, size_t n)
@@ -50,7 +50,7 @@ static int is_digest(const char *s, size_t n)
 	return n == 71 && memcmp(s, "sha256:", 7) == 0 && lower_hex(s + 7, 64);
 }
 
-int agent_ociimg_parse(const char *path, size_t len, struct agent_ocireq *out, struct gcr_err *err)
+int agent_ocidist_parse(const char *path, size_t len, struct agent_ocireq *out, struct gcr_err *err)
 {
 	memset(out, 0, sizeof(*out));
 	if (memchr(path, '\0', len) != NULL)
@@ -59,10 +59,10 @@ int agent_ociimg_parse(const char *path, size_t len, struct agent_ocireq *out, s
 		out->kind = AGENT_OCIREQ_BASE;
 		return 0;
 	}
-	static const char pre[] = "/v2/" AGENT_OCIIMG_REPO "/";
+	static const char pre[] = "/v2/" AGENT_OCIDIST_REPO "/";
 	const size_t np = sizeof(pre) - 1;
 	if (len <= np || memcmp(path, pre, np) != 0)
-		return gcr_err_set(err, -EINVAL, "not under /v2/%s/", AGENT_OCIIMG_REPO);
+		return gcr_err_set(err, -EINVAL, "not under /v2/%s/", AGENT_OCIDIST_REPO);
 	/* Four segments after the prefix: ns, name, manifests|blobs, ref. */
 	const char *seg[4];
 	size_t sl[4], k = 0;
@@ -78,7 +78,7 @@ int agent_ociimg_parse(const char *path, size_t len, struct agent_ocireq *out, s
 	}
 	if (k != 4 || seg[3] + sl[3] != end)
 		return gcr_err_set(err, -EINVAL, "want /v2/%s/<namespace>/<name>/manifests|blobs/<reference>",
-				   AGENT_OCIIMG_REPO);
+				   AGENT_OCIDIST_REPO);
 	if (!dns_name(seg[0], sl[0], 63, 0))
 		return gcr_err_set(err, -EINVAL, "namespace is not a DNS label");
 	if (!dns_name(seg[1], sl[1], 253, 1))
@@ -90,7 +90,7 @@ int agent_ociimg_parse(const char *path, size_t len, struct agent_ocireq *out, s
 		return gcr_err_set(err, -EINVAL, "neither manifests nor blobs");
 	out->kind = manifests ? AGENT_OCIREQ_MANIFEST : AGENT_OCIREQ_BLOB;
 	out->is_digest = is_digest(seg[3], sl[3]);
-	if (!out->is_digest && !(manifests && sl[3] == AGENT_OCIIMG_TOKEN_LEN && lower_hex(seg[3], sl[3])))
+	if (!out->is_digest && !(manifests && sl[3] == AGENT_OCIDIST_TOKEN_LEN && lower_hex(seg[3], sl[3])))
 		return gcr_err_set(err, -EINVAL, "reference is neither a sha256 digest nor a token%s",
 				   manifests ? "" : " (blobs want a digest)");
 	memcpy(out->ref, seg[3], sl[3]);
@@ -122,20 +122,20 @@ static int has_token(const char *v, size_t n, const char *want)
 	return 0;
 }
 
-int agent_ociimg_head(const char *buf, size_t len, struct agent_ocihead *out, struct gcr_err *err)
+int agent_ocidist_head(const char *buf, size_t len, struct agent_ocihead *out, struct gcr_err *err)
 {
 	memset(out, 0, sizeof(out[0]));
 	/* The end of the head first: nothing is taken from an incomplete one. */
 	size_t end = 0;
-	for (size_t i = 0; i + 3 < len && i + 4 <= AGENT_OCIIMG_HEAD_MAX; i++)
+	for (size_t i = 0; i + 3 < len && i + 4 <= AGENT_OCIDIST_HEAD_MAX; i++)
 		if (memcmp(buf + i, "\r\n\r\n", 4) == 0) {
 			end = i + 4;
 			break;
 		}
 	if (end == 0)
-		return len >= AGENT_OCIIMG_HEAD_MAX ? gcr_err_set(err, -E2BIG, "request head over %d bytes",
-								 AGENT_OCIIMG_HEAD_MAX)
-						    : -EAGAIN;
+		return len >= AGENT_OCIDIST_HEAD_MAX ? gcr_err_set(err, -E2BIG, "request head over %d bytes",
+								  AGENT_OCIDIST_HEAD_MAX)
+						     : -EAGAIN;
 	/* Request line: METHOD SP target SP HTTP/1.x CRLF. */
 	size_t i = 0;
 	while (i < end && tchar((unsigned char)buf[i]))
@@ -162,8 +162,8 @@ int agent_ociimg_head(const char *buf, size_t len, struct agent_ocihead *out, st
 	/* Headers, up to the empty line at end - 2. */
 	int nh = 0;
 	while (i < end - 2) {
-		if (++nh > AGENT_OCIIMG_HEADERS_MAX)
-			return gcr_err_set(err, -EINVAL, "more than %d headers", AGENT_OCIIMG_HEADERS_MAX);
+		if (++nh > AGENT_OCIDIST_HEADERS_MAX)
+			return gcr_err_set(err, -EINVAL, "more than %d headers", AGENT_OCIDIST_HEADERS_MAX);
 		size_t n = i;
 		while (n < end && tchar((unsigned char)buf[n]))
 			n++;
@@ -201,9 +201,9 @@ int agent_ociimg_head(const char *buf, size_t len, struct agent_ocihead *out, st
 	return 0;
 }
 
-int agent_ociimg_token(char out[AGENT_OCIIMG_TOKEN_LEN + 1], struct gcr_err *err)
+int agent_ocidist_token(char out[AGENT_OCIDIST_TOKEN_LEN + 1], struct gcr_err *err)
 {
-	unsigned char r[AGENT_OCIIMG_TOKEN_LEN / 2];
+	unsigned char r[AGENT_OCIDIST_TOKEN_LEN / 2];
 	static const char hx[] = "0123456789abcdef";
 	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
 		return gcr_err_set(err, -EAGAIN, "getrandom: %s", strerror(errno));
@@ -211,7 +211,7 @@ int agent_ociimg_token(char out[AGENT_OCIIMG_TOKEN_LEN + 1], struct gcr_err *err
 		out[2 * i] = hx[r[i] >> 4];
 		out[2 * i + 1] = hx[r[i] & 15];
 	}
-	out[AGENT_OCIIMG_TOKEN_LEN] = '\0';
+	out[AGENT_OCIDIST_TOKEN_LEN] = '\0';
 	return 0;
 }
 
@@ -227,8 +227,8 @@ static int doc(json_t *j, char **text, char digest[72])
 	return 0;
 }
 
-int agent_ociimg_build(const char *container, const char *layer_hex, long long layer_size, struct agent_ociimg *out,
-		       struct gcr_err *err)
+int agent_ocidist_build(const char *container, const char *layer_hex, long long layer_size,
+			struct agent_ocidist_image *out, struct gcr_err *err)
 {
 	memset(out, 0, sizeof(*out));
 	if (strlen(layer_hex) != 64 || !lower_hex(layer_hex, 64) || layer_size < 0 || container[0] == '\0')
@@ -240,26 +240,26 @@ int agent_ociimg_build(const char *container, const char *layer_hex, long long l
 		     &out->config, out->config_digest);
 	if (rc == 0)
 		rc = doc(json_pack("{s:i, s:s, s:{s:s, s:s, s:I}, s:[{s:s, s:s, s:I}], s:{s:s}}", "schemaVersion", 2,
-				   "mediaType", AGENT_OCIIMG_MT_MANIFEST, "config", "mediaType", AGENT_OCIIMG_MT_CONFIG,
+				   "mediaType", AGENT_OCIDIST_MT_MANIFEST, "config", "mediaType", AGENT_OCIDIST_MT_CONFIG,
 				   "digest", out->config_digest, "size", (json_int_t)strlen(out->config), "layers",
-				   "mediaType", AGENT_OCIIMG_MT_LAYER, "digest", out->layer_digest, "size",
-				   (json_int_t)layer_size, "annotations", AGENT_OCIIMG_CKPT_ANNOTATION, container),
+				   "mediaType", AGENT_OCIDIST_MT_LAYER, "digest", out->layer_digest, "size",
+				   (json_int_t)layer_size, "annotations", AGENT_OCIDIST_CKPT_ANNOTATION, container),
 			 &out->manifest, out->manifest_digest);
 	if (rc == 0)
 		rc = doc(json_pack("{s:i, s:s, s:{s:s}, s:[{s:s, s:s, s:I, s:{s:s, s:s}}]}", "schemaVersion", 2,
-				   "mediaType", AGENT_OCIIMG_MT_INDEX, "annotations", AGENT_OCIIMG_CKPT_ANNOTATION,
-				   container, "manifests", "mediaType", AGENT_OCIIMG_MT_MANIFEST, "digest",
+				   "mediaType", AGENT_OCIDIST_MT_INDEX, "annotations", AGENT_OCIDIST_CKPT_ANNOTATION,
+				   container, "manifests", "mediaType", AGENT_OCIDIST_MT_MANIFEST, "digest",
 				   out->manifest_digest, "size", (json_int_t)strlen(out->manifest), "platform",
 				   "architecture", "amd64", "os", "linux"),
 			 &out->index, out->index_digest);
 	if (rc < 0) {
-		agent_ociimg_clear(out);
+		agent_ocidist_clear(out);
 		return gcr_err_set(err, rc, "out of memory");
 	}
 	return 0;
 }
 
-void agent_ociimg_clear(struct agent_ociimg *img)
+void agent_ocidist_clear(struct agent_ocidist_image *img)
 {
 	free(img->config);
 	free(img->manifest);
@@ -267,8 +267,8 @@ void agent_ociimg_clear(struct agent_ociimg *img)
 	img->config = img->manifest = img->index = NULL;
 }
 
-int agent_ociimg_ref(int port, const char *ns, const char *name, const char *token, char *out, size_t len)
+int agent_ocidist_ref(int port, const char *ns, const char *name, const char *token, char *out, size_t len)
 {
-	int n = snprintf(out, len, "127.0.0.1:%d/%s/%s/%s:%s", port, AGENT_OCIIMG_REPO, ns, name, token);
+	int n = snprintf(out, len, "127.0.0.1:%d/%s/%s/%s:%s", port, AGENT_OCIDIST_REPO, ns, name, token);
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }

@@ -1,7 +1,7 @@
-/* test_agent_ociimg: the node registry's pure half: SHA-256 against known digests, the request
- * paths accepted and refused (every segment), the token, and the image built around a layer
- * (its documents' digests are their own sha256; the annotation containerd restores from). */
-#include "agent_ociimg.h"
+/* test_agent_ocidist: the node registry's pure half: SHA-256 against known digests, the request
+ * paths accepted and refused (every segment), the token, and the container image built around a
+ * layer (its documents' digests are their own sha256; the annotation containerd restores from). */
+#include "agent_ocidist.h"
 #include "util.h"
 
 #include <errno.h>
@@ -39,7 +39,7 @@ static void test_sha256(void)
 static int parse(const char *p, struct agent_ocireq *q)
 {
 	struct gcr_err err = { 0 };
-	int rc = agent_ociimg_parse(p, strlen(p), q, &err);
+	int rc = agent_ocidist_parse(p, strlen(p), q, &err);
 	CHECK(rc == 0 || (err.code == rc && err.msg[0] != '\0'));
 	return rc;
 }
@@ -84,28 +84,28 @@ static void test_parse(void)
 	}
 	/* A NUL inside the given length. */
 	struct gcr_err err = { 0 };
-	CHECK(agent_ociimg_parse("/v2/\0", 5, &q, &err) == -EINVAL);
+	CHECK(agent_ocidist_parse("/v2/\0", 5, &q, &err) == -EINVAL);
 	/* Length, not NUL, bounds the path. */
-	CHECK(agent_ociimg_parse("/v2/xyz", 4, &q, &err) == 0 && q.kind == AGENT_OCIREQ_BASE);
+	CHECK(agent_ocidist_parse("/v2/xyz", 4, &q, &err) == 0 && q.kind == AGENT_OCIREQ_BASE);
 }
 
 static void test_token(void)
 {
-	char a[AGENT_OCIIMG_TOKEN_LEN + 1], b[AGENT_OCIIMG_TOKEN_LEN + 1];
+	char a[AGENT_OCIDIST_TOKEN_LEN + 1], b[AGENT_OCIDIST_TOKEN_LEN + 1];
 	struct gcr_err err = { 0 };
-	CHECK(agent_ociimg_token(a, &err) == 0 && agent_ociimg_token(b, &err) == 0);
-	CHECK(agent_ociimg_token_valid(a) && agent_ociimg_token_valid(b) && strcmp(a, b) != 0);
-	CHECK(!agent_ociimg_token_valid(NULL) && !agent_ociimg_token_valid("") && !agent_ociimg_token_valid(TOK "0"));
-	CHECK(!agent_ociimg_token_valid("0011223344556677889900aabbccddeG"));
+	CHECK(agent_ocidist_token(a, &err) == 0 && agent_ocidist_token(b, &err) == 0);
+	CHECK(agent_ocidist_token_valid(a) && agent_ocidist_token_valid(b) && strcmp(a, b) != 0);
+	CHECK(!agent_ocidist_token_valid(NULL) && !agent_ocidist_token_valid("") && !agent_ocidist_token_valid(TOK "0"));
+	CHECK(!agent_ocidist_token_valid("0011223344556677889900aabbccddeG"));
 	char ref[200];
-	CHECK(agent_ociimg_ref(5055, "ns", "ck", a, ref, sizeof(ref)) == 0);
+	CHECK(agent_ocidist_ref(5055, "ns", "ck", a, ref, sizeof(ref)) == 0);
 	CHECK(strncmp(ref, "127.0.0.1:5055/gcr-evict/ns/ck:", 31) == 0 && strcmp(ref + 31, a) == 0);
 	struct agent_ocireq q;
 	char path[300];
 	/* The reference the scaler writes becomes a path the registry accepts. */
 	snprintf(path, sizeof(path), "/v2/gcr-evict/ns/ck/manifests/%s", strrchr(ref, ':') + 1);
 	CHECK(parse(path, &q) == 0 && strcmp(q.ref, a) == 0);
-	CHECK(agent_ociimg_ref(5055, "ns", "ck", a, ref, 20) == -ENAMETOOLONG);
+	CHECK(agent_ocidist_ref(5055, "ns", "ck", a, ref, 20) == -ENAMETOOLONG);
 }
 
 static int digest_of(const char *doc, const char *digest)
@@ -118,15 +118,15 @@ static int digest_of(const char *doc, const char *digest)
 
 static void test_build(void)
 {
-	struct agent_ociimg img;
+	struct agent_ocidist_image img;
 	struct gcr_err err = { 0 };
-	CHECK(agent_ociimg_build("main", D64, 12345, &img, &err) == 0);
+	CHECK(agent_ocidist_build("main", D64, 12345, &img, &err) == 0);
 	CHECK(digest_of(img.config, img.config_digest) && digest_of(img.manifest, img.manifest_digest) &&
 	      digest_of(img.index, img.index_digest));
 	CHECK_STR(img.layer_digest, "sha256:" D64);
 	json_t *ix = json_loads(img.index, 0, NULL), *mf = json_loads(img.manifest, 0, NULL);
 	CHECK(ix != NULL && mf != NULL);
-	CHECK_STR(json_string_value(json_object_get(json_object_get(ix, "annotations"), AGENT_OCIIMG_CKPT_ANNOTATION)),
+	CHECK_STR(json_string_value(json_object_get(json_object_get(ix, "annotations"), AGENT_OCIDIST_CKPT_ANNOTATION)),
 		  "main");
 	json_t *m0 = json_array_get(json_object_get(ix, "manifests"), 0);
 	CHECK_STR(json_string_value(json_object_get(m0, "digest")), img.manifest_digest);
@@ -136,16 +136,16 @@ static void test_build(void)
 	CHECK_STR(json_string_value(json_object_get(json_object_get(mf, "config"), "digest")), img.config_digest);
 	json_decref(ix);
 	json_decref(mf);
-	agent_ociimg_clear(&img);
-	agent_ociimg_clear(&img); /* twice: safe */
-	CHECK(agent_ociimg_build("main", "xyz", 1, &img, &err) == -EINVAL);
-	CHECK(agent_ociimg_build("", D64, 1, &img, &err) == -EINVAL);
+	agent_ocidist_clear(&img);
+	agent_ocidist_clear(&img); /* twice: safe */
+	CHECK(agent_ocidist_build("main", "xyz", 1, &img, &err) == -EINVAL);
+	CHECK(agent_ocidist_build("", D64, 1, &img, &err) == -EINVAL);
 }
 
 static int head(const char *h, struct agent_ocihead *out)
 {
 	struct gcr_err err = { 0 };
-	int rc = agent_ociimg_head(h, strlen(h), out, &err);
+	int rc = agent_ocidist_head(h, strlen(h), out, &err);
 	CHECK(rc == 0 || rc == -EAGAIN || (err.code == rc && err.msg[0] != '\0' && strchr(err.msg, '\n') == NULL));
 	return rc;
 }
@@ -187,24 +187,24 @@ static void test_head(void)
 	}
 	/* A NUL in the target or a header. */
 	struct gcr_err err = { 0 };
-	CHECK(agent_ociimg_head("GET /v\0/ HTTP/1.1\r\n\r\n", 23, &h, &err) == -EINVAL);
-	CHECK(agent_ociimg_head("GET / HTTP/1.1\r\nX: \0\r\n\r\n", 26, &h, &err) == -EINVAL);
+	CHECK(agent_ocidist_head("GET /v\0/ HTTP/1.1\r\n\r\n", 23, &h, &err) == -EINVAL);
+	CHECK(agent_ocidist_head("GET / HTTP/1.1\r\nX: \0\r\n\r\n", 26, &h, &err) == -EINVAL);
 	/* Too many headers; a head past the size with no end. */
-	char *big = malloc(AGENT_OCIIMG_HEAD_MAX + 64);
+	char *big = malloc(AGENT_OCIDIST_HEAD_MAX + 64);
 	CHECK(big != NULL);
 	if (big != NULL) {
 		size_t n = (size_t)snprintf(big, 64, "GET / HTTP/1.1\r\n");
-		for (int i = 0; i <= AGENT_OCIIMG_HEADERS_MAX; i++)
+		for (int i = 0; i <= AGENT_OCIDIST_HEADERS_MAX; i++)
 			n += (size_t)snprintf(big + n, 16, "X: %d\r\n", i % 10);
 		memcpy(big + n, "\r\n", 3);
-		CHECK(agent_ociimg_head(big, n + 2, &h, &err) == -EINVAL);
-		memset(big, 'a', AGENT_OCIIMG_HEAD_MAX + 10);
+		CHECK(agent_ocidist_head(big, n + 2, &h, &err) == -EINVAL);
+		memset(big, 'a', AGENT_OCIDIST_HEAD_MAX + 10);
 		memcpy(big, "GET /", 5);
-		CHECK(agent_ociimg_head(big, AGENT_OCIIMG_HEAD_MAX + 10, &h, &err) == -E2BIG);
-		CHECK(agent_ociimg_head(big, AGENT_OCIIMG_HEAD_MAX - 1, &h, &err) == -EAGAIN);
+		CHECK(agent_ocidist_head(big, AGENT_OCIDIST_HEAD_MAX + 10, &h, &err) == -E2BIG);
+		CHECK(agent_ocidist_head(big, AGENT_OCIDIST_HEAD_MAX - 1, &h, &err) == -EAGAIN);
 		/* An end just past the size is not looked for. */
-		memcpy(big + AGENT_OCIIMG_HEAD_MAX - 2, "\r\n\r\n", 4);
-		CHECK(agent_ociimg_head(big, AGENT_OCIIMG_HEAD_MAX + 2, &h, &err) == -E2BIG);
+		memcpy(big + AGENT_OCIDIST_HEAD_MAX - 2, "\r\n\r\n", 4);
+		CHECK(agent_ocidist_head(big, AGENT_OCIDIST_HEAD_MAX + 2, &h, &err) == -E2BIG);
 		free(big);
 	}
 }
@@ -216,5 +216,5 @@ int main(void)
 	test_token();
 	test_build();
 	test_head();
-	return test_summary("test_agent_ociimg");
+	return test_summary("test_agent_ocidist");
 }

@@ -1,7 +1,7 @@
-/* agent_criimg: two CRI calls over gRPC core (the device plugin's library), each a unary call
+/* agent_cristore: two CRI calls over gRPC core (the device plugin's library), each a unary call
  * on a channel of its own, waited for on a completion queue of its own: the sweep runs every
  * few seconds, so nothing is kept open between calls. */
-#include "agent_criimg.h"
+#include "agent_cristore.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer_reader.h>
@@ -15,12 +15,12 @@
 
 #include "cri.pb-c.h"
 
-void agent_criimg_init(void)
+void agent_cristore_init(void)
 {
 	grpc_init();
 }
 
-void agent_criimg_shutdown(void)
+void agent_cristore_shutdown(void)
 {
 	grpc_shutdown();
 }
@@ -39,7 +39,7 @@ static int call(const char *endpoint, const char *method, const uint8_t *req, si
 	grpc_channel_credentials_release(creds);
 	grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
 	gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-				       gpr_time_from_millis(AGENT_CRIIMG_TIMEOUT_MS, GPR_TIMESPAN));
+				       gpr_time_from_millis(AGENT_CRISTORE_TIMEOUT_MS, GPR_TIMESPAN));
 	grpc_call *c = ch && cq ? grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
 							   grpc_slice_from_static_string(method), NULL, dl, NULL)
 				: NULL;
@@ -123,7 +123,7 @@ static int call(const char *endpoint, const char *method, const uint8_t *req, si
 	return rc;
 }
 
-void agent_criimg_list_clear(struct agent_criimg_list *l)
+void agent_cristore_list_clear(struct agent_cristore_list *l)
 {
 	for (size_t i = 0; i < l->n; i++)
 		for (size_t k = 0; k < l->img[i].nnames; k++)
@@ -138,7 +138,8 @@ static int under(const char *name, const char *prefix)
 	return name != NULL && strncmp(name, prefix, strlen(prefix)) == 0;
 }
 
-int agent_criimg_images(const char *endpoint, const char *prefix, struct agent_criimg_list *out, struct gcr_err *err)
+int agent_cristore_images(const char *endpoint, const char *prefix, struct agent_cristore_list *out,
+			  struct gcr_err *err)
 {
 	memset(out, 0, sizeof(*out));
 	Runtime__V1__ListImagesRequest req = RUNTIME__V1__LIST_IMAGES_REQUEST__INIT;
@@ -153,18 +154,18 @@ int agent_criimg_images(const char *endpoint, const char *prefix, struct agent_c
 		return gcr_err_set(err, -EBADMSG, "CRI ListImages: an answer that does not decode");
 	for (size_t i = 0; rc == 0 && i < r->n_images; i++) {
 		const Runtime__V1__Image *im = r->images[i];
-		struct agent_criimg_image one = { 0 };
+		struct agent_cristore_image one = { 0 };
 		if (im->id == NULL || strlen(im->id) >= sizeof(one.id))
 			continue;
 		snprintf(one.id, sizeof(one.id), "%s", im->id);
-		for (size_t k = 0; k < im->n_repo_tags + im->n_repo_digests && one.nnames < AGENT_CRIIMG_MAX_NAMES; k++) {
+		for (size_t k = 0; k < im->n_repo_tags + im->n_repo_digests && one.nnames < AGENT_CRISTORE_MAX_NAMES; k++) {
 			const char *nm = k < im->n_repo_tags ? im->repo_tags[k] : im->repo_digests[k - im->n_repo_tags];
 			if (under(nm, prefix) && (one.names[one.nnames] = strdup(nm)) != NULL)
 				one.nnames++;
 		}
 		if (one.nnames == 0)
 			continue;
-		struct agent_criimg_image *g = realloc(out->img, (out->n + 1) * sizeof(*g));
+		struct agent_cristore_image *g = realloc(out->img, (out->n + 1) * sizeof(*g));
 		if (g == NULL) {
 			for (size_t k = 0; k < one.nnames; k++)
 				free(one.names[k]);
@@ -176,11 +177,11 @@ int agent_criimg_images(const char *endpoint, const char *prefix, struct agent_c
 	}
 	runtime__v1__list_images_response__free_unpacked(r, NULL);
 	if (rc < 0)
-		agent_criimg_list_clear(out);
+		agent_cristore_list_clear(out);
 	return rc;
 }
 
-int agent_criimg_remove(const char *endpoint, const char *id, struct gcr_err *err)
+int agent_cristore_remove(const char *endpoint, const char *id, struct gcr_err *err)
 {
 	Runtime__V1__ImageSpec spec = RUNTIME__V1__IMAGE_SPEC__INIT;
 	spec.image = (char *)id;

@@ -1,21 +1,21 @@
-/* shim_image: the host image of one physical allocation while it is staged (and,
+/* shim_chunks: the host-side chunk table of one physical allocation while it is staged (and,
  * with GCR_INCREMENTAL, kept after resume): per 2 MiB chunk, where its bytes sit
  * in the staging pool or that they are all zero, and the digest they had. */
-#ifndef SHIM_IMAGE_H
-#define SHIM_IMAGE_H
+#ifndef SHIM_CHUNKS_H
+#define SHIM_CHUNKS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "shim_digest.h"
 
-#define SHIM_IMAGE_NONE UINT64_MAX /* no placement in the pool yet */
+#define SHIM_CHUNKS_NONE UINT64_MAX /* no placement in the pool yet */
 
-struct shim_image {
+struct shim_chunks {
 	size_t nchunks;
 	int complete;      /* every chunk's bytes are in the pool or zero, matching dig */
 	int have_digests;  /* dig holds real digests (the kernel ran) */
-	uint64_t *off;     /* pool offset per chunk, or SHIM_IMAGE_NONE */
+	uint64_t *off;     /* pool offset per chunk, or SHIM_CHUNKS_NONE */
 	uint8_t *zero;     /* 1: the chunk is all zero (nothing in the pool) */
 	struct shim_digest *dig;
 	/* After image-read: the data is read from this image file by the resume itself (no
@@ -26,16 +26,16 @@ struct shim_image {
 	uint32_t *src_crc; /* owned */
 };
 
-/* An image for size bytes, no placements; NULL when out of memory. */
-struct shim_image *shim_image_new(uint64_t size);
+/* A chunk table for size bytes, no placements; NULL when out of memory. */
+struct shim_chunks *shim_chunks_new(uint64_t size);
 /* Forgets placements, content and the file source (the pool was reset). */
-void shim_image_clear(struct shim_image *img);
-/* Bytes of pool placed for this image. */
-uint64_t shim_image_placed(const struct shim_image *img);
-void shim_image_free(struct shim_image *img); /* NULL-safe */
-/* Forgets everything (shim_image_clear) and makes room for a file's chunk offsets and checksums
+void shim_chunks_clear(struct shim_chunks *ck);
+/* Bytes of pool placed for this table. */
+uint64_t shim_chunks_placed(const struct shim_chunks *ck);
+void shim_chunks_free(struct shim_chunks *ck); /* NULL-safe */
+/* Forgets everything (shim_chunks_clear) and makes room for a file's chunk offsets and checksums
  * (src_off, src_crc, zeroed), no file attached yet (src_fd -1): the suspend to an image fills
  * them, image-read fills them and sets src_fd. 0 or -ENOMEM. */
-int shim_image_record(struct shim_image *img, const char *name);
+int shim_chunks_record(struct shim_chunks *ck, const char *name);
 
 #endif
