@@ -16,7 +16,8 @@ ARG CHECK=0
 ENV DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
-# CI's package list (scripts/install-deps.sh), plus pip for its CUDA 13.0 headers
+# CI's package list (scripts/install-deps.sh: protobuf-c-compiler among them, for the C code the
+# build makes from node-agent/'s .proto files), plus pip for its CUDA 13.0 headers
 # (headers only: libcuda is opened at run time, never linked or shipped).
 RUN apt-get update -qq && \
     apt-get install -y -qq --no-install-recommends ca-certificates python3-pip && \

@@ -61,20 +61,20 @@ node_agent_gcr_agent_LDADD = node-agent/libgcragent.la node-agent/libgcrreg.la n
 	lib/libgcrcontrol.la $(JANSSON_LIBS) $(YAML_LIBS) $(CURL_LIBS) $(MHD_LIBS) $(GNUTLS_LIBS) -ldl
 
 # The checkpoint-image registry's transport (TLS with GnuTLS: agent_regtls, agent_ocisrv) and the
-# node's image store through the CRI (gRPC core, protobuf-c messages generated from cri.proto,
-# committed: scripts/gen-cri-proto.sh). A library of their own so that their unit tests link
-# them without the kube client.
+# node's image store through the CRI (gRPC core, protobuf-c messages generated from cri.proto
+# at build time, below). A library of their own so that their unit tests link them without the
+# kube client.
 noinst_LTLIBRARIES += node-agent/libgcrreg.la
 node_agent_libgcrreg_la_SOURCES = \
 	node-agent/node/agent_regtls.c node-agent/node/agent_regtls.h \
 	node-agent/node/agent_ocisrv.c node-agent/node/agent_ocisrv.h \
-	node-agent/node/agent_cristore.c node-agent/node/agent_cristore.h \
-	node-agent/node/cri.pb-c.c node-agent/node/cri.pb-c.h
+	node-agent/node/agent_cristore.c node-agent/node/agent_cristore.h
+nodist_node_agent_libgcrreg_la_SOURCES = node-agent/node/cri.pb-c.c node-agent/node/cri.pb-c.h
 node_agent_libgcrreg_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcrreg_la_CFLAGS = $(AM_CFLAGS) $(GNUTLS_CFLAGS) $(GRPC_CFLAGS) $(PROTOBUF_C_CFLAGS)
 node_agent_libgcrreg_la_LIBADD = node-agent/libgcragent.la lib/libgcrcommon.la $(GNUTLS_LIBS) $(GRPC_LIBS) \
 	$(PROTOBUF_C_LIBS)
-EXTRA_DIST += node-agent/node/cri.proto scripts/gen-cri-proto.sh
+EXTRA_DIST += node-agent/node/cri.proto
 # gcr-hold: a pod's preStop hook (eviction imaging), shipped beside the shim in /opt/gcr/lib
 # (scripts/image-stage.sh). Static and libc-only, so it runs in any container image; hence
 # no sanitizers either (they cannot link statically).
@@ -84,13 +84,13 @@ node_agent_gcr_hold_CPPFLAGS = -D_GNU_SOURCE
 node_agent_gcr_hold_CFLAGS = -std=c11 $(WARN_CFLAGS)
 node_agent_gcr_hold_LDFLAGS = -all-static
 
-# The kubelet device plugin: protobuf-c messages generated from the kubelet's
-# api.proto (committed, see scripts/gen-deviceplugin-proto.sh) and gRPC core.
+# The kubelet device plugin: protobuf-c messages generated at build time (below) from the
+# kubelet's api.proto (committed, see scripts/gen-deviceplugin-proto.sh) and gRPC core.
 noinst_LTLIBRARIES += node-agent/libgcrdp.la
 node_agent_libgcrdp_la_SOURCES = \
 	node-agent/deviceplugin/agent_dpmsg.c node-agent/deviceplugin/agent_dpmsg.h \
-	node-agent/deviceplugin/agent_deviceplugin.c node-agent/deviceplugin/agent_deviceplugin.h \
-	node-agent/deviceplugin/api.pb-c.c node-agent/deviceplugin/api.pb-c.h
+	node-agent/deviceplugin/agent_deviceplugin.c node-agent/deviceplugin/agent_deviceplugin.h
+nodist_node_agent_libgcrdp_la_SOURCES = node-agent/deviceplugin/api.pb-c.c node-agent/deviceplugin/api.pb-c.h
 node_agent_libgcrdp_la_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_libgcrdp_la_CFLAGS = $(AM_CFLAGS) $(GRPC_CFLAGS) $(PROTOBUF_C_CFLAGS)
 node_agent_libgcrdp_la_LIBADD = lib/libgcrcommon.la $(GRPC_LIBS) $(PROTOBUF_C_LIBS)
@@ -101,3 +101,23 @@ noinst_PROGRAMS += node-agent/gcr-dp-standalone
 node_agent_gcr_dp_standalone_SOURCES = node-agent/deviceplugin/gcr-dp-standalone.c
 node_agent_gcr_dp_standalone_CPPFLAGS = $(AM_CPPFLAGS) $(AGENT_INCLUDES)
 node_agent_gcr_dp_standalone_LDADD = node-agent/libgcrdp.la
+
+# The protobuf-c code of the .proto files above, made in the build tree (the .proto files are
+# the only sources; scripts/protoc-c.sh). BUILT_SOURCES makes them before any object that
+# includes them (agent_dpmsg.h, agent_criimg.c); the build tree's folders are in AGENT_INCLUDES.
+# One run writes both files: the .h follows the .c, and is made again if it alone is gone.
+PROTOC_C_GEN = $(AM_V_GEN)PROTOC_C='$(PROTOC_C)' $(SHELL) $(srcdir)/scripts/protoc-c.sh
+PB_C_FILES = node-agent/node/cri.pb-c.c node-agent/node/cri.pb-c.h \
+	node-agent/deviceplugin/api.pb-c.c node-agent/deviceplugin/api.pb-c.h
+BUILT_SOURCES += $(PB_C_FILES)
+CLEANFILES += $(PB_C_FILES)
+EXTRA_DIST += scripts/protoc-c.sh
+node-agent/node/cri.pb-c.c: $(srcdir)/node-agent/node/cri.proto $(srcdir)/scripts/protoc-c.sh
+	$(PROTOC_C_GEN) $(srcdir)/node-agent/node/cri.proto node-agent/node
+node-agent/node/cri.pb-c.h: node-agent/node/cri.pb-c.c
+	@test -f $@ || { rm -f node-agent/node/cri.pb-c.c && $(MAKE) $(AM_MAKEFLAGS) node-agent/node/cri.pb-c.c; }
+node-agent/deviceplugin/api.pb-c.c: $(srcdir)/node-agent/deviceplugin/api.proto $(srcdir)/scripts/protoc-c.sh
+	$(PROTOC_C_GEN) $(srcdir)/node-agent/deviceplugin/api.proto node-agent/deviceplugin
+node-agent/deviceplugin/api.pb-c.h: node-agent/deviceplugin/api.pb-c.c
+	@test -f $@ || { rm -f node-agent/deviceplugin/api.pb-c.c && \
+		$(MAKE) $(AM_MAKEFLAGS) node-agent/deviceplugin/api.pb-c.c; }

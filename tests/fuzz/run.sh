@@ -8,17 +8,19 @@
 #                 (default: a fresh directory under ${TMPDIR:-/tmp})
 #   FUZZ_TARGETS  space-separated subset of the targets below (default: all)
 #   CLANG         compiler (default clang-14)
+#   PROTOC_C      protobuf-c's compiler (default protoc-c), for the generated code below
 set -u
 
 # One line per target: name|sources besides the common ones|pkg-config modules.
 # The target's own file is tests/fuzz/<name>.c and its seeds are under
 # tests/fuzz/corpus/<name>/; a dictionary tests/fuzz/dict/<name>.dict is optional.
+# @GEN@/ names protobuf-c code made here from a .proto file (PROTOS below), as the build does.
 TARGETS='
 fuzz_cgroup|node-agent/node/agent_cgroup.c|
 fuzz_proto|lib/gcr_proto.c|jansson
 fuzz_kubeconfig|node-agent/kube/agent_kubeconfig.c|yaml-0.1
 fuzz_watch|node-agent/kube/agent_watch.c|jansson
-fuzz_dpmsg|node-agent/deviceplugin/agent_dpmsg.c node-agent/deviceplugin/api.pb-c.c|libprotobuf-c
+fuzz_dpmsg|node-agent/deviceplugin/agent_dpmsg.c @GEN@/api.pb-c.c|libprotobuf-c
 fuzz_scalemsg|node-agent/msg/agent_scalemsg.c lib/gcr_shimreply.c lib/gcr_groupmsg.c lib/gcr_proto.c|jansson
 fuzz_criu|lib/gcr_criu.c|
 fuzz_ctrdump|lib/gcr_ctrdump.c lib/gcr_criu.c|
@@ -38,12 +40,15 @@ fuzz_imagemac|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256
 '
 # Linked into every target.
 COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c lib/gcr_time.c'
+# The .proto files whose C code (scripts/protoc-c.sh) the targets compile from @GEN@/.
+PROTOS='node-agent/deviceplugin/api.proto'
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-12}
 CLANG=${CLANG:-clang-14}
 FUZZ_WORKDIR=${FUZZ_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/gcr-fuzz.XXXXXX")}
+GEN=$FUZZ_WORKDIR/gen
 CFLAGS_FUZZ="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
-	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/node -Inode-agent/msg -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit -Inode-agent/evict"
+	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/node -Inode-agent/msg -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit -Inode-agent/evict -I$GEN"
 
 if [ ! -f tests/fuzz/run.sh ]; then
 	echo "run.sh: run me from the repository root" >&2
@@ -51,6 +56,10 @@ if [ ! -f tests/fuzz/run.sh ]; then
 fi
 mkdir -p "$FUZZ_WORKDIR" || exit 2
 echo "fuzz: ${FUZZ_SECONDS}s per target, outputs in $FUZZ_WORKDIR"
+# A failure here fails the targets that compile the missing code, not the others.
+for p in $PROTOS; do
+	scripts/protoc-c.sh "$p" "$GEN" || echo "fuzz: scripts/protoc-c.sh $p failed (PROTOC_C=${PROTOC_C:-protoc-c})"
+done
 
 passed=0
 failed=0
@@ -61,6 +70,7 @@ while IFS='|' read -r name sources modules; do
 		case " $FUZZ_TARGETS " in *" $name "*) ;; *) continue ;; esac
 	fi
 	bin="$FUZZ_WORKDIR/$name"
+	sources=$(printf '%s\n' "$sources" | sed "s|@GEN@|$GEN|g")
 	log="$FUZZ_WORKDIR/$name.log"
 	pkg_cflags=''
 	pkg_libs=''

@@ -10,7 +10,9 @@
 #  5. node-agent/'s folders point one way: msg/ (wire formats) < kube/ (the API, pods) < node/
 #     (the node's services) < the roles (controller/, scaler/, overcommit/, evict/,
 #     deviceplugin/), which never include each other < daemon/ (the entry and its wiring);
-#  6. docs/architecture.md's module table links every .c file of shim/, lib/ and node-agent/;
+#  6. docs/architecture.md's module table links every .c file of shim/, lib/ and node-agent/, and
+#     every .proto file (whose protobuf-c code, *.pb-c.c, the build makes: an in-tree build's copy
+#     has no row);
 #  7. shim/core includes no vendor header (cuda.h, cudaTypedefs.h, hip/..., nccl.h, ...), directly
 #     or through any header it includes, and names no backend-only symbol: of shim/cuda and
 #     shim/hip it knows only the ops tables (shim_cuda_ops, shim_hip_ops) and the hook tables
@@ -129,11 +131,14 @@ for p in sources('node-agent'):
             if dst != src and rank.get(dst, 99) >= rank[src]:
                 fail.append('%s includes %s (node-agent/%s/ may not depend on %s/)' % (rp, rq, src, dst))
 
-# A newcomer finds every module in docs/architecture.md: each .c file has its row, linked.
+# A newcomer finds every module in docs/architecture.md: each .c (not generated) and .proto file has
+# its row, linked.
 doc = open(os.path.join(top, 'docs', 'architecture.md'), errors='replace').read()
-for p in sources('shim', 'lib', 'node-agent'):
+protos = [os.path.join(r, f) for d in ('shim', 'lib', 'node-agent')
+          for r, _, fs in os.walk(os.path.join(top, d)) for f in fs if f.endswith('.proto')]
+for p in list(sources('shim', 'lib', 'node-agent')) + protos:
     rp = os.path.relpath(p, top)
-    if rp.endswith('.c') and '(../%s)' % rp not in doc:
+    if rp.endswith(('.c', '.proto')) and not rp.endswith('.pb-c.c') and '(../%s)' % rp not in doc:
         fail.append('%s has no row in docs/architecture.md ("[`...`](../%s) | what it owns |")' % (rp, rp))
 
 # shim/core is vendor-neutral: no vendor header reaches it, not even through a header of its
