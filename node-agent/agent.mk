@@ -104,7 +104,7 @@ node_agent_gcr_dp_standalone_LDADD = node-agent/libgcrdp.la
 
 # The protobuf-c code of the .proto files above, made in the build tree (the .proto files are
 # the only sources; scripts/protoc-c.sh). BUILT_SOURCES makes them before any object that
-# includes them (agent_dpmsg.h, agent_criimg.c); the build tree's folders are in AGENT_INCLUDES.
+# includes them (agent_dpmsg.h, agent_cristore.c); the build tree's folders are in AGENT_INCLUDES.
 # One run writes both files: the .h follows the .c, and is made again if it alone is gone.
 PROTOC_C_GEN = $(AM_V_GEN)PROTOC_C='$(PROTOC_C)' $(SHELL) $(srcdir)/scripts/protoc-c.sh
 PB_C_FILES = node-agent/node/cri.pb-c.c node-agent/node/cri.pb-c.h \
