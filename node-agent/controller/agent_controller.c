@@ -1,6 +1,8 @@
 /* agent_controller: reconciles Checkpoint and Restore objects for pods on this node: caches
- * from three watches (kube/agent_objmap), workers that take keys from kube/agent_workq and run
- * C/R through gcr_cr (different pods in parallel, one operation per pod at a time). This file is
+ * from three watches (the process's shared mirrors, kube/agent_informer: in role all the
+ * Checkpoints' and Restores' watches are the scaler's roles' too), workers that take keys from
+ * kube/agent_workq and run C/R through gcr_cr (different pods in parallel, one operation per
+ * pod at a time). This file is
  * the dispatch (what a cache change queues, claims, workers) and
  * what every action shares (status, Events, processes, pods); each action has its agent_ctl_*.c.
  *
@@ -93,8 +95,8 @@ static void touch_locked(struct agent_controller *c, enum kind k, json_t *obj)
 		pthread_cond_broadcast(&c->ck_changed);
 		const char *rk;
 		json_t *r;
-		json_object_foreach(agent_ctl_cache_locked(c, K_RS), rk, r)
-		{
+		for (void *it = agent_informer_next_locked(c->sub[K_RS], NULL, &rk, &r); it != NULL;
+		     it = agent_informer_next_locked(c->sub[K_RS], it, &rk, &r)) {
 			const char *rns = agent_ctl_md_str(r, "namespace"), *ck = spec_str(r, "checkpointName");
 			if (rns && ck && strcmp(rns, ns) == 0 && strcmp(ck, name) == 0) {
 				snprintf(key, sizeof(key), "r:%s", rk);
@@ -135,24 +137,41 @@ static json_t *slim(struct agent_controller *c, enum kind k, json_t *obj)
 	return s;
 }
 
-/* The mirror's slim (agent_objmap): a copy of obj, reduced for another node's objects. */
-static json_t *om_slim(int kind, json_t *obj, void *data)
+/* The controller's view of obj (agent_informer's slim, without the lock; obj is the watch's,
+ * borrowed): a copy of its own, reduced for another node's objects. */
+static json_t *om_slim(enum kind k, json_t *obj, void *data)
 {
 	json_t *copy = json_deep_copy(obj);
-	return copy != NULL ? slim(data, (enum kind)kind, copy) : NULL;
+	return copy != NULL ? slim(data, k, copy) : NULL;
 }
 
-/* Under the lock, a cache changed (agent_objmap): the work it calls for is queued; a deleted
- * object's uid is forgotten; once all three are listed the workers start, and after each list
- * the records whose Checkpoint is gone are looked for in it. */
-static void om_changed(int kind, const char *key, json_t *old, json_t *cur, void *data)
+static json_t *om_slim_pod(json_t *obj, void *data)
 {
-	struct agent_controller *c = data;
-	enum kind k = (enum kind)kind;
+	return om_slim(K_POD, obj, data);
+}
+
+static json_t *om_slim_ck(json_t *obj, void *data)
+{
+	return om_slim(K_CK, obj, data);
+}
+
+static json_t *om_slim_rs(json_t *obj, void *data)
+{
+	return om_slim(K_RS, obj, data);
+}
+
+/* Under the lock, a cache changed (agent_informer's hook of the controller's own views): the
+ * work it calls for is queued; a deleted object's uid is forgotten; once all three are listed
+ * the workers start, and after each list the records whose Checkpoint is gone are looked for in
+ * it. */
+static void om_changed(enum kind k, const char *key, json_t *old, json_t *cur, struct agent_controller *c)
+{
 	if (key == NULL) {
 		const char *kk;
 		json_t *v;
-		json_object_foreach(agent_ctl_cache_locked(c, k), kk, v) touch_locked(c, k, v);
+		for (void *it = agent_informer_next_locked(c->sub[k], NULL, &kk, &v); it != NULL;
+		     it = agent_informer_next_locked(c->sub[k], it, &kk, &v))
+			touch_locked(c, k, v);
 		if (agent_ctl_synced_locked(c)) {
 			enqueue(c, SWEEP_KEY);
 			pthread_cond_broadcast(&c->cond);
@@ -167,14 +186,29 @@ static void om_changed(int kind, const char *key, json_t *old, json_t *cur, void
 	touch_locked(c, k, cur != NULL ? cur : old);
 }
 
-json_t *agent_ctl_cache_locked(struct agent_controller *c, enum kind k)
+static void om_changed_pod(const char *key, json_t *old, json_t *cur, void *data)
 {
-	return agent_objmap_map_locked(c->om, (int)k);
+	om_changed(K_POD, key, old, cur, data);
+}
+
+static void om_changed_ck(const char *key, json_t *old, json_t *cur, void *data)
+{
+	om_changed(K_CK, key, old, cur, data);
+}
+
+static void om_changed_rs(const char *key, json_t *old, json_t *cur, void *data)
+{
+	om_changed(K_RS, key, old, cur, data);
+}
+
+json_t *agent_ctl_cached_locked(struct agent_controller *c, enum kind k, const char *key)
+{
+	return agent_informer_get_locked(c->sub[k], key);
 }
 
 int agent_ctl_synced_locked(struct agent_controller *c)
 {
-	return agent_objmap_synced_locked(c->om);
+	return agent_informer_synced_all_locked(c->sub, NK);
 }
 
 /* A deep copy of a cached object, or NULL. */
@@ -182,9 +216,9 @@ json_t *agent_ctl_cache_get(struct agent_controller *c, enum kind k, const char 
 {
 	char key[600];
 	snprintf(key, sizeof(key), "%s/%s", ns, name);
-	pthread_mutex_lock(&c->lock);
-	json_t *o = json_deep_copy(json_object_get(agent_ctl_cache_locked(c, k), key));
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_lock(c->inf);
+	json_t *o = json_deep_copy(agent_ctl_cached_locked(c, k, key));
+	agent_informers_unlock(c->inf);
 	return o;
 }
 
@@ -193,25 +227,25 @@ int agent_ctl_cache_has_uid(struct agent_controller *c, enum kind k, const char 
 {
 	char key[600];
 	snprintf(key, sizeof(key), "%s/%s", ns, name);
-	pthread_mutex_lock(&c->lock);
-	const char *u = agent_ctl_md_str(json_object_get(agent_ctl_cache_locked(c, k), key), "uid");
+	agent_informers_lock(c->inf);
+	const char *u = agent_ctl_md_str(agent_ctl_cached_locked(c, k, key), "uid");
 	int has = u != NULL && strcmp(u, uid) == 0;
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 	return has;
 }
 
 void agent_ctl_mark_done(struct agent_controller *c, const char *uid)
 {
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	json_object_set_new(c->done, uid, json_true());
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 }
 
 int agent_ctl_is_done(struct agent_controller *c, const char *uid)
 {
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	int d = json_object_get(c->done, uid) != NULL;
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 	return d;
 }
 
@@ -238,11 +272,11 @@ int agent_ctl_nap(struct agent_controller *c, int ms)
 {
 	struct timespec dl;
 	gcr_time_deadline(&dl, ms);
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	int rc = 0;
 	while (!atomic_load(&c->stop) && rc == 0)
-		rc = pthread_cond_timedwait(&c->cond, &c->lock, &dl);
-	pthread_mutex_unlock(&c->lock);
+		rc = agent_informers_wait_locked(c->inf, &c->cond, &dl);
+	agent_informers_unlock(c->inf);
 	return atomic_load(&c->stop) ? 1 : 0;
 }
 
@@ -642,7 +676,7 @@ static void sweep_locked(struct agent_controller *c)
 		snprintf(ckkey, sizeof(ckkey), "%s/%s", json_string_value(json_object_get(e, "ns")),
 			 json_string_value(json_object_get(e, "name")));
 		const char *uid = json_string_value(json_object_get(e, "uid"));
-		const char *u = agent_ctl_md_str(json_object_get(agent_ctl_cache_locked(c, K_CK), ckkey), "uid");
+		const char *u = agent_ctl_md_str(agent_ctl_cached_locked(c, K_CK, ckkey), "uid");
 		snprintf(key, sizeof(key), "o:%s", uid);
 		if ((u == NULL || strcmp(u, uid) != 0) && !agent_workq_waiting(c->q, key))
 			enqueue(c, key);
@@ -712,7 +746,7 @@ static int claim(struct agent_controller *c, const char *pod, const char *key, i
 	ns_of_pod_key(pod, ns, sizeof(ns));
 	share_place(ns, place, sizeof(place));
 	/* Under the lock: a release (which unparks) cannot slip between a refusal and the park. */
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	int got = agent_workq_claim(c->q, pod, key);
 	if (got == 1 && c->workers_share != NULL && agent_share_take(c->workers_share, ns, key, told, &err) < 0) {
 		agent_workq_release(c->q, pod); /* those parked on the pod try again, and park on the share */
@@ -724,7 +758,7 @@ static int claim(struct agent_controller *c, const char *pod, const char *key, i
 	} else if (got == 0) {
 		GCR_LOG(GCR_LOG_INFO, "controller", "%s waits: pod %s has an operation in flight", key, pod);
 	}
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 	if (got < 0) { /* out of memory, or too long a name: tried again later rather than lost */
 		GCR_LOG(GCR_LOG_WARN, "controller", "%s: pod %s not claimed; retrying", key, pod);
 		agent_ctl_retry_later(c, key, 0);
@@ -737,13 +771,13 @@ static void release(struct agent_controller *c, const char *pod)
 	char ns[300], place[310];
 	ns_of_pod_key(pod, ns, sizeof(ns));
 	share_place(ns, place, sizeof(place));
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	agent_workq_release(c->q, pod);
 	if (c->workers_share != NULL) {
 		agent_share_give(c->workers_share, ns);
 		agent_workq_unpark(c->q, place);
 	}
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 }
 
 /* One queued key, under its pod's claim; the object is read (and decoded) under the claim:
@@ -752,9 +786,9 @@ static void process(struct agent_controller *c, const char *key)
 {
 	char pod[700];
 	if (strcmp(key, SWEEP_KEY) == 0) {
-		pthread_mutex_lock(&c->lock);
+		agent_informers_lock(c->inf);
 		sweep_locked(c);
-		pthread_mutex_unlock(&c->lock);
+		agent_informers_unlock(c->inf);
 		agent_ctl_sweep_images(c);
 		agent_workq_add_after(c->q, SWEEP_KEY, SWEEP_MS);
 		return;
@@ -812,10 +846,10 @@ static void process(struct agent_controller *c, const char *key)
 static void *worker_main(void *data)
 {
 	struct agent_controller *c = data;
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	while (!atomic_load(&c->stop) && !agent_ctl_synced_locked(c))
-		pthread_cond_wait(&c->cond, &c->lock);
-	pthread_mutex_unlock(&c->lock);
+		agent_informers_wait_locked(c->inf, &c->cond, NULL);
+	agent_informers_unlock(c->inf);
 	char key[AGENT_WORKQ_KEY_MAX];
 	while (!atomic_load(&c->stop) && agent_workq_get(c->q, key, sizeof(key)) == 1) {
 		process(c, key);
@@ -826,15 +860,15 @@ static void *worker_main(void *data)
 
 /* ---- life cycle ---- */
 
-int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, struct agent_metrics *m,
-			 const struct agent_controller_cfg *cfg, struct agent_controller **out,
+int agent_controller_new(struct agent_kube *kube, struct agent_informers *inf, struct agent_registry *reg,
+			 struct agent_metrics *m, const struct agent_controller_cfg *cfg, struct agent_controller **out,
 			 struct gcr_err *err)
 {
 	*out = NULL;
 	struct agent_controller *c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
-	pthread_mutex_init(&c->lock, NULL);
+	c->inf = inf;
 	pthread_cond_init(&c->cond, NULL);
 	pthread_cond_init(&c->pod_changed, NULL);
 	pthread_cond_init(&c->ck_changed, NULL);
@@ -888,15 +922,23 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 	}
 	snprintf(c->pod_query, qn, "fieldSelector=spec.nodeName%%3D%s", cfg->node_name);
 	snprintf(c->instance, qn, "gcr-agent-%s", cfg->node_name);
-	/* This node's pods; every Checkpoint and Restore (a Restore's Checkpoint may be any node's). */
-	const struct agent_objmap_kind kinds[NK] = { [K_POD] = { "/api/v1/pods", c->pod_query },
-						     [K_CK] = { API "/checkpoints", NULL },
-						     [K_RS] = { API "/restores", NULL } };
-	const struct agent_objmap_ops ops = { .slim = om_slim, .changed = om_changed, .data = c };
-	rc = agent_objmap_new(kube, &c->lock, kinds, NK, &ops, &c->om, err);
-	if (rc < 0) {
-		agent_controller_free(c);
-		return rc;
+	/* This node's pods (a mirror of their own: the query is the node's); every Checkpoint and
+	 * Restore (a Restore's Checkpoint may be any node's: the mirrors every role of the process
+	 * shares). */
+	static const char *const paths[NK] = { [K_POD] = "/api/v1/pods", [K_CK] = API "/checkpoints",
+					       [K_RS] = API "/restores" };
+	const char *queries[NK] = { [K_POD] = c->pod_query };
+	const struct agent_informer_handler hs[NK] = {
+		[K_POD] = { .slim = om_slim_pod, .changed = om_changed_pod, .data = c },
+		[K_CK] = { .slim = om_slim_ck, .changed = om_changed_ck, .data = c },
+		[K_RS] = { .slim = om_slim_rs, .changed = om_changed_rs, .data = c },
+	};
+	for (int k = 0; k < NK; k++) {
+		rc = agent_informers_subscribe(inf, paths[k], queries[k], &hs[k], &c->sub[k], err);
+		if (rc < 0) {
+			agent_controller_free(c);
+			return rc;
+		}
 	}
 	*out = c;
 	return 0;
@@ -904,11 +946,8 @@ int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, st
 
 int agent_controller_start(struct agent_controller *c, struct gcr_err *err)
 {
-	int rc = agent_objmap_start(c->om, err);
-	if (rc < 0)
-		return rc;
 	for (int i = 0; i < c->nworkers; i++) {
-		rc = pthread_create(&c->workers[i], NULL, worker_main, c);
+		int rc = pthread_create(&c->workers[i], NULL, worker_main, c);
 		if (rc != 0)
 			return gcr_err_set(err, -rc, "cannot start a worker: %s", strerror(rc));
 		c->workers_started++;
@@ -921,17 +960,16 @@ int agent_controller_start(struct agent_controller *c, struct gcr_err *err)
 void agent_controller_stop(struct agent_controller *c)
 {
 	atomic_store(&c->stop, 1);
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	pthread_cond_broadcast(&c->cond);
 	pthread_cond_broadcast(&c->pod_changed);
 	pthread_cond_broadcast(&c->ck_changed);
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 	if (c->q != NULL)
 		agent_workq_shutdown(c->q); /* a worker waiting for a key returns; one busy finishes first */
 	for (int i = 0; i < c->workers_started; i++) /* each finishes its operation in flight */
 		pthread_join(c->workers[i], NULL);
 	c->workers_started = 0;
-	agent_objmap_stop(c->om); /* the caches stay, unchanged from now on */
 }
 
 void agent_controller_free(struct agent_controller *c)
@@ -939,13 +977,11 @@ void agent_controller_free(struct agent_controller *c)
 	if (c == NULL)
 		return;
 	agent_controller_stop(c);
-	agent_objmap_free(c->om);
 	json_decref(c->done);
 	json_decref(c->first_seen);
 	agent_workq_free(c->q);
 	agent_ckimage_free(c->img);
 	agent_record_store_free(c->rec);
-	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
 	pthread_cond_destroy(&c->pod_changed);
 	pthread_cond_destroy(&c->ck_changed);
@@ -966,16 +1002,16 @@ json_t *agent_controller_pod_by_uid(struct agent_controller *c, const char *uid)
 {
 	json_t *found = NULL, *pod;
 	const char *key;
-	pthread_mutex_lock(&c->lock);
-	json_object_foreach(agent_ctl_cache_locked(c, K_POD), key, pod)
-	{
+	agent_informers_lock(c->inf);
+	for (void *it = agent_informer_next_locked(c->sub[K_POD], NULL, &key, &pod); it != NULL;
+	     it = agent_informer_next_locked(c->sub[K_POD], it, &key, &pod)) {
 		const char *u = agent_ctl_md_str(pod, "uid");
 		if (u != NULL && strcmp(u, uid) == 0) {
 			found = json_deep_copy(pod);
 			break;
 		}
 	}
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 	return found;
 }
 
@@ -1002,9 +1038,9 @@ int agent_controller_checkpoint_wait(struct agent_controller *c, const char *ns,
 	char key[600];
 	snprintf(key, sizeof(key), "%s/%s", ns, name);
 	int seen = 0, rc = 0;
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	for (;;) {
-		json_t *ck = json_object_get(agent_ctl_cache_locked(c, K_CK), key);
+		json_t *ck = agent_ctl_cached_locked(c, K_CK, key);
 		json_t *s = json_object_get(ck, "status");
 		enum agent_phase ph = agent_phase_of(json_string_value(json_object_get(s, "phase")));
 		if (ph == AGENT_PHASE_SUCCEEDED || ph == AGENT_PHASE_FAILED) {
@@ -1032,8 +1068,8 @@ int agent_controller_checkpoint_wait(struct agent_controller *c, const char *ns,
 		/* Woken by each Checkpoint change; at least once a second to notice *stop. */
 		struct timespec dl;
 		gcr_time_deadline(&dl, left_ms < 1000 ? (long)left_ms + 1 : 1000);
-		pthread_cond_timedwait(&c->ck_changed, &c->lock, &dl);
+		agent_informers_wait_locked(c->inf, &c->ck_changed, &dl);
 	}
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 	return rc;
 }

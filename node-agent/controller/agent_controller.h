@@ -1,6 +1,6 @@
 /* agent_controller: reconciles Checkpoint and Restore objects for pods on this
- * node: caches from three watches, workers that run C/R through gcr_cr (different
- * pods in parallel, one operation per pod at a time). */
+ * node: caches from three watches (the process's shared mirrors), workers that run C/R
+ * through gcr_cr (different pods in parallel, one operation per pod at a time). */
 #ifndef AGENT_CONTROLLER_H
 #define AGENT_CONTROLLER_H
 
@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "agent_informer.h"
 #include "agent_kube.h"
 #include "agent_metrics.h"
 #include "agent_registry.h"
@@ -80,12 +81,16 @@ struct agent_controller_cfg {
 
 struct agent_controller;
 
-/* Borrows kube, registry and metrics; they must outlive the controller. */
-int agent_controller_new(struct agent_kube *kube, struct agent_registry *reg, struct agent_metrics *m,
-			 const struct agent_controller_cfg *cfg, struct agent_controller **out,
+/* Borrows kube, inf, registry and metrics; they must outlive the controller. inf: the process's
+ * mirrors, not yet started: the controller subscribes to this node's pods, the Checkpoints and
+ * the Restores, and takes the set's lock as its own (agent_ctl.h says the lock order); they are
+ * stopped before the controller is freed (and not started when this fails). */
+int agent_controller_new(struct agent_kube *kube, struct agent_informers *inf, struct agent_registry *reg,
+			 struct agent_metrics *m, const struct agent_controller_cfg *cfg, struct agent_controller **out,
 			 struct gcr_err *err) __attribute__((warn_unused_result));
 
-/* Starts the watch threads and the worker. */
+/* Starts the workers (the mirrors are started by their owner); they act once the three caches
+ * are listed. */
 int agent_controller_start(struct agent_controller *c, struct gcr_err *err);
 
 /* Stops taking new work; each worker finishes its operation in flight (an

@@ -14,7 +14,7 @@
 #include <jansson.h>
 
 #include "agent_crobj.h"
-#include "agent_objmap.h"
+#include "agent_informer.h"
 #include "agent_phase.h"
 #include "agent_record.h"
 #include "agent_workq.h"
@@ -56,15 +56,27 @@ struct agent_controller {
 	struct agent_controller_adopt adopt;
 	double last_leftovers; /* the last sweep of leftovers (monotonic ms) */
 	atomic_int stop;
-	pthread_mutex_t lock; /* guards everything below */
+	/* The controller's lock is the process's mirrors' (agent_informers_lock(inf)), as for the
+	 * scaler's roles (agent_gate, agent_replace): it guards the controller's views and
+	 * everything below, and its hooks (om_changed) are called under it, so a view and the state
+	 * derived from it change together (one lock, as when the controller's own mirror took
+	 * its lock). Lock order: this lock first, then the controller's work queue's (agent_workq),
+	 * the workers' share's (agent_share) and the record store's (agent_record), never the
+	 * other way; the roles sharing it in role all (gate, replace, the GPUResidency scaler) take
+	 * only their own work queues' locks under it, and the roles calling the controller
+	 * (overcommit, eviction, the shares' teller: pod_by_uid, pod_event, checkpoint_wait) hold
+	 * none of those when they do. No API request is made under it; a wait on the conditions
+	 * below releases it (agent_informers_wait_locked). */
+	struct agent_informers *inf;
 	pthread_cond_t cond;
 	pthread_cond_t pod_changed; /* a pod event arrived (wait_gate) */
 	pthread_cond_t ck_changed;  /* a Checkpoint event arrived (agent_controller_checkpoint_wait) */
-	/* "ns/name" -> object: this node's pods (field selector); the Checkpoints and Restores
-	 * not yet taken by a node, or taken by this one, whole; those another node took only as
-	 * far as needed to recognise them (slim). A mirror per kind (agent_objmap, under this
-	 * lock): agent_ctl_cache_locked. */
-	struct agent_objmap *om;
+	/* The controller's views, "ns/name" -> object: this node's pods (field selector: a mirror
+	 * of its own); the Checkpoints and Restores not yet taken by a node, or taken by this one,
+	 * whole; those another node took only as far as needed to recognise them (slim). Each a
+	 * copy of its own (the Checkpoints' and Restores' watches shared with the process's other
+	 * roles): agent_ctl_cached_locked, agent_informer_next_locked. */
+	struct agent_informer_sub *sub[NK];
 	/* Keys "c:ns/name", "r:ns/name", "o:<record uid>", SWEEP_KEY (agent_workq: its own lock,
 	 * taken inside this one). Each pod ("ns/pod") is claimed by one key at a time, so that
 	 * operations on one pod never overlap (its processes' state machine is one); a key that
@@ -97,9 +109,10 @@ enum pod_where { POD_HERE, POD_MISSING, POD_OTHER_NODE, POD_UNSCHEDULED, POD_UNK
 /* agent_controller.c: the caches, retries, status and Events, processes and pods that every action uses. */
 const char *agent_ctl_md_str(json_t *obj, const char *field);
 const char *agent_ctl_status_str(json_t *obj, const char *field);
-/* The cache of kind k ("ns/name" -> object; borrowed, under c->lock), and whether all three were
- * listed (an empty cache before its list would say "no such object"). */
-json_t *agent_ctl_cache_locked(struct agent_controller *c, enum kind k);
+/* The cached object of kind k with key "ns/name" (borrowed, under the lock; NULL: none), and
+ * whether all three caches were listed (an empty cache before its list would say "no such
+ * object"). A cache is walked with agent_informer_next_locked(c->sub[k], ...). */
+json_t *agent_ctl_cached_locked(struct agent_controller *c, enum kind k, const char *key);
 int agent_ctl_synced_locked(struct agent_controller *c);
 json_t *agent_ctl_cache_get(struct agent_controller *c, enum kind k, const char *ns, const char *name);
 int agent_ctl_cache_has_uid(struct agent_controller *c, enum kind k, const char *ns, const char *name, const char *uid);

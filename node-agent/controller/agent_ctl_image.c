@@ -294,9 +294,9 @@ static int ck_exists(void *data, const char *ns, const char *name)
 	struct agent_controller *c = data;
 	char key[600];
 	snprintf(key, sizeof(key), "%s/%s", ns, name);
-	pthread_mutex_lock(&c->lock);
-	int have = !agent_ctl_synced_locked(c) ? -1 : json_object_get(agent_ctl_cache_locked(c, K_CK), key) != NULL;
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_lock(c->inf);
+	int have = !agent_ctl_synced_locked(c) ? -1 : agent_ctl_cached_locked(c, K_CK, key) != NULL;
+	agent_informers_unlock(c->inf);
 	return have;
 }
 

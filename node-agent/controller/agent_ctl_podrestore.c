@@ -194,12 +194,12 @@ void agent_ctl_restore_image(struct agent_controller *c, struct op *o, const str
 	if (pid == 0) {
 		/* Not restored yet (the runtime restores when the container starts): wait, bounded. */
 		double now = gcr_time_mono_ms();
-		pthread_mutex_lock(&c->lock);
+		agent_informers_lock(c->inf);
 		json_t *seen = json_object_get(c->first_seen, d->uid);
 		double first = seen ? (double)json_integer_value(seen) : now;
 		if (seen == NULL)
 			json_object_set_new(c->first_seen, d->uid, json_integer((json_int_t)now));
-		pthread_mutex_unlock(&c->lock);
+		agent_informers_unlock(c->inf);
 		int bound = d->timeout_s > 0 ? d->timeout_s * 1000 : c->grace_ms;
 		if (now - first < bound) {
 			if (d->phase == AGENT_PHASE_NONE)

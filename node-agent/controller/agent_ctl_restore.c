@@ -177,12 +177,12 @@ static void run_restore(struct agent_controller *c, struct op *o, struct agent_r
 static void checkpoint_missing(struct agent_controller *c, struct op *o)
 {
 	double now = gcr_time_mono_ms();
-	pthread_mutex_lock(&c->lock);
+	agent_informers_lock(c->inf);
 	json_t *seen = json_object_get(c->first_seen, o->d.uid);
 	double first = seen ? (double)json_integer_value(seen) : now;
 	if (seen == NULL)
 		json_object_set_new(c->first_seen, o->d.uid, json_integer((json_int_t)now));
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 	double left = c->grace_ms - (now - first);
 	if (left > 0) {
 		if (o->d.phase == AGENT_PHASE_NONE)

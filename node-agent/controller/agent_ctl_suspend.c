@@ -39,16 +39,16 @@ static void wait_gate(struct agent_controller *c, const char *ns, const char *na
 	struct timespec dl;
 	int wait_ms = bound_ms > 0 && bound_ms < GATE_WAIT_MS ? bound_ms : GATE_WAIT_MS;
 	gcr_time_deadline(&dl, wait_ms);
-	pthread_mutex_lock(&c->lock);
-	json_t *pod = json_object_get(agent_ctl_cache_locked(c, K_POD), key);
+	agent_informers_lock(c->inf);
+	json_t *pod = agent_ctl_cached_locked(c, K_POD, key);
 	int declared = agent_podspec_gate_declared(pod), rc = 0;
 	while (declared && rc == 0 && !atomic_load(&c->stop)) {
-		const char *st = agent_podspec_gate_status(json_object_get(agent_ctl_cache_locked(c, K_POD), key));
+		const char *st = agent_podspec_gate_status(agent_ctl_cached_locked(c, K_POD, key));
 		if (st != NULL && strcmp(st, "False") == 0)
 			break;
-		rc = pthread_cond_timedwait(&c->pod_changed, &c->lock, &dl);
+		rc = agent_informers_wait_locked(c->inf, &c->pod_changed, &dl);
 	}
-	pthread_mutex_unlock(&c->lock);
+	agent_informers_unlock(c->inf);
 	if (declared && rc != 0)
 		GCR_LOG(GCR_LOG_WARN, "controller",
 			"pod %s: %s still not False after %d ms (is the scaler running?); suspending anyway", key,

@@ -766,6 +766,13 @@ int main(int argc, char **argv)
 		.pause_s = ps ? atoi(ps) : TEST_PAUSE_S_DEFAULT,
 	};
 	const int heartbeat_s = (int)cfg.heartbeat_s, leader_lease_s = (int)cfg.leader_lease_s;
+	/* Every role of the process shares one mirror per resource and query (the Checkpoints and
+	 * Restores are watched once in role all, for the controller and the scaler's roles alike),
+	 * started once every role has subscribed. */
+	if ((informers = agent_informers_new(kube)) == NULL) {
+		gcr_err_set(&err, -ENOMEM, "out of memory");
+		goto out;
+	}
 	if (node) {
 		if (shares_new(&cfg, ccfg.max_parallel, &shares, &err) < 0)
 			goto out;
@@ -796,12 +803,6 @@ int main(int argc, char **argv)
 		leader_identity(&cfg, identity, sizeof(identity));
 		struct agent_scaler_cfg scfg = { .lease_namespace = cfg.lease_namespace,
 						 .agent_selector = cfg.agent_selector };
-		/* The scaler's roles share one mirror per resource (pods are watched once), started
-		 * once every role has subscribed. */
-		if ((informers = agent_informers_new(kube)) == NULL) {
-			gcr_err_set(&err, -ENOMEM, "out of memory");
-			goto out;
-		}
 		if (agent_leader_new(kube, cfg.lease_namespace, "gcr-scaler-leader", identity, leader_lease_s,
 				     &leader, &err) < 0 ||
 		    agent_leader_start(leader, &err) < 0 || agent_scaler_new(kube, informers, leader, &scfg, &scaler, &err) < 0 ||
@@ -811,7 +812,8 @@ int main(int argc, char **argv)
 		if (rcfg.registry_port > 0 &&
 		    (agent_replace_new(kube, informers, leader, &rcfg, &replace, &err) < 0 || agent_replace_start(replace, &err) < 0))
 			goto out;
-		if (agent_informers_start(informers, &err) < 0)
+		/* Role all: started below, once the controller has subscribed too. */
+		if (!node && agent_informers_start(informers, &err) < 0)
 			goto out;
 		GCR_LOG(GCR_LOG_INFO, "agent", "scaler: candidate %s for lease %s/gcr-scaler-leader; %s%s", identity,
 			cfg.lease_namespace, cfg.agent_selector ? "creates the heartbeat Leases of nodes with pods " : "",
@@ -820,7 +822,7 @@ int main(int argc, char **argv)
 	if (node) {
 		/* The controller's workers ask the overcommit policy (agent_room) about its holds, and the
 		 * policy asks the controller's pod watch about pods: both made before either starts. */
-		if (agent_controller_new(kube, reg, metrics, &ccfg, &ctl, &err) < 0)
+		if (agent_controller_new(kube, informers, reg, metrics, &ccfg, &ctl, &err) < 0)
 			goto out;
 		agent_shares_set_teller(shares.ss, share_event, ctl);
 		if (agent_shares_start(shares.ss, &err) < 0)
@@ -869,7 +871,8 @@ int main(int argc, char **argv)
 		ocfg.policy = room_policy;
 		struct agent_room_hooks hooks = { .pod = oc_pod, .event = oc_event, .data = ctl };
 		if (agent_room_new(reg, activity, metrics, &ocfg, &hooks, &room, &err) < 0 ||
-		    agent_room_start(room, &err) < 0 || agent_controller_start(ctl, &err) < 0)
+		    agent_room_start(room, &err) < 0 || agent_informers_start(informers, &err) < 0 ||
+		    agent_controller_start(ctl, &err) < 0)
 			goto out;
 		/* Eviction imaging: gcr-hold's socket beside the registry's, which every shim container sees. */
 		char hold_sock[600];
@@ -911,19 +914,25 @@ out:
 		fprintf(stderr, "gcr-agent: %s\n", err.msg);
 	if (metrics != NULL)
 		agent_metrics_set_ready_check(metrics, NULL, NULL, NULL); /* dp, gate go: /readyz stops asking */
-	agent_informers_stop(informers); /* no more changes queued into the roles below */
+	/* No hook into the scaler's roles once they are freed below. In role all this stops the
+	 * controller's caches too: its operations in flight finish on them as they are (its stop
+	 * wakes every wait on them). In role node they follow the cluster until those operations
+	 * end (the second stop, after the controller's). */
+	if (scale)
+		agent_informers_stop(informers);
 	agent_scaler_free(scaler);  /* stops creating work for the nodes */
 	agent_replace_free(replace);
 	agent_gate_free(gate);
-	agent_informers_free(informers); /* after the roles that read it */
 	agent_leader_free(leader);  /* releases the leader Lease: another agent takes over at once */
 	agent_shares_stop(shares.ss); /* no more Events through the controller */
 	agent_evict_free(evict);    /* holds in flight are answered; before the controller they use */
 	if (ctl != NULL)
 		agent_controller_stop(ctl); /* its workers ask the overcommit policy about its holds */
+	agent_informers_stop(informers); /* no hook into the controller from here on */
 	agent_room_free(room);      /* held processes stay held, with their records, for the next agent */
 	room = NULL;
 	agent_controller_free(ctl); /* stops taking work, lets the operations in flight finish */
+	agent_informers_free(informers); /* after the roles that read it (the room through the controller) */
 	agent_dp_free(dp);            /* stops serving, removes its socket from the kubelet's dir */
 	agent_lease_free(lease);     /* the Lease then expires: other agents take over failing requests */
 	agent_activity_free(activity);

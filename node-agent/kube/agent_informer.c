@@ -209,6 +209,11 @@ void agent_informers_unlock(struct agent_informers *set)
 	pthread_mutex_unlock(&set->lock);
 }
 
+int agent_informers_wait_locked(struct agent_informers *set, pthread_cond_t *cond, const struct timespec *deadline)
+{
+	return deadline != NULL ? pthread_cond_timedwait(cond, &set->lock, deadline) : pthread_cond_wait(cond, &set->lock);
+}
+
 json_t *agent_informer_get_locked(const struct agent_informer_sub *sub, const char *key)
 {
 	return view_of(json_object_get(agent_objmap_map_locked(sub->inf->om, 0), key), sub->index);

@@ -5,6 +5,8 @@
 #define AGENT_INFORMER_H
 
 #include <jansson.h>
+#include <pthread.h>
+#include <time.h>
 
 #include "agent_kube.h"
 #include "gcr_error.h"
@@ -59,6 +61,11 @@ void agent_informers_free(struct agent_informers *set);
  * views in place under it, never a shared object). */
 void agent_informers_lock(struct agent_informers *set);
 void agent_informers_unlock(struct agent_informers *set);
+
+/* Waits on cond, the caller's, with the set's lock (held, and held again on return): a
+ * subscriber whose state the lock guards too waits for what its hooks signal (broadcast under
+ * the lock). deadline NULL: no bound. 0 woken (maybe spuriously), else ETIMEDOUT. */
+int agent_informers_wait_locked(struct agent_informers *set, pthread_cond_t *cond, const struct timespec *deadline);
 
 /* sub's view of key (borrowed; under the lock), NULL when it keeps none. */
 json_t *agent_informer_get_locked(const struct agent_informer_sub *sub, const char *key);

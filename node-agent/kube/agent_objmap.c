@@ -1,5 +1,6 @@
-/* agent_objmap: the list-and-watch threads behind a mirror of objects (agent_objmap.h), as the
- * controller, the GPUResidency scaler, the readiness gate and the replacement pod's scaler keep them. */
+/* agent_objmap: the list-and-watch threads behind a mirror of objects (agent_objmap.h), beneath
+ * the process's shared mirrors (agent_informer) that the controller, the GPUResidency scaler, the
+ * readiness gate and the replacement pod's scaler subscribe to. */
 #include "agent_objmap.h"
 
 #include <errno.h>

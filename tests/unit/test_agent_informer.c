@@ -1,13 +1,16 @@
 /* test_agent_informer: the shared mirrors, fed as their watch threads would be (no cluster): one
  * mirror per (path, query) whatever the subscribers, each subscriber's own view (a slim one, or the
  * watch's object shared, never copied), hooks told only of their own view's changes, the synced
- * signal (bounded waits), and no subscription once started. */
+ * signal (bounded waits), a subscriber's own condition waited on with the set's lock, and no
+ * subscription once started. */
 #include "agent_informer.h"
 #include "util.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
+
+#include "gcr_time.h"
 
 #define PODS "/api/v1/pods"
 
@@ -60,6 +63,37 @@ static void *waiter_main(void *data)
 	return NULL;
 }
 
+/* A subscriber whose own state the set's lock guards (the controller's): its hook records, under
+ * the lock, that it saw its pod and broadcasts its condition; its waiter waits on that
+ * condition with the set's lock. */
+struct own {
+	struct agent_informers *set;
+	pthread_cond_t cond;
+	int seen, rc;
+};
+
+static void changed_own(const char *key, json_t *old, json_t *cur, void *data)
+{
+	struct own *o = data;
+	(void)old;
+	if (key != NULL && strcmp(key, "ns/p6") == 0 && cur != NULL) {
+		o->seen = 1;
+		pthread_cond_broadcast(&o->cond);
+	}
+}
+
+static void *own_main(void *data)
+{
+	struct own *o = data;
+	struct timespec dl;
+	gcr_time_deadline(&dl, 10000);
+	agent_informers_lock(o->set);
+	while (!o->seen && o->rc == 0)
+		o->rc = agent_informers_wait_locked(o->set, &o->cond, &dl);
+	agent_informers_unlock(o->set);
+	return NULL;
+}
+
 int main(void)
 {
 	struct agent_informers *set = agent_informers_new(NULL);
@@ -73,6 +107,11 @@ int main(void)
 	CHECK(agent_informers_subscribe(set, PODS, NULL, &ha, &sa, &err) == 0);
 	CHECK(agent_informers_subscribe(set, PODS, NULL, &hb, &sb, &err) == 0);
 	CHECK(agent_informers_subscribe(set, PODS, "labelSelector=a%3Dyes", &hq, &sq, &err) == 0);
+	struct own own = { .set = set };
+	struct agent_informer_sub *so = NULL;
+	pthread_cond_init(&own.cond, NULL);
+	const struct agent_informer_handler ho = { .changed = changed_own, .data = &own };
+	CHECK(agent_informers_subscribe(set, PODS, NULL, &ho, &so, &err) == 0 && so != NULL);
 	CHECK(agent_informers_start(set, &err) == 0);
 	/* Started: no more subscribers (their views would be missing from every entry). */
 	CHECK(agent_informers_subscribe(set, PODS, NULL, &hb, &late, &err) == -EBUSY && late == NULL);
@@ -160,6 +199,25 @@ int main(void)
 	agent_informers_lock(set);
 	CHECK(agent_informer_get_locked(sq, "ns/p5") != NULL && agent_informer_get_locked(sb, "ns/p5") == NULL);
 	agent_informers_unlock(set);
+
+	/* The own condition: a bounded wait nobody signals ends in its time, the lock held again;
+	 * a waiter is woken by the hook's broadcast (either order ends in seen). */
+	struct timespec dl;
+	gcr_time_deadline(&dl, 20);
+	agent_informers_lock(set);
+	CHECK(agent_informers_wait_locked(set, &own.cond, &dl) == ETIMEDOUT);
+	CHECK(agent_informer_synced_locked(so) == 1); /* the lock is held: the view is read */
+	agent_informers_unlock(set);
+	CHECK(pthread_create(&th, NULL, own_main, &own) == 0);
+	json_t *p6 = pod("p6", NULL, "Running");
+	CHECK(agent_informers_feed_event(set, PODS, NULL, AGENT_WATCH_ADDED, p6) == 0);
+	json_decref(p6);
+	pthread_join(th, NULL);
+	CHECK(own.seen == 1 && own.rc == 0);
+	agent_informers_lock(set);
+	CHECK(agent_informer_get_locked(so, "ns/p6") != NULL && agent_informer_get_locked(sa, "ns/p6") == NULL);
+	agent_informers_unlock(set);
+	pthread_cond_destroy(&own.cond);
 
 	agent_informers_stop(set);
 	agent_informers_stop(set); /* idempotent */
