@@ -84,6 +84,7 @@ static const struct shim_gpu_ops *gpu; /* set once, before any worker starts */
 static void *pin_ctx;                  /* CUDA: the context the pinned slots are made in */
 static int thread_started, growing, paused, digest_loaded, trim_pending;
 static uint64_t devices_noted; /* bit d: an allocation on GPU d was noted */
+_Static_assert(SHIM_MAX_DEVICES <= 64, "one bit per GPU in devices_noted");
 
 static struct worker workers[MAX_WORKERS];
 static int nworkers, starting_workers;
@@ -658,7 +659,7 @@ void shim_staging_note_bytes(uint64_t bytes, int device, const struct shim_gpu_o
 	if (!shim_cfg.staging_prepare)
 		return;
 	pthread_mutex_lock(&pool_lock);
-	int new_gpu = device >= 0 && device < 64 && !(devices_noted & (1ull << device));
+	int new_gpu = device >= 0 && device < SHIM_MAX_DEVICES && !(devices_noted & (1ull << device));
 	devices_noted |= new_gpu ? 1ull << device : 0; /* a new GPU may want more workers */
 	if (gpu == NULL)
 		gpu = g;

@@ -214,16 +214,23 @@ static void cuda_primary_made(CUdevice dev, const char *by)
 		(long)gettid(), name, where);
 }
 
-SHIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+/* retain (the driver's cuDevicePrimaryCtxRetain) of dev's primary context, for by (the
+ * application or the shim), logging it when this call makes the context. */
+static CUresult cuda_primary_retain(__typeof__(&cuDevicePrimaryCtxRetain) retain, CUcontext *pctx, CUdevice dev,
+				    const char *by)
 {
-	__typeof__(&cuDevicePrimaryCtxRetain) real = SHIM_REAL(cuDevicePrimaryCtxRetain, 0);
-	if (real == NULL)
+	if (retain == NULL)
 		return CUDA_ERROR_NOT_FOUND;
 	int made = cuda_primary_new(dev);
-	CUresult r = real(pctx, dev);
+	CUresult r = retain(pctx, dev);
 	if (r == CUDA_SUCCESS && made)
-		cuda_primary_made(dev, "the application");
+		cuda_primary_made(dev, by);
 	return r;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	return cuda_primary_retain(SHIM_REAL(cuDevicePrimaryCtxRetain, 0), pctx, dev, "the application");
 }
 
 /* device's context: the first the application allocated in there, else the primary one. */
@@ -231,14 +238,9 @@ static CUcontext cuda_device_ctx(int device)
 {
 	if (device < 0 || device >= SHIM_MAX_DEVICES)
 		return NULL;
-	if (dev_ctx[device] == NULL && shim_cu.cuDevicePrimaryCtxRetain != NULL) {
-		CUdevice d;
-		if (shim_cu.cuDeviceGet(&d, device) == CUDA_SUCCESS) {
-			int made = cuda_primary_new(d);
-			if (shim_cu.cuDevicePrimaryCtxRetain(&dev_ctx[device], d) == CUDA_SUCCESS && made)
-				cuda_primary_made(d, "the shim");
-		}
-	}
+	CUdevice d;
+	if (dev_ctx[device] == NULL && shim_cu.cuDeviceGet(&d, device) == CUDA_SUCCESS)
+		(void)cuda_primary_retain(shim_cu.cuDevicePrimaryCtxRetain, &dev_ctx[device], d, "the shim");
 	return dev_ctx[device];
 }
 

@@ -428,6 +428,19 @@ static int nccl_drain(const struct gcr_group_targets *t, int timeout_ms, struct 
 	return rc;
 }
 
+/* Makes r's context (the one current when the application made it) current on this thread. */
+static int set_ctx(struct shim_nccl_rec *r, struct gcr_err *err)
+{
+	CUresult cr = r->ctx != NULL ? shim_cu.cuCtxSetCurrent(r->ctx) : CUDA_SUCCESS;
+	if (cr != CUDA_SUCCESS) {
+		char k[GCR_GROUP_KEY_LEN];
+		key_str(r->key, k);
+		return gcr_err_set(err, -EIO, "communicator %s: its CUDA context cannot be made current (CUDA error %d)",
+				   k, (int)cr);
+	}
+	return 0;
+}
+
 /* One communicator's ncclCommAbort, in a thread of its own. With the communicator's context
  * current: NCCL sets the caller's device back when it is done, and on a thread without one that
  * is device 0, which makes GPU 0's primary context in a rank of another GPU (run 60: 518 MiB on
@@ -443,8 +456,9 @@ struct abort_job {
 static void *abort_run(void *arg)
 {
 	struct abort_job *a = arg;
-	if (a->r->ctx != NULL && shim_cu.cuCtxSetCurrent != NULL)
-		(void)shim_cu.cuCtxSetCurrent(a->r->ctx);
+	struct gcr_err e;
+	if (set_ctx(a->r, &e) < 0) /* the abort still frees what it can */
+		GCR_LOG(GCR_LOG_WARN, "shim", "%s", e.msg);
 	shim_nccl_busy_add(1);
 	a->res = a->fn(a->r->real);
 	shim_nccl_busy_add(-1);
@@ -475,9 +489,9 @@ static int has_live_child(struct shim_nccl_rec **all, size_t n, const struct shi
 
 /* Every live communicator aborted, those of one round at once: each ncclCommAbort waits up to
  * 500 ms for NCCL's service threads to see their abort flag (their poll timeout), so one after
- * another the waits added up (run 59: 0.03 to 0.96 s per member); at once they overlap. A
- * round is the communicators no live child sharing their resources waits on: with PyTorch's
- * split groups (resources not shared, its default) one round (run 61: two rounds took 0.9 s). */
+ * another the waits would add up; at once they overlap. A round is the communicators no live
+ * child sharing their resources waits on (NCCL's default shares none: one round). The worst
+ * case stays about 0.95 s a member (runs 62, 64): that wait lies inside one abort. */
 static int nccl_teardown(struct gcr_err *err)
 {
 	struct shim_nccl_rec *all[SHIM_NCCL_MAX_COMMS];
@@ -601,18 +615,6 @@ static ncclResult_t wait_ready(ncclComm_t c, double deadline)
 		pause_us(200);
 	}
 	return ncclSuccess;
-}
-
-static int set_ctx(struct shim_nccl_rec *r, struct gcr_err *err)
-{
-	CUresult cr = r->ctx != NULL ? shim_cu.cuCtxSetCurrent(r->ctx) : CUDA_SUCCESS;
-	if (cr != CUDA_SUCCESS) {
-		char k[GCR_GROUP_KEY_LEN];
-		key_str(r->key, k);
-		return gcr_err_set(err, -EIO, "communicator %s: its CUDA context cannot be made current (CUDA error %d)",
-				   k, (int)cr);
-	}
-	return 0;
 }
 
 /* Makes every communicator made by init again, all in one NCCL group per blocking mode (NCCL
