@@ -124,15 +124,35 @@ class Ranks:
 
     def __init__(self, T, tag, world, args, shim=True, extra_env=None):
         self.T = T
-        port = free_port()
         self.procs = []
         T.groups.append(self)
+        # The rendezvous port is found free, then bound by rank 0 a moment later: another process
+        # may take it meanwhile (run 65: EADDRINUSE before any suspend). The group then starts
+        # again on another port, at most twice more.
+        for attempt in range(3):
+            self.start(tag + ("-again%d" % attempt if attempt else ""), world, args, shim, extra_env)
+            try:
+                self.ready(shim)
+                return
+            except H.HarnessError as e:
+                if attempt == 2 or "EADDRINUSE" not in str(e):
+                    raise
+                T.note("rendezvous port taken (EADDRINUSE): the group starts again on another port")
+                for p in self.procs:
+                    p.kill()
+
+    def start(self, tag, world, args, shim, extra_env):
+        T, port = self.T, free_port()
+        self.procs = []
         for r in range(world):
             env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world),
                    "LOCAL_RANK": str(r), "NCCL_NVLS_ENABLE": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
             env.update(extra_env or {})
             argv = [T.cfg.python, PROG, "--wait"] + list(args)
             self.procs.append(T.S.start("%s-%s-r%d" % (T.name, tag, r), argv, shim=shim, extra_env=env))
+
+    def ready(self, shim):
+        T = self.T
         for r, p in enumerate(self.procs):
             m = p.expect(r"(READY pid=(\d+) rank=(\d+).*|ERROR .*)$", T.timeout(400), what="READY")
             check(m.group(1).startswith("READY"), "rank %d: %s\n%s" % (r, m.group(1), p.tail()))
