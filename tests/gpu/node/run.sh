@@ -491,6 +491,7 @@ workload_rootfs() {
 	printf 'include /etc/ld.so.conf.d/*.conf\n' >"$r/etc/ld.so.conf"
 	printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$r/etc/nsswitch.conf"
 	cp "$HERE/llm_serve.py" "$r/opt/gcr-node/llm_serve.py"
+	cp "$TOP/tests/gpu/nccl_ranks.py" "$r/opt/gcr-node/nccl_ranks.py"
 }
 
 workload_image() {
@@ -676,11 +677,14 @@ cmd_up() {
 	mkdir -p /run/containerd /etc/containerd/certs.d
 	ln -sfn "$S/containerd/containerd.sock" /run/containerd/containerd.sock
 	# runc's CRIU configuration (read at every checkpoint): the GPU machine has no iptables-restore,
-	# with which CRIU locks the network during a dump by default ("Locking network failed"), so the
-	# lock is skipped as on any node without iptables. (CRIU 4.1.1 then segfaulted in the dump of
-	# the 16 GB server on the H100: docs/results/2026-11-27-h100-gpu-node-run58.)
+	# with which CRIU locks the network during a dump by default ("Locking network failed", run 58).
+	# CRIU's other lock, nftables, goes through libnftables (linked into the carried CRIU) to the
+	# kernel's nf_tables, built in here: no binary needed. (Run 58 tried "skip": CRIU 4.1.1 then
+	# segfaulted in the dump: docs/results/2026-11-27-h100-gpu-node-run58.) GCR_NODE_CRIU_NETLOCK
+	# chooses another (iptables, nftables, skip).
 	if [[ $STANDIN != 1 && ! -e /etc/criu/runc.conf ]]; then
-		mkdir -p /etc/criu && printf 'network-lock skip\n' >/etc/criu/runc.conf && touch "$S/criu-runc-conf-made"
+		mkdir -p /etc/criu && printf 'network-lock %s\n' "${GCR_NODE_CRIU_NETLOCK:-nftables}" >/etc/criu/runc.conf &&
+			touch "$S/criu-runc-conf-made"
 	fi
 	workload_image && ok "workload image" || { bad "workload image"; return 1; }
 	local img

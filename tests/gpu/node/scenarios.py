@@ -15,7 +15,7 @@ stand-in workload on the stand-in driver.
 
   reference   uninterrupted runs of the 8b and tiny models: the expected digests (kept in the
               node's state for later calls), and a cold start's time
-  cr          Checkpoint then Restore through kubectl, twice, apply-to-Succeeded timed; the same
+  cr          Checkpoint then Restore through kubectl, three times, apply-to-Succeeded timed; the same
               suspend and resume with gcrctl in the agent's pod on the same process, timed; 0 MiB
               of GPU memory while suspended; bit-exact
   scale       a GPUResidency: kubectl scale 1 -> 0 -> 1; readiness gate and Ready false then true;
@@ -32,6 +32,10 @@ stand-in workload on the stand-in driver.
   evict       helm upgrade with eviction on; a Deployment's pod drained, imaged in its grace
               period, the node uncordoned, the replacement restored from the image, bit-exact;
               uncordon -> first generated token against the same pod's cold start
+  tp          (two GPUs; not in `all`) a tensor-parallel pod: two NCCL ranks (nccl_ranks.py --mode
+              tp, 8 GiB of weights each) in one container; Checkpoint and Restore through kubectl
+              three times and the group suspend and resume with gcrctl, timed; 0 MiB on both GPUs
+              while suspended; both ranks' digests equal to an uninterrupted run's without GCR
 
 Results: one JSON line per scenario in $GCR_NODE_OUT/results.jsonl (name, ok, seconds, figures,
 error), $GCR_NODE_OUT/report.md, and "N passed, N failed" at the end (scenarios not run for
@@ -71,8 +75,9 @@ PY = "/usr/bin/python3" if STANDIN else "/opt/torch/.venv/bin/python3"
 SERVER = "/opt/gcr-node/llm_serve.py"
 API = "gpucr.dev/v1alpha1"
 # Seconds each scenario needs at most (GPU, stand-in): one is not started with less time left.
-COST = {"reference": (150, 60), "cr": (150, 60), "scale": (110, 50), "nonroot": (70, 40), "optout": (70, 40),
-        "overcommit": (170, 70), "hostmem": (150, 70), "evict": (300, 150)}
+COST = {"reference": (150, 60), "cr": (180, 70), "scale": (110, 50), "nonroot": (70, 40), "optout": (70, 40),
+        "overcommit": (170, 70), "hostmem": (150, 70), "evict": (300, 150),
+        "tp": (240, 120)}
 # Pod start: a 16 GB load from disk (page cache cold) takes a while on the GPU machine.
 START_S = 60 if STANDIN else 240
 
@@ -92,11 +97,11 @@ def volumes():
 
 
 def pod_spec(args, uid=1000, shim=True, gpu=True, memory=None, priority=None, gate=False, grace=5,
-             restart="Never", prestop=None, sched_gate=None, pull="Never"):
+             restart="Never", prestop=None, sched_gate=None, pull="Never", gpus=1, command=None):
     vols, mounts = volumes()
     limits = {}
     if gpu:
-        limits["nvidia.com/gpu"] = "1"
+        limits["nvidia.com/gpu"] = str(gpus)
     if shim:
         limits["gpucr.dev/shim"] = "1"
     if memory:
@@ -105,7 +110,7 @@ def pod_spec(args, uid=1000, shim=True, gpu=True, memory=None, priority=None, ga
            {"name": "TRANSFORMERS_OFFLINE", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
     if shim:
         env.append({"name": "GCR_LOG_LEVEL", "value": "info"})  # the shim's lines in the pod's log
-    c = {"name": "main", "image": IMAGE, "imagePullPolicy": pull, "command": [PY, SERVER] + args, "env": env,
+    c = {"name": "main", "image": IMAGE, "imagePullPolicy": pull, "command": command or [PY, SERVER] + args, "env": env,
          "resources": {"limits": limits} | ({"requests": {"memory": memory}} if memory else {}),
          "volumeMounts": mounts,
          "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
@@ -402,7 +407,7 @@ def case_cr(fig):
     fig["gpu_mib_running"] = gpu_mib(pid, ns, "llm")
     check(fig["gpu_mib_running"] > 0, "the server holds no GPU memory")
     ck, rs, g_s, g_r, mib_s = [], [], [], [], []
-    for rnd in (1, 2):
+    for rnd in (1, 2, 3):
         _, t, st = timed_apply("Checkpoint", ns, f"ck{rnd}", {"podName": "llm"})
         ck.append({"apply_to_succeeded_s": t, "durations_ms": st.get("durations"), "bytes": st.get("bytes")})
         check(any(p.get("pid") == pid for p in st.get("processes", [])), f"status.processes {st.get('processes')} lacks {pid}")
@@ -725,10 +730,150 @@ def case_evict(fig):
         helm("upgrade", N.RELEASE, N.CHART, "-n", N.SYSTEM_NS, "--reset-values", *chart_values(), "--wait", "--timeout", "240s")
 
 
+# ---- a tensor-parallel pod: two NCCL ranks, one per GPU, in one container ----
+
+TP_STEPS = 500
+TP_ARGS = ["--mode", "tp", "--pace-ms", "40", "--weights-gib", "8", "--steps", str(TP_STEPS)]
+
+
+def tp_pod(ns, name, shim=True):
+    """One container that starts its two ranks as torchrun does (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR in the environment, one process per GPU of the pod's two) and prefixes each rank's
+    lines. /dev/shm is a memory emptyDir, as vLLM's and SGLang's docs have users give a TP pod (the
+    runtime's 64 MiB is too small for NCCL); NVLink multicast (NVLS) off, as on every GPU test here."""
+    script = ("export MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 WORLD_SIZE=2 NCCL_NVLS_ENABLE=0 "
+              "CUBLAS_WORKSPACE_CONFIG=:4096:8; for r in 0 1; do RANK=$r LOCAL_RANK=$r "
+              f"{PY} /opt/gcr-node/nccl_ranks.py {' '.join(TP_ARGS)} 2>&1 | /usr/bin/sed -u \"s/^/R$r /\" & done; wait")
+    spec = pod_spec([], shim=shim, gpus=2, command=["/bin/bash", "-c", script])
+    spec["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}})
+    spec["containers"][0]["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+           "spec": spec})
+
+
+def tp_lines(ns, pod):
+    """Per rank: its STEP numbers, its DIGEST (or None), and any ERROR line."""
+    out = {0: {"steps": [], "digest": None, "errors": [], "ready": None}, 1: {"steps": [], "digest": None, "errors": [], "ready": None}}
+    for line in logs(ns, pod).splitlines():
+        f = line.split()
+        if len(f) < 2 or f[0] not in ("R0", "R1"):
+            continue
+        r = out[int(f[0][1])]
+        if f[1] == "STEP" and len(f) > 2:
+            r["steps"].append(int(f[2]))
+        elif f[1] == "DIGEST" and len(f) > 2:
+            r["digest"] = f[2]
+        elif f[1] == "READY":
+            r["ready"] = line
+        elif f[1] in ("ERROR", "Traceback"):
+            r["errors"].append(line)
+    return out
+
+
+def tp_wait(ns, pod, what, pred, timeout):
+    def got():
+        t = tp_lines(ns, pod)
+        errs = t[0]["errors"] + t[1]["errors"]
+        if errs:
+            raise StopIteration(f"{ns}/{pod}: {errs}\n{logs(ns, pod)[-3000:]}")
+        if pred(t):
+            return t
+        pod_trouble(ns, pod, logs(ns, pod))
+        return None
+    try:
+        return wait_until(f"{ns}/{pod}: {what}", got, timeout, 0.5)
+    except StopIteration as e:
+        raise AssertionError(str(e)) from None
+
+
+def tp_pids(ns, pod):
+    uid = kjson("get", "pod", "-n", ns, pod)["metadata"]["uid"]
+    marks, pids = (uid, uid.replace("-", "_")), {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cgroup") as f:
+                cg = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(m in cg for m in marks) and b"nccl_ranks.py" in cmd:
+            rank = next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
+            pids[int(rank)] = int(d)
+    check(sorted(pids) == [0, 1], f"{ns}/{pod}: rank processes {pids}")
+    return pids
+
+
+def case_tp(fig):
+    """A tensor-parallel pod (two GPUs, two NCCL ranks of 8 GiB of weights each, in one container):
+    Checkpoint and Restore through kubectl three times, and the group suspend and resume with
+    gcrctl on the same processes; 0 MiB on both GPUs while suspended; the final digest of both
+    ranks equal to an uninterrupted run's without GCR."""
+    ns = "gcrn-tp"
+    N.namespace(ns)
+    fig["node_nvidia_gpu_allocatable"] = kjson("get", "node", NODE)["status"]["allocatable"].get("nvidia.com/gpu")
+    t0 = now()
+    tp_pod(ns, "ref", shim=False)
+    ref = tp_wait(ns, "ref", "the uninterrupted run's digests", lambda t: t[0]["digest"] and t[1]["digest"], START_S + 120)
+    fig["reference_s"] = round(now() - t0, 1)
+    want = [ref[0]["digest"], ref[1]["digest"]]
+    kubectl("delete", "pod", "-n", ns, "ref", "--grace-period=0", "--force", "--wait=true", check=False, timeout=120)
+    tp_pod(ns, "tp")
+    tp_wait(ns, "tp", "both ranks past step 3", lambda t: len(t[0]["steps"]) > 3 and len(t[1]["steps"]) > 3, START_S)
+    pids = tp_pids(ns, "tp")
+    fig["pids"] = pids
+    mib = [gpu_mib(pids[r], ns, "tp") for r in (0, 1)]
+    fig["gpu_mib_running"] = mib
+    check(all(m > 8000 for m in mib), f"the ranks hold {mib} MiB, not their 8 GiB of weights")
+    ck, rs, g_s, g_r, mib_s = [], [], [], [], []
+
+    def steps_past(n):
+        last = tp_lines(ns, "tp")
+        base = [max(last[r]["steps"] or [-1]) for r in (0, 1)]
+        tp_wait(ns, "tp", f"{n} more steps on both ranks",
+                lambda t: all(max(t[r]["steps"] or [-1]) >= base[r] + n for r in (0, 1)), 120)
+
+    for rnd in (1, 2, 3):
+        _, t, st = timed_apply("Checkpoint", ns, f"ck{rnd}", {"podName": "tp"})
+        ck.append({"apply_to_succeeded_s": t, "durations_ms": st.get("durations"), "bytes": st.get("bytes")})
+        got = sorted(p.get("pid") for p in st.get("processes", []))
+        check(got == sorted(pids.values()), f"status.processes {st.get('processes')}, the ranks {pids}")
+        mib_s.append([gpu_mib(pids[r], ns, "tp") for r in (0, 1)])
+        check(mib_s[-1] == [0, 0], f"{mib_s[-1]} MiB held by the ranks while suspended")
+        _, t, st = timed_apply("Restore", ns, f"rs{rnd}", {"checkpointName": f"ck{rnd}"})
+        rs.append({"apply_to_succeeded_s": t, "durations_ms": st.get("durations")})
+        steps_past(2)
+        group = f"{pids[0]},{pids[1]}"
+        js, wall = gcrctl("suspend --group", group)
+        g_s.append({"wall_s": wall, "ms": js.get("ms")})
+        mib_s.append([gpu_mib(pids[r], ns, "tp") for r in (0, 1)])
+        check(mib_s[-1] == [0, 0], f"{mib_s[-1]} MiB held by the ranks while suspended by gcrctl")
+        js, wall = gcrctl("resume --group", group)
+        g_r.append({"wall_s": wall, "ms": js.get("ms")})
+        steps_past(2)
+    fin = tp_wait(ns, "tp", "both ranks' digests", lambda t: t[0]["digest"] and t[1]["digest"], 300)
+    got = [fin[0]["digest"], fin[1]["digest"]]
+    check(got == want, f"digests {got} after three Checkpoint/Restore and three gcrctl rounds; uninterrupted: {want}")
+    fig.update(checkpoint=ck, restore=rs, gcrctl_suspend=g_s, gcrctl_resume=g_r, gpu_mib_suspended=mib_s,
+               steps=TP_STEPS, digests=got)
+    fig["checkpoint_s_median"] = median([c["apply_to_succeeded_s"] for c in ck])
+    fig["restore_s_median"] = median([r["apply_to_succeeded_s"] for r in rs])
+    fig["gcrctl_suspend_s_median"] = median([g["wall_s"] for g in g_s])
+    fig["gcrctl_resume_s_median"] = median([g["wall_s"] for g in g_r])
+    fig["agent_overhead_checkpoint_s"] = round(fig["checkpoint_s_median"] - fig["gcrctl_suspend_s_median"], 3)
+    fig["agent_overhead_restore_s"] = round(fig["restore_s_median"] - fig["gcrctl_resume_s_median"], 3)
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
 # The namespaces each scenario makes: removed after it, passed or failed, with their pods gone before
 # the next one starts (they hold the GPU's nvidia.com/gpu slots and memory).
 NAMESPACES = {"reference": ["gcrn-ref"], "cr": ["gcrn-cr"], "scale": ["gcrn-scale"], "nonroot": ["gcrn-nonroot"],
-              "optout": ["gcrn-optout"], "overcommit": ["gcrn-oc"], "hostmem": ["gcrn-mem"], "evict": ["gcrn-evict"]}
+              "optout": ["gcrn-optout"], "overcommit": ["gcrn-oc"], "hostmem": ["gcrn-mem"], "evict": ["gcrn-evict"],
+              "tp": ["gcrn-tp"]}
 
 
 LOGDIR = os.path.join(ENV.get("GCR_TESTBED_DIR", STATE), "logs", "scenarios")
@@ -775,7 +920,8 @@ def cleanup(name):
 
 
 CASES = {"reference": case_reference, "cr": case_cr, "scale": case_scale, "nonroot": case_nonroot,
-         "optout": case_optout, "overcommit": case_overcommit, "hostmem": case_hostmem, "evict": case_evict}
+         "optout": case_optout, "overcommit": case_overcommit, "hostmem": case_hostmem, "evict": case_evict,
+         "tp": case_tp}
 
 
 # ---- results ----
@@ -811,7 +957,8 @@ def report(results):
 
 
 def main(argv):
-    names = list(CASES) if not argv or argv[0] == "all" else argv[0].split(",")
+    # all: every scenario one GPU can run (tp needs two).
+    names = [n for n in CASES if n != "tp"] if not argv or argv[0] == "all" else argv[0].split(",")
     unknown = [n for n in names if n not in CASES]
     if unknown:
         print(f"unknown scenario(s) {unknown}; known: {', '.join(CASES)}")

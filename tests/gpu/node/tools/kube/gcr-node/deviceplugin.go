@@ -171,13 +171,71 @@ func (p *testPlugin) register(ctx context.Context, kubelet string) error {
 		Version:      dp.Version,
 		Endpoint:     dpEndpoint,
 		ResourceName: p.resource,
-		Options:      &dp.DevicePluginOptions{},
+		Options:      p.options(), // what the kubelet keeps: it asks GetDevicePluginOptions for nothing
 	})
 	return err
 }
 
+func (p *testPlugin) options() *dp.DevicePluginOptions {
+	return &dp.DevicePluginOptions{GetPreferredAllocationAvailable: true}
+}
+
 func (p *testPlugin) GetDevicePluginOptions(context.Context, *dp.Empty) (*dp.DevicePluginOptions, error) {
-	return &dp.DevicePluginOptions{}, nil
+	return p.options(), nil
+}
+
+// GetPreferredAllocation spreads a request over distinct GPUs, as NVIDIA's plugin does for
+// time-sliced replicas: without it the kubelet may hand a pod asking for two GPUs two replicas
+// of one. Each next device is a replica of a GPU the pod has none of yet, the one with the most
+// replicas still free; only when every GPU is in the pod does it take a second replica.
+func (p *testPlugin) GetPreferredAllocation(_ context.Context, req *dp.PreferredAllocationRequest) (*dp.PreferredAllocationResponse, error) {
+	resp := &dp.PreferredAllocationResponse{}
+	for _, c := range req.ContainerRequests {
+		free := map[string][]string{} // GPU -> its available replicas, in order
+		for _, id := range c.AvailableDeviceIDs {
+			u, _, _ := strings.Cut(id, dpReplicaSep)
+			free[u] = append(free[u], id)
+		}
+		for u := range free {
+			sort.Strings(free[u])
+		}
+		chosen, has, taken := []string{}, map[string]bool{}, map[string]bool{}
+		take := func(id string) {
+			u, _, _ := strings.Cut(id, dpReplicaSep)
+			chosen, has[u], taken[id] = append(chosen, id), true, true
+		}
+		for _, id := range c.MustIncludeDeviceIDs {
+			take(id)
+		}
+		for len(chosen) < int(c.AllocationSize) {
+			best, bestFree, bestNew := "", -1, false
+			for u, ids := range free {
+				n := 0
+				first := ""
+				for _, id := range ids {
+					if !taken[id] {
+						if first == "" {
+							first = id
+						}
+						n++
+					}
+				}
+				if first == "" {
+					continue
+				}
+				isNew := !has[u]
+				if (isNew && !bestNew) || (isNew == bestNew && (n > bestFree || (n == bestFree && first < best))) {
+					best, bestFree, bestNew = first, n, isNew
+				}
+			}
+			if best == "" {
+				break // fewer free than asked: the kubelet refuses the pod itself
+			}
+			take(best)
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, &dp.ContainerPreferredAllocationResponse{DeviceIDs: chosen})
+	}
+	return resp, nil
 }
 
 func (p *testPlugin) devices() []*dp.Device {
