@@ -732,7 +732,7 @@ def case_evict(fig):
 
 # ---- a tensor-parallel pod: two NCCL ranks, one per GPU, in one container ----
 
-TP_STEPS = 500
+TP_STEPS = 800
 TP_ARGS = ["--mode", "tp", "--pace-ms", "40", "--weights-gib", "8", "--steps", str(TP_STEPS)]
 
 
