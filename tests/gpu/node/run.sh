@@ -227,9 +227,19 @@ links() {
 		[[ -x $ROOT/bin/$c ]] && ln -s "$ROOT/bin/$c" "$BIN/$c"
 	done
 	if [[ -x $ROOT/criu/criu ]]; then
-		# CRIU with the libraries it was built with beside it (runc finds "criu" in PATH).
-		printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/criu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s/criu/criu "$@"\n' \
-			"$ROOT" "$ROOT" >"$BIN/criu"
+		# CRIU with the libraries it was built with beside it (runc finds "criu" in PATH). On the
+		# GPU machine, which has no iptables-restore (CRIU's default network lock during a dump:
+		# "Locking network failed", run 58), it locks with nftables: libnftables, linked into this
+		# CRIU, to the kernel's nf_tables. On the command line, not in runc's configuration file
+		# /etc/criu/runc.conf: CRIU 4.1.1 (and 4.2) reads "network-lock" from a file passed over
+		# RPC and then compares argv[optind] with "restore" where there is no argv, a NULL
+		# dereference (criu/config.c:1059): the segfaults of run 58 and run 66. Runc starts
+		# "criu swrk FD", whose command line CRIU parses first and keeps. GCR_NODE_CRIU_NETLOCK:
+		# another method (iptables, nftables, skip).
+		local lock=
+		[[ $STANDIN == 1 ]] || lock="--network-lock ${GCR_NODE_CRIU_NETLOCK:-nftables} "
+		printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/criu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s/criu/criu %s"$@"\n' \
+			"$ROOT" "$ROOT" "$lock" >"$BIN/criu"
 		chmod 755 "$BIN/criu"
 	fi
 	return 0
@@ -676,16 +686,6 @@ cmd_up() {
 	# removes checkpoint images from the node's store through it.
 	mkdir -p /run/containerd /etc/containerd/certs.d
 	ln -sfn "$S/containerd/containerd.sock" /run/containerd/containerd.sock
-	# runc's CRIU configuration (read at every checkpoint): the GPU machine has no iptables-restore,
-	# with which CRIU locks the network during a dump by default ("Locking network failed", run 58).
-	# CRIU's other lock, nftables, goes through libnftables (linked into the carried CRIU) to the
-	# kernel's nf_tables, built in here: no binary needed. (Run 58 tried "skip": CRIU 4.1.1 then
-	# segfaulted in the dump: docs/results/2026-11-27-h100-gpu-node-run58.) GCR_NODE_CRIU_NETLOCK
-	# chooses another (iptables, nftables, skip).
-	if [[ $STANDIN != 1 && ! -e /etc/criu/runc.conf ]]; then
-		mkdir -p /etc/criu && printf 'network-lock %s\n' "${GCR_NODE_CRIU_NETLOCK:-nftables}" >/etc/criu/runc.conf &&
-			touch "$S/criu-runc-conf-made"
-	fi
 	workload_image && ok "workload image" || { bad "workload image"; return 1; }
 	local img
 	for img in "$ROOT/images/pause.tar" "$ROOT/images/gcr.tar" "$S/workload/workload.tar"; do

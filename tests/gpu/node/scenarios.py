@@ -89,7 +89,13 @@ def now():
 # ---- pods ----
 
 def volumes():
-    v = [("usr", "/usr", "/usr"), ("models", MODELS, "/models")]
+    # The host's /usr by its parts, not whole: a hostPath is a recursive bind, and the driver's
+    # own file system is mounted under /usr/local/nvidia on the GPU machine; CRIU cannot dump a
+    # container holding that submount, which no container runtime declared ("FS mnt
+    # ./usr/local/nvidia ... unsupported", run 66's eviction). The driver reaches the pod through
+    # CDI, as on any node.
+    v = [(f"usr-{d}", f"/usr/{d}", f"/usr/{d}") for d in ("bin", "sbin", "lib", "share")]
+    v.append(("models", MODELS, "/models"))
     if not STANDIN:
         v.append(("torch", "/opt/torch", "/opt/torch"))
     return ([{"name": n, "hostPath": {"path": h, "type": "Directory"}} for n, h, _ in v],
@@ -801,7 +807,9 @@ def tp_pids(ns, pod):
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if any(m in cg for m in marks) and b"nccl_ranks.py" in cmd:
+        argv = cmd.split(b"\0")
+        # The ranks, not the shell whose script names them: python running nccl_ranks.py.
+        if any(m in cg for m in marks) and argv[0].endswith(b"python3") and any(a.endswith(b"nccl_ranks.py") for a in argv):
             rank = next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
             pids[int(rank)] = int(d)
     check(sorted(pids) == [0, 1], f"{ns}/{pod}: rank processes {pids}")
