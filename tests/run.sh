@@ -119,6 +119,7 @@ build_check_san() {
 	export GCR_TEST_PRELOAD_PREFIX
 	GCR_TEST_PRELOAD_PREFIX=$(gcc -print-file-name=libasan.so)
 	export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+	export GCR_TEST_TIME_SCALE=${GCR_TEST_TIME_SCALE:-3} # tests/unit/util.h: ASan, and a lower priority
 	build_only build-san --enable-sanitizers && check_only "$top/build-san"
 }
 c_tiers() {

@@ -29,6 +29,9 @@ check_result() {
 
 # test_thread_churn: 2k threads here (100k in the other tiers); the leak check covers freeing.
 export GCR_TEST_CHURN_THREADS=2000
+# Deadlines live peers must meet in the unit tests (tests/unit/util.h, test_ms): valgrind runs
+# them many times slower, and in CI beside the Kubernetes tiers at a lower priority.
+export GCR_TEST_TIME_SCALE=${GCR_TEST_TIME_SCALE:-6}
 for t in "$b"/tests/unit/test_*; do
 	[ -x "$t" ] && [ -f "$t" ] && [[ "$t" != *.sh ]] || continue
 	if top_srcdir=$src top_builddir=$b "${vg[@]}" "$t" >/dev/null; then ok "$(basename "$t")"; else ko "$(basename "$t")"; fi
