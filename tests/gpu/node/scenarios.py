@@ -94,7 +94,7 @@ def volumes():
     # container holding that submount, which no container runtime declared ("FS mnt
     # ./usr/local/nvidia ... unsupported", run 66's eviction). The driver reaches the pod through
     # CDI, as on any node.
-    v = [(f"usr-{d}", f"/usr/{d}", f"/usr/{d}") for d in ("bin", "sbin", "lib", "share")]
+    v = [(f"usr-{d}", f"/usr/{d}", f"/usr/{d}") for d in ("bin", "sbin", "lib", "libexec", "include", "share")]
     v.append(("models", MODELS, "/models"))
     if not STANDIN:
         v.append(("torch", "/opt/torch", "/opt/torch"))
