@@ -46,7 +46,6 @@ import json
 import os
 import shutil
 import glob
-import re
 import subprocess
 import sys
 import threading
@@ -209,9 +208,9 @@ def pod_trouble(ns, pod, text=""):
             raise AssertionError(f"{ns}/{pod} not scheduled: {c.get('reason')}: {c.get('message')}")
 
 
-def host_pid(ns, pod):
-    """The host pid of the pod's model server (its cgroup names the pod's UID, its command line the
-    server): what the agent's registry and NVML see."""
+def pod_processes(ns, pod):
+    """The host's processes of a pod (their cgroup names the pod's UID): (pid, argv, environ) each,
+    argv and environ lists of bytes; what the agent's registry and NVML see."""
     uid = kjson("get", "pod", "-n", ns, pod)["metadata"]["uid"]
     marks = (uid, uid.replace("-", "_"))
     for d in os.listdir("/proc"):
@@ -220,12 +219,22 @@ def host_pid(ns, pod):
         try:
             with open(f"/proc/{d}/cgroup") as f:
                 cg = f.read()
+            if not any(m in cg for m in marks):
+                continue
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
         except OSError:
             continue
-        if any(m in cg for m in marks) and b"llm_serve.py" in cmd:
-            return int(d)
+        yield int(d), argv, env
+
+
+def host_pid(ns, pod):
+    """The host pid of the pod's model server."""
+    for pid, argv, _ in pod_processes(ns, pod):
+        if any(b"llm_serve.py" in a for a in argv):
+            return pid
     raise AssertionError(f"no server process of {ns}/{pod} on the host")
 
 
@@ -398,6 +407,17 @@ def median(xs):
     return xs[len(xs) // 2] if xs else None
 
 
+def overhead_figures(fig):
+    """Medians of the rounds in fig (checkpoint, restore, gcrctl_suspend, gcrctl_resume) and the
+    agent's overhead: what Kubernetes adds over gcrctl on the same processes."""
+    fig["checkpoint_s_median"] = median([c["apply_to_succeeded_s"] for c in fig["checkpoint"]])
+    fig["restore_s_median"] = median([r["apply_to_succeeded_s"] for r in fig["restore"]])
+    fig["gcrctl_suspend_s_median"] = median([g["wall_s"] for g in fig["gcrctl_suspend"]])
+    fig["gcrctl_resume_s_median"] = median([g["wall_s"] for g in fig["gcrctl_resume"]])
+    fig["agent_overhead_checkpoint_s"] = round(fig["checkpoint_s_median"] - fig["gcrctl_suspend_s_median"], 3)
+    fig["agent_overhead_restore_s"] = round(fig["restore_s_median"] - fig["gcrctl_resume_s_median"], 3)
+
+
 def case_cr(fig):
     """Checkpoint and Restore through kubectl, and the same with gcrctl, on one 16 GB server."""
     ns = "gcrn-cr"
@@ -406,7 +426,7 @@ def case_cr(fig):
     wait_iters(ns, "llm", 3)
     pid = host_pid(ns, "llm")
     check(kubectl("exec", "-n", ns, "llm", "--", "id", "-u").stdout.strip() == "1000", "the pod does not run as uid 1000")
-    env = kubectl("exec", "-n", ns, "llm", "--", "cat", f"/proc/1/environ").stdout.replace("\0", "\n")
+    env = kubectl("exec", "-n", ns, "llm", "--", "cat", "/proc/1/environ").stdout.replace("\0", "\n")
     check("LD_PRELOAD=/opt/gcr/lib/libgcr.so" in env, "no LD_PRELOAD from GCR's Allocate")
     maps = kubectl("exec", "-n", ns, "llm", "--", "cat", "/proc/1/maps").stdout
     check("libgcr.so" in maps, "the shim is not loaded in the server")
@@ -432,12 +452,7 @@ def case_cr(fig):
     n, last = verify(ns, "llm")
     fig.update(checkpoint=ck, restore=rs, gcrctl_suspend=g_s, gcrctl_resume=g_r, gpu_mib_suspended=mib_s,
                iters_checked=n, last_iter=last)
-    fig["checkpoint_s_median"] = median([c["apply_to_succeeded_s"] for c in ck])
-    fig["restore_s_median"] = median([r["apply_to_succeeded_s"] for r in rs])
-    fig["gcrctl_suspend_s_median"] = median([g["wall_s"] for g in g_s])
-    fig["gcrctl_resume_s_median"] = median([g["wall_s"] for g in g_r])
-    fig["agent_overhead_checkpoint_s"] = round(fig["checkpoint_s_median"] - fig["gcrctl_suspend_s_median"], 3)
-    fig["agent_overhead_restore_s"] = round(fig["restore_s_median"] - fig["gcrctl_resume_s_median"], 3)
+    overhead_figures(fig)
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -793,25 +808,12 @@ def tp_wait(ns, pod, what, pred, timeout):
 
 
 def tp_pids(ns, pod):
-    uid = kjson("get", "pod", "-n", ns, pod)["metadata"]["uid"]
-    marks, pids = (uid, uid.replace("-", "_")), {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cgroup") as f:
-                cg = f.read()
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        argv = cmd.split(b"\0")
-        # The ranks, not the shell whose script names them: python running nccl_ranks.py.
-        if any(m in cg for m in marks) and argv[0].endswith(b"python3") and any(a.endswith(b"nccl_ranks.py") for a in argv):
+    """The ranks' host pids by rank: python running nccl_ranks.py (not the shell whose script names it)."""
+    pids = {}
+    for pid, argv, env in pod_processes(ns, pod):
+        if argv[0].endswith(b"python3") and any(a.endswith(b"nccl_ranks.py") for a in argv):
             rank = next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
-            pids[int(rank)] = int(d)
+            pids[int(rank)] = pid
     check(sorted(pids) == [0, 1], f"{ns}/{pod}: rank processes {pids}")
     return pids
 
@@ -868,12 +870,7 @@ def case_tp(fig):
     check(got == want, f"digests {got} after three Checkpoint/Restore and three gcrctl rounds; uninterrupted: {want}")
     fig.update(checkpoint=ck, restore=rs, gcrctl_suspend=g_s, gcrctl_resume=g_r, gpu_mib_suspended=mib_s,
                steps=TP_STEPS, digests=got)
-    fig["checkpoint_s_median"] = median([c["apply_to_succeeded_s"] for c in ck])
-    fig["restore_s_median"] = median([r["apply_to_succeeded_s"] for r in rs])
-    fig["gcrctl_suspend_s_median"] = median([g["wall_s"] for g in g_s])
-    fig["gcrctl_resume_s_median"] = median([g["wall_s"] for g in g_r])
-    fig["agent_overhead_checkpoint_s"] = round(fig["checkpoint_s_median"] - fig["gcrctl_suspend_s_median"], 3)
-    fig["agent_overhead_restore_s"] = round(fig["restore_s_median"] - fig["gcrctl_resume_s_median"], 3)
+    overhead_figures(fig)
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
