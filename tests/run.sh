@@ -103,7 +103,8 @@ echo "build: $((SECONDS - t_build)) s"
 # that the Kubernetes tiers' waits keep their timing; each writes its own log, and
 # bg_collect at the end reports them as tiers like the others (their time is their own
 # wall time in the background). Run 36 (serial): the C tiers took 1444 s, the Kubernetes
-# tiers 2609 s.
+# tiers 2609 s, 4027 s in all; run 38 (this way, the same 2-core machine): 2625 s in all, the
+# background's tiers done 1000 s before the Kubernetes tiers.
 bg_tier() { # name command...: one background tier, its log and "rc seconds" file
 	local name=$1; shift
 	local t0=$SECONDS rc
