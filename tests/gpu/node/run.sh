@@ -236,8 +236,8 @@ links() {
 		# dereference (criu/config.c:1059): the segfaults of run 58 and run 66. Runc starts
 		# "criu swrk FD", whose command line CRIU parses first and keeps. GCR_NODE_CRIU_NETLOCK:
 		# another method (iptables, nftables, skip).
-		local lock=
-		[[ $STANDIN == 1 ]] || lock="--network-lock ${GCR_NODE_CRIU_NETLOCK:-nftables} "
+		# The rehearsal too: its PATH has no iptables either.
+		local lock="--network-lock ${GCR_NODE_CRIU_NETLOCK:-nftables} "
 		printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/criu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s/criu/criu %s"$@"\n' \
 			"$ROOT" "$ROOT" "$lock" >"$BIN/criu"
 		chmod 755 "$BIN/criu"
