@@ -6,7 +6,7 @@
 #   GCR_NODE_PACK_IMAGES=DIR: take pause.tar and gcr.tar from DIR (a build.sh output) instead
 #
 # Into .gpunode/ (ignored by git): stage/ (the payload as files), part1..partN (one tar of stage/,
-# xz-compressed, cut into pieces of at most GCR_NODE_PART_MIB, default 40 MiB), manifest (their
+# xz-compressed, cut into pieces of at most GCR_NODE_PART_MIB, default 37 MiB), manifest (their
 # sha256), sizes.txt (every file, raw and alone compressed). Then prints the device calls that
 # carry and use them. The payload, in the order the parts carry it (run.sh unpack extracts every
 # file the parts so far hold whole, so the toolkit and runc can be probed from part 1 on):
@@ -29,7 +29,7 @@ TOOLS=$HERE/tools
 BUILD=$(cd "${1:-$TOP/build}" && pwd)
 OUTD=$TOP/.gpunode
 STAGE=$OUTD/stage
-PART_MIB=${GCR_NODE_PART_MIB:-40} # a call carries at most 64 MiB: the tree (~20) and one part
+PART_MIB=${GCR_NODE_PART_MIB:-37} # a call carries at most 64 MiB: the tree (about 23 MiB on 2026-11-28) and one part
 export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=readonly
 
 log() { printf 'pack: %s\n' "$*" >&2; }
