@@ -130,6 +130,7 @@ c_tiers() {
 	bg_tier fuzz tests/fuzz/run.sh &
 	bg_tier valgrind tests/valgrind.sh build
 	wait
+	# The device plugin against the ASan/UBSan build (LeakSanitizer on): its gRPC state machine.
 	bg_tier dp-sanitizers env GCR_BUILD_DIR=build-san tests/dp/test_deviceplugin.sh
 }
 lowprio=(nice -n 10)
