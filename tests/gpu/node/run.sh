@@ -238,8 +238,19 @@ links() {
 		# another method (iptables, nftables, skip).
 		# The rehearsal too: its PATH has no iptables either.
 		local lock="--network-lock ${GCR_NODE_CRIU_NETLOCK:-nftables} "
-		printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/criu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s/criu/criu %s"$@"\n' \
-			"$ROOT" "$ROOT" "$lock" >"$BIN/criu"
+		# After each run it keeps a copy of CRIU's restore log in the node's logs: containerd removes
+		# a failed restore's work directory, and the log with it. (Not exec: sh waits; the restored
+		# tree still goes to runc, the subreaper, when CRIU exits.)
+		cat >"$BIN/criu" <<-EOF
+			#!/bin/sh
+			LD_LIBRARY_PATH=$ROOT/criu/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} $ROOT/criu/criu $lock"\$@"
+			rc=\$?
+			mkdir -p "$LOGS/criu" 2>/dev/null
+			find "$S/containerd" -name restore.log -mmin -10 2>/dev/null | while read -r f; do
+				cp "\$f" "$LOGS/criu/restore-\$(date +%s%N).log" 2>/dev/null
+			done
+			exit \$rc
+		EOF
 		chmod 755 "$BIN/criu"
 	fi
 	return 0
