@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -191,47 +192,35 @@ func (p *testPlugin) GetDevicePluginOptions(context.Context, *dp.Empty) (*dp.Dev
 func (p *testPlugin) GetPreferredAllocation(_ context.Context, req *dp.PreferredAllocationRequest) (*dp.PreferredAllocationResponse, error) {
 	resp := &dp.PreferredAllocationResponse{}
 	for _, c := range req.ContainerRequests {
-		free := map[string][]string{} // GPU -> its available replicas, in order
+		chosen := append([]string{}, c.MustIncludeDeviceIDs...)
+		has := map[string]bool{} // GPUs the pod has a replica of
+		for _, id := range chosen {
+			u, _, _ := strings.Cut(id, dpReplicaSep)
+			has[u] = true
+		}
+		free := map[string][]string{} // GPU -> its replicas still to give, in order
 		for _, id := range c.AvailableDeviceIDs {
-			u, _, _ := strings.Cut(id, dpReplicaSep)
-			free[u] = append(free[u], id)
+			if !slices.Contains(chosen, id) {
+				u, _, _ := strings.Cut(id, dpReplicaSep)
+				free[u] = append(free[u], id)
+			}
 		}
-		for u := range free {
-			sort.Strings(free[u])
-		}
-		chosen, has, taken := []string{}, map[string]bool{}, map[string]bool{}
-		take := func(id string) {
-			u, _, _ := strings.Cut(id, dpReplicaSep)
-			chosen, has[u], taken[id] = append(chosen, id), true, true
-		}
-		for _, id := range c.MustIncludeDeviceIDs {
-			take(id)
+		for _, ids := range free {
+			slices.Sort(ids)
 		}
 		for len(chosen) < int(c.AllocationSize) {
-			best, bestFree, bestNew := "", -1, false
+			best := ""
 			for u, ids := range free {
-				n := 0
-				first := ""
-				for _, id := range ids {
-					if !taken[id] {
-						if first == "" {
-							first = id
-						}
-						n++
-					}
-				}
-				if first == "" {
-					continue
-				}
-				isNew := !has[u]
-				if (isNew && !bestNew) || (isNew == bestNew && (n > bestFree || (n == bestFree && first < best))) {
-					best, bestFree, bestNew = first, n, isNew
+				b := free[best]
+				if len(ids) > 0 && (best == "" || (!has[u] && has[best]) ||
+					(has[u] == has[best] && (len(ids) > len(b) || (len(ids) == len(b) && u < best)))) {
+					best = u
 				}
 			}
 			if best == "" {
 				break // fewer free than asked: the kubelet refuses the pod itself
 			}
-			take(best)
+			chosen, has[best], free[best] = append(chosen, free[best][0]), true, free[best][1:]
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, &dp.ContainerPreferredAllocationResponse{DeviceIDs: chosen})
 	}
