@@ -216,7 +216,7 @@ static struct agent_ocisrv *start(int port, unsigned pending_max, unsigned per_u
 {
 	struct agent_ocisrv_cfg cfg = { .port = port, .tls = tls, .fn = handler, .state = on_state,
 					.pending_max = pending_max, .pending_per_uid = per_uid, .pending_root = root,
-					.serving_max = serving, .handshake_ms = (int)test_ms(handshake_ms ? handshake_ms : 3000),
+					.serving_max = serving, .handshake_ms = (int)test_ms(handshake_ms ? handshake_ms : AGENT_OCISRV_HANDSHAKE_MS),
 					.idle_ms = (int)test_ms(3000),
 					.backoff_min_ms = 20, .backoff_max_ms = 100 };
 	struct agent_ocisrv *s = NULL;

@@ -21,10 +21,10 @@ static int test_passed, test_failed;
 
 #define CHECK_STR(a, b) CHECK((a) != NULL && strcmp((a), (b)) == 0)
 
-/* A test's time bound ms, stretched by GCR_TEST_TIME_SCALE (1 to 50; the valgrind tier sets
- * it): deadlines a live peer must meet (answers, handshakes) are not what a test checks, and
- * under valgrind on a loaded machine a peer takes many times longer. The bounds a test checks
- * against stretch with them, so what it asserts stays the same. */
+/* A test's time bound ms, stretched by GCR_TEST_TIME_SCALE (1 to 50; the valgrind and
+ * sanitizer tiers set it): deadlines a live peer must meet (answers, handshakes) are not what a
+ * test checks, and under valgrind on a loaded machine a peer takes many times longer. The
+ * bounds a test checks against stretch with them, so what it asserts stays the same. */
 static inline long test_ms(long ms)
 {
 	const char *e = getenv("GCR_TEST_TIME_SCALE");

@@ -235,8 +235,7 @@ links() {
 		# RPC and then compares argv[optind] with "restore" where there is no argv, a NULL
 		# dereference (criu/config.c:1059): the segfaults of run 58 and run 66. Runc starts
 		# "criu swrk FD", whose command line CRIU parses first and keeps. GCR_NODE_CRIU_NETLOCK:
-		# another method (iptables, nftables, skip).
-		# The rehearsal too: its PATH has no iptables either.
+		# another method (iptables, nftables, skip). The rehearsal too: its PATH has no iptables.
 		local lock="--network-lock ${GCR_NODE_CRIU_NETLOCK:-nftables} "
 		# After each run it keeps a copy of CRIU's restore log in the node's logs: containerd removes
 		# a failed restore's work directory, and the log with it. (Not exec: sh waits; the restored
@@ -886,7 +885,6 @@ cmd_down() {
 	# later node must not find this one's records.
 	rm -rf /var/log/pods /var/log/containers /var/lib/gcr/images /run/gcr /opt/gcr "$S.old"
 	[[ $(readlink /run/containerd/containerd.sock 2>/dev/null) == "$S/"* ]] && rm -f /run/containerd/containerd.sock
-	[[ -f $S/criu-runc-conf-made ]] && rm -f /etc/criu/runc.conf
 	rm -rf /etc/containerd/certs.d/127.0.0.1_*_
 	# The node's state is kept one round (its logs were collected into $OUT already).
 	[[ -d $S ]] && mv "$S" "$S.old"

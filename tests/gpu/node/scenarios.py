@@ -774,7 +774,7 @@ def tp_pod(ns, name, shim=True):
 
 def tp_lines(ns, pod):
     """Per rank: its STEP numbers, its DIGEST (or None), and any ERROR line."""
-    out = {0: {"steps": [], "digest": None, "errors": [], "ready": None}, 1: {"steps": [], "digest": None, "errors": [], "ready": None}}
+    out = {r: {"steps": [], "digest": None, "errors": []} for r in (0, 1)}
     for line in logs(ns, pod).splitlines():
         f = line.split()
         if len(f) < 2 or f[0] not in ("R0", "R1"):
@@ -784,8 +784,6 @@ def tp_lines(ns, pod):
             r["steps"].append(int(f[2]))
         elif f[1] == "DIGEST" and len(f) > 2:
             r["digest"] = f[2]
-        elif f[1] == "READY":
-            r["ready"] = line
         elif f[1] in ("ERROR", "Traceback"):
             r["errors"].append(line)
     return out
@@ -812,8 +810,9 @@ def tp_pids(ns, pod):
     pids = {}
     for pid, argv, env in pod_processes(ns, pod):
         if argv[0].endswith(b"python3") and any(a.endswith(b"nccl_ranks.py") for a in argv):
-            rank = next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
-            pids[int(rank)] = pid
+            rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
+            if rank is not None:
+                pids[rank] = pid
     check(sorted(pids) == [0, 1], f"{ns}/{pod}: rank processes {pids}")
     return pids
 
