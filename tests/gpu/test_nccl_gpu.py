@@ -134,7 +134,7 @@ class Ranks:
             try:
                 self.ready(shim)
                 return
-            except H.HarnessError as e:
+            except (Fail, H.HarnessError) as e:  # a rank's ERROR line is a Fail, a rank gone a HarnessError
                 if attempt == 2 or "EADDRINUSE" not in str(e):
                     raise
                 T.note("rendezvous port taken (EADDRINUSE): the group starts again on another port")
