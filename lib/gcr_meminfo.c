@@ -2,21 +2,61 @@
 #include "gcr_meminfo.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+/* The first len - 1 bytes of path, NUL-terminated; -ENOENT when unreadable. Plain read(2), no
+ * stdio: the shim reads these from its own threads inside any program, and a FILE there races
+ * with the program's exit (valgrind's __libc_freeres frees stdio's buffers under an fclose of
+ * the staging thread: seen in CI). The files read here are a few KiB at most. */
+static int read_small(const char *path, char *buf, size_t len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -ENOENT;
+	size_t got = 0;
+	while (got < len - 1) {
+		ssize_t n = read(fd, buf + got, len - 1 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	close(fd);
+	buf[got] = '\0';
+	return got > 0 ? 0 : -ENOENT;
+}
+
+/* The next line of *cur (its newline replaced by NUL), NULL at the end. */
+static char *next_line(char **cur)
+{
+	char *line = *cur;
+	if (*line == '\0')
+		return NULL;
+	char *nl = strchr(line, '\n');
+	if (nl != NULL) {
+		*nl = '\0';
+		*cur = nl + 1;
+	} else {
+		*cur = line + strlen(line);
+	}
+	return line;
+}
 
 uint64_t gcr_meminfo_bytes(const char *path, const char *name)
 {
-	FILE *f = fopen(path != NULL ? path : "/proc/meminfo", "re");
-	if (f == NULL)
+	char buf[8192];
+	if (read_small(path != NULL ? path : "/proc/meminfo", buf, sizeof(buf)) < 0)
 		return 0;
-	char line[128];
 	unsigned long long kb = 0;
 	size_t n = strlen(name);
-	while (fgets(line, sizeof(line), f) != NULL)
+	char *cur = buf, *line;
+	while ((line = next_line(&cur)) != NULL)
 		if (strncmp(line, name, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%llu", &kb) == 1)
 			break;
-	fclose(f);
 	return kb <= (UINT64_MAX >> 10) ? (uint64_t)kb << 10 : 0;
 }
 
@@ -26,33 +66,29 @@ static int cg_number(const char *root, const char *name, uint64_t *v)
 	char path[512];
 	if ((size_t)snprintf(path, sizeof(path), "%s/%s", root, name) >= sizeof(path))
 		return -ENOENT;
-	FILE *f = fopen(path, "re");
-	if (f == NULL)
-		return -ENOENT;
 	char buf[32];
-	int rc = fgets(buf, sizeof(buf), f) != NULL ? 0 : -ENOENT;
-	fclose(f);
-	unsigned long long n;
-	if (rc == 0 && strncmp(buf, "max", 3) == 0)
-		return -ERANGE;
-	if (rc == 0 && sscanf(buf, "%llu", &n) != 1)
+	if (read_small(path, buf, sizeof(buf)) < 0)
 		return -ENOENT;
-	if (rc == 0)
-		*v = n;
-	return rc;
+	if (strncmp(buf, "max", 3) == 0)
+		return -ERANGE;
+	unsigned long long n;
+	if (sscanf(buf, "%llu", &n) != 1)
+		return -ENOENT;
+	*v = n;
+	return 0;
 }
 
 /* The sum of the "<key> N" lines of a memory.stat file for the keys given (missing keys: 0). */
 static uint64_t cg_stat_sum(const char *root, const char *name, const char *const *keys)
 {
-	char path[512], line[128];
+	char path[512], buf[8192];
 	if ((size_t)snprintf(path, sizeof(path), "%s/%s", root, name) >= sizeof(path))
 		return 0;
-	FILE *f = fopen(path, "re");
-	if (f == NULL)
+	if (read_small(path, buf, sizeof(buf)) < 0)
 		return 0;
 	uint64_t sum = 0;
-	while (fgets(line, sizeof(line), f) != NULL) {
+	char *cur = buf, *line;
+	while ((line = next_line(&cur)) != NULL) {
 		char key[64];
 		unsigned long long v;
 		if (sscanf(line, "%63s %llu", key, &v) != 2)
@@ -61,7 +97,6 @@ static uint64_t cg_stat_sum(const char *root, const char *name, const char *cons
 			if (strcmp(key, *k) == 0)
 				sum += v;
 	}
-	fclose(f);
 	return sum;
 }
 
