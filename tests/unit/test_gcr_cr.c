@@ -262,7 +262,8 @@ static void hip_full(const char *dir)
 	setenv("FAKE_CRIU_VERSION_OUT", "Version: 4.1", 1);
 	setenv("FAKE_CRIU_LOG", log, 1);
 	setenv("FAKE_CRIU_PID", pid, 1);
-	struct gcr_cr_opts full = { .socket_dir = dir, .mode = GCR_CR_FULL, .timeout_ms = 1000, .images_dir = dir };
+	struct gcr_cr_opts full = { .socket_dir = dir, .mode = GCR_CR_FULL, .timeout_ms = (int)test_ms(1000),
+				    .images_dir = dir };
 	struct gcr_cr_result r;
 	struct gcr_cr_proc_state ps;
 	struct gcr_err err;
@@ -296,7 +297,8 @@ static void test_with_shim(const char *dir)
 {
 	pid_t me = getpid();
 	struct gcr_err err;
-	struct gcr_cr_opts full = { .socket_dir = dir, .mode = GCR_CR_FULL, .timeout_ms = 1000, .images_dir = dir };
+	struct gcr_cr_opts full = { .socket_dir = dir, .mode = GCR_CR_FULL, .timeout_ms = (int)test_ms(1000),
+				    .images_dir = dir };
 	struct gcr_cr_opts data = full, drvonly = full;
 	data.mode = GCR_CR_DATA_ONLY;
 	drvonly.mode = GCR_CR_DRIVER_ONLY;
@@ -400,7 +402,8 @@ static void test_with_shim(const char *dir)
 static void test_without_shim(const char *dir)
 {
 	struct gcr_err err;
-	struct gcr_cr_opts full = { .socket_dir = dir, .mode = GCR_CR_FULL, .timeout_ms = 1000, .images_dir = dir };
+	struct gcr_cr_opts full = { .socket_dir = dir, .mode = GCR_CR_FULL, .timeout_ms = (int)test_ms(1000),
+				    .images_dir = dir };
 	struct gcr_cr_proc_state ps;
 	/* A process without a shim: unmanaged; status says why. */
 	pid_t child = fork();

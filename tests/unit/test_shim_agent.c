@@ -161,8 +161,8 @@ static void test_bound(void)
 	int rc = shim_agent_room(4096, 0);
 	double took = gcr_time_mono_ms() - t0;
 	CHECK(rc == -ETIMEDOUT);
-	CHECK(took >= 290 && took < 2000);
-	shim_cfg.room_timeout_ms = 5000;
+	CHECK(took >= 290 && took < test_ms(2000));
+	shim_cfg.room_timeout_ms = (int)test_ms(5000);
 }
 
 static void test_late(void)
@@ -172,7 +172,7 @@ static void test_late(void)
 	atomic_store(&mode, LATE);
 	shim_cfg.room_timeout_ms = 200;
 	CHECK(shim_agent_room(4096, 0) == -ETIMEDOUT);
-	shim_cfg.room_timeout_ms = 5000;
+	shim_cfg.room_timeout_ms = (int)test_ms(5000);
 	CHECK(shim_agent_room(4096, 0) == 0);
 }
 
@@ -247,7 +247,7 @@ int main(void)
 	setenv(GCR_AGENT_SOCKET_ENV, sock_path, 1);
 	shim_config_load();
 	shim_cfg.overcommit = 1;
-	shim_cfg.room_timeout_ms = 5000;
+	shim_cfg.room_timeout_ms = (int)test_ms(5000);
 	pthread_t th;
 	pthread_create(&th, NULL, agent_main, NULL);
 	shim_agent_register("/tmp/ctl.sock");

@@ -30,10 +30,10 @@ static double now_ms(void)
 	return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
-/* Waits (bounded: 10 s) until cond() holds; what a test observes of another thread. */
+/* Waits (bounded: 10 s, test_ms) until cond() holds; what a test observes of another thread. */
 static int wait_until(int (*cond)(void))
 {
-	double end = now_ms() + 10000;
+	double end = now_ms() + (double)test_ms(10000);
 	while (!cond() && now_ms() < end) {
 		struct timespec ts = { 0, 1000000 };
 		nanosleep(&ts, NULL);
@@ -132,7 +132,7 @@ static void test_freeze_drain(CUdeviceptr buf)
 	CHECK(ncclCommGetAsyncError(c, &ae) == ncclSuccess && ae == ncclSuccess);
 	t.n = 1;
 	t.t[0] = (struct gcr_group_target){ shim_nccl_rec_of(c)->key, frozen_at + 2 };
-	CHECK(shim_nccl_ops.drain(&t, 5000, &wants, &err) == 0);
+	CHECK(shim_nccl_ops.drain(&t, (int)test_ms(5000), &wants, &err) == 0);
 	CHECK(count_of(c) == frozen_at + 2 && wait_until(one_waiting) && !__atomic_load_n(&w.done, __ATOMIC_ACQUIRE));
 	shim_nccl_ops.thaw();
 	pthread_join(w.th, NULL);
@@ -141,7 +141,7 @@ static void test_freeze_drain(CUdeviceptr buf)
 	CHECK(shim_nccl_ops.freeze(1000, &err) == 0);
 	t.t[0].count = count_of(c) + 1;
 	double t0 = now_ms();
-	CHECK(shim_nccl_ops.drain(&t, 200, &wants, &err) == -ETIMEDOUT && now_ms() - t0 < 5000);
+	CHECK(shim_nccl_ops.drain(&t, 200, &wants, &err) == -ETIMEDOUT && now_ms() - t0 < test_ms(5000));
 	CHECK(strstr(err.msg, "of its") != NULL);
 	shim_nccl_ops.thaw();
 	CHECK(ncclCommDestroy(c) == ncclSuccess);
@@ -283,7 +283,8 @@ static void test_refusals(CUdeviceptr buf)
 	CHECK(pipe(fds) == 0 && pthread_create(&th, NULL, open_group, fds) == 0);
 	CHECK(wait_until(is_open));
 	double t0 = now_ms();
-	CHECK(shim_nccl_ops.freeze(100, &err) == -EBUSY && strstr(err.msg, "group open") != NULL && now_ms() - t0 < 5000);
+	CHECK(shim_nccl_ops.freeze(100, &err) == -EBUSY && strstr(err.msg, "group open") != NULL &&
+	      now_ms() - t0 < test_ms(5000));
 	CHECK(atomic_load(&shim_nccl_hold.mode) == SHIM_NCCL_OPEN);
 	CHECK(write(fds[1], "x", 1) == 1);
 	pthread_join(th, NULL);
