@@ -187,12 +187,20 @@ def scale_cases(E, case):
         check(s["suspended"] == sum(1 for v in states.values() if v == "Suspended"), "suspended %s" % s)
 
     def scale_put(n):
-        """What an HPA or KEDA does: GET .../scale, set spec.replicas, PUT it back."""
+        """What an HPA or KEDA does: GET .../scale, set spec.replicas, PUT it back. The Scale
+        carries the object's resourceVersion, which the scaler's status writes move on: a
+        Conflict is read again and retried, as client-go's RetryOnConflict does (5 tries)."""
         path = "/apis/gpucr.dev/v1alpha1/namespaces/%s/gpuresidencies/%s/scale" % (ns, RES)
-        sc = json.loads(E.k("get", "--raw", path).stdout)
-        check(sc["kind"] == "Scale" and sc["status"].get("selector") == "app=llm", "Scale: %s" % sc)
-        sc["spec"]["replicas"] = n
-        E.k("replace", "--raw", path, "-f", "-", stdin=json.dumps(sc))
+        for _ in range(5):
+            sc = json.loads(E.k("get", "--raw", path).stdout)
+            check(sc["kind"] == "Scale" and sc["status"].get("selector") == "app=llm", "Scale: %s" % sc)
+            sc["spec"]["replicas"] = n
+            out = E.k("replace", "--raw", path, "-f", "-", stdin=json.dumps(sc), ok=False)
+            if out.returncode == 0:
+                return
+            if "Conflict" not in out.stderr:
+                break
+        raise Fail("PUT %s (replicas %d): %s" % (path, n, out.stderr.strip()))
 
     def ops(kind, pod=None):
         out = E.k("get", kind, "-n", ns, "-l", "gpucr.dev/residency-uid=%s" % res()["metadata"]["uid"],
