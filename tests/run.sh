@@ -197,6 +197,13 @@ tier k8s-twonode python3 tests/k8s/test_twonode_e2e.py build
 tier k8s-hostile python3 tests/k8s/test_hostile_e2e.py build
 
 bg_collect
+# What failed, named from every tier's log at the end, where CI's excerpt of this output looks.
+fails=$(grep -h -m 20 -E '^(FAIL|ERROR)[: ]' build-logs/*.log 2>/dev/null | head -n 40)
+if [ -n "$fails" ]; then
+	echo
+	echo "=== what failed (from build-logs/*.log)"
+	echo "$fails"
+fi
 echo
 echo "=== summary"
 printf '%s\n' "${summary[@]}"
