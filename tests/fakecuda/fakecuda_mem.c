@@ -232,6 +232,28 @@ static CUresult fake_charge(int dev, size_t bytes)
 	return rc;
 }
 
+/* The driver's checkpoint closes the process's device files, and with them whatever the kernel
+ * tied to them; the stand-in's match is its pool slot and the slot's lock. Left held, a CRIU
+ * dump carries the lock, and its restore fails (criu file-lock.c: "Can not set ofd lock") once
+ * another process has taken the dead original's slot (seen in the GPU node's rehearsal). The
+ * next charge, at restore, takes a slot anew. Device lock held. */
+static void fake_pool_leave(void)
+{
+	if (fake_pool == NULL)
+		return;
+	if (fake_pool_mine >= 0 && fake_pool_opener == getpid()) {
+		flock(fake_pool_fd, LOCK_EX);
+		memset(&fake_pool[fake_pool_mine], 0, sizeof(fake_pool[fake_pool_mine]));
+		flock(fake_pool_fd, LOCK_UN);
+	}
+	munmap(fake_pool, FAKE_POOL_SLOTS * sizeof(struct fake_pool_slot));
+	close(fake_pool_fd); /* drops the slot's lock */
+	fake_pool = NULL;
+	fake_pool_fd = -1;
+	fake_pool_mine = -1;
+	fake_pool_tried = false;
+}
+
 static size_t fake_pool_others(int dev)
 {
 	size_t others = 0;
@@ -943,6 +965,19 @@ FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 	return fake_leave(rc);
 }
 
+/* FAKECUDA_POPULATE=1: device memory is taken at cuMemCreate, as a GPU's is, not as the
+ * memfd's pages are written. Where the "device" is the container's own memory (the GPU node's
+ * rehearsal), a sparse one let the shim's staging fault in host memory the program's copy into
+ * the device then needed: the pod went over its limit (OOMKilled), which on a GPU cannot be. */
+static int fake_populate(int fd, size_t size)
+{
+	const char *e = getenv("FAKECUDA_POPULATE");
+
+	if (e == NULL || strcmp(e, "1") != 0)
+		return 0;
+	return fallocate(fd, 0, 0, (off_t)size);
+}
+
 FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 				 const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -965,7 +1000,7 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 	char name[32];
 	snprintf(name, sizeof(name), "fakecuda-phys-dev%d", prop->location.id);
 	fd = memfd_create(name, MFD_CLOEXEC);
-	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+	if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || fake_populate(fd, size) != 0) {
 		if (fd >= 0)
 			close(fd);
 		free(ph);
@@ -1377,6 +1412,7 @@ CUresult fake_mem_checkpoint(void)
 		ph->fd = -1;
 		fake_discharge(ph->prop.location.id, ph->size);
 	}
+	fake_pool_leave();
 	fake_unlock();
 	return CUDA_SUCCESS;
 }

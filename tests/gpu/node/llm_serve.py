@@ -36,6 +36,7 @@ import ctypes
 import hashlib
 import json
 import os
+import signal
 import struct
 import sys
 import time
@@ -302,6 +303,11 @@ def alloc(args):
     return 0 if ok else 1
 
 
+def on_term(signum, frame):
+    out(f"TERM t={time.time():.3f}")
+    sys.exit(0)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["make", "serve", "alloc"])
@@ -318,6 +324,10 @@ def main(argv=None):
     ap.add_argument("--over-free-mib", type=int, default=4096)
     ap.add_argument("--hold-s", type=float, default=20.0)
     args = ap.parse_args(argv)
+    # A server ends on SIGTERM, as the kubelet asks at a pod's deletion. Without a handler the
+    # container's first process ignores it (PID namespace init) and lives out the grace period:
+    # kubectl drain timed out on it in the rehearsal's eviction.
+    signal.signal(signal.SIGTERM, on_term)
     try:
         if args.command == "make":
             (torch_make if args.backend == "torch" else standin_make)(args)

@@ -341,7 +341,8 @@ cdi_spec() {
 		path, gpu, mib = sys.argv[1:4]
 		spec = json.load(open(path))
 		edits = spec.setdefault("containerEdits", {})
-		edits.setdefault("env", []).extend(["FAKECUDA_POOL=/run/fakecuda-gpu/pool", "FAKECUDA_MEM_MIB=" + mib])
+		edits.setdefault("env", []).extend(["FAKECUDA_POOL=/run/fakecuda-gpu/pool", "FAKECUDA_MEM_MIB=" + mib,
+		                                   "FAKECUDA_POPULATE=1"])
 		edits.setdefault("mounts", []).append({"hostPath": gpu, "containerPath": "/run/fakecuda-gpu",
 		                                       "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"]})
 		json.dump(spec, open(path, "w"))
@@ -823,7 +824,7 @@ cmd_scenarios() {
 	local rc
 	GCR_TESTBED_BIN=$BIN GCR_TESTBED_NODE=$NODE_NAME GCR_TESTBED_DIR=$S KUBECONFIG=$S/kubeconfig \
 		GCR_NODE_STATE=$STATE GCR_NODE_BACKEND=$BACKEND GCR_NODE_MODELS=$MODELS GCR_NODE_STANDIN=$STANDIN \
-		GCR_NODE_OUT=$OUT GCR_NODE_DEADLINE=$((DEADLINE - 20)) GCR_NODE_KUBELET_PORT=$KUBELET_PORT \
+		GCR_NODE_STANDIN_GPU_MIB=$STANDIN_GPU_MIB GCR_NODE_OUT=$OUT GCR_NODE_DEADLINE=$((DEADLINE - 20)) GCR_NODE_KUBELET_PORT=$KUBELET_PORT \
 		GCR_NODE_WORKLOAD_IMAGE=$WORKLOAD_IMAGE GCR_NODE_IMAGE_REPO=$GCR_IMAGE_REPO GCR_NODE_IMAGE_TAG=$GCR_IMAGE_TAG \
 		python3 "$HERE/scenarios.py" "$list"
 	rc=$?

@@ -394,7 +394,12 @@ def timed_apply(kind, ns, name, spec, want="Succeeded", timeout=120):
 def gcrctl(op, pid):
     """gcrctl OP PID in the agent's pod (the same process, the same driver, no API server): its
     JSON answer and its wall time measured inside the pod (the kubectl exec around it excluded)."""
-    r = agent_exec("sh", "-c", f"a=$(date +%s.%N); gcrctl --json {op} {pid}; rc=$?; b=$(date +%s.%N); "
+    # The stand-in's NVML finds its GPU through the environment its CDI spec gives the agent's
+    # container; NVIDIA's runtime edits the spec at runc create, out of containerd's sight, so a
+    # kubectl exec does not get it (the real NVML needs none).
+    env = f"env FAKECUDA_POOL=/run/fakecuda-gpu/pool FAKECUDA_MEM_MIB={ENV.get('GCR_NODE_STANDIN_GPU_MIB', '1024')} " \
+        if STANDIN else ""
+    r = agent_exec("sh", "-c", f"a=$(date +%s.%N); {env}gcrctl --json {op} {pid}; rc=$?; b=$(date +%s.%N); "
                    "echo WALL $a $b $rc")
     wall = next((l.split() for l in r.stdout.splitlines() if l.startswith("WALL ")), None)
     js = next((json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")), None)
@@ -742,7 +747,9 @@ def case_evict(fig):
         rs = kjson("get", "restore", "-n", ns, ck)["status"]
         fig["restore_durations_ms"] = rs.get("durations")
         n, last = verify(ns, new)
-        first_i = parse(logs(ns, new))[1][0][0]
+        # The replacement's log begins with the original's (the checkpoint carries the container's
+        # log): its first iteration after the restore is the first one past the uncordon.
+        first_i = next(it[0] for it in parse(logs(ns, new))[1] if it[4] > t_uncordon)
         fig.update(replacement=new, first_iteration_after_restore=first_i, iters_checked=n, note=written.get("note"))
         kubectl("delete", "namespace", ns, "--wait=false")
     finally:
