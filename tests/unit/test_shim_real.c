@@ -44,10 +44,18 @@ static int count(const char *hay, const char *needle)
 	return n;
 }
 
+static char dir[] = "/tmp/gcr-shim-real-dir-XXXXXX";
+
+/* Registered before the shim's own socket removal, so it runs after it: the directory is empty. */
+static void remove_dir(void)
+{
+	rmdir(dir);
+}
+
 int main(void)
 {
-	char dir[] = "/tmp/gcr-shim-real-dir-XXXXXX";
 	CHECK(mkdtemp(dir) != NULL);
+	atexit(remove_dir);
 	snprintf(shim_cfg.socket_dir, sizeof(shim_cfg.socket_dir), "%s", dir);
 	CHECK(shim_real_handle(SHIM_CUDA) == NULL && shim_real_handle(SHIM_HIP) == NULL);
 	void *hip = test_load_fakehip();
