@@ -10,7 +10,7 @@
 /* The first len - 1 bytes of path, NUL-terminated; -ENOENT when unreadable. Plain read(2), no
  * stdio: the shim reads these from its own threads inside any program, and a FILE there races
  * with the program's exit (valgrind's __libc_freeres frees stdio's buffers under an fclose of
- * the staging thread: seen in CI). The files read here are a few KiB at most. */
+ * the staging thread, in the valgrind tier). The files read here are a few KiB at most. */
 static int read_small(const char *path, char *buf, size_t len)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
