@@ -3,7 +3,8 @@
 # the node itself is rehearsed with run.sh --standin, which needs the real-node lock and minutes):
 # the scripts parse, the Go sources are gofmt-clean, and the workload's protocol holds on the
 # stand-in driver under the shim: a run suspended and resumed by gcrctl mid-loop prints exactly
-# the digests and chain of an uninterrupted run, and its weight checks pass. Ends with
+# the digests and chain of an uninterrupted run, and its weight checks pass; and the server, as
+# the first process of a PID namespace (a container's), ends on SIGTERM. Ends with
 # "N passed, N failed".
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -67,5 +68,30 @@ for k, (i, d, c) in enumerate(run):
     chain = hashlib.sha256(chain + digests[i % 16].encode()).digest()
     assert i == k and d == digests[i % 16] and c == chain.hex()[:16], f"iteration {i}: {d} {c}"
 EOF
+
+# The server as a container runs it: the first process of its PID namespace, which ignores a
+# signal it has no handler for. The kubelet's SIGTERM at a pod's deletion must end it (without
+# its handler, kubectl drain waited out the 300 s grace period: the GPU node's rehearsal).
+# unshare's child is the namespace's pid 1; its pid here is what a kubelet's runtime signals.
+unshare --pid --fork --kill-child "${serve[@]}" --max-iters 0 --pace-s 0.05 >"$work/term.txt" 2>&1 &
+ns_pid=$!
+init=
+for _ in $(seq 100); do
+	init=$(pgrep -P "$ns_pid" | head -n 1)
+	[[ -n $init ]] && grep -q '^ITER 1 ' "$work/term.txt" 2>/dev/null && break
+	sleep 0.1
+done
+if [[ -n $init ]] && kill -TERM "$init"; then
+	for _ in $(seq 100); do kill -0 "$ns_pid" 2>/dev/null || break; sleep 0.1; done
+fi
+if kill -0 "$ns_pid" 2>/dev/null; then
+	kill -KILL "$ns_pid" 2>/dev/null
+	bad "the server as its PID namespace's first process outlived SIGTERM by 10 s: $(tail -n 2 "$work/term.txt")"
+elif wait "$ns_pid" && grep -q '^TERM ' "$work/term.txt"; then
+	ok "the server ends on SIGTERM as its PID namespace's first process"
+else
+	bad "the server's end on SIGTERM: $(tail -n 2 "$work/term.txt")"
+fi
+
 echo "$passed passed, $failed failed"
 ((failed == 0))
