@@ -3,9 +3,10 @@
 
     standin_runc.py RUNC CRIU-CONFIG RUNC-ARGS...
 
-The stand-in driver (tests/fakecuda) holds an open-file-description lock on its pool slot for the
-life of each process, which CRIU dumps and restores only when told (--file-locks); the real
-driver, whose device files its checkpoint closes, holds none. runc passes CRIU the configuration
+The stand-in driver (tests/fakecuda) holds an open-file-description lock on its pool slot while a
+process uses it, which CRIU dumps and restores only when told (--file-locks); its checkpoint drops
+it (the real driver's closes its device files), so this matters only for a process dumped without
+the driver's checkpoint. runc passes CRIU the configuration
 file the annotation org.criu.config names, so at `create` and `restore` of a container that uses
 the stand-in GPU (its environment has FAKECUDA_POOL, which the stand-in's CDI spec sets) this adds
 the annotation to the bundle's config.json, as the CI test bed's stand-in runtime does

@@ -15,8 +15,9 @@ on a node share its GPU.
 spec edits as `create`, or CRIU would not find the driver's mounts the dump recorded.
 --criu-config FILE names, as the annotation org.criu.config, a CRIU configuration runc
 passes to CRIU's dump and restore of GPU containers: the stand-in driver holds an
-open-file-description lock on its pool slot for the process's life (CRIU's --file-locks),
-which the real driver, its device files closed by its checkpoint, does not.
+open-file-description lock on its pool slot (CRIU's --file-locks) while a process uses it; its
+checkpoint drops it, as the real driver's closes its device files, so this matters only for a
+process dumped without that checkpoint.
 
     nvidia-runtime-standin.py --driver-dir DIR --gpu-dir DIR --mem-mib N [--criu-config FILE]
                               [--runc PATH] -- RUNC-ARGS...
