@@ -5,7 +5,8 @@
 # Run from the repository root. Environment:
 #   FUZZ_SECONDS  seconds per target (default 12: CI runs each briefly; longer by hand)
 #   FUZZ_WORKDIR  build outputs, grown corpora and crash artifacts
-#                 (default: a fresh directory under ${TMPDIR:-/tmp})
+#                 (default: a fresh directory under ${TMPDIR:-/tmp}, removed when every
+#                 target passed; a failure's stays for its artifacts)
 #   FUZZ_TARGETS  space-separated subset of the targets below (default: all)
 #   CLANG         compiler (default clang-14)
 #   PROTOC_C      protobuf-c's compiler (default protoc-c), for the generated code below
@@ -45,7 +46,8 @@ PROTOS='node-agent/deviceplugin/api.proto'
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-12}
 CLANG=${CLANG:-clang-14}
-FUZZ_WORKDIR=${FUZZ_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/gcr-fuzz.XXXXXX")}
+own_workdir=0 # one made here goes once every target passed; a failure's artifacts stay
+[ -n "${FUZZ_WORKDIR:-}" ] || { FUZZ_WORKDIR=$(mktemp -d "${TMPDIR:-/tmp}/gcr-fuzz.XXXXXX") && own_workdir=1; }
 GEN=$FUZZ_WORKDIR/gen
 CFLAGS_FUZZ="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
 	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/node -Inode-agent/msg -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit -Inode-agent/evict -I$GEN"
@@ -115,4 +117,7 @@ $TARGETS
 EOT
 
 echo "$passed passed, $failed failed"
+if [ "$failed" -eq 0 ] && [ "$own_workdir" -eq 1 ]; then
+	rm -rf "$FUZZ_WORKDIR"
+fi
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
