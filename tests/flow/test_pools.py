@@ -41,11 +41,13 @@ def run(f, name, args, shim, cycles=0, rng=None):
         for _ in range(rng.randint(1, STEPS // (cycles + 2))):
             p.expect(r"STEP \d+", 60, what="STEP before suspend #%d" % (i + 1))
         s = f.ctl("suspend", pid)
-        check(s.ok, "suspend #%d: %s" % (i + 1, s.describe()))
+        # The program's last lines and its exit status with a failure (a lost program was seen once).
+        lost = "" if s.ok else "%s\n  exit status %s" % (p.tail(), p.p.poll())
+        check(s.ok, "suspend #%d: %s\n%s" % (i + 1, s.describe(), lost))
         mem = f.mem(pid)
         st = f.ctl("status", pid)
         r = f.ctl("resume", pid)
-        check(r.ok, "resume #%d: %s" % (i + 1, r.describe()))
+        check(r.ok, "resume #%d: %s\n%s" % (i + 1, r.describe(), "" if r.ok else p.tail()))
         recs.append({"suspend": s, "status": st, "mem": mem})
         check(mem == 0, "cycle %d: %d bytes of device memory while suspended" % (i + 1, mem))
     p.expect(r"DONE$", 120, what="DONE")
