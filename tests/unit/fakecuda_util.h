@@ -38,6 +38,22 @@ static inline long long fake(const char *req)
 	return value;
 }
 
+static pid_t fake_dir_owner;
+
+/* At exit: the stand-in's pool file and socket, then the directory (each test left it in /tmp);
+ * not in a forked child that exits, while its parent still uses them. */
+static inline void fake_dir_remove(void)
+{
+	if (getpid() != fake_dir_owner)
+		return;
+	char path[sizeof(fake_dir) + 64];
+	snprintf(path, sizeof(path), "%s/fakecuda-pool", fake_dir);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/fakecuda-%d.sock", fake_dir, (int)getpid());
+	unlink(path);
+	rmdir(fake_dir);
+}
+
 /* The stand-in driver loaded and initialised, device 0's primary context current; NULL on
  * failure (the test then stops). */
 static inline CUcontext fake_setup(void)
@@ -45,6 +61,8 @@ static inline CUcontext fake_setup(void)
 	struct gcr_err err = { 0 };
 	if (mkdtemp(fake_dir) == NULL)
 		return NULL;
+	fake_dir_owner = getpid();
+	atexit(fake_dir_remove);
 	setenv("FAKECUDA_DIR", fake_dir, 1);
 	snprintf(shim_cfg.socket_dir, sizeof(shim_cfg.socket_dir), "%s", fake_dir);
 	const char *b = getenv("top_builddir");
