@@ -30,22 +30,6 @@ static int read_small(const char *path, char *buf, size_t len)
 	return got > 0 ? 0 : -ENOENT;
 }
 
-/* The next line of *cur (its newline replaced by NUL), NULL at the end. */
-static char *next_line(char **cur)
-{
-	char *line = *cur;
-	if (*line == '\0')
-		return NULL;
-	char *nl = strchr(line, '\n');
-	if (nl != NULL) {
-		*nl = '\0';
-		*cur = nl + 1;
-	} else {
-		*cur = line + strlen(line);
-	}
-	return line;
-}
-
 uint64_t gcr_meminfo_bytes(const char *path, const char *name)
 {
 	char buf[8192];
@@ -53,8 +37,8 @@ uint64_t gcr_meminfo_bytes(const char *path, const char *name)
 		return 0;
 	unsigned long long kb = 0;
 	size_t n = strlen(name);
-	char *cur = buf, *line;
-	while ((line = next_line(&cur)) != NULL)
+	char *save = NULL;
+	for (char *line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save))
 		if (strncmp(line, name, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%llu", &kb) == 1)
 			break;
 	return kb <= (UINT64_MAX >> 10) ? (uint64_t)kb << 10 : 0;
@@ -87,8 +71,8 @@ static uint64_t cg_stat_sum(const char *root, const char *name, const char *cons
 	if (read_small(path, buf, sizeof(buf)) < 0)
 		return 0;
 	uint64_t sum = 0;
-	char *cur = buf, *line;
-	while ((line = next_line(&cur)) != NULL) {
+	char *save = NULL;
+	for (char *line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
 		char key[64];
 		unsigned long long v;
 		if (sscanf(line, "%63s %llu", key, &v) != 2)

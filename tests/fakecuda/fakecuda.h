@@ -134,6 +134,8 @@ void fake_unlock(void);
 
 int fake_device_count(void);
 size_t fake_device_total(int dev);
+/* FAKECUDA_POPULATE=1: device memory is taken at cuMemCreate (fakecuda_mem.c). */
+bool fake_device_populate(void);
 void fake_device_uuid(int dev, CUuuid *uuid);
 
 struct fake_ctx {

@@ -22,6 +22,7 @@ static CUresult fake_init_rc = CUDA_ERROR_NOT_INITIALIZED;
 static atomic_bool fake_ready;
 static int fake_ndevices = 1;
 static size_t fake_total_bytes = (size_t)4096 << 20;
+static bool fake_populate_on;
 
 static long fake_env_long(const char *name, long dflt, long min, long max)
 {
@@ -44,6 +45,7 @@ static void fake_do_init(void)
 {
 	fake_ndevices = (int)fake_env_long("FAKECUDA_DEVICES", 1, 0, FAKE_MAX_DEVICES);
 	fake_total_bytes = (size_t)fake_env_long("FAKECUDA_MEM_MIB", 4096, 1, 1L << 30) << 20;
+	fake_populate_on = fake_env_long("FAKECUDA_POPULATE", 0, 0, 1) == 1;
 	fake_init_rc = fake_ndevices == 0 ? CUDA_ERROR_NO_DEVICE : fake_service_start();
 	if (fake_init_rc == CUDA_SUCCESS)
 		atomic_store(&fake_ready, true);
@@ -249,6 +251,11 @@ size_t fake_device_total(int dev)
 {
 	(void)dev;
 	return fake_total_bytes;
+}
+
+bool fake_device_populate(void)
+{
+	return fake_populate_on;
 }
 
 void fake_device_uuid(int dev, CUuuid *uuid)

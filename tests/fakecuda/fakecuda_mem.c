@@ -155,15 +155,23 @@ static uint32_t fake_pidns(void)
 	return stat("/proc/self/ns/pid", &ns) == 0 ? (uint32_t)ns.st_ino : 0;
 }
 
+/* The pool unmapped and its file closed: this process's lock on its slot goes with the file
+ * unless another process shares the description (a forked child's parent). */
+static void fake_pool_close(void)
+{
+	munmap(fake_pool, FAKE_POOL_SLOTS * sizeof(struct fake_pool_slot));
+	close(fake_pool_fd);
+	fake_pool = NULL;
+	fake_pool_fd = -1;
+	fake_pool_mine = -1;
+}
+
 /* A forked child must not use its parent's open file description (see fake_slot_alive). */
 static void fake_pool_reopen_after_fork(void)
 {
 	if (fake_pool_fd < 0 || fake_pool_opener == getpid())
 		return;
-	munmap(fake_pool, FAKE_POOL_SLOTS * sizeof(struct fake_pool_slot));
-	close(fake_pool_fd); /* the parent's lock stays: it holds the description too */
-	fake_pool = NULL;
-	fake_pool_fd = -1;
+	fake_pool_close(); /* the parent's lock stays: it holds the description too */
 	fake_pool_open();
 }
 
@@ -246,11 +254,7 @@ static void fake_pool_leave(void)
 		memset(&fake_pool[fake_pool_mine], 0, sizeof(fake_pool[fake_pool_mine]));
 		flock(fake_pool_fd, LOCK_UN);
 	}
-	munmap(fake_pool, FAKE_POOL_SLOTS * sizeof(struct fake_pool_slot));
-	close(fake_pool_fd); /* drops the slot's lock */
-	fake_pool = NULL;
-	fake_pool_fd = -1;
-	fake_pool_mine = -1;
+	fake_pool_close(); /* drops the slot's lock */
 	fake_pool_tried = false;
 }
 
@@ -971,11 +975,7 @@ FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
  * the device then needed: the pod went over its limit (OOMKilled), which on a GPU cannot be. */
 static int fake_populate(int fd, size_t size)
 {
-	const char *e = getenv("FAKECUDA_POPULATE");
-
-	if (e == NULL || strcmp(e, "1") != 0)
-		return 0;
-	return fallocate(fd, 0, 0, (off_t)size);
+	return fake_device_populate() ? fallocate(fd, 0, 0, (off_t)size) : 0;
 }
 
 FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,

@@ -46,9 +46,7 @@ class Flow:
         cfg.shim = os.path.join(BUILD, "shim", ".libs", "libgcr.so")
         cfg.testprog = os.path.join(BUILD, "tests", "progs", "gcr-testprog")
         cfg.shim_log_level = "warn"
-        self.S = H.Session(cfg, log_path=os.path.join(self.dir, "flow.jsonl"))
-        os.rmdir(self.S.socket_dir)  # the session's own, left for ours (each run left one in /tmp)
-        self.S.socket_dir = self.dir
+        self.S = H.Session(cfg, log_path=os.path.join(self.dir, "flow.jsonl"), socket_dir=self.dir)
         self.env = {"LD_LIBRARY_PATH": FAKE_DIR, "FAKECUDA_DIR": self.dir,
                     "FAKECUDA_MEM_MIB": os.environ.get("FLOW_FAKE_MIB", "1024")}
         os.environ.update(self.env)  # gcrctl loads the fake driver too

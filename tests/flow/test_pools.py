@@ -25,6 +25,12 @@ def argv(*extra):
     return [POOLPROG, "--module", MODULE, "--mib", 48, "--threads", 2, "--steps", STEPS, "--wait"] + list(extra)
 
 
+def lost(p, ok):
+    """With a failed gcrctl call: the program's last output and exit status (a program lost
+    mid-suspend was seen once, with nothing to tell why)."""
+    return "" if ok else "\n%s\n  exit status %s" % (p.tail(), p.p.poll())
+
+
 def run(f, name, args, shim, cycles=0, rng=None):
     """One process: READY, go, `cycles` suspend/resume at random moments, DONE, check. Returns
     (DIGEST, the cycle records)."""
@@ -41,13 +47,11 @@ def run(f, name, args, shim, cycles=0, rng=None):
         for _ in range(rng.randint(1, STEPS // (cycles + 2))):
             p.expect(r"STEP \d+", 60, what="STEP before suspend #%d" % (i + 1))
         s = f.ctl("suspend", pid)
-        # The program's last lines and its exit status with a failure (a lost program was seen once).
-        lost = "" if s.ok else "%s\n  exit status %s" % (p.tail(), p.p.poll())
-        check(s.ok, "suspend #%d: %s\n%s" % (i + 1, s.describe(), lost))
+        check(s.ok, "suspend #%d: %s%s" % (i + 1, s.describe(), lost(p, s.ok)))
         mem = f.mem(pid)
         st = f.ctl("status", pid)
         r = f.ctl("resume", pid)
-        check(r.ok, "resume #%d: %s\n%s" % (i + 1, r.describe(), "" if r.ok else p.tail()))
+        check(r.ok, "resume #%d: %s%s" % (i + 1, r.describe(), lost(p, r.ok)))
         recs.append({"suspend": s, "status": st, "mem": mem})
         check(mem == 0, "cycle %d: %d bytes of device memory while suspended" % (i + 1, mem))
     p.expect(r"DONE$", 120, what="DONE")

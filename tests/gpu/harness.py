@@ -607,11 +607,13 @@ def shim_counts(res):
 
 
 class Session:
-    """A socket directory, a JSON log, and every Proc started, killed at close()."""
+    """A socket directory (its own, or the caller's), a JSON log, and every Proc started, killed
+    at close()."""
 
-    def __init__(self, cfg=None, log_path=None):
+    def __init__(self, cfg=None, log_path=None, socket_dir=None):
         self.cfg = cfg or Config()
-        self.socket_dir = tempfile.mkdtemp(prefix="gcr-sock-")
+        self.own_socket_dir = socket_dir is None  # removed at close() only when made here
+        self.socket_dir = socket_dir or tempfile.mkdtemp(prefix="gcr-sock-")
         self.log = JsonLog(log_path or os.environ.get("GCR_TEST_LOG", "/tmp/gcr-gpu-tests.jsonl"))
         self.procs = []
 
@@ -644,7 +646,8 @@ class Session:
         for p in self.procs:
             p.kill()
         self.log.close()
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self.own_socket_dir:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def stats(values):

@@ -40,16 +40,16 @@ static inline long long fake(const char *req)
 
 static pid_t fake_dir_owner;
 
-/* At exit: the stand-in's pool file and socket, then the directory (each test left it in /tmp);
- * not in a forked child that exits, while its parent still uses them. */
+/* At exit, after the stand-in's own exit handler has removed its socket (registered before
+ * cuInit, so it runs later): the pool file (fakecuda_pool.h's name in FAKECUDA_DIR), then the
+ * directory (each test left it in /tmp); not in a forked child that exits while its parent
+ * still uses them. */
 static inline void fake_dir_remove(void)
 {
 	if (getpid() != fake_dir_owner)
 		return;
-	char path[sizeof(fake_dir) + 64];
+	char path[sizeof(fake_dir) + 32];
 	snprintf(path, sizeof(path), "%s/fakecuda-pool", fake_dir);
-	unlink(path);
-	snprintf(path, sizeof(path), "%s/fakecuda-%d.sock", fake_dir, (int)getpid());
 	unlink(path);
 	rmdir(fake_dir);
 }

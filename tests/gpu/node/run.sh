@@ -75,6 +75,9 @@ SYSTEM_NS=gcr-system
 DP_REPLICAS=${GCR_NODE_DP_REPLICAS:-6} # nvidia.com/gpu time-slicing: pods sharing the GPU
 DP_STRATEGY=${GCR_NODE_DP_STRATEGY:-cdi-cri}
 STANDIN_GPU_MIB=${GCR_NODE_STANDIN_GPU_MIB:-1024}
+# The stand-in GPU's environment, which its CDI spec gives GPU containers (the scenarios give it to
+# a kubectl exec, which NVIDIA's runtime does not edit); its pool under the CDI spec's mount.
+STANDIN_GPU_ENV="FAKECUDA_POOL=/run/fakecuda-gpu/pool FAKECUDA_MEM_MIB=$STANDIN_GPU_MIB FAKECUDA_POPULATE=1"
 
 PASSED=0 FAILED=0
 log() { printf '%s run.sh: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
@@ -336,13 +339,12 @@ cdi_spec() {
 	grep -v 'level=debug' "$d/cdi-generate.log" | tail -n 15
 	((rc == 0)) && [[ -s $d/nvidia.json ]] || return 1
 	if [[ $STANDIN == 1 ]]; then
-		python3 - "$d/nvidia.json" "$STATE/fakegpu" "$STANDIN_GPU_MIB" <<-'EOF'
+		python3 - "$d/nvidia.json" "$STATE/fakegpu" "$STANDIN_GPU_ENV" <<-'EOF'
 		import json, sys
-		path, gpu, mib = sys.argv[1:4]
+		path, gpu, env = sys.argv[1:4]
 		spec = json.load(open(path))
 		edits = spec.setdefault("containerEdits", {})
-		edits.setdefault("env", []).extend(["FAKECUDA_POOL=/run/fakecuda-gpu/pool", "FAKECUDA_MEM_MIB=" + mib,
-		                                   "FAKECUDA_POPULATE=1"])
+		edits.setdefault("env", []).extend(env.split())
 		edits.setdefault("mounts", []).append({"hostPath": gpu, "containerPath": "/run/fakecuda-gpu",
 		                                       "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"]})
 		json.dump(spec, open(path, "w"))
@@ -824,7 +826,7 @@ cmd_scenarios() {
 	local rc
 	GCR_TESTBED_BIN=$BIN GCR_TESTBED_NODE=$NODE_NAME GCR_TESTBED_DIR=$S KUBECONFIG=$S/kubeconfig \
 		GCR_NODE_STATE=$STATE GCR_NODE_BACKEND=$BACKEND GCR_NODE_MODELS=$MODELS GCR_NODE_STANDIN=$STANDIN \
-		GCR_NODE_STANDIN_GPU_MIB=$STANDIN_GPU_MIB GCR_NODE_OUT=$OUT GCR_NODE_DEADLINE=$((DEADLINE - 20)) GCR_NODE_KUBELET_PORT=$KUBELET_PORT \
+		GCR_NODE_STANDIN_GPU_ENV="$STANDIN_GPU_ENV" GCR_NODE_OUT=$OUT GCR_NODE_DEADLINE=$((DEADLINE - 20)) GCR_NODE_KUBELET_PORT=$KUBELET_PORT \
 		GCR_NODE_WORKLOAD_IMAGE=$WORKLOAD_IMAGE GCR_NODE_IMAGE_REPO=$GCR_IMAGE_REPO GCR_NODE_IMAGE_TAG=$GCR_IMAGE_TAG \
 		python3 "$HERE/scenarios.py" "$list"
 	rc=$?

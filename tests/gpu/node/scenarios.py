@@ -395,10 +395,9 @@ def gcrctl(op, pid):
     """gcrctl OP PID in the agent's pod (the same process, the same driver, no API server): its
     JSON answer and its wall time measured inside the pod (the kubectl exec around it excluded)."""
     # The stand-in's NVML finds its GPU through the environment its CDI spec gives the agent's
-    # container; NVIDIA's runtime edits the spec at runc create, out of containerd's sight, so a
-    # kubectl exec does not get it (the real NVML needs none).
-    env = f"env FAKECUDA_POOL=/run/fakecuda-gpu/pool FAKECUDA_MEM_MIB={ENV.get('GCR_NODE_STANDIN_GPU_MIB', '1024')} " \
-        if STANDIN else ""
+    # container (run.sh's STANDIN_GPU_ENV); NVIDIA's runtime edits the spec at runc create, out of
+    # containerd's sight, so a kubectl exec does not get it (the real NVML needs none).
+    env = f"env {ENV['GCR_NODE_STANDIN_GPU_ENV']} " if STANDIN else ""
     r = agent_exec("sh", "-c", f"a=$(date +%s.%N); {env}gcrctl --json {op} {pid}; rc=$?; b=$(date +%s.%N); "
                    "echo WALL $a $b $rc")
     wall = next((l.split() for l in r.stdout.splitlines() if l.startswith("WALL ")), None)
