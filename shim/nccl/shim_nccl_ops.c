@@ -164,13 +164,19 @@ static int nccl_freeze(int wait_ms, struct gcr_err *err)
 	}
 	atomic_store(&shim_nccl_hold.mode, SHIM_NCCL_FROZEN);
 	shim_nccl_unlock();
-	/* A thread that read the mode as open before the store takes its count in microseconds. */
-	while (atomic_load(&shim_nccl_hold.admitting) > 0 && gcr_time_mono_ms() < deadline)
+	/* A thread that read the mode as open before the store takes its count in microseconds:
+	 * one moment with none admitting after the store is enough. Later ones read it frozen and
+	 * wait; they still pass through `admitting` for an instant, so it is not looked at again
+	 * (it was, and a query at that instant failed the freeze at once). */
+	int settled;
+	while (!(settled = atomic_load(&shim_nccl_hold.admitting) == 0) && gcr_time_mono_ms() < deadline)
 		pause_us(20);
 	shim_nccl_lock();
 	while (atomic_load(&shim_nccl_hold.open_groups) > 0 && shim_nccl_wait_until(deadline) == 0)
 		;
-	if (atomic_load(&shim_nccl_hold.admitting) > 0 || atomic_load(&shim_nccl_hold.open_groups) > 0)
+	if (!settled)
+		rc = gcr_err_set(err, -EBUSY, "an NCCL call was not counted within %d ms of the hold", wait_ms);
+	else if (atomic_load(&shim_nccl_hold.open_groups) > 0)
 		rc = gcr_err_set(err, -EBUSY, "a thread kept an NCCL group open (ncclGroupStart without its "
 				 "ncclGroupEnd) for %d ms", wait_ms);
 	else if (atomic_load(&shim_nccl_hold.creating) > 0)

@@ -2,7 +2,8 @@
  * and the stand-in NCCL: the application holds the shim's handles (never NCCL's) and queries are
  * answered from them; submissions are counted once (a group once per communicator, ncclBcast
  * once though NCCL forwards it to ncclBroadcast); a freeze holds a submitting thread, a drain lets
- * exactly its target through and a thaw the rest; a group left open stops a freeze; what cannot be
+ * exactly its target through and a thaw the rest; threads polling the communicator's error never
+ * fail a freeze; a group left open stops a freeze; what cannot be
  * made again refuses; torn down, a communicator and its split child are made again under the same
  * handles; failed ones answer ncclRemoteError and can still be destroyed. Two ranks of one
  * communicator live in two threads here, so a rank held before a collective holds its peer. */
@@ -10,6 +11,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +146,68 @@ static void test_freeze_drain(CUdeviceptr buf)
 	CHECK(shim_nccl_ops.drain(&t, 200, &wants, &err) == -ETIMEDOUT && now_ms() - t0 < test_ms(5000));
 	CHECK(strstr(err.msg, "of its") != NULL);
 	shim_nccl_ops.thaw();
+	CHECK(ncclCommDestroy(c) == ncclSuccess);
+}
+
+/* A thread querying the communicator (PyTorch's watchdog polls its error every 100 ms, the test
+ * program after every step) passes through the hold's admission for an instant on each query; a
+ * freeze that looked at that instant failed at once as "a thread kept an NCCL group open" (seen
+ * in a local run of devices-3-split; before the fix, this test failed so 3 times in 3, at the
+ * 4th to 3023rd freeze). Every freeze of 5000 beside four such threads holds. */
+struct poller {
+	ncclComm_t comm;
+	int stop;
+	long long polls;
+	pthread_t th;
+};
+
+static void *poll_run(void *arg)
+{
+	struct poller *p = arg;
+	shim_cu.cuCtxSetCurrent(ctx);
+	while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
+		ncclResult_t ae = ncclSuccess;
+		(void)ncclCommGetAsyncError(p->comm, &ae);
+		__atomic_add_fetch(&p->polls, 1, __ATOMIC_RELAXED);
+	}
+	return NULL;
+}
+
+static int wait_until_polled(struct poller *p, long long n)
+{
+	double end = now_ms() + (double)test_ms(10000);
+	while (__atomic_load_n(&p->polls, __ATOMIC_RELAXED) < n && now_ms() < end)
+		sched_yield();
+	return __atomic_load_n(&p->polls, __ATOMIC_RELAXED) >= n;
+}
+
+static void test_freeze_beside_queries(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c = init1(&id);
+	struct poller p[4];
+	struct gcr_err err = { 0 };
+	int held = 0, tries = 5000, np = (int)(sizeof(p) / sizeof(p[0]));
+	for (int k = 0; k < np; k++) {
+		p[k] = (struct poller){ .comm = c };
+		CHECK(pthread_create(&p[k].th, NULL, poll_run, &p[k]) == 0);
+		CHECK(wait_until_polled(&p[k], 1));
+	}
+	for (int i = 0; i < tries; i++) {
+		err.msg[0] = '\0';
+		int rc = shim_nccl_ops.freeze((int)test_ms(5000), &err);
+		if (rc != 0) {
+			fprintf(stderr, "freeze %d of %d beside %d polling threads: %s\n", i + 1, tries, np, err.msg);
+			break;
+		}
+		held++;
+		shim_nccl_ops.thaw();
+	}
+	for (int k = 0; k < np; k++) {
+		__atomic_store_n(&p[k].stop, 1, __ATOMIC_RELEASE);
+		pthread_join(p[k].th, NULL);
+	}
+	CHECK(held == tries);
 	CHECK(ncclCommDestroy(c) == ncclSuccess);
 }
 
@@ -314,6 +378,7 @@ int main(void)
 	CHECK(alloc != NULL && alloc(&buf, 1 << 16) == CUDA_SUCCESS);
 	test_handles(buf);
 	test_freeze_drain(buf);
+	test_freeze_beside_queries();
 	test_two_ranks(buf);
 	test_rebuild_failed(buf);
 	test_refusals(buf);
