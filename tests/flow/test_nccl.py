@@ -82,21 +82,20 @@ class Group:
         for p in self.procs:
             p.expect(r"STEP (\d+)$" if k < 0 else r"STEP %d$" % k, 120, what="STEP %d" % k)
 
-    def digests(self, ranks=None):
+    def digests(self):
         """Every rank's digest; only then are they told to exit. A rank told earlier would close
         its sockets while a slower peer is still between its last collective and its last
         ncclCommGetAsyncError, which then reports the closed peer (seen under the sanitizers)."""
         out = []
-        mine = [(r, p) for r, p in enumerate(self.procs) if ranks is None or r in ranks]
-        for r, p in mine:
+        for r, p in enumerate(self.procs):
             m = p.expect(r"(DIGEST [0-9a-f]+|ERROR .*)$", 240, what="DIGEST")
             check(m.group(1).startswith("DIGEST"), "rank %d: %s\n%s" % (
                 r, m.group(1), "\n".join(q.tail() for q in self.procs)))
             out.append(m.group(1).split()[1])
             p.expect(r"DONE$", 60, what="DONE")
-        for r, p in mine:
+        for p in self.procs:
             p.send("exit")
-        for r, p in mine:
+        for r, p in enumerate(self.procs):
             check(p.wait_exit(60) == 0, "rank %d exit status non-zero" % r)
         return out
 
