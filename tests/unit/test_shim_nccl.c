@@ -11,7 +11,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,63 +151,52 @@ static void test_freeze_drain(CUdeviceptr buf)
 /* A thread querying the communicator (PyTorch's watchdog polls its error every 100 ms, the test
  * program after every step) passes through the hold's admission for an instant on each query; a
  * freeze that looked at that instant failed at once as "a thread kept an NCCL group open" (seen
- * in a local run of devices-3-split; before the fix, this test failed so 3 times in 3, at the
- * 4th to 3023rd freeze). Every freeze of 5000 beside four such threads holds. */
-struct poller {
+ * in a local run of devices-3-split; before the fix, this test failed so in each of 6 runs,
+ * between the 1st and the 3023rd freeze). Every freeze of 5000 beside four such threads holds. */
+#define NPOLLERS 4
+static struct {
 	ncclComm_t comm;
-	int stop;
-	long long polls;
-	pthread_t th;
-};
+	int stop, polling; /* polling: threads past their first query */
+} queries;
 
 static void *poll_run(void *arg)
 {
-	struct poller *p = arg;
+	(void)arg;
 	shim_cu.cuCtxSetCurrent(ctx);
-	while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
+	for (int first = 1; !__atomic_load_n(&queries.stop, __ATOMIC_ACQUIRE); first = 0) {
 		ncclResult_t ae = ncclSuccess;
-		(void)ncclCommGetAsyncError(p->comm, &ae);
-		__atomic_add_fetch(&p->polls, 1, __ATOMIC_RELAXED);
+		(void)ncclCommGetAsyncError(queries.comm, &ae);
+		if (first)
+			__atomic_add_fetch(&queries.polling, 1, __ATOMIC_RELEASE);
 	}
 	return NULL;
 }
 
-static int wait_until_polled(struct poller *p, long long n)
+static int all_polling(void)
 {
-	double end = now_ms() + (double)test_ms(10000);
-	while (__atomic_load_n(&p->polls, __ATOMIC_RELAXED) < n && now_ms() < end)
-		sched_yield();
-	return __atomic_load_n(&p->polls, __ATOMIC_RELAXED) >= n;
+	return __atomic_load_n(&queries.polling, __ATOMIC_ACQUIRE) == NPOLLERS;
 }
 
 static void test_freeze_beside_queries(void)
 {
 	ncclUniqueId id;
-	ncclComm_t c = init1(&id);
-	struct poller p[4];
+	pthread_t th[NPOLLERS];
 	struct gcr_err err = { 0 };
-	int held = 0, tries = 5000, np = (int)(sizeof(p) / sizeof(p[0]));
-	for (int k = 0; k < np; k++) {
-		p[k] = (struct poller){ .comm = c };
-		CHECK(pthread_create(&p[k].th, NULL, poll_run, &p[k]) == 0);
-		CHECK(wait_until_polled(&p[k], 1));
-	}
-	for (int i = 0; i < tries; i++) {
-		err.msg[0] = '\0';
-		int rc = shim_nccl_ops.freeze((int)test_ms(5000), &err);
-		if (rc != 0) {
-			fprintf(stderr, "freeze %d of %d beside %d polling threads: %s\n", i + 1, tries, np, err.msg);
-			break;
-		}
-		held++;
+	const int tries = 5000;
+	queries.comm = init1(&id);
+	for (int k = 0; k < NPOLLERS; k++)
+		CHECK(pthread_create(&th[k], NULL, poll_run, NULL) == 0);
+	CHECK(wait_until(all_polling));
+	int i;
+	for (i = 0; i < tries && shim_nccl_ops.freeze((int)test_ms(5000), &err) == 0; i++)
 		shim_nccl_ops.thaw();
-	}
-	for (int k = 0; k < np; k++) {
-		__atomic_store_n(&p[k].stop, 1, __ATOMIC_RELEASE);
-		pthread_join(p[k].th, NULL);
-	}
-	CHECK(held == tries);
-	CHECK(ncclCommDestroy(c) == ncclSuccess);
+	if (i < tries)
+		fprintf(stderr, "freeze %d of %d beside %d polling threads: %s\n", i + 1, tries, NPOLLERS, err.msg);
+	__atomic_store_n(&queries.stop, 1, __ATOMIC_RELEASE);
+	for (int k = 0; k < NPOLLERS; k++)
+		pthread_join(th[k], NULL);
+	CHECK(i == tries);
+	CHECK(ncclCommDestroy(queries.comm) == ncclSuccess);
 }
 
 /* Two ranks of one communicator in two threads: the one held before a collective leaves the
