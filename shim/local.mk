@@ -31,7 +31,8 @@ SHIM_CORE_SOURCES = \
 	shim/core/shim_agent.c shim/core/shim_agent.h \
 	shim/core/shim_comm.h \
 	shim/nccl/shim_nccl_abi.h shim/nccl/shim_nccl_hooks.def shim/nccl/shim_nccl.h \
-	shim/nccl/shim_nccl.c shim/nccl/shim_nccl_hook.c shim/nccl/shim_nccl_ops.c
+	shim/nccl/shim_nccl.c shim/nccl/shim_nccl_hook.c shim/nccl/shim_nccl_ops.c \
+	shim/nccl/shim_nccl_poke.c shim/nccl/shim_nccl_poke.h
 shim_libgcr_la_CPPFLAGS = $(AM_CPPFLAGS) $(SHIM_INCLUDES) $(CUDA_CPPFLAGS) $(HIP_CPPFLAGS) $(JANSSON_CFLAGS)
 shim_libgcr_la_CFLAGS = $(AM_CFLAGS) -fvisibility=hidden
 shim_libgcr_la_LIBADD = lib/libgcrcommon.la $(JANSSON_LIBS) -ldl

@@ -5,6 +5,7 @@
  * up to the largest count), and that can only be decided before NCCL is entered, holding none of
  * its locks. The fast path is an atomic add and a load of the mode, as the CUDA gate's. */
 #include "shim_nccl.h"
+#include "shim_nccl_poke.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -524,6 +525,8 @@ ncclResult_t shim_nccl_enter(struct shim_nccl_call *c, unsigned id, int variant,
 	if (r == NULL && (comm != NULL || kind != SHIM_NCCL_K_CREATE))
 		return ncclSuccess; /* not ours: a communicator NCCL passes to its own functions */
 	c->rec = r;
+	if (kind == SHIM_NCCL_K_CREATE)
+		shim_nccl_poke_before_create(); /* the listeners NCCL did not make */
 	if (self.depth > 0 && (kind == SHIM_NCCL_K_COLL || kind == SHIM_NCCL_K_CREATE)) {
 		/* Inside a group begun while admitted: counted at its end, never held half-way; a
 		 * creation there is made at the end too. */

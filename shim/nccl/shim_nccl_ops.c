@@ -18,6 +18,7 @@
 #include "shim_comm.h"
 #include "shim_cuda_real.h"
 #include "shim_nccl.h"
+#include "shim_nccl_poke.h"
 #include "shim_real.h"
 
 /* Registrations are made again after a rebuild (shim_nccl.c owns the list). */
@@ -457,6 +458,8 @@ struct abort_job {
 	ncclResult_t res;
 	pthread_t th;
 	int threaded;
+	atomic_int entered, done; /* the poker's view of the abort: begun, returned */
+	double ms;
 };
 
 static void *abort_run(void *arg)
@@ -466,7 +469,11 @@ static void *abort_run(void *arg)
 	if (set_ctx(a->r, &e) < 0) /* the abort still frees what it can */
 		GCR_LOG(GCR_LOG_WARN, "shim", "%s", e.msg);
 	shim_nccl_busy_add(1);
+	atomic_store(&a->entered, 1);
+	double t0 = gcr_time_mono_ms();
 	a->res = a->fn(a->r->real);
+	a->ms = gcr_time_mono_ms() - t0;
+	atomic_store(&a->done, 1);
 	shim_nccl_busy_add(-1);
 	return NULL;
 }
@@ -493,11 +500,35 @@ static int has_live_child(struct shim_nccl_rec **all, size_t n, const struct shi
 	return 0;
 }
 
-/* Every live communicator aborted, those of one round at once: each ncclCommAbort waits up to
- * 500 ms for NCCL's service threads to see their abort flag (their poll timeout), so one after
- * another the waits would add up; at once they overlap. A round is the communicators no live
- * child sharing their resources waits on (NCCL's default shares none: one round). The worst
- * case stays about 0.95 s a member (runs 62, 64): that wait lies inside one abort. */
+static int jobs_all(struct abort_job *jobs, size_t nj, int done)
+{
+	for (size_t k = 0; k < nj; k++)
+		if (jobs[k].threaded && !atomic_load(done ? &jobs[k].done : &jobs[k].entered))
+			return 0;
+	return 1;
+}
+
+/* While a round's aborts run: once each has begun (its abort flag is up 1 ms later), NCCL's
+ * service threads are poked every 20 ms until every abort has returned (shim_nccl_poke.c). */
+static void poke_round(const struct shim_nccl_poke *pk, struct abort_job *jobs, size_t nj)
+{
+	if (pk->n_uds + pk->n_tcp == 0)
+		return;
+	while (!jobs_all(jobs, nj, 0))
+		pause_us(100);
+	pause_us(1000);
+	while (!jobs_all(jobs, nj, 1)) {
+		shim_nccl_poke_send(pk);
+		for (int i = 0; i < 20 && !jobs_all(jobs, nj, 1); i++)
+			pause_us(1000);
+	}
+}
+
+/* Every live communicator aborted, those of one round at once: each ncclCommAbort waits for
+ * NCCL's service threads, which sleep in 500 ms polls; at once the waits overlap, and the pokes
+ * end them early. A round is the communicators no live child sharing their resources waits on
+ * (NCCL's default shares none: one round). Unpoked, the wait was up to about 0.95 s a member
+ * (runs 62, 64). */
 static int nccl_teardown(struct gcr_err *err)
 {
 	struct shim_nccl_rec *all[SHIM_NCCL_MAX_COMMS];
@@ -510,6 +541,10 @@ static int nccl_teardown(struct gcr_err *err)
 	size_t n = shim_nccl_recs(all, SHIM_NCCL_MAX_COMMS);
 	shim_nccl_unlock();
 	__typeof__(&ncclCommAbort) abort_fn = SHIM_NCCL_REAL(ncclCommAbort, 0);
+	static struct shim_nccl_poke pk; /* one teardown at a time, like jobs */
+	struct gcr_err pe = { 0 };
+	if (shim_nccl_poke_find(&pk, shim_nccl_poke_mode(), &pe) < 0)
+		GCR_LOG(GCR_LOG_WARN, "shim", "NCCL's service threads will not be poked: %s", pe.msg);
 	for (;;) {
 		size_t nj = 0;
 		for (size_t i = 0; i < n; i++) {
@@ -528,6 +563,8 @@ static int nccl_teardown(struct gcr_err *err)
 		}
 		if (nj == 0)
 			break;
+		poke_round(&pk, jobs, nj);
+		double slowest = 0;
 		for (size_t k = 0; k < nj; k++) {
 			if (jobs[k].threaded)
 				pthread_join(jobs[k].th, NULL);
@@ -539,7 +576,10 @@ static int nccl_teardown(struct gcr_err *err)
 			}
 			jobs[k].r->real = NULL;
 			jobs[k].r->state = SHIM_NCCL_DOWN;
+			slowest = jobs[k].ms > slowest ? jobs[k].ms : slowest;
 		}
+		GCR_LOG(GCR_LOG_INFO, "shim", "ncclCommAbort of %zu communicators: the slowest %.0f ms (%zu UDS and "
+			"%zu TCP sockets of NCCL poked)", nj, slowest, pk.n_uds, pk.n_tcp);
 	}
 	shim_nccl_lock();
 	for (struct shim_nccl_reg *g = shim_nccl_reg_next(NULL); g != NULL; g = shim_nccl_reg_next(g))

@@ -38,6 +38,7 @@ fuzz_ocipath|node-agent/node/agent_ocidist.c lib/gcr_sha256.c|jansson
 fuzz_groupmsg|lib/gcr_groupmsg.c lib/gcr_shimreply.c lib/gcr_proto.c|jansson
 fuzz_ocihead|node-agent/node/agent_ocidist.c lib/gcr_sha256.c|jansson
 fuzz_imagemac|lib/gcr_image.c lib/gcr_imagemac.c lib/gcr_crc32c.c lib/gcr_sha256.c lib/gcr_jsonbudget.c|jansson
+fuzz_ncclpoke|shim/nccl/shim_nccl_poke.c|
 '
 # Linked into every target.
 COMMON_SOURCES='lib/gcr_error.c lib/gcr_log.c lib/gcr_time.c'
@@ -50,7 +51,7 @@ own_workdir=0 # one made here goes once every target passed; a failure's artifac
 [ -n "${FUZZ_WORKDIR:-}" ] || { FUZZ_WORKDIR=$(mktemp -d "${TMPDIR:-/tmp}/gcr-fuzz.XXXXXX") && own_workdir=1; }
 GEN=$FUZZ_WORKDIR/gen
 CFLAGS_FUZZ="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
-	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/node -Inode-agent/msg -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit -Inode-agent/evict -I$GEN"
+	-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -Inode-agent/daemon -Inode-agent/node -Inode-agent/msg -Inode-agent/kube -Inode-agent/controller -Inode-agent/scaler -Inode-agent/deviceplugin -Inode-agent/overcommit -Inode-agent/evict -Ishim/nccl -I$GEN"
 
 if [ ! -f tests/fuzz/run.sh ]; then
 	echo "run.sh: run me from the repository root" >&2

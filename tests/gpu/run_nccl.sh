@@ -10,8 +10,10 @@
 # Usage, from anywhere (it cd's to the repo root):
 #   OUT=/dir bash tests/gpu/run_nccl.sh [--only REGEX]... [--skip REGEX]...
 # Env: GCR_TIME_BUDGET_S (480) bounds the whole run (later tests are reported NOT RUN when it is
-#      near); GCR_BUILD_DONE=1 skips the build; GCR_NCCL_RANKS (default: every GPU) and the tuning
-#      variables test_nccl_gpu.py lists.
+#      near); GCR_BUILD_DONE=1 skips the build; GCR_NCCL_TRACE=1 has NCCL write its INIT and PROXY
+#      lines, timestamped to the microsecond, beside each process's log (what a teardown waits
+#      for); GCR_NCCL_POKE (shim/nccl/shim_nccl_poke.h); GCR_NCCL_RANKS (default: every GPU) and
+#      the tuning variables test_nccl_gpu.py lists.
 # $OUT receives run.log (all output), tests.jsonl, bench.jsonl, report.md and logs.tar.gz (build
 # log, one log per process, versions).
 set -u -o pipefail
@@ -43,6 +45,11 @@ export GCR_BENCH_LOG="$OUT/bench.jsonl"
 export GCR_LOG_DIR="$LOGS/procs"
 # Multicast (NVLS) stays off, as on these machines.
 export NCCL_NVLS_ENABLE=0
+if [ "${GCR_NCCL_TRACE:-0}" = 1 ]; then
+	mkdir -p "$GCR_LOG_DIR"
+	export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,PROXY NCCL_DEBUG_TIMESTAMP_LEVELS=ALL
+	export NCCL_DEBUG_TIMESTAMP_FORMAT='[%T.%6f] ' NCCL_DEBUG_FILE="$GCR_LOG_DIR/nccl.%h.%p.log"
+fi
 unset LD_PRELOAD
 SUMMARY=()
 left() { echo $((GCR_DEADLINE - $(date +%s))); }
@@ -137,9 +144,12 @@ for t in tests:
 print("\n## Benchmark: the TP group against the driver alone, same run\n")
 for b in bench:
     if b.get("kind") == "nccl-bench":
-        print("- %d ranks x %s GiB: suspend median %s ms %s, resume median %s ms %s" % (
-            b["ranks"], b["gib_per_rank"], f(b["suspend_median_ms"]), [f(x) for x in b["suspend_ms"]],
-            f(b["resume_median_ms"]), [f(x) for x in b["resume_ms"]]))
+        print("- %d ranks x %s GiB (GCR_NCCL_POKE=%s): suspend median %s ms %s, resume median %s ms %s" % (
+            b["ranks"], b["gib_per_rank"], b.get("nccl_poke", "all"), f(b["suspend_median_ms"]),
+            [f(x) for x in b["suspend_ms"]], f(b["resume_median_ms"]), [f(x) for x in b["resume_ms"]]))
+        if "driver_suspend" not in b:
+            print("- driver alone: left out (GCR_NCCL_BENCH_DRIVER=0)")
+            continue
         d = b.get("driver_suspend") or {}
         print("- driver alone, suspend: %s" % (("%s ms" % f(d.get("ms"))) if d.get("ok") else
                                                "failed after %s s: %s" % (d.get("wall_s"), d.get("error"))))

@@ -7,6 +7,7 @@
 Ranks: GCR_NCCL_RANKS (default: every GPU nvidia-smi lists, at least 2). Tuning: GCR_CYCLES (3),
 GCR_NCCL_STEPS (300), GCR_NCCL_TP_STEPS (120), GCR_NCCL_TP_GIB (8: weights per rank),
 GCR_NCCL_BENCH_REPS (3), GCR_NCCL_DRIVER_TIMEOUT_MS (20000: the driver-alone baseline's bound),
+GCR_NCCL_BENCH_DRIVER (1; 0 leaves the baseline out, for a second variant of the shim in one run),
 GCR_NCCL_HOLD_S (25: the long suspension against PyTorch's heartbeat monitor),
 GCR_DEADLINE (epoch s). Measurements go to GCR_TEST_LOG and the benchmark to GCR_BENCH_LOG.
 Exit status: 0 all passed, 1 any failed, 3 none failed but some were not run.
@@ -39,6 +40,7 @@ TP_GIB = float(os.environ.get("GCR_NCCL_TP_GIB", "8"))
 BENCH_REPS = env_int("GCR_NCCL_BENCH_REPS", 3)
 DRIVER_TIMEOUT_MS = env_int("GCR_NCCL_DRIVER_TIMEOUT_MS", 20000)
 HOLD_S = env_int("GCR_NCCL_HOLD_S", 25)
+BENCH_DRIVER = env_int("GCR_NCCL_BENCH_DRIVER", 1)
 PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_ranks.py")
 SEED = env_int("GCR_NCCL_SEED", int(time.time()) % 100000)
 
@@ -382,7 +384,14 @@ def run_bench(T, g, world):
     ms, _, _ = H.stats(sus)
     mr, _, _ = H.stats(res)
     rec = {"ranks": world, "gib_per_rank": TP_GIB, "suspend_ms": sus, "resume_ms": res, "suspend_median_ms": ms,
-           "resume_median_ms": mr}
+           "resume_median_ms": mr, "nccl_poke": os.environ.get("GCR_NCCL_POKE", "all")}
+    if not BENCH_DRIVER:
+        bench_record(T, **rec)
+        print("  BENCH %d ranks x %.0f GiB (GCR_NCCL_POKE=%s): suspend median %.0f ms %s, resume median %.0f ms %s; "
+              "the driver alone left out (GCR_NCCL_BENCH_DRIVER=0)" % (world, TP_GIB, rec["nccl_poke"], ms or -1, sus,
+                                                                       mr or -1, res), flush=True)
+        T.note("suspend median %.0f ms, resume median %.0f ms" % (ms or -1, mr or -1))
+        return
     # The driver alone, same processes, same run: its figure or its bounded failure.
     t0 = time.time()
     d = T.gctl("suspend", g.pids, "--driver-only", "--timeout-ms", str(DRIVER_TIMEOUT_MS))

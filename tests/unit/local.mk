@@ -170,6 +170,12 @@ tests_unit_test_groupmsg_SOURCES = tests/unit/test_groupmsg.c
 tests_unit_test_groupmsg_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tests/unit $(JANSSON_CFLAGS)
 tests_unit_test_groupmsg_LDADD = lib/libgcrcommon.la $(JANSSON_LIBS)
 # The shim's NCCL module on the stand-in driver and the stand-in NCCL (shim/nccl).
+check_PROGRAMS += tests/unit/test_shim_nccl_poke
+TESTS += tests/unit/test_shim_nccl_poke
+tests_unit_test_shim_nccl_poke_SOURCES = tests/unit/test_shim_nccl_poke.c shim/nccl/shim_nccl_poke.c
+tests_unit_test_shim_nccl_poke_CPPFLAGS = $(SHIM_TEST_CPPFLAGS)
+tests_unit_test_shim_nccl_poke_LDADD = lib/libgcrcommon.la
+
 check_PROGRAMS += tests/unit/test_shim_nccl
 TESTS += tests/unit/test_shim_nccl
 tests_unit_test_shim_nccl_SOURCES = tests/unit/test_shim_nccl.c $(SHIM_CORE_SOURCES)
