@@ -585,6 +585,7 @@ static int nccl_teardown(struct gcr_err *err)
 	for (struct shim_nccl_reg *g = shim_nccl_reg_next(NULL); g != NULL; g = shim_nccl_reg_next(g))
 		g->real = NULL;
 	shim_nccl_unlock();
+	shim_nccl_poke_after_teardown();
 	return 0;
 }
 

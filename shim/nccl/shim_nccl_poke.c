@@ -25,7 +25,7 @@
 #define LINE_MAX_LEN 512
 #define TCP_LISTEN 0x0A
 #define TCP_ESTABLISHED 0x01
-#define NCCL_UDS_PREFIX "/tmp/nccl-socket-"
+#define NCCL_UDS_PREFIX "/tmp/nccl-socket-" /* NCCL_IPC_SOCKNAME_STR (2.19 to 2.29) */
 
 enum shim_nccl_poke_mode shim_nccl_poke_mode(void)
 {
@@ -92,14 +92,20 @@ int shim_nccl_poke_is_nccl_name(const struct shim_nccl_poke_unix *u)
 	if (u->addr_len == 0)
 		return 0;
 	size_t max = u->addr_len - offsetof(struct sockaddr_un, sun_path);
-	const char *s = u->addr.sun_path;
-	if (max > 0 && s[0] == '\0') { /* abstract: the name runs to its first NUL */
+	const char *s = u->addr.sun_path, *prefix = NCCL_UDS_PREFIX;
+	if (max > 0 && s[0] == '\0') {
+		/* Abstract: NCCL writes the path, then overwrites its leading '/' with the NUL that
+		 * makes it abstract: the name is "tmp/nccl-socket-...", up to its first NUL. */
 		s++;
 		max--;
+		prefix++;
 	}
-	size_t n = strnlen(s, max), pl = strlen(NCCL_UDS_PREFIX);
-	if (n <= pl || strncmp(s, NCCL_UDS_PREFIX, pl) != 0)
+	size_t n = strnlen(s, max), pl = strlen(prefix);
+	if (n <= pl || strncmp(s, prefix, pl) != 0)
 		return 0;
+	for (size_t k = n; k < max; k++) /* NCCL zeroes the rest of sun_path */
+		if (s[k] != '\0')
+			return 0;
 	size_t i = pl, d = 0, h = 0;
 	while (i < n && s[i] >= '0' && s[i] <= '9') {
 		i++;
@@ -244,36 +250,60 @@ static void own_tcp(const struct inodes *own, tcp_fn fn, void *arg)
 	}
 }
 
-/* The listening sockets the process had before its first communicator (never poked). */
-static struct {
-	pthread_once_t once;
-	int taken, overflow;
+/* Listeners that are not a communicator's, never poked: those the process had before its first
+ * communicator (a rendezvous store, a server), and those that outlived a teardown in which every
+ * communicator was aborted (NCCL's RAS, what the application opened since). */
+struct lset {
+	int overflow;
 	size_t n;
 	unsigned long v[SHIM_NCCL_POKE_MAX];
+};
+static struct {
+	pthread_once_t once;
+	int taken;
+	struct lset set;
 } before = { .once = PTHREAD_ONCE_INIT };
+static struct lset survivors; /* written and read by the teardown alone (one at a time) */
 
-static void before_add(const struct shim_nccl_poke_tcp *t, void *arg)
+static int lset_has(const struct lset *s, unsigned long ino)
 {
-	(void)arg;
+	for (size_t i = 0; i < s->n; i++)
+		if (s->v[i] == ino)
+			return 1;
+	return 0;
+}
+
+static void lset_add(const struct shim_nccl_poke_tcp *t, void *arg)
+{
+	struct lset *s = arg;
 	if (t->state != TCP_LISTEN)
 		return;
-	if (before.n == SHIM_NCCL_POKE_MAX)
-		before.overflow = 1;
+	if (s->n == SHIM_NCCL_POKE_MAX)
+		s->overflow = 1;
 	else
-		before.v[before.n++] = t->inode;
+		s->v[s->n++] = t->inode;
+}
+
+/* Every listener of this process into s (emptied first); 0 or a negative errno. */
+static int lset_take(struct lset *s, struct gcr_err *err)
+{
+	struct inodes own;
+	memset(s, 0, sizeof(*s));
+	int rc = own_sockets(&own, err);
+	if (rc < 0)
+		return rc;
+	own_tcp(&own, lset_add, s);
+	free(own.v);
+	return 0;
 }
 
 static void before_take(void)
 {
-	struct inodes own;
 	struct gcr_err e = { 0 };
-	if (own_sockets(&own, &e) < 0) {
+	if (lset_take(&before.set, &e) < 0)
 		GCR_LOG(GCR_LOG_DEBUG, "shim", "NCCL pokes: %s; no listener will be poked", e.msg);
-		return;
-	}
-	own_tcp(&own, before_add, NULL);
-	free(own.v);
-	before.taken = 1;
+	else
+		before.taken = 1;
 }
 
 void shim_nccl_poke_before_create(void)
@@ -281,44 +311,27 @@ void shim_nccl_poke_before_create(void)
 	(void)pthread_once(&before.once, before_take);
 }
 
-static int before_has(unsigned long ino)
+void shim_nccl_poke_after_teardown(void)
 {
-	for (size_t i = 0; i < before.n; i++)
-		if (before.v[i] == ino)
-			return 1;
-	return 0;
+	struct gcr_err e = { 0 };
+	if (lset_take(&survivors, &e) < 0) {
+		survivors.overflow = 1; /* unknown: poke no listener from now on */
+		GCR_LOG(GCR_LOG_DEBUG, "shim", "NCCL pokes: %s; no listener will be poked", e.msg);
+	}
 }
 
-/* What find collects from the TCP tables: listeners made since, and where own connections go. */
-#define PEERS_MAX 256
+/* The communicators' listeners: every one but those above. */
 struct tcp_scan {
-	size_t nl, np;
+	size_t n;
 	struct shim_nccl_poke_tcp listen[SHIM_NCCL_POKE_MAX];
-	struct sockaddr_storage peer[PEERS_MAX];
 };
 
 static void scan_add(const struct shim_nccl_poke_tcp *t, void *arg)
 {
 	struct tcp_scan *s = arg;
-	if (t->state == TCP_LISTEN && !before_has(t->inode) && s->nl < SHIM_NCCL_POKE_MAX)
-		s->listen[s->nl++] = *t;
-	else if (t->state == TCP_ESTABLISHED && s->np < PEERS_MAX)
-		s->peer[s->np++] = t->remote;
-}
-
-/* Whether a connection to peer reaches listener l (same port; same address unless l takes any). */
-static int reaches(const struct sockaddr_storage *peer, const struct sockaddr_storage *l)
-{
-	if (peer->ss_family != l->ss_family)
-		return 0;
-	if (peer->ss_family == AF_INET) {
-		const struct sockaddr_in *p = (const void *)peer, *a = (const void *)l;
-		return p->sin_port == a->sin_port &&
-		       (a->sin_addr.s_addr == htonl(INADDR_ANY) || a->sin_addr.s_addr == p->sin_addr.s_addr);
-	}
-	const struct sockaddr_in6 *p = (const void *)peer, *a = (const void *)l;
-	return p->sin6_port == a->sin6_port && (IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr) ||
-						memcmp(&a->sin6_addr, &p->sin6_addr, sizeof(a->sin6_addr)) == 0);
+	if (t->state == TCP_LISTEN && !lset_has(&before.set, t->inode) && !lset_has(&survivors, t->inode) &&
+	    s->n < SHIM_NCCL_POKE_MAX)
+		s->listen[s->n++] = *t;
 }
 
 /* Where to connect to reach listener l: its address, or loopback for a wildcard one. */
@@ -359,20 +372,17 @@ int shim_nccl_poke_find(struct shim_nccl_poke *p, enum shim_nccl_poke_mode mode,
 		}
 		fclose(f);
 	}
-	if (mode == SHIM_NCCL_POKE_ALL && before.taken && !before.overflow) {
+	if (mode == SHIM_NCCL_POKE_ALL && before.taken && !before.set.overflow && !survivors.overflow) {
 		struct tcp_scan *s = calloc(1, sizeof(*s));
 		if (s == NULL) {
 			free(own.v);
 			return gcr_err_set(err, -ENOMEM, "no memory for the TCP scan");
 		}
 		own_tcp(&own, scan_add, s);
-		for (size_t i = 0; i < s->nl; i++)
-			for (size_t k = 0; k < s->np; k++)
-				if (reaches(&s->peer[k], &s->listen[i].local)) {
-					target_of(&s->listen[i], &p->tcp[p->n_tcp], &p->tcp_len[p->n_tcp]);
-					p->n_tcp++;
-					break;
-				}
+		for (size_t i = 0; i < s->n; i++) {
+			target_of(&s->listen[i], &p->tcp[p->n_tcp], &p->tcp_len[p->n_tcp]);
+			p->n_tcp++;
+		}
 		free(s);
 	}
 	free(own.v);

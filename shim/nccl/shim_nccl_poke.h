@@ -32,9 +32,17 @@ enum shim_nccl_poke_mode shim_nccl_poke_mode(void);
  * the process had before NCCL (a rendezvous store, a server), which are never poked. */
 void shim_nccl_poke_before_create(void);
 
-/* Fills p with this process's NCCL service sockets: UDS sockets named /tmp/nccl-socket-<rank>-<hex>
- * (abstract or not), and listening TCP sockets made since the first communicator to which the
- * process itself holds a connection (a proxy's own rank connects to it). 0 or a negative errno. */
+/* Called once every communicator is aborted: the listeners left are not a communicator's (NCCL's
+ * RAS, the application's own since its first communicator) and are never poked again. */
+void shim_nccl_poke_after_teardown(void);
+
+/* Fills p with this process's NCCL service sockets: the UDS sockets NCCL names
+ * /tmp/nccl-socket-<rank>-<hex> (abstract ones as "\0tmp/nccl-socket-..."), and the listening TCP
+ * sockets of its communicators: every listener of the process but those above (a proxy's, which
+ * the poke wakes, and a bootstrap one, where nothing accepts; a connection closed at once leaves
+ * both unharmed). At a process's first teardown that includes NCCL's RAS listeners and any the
+ * application opened after its first communicator: each gets one connection, closed at once, a
+ * port probe's worth. 0 or a negative errno. */
 int shim_nccl_poke_find(struct shim_nccl_poke *p, enum shim_nccl_poke_mode mode, struct gcr_err *err);
 
 /* One poke of every socket in p; never blocks for more than a few ms. */
@@ -58,7 +66,7 @@ struct shim_nccl_poke_tcp {
 };
 int shim_nccl_poke_parse_tcp(const char *line, size_t len, int v6, struct shim_nccl_poke_tcp *out);
 
-/* Whether a UDS name is one NCCL's proxy binds (/tmp/nccl-socket-<decimal>-<hex>). */
+/* Whether a UDS name is one NCCL's proxy binds (/tmp/nccl-socket-<decimal>-<hex>, abstract or not). */
 int shim_nccl_poke_is_nccl_name(const struct shim_nccl_poke_unix *u);
 
 #endif

@@ -17,8 +17,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (u.addr_len > sizeof(u.addr) || (u.addr_len != 0 && u.addr.sun_family != AF_UNIX))
 			abort();
 		if (shim_nccl_poke_is_nccl_name(&u)) {
-			const char *s = u.addr.sun_path[0] == '\0' ? u.addr.sun_path + 1 : u.addr.sun_path;
-			if (strncmp(s, "/tmp/nccl-socket-", 17) != 0)
+			const char *s = u.addr.sun_path;
+			if (s[0] == '\0' ? strncmp(s + 1, "tmp/nccl-socket-", 16) != 0 : strncmp(s, "/tmp/nccl-socket-", 17) != 0)
 				abort();
 		}
 	}
