@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -588,6 +590,84 @@ static void test_leftovers(void)
 	gcr_image_remove(part2);
 }
 
+/* Share of the file at path in the page cache (0 to 1), or -1. */
+static double cached(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0 || st.st_size == 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return -1;
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t pages = ((size_t)st.st_size + (size_t)pg - 1) / (size_t)pg, in = 0;
+	unsigned char *v = malloc(pages);
+	if (v == NULL || mincore(m, (size_t)st.st_size, v) < 0) {
+		free(v);
+		munmap(m, (size_t)st.st_size);
+		return -1;
+	}
+	for (size_t i = 0; i < pages; i++)
+		in += v[i] & 1;
+	free(v);
+	munmap(m, (size_t)st.st_size);
+	return (double)in / (double)pages;
+}
+
+/* A large copy (an image's GPU data, 16 GB on a GPU node) leaves neither file in the page cache,
+ * whose pages the agent's memory cgroup is charged for: with the plain copy, 100% of both stayed
+ * (and on the GPU node the dirty ones got the agent OOM-killed). Needs a disk, not tmpfs. */
+static void test_copy_drops_cache(void)
+{
+	char dir[PATH_MAX], src[PATH_MAX + 16], dst[PATH_MAX + 16];
+	struct statfs sf;
+	snprintf(dir, sizeof(dir), "%s", root);
+	if (statfs(root, &sf) == 0 && sf.f_type == 0x01021994 /* TMPFS_MAGIC */)
+		snprintf(dir, sizeof(dir), "test-agent-images-big"); /* the build tree */
+	CHECK(strcmp(dir, root) == 0 || mkdir(dir, 0700) == 0 || errno == EEXIST);
+	snprintf(src, sizeof(src), "%s/big-src", dir);
+	snprintf(dst, sizeof(dst), "%s/big-dst", dir);
+	const size_t mib = 1u << 20, n = 80;
+	char *b = malloc(mib);
+	int fd = open(src, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	CHECK(b != NULL && fd >= 0);
+	for (size_t i = 0; b != NULL && fd >= 0 && i < n; i++) {
+		memset(b, (int)(i & 0xff), mib);
+		CHECK(write(fd, b, mib) == (ssize_t)mib);
+	}
+	CHECK(fd >= 0 && fsync(fd) == 0);
+	if (fd >= 0)
+		close(fd);
+	struct gcr_err err = { 0, "" };
+	CHECK(agent_images_copy_file(src, dst, &err) == (long long)(n * mib));
+	double cs = cached(src), cd = cached(dst);
+	CHECK(cs >= 0 && cs < 0.05);
+	CHECK(cd >= 0 && cd < 0.05);
+	if (cs < 0 || cs >= 0.05 || cd < 0 || cd >= 0.05)
+		fprintf(stderr, "cached after the copy: source %.2f, copy %.2f\n", cs, cd);
+	/* And the copy is whole. */
+	fd = open(dst, O_RDONLY);
+	int same = fd >= 0 && b != NULL;
+	for (size_t i = 0; same && i < n; i++) {
+		same = read(fd, b, mib) == (ssize_t)mib;
+		for (size_t k = 0; same && k < mib; k += 4096)
+			same = (unsigned char)b[k] == (i & 0xff);
+	}
+	CHECK(same);
+	if (fd >= 0)
+		close(fd);
+	free(b);
+	unlink(src);
+	unlink(dst);
+	if (strcmp(dir, root) != 0)
+		rmdir(dir);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/test-agent-images-XXXXXX");
@@ -603,6 +683,7 @@ int main(void)
 	test_copy_checked();
 	test_copy();
 	test_copy_gpu();
+	test_copy_drops_cache();
 	test_leftovers();
 	gcr_image_remove(root);
 	return test_summary("test_agent_images");
