@@ -336,20 +336,43 @@ int agent_images_pod_dir(pid_t pid, const char *uid, int *dfd, char *inside, siz
 	return rc;
 }
 
-/* The write-behind window of copy_fd. An image's copy is as large as the GPU data (16 GB for
+/* The write-behind of the agent's copies. An image's copy is as large as the GPU data (16 GB for
  * a Llama 8B), and every page it writes is charged to the agent's memory cgroup (256 MiB by
  * default): left to the kernel, dirty pages outran write-back and the agent was OOM-killed in the
- * middle of a seal (GPU node run 68, H200). So each window is written back and dropped from the
- * page cache once the next one is on its way: at most two windows are dirty at a time. */
+ * middle of a seal (GPU node runs 68 and 69, H200). So each window is written back and dropped
+ * from the page cache once the next one is on its way, at most two windows dirty at a time, and
+ * the source's pages go with it. */
 #define COPY_WINDOW (32ll << 20)
 
-/* Window [off, off + len) of out on disk and out of the page cache, and in's too. */
-static void copy_drop(int in, int out, long long off, long long len)
+struct behind {
+	int in, out;
+	long long started; /* write-back started below this; dropped below started - COPY_WINDOW */
+};
+
+/* Window [off, off + len) of out on disk and out of the page cache, and in's too (len 0: to the end). */
+static void behind_drop(const struct behind *b, long long off, long long len)
 {
-	(void)sync_file_range(out, off, len,
+	(void)sync_file_range(b->out, off, len,
 			      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-	(void)posix_fadvise(out, off, len, POSIX_FADV_DONTNEED);
-	(void)posix_fadvise(in, off, len, POSIX_FADV_DONTNEED);
+	(void)posix_fadvise(b->out, off, len, POSIX_FADV_DONTNEED);
+	(void)posix_fadvise(b->in, off, len, POSIX_FADV_DONTNEED);
+}
+
+/* total bytes copied so far (both files from offset 0). */
+static void behind_step(struct behind *b, long long total)
+{
+	if (total - b->started < COPY_WINDOW)
+		return;
+	(void)sync_file_range(b->out, b->started, total - b->started, SYNC_FILE_RANGE_WRITE);
+	if (b->started >= COPY_WINDOW)
+		behind_drop(b, b->started - COPY_WINDOW, COPY_WINDOW);
+	b->started = total;
+}
+
+/* After out's fsync: every page of both is clean, and goes. */
+static void behind_end(const struct behind *b)
+{
+	behind_drop(b, 0, 0);
 }
 
 /* Copies the open file in (read from its start) to the open file out; the bytes, or -errno.
@@ -358,7 +381,8 @@ static long long copy_fd(int in, int out, const char *what, struct gcr_sha256 *s
 {
 	static const size_t buf_len = 1u << 20;
 	char *buf = malloc(buf_len);
-	long long total = 0, started = 0; /* write-back started up to started, dropped below it - W */
+	long long total = 0;
+	struct behind wb = { .in = in, .out = out };
 	if (buf == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	for (;;) {
@@ -384,18 +408,13 @@ static long long copy_fd(int in, int out, const char *what, struct gcr_sha256 *s
 			off += w;
 		}
 		total += n;
-		if (total - started >= COPY_WINDOW) {
-			(void)sync_file_range(out, started, total - started, SYNC_FILE_RANGE_WRITE);
-			if (started >= COPY_WINDOW)
-				copy_drop(in, out, started - COPY_WINDOW, COPY_WINDOW);
-			started = total;
-		}
+		behind_step(&wb, total);
 	}
 	free(buf);
 	if (total >= 0 && fsync(out) < 0)
 		total = gcr_err_set(err, -errno, "fsync of %s: %s", what, strerror(errno));
-	if (total > 0) /* all on disk now: the rest goes from the cache too */
-		copy_drop(in, out, 0, 0);
+	if (total > 0)
+		behind_end(&wb);
 	return total;
 }
 
@@ -494,6 +513,7 @@ static long long copy_exact(int in, int out, unsigned long long len, const char 
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	unsigned long long done = 0;
 	long long rc = 0;
+	struct behind wb = { .in = in, .out = out };
 	while (rc == 0 && done <= len) {
 		size_t want = len - done < buf_len ? (size_t)(len - done) : buf_len;
 		ssize_t n = read(in, buf, want > 0 ? want : 1); /* at the end: one byte more must not come */
@@ -517,12 +537,16 @@ static long long copy_exact(int in, int out, unsigned long long len, const char 
 			else
 				off += w;
 		}
-		if (rc == 0)
+		if (rc == 0) {
 			done += (unsigned long long)n;
+			behind_step(&wb, (long long)done);
+		}
 	}
 	free(buf);
 	if (rc == 0 && fsync(out) < 0)
 		rc = gcr_err_set(err, -errno, "fsync of %s: %s", what, strerror(errno));
+	if (rc == 0)
+		behind_end(&wb);
 	return rc < 0 ? rc : (long long)done;
 }
 

@@ -449,6 +449,8 @@ static long long copy_gpu(const char *src, const char *dst, unsigned long long b
 	return n;
 }
 
+static double cached(const char *path);
+
 static void test_copy_gpu(void)
 {
 	char src[PATH_MAX], dst[PATH_MAX], p[2 * PATH_MAX + 64], msg[GCR_ERR_MSG_MAX];
@@ -463,6 +465,8 @@ static void test_copy_gpu(void)
 	gcr_image_table_clear(&t);
 	snprintf(p, sizeof(p), "%s/gpu/alloc-1-0.bin", dst);
 	CHECK(stat(p, &st) == 0 && st.st_size == DATA_LEN && (st.st_mode & 0777) == 0600);
+	double cd = cached(p); /* written back and dropped, as copy_file's (test_copy_drops_cache) */
+	CHECK(cd >= 0 && cd < 0.05);
 	snprintf(p, sizeof(p), "%s/gpu/alloc-2-0.bin", dst);
 	CHECK(!exists_path(p));
 	/* Past the pod's bound (what it held on the GPU, its ephemeral-storage limit): nothing written. */
