@@ -367,6 +367,21 @@ def bench_record(T, **rec):
         log.close()
 
 
+def driver_alone(T, g):
+    """The driver alone, same processes, same run: its figures or its bounded failure."""
+    out = {}
+    t0 = time.time()
+    d = T.gctl("suspend", g.pids, "--driver-only", "--timeout-ms", str(DRIVER_TIMEOUT_MS))
+    out["driver_suspend"] = {"ok": d.ok, "ms": d.get("ms", "total"), "wall_s": round(time.time() - t0, 2),
+                             "error": d.error}
+    if d.ok:
+        t0 = time.time()
+        d2 = T.gctl("resume", g.pids, "--driver-only", "--timeout-ms", str(DRIVER_TIMEOUT_MS))
+        out["driver_resume"] = {"ok": d2.ok, "ms": d2.get("ms", "total"), "wall_s": round(time.time() - t0, 2),
+                                "error": d2.error}
+    return out
+
+
 def run_bench(T, g, world):
     """The TP group of WORLD x GCR_NCCL_TP_GIB GiB, idle after its run: BENCH_REPS suspend/resume
     cycles (median), then the driver's checkpoint alone on the same group, bounded."""
@@ -385,29 +400,18 @@ def run_bench(T, g, world):
     mr, _, _ = H.stats(res)
     rec = {"ranks": world, "gib_per_rank": TP_GIB, "suspend_ms": sus, "resume_ms": res, "suspend_median_ms": ms,
            "resume_median_ms": mr, "nccl_poke": os.environ.get("GCR_NCCL_POKE", "all")}
-    if not BENCH_DRIVER:
-        bench_record(T, **rec)
-        print("  BENCH %d ranks x %.0f GiB (GCR_NCCL_POKE=%s): suspend median %.0f ms %s, resume median %.0f ms %s; "
-              "the driver alone left out (GCR_NCCL_BENCH_DRIVER=0)" % (world, TP_GIB, rec["nccl_poke"], ms or -1, sus,
-                                                                       mr or -1, res), flush=True)
-        T.note("suspend median %.0f ms, resume median %.0f ms" % (ms or -1, mr or -1))
-        return
-    # The driver alone, same processes, same run: its figure or its bounded failure.
-    t0 = time.time()
-    d = T.gctl("suspend", g.pids, "--driver-only", "--timeout-ms", str(DRIVER_TIMEOUT_MS))
-    rec["driver_suspend"] = {"ok": d.ok, "ms": d.get("ms", "total"), "wall_s": round(time.time() - t0, 2),
-                             "error": d.error}
-    if d.ok:
-        t0 = time.time()
-        d2 = T.gctl("resume", g.pids, "--driver-only", "--timeout-ms", str(DRIVER_TIMEOUT_MS))
-        rec["driver_resume"] = {"ok": d2.ok, "ms": d2.get("ms", "total"), "wall_s": round(time.time() - t0, 2),
-                                "error": d2.error}
+    rec.update(driver_alone(T, g) if BENCH_DRIVER else {})
+    d, d2 = rec.get("driver_suspend"), rec.get("driver_resume")
+    if d is None:
+        drv = "left out (GCR_NCCL_BENCH_DRIVER=0)"
+    elif not d["ok"]:
+        drv = "FAILED after %.1f s: %s" % (d["wall_s"], d["error"])
+    else:
+        drv = "suspend %.0f ms" % d["ms"] + (", resume %.0f ms" % d2["ms"] if d2["ok"] else
+                                            ", resume FAILED: %s" % d2["error"])
     bench_record(T, **rec)
-    print("  BENCH %d ranks x %.0f GiB: suspend median %.0f ms %s, resume median %.0f ms %s; driver alone: %s" % (
-        world, TP_GIB, ms or -1, sus, mr or -1, res,
-        ("suspend %.0f ms" % d.get("ms", "total")) + (", resume %.0f ms" % d2.get("ms", "total") if d2.ok else
-                                                       ", resume FAILED: %s" % d2.error)
-        if d.ok else "FAILED after %.1f s: %s" % (rec["driver_suspend"]["wall_s"], d.error)), flush=True)
+    print("  BENCH %d ranks x %.0f GiB (GCR_NCCL_POKE=%s): suspend median %.0f ms %s, resume median %.0f ms %s; "
+          "driver alone: %s" % (world, TP_GIB, rec["nccl_poke"], ms or -1, sus, mr or -1, res, drv), flush=True)
     T.note("suspend median %.0f ms, resume median %.0f ms" % (ms or -1, mr or -1))
 
 
