@@ -24,7 +24,6 @@
 
 #define LINE_MAX_LEN 512
 #define TCP_LISTEN 0x0A
-#define TCP_ESTABLISHED 0x01
 #define NCCL_UDS_PREFIX "/tmp/nccl-socket-" /* NCCL_IPC_SOCKNAME_STR (2.19 to 2.29) */
 
 enum shim_nccl_poke_mode shim_nccl_poke_mode(void)
@@ -320,20 +319,6 @@ void shim_nccl_poke_after_teardown(void)
 	}
 }
 
-/* The communicators' listeners: every one but those above. */
-struct tcp_scan {
-	size_t n;
-	struct shim_nccl_poke_tcp listen[SHIM_NCCL_POKE_MAX];
-};
-
-static void scan_add(const struct shim_nccl_poke_tcp *t, void *arg)
-{
-	struct tcp_scan *s = arg;
-	if (t->state == TCP_LISTEN && !lset_has(&before.set, t->inode) && !lset_has(&survivors, t->inode) &&
-	    s->n < SHIM_NCCL_POKE_MAX)
-		s->listen[s->n++] = *t;
-}
-
 /* Where to connect to reach listener l: its address, or loopback for a wildcard one. */
 static void target_of(const struct shim_nccl_poke_tcp *l, struct sockaddr_storage *to, socklen_t *len)
 {
@@ -347,6 +332,17 @@ static void target_of(const struct shim_nccl_poke_tcp *l, struct sockaddr_storag
 		struct sockaddr_in6 *a = (struct sockaddr_in6 *)to;
 		if (IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr))
 			a->sin6_addr = in6addr_loopback;
+	}
+}
+
+/* A communicator's listener (every one but those above) into the poke p. */
+static void scan_add(const struct shim_nccl_poke_tcp *t, void *arg)
+{
+	struct shim_nccl_poke *p = arg;
+	if (t->state == TCP_LISTEN && !lset_has(&before.set, t->inode) && !lset_has(&survivors, t->inode) &&
+	    p->n_tcp < SHIM_NCCL_POKE_MAX) {
+		target_of(t, &p->tcp[p->n_tcp], &p->tcp_len[p->n_tcp]);
+		p->n_tcp++;
 	}
 }
 
@@ -372,19 +368,8 @@ int shim_nccl_poke_find(struct shim_nccl_poke *p, enum shim_nccl_poke_mode mode,
 		}
 		fclose(f);
 	}
-	if (mode == SHIM_NCCL_POKE_ALL && before.taken && !before.set.overflow && !survivors.overflow) {
-		struct tcp_scan *s = calloc(1, sizeof(*s));
-		if (s == NULL) {
-			free(own.v);
-			return gcr_err_set(err, -ENOMEM, "no memory for the TCP scan");
-		}
-		own_tcp(&own, scan_add, s);
-		for (size_t i = 0; i < s->n; i++) {
-			target_of(&s->listen[i], &p->tcp[p->n_tcp], &p->tcp_len[p->n_tcp]);
-			p->n_tcp++;
-		}
-		free(s);
-	}
+	if (mode == SHIM_NCCL_POKE_ALL && before.taken && !before.set.overflow && !survivors.overflow)
+		own_tcp(&own, scan_add, p);
 	free(own.v);
 	return 0;
 }
