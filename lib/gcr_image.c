@@ -456,9 +456,37 @@ int gcr_image_manifest_parse_keyed(const char *buf, size_t len, const struct gcr
 	return rc;
 }
 
-#define CRC_DROP_WINDOW (32ull << 20)
+#define BEHIND_WINDOW (32ull << 20)
 
-/* CRC-32C and size of a file, and its SHA-256 into sha unless NULL. */
+/* [off, off + len) of both files on disk and out of the page cache (len 0: to the end). */
+static void behind_drop(const struct gcr_image_behind *b, uint64_t off, uint64_t len)
+{
+	if (b->out >= 0) {
+		(void)sync_file_range(b->out, (off_t)off, (off_t)len,
+				      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+		(void)posix_fadvise(b->out, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+	}
+	(void)posix_fadvise(b->in, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+}
+
+void gcr_image_behind_step(struct gcr_image_behind *b, uint64_t total)
+{
+	if (total - b->started < BEHIND_WINDOW)
+		return;
+	if (b->out >= 0)
+		(void)sync_file_range(b->out, (off_t)b->started, (off_t)(total - b->started), SYNC_FILE_RANGE_WRITE);
+	if (b->started >= BEHIND_WINDOW)
+		behind_drop(b, b->started - BEHIND_WINDOW, BEHIND_WINDOW);
+	b->started = total;
+}
+
+void gcr_image_behind_end(const struct gcr_image_behind *b)
+{
+	behind_drop(b, 0, 0);
+}
+
+/* CRC-32C and size of a file, and its SHA-256 into sha unless NULL. What it reads is charged to
+ * the reader's memory cgroup (the agent's, for a seal): it goes from the cache as read. */
 static int crc_file(const char *path, uint64_t *size, uint32_t *crc, uint8_t *sha, struct gcr_err *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -474,8 +502,9 @@ static int crc_file(const char *path, uint64_t *size, uint32_t *crc, uint8_t *sh
 		return gcr_err_set(err, -ENOMEM, "out of memory reading %s", path);
 	}
 	uint32_t c = 0;
-	uint64_t n = 0, dropped = 0;
+	uint64_t n = 0;
 	int rc = 0;
+	struct gcr_image_behind wb = { .in = fd, .out = -1 };
 	struct gcr_sha256 hs;
 	gcr_sha256_init(&hs);
 	for (;;) {
@@ -492,15 +521,10 @@ static int crc_file(const char *path, uint64_t *size, uint32_t *crc, uint8_t *sh
 		if (sha != NULL)
 			gcr_sha256_update(&hs, b, (size_t)r);
 		n += (uint64_t)r;
-		/* Read pages are charged to the reader's memory cgroup (the agent's: 256 MiB for an
-		 * image of many GB): let the clean ones go as it reads (dirty ones stay). */
-		if (n - dropped >= CRC_DROP_WINDOW) {
-			(void)posix_fadvise(fd, (off_t)dropped, (off_t)(n - dropped), POSIX_FADV_DONTNEED);
-			dropped = n;
-		}
+		gcr_image_behind_step(&wb, n);
 	}
 	free(b);
-	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	gcr_image_behind_end(&wb);
 	close(fd);
 	*crc = c;
 	*size = n;

@@ -145,6 +145,19 @@ struct gcr_image_flusher;
 struct gcr_image_flusher *gcr_image_flusher_start(const char *dir);
 void gcr_image_flusher_stop(struct gcr_image_flusher *f);
 
+/* A large copy (in to out) or read (out -1) that leaves neither file in the page cache, whose
+ * pages are charged to the caller's memory cgroup: an image's files are as large as the GPU data
+ * (16 GB for a Llama 8B) and the agent's limit 256 MiB, which dirty pages outran until the agent
+ * was OOM-killed in a seal (GPU node runs 68 and 69, H200). Each 32 MiB window is written back
+ * and dropped once the next one is on its way: at most two windows are dirty. step after each
+ * chunk with the bytes done so far (both files from offset 0); end once out is fsynced. */
+struct gcr_image_behind {
+	int in, out;
+	uint64_t started; /* write-back started below this; dropped below started - window */
+};
+void gcr_image_behind_step(struct gcr_image_behind *b, uint64_t total);
+void gcr_image_behind_end(const struct gcr_image_behind *b);
+
 /* ---- the directory ---- */
 /* "DIR.partial.<pid>" into out. */
 int gcr_image_partial_name(const char *dir, pid_t pid, char *out, size_t len, struct gcr_err *err);

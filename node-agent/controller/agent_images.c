@@ -336,53 +336,15 @@ int agent_images_pod_dir(pid_t pid, const char *uid, int *dfd, char *inside, siz
 	return rc;
 }
 
-/* The write-behind of the agent's copies. An image's copy is as large as the GPU data (16 GB for
- * a Llama 8B), and every page it writes is charged to the agent's memory cgroup (256 MiB by
- * default): left to the kernel, dirty pages outran write-back and the agent was OOM-killed in the
- * middle of a seal (GPU node runs 68 and 69, H200). So each window is written back and dropped
- * from the page cache once the next one is on its way, at most two windows dirty at a time, and
- * the source's pages go with it. */
-#define COPY_WINDOW (32ll << 20)
-
-struct behind {
-	int in, out;
-	long long started; /* write-back started below this; dropped below started - COPY_WINDOW */
-};
-
-/* Window [off, off + len) of out on disk and out of the page cache, and in's too (len 0: to the end). */
-static void behind_drop(const struct behind *b, long long off, long long len)
-{
-	(void)sync_file_range(b->out, off, len,
-			      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-	(void)posix_fadvise(b->out, off, len, POSIX_FADV_DONTNEED);
-	(void)posix_fadvise(b->in, off, len, POSIX_FADV_DONTNEED);
-}
-
-/* total bytes copied so far (both files from offset 0). */
-static void behind_step(struct behind *b, long long total)
-{
-	if (total - b->started < COPY_WINDOW)
-		return;
-	(void)sync_file_range(b->out, b->started, total - b->started, SYNC_FILE_RANGE_WRITE);
-	if (b->started >= COPY_WINDOW)
-		behind_drop(b, b->started - COPY_WINDOW, COPY_WINDOW);
-	b->started = total;
-}
-
-/* After out's fsync: every page of both is clean, and goes. */
-static void behind_end(const struct behind *b)
-{
-	behind_drop(b, 0, 0);
-}
-
 /* Copies the open file in (read from its start) to the open file out; the bytes, or -errno.
- * With sha, its SHA-256 of what was written. Neither file is left in the page cache. */
+ * With sha, its SHA-256 of what was written. Neither file is left in the page cache
+ * (gcr_image_behind: the agent's memory cgroup is charged for it). */
 static long long copy_fd(int in, int out, const char *what, struct gcr_sha256 *sha, struct gcr_err *err)
 {
 	static const size_t buf_len = 1u << 20;
 	char *buf = malloc(buf_len);
 	long long total = 0;
-	struct behind wb = { .in = in, .out = out };
+	struct gcr_image_behind wb = { .in = in, .out = out };
 	if (buf == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	for (;;) {
@@ -408,13 +370,13 @@ static long long copy_fd(int in, int out, const char *what, struct gcr_sha256 *s
 			off += w;
 		}
 		total += n;
-		behind_step(&wb, total);
+		gcr_image_behind_step(&wb, (uint64_t)total);
 	}
 	free(buf);
 	if (total >= 0 && fsync(out) < 0)
 		total = gcr_err_set(err, -errno, "fsync of %s: %s", what, strerror(errno));
 	if (total > 0)
-		behind_end(&wb);
+		gcr_image_behind_end(&wb);
 	return total;
 }
 
@@ -513,7 +475,7 @@ static long long copy_exact(int in, int out, unsigned long long len, const char 
 		return gcr_err_set(err, -ENOMEM, "out of memory");
 	unsigned long long done = 0;
 	long long rc = 0;
-	struct behind wb = { .in = in, .out = out };
+	struct gcr_image_behind wb = { .in = in, .out = out };
 	while (rc == 0 && done <= len) {
 		size_t want = len - done < buf_len ? (size_t)(len - done) : buf_len;
 		ssize_t n = read(in, buf, want > 0 ? want : 1); /* at the end: one byte more must not come */
@@ -539,14 +501,14 @@ static long long copy_exact(int in, int out, unsigned long long len, const char 
 		}
 		if (rc == 0) {
 			done += (unsigned long long)n;
-			behind_step(&wb, (long long)done);
+			gcr_image_behind_step(&wb, done);
 		}
 	}
 	free(buf);
 	if (rc == 0 && fsync(out) < 0)
 		rc = gcr_err_set(err, -errno, "fsync of %s: %s", what, strerror(errno));
 	if (rc == 0)
-		behind_end(&wb);
+		gcr_image_behind_end(&wb);
 	return rc < 0 ? rc : (long long)done;
 }
 
