@@ -250,6 +250,15 @@ static int holds(const struct grp *g, size_t i, uint64_t key)
 	return 0;
 }
 
+/* A live member other than i whose drain request is still unanswered, or g->n. */
+static size_t silent(struct grp *g, const long long *pending, size_t i)
+{
+	for (size_t j = 0; j < g->n; j++)
+		if (j != i && pending[j] != 0 && pick_live(g, j))
+			return j;
+	return g->n;
+}
+
 /* The drain, every member at once and asynchronously: a member that answers "frozen" with wants
  * (a thread waits at a communicator at its target while another is below its own) gets those
  * targets raised in every member that holds them, each of which drains again; done when every
@@ -335,7 +344,17 @@ static int drain_loop(struct grp *g, struct gcr_err *err)
 				g->r->m[i].step = "drain";
 				g->r->m[i].gone = proc_gone(g->r->m[i].pid);
 				g->mm[i].st = GCR_SHIMREPLY_ST_RUNNING; /* a failed drain thaws the member */
-				rc = gcr_err_set(err, r, "pid %d: drain: %s", (int)g->r->m[i].pid, e.msg);
+				size_t s = silent(g, pending, i);
+				if (r == -ETIMEDOUT && s < g->n) { /* its collective waited for one that never answered */
+					rc = gcr_err_set(err, r, "pid %d: drain: no answer when pid %d's drain gave up (stopped "
+							 "or hung?); pid %d: %s", (int)g->r->m[s].pid, (int)g->r->m[i].pid,
+							 (int)g->r->m[i].pid, e.msg);
+					g->r->m[s].rc = rc;
+					g->r->m[s].err = *err;
+					g->r->m[s].step = "drain";
+				} else {
+					rc = gcr_err_set(err, r, "pid %d: drain: %s", (int)g->r->m[i].pid, e.msg);
+				}
 				gcr_reply_clear(&rep);
 				break;
 			}
