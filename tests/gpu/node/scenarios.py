@@ -889,6 +889,37 @@ NAMESPACES = {"reference": ["gcrn-ref"], "cr": ["gcrn-cr"], "scale": ["gcrn-scal
 LOGDIR = os.path.join(ENV.get("GCR_TESTBED_DIR", STATE), "logs", "scenarios")
 
 
+def cgroup_stats(path, pods):
+    """The stall counters of the node and of the system pods' cgroups (cumulative, cgroup v2): CPU
+    throttling, memory limit events and pressure, I/O pressure. Run 68's idle agent failed its
+    probes for a minute while two model servers loaded; these say which of the three it waited on."""
+    lines = []
+    for res in ("cpu", "memory", "io"):
+        try:
+            lines.append(f"host /proc/pressure/{res}: " + open(f"/proc/pressure/{res}").read().replace("\n", "; "))
+        except OSError as e:
+            lines.append(f"host /proc/pressure/{res}: {e}")
+    for p in pods:
+        uid = p["metadata"]["uid"]
+        for cg in glob.glob(f"/sys/fs/cgroup/**/pod{uid}", recursive=True):
+            for d in [cg] + sorted(x for x in glob.glob(os.path.join(cg, "*")) if os.path.isdir(x)):
+                for f in ("cpu.stat", "cpu.max", "cpu.pressure", "memory.current", "memory.max", "memory.events",
+                          "memory.pressure", "io.pressure"):
+                    try:
+                        v = open(os.path.join(d, f)).read().strip().replace("\n", "; ")
+                    except OSError:
+                        continue
+                    lines.append(f"{p['metadata']['name']} {os.path.relpath(d, '/sys/fs/cgroup')} {f}: {v}")
+                try:  # the page cache charged to it, dirty and under write-back
+                    st = dict(ln.split() for ln in open(os.path.join(d, "memory.stat")) if ln.count(" ") == 1)
+                    lines.append(f"{p['metadata']['name']} {os.path.relpath(d, '/sys/fs/cgroup')} memory.stat: " +
+                                 " ".join(f"{k}={st.get(k)}" for k in ("anon", "file", "file_dirty", "file_writeback")))
+                except OSError:
+                    pass
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def save_logs(name, namespaces=()):
     """What each pod printed and what happened, kept in the node's logs (run.sh packs them into
     logs.tar.gz): the kubelet removes a deleted pod's logs with it."""
@@ -911,6 +942,8 @@ def save_logs(name, namespaces=()):
         for crl in glob.glob(os.path.join(ENV.get("GCR_TESTBED_DIR", STATE), "containerd", "state", "*", "*", "*",
                                           "criu-*.log")):
             shutil.copy(crl, os.path.join(d, crl.split(os.sep)[-2][:12] + "-" + os.path.basename(crl)))
+        if ns == N.SYSTEM_NS:
+            cgroup_stats(os.path.join(d, "cgroup-stats.txt"), pods)
         with open(os.path.join(d, f"{ns}.describe.txt"), "w") as f:
             f.write(kubectl("describe", "pods", "-n", ns, check=False, timeout=60).stdout)
             f.write(kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", "-o", "wide", check=False).stdout)
