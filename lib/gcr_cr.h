@@ -74,7 +74,8 @@ struct gcr_cr_result {
 	/* ms_checkpoint / ms_restore: the driver's, or CRIU's dump / restore for HIP. */
 	double ms_data, ms_lock, ms_checkpoint, ms_restore, ms_unlock, ms_total;
 	double ms_room; /* resume: the restore room check (NVML); suspend: recording the need */
-	double ms_state; /* the driver's state of the process asked (the first driver call: cuInit) */
+	double ms_init;  /* the driver opened (dlopen, cuInit): only a process's first driver use */
+	double ms_state; /* the driver's state of the process asked (cuCheckpointProcessGetState) */
 	const char *control;    /* "driver", "criu", or "none" (data only) */
 	long long bytes_moved;  /* by the shim's data path, over PCIe */
 	long long bytes_total;  /* the buffers the shim staged (moved + zero + unchanged) */

@@ -139,8 +139,8 @@ static int do_cr(const char *op, pid_t pid, struct gcr_cr_opts *o)
 		gcr_cr_result_clear(&r);
 		return fail(op, pid, &err);
 	}
-	json_t *ms = json_pack("{s:f, s:f, s:f, s:f}", "total", r.ms_total, "data", r.ms_data, "room", r.ms_room,
-			       "state", r.ms_state);
+	json_t *ms = json_pack("{s:f, s:f, s:f, s:f, s:f}", "total", r.ms_total, "data", r.ms_data, "room", r.ms_room,
+			       "init", r.ms_init, "state", r.ms_state);
 	if (resume) {
 		json_object_set_new(ms, "restore", json_real(r.ms_restore));
 		json_object_set_new(ms, "unlock", json_real(r.ms_unlock));
@@ -196,13 +196,13 @@ static int do_group(const char *op, const pid_t *pids, size_t n, const struct gc
 	json_t *members = json_array();
 	for (size_t i = 0; i < r->n; i++) {
 		const struct gcr_group_member *m = &r->m[i];
-		json_t *j = json_pack("{s:i, s:b, s:s, s:i, s:b, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
+		json_t *j = json_pack("{s:i, s:b, s:s, s:i, s:b, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
 				      "s:{s:I, s:I}}",
 				      "pid", (int)m->pid, "ok", m->rc == 0, "state", m->state, "comms", m->comms, "gone",
 				      m->gone, "ms", "freeze", m->ms_freeze, "drain", m->ms_drain, "cr", m->ms_cr, "data",
 				      m->cr.ms_data, "driver",
 				      resume ? m->cr.ms_restore + m->cr.ms_unlock : m->cr.ms_lock + m->cr.ms_checkpoint,
-				      "room", m->cr.ms_room, "state", m->cr.ms_state, "ids", m->ms_ids, "rebuild", m->ms_rebuild,
+				      "room", m->cr.ms_room, "init", m->cr.ms_init, "state", m->cr.ms_state, "ids", m->ms_ids, "rebuild", m->ms_rebuild,
 				      "thaw", m->ms_thaw, "bytes", "moved", (json_int_t)m->cr.bytes_moved, "total",
 				      (json_int_t)m->cr.bytes_total);
 		if (m->rc < 0)

@@ -154,6 +154,10 @@ def group_cycle(f, g, what, flags=()):
             check(sum(used) == 0, "%s: pid %d still charged on a device: %s" % (what, pid, used))
     r2 = f.gctl("resume", g.pids, *flags)
     check(r2.ok, "%s: group resume: %s" % (what, r2.describe()))
+    # Each member's driver opening (cuInit) is timed apart from its state query (benchmarks.md).
+    for m in r2.get("members") or [{}]:
+        check(all(isinstance(H.dig(m, "ms", k), (int, float)) and H.dig(m, "ms", k) >= 0 for k in ("init", "state")),
+              "%s: a member's resume reports no ms.init and ms.state: %s" % (what, m))
     for pid in g.pids:
         check(shim_state(f, pid) == "running", "%s: pid %d not running after the group resume" % (what, pid))
     return r, r2

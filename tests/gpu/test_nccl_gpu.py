@@ -41,6 +41,11 @@ BENCH_REPS = env_int("GCR_NCCL_BENCH_REPS", 3)
 DRIVER_TIMEOUT_MS = env_int("GCR_NCCL_DRIVER_TIMEOUT_MS", 20000)
 HOLD_S = env_int("GCR_NCCL_HOLD_S", 25)
 BENCH_DRIVER = env_int("GCR_NCCL_BENCH_DRIVER", 1)
+# How long the bench's group stays suspended before its resume (from the suspend's return). 0: at once,
+# as every run before 70 measured; the driver's first query of a checkpointed process then took
+# 0.23 s, against 0.04 s seconds later on the GPU node (run 66). The wait models a suspended pod's
+# idle time; it synchronises nothing.
+BENCH_GAP_MS = env_int("GCR_NCCL_BENCH_GAP_MS", 0)
 PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_ranks.py")
 SEED = env_int("GCR_NCCL_SEED", int(time.time()) % 100000)
 
@@ -217,22 +222,32 @@ def check_empty(T, g, what):
     return used
 
 
-def group_cycle(T, g, what):
+def group_cycle(T, g, what, gap_ms=0):
     r = T.gctl("suspend", g.pids)
+    t_suspended = time.monotonic()
     check(r.ok, "%s: group suspend: %s" % (what, r.describe()))
     used = check_empty(T, g, what)
+    time.sleep(max(0.0, gap_ms / 1000 - (time.monotonic() - t_suspended)))
+    gap = (time.monotonic() - t_suspended) * 1000
     r2 = T.gctl("resume", g.pids)
     check(r2.ok, "%s: group resume: %s" % (what, r2.describe()))
     rec = {"what": what, "suspend_ms": r.get("ms", "total"), "resume_ms": r2.get("ms", "total"),
            "freeze_ms": r.get("ms", "freeze"), "drain_ms": r.get("ms", "drain"), "data_driver_ms": r.get("ms", "cr"),
            "resume_cr_ms": r2.get("ms", "cr"), "rebuild_ms": r2.get("ms", "rebuild"), "comms": r.get("comms"),
-           "bytes": r.get("bytes", "total"), "gpu_used_mib": used}
+           "bytes": r.get("bytes", "total"), "gpu_used_mib": used, "gap_ms": round(gap),
+           # Each member's resume: the driver opened (cuInit), its state query, then the rest.
+           "resume_members": [{k: H.dig(m, "ms", k) for k in ("init", "state", "room", "driver", "data", "rebuild")}
+                              for m in (r2.get("members") or [])]}
     T.log(event="group-cycle", **rec)
     print("  %s: suspend %.0f ms (freeze %.1f, drain %.1f, data+driver %.0f), resume %.0f ms (data+driver %.0f, "
           "rebuild %.0f), %d communicators" % (what, rec["suspend_ms"] or -1, rec["freeze_ms"] or -1,
                                               rec["drain_ms"] or -1, rec["data_driver_ms"] or -1,
                                               rec["resume_ms"] or -1, rec["resume_cr_ms"] or -1,
                                               rec["rebuild_ms"] or -1, rec["comms"] or 0), flush=True)
+    print("    resume %.0f ms after the suspend; members' init / state / driver ms: %s" % (
+        gap, ", ".join("%s / %s / %s" % tuple("%.0f" % m[k] if isinstance(m[k], (int, float)) else "?"
+                                               for k in ("init", "state", "driver"))
+                       for m in rec["resume_members"])), flush=True)
     return r, r2
 
 
@@ -375,6 +390,7 @@ def driver_alone(T, g):
     out["driver_suspend"] = {"ok": d.ok, "ms": d.get("ms", "total"), "wall_s": round(time.time() - t0, 2),
                              "error": d.error}
     if d.ok:
+        time.sleep(BENCH_GAP_MS / 1000)  # suspended as long as GCR's reps were (at least)
         t0 = time.time()
         d2 = T.gctl("resume", g.pids, "--driver-only", "--timeout-ms", str(DRIVER_TIMEOUT_MS))
         out["driver_resume"] = {"ok": d2.ok, "ms": d2.get("ms", "total"), "wall_s": round(time.time() - t0, 2),
@@ -393,13 +409,13 @@ def run_bench(T, g, world):
     T.log(event="contexts", pids=g.pids, compute_apps=apps.splitlines())
     sus, res = [], []
     for i in range(BENCH_REPS):
-        r, r2 = group_cycle(T, g, "bench rep %d" % i)
+        r, r2 = group_cycle(T, g, "bench rep %d" % i, gap_ms=BENCH_GAP_MS)
         sus.append(r.get("ms", "total"))
         res.append(r2.get("ms", "total"))
     ms, _, _ = H.stats(sus)
     mr, _, _ = H.stats(res)
     rec = {"ranks": world, "gib_per_rank": TP_GIB, "suspend_ms": sus, "resume_ms": res, "suspend_median_ms": ms,
-           "resume_median_ms": mr, "nccl_poke": os.environ.get("GCR_NCCL_POKE", "all")}
+           "resume_median_ms": mr, "nccl_poke": os.environ.get("GCR_NCCL_POKE", "all"), "gap_ms": BENCH_GAP_MS}
     rec.update(driver_alone(T, g) if BENCH_DRIVER else {})
     d, d2 = rec.get("driver_suspend"), rec.get("driver_resume")
     if d is None:
@@ -410,8 +426,9 @@ def run_bench(T, g, world):
         drv = "suspend %.0f ms" % d["ms"] + (", resume %.0f ms" % d2["ms"] if d2["ok"] else
                                             ", resume FAILED: %s" % d2["error"])
     bench_record(T, **rec)
-    print("  BENCH %d ranks x %.0f GiB (GCR_NCCL_POKE=%s): suspend median %.0f ms %s, resume median %.0f ms %s; "
-          "driver alone: %s" % (world, TP_GIB, rec["nccl_poke"], ms or -1, sus, mr or -1, res, drv), flush=True)
+    print("  BENCH %d ranks x %.0f GiB (GCR_NCCL_POKE=%s, resumed %d ms after the suspend or later): suspend median "
+          "%.0f ms %s, resume median %.0f ms %s; driver alone: %s" % (world, TP_GIB, rec["nccl_poke"], BENCH_GAP_MS,
+                                                                     ms or -1, sus, mr or -1, res, drv), flush=True)
     T.note("suspend median %.0f ms, resume median %.0f ms" % (ms or -1, mr or -1))
 
 
