@@ -202,8 +202,8 @@ static int do_group(const char *op, const pid_t *pids, size_t n, const struct gc
 				      m->gone, "ms", "freeze", m->ms_freeze, "drain", m->ms_drain, "cr", m->ms_cr, "data",
 				      m->cr.ms_data, "driver",
 				      resume ? m->cr.ms_restore + m->cr.ms_unlock : m->cr.ms_lock + m->cr.ms_checkpoint,
-				      "room", m->cr.ms_room, "init", m->cr.ms_init, "state", m->cr.ms_state, "ids", m->ms_ids, "rebuild", m->ms_rebuild,
-				      "thaw", m->ms_thaw, "bytes", "moved", (json_int_t)m->cr.bytes_moved, "total",
+				      "room", m->cr.ms_room, "init", m->cr.ms_init, "state", m->cr.ms_state, "ids", m->ms_ids,
+				      "rebuild", m->ms_rebuild, "thaw", m->ms_thaw, "bytes", "moved", (json_int_t)m->cr.bytes_moved, "total",
 				      (json_int_t)m->cr.bytes_total);
 		if (m->rc < 0)
 			json_object_set_new(j, "error", json_sprintf("%s: %s", m->step ? m->step : "?", m->err.msg));
