@@ -559,7 +559,6 @@ node_certs() {
 # eviction.restore) reach services as on a real node, where the kernel routes before
 # kube-proxy's OUTPUT rules translate, and a blackhole refuses the connect() itself.
 node_network() {
-	ip link show "$NODE_BRIDGE" >/dev/null 2>&1 && die "$NODE_BRIDGE exists: another test bed runs (down it first)"
 	ip link add "$NODE_BRIDGE" type bridge
 	ip addr add "$NODE_IP/${NODE_POD_CIDR#*/}" dev "$NODE_BRIDGE"
 	ip link set "$NODE_BRIDGE" up
@@ -841,8 +840,6 @@ ns2() { nsenter --net="/var/run/netns/$NODE2_NETNS" "$@"; }
 
 # The veth, addresses and routes; the host forwards nothing to or from it (as for the bridge).
 node2_network() {
-	[[ -e /var/run/netns/$NODE2_NETNS ]] && die "network namespace $NODE2_NETNS exists: another test bed runs (down it first)"
-	ip link show "$NODE2_VETH" >/dev/null 2>&1 && die "$NODE2_VETH exists: another test bed runs (down it first)"
 	ip netns add "$NODE2_NETNS"
 	ip link add "$NODE2_VETH" type veth peer name eth0 netns "$NODE2_NETNS"
 	ip addr add "$NODE2_HOST_IP/24" dev "$NODE2_VETH"
@@ -982,11 +979,18 @@ cmd_up_node() {
 		node_cleanup /nonexistent-gcr-testbed
 		[[ -L $CRI_SOCKET && ! -e $CRI_SOCKET ]] && rm -f "$CRI_SOCKET"
 	fi
+	# Another bed's socket and network are refused before anything is made: the teardown of a
+	# failed start (the trap below) would remove them.
+	[[ -e $CRI_SOCKET || -L $CRI_SOCKET ]] && die "$CRI_SOCKET exists: another containerd or test bed runs"
+	ip link show "$NODE_BRIDGE" >/dev/null 2>&1 && die "$NODE_BRIDGE exists: another test bed runs (down it first)"
+	if [[ $NODES == 2 ]]; then
+		[[ -e /var/run/netns/$NODE2_NETNS ]] && die "network namespace $NODE2_NETNS exists: another test bed runs (down it first)"
+		ip link show "$NODE2_VETH" >/dev/null 2>&1 && die "$NODE2_VETH exists: another test bed runs (down it first)"
+	fi
 	new_state
 	touch "$STATE/.gcr-testbed-node"
 	# Host paths a node has that this machine may lack: made here, removed by down.
 	local p
-	[[ -e $CRI_SOCKET || -L $CRI_SOCKET ]] && die "$CRI_SOCKET exists: another containerd or test bed runs"
 	for p in /run/containerd /etc/containerd /etc/containerd/certs.d; do
 		if [[ ! -e $p ]]; then
 			mkdir -p "$p"
