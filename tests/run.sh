@@ -8,6 +8,7 @@ top=$(pwd)
 jobs=$(nproc 2>/dev/null || echo 2)
 passed=0 failed=0
 summary=()
+failed_logs=() # name=log of each tier that failed, for "what failed" at the end
 
 # Adds the counts of a tier from its output: automake's "# PASS:/# FAIL:/# ERROR:"
 # or a final "N passed, N failed" line.
@@ -26,6 +27,7 @@ count() { # name log rc
 	fi
 	if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
 	if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then f=1; fi # ran nothing: not a pass
+	if [ "$f" -gt 0 ]; then failed_logs+=("$name=$log"); fi
 	passed=$((passed + p)); failed=$((failed + f))
 	summary+=("$(printf '%-14s %4d passed %4d failed (exit %d)' "$name" "$p" "$f" "$rc")")
 }
@@ -197,12 +199,17 @@ tier k8s-twonode python3 tests/k8s/test_twonode_e2e.py build
 tier k8s-hostile python3 tests/k8s/test_hostile_e2e.py build
 
 bg_collect
-# What failed, named from every tier's log at the end, where CI's excerpt of this output looks.
-fails=$(grep -h -m 20 -E '^(FAIL|ERROR)[: ]' build-logs/*.log 2>/dev/null | head -n 40)
-if [ -n "$fails" ]; then
+# What failed, named from each failed tier's log at the end, where CI's excerpt of this output
+# looks: its FAIL/ERROR lines, or where it has none (a tier that could not start), its last lines.
+if [ "${#failed_logs[@]}" -gt 0 ]; then
 	echo
 	echo "=== what failed (from build-logs/*.log)"
-	echo "$fails"
+	for nl in "${failed_logs[@]}"; do
+		name=${nl%%=*} log=${nl#*=}
+		fails=$(grep -h -m 20 -E '^(FAIL|ERROR)[: ]' "$log" 2>/dev/null)
+		echo "--- $name"
+		if [ -n "$fails" ]; then echo "$fails"; else tail -n 8 "$log" 2>/dev/null || echo "(no log)"; fi
+	done
 fi
 echo
 echo "=== summary"
