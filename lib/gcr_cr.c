@@ -27,14 +27,19 @@
 #define IMAGE_CALL_MS 3600000 /* a suspend to an image: bounded by the disk */
 #define STATUS_CALL_MS 10000
 
-/* The driver opened (dlopen, cuInit) before the state query, and timed apart from it: a
- * gcrctl pays it at every call, a daemon once. A failure is left to the query, which reports it. */
-static double driver_init_ms(void)
+/* The driver's state of pid, its opening (dlopen, cuInit: a gcrctl pays it at every call, a
+ * daemon once) timed apart from the query itself into r. 0 or -errno, as gcr_driver_state. */
+static int driver_state_timed(pid_t pid, enum gcr_driver_state *ds, struct gcr_cr_result *r, struct gcr_err *err)
 {
-	struct gcr_err ignored = { 0 };
 	double t = gcr_time_mono_ms();
-	(void)gcr_driver_open(&ignored);
-	return gcr_time_mono_ms() - t;
+	int rc = gcr_driver_open(err);
+	r->ms_init = gcr_time_mono_ms() - t;
+	if (rc < 0)
+		return rc;
+	t = gcr_time_mono_ms();
+	rc = gcr_driver_state(pid, ds, err);
+	r->ms_state = gcr_time_mono_ms() - t;
+	return rc;
 }
 
 /* A stopped process (SIGSTOP, a debugger) answers nothing until continued, and the driver's
@@ -486,10 +491,7 @@ int gcr_cr_suspend(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result 
 		return hip_suspend(pid, o, &c, r, err, status);
 	if (o->mode != GCR_CR_DATA_ONLY) {
 		enum gcr_driver_state ds;
-		r->ms_init = driver_init_ms();
-		double ts = gcr_time_mono_ms();
-		rc = gcr_driver_state(pid, &ds, err);
-		r->ms_state = gcr_time_mono_ms() - ts;
+		rc = driver_state_timed(pid, &ds, r, err);
 		if (rc < 0)
 			goto out;
 		if (ds != GCR_DRIVER_RUNNING) {
@@ -630,10 +632,7 @@ int gcr_cr_resume(pid_t pid, const struct gcr_cr_opts *o, struct gcr_cr_result *
 			goto out;
 	}
 	if (o->mode != GCR_CR_DATA_ONLY) {
-		r->ms_init = driver_init_ms();
-		t = gcr_time_mono_ms();
-		rc = gcr_driver_state(pid, &ds, err);
-		r->ms_state = gcr_time_mono_ms() - t;
+		rc = driver_state_timed(pid, &ds, r, err);
 		if (rc < 0 && o->mode == GCR_CR_FULL) {
 			/* No CUDA driver here: a HIP process's control state was CRIU's (above). */
 			struct gcr_err e2;
