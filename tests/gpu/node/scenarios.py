@@ -899,9 +899,10 @@ def cgroup_stats(path, pods):
             lines.append(f"host /proc/pressure/{res}: " + open(f"/proc/pressure/{res}").read().replace("\n", "; "))
         except OSError as e:
             lines.append(f"host /proc/pressure/{res}: {e}")
+    pod_dirs = glob.glob("/sys/fs/cgroup/**/pod*-*", recursive=True)  # one walk of the tree, every pod
     for p in pods:
         uid = p["metadata"]["uid"]
-        for cg in glob.glob(f"/sys/fs/cgroup/**/pod{uid}", recursive=True):
+        for cg in (x for x in pod_dirs if os.path.basename(x) == f"pod{uid}"):
             for d in [cg] + sorted(x for x in glob.glob(os.path.join(cg, "*")) if os.path.isdir(x)):
                 for f in ("cpu.stat", "cpu.max", "cpu.pressure", "memory.current", "memory.max", "memory.events",
                           "memory.pressure", "io.pressure"):
