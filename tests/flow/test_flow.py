@@ -963,6 +963,32 @@ def case_scale(f):
     busy.expect(r"ITER \d+", 60)  # still computing after five suspend/resume rounds
 
 
+def case_hold_driver(f):
+    """gcrctl hold-driver: says the driver is open, suspends and resumes beside it work, and it
+    lets go on SIGTERM with status 0; with no driver to open, a clear error and status 1."""
+    gcrctl = f.S.cfg.gcrctl
+    h = subprocess.Popen([gcrctl, "hold-driver"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = h.stdout.readline()
+        check(line.startswith("driver open in ") and "held until SIGTERM" in line, "first line: %r" % line)
+        p = f.start(["--iters", "5", "--wait"])
+        check(f.ctl("suspend", p.pid).ok and f.ctl("resume", p.pid).ok, "suspend/resume beside the holder")
+        p.send("go")
+        f.finish(p)
+        h.terminate()
+        out, err = h.communicate(timeout=30)
+        check(h.returncode == 0 and "driver let go (signal 15)" in out, "rc %s, %r %r" % (h.returncode, out, err))
+    finally:
+        if h.poll() is None:
+            h.kill()
+            h.wait()
+    r = subprocess.run([gcrctl, "hold-driver"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, GCR_LIBCUDA=os.path.join(f.dir, "no-libcuda.so")))
+    check(r.returncode == 1 and "cannot open the CUDA driver" in r.stderr, "no driver: %d %r" % (r.returncode, r.stderr))
+    r = subprocess.run([gcrctl, "hold-driver", "1"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "takes no argument" in r.stderr, "extra argument: %d %r" % (r.returncode, r.stderr))
+
+
 CASES = [
     ("api-link", case_api("link")),
     ("api-dlsym", case_api("dlsym")),
@@ -997,6 +1023,7 @@ CASES = [
     ("container", case_container),
     ("container-planted", case_container_planted),
     ("scale", case_scale),
+    ("hold-driver", case_hold_driver),
 ]
 
 

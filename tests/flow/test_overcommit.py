@@ -510,8 +510,10 @@ def case_room_returned(n):
 def case_outside_pods(n):
     """gcr-agent on a machine without Kubernetes (--processes-outside-pods, the real /proc): the
     processes' own environment opts them in and ranks them; the low one is suspended for the high
-    one and resumed after it, bit-exact (how the GPU measurement runs)."""
-    n.start_agent(real_proc=True)
+    one and resumed after it, bit-exact (how the GPU measurement runs). With --hold-driver the
+    agent opens the driver at start and says so."""
+    n.start_agent("--hold-driver", "true", real_proc=True)
+    n.agent_line(r"CUDA driver open in \d+ ms, held while the agent runs", 0)
     low = n.start("low", 192, prio=1)
     n.ready(low)
     high = n.start("high", 384, prio=10)

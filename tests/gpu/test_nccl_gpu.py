@@ -41,11 +41,14 @@ BENCH_REPS = env_int("GCR_NCCL_BENCH_REPS", 3)
 DRIVER_TIMEOUT_MS = env_int("GCR_NCCL_DRIVER_TIMEOUT_MS", 20000)
 HOLD_S = env_int("GCR_NCCL_HOLD_S", 25)
 BENCH_DRIVER = env_int("GCR_NCCL_BENCH_DRIVER", 1)
-# How long the bench's group stays suspended before its resume (from the suspend's return). 0: at once,
-# as every run before 70 measured; the driver's first query of a checkpointed process then took
-# 0.23 s, against 0.04 s seconds later on the GPU node (run 66). The wait models a suspended pod's
-# idle time; it synchronises nothing.
+# How long the bench's group stays suspended before its resume (from the suspend's return). 0: at once.
+# The wait models a suspended pod's idle time; it synchronises nothing. Run 70 (two H200s): with
+# 3 s the resume took 1.21 s, not 0.92 s; gcrctl's opening of the driver took 0.43 s, not 0.24 s.
 BENCH_GAP_MS = env_int("GCR_NCCL_BENCH_GAP_MS", 0)
+# 1: `gcrctl hold-driver` keeps the driver open through the bench's test (its cycles, GCR's reps and
+# the driver alone), as gcr-agent does on a node. With no process holding it, every gcrctl resume pays 0.2-0.4 s to
+# open it (tests/gpu/init_probe.py, run 71).
+BENCH_HOLD = env_int("GCR_NCCL_BENCH_HOLD", 0)
 PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_ranks.py")
 SEED = env_int("GCR_NCCL_SEED", int(time.time()) % 100000)
 
@@ -209,14 +212,20 @@ def world_of(T):
     return n
 
 
+# MiB per GPU that `gcrctl hold-driver` alone shows used (4 on H200: the driver's own, no context),
+# measured before any rank starts; {} without the holder.
+HOLDER_MIB = {}
+
+
 def check_empty(T, g, what):
-    """Every GPU the group uses shows 0 MiB used, and no member is listed as a compute app."""
+    """Every GPU the group uses shows 0 MiB used (beyond what the driver's holder alone showed
+    before the ranks started), and no member is listed as a compute app."""
     used = gpu_used(T.cfg)
     ndev = gpu_count(T.cfg)
     devs = sorted({r % ndev for r in range(len(g.procs))})
     for d in devs:
-        check(used.get(d, -1) == 0, "%s: GPU %d shows %s MiB used while the group is suspended (all: %s)" % (
-            what, d, used.get(d), used))
+        check(used.get(d, -1) == HOLDER_MIB.get(d, 0), "%s: GPU %d shows %s MiB used while the group is suspended "
+              "(all: %s; the driver's holder alone: %s)" % (what, d, used.get(d), used, HOLDER_MIB))
     for pid in g.pids:
         check(T.S.gpu_mem(pid) == 0, "%s: pid %d listed with GPU memory while suspended" % (what, pid))
     return used
@@ -254,6 +263,24 @@ def group_cycle(T, g, what, gap_ms=0):
 def cycles_test(mode, steps, args, bench=False):
     def run(T):
         world = world_of(T)
+        if not (bench and BENCH_HOLD):
+            return run_cycles(T, world)
+        # As gcr-agent on a node: the driver held open from before the ranks start to the end.
+        holder = subprocess.Popen([T.cfg.gcrctl, "hold-driver"], stdout=subprocess.PIPE, text=True)
+        try:
+            line = holder.stdout.readline()  # its word that the driver is open
+            check(line.startswith("driver open"), "gcrctl hold-driver: %r" % line)
+            HOLDER_MIB.update(gpu_used(T.cfg))
+            T.log(event="driver-held", line=line.strip(), holder_mib=HOLDER_MIB)
+            print("  driver held open by gcrctl hold-driver (%s); alone it shows %s MiB used" % (
+                line.strip(), HOLDER_MIB), flush=True)
+            run_cycles(T, world)
+        finally:
+            HOLDER_MIB.clear()
+            holder.terminate()
+            holder.wait(timeout=30)
+
+    def run_cycles(T, world):
         ref = Ranks(T, "ref", world, args + ["--steps", str(steps)], shim=False)
         ref.go()
         want = ref.digests()
@@ -415,7 +442,8 @@ def run_bench(T, g, world):
     ms, _, _ = H.stats(sus)
     mr, _, _ = H.stats(res)
     rec = {"ranks": world, "gib_per_rank": TP_GIB, "suspend_ms": sus, "resume_ms": res, "suspend_median_ms": ms,
-           "resume_median_ms": mr, "nccl_poke": os.environ.get("GCR_NCCL_POKE", "all"), "gap_ms": BENCH_GAP_MS}
+           "resume_median_ms": mr, "nccl_poke": os.environ.get("GCR_NCCL_POKE", "all"), "gap_ms": BENCH_GAP_MS,
+           "driver_held": bool(BENCH_HOLD)}
     rec.update(driver_alone(T, g) if BENCH_DRIVER else {})
     d, d2 = rec.get("driver_suspend"), rec.get("driver_resume")
     if d is None:
@@ -426,9 +454,10 @@ def run_bench(T, g, world):
         drv = "suspend %.0f ms" % d["ms"] + (", resume %.0f ms" % d2["ms"] if d2["ok"] else
                                             ", resume FAILED: %s" % d2["error"])
     bench_record(T, **rec)
-    print("  BENCH %d ranks x %.0f GiB (GCR_NCCL_POKE=%s, resumed %d ms after the suspend or later): suspend median "
-          "%.0f ms %s, resume median %.0f ms %s; driver alone: %s" % (world, TP_GIB, rec["nccl_poke"], BENCH_GAP_MS,
-                                                                     ms or -1, sus, mr or -1, res, drv), flush=True)
+    print("  BENCH %d ranks x %.0f GiB (GCR_NCCL_POKE=%s, resumed %d ms after the suspend or later, driver %s): "
+          "suspend median %.0f ms %s, resume median %.0f ms %s; driver alone: %s"
+          % (world, TP_GIB, rec["nccl_poke"], BENCH_GAP_MS, "held open" if BENCH_HOLD else "not held", ms or -1, sus,
+             mr or -1, res, drv), flush=True)
     T.note("suspend median %.0f ms, resume median %.0f ms" % (ms or -1, mr or -1))
 
 
