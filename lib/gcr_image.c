@@ -879,7 +879,7 @@ static void *vrun_thread(void *arg)
 		if (gcr_image_pread(r->fds[r->jobs[i].a], buf, ch->len, ch->off) < 0)
 			vrun_fail(r, -EIO, "cannot be read whole (truncated)", a->file, r->jobs[i].c);
 		else if (gcr_crc32c_update(0, buf, ch->len) != ch->crc)
-			vrun_fail(r, -EIO, "CRC-32C differs from the manifest (corrupt)", a->file, r->jobs[i].c);
+			vrun_fail(r, -EIO, "CRC-32C differs from the manifest (" GCR_IMAGE_CORRUPT ")", a->file, r->jobs[i].c);
 	}
 	free(buf);
 	return NULL;

@@ -20,6 +20,9 @@
 #define GCR_IMAGE_GPU_DIR "gpu"
 /* The shim's table of its data files (gpu/), copied into the manifest's "allocs". */
 #define GCR_IMAGE_TABLE "gpu/allocs.json"
+/* In the message of a chunk whose bytes do not match the manifest (the shim's load, the checks
+ * here): callers that report such an image as refused look for it. */
+#define GCR_IMAGE_CORRUPT "corrupt image"
 #define GCR_IMAGE_PARTIAL ".partial." /* DIR.partial.<pid>: being written, never an image */
 #define GCR_IMAGE_CHUNK (2ull << 20)   /* bytes per chunk of a GPU allocation */
 /* The largest allocation table read (bytes): a process writes it, so its size is outside input.

@@ -424,7 +424,7 @@ static int file_fill(char *slot, const struct shim_xfer *x, struct gcr_err *err)
 		return gcr_err_set(err, rc, "reading %s at %llu: %s", x->name, (unsigned long long)x->off,
 				   rc == -EIO ? "file too short" : strerror(-rc));
 	if (gcr_crc32c_update(0, slot, x->size) != x->crc)
-		return gcr_err_set(err, -EIO, "%s: the chunk at %llu does not match its CRC-32C (corrupt image)",
+		return gcr_err_set(err, -EIO, "%s: the chunk at %llu does not match its CRC-32C (" GCR_IMAGE_CORRUPT ")",
 				   x->name, (unsigned long long)x->off);
 	return 0;
 }

@@ -861,7 +861,8 @@ def case_pod_restored_from_image():
 
 def case_pod_restore_refused():
     """The same with one byte of the image's GPU data changed after it was written: the Restore is
-    Failed (the image refused before anything ran) with a Warning Event, and the restored
+    Failed (the image refused at the data step: the shim's check of the chunk as it loads it,
+    before the process runs) with a Warning Event, and the restored
     container, held at its shim's gate and never resumed, is ended: nothing runs."""
     ns = "team-restore2"
     namespace(ns)
