@@ -209,12 +209,18 @@ static int take_reply(const char *line, long long id, pid_t pid, json_t **result
 int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int timeout_ms,
 		    json_t **result, struct gcr_err *err)
 {
+	return gcr_client_call_fds(c, op, args, NULL, 0, timeout_ms, result, err);
+}
+
+int gcr_client_call_fds(struct gcr_client *c, enum gcr_op op, json_t *args, const int *fds, int nfds,
+			int timeout_ms, json_t **result, struct gcr_err *err)
+{
 	*result = NULL;
 	long long id = c->next_id++;
 	char *line = gcr_proto_request_line(id, op, args);
 	if (line == NULL)
 		return gcr_err_set(err, -ENOMEM, "out of memory");
-	int rc = gcr_sock_write_all(c->fd, line, strlen(line), timeout_ms, err);
+	int rc = gcr_sock_write_fds(c->fd, line, strlen(line), fds, nfds, timeout_ms, err);
 	free(line);
 	if (rc < 0)
 		return rc;

@@ -33,6 +33,10 @@ void gcr_client_close(struct gcr_client *c);
  * a message that names the state. */
 int gcr_client_call(struct gcr_client *c, enum gcr_op op, json_t *args, int timeout_ms,
 		    json_t **result, struct gcr_err *err);
+/* The same with descriptors passed along with the request (at most GCR_SOCK_MAX_FDS; the caller
+ * keeps its own). */
+int gcr_client_call_fds(struct gcr_client *c, enum gcr_op op, json_t *args, const int *fds, int nfds,
+			int timeout_ms, json_t **result, struct gcr_err *err);
 
 /* Sends op (args borrowed, may be NULL) to the shim of every pids[i] at once and waits
  * for the replies with one deadline, timeout_ms from the call, shared by them all: a

@@ -383,17 +383,40 @@ out:
 	return rc;
 }
 
-int gcr_imgcr_resume_restored(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_imgcr_result *r,
-			      struct gcr_err *err)
+/* image-read with the files as descriptors: {"files": [names]}, the descriptors with the line. */
+static int attach_fds(pid_t pid, const struct gcr_imgcr_files *f, const struct gcr_cr_opts *cro, struct gcr_err *err)
+{
+	if (f->n <= 0 || f->n > GCR_SOCK_MAX_FDS)
+		return gcr_err_set(err, -EINVAL, "%d image files to hand over: 1..%d", f->n, GCR_SOCK_MAX_FDS);
+	json_t *names = json_array();
+	for (int i = 0; names != NULL && i < f->n; i++)
+		json_array_append_new(names, json_string(f->names[i]));
+	struct gcr_client c;
+	json_t *res = NULL;
+	int rc = gcr_client_open(&c, cro->socket_dir, pid, err);
+	if (rc == 0)
+		rc = gcr_client_call_fds(&c, GCR_OP_IMAGE_READ_ID, json_pack("{s:o}", "files", names), f->fds, f->n,
+					 op_ms(cro), &res, err);
+	else
+		json_decref(names);
+	gcr_client_close(&c);
+	json_decref(res);
+	return rc;
+}
+
+static int resume_restored(pid_t pid, const char *dir, const struct gcr_imgcr_files *f, const struct gcr_cr_opts *cro,
+			   struct gcr_imgcr_result *r, struct gcr_err *err)
 {
 	memset(r, 0, sizeof(*r));
 	r->pid = pid;
 	double t0 = gcr_time_mono_ms();
-	int rc = gcr_imgcr_attach(pid, dir, cro, err);
+	int rc = f != NULL ? attach_fds(pid, f, cro, err) : gcr_imgcr_attach(pid, dir, cro, err);
 	r->ms_read = gcr_time_mono_ms() - t0;
 	if (rc < 0) {
 		r->ms_total = r->ms_read;
-		return gcr_err_wrap(err, "image-read from %s (process %d still suspended)", dir, (int)pid);
+		return f != NULL ? gcr_err_wrap(err, "image-read of %d files handed over (process %d still suspended)",
+						f->n, (int)pid)
+				 : gcr_err_wrap(err, "image-read from %s (process %d still suspended)", dir, (int)pid);
 	}
 	struct gcr_cr_result cr;
 	double t1 = gcr_time_mono_ms();
@@ -403,6 +426,18 @@ int gcr_imgcr_resume_restored(pid_t pid, const char *dir, const struct gcr_cr_op
 	gcr_cr_result_clear(&cr);
 	r->ms_total = gcr_time_mono_ms() - t0;
 	return rc;
+}
+
+int gcr_imgcr_resume_restored(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_imgcr_result *r,
+			      struct gcr_err *err)
+{
+	return resume_restored(pid, dir, NULL, cro, r, err);
+}
+
+int gcr_imgcr_resume_restored_fds(pid_t pid, const struct gcr_imgcr_files *f, const struct gcr_cr_opts *cro,
+				  struct gcr_imgcr_result *r, struct gcr_err *err)
+{
+	return resume_restored(pid, NULL, f, cro, r, err);
 }
 
 /* Kills a restored process and returns once it has died (its pidfd polls readable at exit),

@@ -104,6 +104,17 @@ int gcr_imgcr_restore(const char *dir, const struct gcr_imgcr_opts *o, struct gc
  * by cro->call_ms (0: an hour, the disk's bound). */
 int gcr_imgcr_resume_restored(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_imgcr_result *r,
 			      struct gcr_err *err);
+/* The same with the image's GPU files handed over as open descriptors (read-only) instead of a
+ * directory the process can see: names[i] (as the image's table names it, "gpu/...") is fds[i];
+ * n at most GCR_SOCK_MAX_FDS. Nothing is copied, and the process can reach no other file of the
+ * image. The caller keeps and closes its descriptors. */
+struct gcr_imgcr_files {
+	const char *const *names;
+	const int *fds;
+	int n;
+};
+int gcr_imgcr_resume_restored_fds(pid_t pid, const struct gcr_imgcr_files *f, const struct gcr_cr_opts *cro,
+				  struct gcr_imgcr_result *r, struct gcr_err *err);
 /* image-read alone: pid's data, in dir/gpu's files only, becomes what its next resume reads
  * (it stays suspended). */
 int gcr_imgcr_attach(pid_t pid, const char *dir, const struct gcr_cr_opts *cro, struct gcr_err *err);

@@ -332,12 +332,40 @@ int gcr_sock_peer(int fd, struct gcr_peer *peer, struct gcr_err *err)
 
 int gcr_sock_write_all(int fd, const char *buf, size_t len, int timeout_ms, struct gcr_err *err)
 {
+	return gcr_sock_write_fds(fd, buf, len, NULL, 0, timeout_ms, err);
+}
+
+int gcr_sock_write_fds(int fd, const char *buf, size_t len, const int *fds, int nfds, int timeout_ms,
+		       struct gcr_err *err)
+{
+	if (nfds < 0 || nfds > GCR_SOCK_MAX_FDS || (nfds > 0 && len == 0))
+		return gcr_err_set(err, -EINVAL, "%d descriptors with %zu bytes: at most %d, with a line", nfds, len,
+				   GCR_SOCK_MAX_FDS);
+	union {
+		char b[CMSG_SPACE(GCR_SOCK_MAX_FDS * sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov;
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds > 0) { /* they go with the first bytes sent */
+		memset(&ctl, 0, sizeof(ctl));
+		mh.msg_control = ctl.b;
+		mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+	}
 	long long deadline = timeout_ms < 0 ? -1 : (long long)gcr_time_mono_ms() + timeout_ms;
 	while (len > 0) {
-		ssize_t n = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		iov = (struct iovec){ .iov_base = (void *)buf, .iov_len = len };
+		ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n > 0) {
 			buf += n;
 			len -= (size_t)n;
+			mh.msg_control = NULL;
+			mh.msg_controllen = 0;
 			continue;
 		}
 		if (n < 0 && errno == EINTR)
@@ -432,7 +460,43 @@ long gcr_linebuf_push(struct gcr_linebuf *lb, const char *data, size_t n, struct
 	return (long)n;
 }
 
+/* recvmsg into buf, the descriptors that came with it kept in fds (up to max) or closed. */
+static ssize_t recv_fds(int fd, char *buf, size_t room, int *fds, int *nfds, int max)
+{
+	union {
+		char b[CMSG_SPACE(GCR_SOCK_MAX_FDS * sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = { .iov_base = buf, .iov_len = room };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b) };
+	ssize_t n;
+	do
+		n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return n;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int got;
+			memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			if (*nfds < max)
+				fds[(*nfds)++] = got;
+			else
+				close(got);
+		}
+	}
+	return n;
+}
+
 long gcr_linebuf_fill(struct gcr_linebuf *lb, int fd, struct gcr_err *err)
+{
+	return gcr_linebuf_fill_fds(lb, fd, NULL, NULL, 0, err);
+}
+
+long gcr_linebuf_fill_fds(struct gcr_linebuf *lb, int fd, int *fds, int *nfds, int max, struct gcr_err *err)
 {
 	drop_taken(lb);
 	if (lb->len >= lb->max)
@@ -442,9 +506,12 @@ long gcr_linebuf_fill(struct gcr_linebuf *lb, int fd, struct gcr_err *err)
 	if (rc < 0)
 		return rc;
 	ssize_t n;
-	do
-		n = recv(fd, lb->buf + lb->len, room, MSG_DONTWAIT);
-	while (n < 0 && errno == EINTR);
+	if (fds != NULL)
+		n = recv_fds(fd, lb->buf + lb->len, room, fds, nfds, max);
+	else
+		do
+			n = recv(fd, lb->buf + lb->len, room, MSG_DONTWAIT);
+		while (n < 0 && errno == EINTR);
 	if (n == 0)
 		return gcr_err_set(err, -ECONNRESET, "peer closed the connection");
 	if (n < 0)

@@ -46,6 +46,11 @@ int gcr_sock_peer(int fd, struct gcr_peer *peer, struct gcr_err *err);
 
 /* Writes all of buf (a line including its '\n') before the deadline. */
 int gcr_sock_write_all(int fd, const char *buf, size_t len, int timeout_ms, struct gcr_err *err);
+/* The same with nfds descriptors passed along (SCM_RIGHTS, with the line's first bytes), at most
+ * GCR_SOCK_MAX_FDS. The caller keeps and closes its own. */
+#define GCR_SOCK_MAX_FDS 128
+int gcr_sock_write_fds(int fd, const char *buf, size_t len, const int *fds, int nfds, int timeout_ms,
+		       struct gcr_err *err);
 
 /* Line reader with a fixed maximum; one per connection. */
 struct gcr_linebuf {
@@ -66,6 +71,10 @@ int gcr_linebuf_read(struct gcr_linebuf *lb, int fd, int timeout_ms, char **line
  * memory (how many fitted, the same rules); gcr_linebuf_next hands out the next buffered line: 1 with *line set (valid
  * until the next call on lb), 0 none complete yet, -EMSGSIZE. */
 long gcr_linebuf_fill(struct gcr_linebuf *lb, int fd, struct gcr_err *err);
+/* gcr_linebuf_fill that also takes descriptors passed with the bytes (SCM_RIGHTS, close-on-exec),
+ * appended to fds[*nfds] up to max; any beyond are closed at once. gcr_linebuf_fill never takes
+ * them: a peer's descriptors there are dropped by the kernel. */
+long gcr_linebuf_fill_fds(struct gcr_linebuf *lb, int fd, int *fds, int *nfds, int max, struct gcr_err *err);
 long gcr_linebuf_push(struct gcr_linebuf *lb, const char *data, size_t n, struct gcr_err *err);
 int gcr_linebuf_next(struct gcr_linebuf *lb, char **line, struct gcr_err *err);
 

@@ -125,7 +125,10 @@
  * suspended, or already written; -EIO and others from the files (staging kept). */
 #define GCR_OP_IMAGE_WRITE "image-write"
 /* image-read: only while suspended with the data in image files (after a CRIU restore, or to
- * undo a suspend to an image or an image-write). Args: "dir". Checks that the table matches the
+ * undo a suspend to an image or an image-write). Args: "dir", or "files": the names (as the
+ * image's table has them, GCR_IMAGE_TABLE among them) of the descriptors passed with the request
+ * (SCM_RIGHTS, as many as names, read-only: the node agent's restore into a new pod hands the
+ * image over without a copy). Checks that the table matches the
  * process's allocations and each data file's size, and attaches the files: the next resume
  * reads each chunk from them into a pinned slot, checks its CRC-32C and sends it to the GPU at
  * its address. Re-publishes the control socket under the name of the restored process's new

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "gcr_groupmsg.h"
+#include "gcr_image.h"
 #include "gcr_log.h"
 #include "gcr_proto.h"
 #include "gcr_sock.h"
@@ -227,12 +228,41 @@ static int op_image_write(int fd, json_t *args, json_t **result, struct gcr_err 
 	return 0;
 }
 
+/* The descriptors that came with the request being served (conn_serve sets it; closed after). */
+static struct {
+	int *fds;
+	int n;
+} req_fds;
+
+/* {"files": [names]} with as many descriptors: the image handed over without a path. */
+static int image_files_arg(json_t *args, struct shim_imagefile_src *src, struct gcr_err *err)
+{
+	json_t *names = json_object_get(args, "files");
+	size_t n = json_array_size(names);
+	if (!json_is_array(names) || n == 0 || n > GCR_SOCK_MAX_FDS || json_object_get(args, "dir") != NULL)
+		return gcr_err_set(err, -EINVAL, "\"files\" must be 1..%d names (and no \"dir\")", GCR_SOCK_MAX_FDS);
+	if ((int)n != req_fds.n)
+		return gcr_err_set(err, -EINVAL, "\"files\" names %zu files, %d descriptors came with it", n, req_fds.n);
+	for (size_t i = 0; i < n; i++) {
+		const char *nm = json_string_value(json_array_get(names, i));
+		if (nm == NULL || nm[0] == '\0' || strlen(nm) >= GCR_IMAGE_NAME_MAX)
+			return gcr_err_set(err, -EINVAL, "\"files\"[%zu] must be a file name of the image", i);
+		src->names[i] = nm;
+	}
+	src->fds = req_fds.fds;
+	src->n = (int)n;
+	return 0;
+}
+
 static int op_image_read(json_t *args, json_t **result, struct gcr_err *err)
 {
-	const char *dir;
-	int rc = image_dir_arg(args, &dir, err);
+	const char *dir = NULL;
+	static const char *names[GCR_SOCK_MAX_FDS];
+	struct shim_imagefile_src src = { .names = names };
+	int files = json_object_get(args, "files") != NULL;
+	int rc = files ? image_files_arg(args, &src, err) : image_dir_arg(args, &dir, err);
 	if (rc == 0)
-		rc = shim_imagefile_read(dir, result, err);
+		rc = shim_imagefile_read(dir, files ? &src : NULL, result, err);
 	if (rc == 0) {
 		struct gcr_err e2;
 		if (republish_socket(&e2) < 0)
@@ -475,7 +505,7 @@ static char *handle_line(int fd, const char *line, bool *suspended)
 			/* Nobody will dump or resume it: back from the files just written. */
 			json_t *r2 = NULL;
 			struct gcr_err e2;
-			if (dir != NULL && shim_imagefile_read(dir, &r2, &e2) < 0)
+			if (dir != NULL && shim_imagefile_read(dir, NULL, &r2, &e2) < 0)
 				GCR_LOG(GCR_LOG_ERROR, "shim", "suspend to %s undone because its client went away: %s; "
 					"process left suspended (gcrctl restore cannot help: image-read it)", dir, e2.msg);
 			else
@@ -588,10 +618,20 @@ struct conn {
 	int fd; /* -1: free slot */
 	struct gcr_linebuf lb;
 	long long deadline; /* whole ms of gcr_time_mono_ms(): closed unless a full line came by then */
+	int fds[GCR_SOCK_MAX_FDS]; /* passed with the lines buffered, for the next one served */
+	int nfds;
 };
+
+static void conn_close_fds(struct conn *c)
+{
+	for (int i = 0; i < c->nfds; i++)
+		close(c->fds[i]);
+	c->nfds = 0;
+}
 
 static void conn_close(struct conn *c)
 {
+	conn_close_fds(c);
 	if (c->fd == group_owner) {
 		group_owner = -1;
 		shim_cr_abandon(); /* a held member whose coordinator went: thawed */
@@ -606,7 +646,7 @@ static void conn_close(struct conn *c)
 static bool conn_serve(struct conn *c)
 {
 	struct gcr_err err;
-	long n = gcr_linebuf_fill(&c->lb, c->fd, &err);
+	long n = gcr_linebuf_fill_fds(&c->lb, c->fd, c->fds, &c->nfds, GCR_SOCK_MAX_FDS, &err);
 	if (n == -EAGAIN || n == -EWOULDBLOCK)
 		return true;
 	for (;;) {
@@ -619,7 +659,12 @@ static bool conn_serve(struct conn *c)
 			return false;
 		}
 		bool suspended;
+		/* Descriptors are for the line they came with: an op that takes none leaves them closed. */
+		req_fds.fds = c->fds;
+		req_fds.n = c->nfds;
 		char *reply = handle_line(c->fd, line, &suspended);
+		req_fds.n = 0;
+		conn_close_fds(c);
 		if (reply == NULL)
 			return false;
 		rc = gcr_sock_write_all(c->fd, reply, strlen(reply), REPLY_MS, &err);

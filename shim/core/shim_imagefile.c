@@ -492,23 +492,52 @@ int shim_imagefile_drop(struct gcr_err *err)
 	return 0;
 }
 
-int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
+/* The descriptor src passed for name, or -1. */
+static int src_fd(const struct shim_imagefile_src *src, const char *name)
+{
+	for (int i = 0; i < src->n; i++)
+		if (strcmp(src->names[i], name) == 0)
+			return src->fds[i];
+	return -1;
+}
+
+/* One of the image's files, read-only: from src when the agent passed it, else under dir. */
+static int open_image_file(const char *dir, const struct shim_imagefile_src *src, const char *name, char *path,
+			   size_t plen, struct gcr_err *err)
+{
+	if (src != NULL) {
+		snprintf(path, plen, "%s (passed)", name);
+		int fd = src_fd(src, name);
+		if (fd < 0)
+			return gcr_err_set(err, -ENOENT, "image-read: %s was not passed with the request", name);
+		int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		return d >= 0 ? d : gcr_err_set(err, -errno, "image-read: %s: %s", path, strerror(errno));
+	}
+	if ((size_t)snprintf(path, plen, "%s/%s", dir, name) >= plen)
+		return gcr_err_set(err, -ENAMETOOLONG, "image-read: path too long");
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	return fd >= 0 ? fd : gcr_err_set(err, -errno, "image-read: cannot open %s: %s", path, strerror(errno));
+}
+
+int shim_imagefile_read(const char *dir, const struct shim_imagefile_src *src, json_t **result, struct gcr_err *err)
 {
 	*result = NULL;
 	double t0 = gcr_time_mono_ms();
 	int rc = check_suspended("image-read", err);
 	if (rc == 0 && shim_cr_data() == SHIM_CR_DATA_HOST)
 		rc = gcr_err_set(err, -EINVAL, "image-read: the data is still in host memory: resume instead");
-	if (rc == 0 && (dir == NULL || dir[0] != '/'))
+	if (rc == 0 && src == NULL && (dir == NULL || dir[0] != '/'))
 		rc = gcr_err_set(err, -EINVAL, "image-read: \"dir\" must be an absolute path");
 	int in_files = rc == 0; /* from here a failure leaves the data in the files only */
 	char path[PATH_MAX];
 	char *buf = NULL;
 	size_t len = 0;
-	if (rc == 0 && (size_t)snprintf(path, sizeof(path), "%s/%s", dir, GCR_IMAGE_TABLE) >= sizeof(path))
-		rc = gcr_err_set(err, -ENAMETOOLONG, "image-read: path too long");
-	if (rc == 0)
-		rc = gcr_image_read_file(path, GCR_IMAGE_MAX_TABLE, &buf, &len, err);
+	if (rc == 0) {
+		int tfd = open_image_file(dir, src, GCR_IMAGE_TABLE, path, sizeof(path), err);
+		rc = tfd < 0 ? tfd : gcr_image_read_fd(tfd, path, GCR_IMAGE_MAX_TABLE, &buf, &len, err);
+		if (tfd >= 0)
+			close(tfd);
+	}
 	struct gcr_image_table t = { 0 };
 	if (rc == 0 && (rc = gcr_image_table_parse(buf, len, &t, err)) < 0)
 		gcr_err_wrap(err, "%s", path);
@@ -553,16 +582,17 @@ int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err)
 		}
 		if (need == 0)
 			continue; /* all zero: no file, the resume zeroes it on the GPU */
-		snprintf(path, sizeof(path), "%s/%s", dir, o->a->file);
 		struct stat st;
-		ck->src_fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (ck->src_fd < 0)
-			rc = gcr_err_set(err, -errno, "image-read: cannot open %s: %s", path, strerror(errno));
-		else if (fstat(ck->src_fd, &st) < 0 || (uint64_t)st.st_size != need)
+		ck->src_fd = open_image_file(dir, src, o->a->file, path, sizeof(path), err);
+		if (ck->src_fd < 0) {
+			rc = ck->src_fd;
+			ck->src_fd = -1;
+		} else if (fstat(ck->src_fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != need) {
 			rc = gcr_err_set(err, -EIO, "image-read: %s does not hold %llu bytes (truncated or changed)", path,
 					 (unsigned long long)need);
-		else
+		} else {
 			(void)posix_fadvise(ck->src_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+		}
 	}
 	if (rc == 0)
 		rc = shim_cr_data_move(SHIM_CR_DATA_FILES, err);

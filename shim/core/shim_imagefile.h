@@ -32,6 +32,14 @@ int shim_imagefile_drop(struct gcr_err *err);
  * source of the next resume (shim_staging_transfer reads each chunk into a pinned slot and
  * checks its CRC-32C before it goes to the GPU). On failure the process stays suspended with
  * its data in files only. */
-int shim_imagefile_read(const char *dir, json_t **result, struct gcr_err *err);
+/* src (else NULL: dir's files): the image's files as descriptors the node agent passed, names[i]
+ * (as the table names them, GCR_IMAGE_TABLE among them) open as fds[i]; each is dup'ed, the
+ * caller closes its own. */
+struct shim_imagefile_src {
+	const char **names;
+	const int *fds;
+	int n;
+};
+int shim_imagefile_read(const char *dir, const struct shim_imagefile_src *src, json_t **result, struct gcr_err *err);
 
 #endif

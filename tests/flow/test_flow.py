@@ -4,6 +4,7 @@
 Each case prints PASS/FAIL; the last line is 'N passed, N failed'. No sleeps: every wait is on a
 protocol line from the program or on a command's exit."""
 
+import array
 import json
 import os
 import re
@@ -783,6 +784,14 @@ def case_container_planted(f):
         f.finish(q)
 
 
+def fd_target(pid, fd):
+    """What pid's descriptor fd names, or None once it is closed."""
+    try:
+        return os.readlink("/proc/%d/fd/%s" % (pid, fd))
+    except OSError:
+        return None
+
+
 def case_bad_requests(f):
     """Garbage on the control socket gets an error reply, never a crash."""
     p = f.start(["--iters", "5", "--wait"])
@@ -797,8 +806,27 @@ def case_bad_requests(f):
         reply = s.recv(4096)
         s.close()
         check(b"\"ok\":false" in reply, "payload %r got %r" % (payload[:40], reply[:200]))
+    # image-read with "files": refused unless as many descriptors came with it; the ones that
+    # came are closed once the request is served (the shim holds none of them after).
+    r, w = os.pipe()
+    pipe = os.readlink("/proc/self/fd/%d" % r)  # "pipe:[inode]": the shim's copies would read the same
+    for names, fds, want in (([], [], b"must be 1.."), (["gpu/allocs.json"], [], b"0 descriptors came"),
+                             (["gpu/allocs.json", "gpu/a.bin"], [r], b"1 descriptors came"),
+                             (["gpu/allocs.json"], [r, w], b"2 descriptors came")):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(30)
+        s.connect(sock)
+        line = json.dumps({"v": 1, "id": 1, "op": "image-read", "args": {"files": names}}).encode() + b"\n"
+        s.sendmsg([line], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else [])
+        reply = s.recv(4096)
+        s.close()
+        check(b"\"ok\":false" in reply and want in reply, "files %r with %d fds got %r" % (names, len(fds), reply[:200]))
     st = f.ctl("status", p.pid)
     check(H.dig(st.data, "shim", "state") == "running", "process state changed")
+    kept = [d for d in os.listdir("/proc/%d/fd" % p.pid) if fd_target(p.pid, d) == pipe]
+    check(not kept, "the shim kept descriptors passed to it: %s" % kept)
+    os.close(r)
+    os.close(w)
     p.send("go")
     f.finish(p)
 

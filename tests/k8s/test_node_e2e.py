@@ -832,7 +832,8 @@ def case_pod_restored_from_image():
     """A pod's GPU process imaged (the shim's GPU files, the kubelet's checkpoint of its container
     through containerd 2.x's CRI), the pod deleted, a new pod created from the checkpoint image
     (containerd restores the container; the process waits at its shim's gate) and a Restore naming
-    it: the agent checks the image, gives the process its GPU data and resumes it. The program
+    it: the agent checks the image, hands the process its GPU files (read-only descriptors over
+    its control socket, nothing copied into the pod) and resumes it. The program
     continues from where it was (its log from before, its own bit-exact check), registered with
     the agent again (an ordinary Checkpoint and Restore of the new pod work)."""
     ns = "team-restore"
@@ -844,8 +845,10 @@ def case_pod_restored_from_image():
     apply({"apiVersion": "gpucr.dev/v1alpha1", "kind": "Restore", "metadata": {"name": "back", "namespace": ns},
            "spec": {"checkpointName": "snap", "podName": "dst"}})
     wait_phase("restore", ns, "back", timeout=120)
+    st = kjson('get', 'restore', '-n', ns, 'back')['status']
     log(f"restored into a new pod in {time.monotonic() - t0:.1f} s (pod created to Restore Succeeded): "
-        f"{kjson('get', 'restore', '-n', ns, 'back')['status'].get('durations')}")
+        f"{st.get('durations')}; {st.get('message')}")
+    check("the image's files handed over, nothing copied" in st.get("message", ""), f"message: {st.get('message')}")
     wait_until("a Restored Event", lambda: any(e.get("reason") == "Restored" for e in events_for(ns, "back")), 30)
     pid = restored_program(ns, "dst", nbytes)
     # Registered again with the agent (image-read does it): an ordinary suspend and resume of it.

@@ -158,6 +158,8 @@ def case_restore_on_other_node():
         N.wait_phase("restore", ns, "back", timeout=120)
         r = kjson("get", "restore", "-n", ns, "back")["status"]
         check(r.get("nodeName") == node2(), f"Restore done by {r.get('nodeName')}")
+        # Signed (shared storage): copied with each file's SHA-256 checked, never handed over.
+        check("copied into the pod, each file's SHA-256 checked" in r.get("message", ""), f"message: {r.get('message')}")
         check(kjson("get", "pod", "-n", ns, "dst")["spec"].get("nodeName") == node2(), "the new pod is not on gcr-node-2")
         wait_until("a Restored Event", lambda: any(e.get("reason") == "Restored" for e in N.events_for(ns, "back")), 30)
         N.restored_program(ns, "dst", nbytes)

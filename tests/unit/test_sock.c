@@ -150,6 +150,53 @@ static void test_full_backlog(const char *dir)
 	unlink(sa.sun_path);
 }
 
+/* Whether fd is open (fcntl answers). */
+static int is_open(int fd)
+{
+	return fcntl(fd, F_GETFD) >= 0;
+}
+
+/* Descriptors passed with a line: taken by gcr_linebuf_fill_fds (close-on-exec, up to its
+ * bound, the rest closed), dropped by the kernel for a plain gcr_linebuf_fill. */
+static void test_fds(void)
+{
+	struct gcr_err err;
+	int sv[2], p[2];
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+	CHECK(pipe(p) == 0);
+	int pass[3] = { p[0], p[1], p[0] };
+	CHECK(gcr_sock_write_fds(sv[1], "files\n", 6, pass, 3, 1000, &err) == 0);
+	struct gcr_linebuf lb;
+	gcr_linebuf_init(&lb, 64);
+	int got[2] = { -1, -1 }, n = 0;
+	CHECK(gcr_linebuf_fill_fds(&lb, sv[0], got, &n, 2, &err) == 6);
+	char *line;
+	CHECK(gcr_linebuf_next(&lb, &line, &err) == 1);
+	CHECK_STR(line, "files");
+	CHECK(n == 2 && got[0] != p[0] && got[1] != p[1] && (fcntl(got[0], F_GETFD) & FD_CLOEXEC));
+	/* The passed write end reaches the passed read end. */
+	CHECK(write(got[1], "z", 1) == 1);
+	char c = 0;
+	CHECK(read(got[0], &c, 1) == 1 && c == 'z');
+	close(got[0]);
+	close(got[1]);
+	/* The third, past the bound, was closed, and a plain fill installs none: after both the
+	 * lowest free number is still the one the first passed descriptor had. */
+	int before = got[0] < got[1] ? got[0] : got[1];
+	CHECK(gcr_sock_write_fds(sv[1], "x\n", 2, pass, 1, 1000, &err) == 0);
+	CHECK(gcr_linebuf_fill(&lb, sv[0], &err) == 2);
+	int probe = dup(0);
+	CHECK(probe == before); /* the lowest free number: nothing new was installed */
+	close(probe);
+	CHECK(gcr_sock_write_fds(sv[1], "x\n", 2, pass, GCR_SOCK_MAX_FDS + 1, 1000, &err) == -EINVAL);
+	CHECK(is_open(p[0]) && is_open(p[1]));
+	gcr_linebuf_free(&lb);
+	close(p[0]);
+	close(p[1]);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 int main(void)
 {
 	int sv[2];
@@ -204,6 +251,7 @@ int main(void)
 	close(sv[0]);
 
 	test_steps();
+	test_fds();
 	char dir[] = "/tmp/gcr-test-sock-XXXXXX";
 	CHECK(mkdtemp(dir) != NULL);
 	test_names(dir);
