@@ -559,7 +559,10 @@ node_certs() {
 # eviction.restore) reach services as on a real node, where the kernel routes before
 # kube-proxy's OUTPUT rules translate, and a blackhole refuses the connect() itself.
 node_network() {
-	ip link add "$NODE_BRIDGE" type bridge
+	# A MAC of its own: a bridge without one takes its lowest port's, so it changed as pods came
+	# and went, and pods kept sending to the old one for seconds (their ARP entry): the kubelet's
+	# probes of them timed out (the GPU node's runs 68-74, and its stand-in rehearsal).
+	ip link add "$NODE_BRIDGE" address 02:67:63:72:00:01 type bridge
 	ip addr add "$NODE_IP/${NODE_POD_CIDR#*/}" dev "$NODE_BRIDGE"
 	ip link set "$NODE_BRIDGE" up
 	ip route add "$NODE_SERVICE_CIDR" dev "$NODE_BRIDGE"
@@ -852,6 +855,10 @@ node2_network() {
 	ns2 sysctl -qw net.ipv4.ip_forward=1
 	iptables -w -I FORWARD -i "$NODE2_VETH" -j DROP -m comment --comment gcr-testbed
 	iptables -w -I FORWARD -o "$NODE2_VETH" -j DROP -m comment --comment gcr-testbed
+	# Its pods' bridge made here with a MAC of its own (node_network says why); the CNI plugin
+	# takes it as it is.
+	ip -n "$NODE2_NETNS" link add "$NODE2_BRIDGE" address 02:67:63:72:00:02 type bridge
+	ip -n "$NODE2_NETNS" link set "$NODE2_BRIDGE" up
 	cni_conf "$STATE/node2" "$NODE2_BRIDGE" "$NODE2_POD_CIDR" "$NODE2_POD_GW"
 }
 

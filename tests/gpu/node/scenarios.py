@@ -51,6 +51,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -921,6 +922,79 @@ def cgroup_stats(path, pods):
         f.write("\n".join(lines) + "\n")
 
 
+class ProbeWatch:
+    """The system pods' /healthz asked from the host every second, as the kubelet asks it (HTTP,
+    2 s timeout), and a small append to a file on the node's disk timed beside it (what the
+    kubelet's and containerd's logs do). Runs 68, 72 and 74 saw the kubelet's probes of the agent
+    and the scaler time out while the disk was saturated, and only GCR's pods have HTTP probes.
+    Fast answers here while the kubelet reports timeouts point at the kubelet's side; slow answers
+    here too point at GCR's processes. One JSON line per probe in probes.jsonl."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.targets, self.refreshed = {}, 0.0
+        self.n = self.slow = self.failed = 0
+        self.write_max_ms = 0.0
+        self.out = open(os.path.join(OUTDIR, "probes.jsonl"), "a")
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    def refresh(self):
+        r = kubectl("get", "pods", "-n", N.SYSTEM_NS, "-o", "json", check=False, timeout=20)
+        if r.returncode == 0:
+            # Running and not being deleted: a pod on its way out stops answering, as it should.
+            self.targets = {p["metadata"]["name"]: p["status"].get("podIP") for p in json.loads(r.stdout)["items"]
+                            if p["status"].get("podIP") and p["status"].get("phase") == "Running"
+                            and not p["metadata"].get("deletionTimestamp")}
+        self.refreshed = now()
+
+    def one(self, pod, ip):
+        t0 = now()
+        try:
+            with urllib.request.urlopen(f"http://{ip}:9464/healthz", timeout=2) as resp:
+                err = None if resp.status == 200 else f"HTTP {resp.status}"
+        except Exception as e:  # noqa: BLE001 (a timeout or a refusal is the measurement)
+            err = f"{type(e).__name__}: {e}"
+        ms = (now() - t0) * 1000
+        rec = {"t": round(time.time(), 3), "pod": pod, "ms": round(ms, 1), "error": err}
+        if err is not None or ms > 1000:
+            self.refresh()  # the list is up to 10 s old: a pod that went meanwhile is not counted
+            rec["gone"] = pod not in self.targets
+        if not rec.get("gone"):
+            self.n += 1
+            self.slow += ms > 1000
+            self.failed += err is not None
+        return rec
+
+    def run(self):
+        scratch = os.path.join(STATE, "probe-write.tmp")
+        while not self.stop.wait(1.0):
+            try:
+                self.round(scratch)
+            except Exception as e:  # noqa: BLE001 (a help to the diagnosis, never a result)
+                self.out.write(json.dumps({"t": round(time.time(), 3), "watch_error": str(e)}) + "\n")
+
+    def round(self, scratch):
+        if now() - self.refreshed > 10:
+            self.refresh()
+        t0 = now()
+        with open(scratch, "a") as f:
+            f.write("x" * 200 + "\n")
+        w = (now() - t0) * 1000
+        self.write_max_ms = max(self.write_max_ms, w)
+        for pod, ip in list(self.targets.items()):
+            rec = self.one(pod, ip)
+            rec["write_ms"] = round(w, 1)
+            self.out.write(json.dumps(rec) + "\n")
+        self.out.flush()
+
+    def summary(self):
+        self.stop.set()
+        self.th.join(timeout=10)
+        return (f"probes from the host of running pods: {self.n}, {self.slow} over 1 s, {self.failed} failed; "
+                f"slowest small write to the node's disk {self.write_max_ms:.0f} ms (probes.jsonl)")
+
+
 def save_logs(name, namespaces=()):
     """What each pod printed and what happened, kept in the node's logs (run.sh packs them into
     logs.tar.gz): the kubelet removes a deleted pod's logs with it."""
@@ -1009,6 +1083,7 @@ def main(argv):
         return 2
     results = []
     path = os.path.join(OUTDIR, "results.jsonl")
+    watch = ProbeWatch()
     for name in names:
         cost = COST[name][1 if STANDIN else 0]
         left = DEADLINE - now()
@@ -1034,6 +1109,10 @@ def main(argv):
         with open(path, "a") as f:
             f.write(json.dumps(r) + "\n")
         report(results)
+    probes = watch.summary()
+    log(probes)
+    with open(os.path.join(OUTDIR, "report.md"), "a") as f:
+        f.write(f"\n## Probes\n\n- {probes}\n")
     passed = sum(1 for r in results if r["ok"])
     failed = sum(1 for r in results if not r["ok"] and not r.get("not_run"))
     not_run = [r["name"] for r in results if r.get("not_run")]
