@@ -50,8 +50,8 @@ void gcr_imgcr_expect_here(struct gcr_image_expect *e)
 
 /* One request to pid's shim (a fresh connection: the socket may have been renamed). args is
  * stolen: gcr_client_call takes it, and it is dropped here when no call is made. */
-static int shim_call(pid_t pid, const struct gcr_cr_opts *cro, enum gcr_op op, json_t *args, json_t **res,
-		     char *path, size_t plen, struct gcr_err *err)
+static int shim_call_fds(pid_t pid, const struct gcr_cr_opts *cro, enum gcr_op op, json_t *args, const int *fds,
+			 int nfds, json_t **res, char *path, size_t plen, struct gcr_err *err)
 {
 	struct gcr_client c;
 	*res = NULL;
@@ -59,12 +59,18 @@ static int shim_call(pid_t pid, const struct gcr_cr_opts *cro, enum gcr_op op, j
 	if (rc == 0) {
 		if (path != NULL)
 			snprintf(path, plen, "%s", c.path);
-		rc = gcr_client_call(&c, op, args, op_ms(cro), res, err);
+		rc = gcr_client_call_fds(&c, op, args, fds, nfds, op_ms(cro), res, err);
 	} else {
 		json_decref(args);
 	}
 	gcr_client_close(&c);
 	return rc;
+}
+
+static int shim_call(pid_t pid, const struct gcr_cr_opts *cro, enum gcr_op op, json_t *args, json_t **res,
+		     char *path, size_t plen, struct gcr_err *err)
+{
+	return shim_call_fds(pid, cro, op, args, NULL, 0, res, path, plen, err);
 }
 
 /* The same at a socket path (a restored process: its listening socket, restored by CRIU, does
@@ -391,15 +397,9 @@ static int attach_fds(pid_t pid, const struct gcr_imgcr_files *f, const struct g
 	json_t *names = json_array();
 	for (int i = 0; names != NULL && i < f->n; i++)
 		json_array_append_new(names, json_string(f->names[i]));
-	struct gcr_client c;
 	json_t *res = NULL;
-	int rc = gcr_client_open(&c, cro->socket_dir, pid, err);
-	if (rc == 0)
-		rc = gcr_client_call_fds(&c, GCR_OP_IMAGE_READ_ID, json_pack("{s:o}", "files", names), f->fds, f->n,
-					 op_ms(cro), &res, err);
-	else
-		json_decref(names);
-	gcr_client_close(&c);
+	int rc = shim_call_fds(pid, cro, GCR_OP_IMAGE_READ_ID, json_pack("{s:o}", "files", names), f->fds, f->n, &res,
+			       NULL, 0, err);
 	json_decref(res);
 	return rc;
 }

@@ -460,7 +460,8 @@ long gcr_linebuf_push(struct gcr_linebuf *lb, const char *data, size_t n, struct
 	return (long)n;
 }
 
-/* recvmsg into buf, the descriptors that came with it kept in fds (up to max) or closed. */
+/* recvmsg into buf, the descriptors that came with it kept in fds (up to max) or closed; fds
+ * NULL: no room for any, and the kernel drops what a peer passed. */
 static ssize_t recv_fds(int fd, char *buf, size_t room, int *fds, int *nfds, int max)
 {
 	union {
@@ -468,7 +469,8 @@ static ssize_t recv_fds(int fd, char *buf, size_t room, int *fds, int *nfds, int
 		struct cmsghdr align;
 	} ctl;
 	struct iovec iov = { .iov_base = buf, .iov_len = room };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = fds != NULL ? ctl.b : NULL,
+			     .msg_controllen = fds != NULL ? sizeof(ctl.b) : 0 };
 	ssize_t n;
 	do
 		n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
@@ -505,13 +507,7 @@ long gcr_linebuf_fill_fds(struct gcr_linebuf *lb, int fd, int *fds, int *nfds, i
 	int rc = make_room(lb, &room, err);
 	if (rc < 0)
 		return rc;
-	ssize_t n;
-	if (fds != NULL)
-		n = recv_fds(fd, lb->buf + lb->len, room, fds, nfds, max);
-	else
-		do
-			n = recv(fd, lb->buf + lb->len, room, MSG_DONTWAIT);
-		while (n < 0 && errno == EINTR);
+	ssize_t n = recv_fds(fd, lb->buf + lb->len, room, fds, nfds, max);
 	if (n == 0)
 		return gcr_err_set(err, -ECONNRESET, "peer closed the connection");
 	if (n < 0)

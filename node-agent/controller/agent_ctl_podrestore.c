@@ -115,10 +115,10 @@ static void pod_containers(json_t *pod, char *out, size_t len)
 }
 
 /* The image's GPU files, open read-only, to hand to the restored process's shim (image-read
- * with "files"): the table and each allocation's data file. n 0: more than one request carries,
- * the caller copies instead. */
+ * with "files"): the table and each allocation's data file, names pointing into the manifest.
+ * n 0: more than one request carries, the caller copies instead. */
 struct handover {
-	char names[GCR_SOCK_MAX_FDS][GCR_IMAGE_NAME_MAX];
+	const char *names[GCR_SOCK_MAX_FDS];
 	int fds[GCR_SOCK_MAX_FDS];
 	int n;
 };
@@ -130,13 +130,12 @@ static void handover_close(struct handover *h)
 	h->n = 0;
 }
 
-static int handover_add(int sfd, const char *name, struct handover *h, struct gcr_err *err)
+/* Whether a has a data file: any chunk not all zero. */
+static int has_data(const struct gcr_image_alloc *a)
 {
-	int fd = openat(sfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return gcr_err_set(err, -errno, "cannot open the image's %s: %s", name, strerror(errno));
-	snprintf(h->names[h->n], sizeof(h->names[h->n]), "%s", name);
-	h->fds[h->n++] = fd;
+	for (size_t c = 0; c < a->nchunks; c++)
+		if (!a->chunks[c].zero)
+			return 1;
 	return 0;
 }
 
@@ -144,25 +143,24 @@ static int handover_open(int sfd, const struct gcr_image_manifest *m, struct han
 {
 	size_t need = 1;
 	for (size_t i = 0; i < m->table.n; i++)
-		for (size_t c = 0; c < m->table.a[i].nchunks; c++)
-			if (!m->table.a[i].chunks[c].zero) {
-				need++;
-				break;
-			}
+		need += (size_t)has_data(&m->table.a[i]);
 	if (need > GCR_SOCK_MAX_FDS)
 		return 0;
-	int rc = handover_add(sfd, GCR_IMAGE_TABLE, h, err);
-	for (size_t i = 0; rc == 0 && i < m->table.n; i++)
-		for (size_t c = 0; c < m->table.a[i].nchunks; c++)
-			if (!m->table.a[i].chunks[c].zero) {
-				rc = handover_add(sfd, m->table.a[i].file, h, err);
-				break;
-			}
-	if (rc < 0)
-		handover_close(h);
-	return rc;
+	for (size_t i = 0; i <= m->table.n; i++) {
+		const char *name = i == 0 ? GCR_IMAGE_TABLE : m->table.a[i - 1].file;
+		if (i > 0 && !has_data(&m->table.a[i - 1]))
+			continue;
+		int fd = openat(sfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			int e = errno;
+			handover_close(h);
+			return gcr_err_set(err, -e, "cannot open the image's %s: %s", name, strerror(e));
+		}
+		h->names[h->n] = name;
+		h->fds[h->n++] = fd;
+	}
+	return 0;
 }
-
 
 void agent_ctl_restore_image(struct agent_controller *c, struct op *o, const struct agent_crobj *ckd)
 {
@@ -280,7 +278,7 @@ void agent_ctl_restore_image(struct agent_controller *c, struct op *o, const str
 		here.keys = &keys;
 	/* The image's manifest, sizes and small files here; the GPU data where it is read, never in
 	 * a pass of its own (on the GPU node that pass read 21 GB from disk for 85 s before the
-	 * copy read it again, run 70). The shim checks each chunk's CRC-32C as it loads it and
+	 * copy read it again, run 72). The shim checks each chunk's CRC-32C as it loads it and
 	 * fails the resume on a mismatch, so the process, held at its gate, is ended, never run.
 	 * Signed (shared storage): the manifest's MAC, then every file's SHA-256 as it is copied
 	 * below (the CPU side by containerd against the digest the registry took from this
@@ -294,9 +292,7 @@ void agent_ctl_restore_image(struct agent_controller *c, struct op *o, const str
 	double t_verify = gcr_time_mono_ms() - t0;
 	int pfd = -1, sfd = -1;
 	struct gcr_imgcr_result rr = { 0 };
-	struct handover *ho = calloc(1, sizeof(*ho)); /* 33 KB: not on a worker's stack */
-	if (rc == 0 && ho == NULL)
-		rc = gcr_err_set(&err, -ENOMEM, "out of memory");
+	struct handover ho = { .n = 0 };
 	if (rc == 0 && (sfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
 		rc = gcr_err_set(&err, -errno, "cannot open %s: %s", path, strerror(errno));
 	/* Unsigned: the image's files handed to the shim as read-only descriptors, nothing copied
@@ -304,36 +300,33 @@ void agent_ctl_restore_image(struct agent_controller *c, struct op *o, const str
 	 * it would be memory charged to the agent). Signed, or more files than one request carries:
 	 * copied into the pod's directory, each file's SHA-256 checked as it is read. */
 	if (rc == 0 && !m.signed_ok)
-		rc = handover_open(sfd, &m, ho, &err);
-	if (rc == 0 && ho->n == 0)
+		rc = handover_open(sfd, &m, &ho, &err);
+	if (rc == 0 && ho.n == 0)
 		rc = agent_images_pod_dir(pid, d->uid, &pfd, inside, sizeof(inside), &err);
-	if (rc == 0 && ho->n == 0) {
+	if (rc == 0 && ho.n == 0) {
 		long long b = agent_images_copy_dir_checked(sfd, pfd, GCR_IMAGE_GPU_DIR, m.signed_ok ? &m : NULL, &err);
 		rc = b < 0 ? (int)b : 0;
 		if (rc < 0 && m.signed_ok)
 			gcr_err_wrap(&err, "image refused");
 	}
-	gcr_image_manifest_clear(&m);
+	const char *how = ho.n > 0 ? "the image's files handed over, nothing copied"
+			  : m.signed_ok ? "copied into the pod, each file's SHA-256 checked"
+					: "copied into the pod (more files than one request carries)";
 	gcr_imagemac_clear(&keys);
 	if (sfd >= 0)
 		close(sfd);
 	if (rc == 0) {
 		struct gcr_cr_opts cro = { .socket_dir = c->socket_dir, .mode = GCR_CR_FULL,
 					   .timeout_ms = agent_ctl_timeout_ms_of(d), .call_ms = agent_ctl_image_op_ms(d) };
-		const char *names[GCR_SOCK_MAX_FDS];
-		for (int i = 0; i < ho->n; i++)
-			names[i] = ho->names[i];
-		struct gcr_imgcr_files f = { .names = names, .fds = ho->fds, .n = ho->n };
+		struct gcr_imgcr_files f = { .names = ho.names, .fds = ho.fds, .n = ho.n };
 		agent_ctl_test_pause(c, "before-rs");
-		rc = ho->n > 0 ? gcr_imgcr_resume_restored_fds(pid, &f, &cro, &rr, &err)
+		rc = ho.n > 0 ? gcr_imgcr_resume_restored_fds(pid, &f, &cro, &rr, &err)
 			      : gcr_imgcr_resume_restored(pid, inside, &cro, &rr, &err);
 		if (rc < 0 && strstr(err.msg, GCR_IMAGE_CORRUPT) != NULL)
 			gcr_err_wrap(&err, "image refused");
 	}
-	int handed = ho != NULL && ho->n > 0;
-	if (ho != NULL)
-		handover_close(ho);
-	free(ho);
+	handover_close(&ho);
+	gcr_image_manifest_clear(&m); /* after the handover: its names are the manifest's */
 	if (pfd >= 0) {
 		agent_images_pod_remove(pid, inside);
 		close(pfd);
@@ -351,8 +344,7 @@ void agent_ctl_restore_image(struct agent_controller *c, struct op *o, const str
 		return;
 	}
 	snprintf(msg, sizeof(msg), "pid %d of pod %s resumed with the GPU data of Checkpoint %s (%lld bytes; %s)",
-		 (int)pid, d->pod, ckd->name, rr.bytes, handed ? "the image's files handed over, nothing copied"
-							: "copied into the pod, each file's SHA-256 checked");
+		 (int)pid, d->pod, ckd->name, rr.bytes, how);
 	json_t *extra = json_pack("{s:s, s:s, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "podName", d->pod, "mode",
 				  "Full", "bytes", "vmm", (json_int_t)rr.bytes, "total", (json_int_t)rr.bytes,
 				  "durations", "verify", (json_int_t)t_verify, "data", (json_int_t)rr.ms_read,

@@ -257,7 +257,7 @@ static int image_files_arg(json_t *args, struct shim_imagefile_src *src, struct 
 static int op_image_read(json_t *args, json_t **result, struct gcr_err *err)
 {
 	const char *dir = NULL;
-	static const char *names[GCR_SOCK_MAX_FDS];
+	const char *names[GCR_SOCK_MAX_FDS];
 	struct shim_imagefile_src src = { .names = names };
 	int files = json_object_get(args, "files") != NULL;
 	int rc = files ? image_files_arg(args, &src, err) : image_dir_arg(args, &dir, err);
